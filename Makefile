@@ -1,0 +1,41 @@
+# The README's two commands: `make run` and `make test`. Everything else is optional.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: run test check bench bench-quick clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# Installed-marker files re-run pip only when pyproject.toml changes.
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@ $(VENV)/.installed
+
+## Start the service: gRPC on 127.0.0.1:8085, HTTP (health, metrics) on 8086, storage in ./data.
+run: $(VENV)/.installed
+	$(BIN)/pubsubd serve $(ARGS)
+
+## Run the whole suite (unit, property, integration, crash).
+test: $(VENV)/.installed-test
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## Lint and type-check.
+check: $(VENV)/.installed-test
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
+
+## Benchmarks against pubsubd and Google's emulator; results printed and saved under bench/results.
+bench: $(VENV)/.installed-test
+	$(BIN)/python -m bench.run $(ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -1,0 +1,105 @@
+"""google.pubsub.v1.Publisher servicer: topic admin and Publish, over the catalog and the router.
+
+Publish receives the request's raw bytes (the method handler does not deserialize), validates a
+parsed view of them and stores the raw bytes as one log entry, so a batch is never re-encoded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from pubsubd.api.grpc.status import rpc
+from pubsubd.control.catalog import Catalog
+from pubsubd.control.router import Router
+from pubsubd.core import ids, names, pb, validation
+from pubsubd.core.errors import InvalidArgument
+from pubsubd.observability import metrics
+
+Context = grpc.aio.ServicerContext
+
+
+class PublisherServicer:
+    def __init__(self, catalog: Catalog, router: Router) -> None:
+        self.catalog = catalog
+        self.router = router
+
+    @rpc
+    async def CreateTopic(self, request: Any, context: Context) -> Any:
+        return self.catalog.create_topic(request)
+
+    @rpc
+    async def GetTopic(self, request: Any, context: Context) -> Any:
+        return self.catalog.topic(request.topic).topic
+
+    @rpc
+    async def UpdateTopic(self, request: Any, context: Context) -> Any:
+        if not request.HasField("topic"):
+            raise InvalidArgument("topic: required")
+        return self.catalog.update_topic(request.topic, request.update_mask)
+
+    @rpc
+    async def DeleteTopic(self, request: Any, context: Context) -> Any:
+        await self.catalog.delete_topic(request.topic)
+        return pb.Empty()
+
+    @rpc
+    async def ListTopics(self, request: Any, context: Context) -> Any:
+        topics, token = self.catalog.list_topics(
+            request.project, request.page_size, request.page_token
+        )
+        return pb.ListTopicsResponse(topics=topics, next_page_token=token)
+
+    @rpc
+    async def ListTopicSubscriptions(self, request: Any, context: Context) -> Any:
+        subs, token = self.catalog.list_topic_subscriptions(
+            request.topic, request.page_size, request.page_token
+        )
+        return pb.ListTopicSubscriptionsResponse(subscriptions=subs, next_page_token=token)
+
+    @rpc
+    async def Publish(self, raw: bytes, context: Context) -> Any:
+        try:
+            request = pb.PublishRequest.FromString(raw)
+        except DecodeError:
+            raise InvalidArgument("request: not a valid PublishRequest") from None
+        names.topic(request.topic)
+        entry = self.catalog.topic(request.topic)
+        validation.publish_request(request, len(raw))
+        count = len(request.messages)
+        uid = entry.record.uid
+        source, base = await self.router.publishing_forwarder(uid).publish(uid, raw, count)
+        metrics.PUBLISHED_MESSAGES.inc(count)
+        metrics.PUBLISHED_BYTES.inc(len(raw))
+        first = ids.position(source, base)
+        return pb.PublishResponse(message_ids=[str(first + i) for i in range(count)])
+
+
+def handlers(servicer: PublisherServicer) -> grpc.GenericRpcHandler:
+    def unary(fn: Any, req: Any, resp: Any) -> grpc.RpcMethodHandler:
+        return grpc.unary_unary_rpc_method_handler(
+            fn,
+            request_deserializer=req.FromString if req is not None else None,
+            response_serializer=resp.SerializeToString,
+        )
+
+    s = servicer
+    return grpc.method_handlers_generic_handler(
+        "google.pubsub.v1.Publisher",
+        {
+            "CreateTopic": unary(s.CreateTopic, pb.Topic, pb.Topic),
+            "GetTopic": unary(s.GetTopic, pb.GetTopicRequest, pb.Topic),
+            "UpdateTopic": unary(s.UpdateTopic, pb.UpdateTopicRequest, pb.Topic),
+            "DeleteTopic": unary(s.DeleteTopic, pb.DeleteTopicRequest, pb.Empty),
+            "ListTopics": unary(s.ListTopics, pb.ListTopicsRequest, pb.ListTopicsResponse),
+            "ListTopicSubscriptions": unary(
+                s.ListTopicSubscriptions,
+                pb.ListTopicSubscriptionsRequest,
+                pb.ListTopicSubscriptionsResponse,
+            ),
+            # Raw bytes in: the batch is stored exactly as received.
+            "Publish": unary(s.Publish, None, pb.PublishResponse),
+        },
+    )

@@ -1,0 +1,74 @@
+"""THE map from domain errors to gRPC and HTTP status, and the decorator servicers use.
+
+Servicers raise ``PubsubError`` subclasses; ``rpc`` turns them into ``context.abort`` with the
+most specific mapped status. Anything unmapped becomes INTERNAL, logged with its traceback, and the
+server stays up. The codes match Google's for the same situation (GOOGLE_PUBSUB_API.md §6); note
+that permanent errors never use a code the official clients retry on.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from pubsubd.core.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InternalError,
+    InvalidArgument,
+    NotFound,
+    OutOfRange,
+    PubsubError,
+    ResourceExhausted,
+    Unavailable,
+)
+
+log = logging.getLogger(__name__)
+
+_STATUS: dict[type[PubsubError], tuple[grpc.StatusCode, int]] = {
+    InvalidArgument: (grpc.StatusCode.INVALID_ARGUMENT, 400),
+    OutOfRange: (grpc.StatusCode.OUT_OF_RANGE, 400),
+    NotFound: (grpc.StatusCode.NOT_FOUND, 404),
+    AlreadyExists: (grpc.StatusCode.ALREADY_EXISTS, 409),
+    FailedPrecondition: (grpc.StatusCode.FAILED_PRECONDITION, 400),
+    ResourceExhausted: (grpc.StatusCode.RESOURCE_EXHAUSTED, 429),
+    Unavailable: (grpc.StatusCode.UNAVAILABLE, 503),
+    InternalError: (grpc.StatusCode.INTERNAL, 500),
+}
+
+
+def to_status(exc: BaseException) -> tuple[grpc.StatusCode, int]:
+    """The (gRPC, HTTP) status for an exception, most specific class first."""
+    for cls in type(exc).__mro__:
+        if cls in _STATUS:
+            return _STATUS[cls]  # type: ignore[index]
+    return grpc.StatusCode.INTERNAL, 500
+
+
+R = TypeVar("R")
+
+
+def rpc(
+    fn: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]],
+) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]:
+    """Wrap a unary servicer method: domain errors become the mapped status, bugs INTERNAL."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        try:
+            return await fn(self, request, context)
+        except PubsubError as e:
+            code, _ = to_status(e)
+            await context.abort(code, str(e))
+        except Exception as e:
+            if isinstance(e, grpc.aio.AbortError):
+                raise
+            log.exception("%s failed", fn.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}")
+        raise AssertionError("unreachable: context.abort raises")
+
+    return wrapper

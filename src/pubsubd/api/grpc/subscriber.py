@@ -1,0 +1,274 @@
+"""google.pubsub.v1.Subscriber servicer: subscription admin, Pull, StreamingPull, acks.
+
+StreamingPull runs two halves: a reader task applies the client's stream requests (the first one
+opens the consumer; later ones carry heartbeats, acks, deadline changes), while the handler itself
+writes the consumer's responses. A stream is never ended with OK by the server: the official
+client treats that as a fatal error, so shutdown ends streams with UNAVAILABLE and clients
+reconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from pubsubd.api.grpc.status import rpc, to_status
+from pubsubd.control.catalog import Catalog
+from pubsubd.control.router import Router
+from pubsubd.core import names, pb, validation
+from pubsubd.core.errors import FailedPrecondition, InvalidArgument, PubsubError
+from pubsubd.data.subscribe.consumers import StreamConsumer
+from pubsubd.data.subscribe.forwarder import SubscribingForwarder
+from pubsubd.observability import metrics
+
+log = logging.getLogger(__name__)
+Context = grpc.aio.ServicerContext
+
+# A Pull with no deadline waits at most this long for the first message; with a deadline it
+# answers (empty) this much before it, so the client never sees DEADLINE_EXCEEDED.
+MAX_PULL_WAIT_S = 60.0
+PULL_DEADLINE_MARGIN_S = 1.0
+
+
+class _HalfClosed(Exception):
+    """The client closed its side of the stream."""
+
+
+class SubscriberServicer:
+    def __init__(self, catalog: Catalog, router: Router) -> None:
+        self.catalog = catalog
+        self.router = router
+
+    def _forwarder(self, name: str) -> tuple[SubscribingForwarder, Any]:
+        entry = self.catalog.subscription(name)
+        if entry.subscription.detached:
+            raise FailedPrecondition(f"subscription {name} is detached")
+        return self.router.subscribing_forwarder(entry.record.uid), entry
+
+    # --- admin --------------------------------------------------------------------------------
+
+    @rpc
+    async def CreateSubscription(self, request: Any, context: Context) -> Any:
+        return self.catalog.create_subscription(request)
+
+    @rpc
+    async def GetSubscription(self, request: Any, context: Context) -> Any:
+        return self.catalog.subscription(request.subscription).subscription
+
+    @rpc
+    async def UpdateSubscription(self, request: Any, context: Context) -> Any:
+        if not request.HasField("subscription"):
+            raise InvalidArgument("subscription: required")
+        return self.catalog.update_subscription(request.subscription, request.update_mask)
+
+    @rpc
+    async def DeleteSubscription(self, request: Any, context: Context) -> Any:
+        await self.catalog.delete_subscription(request.subscription)
+        return pb.Empty()
+
+    @rpc
+    async def ListSubscriptions(self, request: Any, context: Context) -> Any:
+        subs, token = self.catalog.list_subscriptions(
+            request.project, request.page_size, request.page_token
+        )
+        return pb.ListSubscriptionsResponse(subscriptions=subs, next_page_token=token)
+
+    # --- data ---------------------------------------------------------------------------------
+
+    @rpc
+    async def Pull(self, request: Any, context: Context) -> Any:
+        names.subscription(request.subscription)
+        if request.max_messages <= 0:
+            raise InvalidArgument("max_messages: must be greater than 0")
+        forwarder, _ = self._forwarder(request.subscription)
+        if request.return_immediately:
+            wait = 0.0
+        else:
+            remaining = context.time_remaining()
+            wait = MAX_PULL_WAIT_S
+            if remaining is not None:
+                wait = max(0.0, min(wait, remaining - PULL_DEADLINE_MARGIN_S))
+        messages = await forwarder.pull(request.subscription, request.max_messages, wait)
+        metrics.DELIVERED_MESSAGES.inc(len(messages))
+        return pb.PullResponse(received_messages=messages)
+
+    @rpc
+    async def Acknowledge(self, request: Any, context: Context) -> Any:
+        names.subscription(request.subscription)
+        if not request.ack_ids:
+            raise InvalidArgument("ack_ids: must not be empty")
+        forwarder, _ = self._forwarder(request.subscription)
+        forwarder.acknowledge(request.subscription, list(request.ack_ids))
+        metrics.ACKED_MESSAGES.inc(len(request.ack_ids))
+        return pb.Empty()
+
+    @rpc
+    async def ModifyAckDeadline(self, request: Any, context: Context) -> Any:
+        names.subscription(request.subscription)
+        if not request.ack_ids:
+            raise InvalidArgument("ack_ids: must not be empty")
+        forwarder, _ = self._forwarder(request.subscription)
+        forwarder.modify_ack_deadline(
+            request.subscription, list(request.ack_ids), request.ack_deadline_seconds
+        )
+        return pb.Empty()
+
+    async def StreamingPull(
+        self, requests: AsyncIterator[Any], context: Context
+    ) -> AsyncIterator[Any]:
+        consumer: StreamConsumer | None = None
+        reader: asyncio.Task[None] | None = None
+        dispatcher: Any = None
+        metrics.OPEN_STREAMS.inc()
+        try:
+            try:
+                first = await anext(requests)
+            except StopAsyncIteration:
+                return
+            try:
+                forwarder, entry, dispatcher, consumer = self._open_stream(first)
+            except PubsubError as e:
+                await context.abort(to_status(e)[0], str(e))
+            props = pb.StreamingPullResponse.SubscriptionProperties(
+                message_ordering_enabled=entry.subscription.enable_message_ordering,
+                exactly_once_delivery_enabled=entry.subscription.enable_exactly_once_delivery,
+            )
+            reader = asyncio.create_task(
+                self._read_stream(requests, forwarder, first.subscription, consumer),
+                name="streaming_pull_reader",
+            )
+            while True:
+                item = await consumer.queue.get()
+                if isinstance(item, _HalfClosed):
+                    return
+                if isinstance(item, BaseException):
+                    code, _ = to_status(item)
+                    await context.abort(code, str(item))
+                metrics.DELIVERED_MESSAGES.inc(len(item))
+                yield pb.StreamingPullResponse(
+                    received_messages=item, subscription_properties=props
+                )
+        finally:
+            metrics.OPEN_STREAMS.dec()
+            if reader is not None:
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await reader
+            if dispatcher is not None and consumer is not None:
+                dispatcher.remove_consumer(consumer)
+
+    def _open_stream(self, first: Any) -> tuple[SubscribingForwarder, Any, Any, StreamConsumer]:
+        if not first.subscription:
+            raise InvalidArgument("subscription: the first request of a stream must name it")
+        names.subscription(first.subscription)
+        if first.max_outstanding_messages < 0 or first.max_outstanding_bytes < 0:
+            raise InvalidArgument("max_outstanding_messages/bytes: must not be negative")
+        forwarder, entry = self._forwarder(first.subscription)
+        deadline = first.stream_ack_deadline_seconds
+        if deadline == 0:
+            deadline = entry.subscription.ack_deadline_seconds
+        validation.ack_deadline("stream_ack_deadline_seconds", deadline)
+        # Validate the first request's own acks before the stream opens.
+        _check_modacks(first)
+        dispatcher, consumer = forwarder.open_stream(
+            first.subscription,
+            deadline,
+            first.max_outstanding_messages,
+            first.max_outstanding_bytes,
+        )
+        try:
+            self._apply(forwarder, first.subscription, first)
+        except PubsubError:
+            dispatcher.remove_consumer(consumer)
+            raise
+        return forwarder, entry, dispatcher, consumer
+
+    @staticmethod
+    def _apply(forwarder: SubscribingForwarder, name: str, request: Any) -> None:
+        if request.ack_ids:
+            forwarder.acknowledge(name, list(request.ack_ids))
+            metrics.ACKED_MESSAGES.inc(len(request.ack_ids))
+        if request.modify_deadline_ack_ids:
+            by_seconds: dict[int, list[str]] = defaultdict(list)
+            for ack_id, seconds in zip(
+                request.modify_deadline_ack_ids, request.modify_deadline_seconds, strict=True
+            ):
+                by_seconds[seconds].append(ack_id)
+            for seconds, ack_ids in by_seconds.items():
+                forwarder.modify_ack_deadline(name, ack_ids, seconds)
+
+    async def _read_stream(
+        self,
+        requests: AsyncIterator[Any],
+        forwarder: SubscribingForwarder,
+        name: str,
+        consumer: StreamConsumer,
+    ) -> None:
+        """Apply the client's later stream requests until it half-closes or the stream fails."""
+        try:
+            async for request in requests:
+                if request.subscription and request.subscription != name:
+                    raise InvalidArgument("subscription: must not change within a stream")
+                _check_modacks(request)
+                self._apply(forwarder, name, request)
+                if request.stream_ack_deadline_seconds:
+                    consumer.ack_deadline_s = validation.ack_deadline(
+                        "stream_ack_deadline_seconds", request.stream_ack_deadline_seconds
+                    )
+        except PubsubError as e:
+            consumer.end(e)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the transport failed: the client is gone
+            log.debug("stream reader ended", exc_info=True)
+            consumer.end(_HalfClosed())
+        else:
+            consumer.end(_HalfClosed())
+
+
+def _check_modacks(request: Any) -> None:
+    if len(request.modify_deadline_ack_ids) != len(request.modify_deadline_seconds):
+        raise InvalidArgument(
+            "modify_deadline_seconds: must have as many entries as modify_deadline_ack_ids"
+        )
+    for seconds in request.modify_deadline_seconds:
+        validation.modify_deadline(seconds)
+
+
+def handlers(servicer: SubscriberServicer) -> grpc.GenericRpcHandler:
+    def unary(fn: Any, req: Any, resp: Any) -> grpc.RpcMethodHandler:
+        return grpc.unary_unary_rpc_method_handler(
+            fn, request_deserializer=req.FromString, response_serializer=resp.SerializeToString
+        )
+
+    s = servicer
+    return grpc.method_handlers_generic_handler(
+        "google.pubsub.v1.Subscriber",
+        {
+            "CreateSubscription": unary(s.CreateSubscription, pb.Subscription, pb.Subscription),
+            "GetSubscription": unary(s.GetSubscription, pb.GetSubscriptionRequest, pb.Subscription),
+            "UpdateSubscription": unary(
+                s.UpdateSubscription, pb.UpdateSubscriptionRequest, pb.Subscription
+            ),
+            "DeleteSubscription": unary(
+                s.DeleteSubscription, pb.DeleteSubscriptionRequest, pb.Empty
+            ),
+            "ListSubscriptions": unary(
+                s.ListSubscriptions, pb.ListSubscriptionsRequest, pb.ListSubscriptionsResponse
+            ),
+            "Pull": unary(s.Pull, pb.PullRequest, pb.PullResponse),
+            "Acknowledge": unary(s.Acknowledge, pb.AcknowledgeRequest, pb.Empty),
+            "ModifyAckDeadline": unary(s.ModifyAckDeadline, pb.ModifyAckDeadlineRequest, pb.Empty),
+            "StreamingPull": grpc.stream_stream_rpc_method_handler(
+                s.StreamingPull,
+                request_deserializer=pb.StreamingPullRequest.FromString,
+                response_serializer=pb.StreamingPullResponse.SerializeToString,
+            ),
+        },
+    )

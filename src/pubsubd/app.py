@@ -1,0 +1,143 @@
+"""Composition root: builds every role of ``pubsubd serve`` in one process and runs it.
+
+Roles (DESIGN.md §2): the frontend (gRPC servicers, the service proxy clients talk to), the router
+(control plane), one publishing forwarder and one subscribing forwarder (data plane), embedded
+storage and the embedded metadata store. They are wired through the same narrow interfaces a
+multi-process deployment puts a network transport behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from typing import Any
+
+import grpc
+
+from pubsubd.api.grpc import publisher, subscriber
+from pubsubd.config import ServerConfig
+from pubsubd.control.catalog import Catalog
+from pubsubd.control.router import Router
+from pubsubd.data.publish.forwarder import PublishingForwarder
+from pubsubd.data.subscribe.forwarder import SubscribingForwarder
+from pubsubd.observability.http import HttpEndpoint
+from pubsubd.storage.metadata import SqliteMetadataStore
+
+log = logging.getLogger(__name__)
+
+# A Publish may carry 10 MB; accept more at the transport so an oversize request gets a clear
+# INVALID_ARGUMENT from validation instead of a transport error the client would retry.
+MAX_RECEIVE_BYTES = 32 << 20
+MAX_SEND_BYTES = 32 << 20
+
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+    ("grpc.max_send_message_length", MAX_SEND_BYTES),
+    # The official clients ping idle channels (30 s, Node 5 min); never GOAWAY them for it.
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+    ("grpc.http2.max_ping_strikes", 0),
+    # Our own pings find clients that vanished without closing their streams.
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+]
+
+
+class PubsubServer:
+    """Every role of the service in one process."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        storage = config.storage
+        self.store = SqliteMetadataStore(storage.data_dir)
+        self.publishing = PublishingForwarder(
+            storage.data_dir, fsync=storage.fsync, segment_bytes=storage.segment_bytes
+        )
+        self.subscribing = SubscribingForwarder(self.publishing)
+        self.router = Router(
+            [("publishing-0", self.publishing)], [("subscribing-0", self.subscribing)]
+        )
+        self.catalog = Catalog(self.store, self.publishing, self.subscribing)
+        self.grpc_server: grpc.aio.Server | None = None
+        self.http = HttpEndpoint(self.status)
+        self.port = 0
+        self.http_port = 0
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> None:
+        self.catalog.load()
+        self.publishing.start()
+        server = grpc.aio.server(options=GRPC_OPTIONS)
+        server.add_generic_rpc_handlers(
+            [
+                publisher.handlers(publisher.PublisherServicer(self.catalog, self.router)),
+                subscriber.handlers(subscriber.SubscriberServicer(self.catalog, self.router)),
+            ]
+        )
+        self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        if self.port == 0:
+            raise OSError(f"cannot bind gRPC port {self.config.host}:{self.config.port}")
+        await server.start()
+        self.grpc_server = server
+        if self.config.http_port >= 0:
+            self.http_port = await self.http.start(self.config.host, self.config.http_port)
+        log.info(
+            "pubsubd ready grpc=%s:%d http=%s:%d data_dir=%s fsync=%s",
+            self.config.host,
+            self.port,
+            self.config.host,
+            self.http_port,
+            self.config.storage.data_dir,
+            self.config.storage.fsync.value,
+        )
+
+    async def stop(self) -> None:
+        """End streams with UNAVAILABLE, finish in-flight RPCs, then close storage cleanly."""
+        await self.subscribing.close()
+        if self.grpc_server is not None:
+            await self.grpc_server.stop(self.config.shutdown_grace_s)
+        await self.http.close()
+        await self.publishing.close()
+        self.store.close()
+        self._stopped.set()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "topics": len(self.catalog.topics),
+            "subscriptions": {
+                name: {
+                    "backlog": d.backlog(),
+                    "outstanding": len(d.leases),
+                    "consumers": len(d.consumers),
+                    "delivered": d.delivered,
+                    "acked": d.acked,
+                }
+                for name, d in self.subscribing.dispatchers.items()
+            },
+            "storage": self.publishing.stats(),
+        }
+
+
+async def serve(config: ServerConfig) -> None:
+    server = PubsubServer(config)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("pubsubd stopping")
+    await server.stop()
+    log.info("pubsubd stopped")
+
+
+def run(config: ServerConfig) -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        asyncio.run(serve(config))
+    else:
+        uvloop.run(serve(config))

@@ -1,0 +1,274 @@
+"""The ``pubsubd`` command: run the server, and manage topics and subscriptions from a shell.
+
+Client commands talk to a running server through the official Google client (gRPC), at
+``--endpoint`` or ``PUBSUB_EMULATOR_HOST`` (default 127.0.0.1:8085), in project ``--project`` or
+``PUBSUB_PROJECT_ID`` (default ``local``). Every command prints a human-readable table, or JSON
+with ``--json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pubsubd import config as config_mod
+from pubsubd.storage.log import FsyncPolicy
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="pubsubd: pub/sub and queues.")
+topics_app = typer.Typer(no_args_is_help=True, help="Create, list and delete topics.")
+subs_app = typer.Typer(no_args_is_help=True, help="Create, list and delete subscriptions.")
+app.add_typer(topics_app, name="topics")
+app.add_typer(subs_app, name="subscriptions")
+
+console = Console()
+
+Endpoint = Annotated[
+    str,
+    typer.Option(envvar="PUBSUB_EMULATOR_HOST", help="host:port of the pubsubd gRPC endpoint"),
+]
+Project = Annotated[str, typer.Option(envvar="PUBSUB_PROJECT_ID", help="project ID")]
+AsJson = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+
+
+@app.command()
+def serve(
+    port: Annotated[int | None, typer.Option(help="gRPC port (0 = any free port)")] = None,
+    http_port: Annotated[
+        int | None, typer.Option(help="HTTP port for /healthz and /metrics (0 = any, -1 = off)")
+    ] = None,
+    host: Annotated[str | None, typer.Option(help="address to bind")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="where storage lives")] = None,
+    fsync: Annotated[
+        FsyncPolicy | None,
+        typer.Option(help="always: fsync before each publish ack (default); interval; never"),
+    ] = None,
+    log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
+) -> None:
+    """Run every role of the service in one process, with embedded storage."""
+    from pubsubd import app as server_app
+    from pubsubd.observability.logging import setup
+
+    setup(log_level)
+    cfg = config_mod.from_env()
+    storage = cfg.storage
+    if data_dir is not None:
+        storage = replace(storage, data_dir=data_dir)
+    if fsync is not None:
+        storage = replace(storage, fsync=fsync)
+    cfg = replace(
+        cfg,
+        host=host if host is not None else cfg.host,
+        port=port if port is not None else cfg.port,
+        http_port=http_port if http_port is not None else cfg.http_port,
+        storage=storage,
+    )
+    server_app.run(cfg)
+
+
+# --- client commands -------------------------------------------------------------------------
+
+
+def _clients(endpoint: str) -> tuple[Any, Any]:
+    from google.api_core.client_options import ClientOptions
+    from google.auth.credentials import AnonymousCredentials
+    from google.pubsub_v1 import PublisherClient, SubscriberClient
+
+    opts = ClientOptions(api_endpoint=endpoint)
+    creds = AnonymousCredentials()  # type: ignore[no-untyped-call]
+    return (
+        PublisherClient(client_options=opts, credentials=creds),
+        SubscriberClient(client_options=opts, credentials=creds),
+    )
+
+
+def _name(project: str, kind: str, name: str) -> str:
+    return name if name.startswith("projects/") else f"projects/{project}/{kind}/{name}"
+
+
+def _fail(e: Exception) -> None:
+    console.print(f"[red]error:[/red] {e}", highlight=False)
+    raise typer.Exit(1)
+
+
+def _emit(rows: list[dict[str, Any]], columns: list[str], as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2, default=str) + "\n")
+        return
+    table = Table(*columns)
+    for r in rows:
+        table.add_row(*(str(r.get(c, "")) for c in columns))
+    console.print(table)
+
+
+def _api_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    from google.api_core import exceptions
+
+    try:
+        return fn(*args, **kwargs)
+    except exceptions.GoogleAPICallError as e:
+        _fail(e)
+
+
+@topics_app.command("create")
+def topics_create(
+    name: str,
+    endpoint: Endpoint = "127.0.0.1:8085",
+    project: Project = "local",
+    as_json: AsJson = False,
+) -> None:
+    pub, _ = _clients(endpoint)
+    t = _api_call(pub.create_topic, name=_name(project, "topics", name))
+    _emit([{"name": t.name}], ["name"], as_json)
+
+
+@topics_app.command("list")
+def topics_list(
+    endpoint: Endpoint = "127.0.0.1:8085", project: Project = "local", as_json: AsJson = False
+) -> None:
+    pub, _ = _clients(endpoint)
+    topics = _api_call(pub.list_topics, project=f"projects/{project}")
+    _emit([{"name": t.name} for t in topics], ["name"], as_json)
+
+
+@topics_app.command("delete")
+def topics_delete(
+    name: str,
+    endpoint: Endpoint = "127.0.0.1:8085",
+    project: Project = "local",
+    as_json: AsJson = False,
+) -> None:
+    pub, _ = _clients(endpoint)
+    full = _name(project, "topics", name)
+    _api_call(pub.delete_topic, topic=full)
+    _emit([{"deleted": full}], ["deleted"], as_json)
+
+
+@subs_app.command("create")
+def subscriptions_create(
+    name: str,
+    topic: Annotated[str, typer.Option(help="topic to subscribe to")],
+    ack_deadline: Annotated[int, typer.Option(help="ack deadline in seconds (10-600)")] = 10,
+    endpoint: Endpoint = "127.0.0.1:8085",
+    project: Project = "local",
+    as_json: AsJson = False,
+) -> None:
+    _, sub = _clients(endpoint)
+    s = _api_call(
+        sub.create_subscription,
+        request={
+            "name": _name(project, "subscriptions", name),
+            "topic": _name(project, "topics", topic),
+            "ack_deadline_seconds": ack_deadline,
+        },
+    )
+    _emit(
+        [{"name": s.name, "topic": s.topic, "ack_deadline_seconds": s.ack_deadline_seconds}],
+        ["name", "topic", "ack_deadline_seconds"],
+        as_json,
+    )
+
+
+@subs_app.command("list")
+def subscriptions_list(
+    endpoint: Endpoint = "127.0.0.1:8085", project: Project = "local", as_json: AsJson = False
+) -> None:
+    _, sub = _clients(endpoint)
+    subs = _api_call(sub.list_subscriptions, project=f"projects/{project}")
+    _emit([{"name": s.name, "topic": s.topic} for s in subs], ["name", "topic"], as_json)
+
+
+@subs_app.command("delete")
+def subscriptions_delete(
+    name: str,
+    endpoint: Endpoint = "127.0.0.1:8085",
+    project: Project = "local",
+    as_json: AsJson = False,
+) -> None:
+    _, sub = _clients(endpoint)
+    full = _name(project, "subscriptions", name)
+    _api_call(sub.delete_subscription, subscription=full)
+    _emit([{"deleted": full}], ["deleted"], as_json)
+
+
+@app.command()
+def publish(
+    topic: str,
+    message: Annotated[list[str], typer.Argument(help="message data (one message each)")],
+    attribute: Annotated[
+        list[str] | None, typer.Option("--attribute", "-a", help="key=value, repeatable")
+    ] = None,
+    ordering_key: Annotated[str, typer.Option(help="ordering key")] = "",
+    endpoint: Endpoint = "127.0.0.1:8085",
+    project: Project = "local",
+    as_json: AsJson = False,
+) -> None:
+    """Publish one message per argument; prints the message IDs."""
+    attrs: dict[str, str] = {}
+    for a in attribute or []:
+        key, sep, value = a.partition("=")
+        if not sep:
+            _fail(ValueError(f"--attribute {a!r}: expected key=value"))
+        attrs[key] = value
+    pub, _ = _clients(endpoint)
+    messages = [
+        {"data": m.encode(), "attributes": attrs, "ordering_key": ordering_key} for m in message
+    ]
+    resp = _api_call(
+        pub.publish, request={"topic": _name(project, "topics", topic), "messages": messages}
+    )
+    _emit([{"message_id": i} for i in resp.message_ids], ["message_id"], as_json)
+
+
+@app.command()
+def pull(
+    subscription: str,
+    max_messages: Annotated[int, typer.Option(help="at most this many messages")] = 10,
+    ack: Annotated[bool, typer.Option("--ack", help="acknowledge what was pulled")] = False,
+    wait: Annotated[bool, typer.Option(help="wait for messages if there are none")] = False,
+    endpoint: Endpoint = "127.0.0.1:8085",
+    project: Project = "local",
+    as_json: AsJson = False,
+) -> None:
+    """Pull messages once; with --ack they are acknowledged, otherwise redelivered later."""
+    _, sub = _clients(endpoint)
+    name = _name(project, "subscriptions", subscription)
+    resp = _api_call(
+        sub.pull,
+        request={
+            "subscription": name,
+            "max_messages": max_messages,
+            "return_immediately": not wait,
+        },
+        timeout=30,
+    )
+    rows = [
+        {
+            "message_id": r.message.message_id,
+            "data": r.message.data.decode("utf-8", "replace"),
+            "attributes": dict(r.message.attributes),
+            "ordering_key": r.message.ordering_key,
+            "publish_time": r.message.publish_time.isoformat(),
+            "ack_id": r.ack_id,
+        }
+        for r in resp.received_messages
+    ]
+    if ack and rows:
+        _api_call(sub.acknowledge, subscription=name, ack_ids=[r["ack_id"] for r in rows])
+    _emit(rows, ["message_id", "data", "attributes", "publish_time"], as_json)
+
+
+def main() -> None:
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    app()
+
+
+if __name__ == "__main__":
+    main()

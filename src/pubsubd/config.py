@@ -1,0 +1,52 @@
+"""Server settings: one frozen tree built from defaults < environment < command-line flags."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from pubsubd.storage.log import FsyncPolicy
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8085  # the Google emulator's usual port, so PUBSUB_EMULATOR_HOST stays familiar
+DEFAULT_HTTP_PORT = 8086
+DEFAULT_DATA_DIR = Path("data")
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    data_dir: Path = DEFAULT_DATA_DIR
+    fsync: FsyncPolicy = FsyncPolicy.ALWAYS
+    segment_bytes: int = 64 << 20
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT  # 0 = pick a free port
+    http_port: int = DEFAULT_HTTP_PORT  # 0 = pick a free port, -1 = no HTTP endpoint
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    # How long a graceful stop waits for in-flight RPCs after ending the streams.
+    shutdown_grace_s: float = 5.0
+
+
+def from_env(env: dict[str, str] | None = None) -> ServerConfig:
+    """Defaults overridden by PUBSUBD_HOST, PUBSUBD_PORT, PUBSUBD_HTTP_PORT, PUBSUBD_DATA_DIR,
+    PUBSUBD_FSYNC and PUBSUBD_SEGMENT_BYTES."""
+    e = os.environ if env is None else env
+    cfg = ServerConfig()
+    storage = cfg.storage
+    if "PUBSUBD_DATA_DIR" in e:
+        storage = replace(storage, data_dir=Path(e["PUBSUBD_DATA_DIR"]))
+    if "PUBSUBD_FSYNC" in e:
+        storage = replace(storage, fsync=FsyncPolicy(e["PUBSUBD_FSYNC"]))
+    if "PUBSUBD_SEGMENT_BYTES" in e:
+        storage = replace(storage, segment_bytes=int(e["PUBSUBD_SEGMENT_BYTES"]))
+    return replace(
+        cfg,
+        host=e.get("PUBSUBD_HOST", cfg.host),
+        port=int(e.get("PUBSUBD_PORT", cfg.port)),
+        http_port=int(e.get("PUBSUBD_HTTP_PORT", cfg.http_port)),
+        storage=storage,
+    )

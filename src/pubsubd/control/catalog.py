@@ -1,0 +1,324 @@
+"""Catalog: the control plane's record of topics and subscriptions, validated and persisted.
+
+Create/get/update/delete/list for topics and subscriptions, following Google's semantics
+(GOOGLE_PUBSUB_API.md §3-§6): defaults filled in on create, update masks, a deleted topic's
+subscriptions showing ``_deleted-topic_``, paging by opaque tokens. Every change is written to the
+metadata store before it is answered. Creating a subscription fixes its sync point (the end of
+each source of the topic) and opens its dispatcher; deleting one drops its backlog.
+"""
+
+from __future__ import annotations
+
+import base64
+import bisect
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from pubsubd.core import names, pb, validation
+from pubsubd.core.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    NotFound,
+    SubscriptionNotFound,
+    TopicNotFound,
+)
+from pubsubd.data.publish.forwarder import PublishingForwarder
+from pubsubd.data.subscribe.forwarder import SubscribingForwarder
+from pubsubd.storage.metadata import MetadataStore, SubscriptionRecord, TopicRecord
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+
+# Fields an update mask may name (snake_case, as Google requires).
+TOPIC_UPDATABLE = frozenset(
+    {
+        "labels",
+        "message_storage_policy",
+        "kms_key_name",
+        "schema_settings",
+        "message_retention_duration",
+        "ingestion_data_source_settings",
+        "message_transforms",
+    }
+)
+SUBSCRIPTION_UPDATABLE = frozenset(
+    {
+        "push_config",
+        "bigquery_config",
+        "cloud_storage_config",
+        "bigtable_config",
+        "ack_deadline_seconds",
+        "retain_acked_messages",
+        "message_retention_duration",
+        "labels",
+        "expiration_policy",
+        "filter",
+        "dead_letter_policy",
+        "retry_policy",
+        "enable_exactly_once_delivery",
+        "message_transforms",
+    }
+)
+
+
+@dataclass(slots=True)
+class TopicEntry:
+    record: TopicRecord
+    topic: Any  # google.pubsub.v1.Topic
+
+
+@dataclass(slots=True)
+class SubscriptionEntry:
+    record: SubscriptionRecord
+    subscription: Any  # google.pubsub.v1.Subscription
+
+
+class _SortedNames:
+    """Names kept sorted for paging; page tokens are the last name returned, base64-encoded."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def add(self, name: str) -> None:
+        bisect.insort(self.names, name)
+
+    def remove(self, name: str) -> None:
+        i = bisect.bisect_left(self.names, name)
+        if i < len(self.names) and self.names[i] == name:
+            del self.names[i]
+
+    def page(self, prefix: str, page_size: int, token: str) -> tuple[list[str], str]:
+        if page_size < 0:
+            raise InvalidArgument("page_size: must not be negative")
+        size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        after = prefix
+        if token:
+            try:
+                after = base64.urlsafe_b64decode(token.encode()).decode()
+            except (ValueError, UnicodeDecodeError):
+                raise InvalidArgument("page_token: not a token this server issued") from None
+            if not after.startswith(prefix):
+                raise InvalidArgument("page_token: not a token for this listing")
+        i = bisect.bisect_right(self.names, after)
+        out = []
+        while i < len(self.names) and len(out) < size and self.names[i].startswith(prefix):
+            out.append(self.names[i])
+            i += 1
+        more = i < len(self.names) and self.names[i].startswith(prefix)
+        next_token = base64.urlsafe_b64encode(out[-1].encode()).decode() if more and out else ""
+        return out, next_token
+
+
+class Catalog:
+    def __init__(
+        self,
+        store: MetadataStore,
+        publishing: PublishingForwarder,
+        subscribing: SubscribingForwarder,
+    ) -> None:
+        self.store = store
+        self.publishing = publishing
+        self.subscribing = subscribing
+        self.topics: dict[str, TopicEntry] = {}
+        self.subscriptions: dict[str, SubscriptionEntry] = {}
+        self._topic_names = _SortedNames()
+        self._sub_names = _SortedNames()
+        # topic uid -> names of the subscriptions reading it (attached or not)
+        self._subs_by_topic_uid: dict[str, set[str]] = {}
+        self._live_topic_uids: set[str] = set()
+
+    # --- start-up -----------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Restore topics, subscriptions and their ack state from the metadata store."""
+        for t in self.store.load_topics():
+            self._add_topic(TopicEntry(t, pb.Topic.FromString(t.body)))
+            self.publishing.open_topic(t.uid)
+        for s in self.store.load_subscriptions():
+            self._add_subscription(SubscriptionEntry(s, pb.Subscription.FromString(s.body)))
+        log.info(
+            "catalog loaded: %d topics, %d subscriptions", len(self.topics), len(self.subscriptions)
+        )
+
+    def _add_topic(self, entry: TopicEntry) -> None:
+        self.topics[entry.record.name] = entry
+        self._topic_names.add(entry.record.name)
+        self._live_topic_uids.add(entry.record.uid)
+
+    def _add_subscription(self, entry: SubscriptionEntry) -> None:
+        rec = entry.record
+        self.subscriptions[rec.name] = entry
+        self._sub_names.add(rec.name)
+        self._subs_by_topic_uid.setdefault(rec.topic_uid, set()).add(rec.name)
+        journal = self.publishing.attach(rec.topic_uid, rec.uid, rec.start_offsets)
+        self.subscribing.open(rec.name, entry.subscription, rec.uid, rec.topic_uid, journal)
+
+    # --- topics -------------------------------------------------------------------------------
+
+    def create_topic(self, topic: Any) -> Any:
+        validation.topic(topic)
+        if topic.name in self.topics:
+            raise AlreadyExists("topic", topic.name)
+        stored = pb.Topic()
+        stored.CopyFrom(topic)
+        stored.ClearField("tags")  # input only
+        stored.state = pb.Topic.State.ACTIVE
+        record = TopicRecord(topic.name, uuid.uuid4().hex, stored.SerializeToString())
+        self.store.put_topic(record)
+        self._add_topic(TopicEntry(record, stored))
+        self.publishing.open_topic(record.uid)
+        return stored
+
+    def topic(self, name: str) -> TopicEntry:
+        names.topic(name)
+        entry = self.topics.get(name)
+        if entry is None:
+            raise TopicNotFound(name)
+        return entry
+
+    def update_topic(self, topic: Any, mask: Any) -> Any:
+        entry = self.topic(topic.name)
+        paths = self._check_mask(mask, TOPIC_UPDATABLE, "topic")
+        updated = pb.Topic()
+        updated.CopyFrom(entry.topic)
+        _apply_mask(paths, topic, updated)
+        validation.topic(updated)
+        entry.record.body = updated.SerializeToString()
+        self.store.put_topic(entry.record)
+        entry.topic = updated
+        return updated
+
+    async def delete_topic(self, name: str) -> None:
+        entry = self.topic(name)
+        self.store.delete_topic(name)
+        del self.topics[name]
+        self._topic_names.remove(name)
+        uid = entry.record.uid
+        self._live_topic_uids.discard(uid)
+        for sub_name in self._subs_by_topic_uid.get(uid, set()):
+            sub = self.subscriptions[sub_name]
+            sub.subscription.topic = names.DELETED_TOPIC
+            sub.record.body = sub.subscription.SerializeToString()
+            self.store.put_subscription(sub.record)
+        if not self._subs_by_topic_uid.get(uid):
+            self._subs_by_topic_uid.pop(uid, None)
+            await self.publishing.drop_topic(uid)
+
+    def list_topics(self, project: str, page_size: int, token: str) -> tuple[list[Any], str]:
+        names.project(project)
+        page, next_token = self._topic_names.page(f"{project}/topics/", page_size, token)
+        return [self.topics[n].topic for n in page], next_token
+
+    def list_topic_subscriptions(
+        self, topic: str, page_size: int, token: str
+    ) -> tuple[list[str], str]:
+        uid = self.topic(topic).record.uid
+        attached = sorted(
+            n
+            for n in self._subs_by_topic_uid.get(uid, set())
+            if not self.subscriptions[n].subscription.detached
+        )
+        pager = _SortedNames()
+        pager.names = attached
+        return pager.page("", page_size, token)
+
+    # --- subscriptions ------------------------------------------------------------------------
+
+    def create_subscription(self, subscription: Any) -> Any:
+        stored = pb.Subscription()
+        stored.CopyFrom(subscription)
+        if not stored.name:
+            raise InvalidArgument("name: a subscription name is required")
+        validation.subscription(stored)
+        if not stored.topic:
+            raise InvalidArgument("topic: a subscription must name its topic")
+        names.topic(stored.topic)
+        if stored.name in self.subscriptions:
+            raise AlreadyExists("subscription", stored.name)
+        topic = self.topics.get(stored.topic)
+        if topic is None:
+            raise NotFound("topic", stored.topic)
+        if stored.dead_letter_policy.dead_letter_topic and (
+            stored.dead_letter_policy.dead_letter_topic not in self.topics
+        ):
+            raise NotFound("topic", stored.dead_letter_policy.dead_letter_topic)
+        stored.ClearField("tags")
+        stored.state = pb.Subscription.State.ACTIVE
+        if topic.topic.HasField("message_retention_duration"):
+            stored.topic_message_retention_duration.CopyFrom(topic.topic.message_retention_duration)
+        record = SubscriptionRecord(
+            name=stored.name,
+            uid=uuid.uuid4().hex,
+            topic_uid=topic.record.uid,
+            body=stored.SerializeToString(),
+            start_offsets=self.publishing.end_offsets(topic.record.uid),
+        )
+        self.store.put_subscription(record)
+        self._add_subscription(SubscriptionEntry(record, stored))
+        return stored
+
+    def subscription(self, name: str) -> SubscriptionEntry:
+        names.subscription(name)
+        entry = self.subscriptions.get(name)
+        if entry is None:
+            raise SubscriptionNotFound(name)
+        return entry
+
+    def update_subscription(self, subscription: Any, mask: Any) -> Any:
+        entry = self.subscription(subscription.name)
+        paths = self._check_mask(mask, SUBSCRIPTION_UPDATABLE, "subscription")
+        updated = pb.Subscription()
+        updated.CopyFrom(entry.subscription)
+        _apply_mask(paths, subscription, updated)
+        validation.subscription(updated)
+        if updated.dead_letter_policy.dead_letter_topic and (
+            updated.dead_letter_policy.dead_letter_topic not in self.topics
+        ):
+            raise NotFound("topic", updated.dead_letter_policy.dead_letter_topic)
+        entry.record.body = updated.SerializeToString()
+        self.store.put_subscription(entry.record)
+        # The dispatcher holds the same object: replace its contents in place.
+        entry.subscription.CopyFrom(updated)
+        return entry.subscription
+
+    async def delete_subscription(self, name: str) -> None:
+        entry = self.subscription(name)
+        rec = entry.record
+        self.store.delete_subscription(name)
+        del self.subscriptions[name]
+        self._sub_names.remove(name)
+        self.subscribing.close_subscription(name, SubscriptionNotFound(name))
+        await self.publishing.detach(rec.topic_uid, rec.uid)
+        subs = self._subs_by_topic_uid.get(rec.topic_uid)
+        if subs is not None:
+            subs.discard(name)
+            if not subs and rec.topic_uid not in self._live_topic_uids:
+                del self._subs_by_topic_uid[rec.topic_uid]
+                await self.publishing.drop_topic(rec.topic_uid)
+
+    def list_subscriptions(self, project: str, page_size: int, token: str) -> tuple[list[Any], str]:
+        names.project(project)
+        page, next_token = self._sub_names.page(f"{project}/subscriptions/", page_size, token)
+        return [self.subscriptions[n].subscription for n in page], next_token
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_mask(mask: Any, allowed: frozenset[str], kind: str) -> list[str]:
+        paths = list(mask.paths)
+        if not paths:
+            raise InvalidArgument("update_mask: must name at least one field to update")
+        for p in paths:
+            if p.split(".")[0] not in allowed:
+                raise InvalidArgument(f"update_mask: {p!r} is not a known updatable {kind} field")
+        return paths
+
+
+def _apply_mask(paths: list[str], source: Any, destination: Any) -> None:
+    """Copy the masked fields; a masked field unset in ``source`` is cleared (Google's rule)."""
+    mask = pb.FieldMask(paths=paths)
+    mask.MergeMessage(source, destination, replace_message_field=True, replace_repeated_field=True)

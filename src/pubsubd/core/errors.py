@@ -1,0 +1,87 @@
+"""Domain errors of pubsubd: one hierarchy, translated to gRPC/HTTP status in api/grpc/status.py.
+
+Servicers and forwarders raise these; nothing below the API layer imports grpc. Each error builds
+its message from its data, so the text a client sees names what was wrong.
+"""
+
+from __future__ import annotations
+
+
+class PubsubError(Exception):
+    """Base of every error a client can be told about."""
+
+    retriable = False
+
+
+# --- the client did something wrong ----------------------------------------------------------
+
+
+class InvalidArgument(PubsubError):
+    """A request field is malformed or out of range; the message names the field."""
+
+
+class OutOfRange(InvalidArgument):
+    """A numeric field is outside its allowed range (Google answers OUT_OF_RANGE for some)."""
+
+
+class InvalidResourceName(InvalidArgument):
+    def __init__(self, kind: str, name: str, why: str = "") -> None:
+        self.kind = kind
+        self.name = name
+        detail = f": {why}" if why else ""
+        super().__init__(f"Invalid [{kind}] name: (name={name}){detail}")
+
+
+class InvalidAckId(InvalidArgument):
+    def __init__(self, ack_id: str) -> None:
+        self.ack_id = ack_id
+        super().__init__(f"You have passed an invalid ack ID to the service (ack_id={ack_id!r}).")
+
+
+class NotFound(PubsubError):
+    """A named resource does not exist."""
+
+    def __init__(self, kind: str, name: str) -> None:
+        self.kind = kind
+        self.name = name
+        super().__init__(f"{kind.capitalize()} not found (resource={name})")
+
+
+class TopicNotFound(NotFound):
+    def __init__(self, name: str) -> None:
+        super().__init__("topic", name)
+
+
+class SubscriptionNotFound(NotFound):
+    def __init__(self, name: str) -> None:
+        super().__init__("subscription", name)
+
+
+class AlreadyExists(PubsubError):
+    def __init__(self, kind: str, name: str) -> None:
+        self.kind = kind
+        self.name = name
+        super().__init__(f"{kind.capitalize()} already exists (resource={name})")
+
+
+class FailedPrecondition(PubsubError):
+    """The resource is in a state that does not allow the call (e.g. a detached subscription)."""
+
+
+class ResourceExhausted(PubsubError):
+    """A quota or flow-control limit was hit; the client may retry later."""
+
+    retriable = True
+
+
+# --- we failed -------------------------------------------------------------------------------
+
+
+class Unavailable(PubsubError):
+    """The server is shutting down or cannot serve now; the client should retry or reconnect."""
+
+    retriable = True
+
+
+class InternalError(PubsubError):
+    """Something failed inside the server (storage I/O, a bug)."""

@@ -1,0 +1,54 @@
+"""Positions, message IDs and ack IDs: how a message's place in a publish message source is named.
+
+A *position* is (source, offset): the offset of a message in the log of one publish message source
+of a topic. It packs into one int, ``source << 48 | offset``, used as a dict key on hot paths and,
+in decimal, as the message ID (so the message IDs of source 0 are plain offsets, as numeric as
+Google's). An *ack ID* names one delivery (lease) of a position to one subscription:
+``{subscription incarnation}-{source}-{offset}-{lease generation}``; the incarnation keeps ack IDs
+of a deleted subscription from acking in a new one of the same name.
+"""
+
+from __future__ import annotations
+
+from pubsubd.core.errors import InvalidAckId
+
+OFFSET_BITS = 48
+OFFSET_MASK = (1 << OFFSET_BITS) - 1
+# Ack IDs are short strings; anything longer than this is garbage, not an ack ID.
+MAX_ACK_ID_LEN = 128
+
+
+def position(source: int, offset: int) -> int:
+    return (source << OFFSET_BITS) | offset
+
+
+def source_of(pos: int) -> int:
+    return pos >> OFFSET_BITS
+
+
+def offset_of(pos: int) -> int:
+    return pos & OFFSET_MASK
+
+
+def message_id(source: int, offset: int) -> str:
+    return str(position(source, offset))
+
+
+def encode_ack_id(incarnation: str, pos: int, generation: int) -> str:
+    return f"{incarnation}-{pos >> OFFSET_BITS}-{pos & OFFSET_MASK}-{generation}"
+
+
+def decode_ack_id(ack_id: str, incarnation: str) -> tuple[int, int]:
+    """Return (position, generation); raise InvalidAckId if malformed or of another incarnation."""
+    if len(ack_id) > MAX_ACK_ID_LEN:
+        raise InvalidAckId(ack_id[:32] + "...")
+    parts = ack_id.split("-")
+    if len(parts) != 4 or parts[0] != incarnation:
+        raise InvalidAckId(ack_id)
+    try:
+        source, offset, generation = int(parts[1]), int(parts[2]), int(parts[3])
+    except ValueError:
+        raise InvalidAckId(ack_id) from None
+    if source < 0 or offset < 0 or offset > OFFSET_MASK or generation < 0:
+        raise InvalidAckId(ack_id)
+    return position(source, offset), generation

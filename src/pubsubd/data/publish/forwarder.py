@@ -1,0 +1,190 @@
+"""Publishing forwarder: persists published batches and the ack state of every subscription.
+
+It owns the publish message sources of the topics the router assigns to it. Its narrow interface
+(publish a batch, read a range, attach/detach a subscription's ack journal, record acks) is what the
+frontend and the subscribing forwarders call; in ``pubsubd serve`` they call it in-process, and a
+network transport can sit behind the same methods. A publish is acknowledged only after the log
+says the entry is durable (group commit, fsync per policy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pubsubd.acks.journal import AckJournal
+from pubsubd.core.errors import InternalError
+from pubsubd.data.publish.source import TopicSources
+from pubsubd.storage.errors import StorageError
+from pubsubd.storage.framing import Entry
+from pubsubd.storage.log import FsyncPolicy
+
+log = logging.getLogger(__name__)
+
+# On-disk layout under the data directory.
+TOPICS_DIR = "topics"  # topics/{topic uid}/source-{n}/  segments of each source
+SUBSCRIPTIONS_DIR = "subscriptions"  # subscriptions/{subscription uid}/  ack journal
+# How often fully acked segments are deleted and ack journals flushed.
+TRIM_INTERVAL_S = 2.0
+ACK_FLUSH_INTERVAL_S = 0.05
+
+
+class PublishingForwarder:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        fsync: FsyncPolicy = FsyncPolicy.ALWAYS,
+        segment_bytes: int = 64 << 20,
+    ) -> None:
+        self.data_dir = data_dir
+        self.fsync = fsync
+        self.segment_bytes = segment_bytes
+        self.topics: dict[str, TopicSources] = {}
+        self._dirty_journals: set[AckJournal] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._last_publish_us = 0
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._trim_loop(), name="trim_loop"),
+            asyncio.create_task(self._ack_flush_loop(), name="ack_flush_loop"),
+        ]
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        await self._flush_acks()
+        for sources in self.topics.values():
+            await sources.close()
+        self.topics.clear()
+
+    # --- topics and subscriptions -------------------------------------------------------------
+
+    def open_topic(self, topic_uid: str) -> TopicSources:
+        sources = self.topics.get(topic_uid)
+        if sources is None:
+            sources = TopicSources(
+                topic_uid,
+                self.data_dir / TOPICS_DIR / topic_uid,
+                fsync=self.fsync,
+                segment_bytes=self.segment_bytes,
+            )
+            self.topics[topic_uid] = sources
+        return sources
+
+    async def drop_topic(self, topic_uid: str) -> None:
+        """Delete a topic's storage (its last subscription is gone and the topic is deleted)."""
+        sources = self.topics.pop(topic_uid, None)
+        if sources is not None:
+            await sources.destroy()
+
+    def end_offsets(self, topic_uid: str) -> dict[int, int]:
+        return self.open_topic(topic_uid).end_offsets()
+
+    def attach(self, topic_uid: str, sub_uid: str, start_offsets: Mapping[int, int]) -> AckJournal:
+        """Open (or recover) the ack journal of a subscription, starting at its sync point."""
+        sources = self.open_topic(topic_uid)
+        journal = sources.journals.get(sub_uid)
+        if journal is None:
+            journal = AckJournal.open(
+                self.data_dir / SUBSCRIPTIONS_DIR / sub_uid, initial=dict(start_offsets)
+            )
+            for source in range(len(sources.logs)):
+                journal.cursor(source, start_offsets.get(source, 0))
+            sources.journals[sub_uid] = journal
+        return journal
+
+    async def detach(self, topic_uid: str, sub_uid: str) -> None:
+        """Forget a subscription's ack state (subscription deleted)."""
+        sources = self.topics.get(topic_uid)
+        if sources is None:
+            return
+        journal = sources.journals.pop(sub_uid, None)
+        if journal is not None:
+            self._dirty_journals.discard(journal)
+            await journal.close()
+            journal.delete()
+
+    # --- data path ----------------------------------------------------------------------------
+
+    async def publish(self, topic_uid: str, payload: bytes, count: int) -> tuple[int, int]:
+        """Persist one batch; return (source, base offset) once it is durable."""
+        sources = self.open_topic(topic_uid)
+        now_us = time.time_ns() // 1000
+        # Publish times never go backwards within the process, so time lookups can bisect.
+        now_us = max(now_us, self._last_publish_us)
+        self._last_publish_us = now_us
+        source = 0
+        try:
+            base = await sources.logs[source].append(payload, count, now_us)
+        except StorageError as e:
+            log.exception("append to topic %s failed", topic_uid)
+            raise InternalError(f"storage write failed: {e}") from e
+        return source, base
+
+    def read(
+        self, topic_uid: str, source: int, offset: int, max_entries: int, max_bytes: int
+    ) -> list[Entry]:
+        return (
+            self.topics[topic_uid]
+            .logs[source]
+            .read(offset, max_entries=max_entries, max_bytes=max_bytes)
+        )
+
+    def record_acks(self, journal: AckJournal, source: int, offsets: list[int]) -> None:
+        """Mark offsets acked in a subscription's cursor; journaled on the next flush."""
+        cursor = journal.cursors[source]
+        ranges = cursor.ack(offsets)
+        if ranges:
+            journal.record(source, ranges)
+            self._dirty_journals.add(journal)
+
+    def add_commit_listener(self, topic_uid: str, callback: Callable[[int], None]) -> None:
+        for log_ in self.open_topic(topic_uid).logs:
+            log_.add_listener(callback)
+
+    def remove_commit_listener(self, topic_uid: str, callback: Callable[[int], None]) -> None:
+        sources = self.topics.get(topic_uid)
+        if sources is not None:
+            for log_ in sources.logs:
+                log_.remove_listener(callback)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            uid: [log_.stats() for log_ in sources.logs] for uid, sources in self.topics.items()
+        }
+
+    # --- background ---------------------------------------------------------------------------
+
+    async def _flush_acks(self) -> None:
+        dirty, self._dirty_journals = self._dirty_journals, set()
+        for journal in dirty:
+            try:
+                await journal.flush(sync=self.fsync is not FsyncPolicy.NEVER)
+            except OSError:
+                log.exception("ack journal flush failed")
+
+    async def _ack_flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(ACK_FLUSH_INTERVAL_S)
+            await self._flush_acks()
+
+    async def _trim_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TRIM_INTERVAL_S)
+            for sources in list(self.topics.values()):
+                try:
+                    sources.trim()
+                except (OSError, StorageError):
+                    log.exception("trim of topic %s failed", sources.topic_uid)

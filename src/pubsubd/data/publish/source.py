@@ -1,0 +1,97 @@
+"""Publish message sources of one topic: the logs of its messages plus every subscription's acks.
+
+A publish message source (DESIGN.md §1a) is the unit the publishing forwarder owns: an
+append-only ``SourceLog`` and, beside it, the ack state (cursor) of every subscription attached to
+the topic. A topic has one source today; every API takes the source number so more sources per
+topic (spread by throughput, ordering keys pinned to one) fit without changing callers.
+
+Entries hold the serialized PublishRequest exactly as the client sent it, so the publish path
+never re-encodes messages; ``decoded`` turns an entry back into PubsubMessages with their message
+ID and publish time set, through a bounded cache shared by every subscription of the topic.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from pubsubd.acks.journal import AckJournal
+from pubsubd.core import ids, pb
+from pubsubd.storage.framing import Entry
+from pubsubd.storage.log import FsyncPolicy, SourceLog
+
+# Decoded entries kept per topic for fan-out to several subscriptions and for redelivery.
+DECODE_CACHE_ENTRIES = 2048
+
+
+class TopicSources:
+    """The publish message sources of one topic incarnation (identified by its uid)."""
+
+    def __init__(
+        self,
+        topic_uid: str,
+        directory: Path,
+        *,
+        fsync: FsyncPolicy,
+        segment_bytes: int,
+        source_count: int = 1,
+    ) -> None:
+        self.topic_uid = topic_uid
+        self.directory = directory
+        self.logs: list[SourceLog] = [
+            SourceLog.open(directory / f"source-{i}", fsync=fsync, segment_bytes=segment_bytes)
+            for i in range(source_count)
+        ]
+        # subscription uid -> its ack journal (cursors of every source of this topic)
+        self.journals: dict[str, AckJournal] = {}
+        self._cache: OrderedDict[tuple[int, int], list[Any]] = OrderedDict()
+
+    def end_offsets(self) -> dict[int, int]:
+        return {i: log.end_offset for i, log in enumerate(self.logs)}
+
+    def decoded(self, source: int, entry: Entry) -> list[Any]:
+        """PubsubMessages of an entry with message_id and publish_time filled in (cached)."""
+        key = (source, entry.base_offset)
+        cache = self._cache
+        messages = cache.get(key)
+        if messages is not None:
+            cache.move_to_end(key)
+            return messages
+        request = pb.PublishRequest.FromString(entry.payload)
+        messages = list(request.messages)
+        seconds, micros = divmod(entry.publish_time_us, 1_000_000)
+        base = ids.position(source, entry.base_offset)
+        for i, m in enumerate(messages):
+            m.message_id = str(base + i)
+            m.publish_time.seconds = seconds
+            m.publish_time.nanos = micros * 1000
+        cache[key] = messages
+        if len(cache) > DECODE_CACHE_ENTRIES:
+            cache.popitem(last=False)
+        return messages
+
+    def trim_point(self, source: int) -> int:
+        """Offsets below this are acked by every subscription and may be deleted."""
+        log = self.logs[source]
+        point = log.committed_offset
+        for journal in self.journals.values():
+            cursor = journal.cursors.get(source)
+            if cursor is not None:
+                point = min(point, cursor.mark_delete)
+        return point
+
+    def trim(self) -> None:
+        for i, log in enumerate(self.logs):
+            log.trim(self.trim_point(i))
+
+    async def close(self) -> None:
+        for journal in self.journals.values():
+            await journal.close()
+        for log in self.logs:
+            await log.close()
+
+    async def destroy(self) -> None:
+        await self.close()
+        shutil.rmtree(self.directory, ignore_errors=True)

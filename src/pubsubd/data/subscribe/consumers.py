@@ -1,0 +1,92 @@
+"""Consumers of a subscription: streaming-pull streams and waiting Pull calls, with flow control.
+
+A consumer is anything the dispatcher can hand messages to. It knows how many messages and bytes
+it may still take (the client's max_outstanding_messages/bytes for a stream, max_messages for a
+Pull) and how long the first lease of what it takes lasts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+# Emulator-mode clients cannot receive gRPC messages over 4 MiB (GOOGLE_PUBSUB_API.md §8.1), so a
+# response carries at most this much payload unless a single message is bigger.
+MAX_RESPONSE_BYTES = 4_000_000
+# Messages per response: large enough to amortise per-response cost, small enough to share.
+MAX_RESPONSE_MESSAGES = 1000
+
+_ids = itertools.count(1)
+
+
+class Consumer:
+    def __init__(self, ack_deadline_s: float, max_messages: int, max_bytes: int) -> None:
+        self.id = next(_ids)
+        self.ack_deadline_s = ack_deadline_s
+        self.max_messages = max_messages  # 0 = unlimited
+        self.max_bytes = max_bytes  # 0 = unlimited
+        self.outstanding = 0
+        self.outstanding_bytes = 0
+        self.closed = False
+
+    def room(self) -> tuple[int, int]:
+        """(messages, bytes) this consumer may take now; (0, 0) when it is full."""
+        if self.closed:
+            return 0, 0
+        msgs = MAX_RESPONSE_MESSAGES
+        if self.max_messages:
+            msgs = min(msgs, self.max_messages - self.outstanding)
+        size = MAX_RESPONSE_BYTES
+        if self.max_bytes:
+            left = self.max_bytes - self.outstanding_bytes
+            # One message is always allowed when nothing is outstanding, however big.
+            size = min(size, left) if self.outstanding else max(min(size, left), 1)
+        if msgs <= 0 or size <= 0:
+            return 0, 0
+        return msgs, size
+
+    def taken(self, count: int, size: int) -> None:
+        self.outstanding += count
+        self.outstanding_bytes += size
+
+    def returned(self, size: int) -> None:
+        self.outstanding -= 1
+        self.outstanding_bytes -= size
+
+    def deliver(self, messages: list[Any]) -> None:
+        raise NotImplementedError  # overridden by each kind of consumer
+
+
+class StreamConsumer(Consumer):
+    """One StreamingPull stream; responses queue up for the stream's writer."""
+
+    def __init__(self, ack_deadline_s: float, max_messages: int, max_bytes: int) -> None:
+        super().__init__(ack_deadline_s, max_messages, max_bytes)
+        self.queue: asyncio.Queue[list[Any] | BaseException] = asyncio.Queue()
+
+    def deliver(self, messages: list[Any]) -> None:
+        self.queue.put_nowait(messages)
+
+    def end(self, error: BaseException) -> None:
+        """Make the stream's writer end the RPC with ``error``."""
+        self.closed = True
+        self.queue.put_nowait(error)
+
+
+class PullWaiter(Consumer):
+    """One Pull call: takes one response's worth of messages, once."""
+
+    def __init__(self, ack_deadline_s: float, max_messages: int) -> None:
+        super().__init__(ack_deadline_s, max_messages, 0)
+        self.future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+
+    def room(self) -> tuple[int, int]:
+        if self.future.done():
+            return 0, 0
+        return super().room()
+
+    def deliver(self, messages: list[Any]) -> None:
+        if not self.future.done():
+            self.future.set_result(messages)
+        self.closed = True

@@ -1,0 +1,106 @@
+"""Leases of one subscription: which delivered messages are outstanding, until when, and for whom.
+
+Pure: no asyncio, no clock reads; ``now`` is always a parameter.
+
+Rules:
+1. A delivered position holds exactly one lease; each delivery gets a new generation, which is
+   part of the ack ID, so a stale ack ID can be told from the current one.
+2. A lease ends by ack (``release``), by nack (``release``, the caller requeues) or by expiry
+   (``expired`` returns it once, in deadline order). An extended lease keeps its generation.
+3. ``attempts`` counts deliveries per position (1 + nacks + expiries) until the position is
+   acked (``forget``); it survives lease ends, so redeliveries count up.
+4. Expiry uses a heap with lazy deletion: a heap item is live only if its (position, generation,
+   deadline) still matches the lease table.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Lease:
+    generation: int
+    deadline: float
+    consumer: int  # id of the stream or pull that holds it
+    size: int  # bytes, for flow control
+
+
+@dataclass
+class LeaseTable:
+    _leases: dict[int, Lease] = field(default_factory=dict)
+    _heap: list[tuple[float, int, int]] = field(default_factory=list)
+    _attempts: dict[int, int] = field(default_factory=dict)
+    _next_generation: int = 1
+
+    def __len__(self) -> int:
+        return len(self._leases)
+
+    def __contains__(self, pos: int) -> bool:
+        return pos in self._leases
+
+    def get(self, pos: int) -> Lease | None:
+        return self._leases.get(pos)
+
+    def grant(self, pos: int, now: float, deadline_s: float, consumer: int, size: int) -> Lease:
+        """Lease ``pos`` to ``consumer``; return the lease (its generation goes in the ack ID)."""
+        gen = self._next_generation
+        self._next_generation += 1
+        lease = Lease(gen, now + deadline_s, consumer, size)
+        self._leases[pos] = lease
+        heapq.heappush(self._heap, (lease.deadline, pos, gen))
+        self._attempts[pos] = self._attempts.get(pos, 0) + 1
+        return lease
+
+    def attempts(self, pos: int) -> int:
+        return self._attempts.get(pos, 0)
+
+    def extend(self, pos: int, now: float, seconds: float) -> Lease | None:
+        """Set the deadline of a current lease to now + seconds; None if it is not leased."""
+        lease = self._leases.get(pos)
+        if lease is None:
+            return None
+        lease.deadline = now + seconds
+        heapq.heappush(self._heap, (lease.deadline, pos, lease.generation))
+        return lease
+
+    def release(self, pos: int) -> Lease | None:
+        """End the lease of ``pos`` (ack or nack); return it, or None if it was not leased."""
+        return self._leases.pop(pos, None)
+
+    def forget(self, pos: int) -> None:
+        """The position is acked: drop its delivery count too."""
+        self._leases.pop(pos, None)
+        self._attempts.pop(pos, None)
+
+    def expired(self, now: float) -> list[tuple[int, Lease]]:
+        """End and return the leases whose deadline is <= now, in deadline order."""
+        out: list[tuple[int, Lease]] = []
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            deadline, pos, gen = heapq.heappop(heap)
+            lease = self._leases.get(pos)
+            if lease is not None and lease.generation == gen and lease.deadline == deadline:
+                del self._leases[pos]
+                out.append((pos, lease))
+        return out
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline that may still be live (heap items may be stale)."""
+        heap = self._heap
+        while heap:
+            deadline, pos, gen = heap[0]
+            lease = self._leases.get(pos)
+            if lease is not None and lease.generation == gen and lease.deadline == deadline:
+                return deadline
+            heapq.heappop(heap)
+        return None
+
+    def held_by(self, consumer: int) -> list[int]:
+        return [p for p, lease in self._leases.items() if lease.consumer == consumer]
+
+    def clear(self) -> None:
+        self._leases.clear()
+        self._heap.clear()
+        self._attempts.clear()

@@ -1,0 +1,29 @@
+"""Errors raised by the storage engine (segment logs, framing, replication)."""
+
+from __future__ import annotations
+
+
+class StorageError(Exception):
+    """Base class of every error raised by ``pubsubd.storage``."""
+
+
+class CorruptEntry(StorageError):
+    """A stored entry failed validation (bad length, CRC mismatch, wrong offset)."""
+
+
+class OffsetOutOfRange(StorageError):
+    """An offset outside the retained, readable range ``[start, end)`` was requested."""
+
+    def __init__(self, offset: int, start: int, end: int) -> None:
+        super().__init__(f"offset {offset} is outside the retained range [{start}, {end})")
+        self.offset = offset
+        self.start = start
+        self.end = end
+
+
+class LogClosed(StorageError):
+    """The log was closed; no more appends or reads are accepted."""
+
+
+class ReplicationFailed(StorageError):
+    """A write did not reach a majority of the replicas."""

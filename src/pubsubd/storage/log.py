@@ -1,0 +1,623 @@
+"""Append-only, segmented, crash-safe log of one publish message source.
+
+Layout: a directory of segment files named ``{base_offset:020d}.seg``, each a run of
+frames (see :mod:`pubsubd.storage.framing`) with consecutive offsets; the segment with
+the highest base is the active one, the only one written to. The active segment is never
+deleted, so an emptied log still remembers its end offset across restarts.
+
+Writes: :meth:`SourceLog.append` assigns offsets immediately, in call order, and queues
+the frame. One writer task takes everything queued, writes it with one ``write()`` and,
+with :attr:`FsyncPolicy.ALWAYS`, one fsync for the whole group before resolving every
+append in it (group commit). Writes go through a :class:`QuorumWriter`, today over the
+local disk only. Reads are synchronous ``pread`` calls on the local segment files, with a
+bounded in-memory cache of recent entries for fan-out to many subscriptions.
+
+Recovery (:meth:`SourceLog.open`) scans every segment, cuts a torn tail off the last one
+and rebuilds the in-memory index (three ``array('q')`` per segment: offsets, file
+positions, publish times).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import os
+from array import array
+from bisect import bisect_left, bisect_right
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pubsubd.storage.errors import CorruptEntry, LogClosed, OffsetOutOfRange, StorageError
+from pubsubd.storage.framing import (
+    FRAME_OVERHEAD,
+    Entry,
+    decode_frames,
+    encode_entry,
+    scan_frames,
+)
+from pubsubd.storage.replication import (
+    SEGMENT_SUFFIX,
+    LocalDiskReplica,
+    QuorumWriter,
+    fsync_directory,
+    parse_segment_file_name,
+    segment_file_name,
+)
+
+__all__ = ["SEGMENT_SUFFIX", "FsyncPolicy", "SourceLog"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SEGMENT_BYTES = 64 << 20  # roll to a new segment past this size
+DEFAULT_FSYNC_INTERVAL_S = 0.05  # background fsync period for FsyncPolicy.INTERVAL
+DEFAULT_CACHE_BYTES = 32 << 20  # payload bytes of recent entries kept in memory
+MAX_GROUP_BYTES = 16 << 20  # bytes written per group; a bigger backlog forms several groups
+MAX_OPEN_READ_FDS = 16  # read-only segment fds kept open per log (LRU)
+DEFAULT_READ_MAX_ENTRIES = 1000
+DEFAULT_READ_MAX_BYTES = 4 << 20
+
+
+class FsyncPolicy(enum.Enum):
+    """When appended data is fsynced before an append is acknowledged."""
+
+    ALWAYS = "always"  # every group is fsynced before its appends resolve
+    INTERVAL = "interval"  # appends resolve after write(); fsync in the background
+    NEVER = "never"  # never fsync; the OS flushes when it likes
+
+
+Listener = Callable[[int], None]
+
+
+@dataclass(slots=True, eq=False)
+class _Segment:
+    """In-memory index of one segment file (committed entries only)."""
+
+    base: int
+    path: Path
+    offsets: array[int] = field(default_factory=lambda: array("q"))
+    positions: array[int] = field(default_factory=lambda: array("q"))
+    times: array[int] = field(default_factory=lambda: array("q"))
+    size: int = 0  # committed bytes
+    end_offset: int = -1  # next offset after the last entry
+
+    def __post_init__(self) -> None:
+        if self.end_offset < 0:
+            self.end_offset = self.base
+
+    def add(self, base_offset: int, count: int, publish_time_us: int, length: int) -> None:
+        self.offsets.append(base_offset)
+        self.positions.append(self.size)
+        self.times.append(publish_time_us)
+        self.size += length
+        self.end_offset = base_offset + count
+
+    def frame_end(self, index: int) -> int:
+        """File position just after entry ``index``'s frame."""
+        return self.positions[index + 1] if index + 1 < len(self.positions) else self.size
+
+
+class _EntryCache:
+    """LRU of entries keyed by base offset, bounded by total payload bytes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._entries: OrderedDict[int, Entry] = OrderedDict()
+        self._max_bytes = max_bytes
+        self.bytes = 0
+
+    def get(self, base_offset: int) -> Entry | None:
+        entry = self._entries.get(base_offset)
+        if entry is not None:
+            self._entries.move_to_end(base_offset)
+        return entry
+
+    def put(self, entry: Entry) -> None:
+        size = len(entry.payload)
+        if size > self._max_bytes or entry.base_offset in self._entries:
+            return
+        self._entries[entry.base_offset] = entry
+        self.bytes += size
+        while self.bytes > self._max_bytes:
+            _, old = self._entries.popitem(last=False)
+            self.bytes -= len(old.payload)
+
+    def drop_below(self, offset: int) -> None:
+        for key in [k for k in self._entries if k < offset]:
+            self.bytes -= len(self._entries.pop(key).payload)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.bytes = 0
+
+
+@dataclass(slots=True)
+class _Pending:
+    entry: Entry
+    frame: bytes
+    future: asyncio.Future[int]
+
+
+def _recover(directory: Path) -> list[_Segment]:
+    """Scan the segment files of ``directory`` into an index; cut a torn last tail."""
+    bases = sorted(
+        base
+        for path in directory.iterdir()
+        if (base := parse_segment_file_name(path.name)) is not None
+    )
+    if not bases:
+        path = directory / segment_file_name(0)
+        path.touch()
+        fsync_directory(directory)
+        return [_Segment(0, path)]
+    segments: list[_Segment] = []
+    for k, base in enumerate(bases):
+        is_last = k == len(bases) - 1
+        path = directory / segment_file_name(base)
+        data = path.read_bytes()
+        scan = scan_frames(data)
+        if scan.problem is not None and not is_last:
+            raise CorruptEntry(f"{path}: {scan.problem} at byte {scan.valid_end}")
+        segment = _Segment(base, path)
+        for frame in scan.frames:
+            if frame.base_offset != segment.end_offset:
+                raise CorruptEntry(
+                    f"{path}: entry at byte {frame.position} has offset {frame.base_offset},"
+                    f" expected {segment.end_offset}"
+                )
+            segment.add(frame.base_offset, frame.count, frame.publish_time_us, frame.length)
+        if segments and base != segments[-1].end_offset:
+            raise CorruptEntry(
+                f"{path}: segment starts at offset {base} but the previous one ends at"
+                f" {segments[-1].end_offset}"
+            )
+        if scan.problem is not None:
+            logger.warning(
+                "%s: cutting %d bytes of torn tail at byte %d (%s)",
+                path,
+                len(data) - scan.valid_end,
+                scan.valid_end,
+                scan.problem,
+            )
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.ftruncate(fd, scan.valid_end)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        segments.append(segment)
+    return segments
+
+
+class SourceLog:
+    """The append-only log of one publish message source; see the module docstring.
+
+    All methods must be called from the thread running the event loop that the log is
+    used with (the writer task is bound to the loop of the first :meth:`append`).
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        segments: list[_Segment],
+        *,
+        fsync: FsyncPolicy,
+        segment_bytes: int,
+        fsync_interval_s: float,
+        cache_bytes: int,
+    ) -> None:
+        self._directory = directory
+        self._segments = segments
+        self._policy = fsync
+        self._segment_bytes = segment_bytes
+        self._fsync_interval_s = fsync_interval_s
+        self._replica = LocalDiskReplica(directory)
+        self._writer = QuorumWriter([self._replica])
+        self._end_offset = segments[-1].end_offset
+        self._committed_offset = self._end_offset
+        self._pending: deque[_Pending] = deque()
+        self._listeners: list[Listener] = []
+        self._cache = _EntryCache(cache_bytes)
+        self._read_fds: OrderedDict[int, int] = OrderedDict()
+        self._wakeup: asyncio.Event | None = None
+        self._stop_syncer: asyncio.Event | None = None
+        self._segment_lock: asyncio.Lock | None = None
+        self._writer_task: asyncio.Task[None] | None = None
+        self._syncer_task: asyncio.Task[None] | None = None
+        self._close_task: asyncio.Future[None] | None = None
+        self._closing = False
+        self._closed = False
+        self._dirty = False  # written but not fsynced
+        self._fsyncs = 0
+        self._write_groups = 0
+
+    @classmethod
+    def open(
+        cls,
+        directory: Path,
+        *,
+        fsync: FsyncPolicy = FsyncPolicy.ALWAYS,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        fsync_interval_s: float = DEFAULT_FSYNC_INTERVAL_S,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+    ) -> SourceLog:
+        """Open (creating if needed) and recover the log in ``directory``; blocking, no tasks."""
+        if segment_bytes < 1:
+            raise ValueError(f"segment_bytes must be positive, got {segment_bytes}")
+        if fsync_interval_s <= 0:
+            raise ValueError(f"fsync_interval_s must be positive, got {fsync_interval_s}")
+        directory.mkdir(parents=True, exist_ok=True)
+        segments = _recover(directory)
+        return cls(
+            directory,
+            segments,
+            fsync=fsync,
+            segment_bytes=segment_bytes,
+            fsync_interval_s=fsync_interval_s,
+            cache_bytes=cache_bytes,
+        )
+
+    # -- offsets -----------------------------------------------------------------------
+
+    @property
+    def directory(self) -> Path:
+        """The directory holding this log's segment files."""
+        return self._directory
+
+    @property
+    def start_offset(self) -> int:
+        """First retained offset (equals :attr:`end_offset` when the log is empty)."""
+        return self._segments[0].base
+
+    @property
+    def end_offset(self) -> int:
+        """Next offset to be assigned (appends in flight included)."""
+        return self._end_offset
+
+    @property
+    def committed_offset(self) -> int:
+        """Offsets below this are written (durable per the fsync policy) and readable."""
+        return self._committed_offset
+
+    # -- listeners ---------------------------------------------------------------------
+
+    def add_listener(self, callback: Listener) -> None:
+        """Call ``callback(committed_offset)`` on the event loop after each commit."""
+        self._listeners.append(callback)
+
+    def remove_listener(self, callback: Listener) -> None:
+        """Stop calling ``callback``; unknown callbacks are ignored."""
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(callback)
+
+    def _notify(self) -> None:
+        offset = self._committed_offset
+        for callback in tuple(self._listeners):
+            try:
+                callback(offset)
+            except Exception:
+                logger.exception("log listener %r failed", callback)
+
+    # -- append / writer ---------------------------------------------------------------
+
+    async def append(self, payload: bytes, count: int, publish_time_us: int) -> int:
+        """Append an entry of ``count`` messages; return its base offset once committed."""
+        if self._closing:
+            raise LogClosed(f"log {self._directory} is closed")
+        entry = Entry(self._end_offset, count, publish_time_us, payload)
+        frame = encode_entry(entry)
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._end_offset = entry.next_offset
+        self._pending.append(_Pending(entry, frame, future))
+        self._start_tasks().set()
+        return await future
+
+    def _start_tasks(self) -> asyncio.Event:
+        if self._wakeup is None or self._writer_task is None:
+            self._wakeup = asyncio.Event()
+            self._segment_lock = asyncio.Lock()
+            self._writer_task = asyncio.get_running_loop().create_task(self._run_writer())
+            if self._policy is FsyncPolicy.INTERVAL:
+                self._stop_syncer = asyncio.Event()
+                self._syncer_task = asyncio.get_running_loop().create_task(self._run_syncer())
+        return self._wakeup
+
+    async def _run_writer(self) -> None:
+        assert self._wakeup is not None
+        while True:
+            if not self._pending:
+                if self._closing:
+                    return
+                await self._wakeup.wait()
+                self._wakeup.clear()
+                continue
+            group = self._take_group()
+            try:
+                await self._write_group(group)
+            except Exception as exc:  # a bug; never leave appends hanging
+                logger.exception("log %s: writer failed", self._directory)
+                self._fail(group, exc)
+
+    def _take_group(self) -> list[_Pending]:
+        group = [self._pending.popleft()]
+        size = len(group[0].frame)
+        while self._pending and size + len(self._pending[0].frame) <= MAX_GROUP_BYTES:
+            item = self._pending.popleft()
+            size += len(item.frame)
+            group.append(item)
+        return group
+
+    async def _write_group(self, group: list[_Pending]) -> None:
+        self._write_groups += 1
+        sync = self._policy is FsyncPolicy.ALWAYS
+        start = 0
+        while start < len(group):
+            active = self._segments[-1]
+            if active.size >= self._segment_bytes:
+                try:
+                    await self._roll()
+                except StorageError as exc:
+                    self._fail(group[start:], exc)
+                    return
+                active = self._segments[-1]
+            room = self._segment_bytes - active.size
+            stop, size = start + 1, len(group[start].frame)
+            while stop < len(group) and size + len(group[stop].frame) <= room:
+                size += len(group[stop].frame)
+                stop += 1
+            chunk = group[start:stop]
+            data = chunk[0].frame if len(chunk) == 1 else b"".join(p.frame for p in chunk)
+            try:
+                await self._writer.append(active.base, data, sync)
+            except StorageError as exc:
+                self._fail(group[start:], exc)
+                return
+            if sync:
+                self._fsyncs += 1
+            else:
+                self._dirty = True
+            self._commit(active, chunk)
+            start = stop
+        if self._segments[-1].size >= self._segment_bytes:
+            try:
+                await self._roll()
+            except StorageError:
+                logger.exception(
+                    "log %s: roll failed; retrying before the next write", self._directory
+                )
+
+    def _commit(self, segment: _Segment, chunk: list[_Pending]) -> None:
+        for item in chunk:
+            entry = item.entry
+            segment.add(entry.base_offset, entry.count, entry.publish_time_us, len(item.frame))
+            self._cache.put(entry)
+        self._committed_offset = segment.end_offset
+        for item in chunk:
+            if not item.future.done():
+                item.future.set_result(item.entry.base_offset)
+        self._notify()
+
+    def _fail(self, failed: Iterable[_Pending], cause: BaseException) -> None:
+        """Fail ``failed`` and everything queued behind it; reuse their offsets."""
+        doomed = [*failed, *self._pending]
+        self._pending.clear()
+        self._end_offset = self._segments[-1].end_offset
+        logger.error("log %s: write of %d appends failed: %s", self._directory, len(doomed), cause)
+        for item in doomed:
+            if not item.future.done():
+                error = StorageError(f"append failed: {cause}")
+                error.__cause__ = cause
+                item.future.set_exception(error)
+
+    async def _roll(self) -> None:
+        assert self._segment_lock is not None
+        async with self._segment_lock:
+            new_base = self._segments[-1].end_offset
+            sync = self._policy is not FsyncPolicy.NEVER
+            await self._writer.roll(new_base, sync)
+            if sync:
+                self._fsyncs += 1
+                self._dirty = False
+            self._segments.append(_Segment(new_base, self._directory / segment_file_name(new_base)))
+
+    async def _sync(self) -> None:
+        assert self._segment_lock is not None
+        async with self._segment_lock:
+            self._dirty = False
+            await self._writer.sync()
+            self._fsyncs += 1
+
+    async def _run_syncer(self) -> None:
+        assert self._stop_syncer is not None
+        while not self._stop_syncer.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop_syncer.wait(), self._fsync_interval_s)
+            if self._dirty:
+                try:
+                    await self._sync()
+                except StorageError:
+                    logger.exception("log %s: background fsync failed", self._directory)
+
+    # -- close -------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Finish queued appends, fsync (unless NEVER), release files; idempotent."""
+        if self._close_task is None:
+            self._closing = True
+            self._close_task = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._close_task)
+
+    async def _close(self) -> None:
+        if self._writer_task is not None and self._wakeup is not None:
+            self._wakeup.set()
+            await self._writer_task
+        if self._syncer_task is not None and self._stop_syncer is not None:
+            self._stop_syncer.set()
+            await self._syncer_task
+        if self._dirty and self._policy is not FsyncPolicy.NEVER:
+            try:
+                await self._sync()
+            except StorageError:
+                logger.exception("log %s: final fsync failed", self._directory)
+        await self._writer.close()
+        for fd in self._read_fds.values():
+            os.close(fd)
+        self._read_fds.clear()
+        self._cache.clear()
+        self._closed = True
+
+    # -- reads -------------------------------------------------------------------------
+
+    def _check_readable(self) -> None:
+        if self._closed:
+            raise LogClosed(f"log {self._directory} is closed")
+
+    def _locate(self, offset: int) -> tuple[int, int]:
+        """(segment index, entry index) of the committed entry containing ``offset``."""
+        if offset < self.start_offset or offset >= self._committed_offset:
+            raise OffsetOutOfRange(offset, self.start_offset, self._committed_offset)
+        seg_index = bisect_right(self._segments, offset, key=lambda s: s.base) - 1
+        segment = self._segments[seg_index]
+        return seg_index, bisect_right(segment.offsets, offset) - 1
+
+    def _read_fd(self, segment: _Segment) -> int:
+        fd = self._read_fds.get(segment.base)
+        if fd is not None:
+            self._read_fds.move_to_end(segment.base)
+            return fd
+        fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
+        self._read_fds[segment.base] = fd
+        if len(self._read_fds) > MAX_OPEN_READ_FDS:
+            _, old = self._read_fds.popitem(last=False)
+            os.close(old)
+        return fd
+
+    def _load(self, segment: _Segment, first: int, stop: int) -> list[Entry]:
+        """Read entries ``[first, stop)`` of ``segment`` from disk with one pread."""
+        position = segment.positions[first]
+        length = segment.frame_end(stop - 1) - position
+        buf = os.pread(self._read_fd(segment), length, position)
+        decoded, valid_end = decode_frames(buf)
+        entries = [entry for entry, _, _ in decoded]
+        expected = list(segment.offsets[first:stop])
+        if valid_end != length or [e.base_offset for e in entries] != expected:
+            raise CorruptEntry(
+                f"{segment.path}: entries at bytes {position}..{position + length} do not"
+                f" match the index"
+            )
+        for entry in entries:
+            self._cache.put(entry)
+        return entries
+
+    def read(
+        self,
+        offset: int,
+        *,
+        max_entries: int = DEFAULT_READ_MAX_ENTRIES,
+        max_bytes: int = DEFAULT_READ_MAX_BYTES,
+    ) -> list[Entry]:
+        """Committed entries from the one containing ``offset`` on, within the limits.
+
+        ``max_bytes`` bounds the payload bytes returned but at least one entry is returned
+        when one is available. Returns ``[]`` if ``offset >= committed_offset``; raises
+        :class:`OffsetOutOfRange` if ``offset < start_offset``.
+        """
+        self._check_readable()
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be positive, got {max_entries}")
+        if offset < self.start_offset:
+            raise OffsetOutOfRange(offset, self.start_offset, self._committed_offset)
+        if offset >= self._committed_offset:
+            return []
+        seg_index, index = self._locate(offset)
+        # Plan (segment, first, stop) ranges within the limits using index sizes only.
+        plan: list[tuple[_Segment, int, int]] = []
+        taken = total = 0
+        limited = False
+        while seg_index < len(self._segments) and not limited:
+            segment = self._segments[seg_index]
+            first = index
+            while index < len(segment.offsets):
+                size = segment.frame_end(index) - segment.positions[index] - FRAME_OVERHEAD
+                if taken >= max_entries or (taken and total + size > max_bytes):
+                    limited = True
+                    break
+                taken += 1
+                total += size
+                index += 1
+            if index > first:
+                plan.append((segment, first, index))
+            seg_index, index = seg_index + 1, 0
+        result: list[Entry] = []
+        for segment, first, stop in plan:
+            run_start = first
+            for i in range(first, stop):
+                cached = self._cache.get(segment.offsets[i])
+                if cached is None:
+                    continue
+                if run_start < i:
+                    result.extend(self._load(segment, run_start, i))
+                result.append(cached)
+                run_start = i + 1
+            if run_start < stop:
+                result.extend(self._load(segment, run_start, stop))
+        return result
+
+    def entry_at(self, offset: int) -> Entry:
+        """The committed entry containing ``offset``; :class:`OffsetOutOfRange` if none."""
+        self._check_readable()
+        self._locate(offset)
+        return self.read(offset, max_entries=1)[0]
+
+    def offset_for_time(self, publish_time_us: int) -> int:
+        """First offset whose entry's publish time is >= ``publish_time_us``.
+
+        Only committed entries are considered; when none qualifies the result is
+        :attr:`committed_offset` (equal to :attr:`end_offset` unless appends are in flight).
+        """
+        self._check_readable()
+        segments = self._segments
+        seg_index = bisect_left(
+            segments,
+            publish_time_us,
+            key=lambda s: s.times[-1] if s.times else publish_time_us,
+        )
+        for segment in segments[seg_index:]:
+            if segment.times and segment.times[-1] >= publish_time_us:
+                return segment.offsets[bisect_left(segment.times, publish_time_us)]
+        return self._committed_offset
+
+    # -- retention ---------------------------------------------------------------------
+
+    def trim(self, before_offset: int) -> int:
+        """Delete whole segments whose entries all precede ``before_offset``.
+
+        The active segment is never deleted. Returns the new :attr:`start_offset`.
+        """
+        self._check_readable()
+        while len(self._segments) > 1 and self._segments[0].end_offset <= before_offset:
+            segment = self._segments.pop(0)
+            fd = self._read_fds.pop(segment.base, None)
+            if fd is not None:
+                os.close(fd)
+            self._writer.delete_segment(segment.base)
+            logger.debug("log %s: deleted segment %d", self._directory, segment.base)
+        self._cache.drop_below(self.start_offset)
+        return self.start_offset
+
+    def stats(self) -> dict[str, int]:
+        """Counters for metrics and tests."""
+        return {
+            "segments": len(self._segments),
+            "bytes": sum(s.size for s in self._segments),
+            "entries": sum(len(s.offsets) for s in self._segments),
+            "start_offset": self.start_offset,
+            "end_offset": self._end_offset,
+            "committed_offset": self._committed_offset,
+            "fsyncs": self._fsyncs,
+            "write_groups": self._write_groups,
+            "cached_bytes": self._cache.bytes,
+            "pending_appends": len(self._pending),
+        }
