@@ -225,7 +225,9 @@ async def test_crash_after_snapshot_installed_before_journal_switch(tmp_path: Pa
     await j2.close()
 
 
-async def test_crash_at_every_compaction_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_crash_at_every_compaction_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Kill compaction after each file operation; reopening must give the same cursors."""
     src = tmp_path / "src"
     expected, _ = await _build_compacted_then_more(src)

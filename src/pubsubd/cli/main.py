@@ -77,15 +77,20 @@ def serve(
 
 
 def _clients(endpoint: str) -> tuple[Any, Any]:
-    from google.api_core.client_options import ClientOptions
-    from google.auth.credentials import AnonymousCredentials
+    import grpc
     from google.pubsub_v1 import PublisherClient, SubscriberClient
+    from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
+    from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 
-    opts = ClientOptions(api_endpoint=endpoint)
-    creds = AnonymousCredentials()  # type: ignore[no-untyped-call]
+    # Plain-text gRPC to a local server, as the official clients do with PUBSUB_EMULATOR_HOST.
+    options = [("grpc.max_receive_message_length", -1)]
     return (
-        PublisherClient(client_options=opts, credentials=creds),
-        SubscriberClient(client_options=opts, credentials=creds),
+        PublisherClient(
+            transport=PublisherGrpcTransport(channel=grpc.insecure_channel(endpoint, options))
+        ),
+        SubscriberClient(
+            transport=SubscriberGrpcTransport(channel=grpc.insecure_channel(endpoint, options))
+        ),
     )
 
 

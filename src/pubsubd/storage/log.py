@@ -379,14 +379,17 @@ class SourceLog:
             else:
                 self._dirty = True
             self._commit(active, chunk)
-            start = stop
-        if self._segments[-1].size >= self._segment_bytes:
             try:
-                await self._roll()
+                if active.size >= self._segment_bytes:
+                    # Roll before acknowledging, so a full segment is trimmable once acked.
+                    await self._roll()
             except StorageError:
                 logger.exception(
-                    "log %s: roll failed; retrying before the next write", self._directory
+                    "log %s: roll failed; retried before the next write", self._directory
                 )
+            finally:
+                self._resolve(chunk)
+            start = stop
 
     def _commit(self, segment: _Segment, chunk: list[_Pending]) -> None:
         for item in chunk:
@@ -394,10 +397,13 @@ class SourceLog:
             segment.add(entry.base_offset, entry.count, entry.publish_time_us, len(item.frame))
             self._cache.put(entry)
         self._committed_offset = segment.end_offset
+        self._notify()
+
+    @staticmethod
+    def _resolve(chunk: list[_Pending]) -> None:
         for item in chunk:
             if not item.future.done():
                 item.future.set_result(item.entry.base_offset)
-        self._notify()
 
     def _fail(self, failed: Iterable[_Pending], cause: BaseException) -> None:
         """Fail ``failed`` and everything queued behind it; reuse their offsets."""

@@ -1,0 +1,79 @@
+"""Fixtures: a real pubsubd process per test (or module) and official clients pointed at it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.cloud import pubsub_v1
+from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
+
+from tests.support.server import ServerProcess
+
+PROJECT = "test-project"
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ServerProcess]:
+    """A fresh pubsubd on an ephemeral port with its own data dir; stopped after the test."""
+    srv = ServerProcess(tmp_path / "data").start()
+    yield srv
+    srv.kill()
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One pubsubd for a whole module (tests use unique names)."""
+    srv = ServerProcess(tmp_path_factory.mktemp("shared") / "data").start()
+    yield srv
+    srv.kill()
+
+
+@contextlib.contextmanager
+def emulator_host(endpoint: str) -> Iterator[None]:
+    """PUBSUB_EMULATOR_HOST set while a client is built: the way users point clients at us."""
+    old = os.environ.get("PUBSUB_EMULATOR_HOST")
+    os.environ["PUBSUB_EMULATOR_HOST"] = endpoint
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["PUBSUB_EMULATOR_HOST"]
+        else:
+            os.environ["PUBSUB_EMULATOR_HOST"] = old
+
+
+def make_publisher(endpoint: str, **kwargs: Any) -> pubsub_v1.PublisherClient:
+    with emulator_host(endpoint):
+        return pubsub_v1.PublisherClient(**kwargs)
+
+
+def make_subscriber(endpoint: str, big_messages: bool = False) -> pubsub_v1.SubscriberClient:
+    if big_messages:
+        channel = grpc.insecure_channel(endpoint, options=[("grpc.max_receive_message_length", -1)])
+        return pubsub_v1.SubscriberClient(transport=SubscriberGrpcTransport(channel=channel))
+    with emulator_host(endpoint):
+        return pubsub_v1.SubscriberClient()
+
+
+@pytest.fixture
+def names() -> Any:
+    """Unique topic/subscription names for one test."""
+
+    class Names:
+        def __init__(self) -> None:
+            self.suffix = uuid.uuid4().hex[:10]
+
+        def topic(self, tag: str = "topic") -> str:
+            return f"projects/{PROJECT}/topics/{tag}-{self.suffix}"
+
+        def subscription(self, tag: str = "sub") -> str:
+            return f"projects/{PROJECT}/subscriptions/{tag}-{self.suffix}"
+
+    return Names()

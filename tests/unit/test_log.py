@@ -1,0 +1,285 @@
+"""Unit tests for the segmented source log (pubsubd.storage.log)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from pubsubd.storage import replication
+from pubsubd.storage.errors import CorruptEntry, LogClosed, OffsetOutOfRange, StorageError
+from pubsubd.storage.framing import Entry, encode_entry
+from pubsubd.storage.log import SEGMENT_SUFFIX, FsyncPolicy, SourceLog
+
+pytestmark = pytest.mark.unit
+
+
+def _segment_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob(f"*{SEGMENT_SUFFIX}"))
+
+
+def _read_all(log: SourceLog, offset: int | None = None) -> list[Entry]:
+    entries: list[Entry] = []
+    offset = log.start_offset if offset is None else offset
+    while batch := log.read(offset, max_entries=7):
+        entries.extend(batch)
+        offset = batch[-1].next_offset
+    return entries
+
+
+async def _fill(log: SourceLog, n: int, *, count: int = 1) -> list[int]:
+    return [await log.append(b"payload-%d" % i, count, 1000 + i) for i in range(n)]
+
+
+async def test_append_and_read(tmp_path: Path) -> None:
+    log = SourceLog.open(tmp_path)
+    assert (log.start_offset, log.end_offset, log.committed_offset) == (0, 0, 0)
+    assert await log.append(b"one", 1, 10) == 0
+    assert await log.append(b"three", 3, 11) == 1
+    assert await log.append(b"two", 2, 12) == 4
+    assert (log.end_offset, log.committed_offset) == (6, 6)
+    assert log.read(0) == [
+        Entry(0, 1, 10, b"one"),
+        Entry(1, 3, 11, b"three"),
+        Entry(4, 2, 12, b"two"),
+    ]
+    # An offset inside an entry returns the entry containing it first.
+    assert [e.base_offset for e in log.read(2)] == [1, 4]
+    assert log.entry_at(3) == Entry(1, 3, 11, b"three")
+    assert log.read(6) == [] and log.read(100) == []
+    await log.close()
+
+
+async def test_read_limits(tmp_path: Path) -> None:
+    log = SourceLog.open(tmp_path)
+    await log.append(b"x" * 100, 1, 1)
+    await log.append(b"y" * 10, 1, 2)
+    await log.append(b"z" * 10, 1, 3)
+    assert [e.base_offset for e in log.read(0, max_entries=2)] == [0, 1]
+    # At least one entry even when it alone exceeds max_bytes.
+    assert [e.base_offset for e in log.read(0, max_bytes=5)] == [0]
+    assert [e.base_offset for e in log.read(1, max_bytes=20)] == [1, 2]
+    assert [e.base_offset for e in log.read(1, max_bytes=19)] == [1]
+    with pytest.raises(ValueError):
+        log.read(0, max_entries=0)
+    await log.close()
+
+
+async def test_offset_out_of_range(tmp_path: Path) -> None:
+    log = SourceLog.open(tmp_path, segment_bytes=64)
+    await _fill(log, 10)
+    log.trim(5)
+    start = log.start_offset
+    assert start > 0
+    with pytest.raises(OffsetOutOfRange, match=rf"\[{start}, 10\)"):
+        log.read(start - 1)
+    with pytest.raises(OffsetOutOfRange):
+        log.entry_at(start - 1)
+    with pytest.raises(OffsetOutOfRange):
+        log.entry_at(10)
+    await log.close()
+
+
+async def test_group_commit_needs_far_fewer_fsyncs(tmp_path: Path) -> None:
+    log = SourceLog.open(tmp_path, fsync=FsyncPolicy.ALWAYS)
+    first = asyncio.ensure_future(log.append(b"first", 1, 0))
+    await asyncio.sleep(0)  # the writer starts its first fsync while more appends arrive
+    offsets = await asyncio.gather(*(log.append(b"m%d" % i, 1, i) for i in range(1, 500)))
+    assert await first == 0
+    assert offsets == list(range(1, 500))
+    stats = log.stats()
+    assert stats["entries"] == 500
+    assert stats["fsyncs"] <= 10, stats
+    assert stats["write_groups"] <= 10, stats
+    assert [e.payload for e in log.read(0, max_entries=3)] == [b"first", b"m1", b"m2"]
+    await log.close()
+
+
+async def test_roll_over_and_reopen(tmp_path: Path) -> None:
+    log = SourceLog.open(tmp_path, segment_bytes=100)
+    offsets = await _fill(log, 20, count=2)
+    assert offsets == list(range(0, 40, 2))
+    files = _segment_files(tmp_path)
+    assert len(files) > 3
+    assert all(f.stat().st_size <= 100 + 64 for f in files)
+    assert files[0].name == f"{0:020d}{SEGMENT_SUFFIX}"
+    before = _read_all(log)
+    assert [e.base_offset for e in before] == offsets
+    await log.close()
+
+    reopened = SourceLog.open(tmp_path, segment_bytes=100)
+    assert (reopened.start_offset, reopened.end_offset, reopened.committed_offset) == (0, 40, 40)
+    assert _read_all(reopened) == before
+    assert _read_all(reopened, 33) == before[16:]
+    assert await reopened.append(b"after", 1, 5000) == 40
+    assert reopened.entry_at(40).payload == b"after"
+    await reopened.close()
+
+
+@pytest.mark.parametrize("tail", [b"\x07", b"garbage that is not a frame" * 3, "partial"])
+async def test_torn_tail_is_truncated(tmp_path: Path, tail: bytes | str) -> None:
+    log = SourceLog.open(tmp_path, segment_bytes=120)
+    await _fill(log, 12)
+    expected = _read_all(log)
+    await log.close()
+    last = _segment_files(tmp_path)[-1]
+    good_size = last.stat().st_size
+    if tail == "partial":
+        tail = encode_entry(Entry(12, 1, 9999, b"never acknowledged"))[:-3]
+    assert isinstance(tail, bytes)
+    with last.open("ab") as f:
+        f.write(tail)
+
+    log = SourceLog.open(tmp_path, segment_bytes=120)
+    assert last.stat().st_size == good_size
+    assert (log.end_offset, log.committed_offset) == (12, 12)
+    assert _read_all(log) == expected
+    assert await log.append(b"new", 1, 5000) == 12
+    await log.close()
+    log = SourceLog.open(tmp_path, segment_bytes=120)
+    assert _read_all(log) == [*expected, Entry(12, 1, 5000, b"new")]
+    await log.close()
+
+
+async def test_corruption_in_an_older_segment_is_an_error(tmp_path: Path) -> None:
+    log = SourceLog.open(tmp_path, segment_bytes=80)
+    await _fill(log, 10)
+    await log.close()
+    first = _segment_files(tmp_path)[0]
+    data = bytearray(first.read_bytes())
+    data[20] ^= 0xFF
+    first.write_bytes(bytes(data))
+    with pytest.raises(CorruptEntry, match=first.name):
+        SourceLog.open(tmp_path)
+
+
+async def test_trim_deletes_whole_segments_only(tmp_path: Path) -> None:
+    log = SourceLog.open(tmp_path, segment_bytes=100)
+    await _fill(log, 30)
+    files = _segment_files(tmp_path)
+    bases = [int(f.name.removesuffix(SEGMENT_SUFFIX)) for f in files]
+    assert log.trim(0) == 0
+    # An offset inside the second segment deletes only the first.
+    assert log.trim(bases[1] + 1) == bases[1]
+    assert [int(f.name[:20]) for f in _segment_files(tmp_path)] == bases[1:]
+    assert log.read(bases[1])[0].base_offset == bases[1]
+    assert log.trim(bases[3]) == bases[3]
+    assert log.stats()["segments"] == len(bases) - 3
+    assert _read_all(log) == [e for e in _read_all(log) if e.base_offset >= bases[3]]
+    assert log.end_offset == 30
+    await log.close()
+    assert SourceLog.open(tmp_path).start_offset == bases[3]
+
+
+async def test_end_offset_survives_restart_after_full_trim(tmp_path: Path) -> None:
+    log = SourceLog.open(tmp_path, segment_bytes=50)
+    await _fill(log, 8)
+    assert log.trim(8) == 8  # the active segment is empty: everything else goes
+    assert log.start_offset == log.end_offset == 8
+    assert log.read(8) == []
+    await log.close()
+    assert len(_segment_files(tmp_path)) == 1
+    log = SourceLog.open(tmp_path, segment_bytes=50)
+    assert (log.start_offset, log.end_offset) == (8, 8)
+    assert await log.append(b"next", 1, 1) == 8
+    await log.close()
+
+
+async def test_offset_for_time(tmp_path: Path) -> None:
+    log = SourceLog.open(tmp_path, segment_bytes=100)
+    for i, t in enumerate([10, 20, 20, 30, 40, 40, 50, 60]):
+        await log.append(b"e%d" % i, 2, t)
+    assert log.offset_for_time(0) == 0
+    assert log.offset_for_time(10) == 0
+    assert log.offset_for_time(11) == 2
+    assert log.offset_for_time(20) == 2
+    assert log.offset_for_time(21) == 6
+    assert log.offset_for_time(40) == 8
+    assert log.offset_for_time(60) == 14
+    assert log.offset_for_time(61) == log.end_offset == 16
+    await log.close()
+
+
+async def test_listeners_see_committed_offset(tmp_path: Path) -> None:
+    log = SourceLog.open(tmp_path)
+    seen: list[int] = []
+    log.add_listener(seen.append)
+    await log.append(b"a", 2, 1)
+    await log.append(b"b", 1, 2)
+    log.remove_listener(seen.append)
+    log.remove_listener(seen.append)  # unknown: ignored
+    await log.append(b"c", 1, 3)
+    assert seen == [2, 3]
+    await log.close()
+
+
+async def test_close_is_idempotent_and_final(tmp_path: Path) -> None:
+    log = SourceLog.open(tmp_path)
+    pending = [asyncio.ensure_future(log.append(b"x", 1, i)) for i in range(5)]
+    await asyncio.sleep(0)
+    await asyncio.gather(log.close(), log.close())
+    assert [await p for p in pending] == list(range(5))
+    await log.close()
+    with pytest.raises(LogClosed):
+        await log.append(b"late", 1, 9)
+    with pytest.raises(LogClosed):
+        log.read(0)
+    assert len(_read_all(SourceLog.open(tmp_path))) == 5
+
+
+@pytest.mark.parametrize("policy", [FsyncPolicy.INTERVAL, FsyncPolicy.NEVER])
+async def test_relaxed_fsync_policies(tmp_path: Path, policy: FsyncPolicy) -> None:
+    log = SourceLog.open(tmp_path, fsync=policy, fsync_interval_s=0.01)
+    await _fill(log, 20)
+    await asyncio.sleep(0.05)
+    fsyncs = log.stats()["fsyncs"]
+    if policy is FsyncPolicy.NEVER:
+        assert fsyncs == 0
+    else:
+        assert 1 <= fsyncs
+    await log.close()
+    assert len(_read_all(SourceLog.open(tmp_path))) == 20
+
+
+async def test_failed_write_fails_the_group_and_keeps_the_log_consistent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = SourceLog.open(tmp_path)
+    await _fill(log, 3)
+    real_write_all = replication._write_all
+
+    def torn_write(fd: int, data: bytes) -> None:
+        os.write(fd, data[: len(data) // 2])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(replication, "_write_all", torn_write)
+    results = await asyncio.gather(
+        *(log.append(b"doomed", 1, 10) for _ in range(4)), return_exceptions=True
+    )
+    assert all(isinstance(r, StorageError) for r in results)
+    assert (log.end_offset, log.committed_offset) == (3, 3)
+
+    monkeypatch.setattr(replication, "_write_all", real_write_all)
+    assert await log.append(b"recovered", 1, 11) == 3
+    await log.close()
+    log = SourceLog.open(tmp_path)
+    assert [e.payload for e in _read_all(log)] == [
+        b"payload-0",
+        b"payload-1",
+        b"payload-2",
+        b"recovered",
+    ]
+    await log.close()
+
+
+async def test_cached_and_disk_reads_agree(tmp_path: Path) -> None:
+    log = SourceLog.open(tmp_path, segment_bytes=200, cache_bytes=30)
+    await _fill(log, 25)
+    from_mixed = _read_all(log)
+    await log.close()
+    log = SourceLog.open(tmp_path, segment_bytes=200, cache_bytes=0)
+    assert _read_all(log) == from_mixed
+    assert len(from_mixed) == 25
+    await log.close()
