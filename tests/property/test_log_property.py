@@ -125,8 +125,8 @@ async def _scenario(
         elif op == "garbage":
             assert isinstance(arg, bytes)
             await log.close()
-            with _last_segment(directory).open("ab") as f:
-                f.write(arg)
+            with _last_segment(directory).open("ab") as tail_file:
+                tail_file.write(arg)
             log = open_log()
         _check(log, model)
     await log.close()
@@ -135,7 +135,7 @@ async def _scenario(
     await log.close()
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     ops=_ops,
     segment_bytes=st.sampled_from([60, 150, 400]),

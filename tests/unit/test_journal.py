@@ -35,6 +35,10 @@ def crash_copy(src: Path, dst: Path) -> Path:
     return dst
 
 
+def names(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
 def ack(j: AckJournal, source_id: int, offsets: list[int], start: int = 0) -> None:
     c = j.cursor(source_id, start)
     j.record(source_id, c.ack(offsets))
@@ -162,7 +166,7 @@ async def test_compaction_preserves_state_and_shrinks_journal(tmp_path: Path) ->
     ack(j, 1, [1])  # goes to the new journal
     expected = states(j)
     await j.close()
-    assert sorted(p.name for p in tmp_path.iterdir()) == [JOURNAL_FILENAME, SNAPSHOT_FILENAME]
+    assert names(tmp_path) == [JOURNAL_FILENAME, SNAPSHOT_FILENAME]
     j2 = AckJournal.open(tmp_path)
     assert states(j2) == expected
     await j2.close()
@@ -225,6 +229,23 @@ async def test_crash_after_snapshot_installed_before_journal_switch(tmp_path: Pa
     await j2.close()
 
 
+class Crash(Exception):
+    """Simulated process death at a chosen file operation."""
+
+
+class CrashAfter:
+    """Counts file operations and raises :class:`Crash` at the n-th one."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.ops = 0
+
+    def tick(self) -> None:
+        self.ops += 1
+        if self.ops == self.n:
+            raise Crash
+
+
 async def test_crash_at_every_compaction_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -234,30 +255,24 @@ async def test_crash_at_every_compaction_step(
     real_replace = os.replace
     real_fsync_dir = journal_mod._fsync_dir
 
+    # Operations: replace(snapshot), fsync dir, replace(journal), fsync dir.
     for crash_at in range(1, 5):
         d = tmp_path / f"run{crash_at}"
         shutil.copytree(src, d)
         j = AckJournal.open(d)
-        ops = 0
+        crash = CrashAfter(crash_at)
 
-        class Crash(Exception):
-            pass
-
-        def tick() -> None:
-            nonlocal ops
-            ops += 1
-            if ops == crash_at:
-                raise Crash
-
-        def replace(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> None:
-            tick()
+        def replace(
+            a: str | os.PathLike[str], b: str | os.PathLike[str], crash: CrashAfter = crash
+        ) -> None:
+            crash.tick()
             real_replace(a, b)
 
-        def fsync_dir(p: Path) -> None:
+        def fsync_dir(p: Path, crash: CrashAfter = crash) -> None:
             real_fsync_dir(p)
-            tick()
+            crash.tick()
 
-        monkeypatch.setattr(journal_mod.os, "replace", replace)
+        monkeypatch.setattr(os, "replace", replace)
         monkeypatch.setattr(journal_mod, "_fsync_dir", fsync_dir)
         with pytest.raises(Crash):
             await j.compact()
@@ -326,7 +341,7 @@ async def test_delete_keeps_directory_with_foreign_files(tmp_path: Path) -> None
     (tmp_path / "other").write_text("x")
     await j.close()
     j.delete()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["other"]
+    assert names(tmp_path) == ["other"]
 
 
 async def test_concurrent_flushes_group_commit(
@@ -432,3 +447,42 @@ async def test_torn_journal_header_starts_empty(tmp_path: Path) -> None:
     j2 = AckJournal.open(tmp_path)
     assert states(j2) == {1: CursorState(1)}
     await j2.close()
+
+
+async def test_zero_filled_tail_is_torn(tmp_path: Path) -> None:
+    # After a crash some filesystems expose allocated-but-unwritten blocks as zeros.
+    j = AckJournal.open(tmp_path)
+    ack(j, 1, [0, 1, 7])
+    await j.close()
+    with (tmp_path / JOURNAL_FILENAME).open("ab") as f:
+        f.write(bytes(4096))
+    j2 = AckJournal.open(tmp_path)
+    assert states(j2) == {1: CursorState(2, ((7, 8),))}
+    await j2.close()
+
+
+async def test_large_journal_is_compacted_on_open(tmp_path: Path) -> None:
+    j = AckJournal.open(tmp_path)
+    for i in range(0, 600, 2):
+        ack(j, 1, [i])
+    await j.close()
+    expected = states(j)
+    j2 = AckJournal.open(tmp_path, compact_bytes=1024)
+    assert states(j2) == expected
+    assert (tmp_path / JOURNAL_FILENAME).stat().st_size == journal_mod.JOURNAL_HEADER_SIZE
+    await j2.close()
+    j3 = AckJournal.open(tmp_path)
+    assert states(j3) == expected
+    await j3.close()
+
+
+async def test_after_close_flush_is_noop_and_record_raises(tmp_path: Path) -> None:
+    j = AckJournal.open(tmp_path)
+    c = j.cursor(1, 0)
+    await j.close()
+    await j.flush()  # e.g. a periodic flusher racing with detach
+    with pytest.raises(AckJournalError):
+        j.record(1, c.ack([0]))
+    with pytest.raises(AckJournalError):
+        await j.compact()
+    assert issubclass(AckJournalError, OSError)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.unit
 def _check_invariants(rs: RangeSet) -> None:
     pairs = rs.ranges()
     assert all(s < e for s, e in pairs)
-    assert all(a[1] < b[0] for a, b in zip(pairs, pairs[1:], strict=False))
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(pairs))
     assert rs.count() == sum(e - s for s, e in pairs)
 
 

@@ -140,8 +140,12 @@ _fdatasync: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
 _T = TypeVar("_T")
 
 
-class AckJournalError(Exception):
-    """The ack journal cannot be used (I/O failure or closed)."""
+class AckJournalError(OSError):
+    """The ack journal cannot be used (earlier I/O failure, or closed).
+
+    An ``OSError`` so that callers handling disk errors around :meth:`AckJournal.flush`
+    catch it too.
+    """
 
 
 class AckJournalCorruptError(AckJournalError):
@@ -414,7 +418,9 @@ class AckJournal:
         compact_bytes: int = DEFAULT_COMPACT_BYTES,
     ) -> AckJournal:
         """Open (creating if needed) and recover the journal in ``directory``. Blocking."""
-        directory.mkdir(parents=True, exist_ok=True)
+        if not directory.is_dir():
+            directory.mkdir(parents=True)
+            _fsync_dir(directory.parent)  # make the new directory entry itself durable
         for name in (SNAPSHOT_FILENAME, JOURNAL_FILENAME):
             (directory / (name + TMP_SUFFIX)).unlink(missing_ok=True)
 
@@ -447,7 +453,11 @@ class AckJournal:
         for source_id, start in (initial or {}).items():
             journal.cursor(source_id, start)
         if journal._should_compact():
-            journal._compact_sync(generation + 1, journal._snapshot_states())
+            try:
+                journal._compact_sync(generation + 1, journal._snapshot_states())
+            except BaseException:
+                os.close(journal._fd)
+                raise
         return journal
 
     @staticmethod
@@ -550,10 +560,16 @@ class AckJournal:
         Safe to call concurrently: callers queue on a lock and whoever runs next
         writes everything buffered so far (group commit), so a queued caller often
         finds nothing left to do. Compacts when the journal has grown too large.
-        Raises :class:`AckJournalError` after an I/O failure; reopen to recover.
+        The first I/O failure raises the ``OSError``; every later call raises
+        :class:`AckJournalError` until the journal is reopened. A no-op once closed
+        (close() flushed everything and nothing can be recorded afterwards).
         """
+        if self._closed:
+            return
         self._check_usable()
         async with self._lock:
+            if self._closed:
+                return
             self._check_usable()
             data = b"".join(self._buffer)
             self._buffer.clear()

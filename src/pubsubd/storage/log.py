@@ -248,7 +248,9 @@ class SourceLog:
             raise ValueError(f"segment_bytes must be positive, got {segment_bytes}")
         if fsync_interval_s <= 0:
             raise ValueError(f"fsync_interval_s must be positive, got {fsync_interval_s}")
-        directory.mkdir(parents=True, exist_ok=True)
+        if not directory.is_dir():
+            directory.mkdir(parents=True)
+            fsync_directory(directory.parent)
         segments = _recover(directory)
         return cls(
             directory,
@@ -303,7 +305,13 @@ class SourceLog:
     # -- append / writer ---------------------------------------------------------------
 
     async def append(self, payload: bytes, count: int, publish_time_us: int) -> int:
-        """Append an entry of ``count`` messages; return its base offset once committed."""
+        """Append an entry of ``count`` messages; return its base offset once committed.
+
+        The offset is assigned at call time, in call order. If the write fails every append
+        of the failed group and every append queued behind it raises :class:`StorageError`,
+        and their offsets are handed out again (``end_offset`` goes back to
+        ``committed_offset``). A cancelled append may still be written.
+        """
         if self._closing:
             raise LogClosed(f"log {self._directory} is closed")
         entry = Entry(self._end_offset, count, publish_time_us, payload)

@@ -155,6 +155,8 @@ class SubscriberServicer:
                     received_messages=item, subscription_properties=props
                 )
         finally:
+            if consumer is not None:
+                log.debug("stream %d closed; %d outstanding", consumer.id, consumer.outstanding)
             metrics.OPEN_STREAMS.dec()
             if reader is not None:
                 reader.cancel()
@@ -216,6 +218,9 @@ class SubscriberServicer:
                 if request.subscription and request.subscription != name:
                     raise InvalidArgument("subscription: must not change within a stream")
                 _check_modacks(request)
+                if consumer.stalled:  # any request, even a heartbeat, shows the client reads
+                    consumer.stalled = False
+                    forwarder.dispatcher(name).schedule_pump()
                 self._apply(forwarder, name, request)
                 if request.stream_ack_deadline_seconds:
                     consumer.ack_deadline_s = validation.ack_deadline(

@@ -29,10 +29,13 @@ class Consumer:
         self.outstanding = 0
         self.outstanding_bytes = 0
         self.closed = False
+        # Set when a lease of ours expired unconfirmed: the client is not reading this stream
+        # (e.g. it reopened its stream and abandoned this one). Cleared by any sign of life.
+        self.stalled = False
 
     def room(self) -> tuple[int, int]:
         """(messages, bytes) this consumer may take now; (0, 0) when it is full."""
-        if self.closed:
+        if self.closed or self.stalled:
             return 0, 0
         msgs = MAX_RESPONSE_MESSAGES
         if self.max_messages:

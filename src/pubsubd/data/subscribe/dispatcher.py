@@ -223,6 +223,7 @@ class SubscriptionDispatcher:
         consumer = self.consumers.get(lease.consumer)
         if consumer is not None:
             consumer.returned(lease.size)
+            consumer.stalled = False
         return True
 
     # --- acks and deadlines -------------------------------------------------------------------
@@ -258,11 +259,18 @@ class SubscriptionDispatcher:
                 self.schedule_pump()
             return
         now = time.monotonic()
+        revived = False
         for pos, generation in positions:
             lease = self.leases.get(pos)
             if lease is not None and lease.generation == generation:
                 self.leases.extend(pos, now, seconds)
+                consumer = self.consumers.get(lease.consumer)
+                if consumer is not None and consumer.stalled:
+                    consumer.stalled = False
+                    revived = True
         self._arm_expiry()
+        if revived:
+            self.schedule_pump()
 
     def _arm_expiry(self) -> None:
         deadline = self.leases.next_deadline()
@@ -284,6 +292,10 @@ class SubscriptionDispatcher:
             consumer = self.consumers.get(lease.consumer)
             if consumer is not None:
                 consumer.returned(lease.size)
+                if not lease.confirmed:
+                    # Never acknowledged receipt: stop feeding this consumer until it shows
+                    # life, so the redelivery goes to a consumer that reads.
+                    consumer.stalled = True
             self._requeue(pos)
         if expired:
             self.pump()

@@ -9,6 +9,9 @@ Rules:
    (``expired`` returns it once, in deadline order). An extended lease keeps its generation.
 3. ``attempts`` counts deliveries per position (1 + nacks + expiries) until the position is
    acked (``forget``); it survives lease ends, so redeliveries count up.
+5. A lease is *confirmed* once the client changed its deadline (the official clients send a
+   receipt deadline change for every message they receive); an unconfirmed expiry suggests the
+   consumer never got the message.
 4. Expiry uses a heap with lazy deletion: a heap item is live only if its (position, generation,
    deadline) still matches the lease table.
 """
@@ -25,6 +28,7 @@ class Lease:
     deadline: float
     consumer: int  # id of the stream or pull that holds it
     size: int  # bytes, for flow control
+    confirmed: bool = False  # the client acted on it (deadline change): it did arrive
 
 
 @dataclass
@@ -62,6 +66,7 @@ class LeaseTable:
         if lease is None:
             return None
         lease.deadline = now + seconds
+        lease.confirmed = True
         heapq.heappush(self._heap, (lease.deadline, pos, lease.generation))
         return lease
 
