@@ -1,4 +1,4 @@
-"""Start and stop real ``pubsubd serve`` processes for tests (ephemeral ports, temp dirs, by PID)."""
+"""Start and stop real ``pubsubd serve`` processes for tests (ephemeral ports, temp dirs)."""
 
 from __future__ import annotations
 

@@ -104,7 +104,7 @@ class _SortedNames:
             if not after.startswith(prefix):
                 raise InvalidArgument("page_token: not a token for this listing")
         i = bisect.bisect_right(self.names, after)
-        out = []
+        out: list[str] = []
         while i < len(self.names) and len(out) < size and self.names[i].startswith(prefix):
             out.append(self.names[i])
             i += 1
@@ -140,6 +140,7 @@ class Catalog:
             self.publishing.open_topic(t.uid)
         for s in self.store.load_subscriptions():
             self._add_subscription(SubscriptionEntry(s, pb.Subscription.FromString(s.body)))
+        self.publishing.remove_unreferenced(self._live_topic_uids | set(self._subs_by_topic_uid))
         log.info(
             "catalog loaded: %d topics, %d subscriptions", len(self.topics), len(self.subscriptions)
         )

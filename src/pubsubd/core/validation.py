@@ -92,7 +92,7 @@ def publish_request(request: Any, request_size: int) -> None:
 
 
 def duration_s(d: Any) -> float:
-    return float(d.seconds) + d.nanos / 1e9
+    return float(d.seconds) + float(d.nanos) / 1e9
 
 
 def retention(field: str, d: Any) -> None:

@@ -6,7 +6,7 @@ parsed view of them and stores the raw bytes as one log entry, so a batch is nev
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -18,7 +18,7 @@ from pubsubd.core import ids, names, pb, validation
 from pubsubd.core.errors import InvalidArgument
 from pubsubd.observability import metrics
 
-Context = grpc.aio.ServicerContext
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
 
 class PublisherServicer:

@@ -14,7 +14,7 @@ import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 
@@ -28,7 +28,7 @@ from pubsubd.data.subscribe.forwarder import SubscribingForwarder
 from pubsubd.observability import metrics
 
 log = logging.getLogger(__name__)
-Context = grpc.aio.ServicerContext
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
 # A Pull with no deadline waits at most this long for the first message; with a deadline it
 # answers (empty) this much before it, so the client never sees DEADLINE_EXCEEDED.
@@ -132,24 +132,27 @@ class SubscriberServicer:
             except StopAsyncIteration:
                 return
             try:
-                forwarder, entry, dispatcher, consumer = self._open_stream(first)
+                forwarder, entry, dispatcher, stream = self._open_stream(first)
             except PubsubError as e:
                 await context.abort(to_status(e)[0], str(e))
+                raise  # unreachable: abort raises
+            consumer = stream
             props = pb.StreamingPullResponse.SubscriptionProperties(
                 message_ordering_enabled=entry.subscription.enable_message_ordering,
                 exactly_once_delivery_enabled=entry.subscription.enable_exactly_once_delivery,
             )
             reader = asyncio.create_task(
-                self._read_stream(requests, forwarder, first.subscription, consumer),
+                self._read_stream(requests, forwarder, first.subscription, stream),
                 name="streaming_pull_reader",
             )
             while True:
-                item = await consumer.queue.get()
+                item = await stream.queue.get()
                 if isinstance(item, _HalfClosed):
                     return
                 if isinstance(item, BaseException):
                     code, _ = to_status(item)
                     await context.abort(code, str(item))
+                    raise item  # unreachable: abort raises
                 metrics.DELIVERED_MESSAGES.inc(len(item))
                 yield pb.StreamingPullResponse(
                     received_messages=item, subscription_properties=props

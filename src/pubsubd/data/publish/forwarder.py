@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -82,6 +83,16 @@ class PublishingForwarder:
             )
             self.topics[topic_uid] = sources
         return sources
+
+    def remove_unreferenced(self, keep: set[str]) -> None:
+        """Delete storage of topic incarnations nothing refers to any more (start-up cleanup)."""
+        root = self.data_dir / TOPICS_DIR
+        if not root.is_dir():
+            return
+        for path in root.iterdir():
+            if path.name not in keep and path.name not in self.topics:
+                log.info("removing storage of deleted topic %s", path.name)
+                shutil.rmtree(path, ignore_errors=True)
 
     async def drop_topic(self, topic_uid: str) -> None:
         """Delete a topic's storage (its last subscription is gone and the topic is deleted)."""
@@ -183,6 +194,8 @@ class PublishingForwarder:
     async def _trim_loop(self) -> None:
         while True:
             await asyncio.sleep(TRIM_INTERVAL_S)
+            # Acks must be durable before the messages they cover are deleted.
+            await self._flush_acks()
             for sources in list(self.topics.values()):
                 try:
                     sources.trim()
