@@ -28,7 +28,9 @@ subs_app = typer.Typer(no_args_is_help=True, help="Create, list and delete subsc
 app.add_typer(topics_app, name="topics")
 app.add_typer(subs_app, name="subscriptions")
 
-console = Console()
+# Piped output is not cut to 80 columns: names must stay whole for grep and scripts.
+console = Console() if sys.stdout.isatty() else Console(width=100_000)
+err_console = Console(stderr=True)
 
 Endpoint = Annotated[
     str,
@@ -99,7 +101,9 @@ def _name(project: str, kind: str, name: str) -> str:
 
 
 def _fail(e: Exception) -> None:
-    console.print(f"[red]error:[/red] {e}", highlight=False)
+    from rich.markup import escape
+
+    err_console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)
     raise typer.Exit(1)
 
 

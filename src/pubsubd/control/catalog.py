@@ -322,4 +322,9 @@ class Catalog:
 def _apply_mask(paths: list[str], source: Any, destination: Any) -> None:
     """Copy the masked fields; a masked field unset in ``source`` is cleared (Google's rule)."""
     mask = pb.FieldMask(paths=paths)
-    mask.MergeMessage(source, destination, replace_message_field=True, replace_repeated_field=True)
+    try:
+        mask.MergeMessage(
+            source, destination, replace_message_field=True, replace_repeated_field=True
+        )
+    except ValueError as e:
+        raise InvalidArgument(f"update_mask: {e}") from None

@@ -11,7 +11,7 @@ from typing import Any, TypeAlias
 import grpc
 from google.protobuf.message import DecodeError
 
-from pubsubd.api.grpc.status import rpc
+from pubsubd.api.grpc.status import parsing, rpc
 from pubsubd.control.catalog import Catalog
 from pubsubd.control.router import Router
 from pubsubd.core import ids, names, pb, validation
@@ -80,8 +80,8 @@ class PublisherServicer:
 def handlers(servicer: PublisherServicer) -> grpc.GenericRpcHandler:
     def unary(fn: Any, req: Any, resp: Any) -> grpc.RpcMethodHandler:
         return grpc.unary_unary_rpc_method_handler(
-            fn,
-            request_deserializer=req.FromString if req is not None else None,
+            parsing(fn, req) if req is not None else fn,
+            request_deserializer=None,
             response_serializer=resp.SerializeToString,
         )
 

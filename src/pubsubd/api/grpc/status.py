@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from pubsubd.core.errors import (
     AlreadyExists,
@@ -72,3 +73,18 @@ def rpc(
         raise AssertionError("unreachable: context.abort raises")
 
     return wrapper
+
+
+def parsing(fn: Any, cls: Any) -> Any:
+    """Take raw request bytes; an unparsable body is INVALID_ARGUMENT (not UNKNOWN)."""
+
+    async def handler(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            request = cls.FromString(raw)
+        except DecodeError:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"request: not a valid {cls.DESCRIPTOR.full_name}"
+            )
+        return await fn(request, context)
+
+    return handler

@@ -17,8 +17,9 @@ from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
 import grpc
+from google.protobuf.message import DecodeError
 
-from pubsubd.api.grpc.status import rpc, to_status
+from pubsubd.api.grpc.status import parsing, rpc, to_status
 from pubsubd.control.catalog import Catalog
 from pubsubd.control.router import Router
 from pubsubd.core import names, pb, validation
@@ -120,8 +121,9 @@ class SubscriberServicer:
         return pb.Empty()
 
     async def StreamingPull(
-        self, requests: AsyncIterator[Any], context: Context
+        self, raw_requests: AsyncIterator[Any], context: Context
     ) -> AsyncIterator[Any]:
+        requests = _parsed(raw_requests)
         consumer: StreamConsumer | None = None
         reader: asyncio.Task[None] | None = None
         dispatcher: Any = None
@@ -131,6 +133,9 @@ class SubscriberServicer:
                 first = await anext(requests)
             except StopAsyncIteration:
                 return
+            except InvalidArgument as e:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                raise  # unreachable: abort raises
             try:
                 forwarder, entry, dispatcher, stream = self._open_stream(first)
             except PubsubError as e:
@@ -240,6 +245,14 @@ class SubscriberServicer:
             consumer.end(_HalfClosed())
 
 
+async def _parsed(raw: AsyncIterator[bytes]) -> AsyncIterator[Any]:
+    async for body in raw:
+        try:
+            yield pb.StreamingPullRequest.FromString(body)
+        except DecodeError:
+            raise InvalidArgument("request: not a valid StreamingPullRequest") from None
+
+
 def _check_modacks(request: Any) -> None:
     if len(request.modify_deadline_ack_ids) != len(request.modify_deadline_seconds):
         raise InvalidArgument(
@@ -252,7 +265,7 @@ def _check_modacks(request: Any) -> None:
 def handlers(servicer: SubscriberServicer) -> grpc.GenericRpcHandler:
     def unary(fn: Any, req: Any, resp: Any) -> grpc.RpcMethodHandler:
         return grpc.unary_unary_rpc_method_handler(
-            fn, request_deserializer=req.FromString, response_serializer=resp.SerializeToString
+            parsing(fn, req), request_deserializer=None, response_serializer=resp.SerializeToString
         )
 
     s = servicer
@@ -275,7 +288,7 @@ def handlers(servicer: SubscriberServicer) -> grpc.GenericRpcHandler:
             "ModifyAckDeadline": unary(s.ModifyAckDeadline, pb.ModifyAckDeadlineRequest, pb.Empty),
             "StreamingPull": grpc.stream_stream_rpc_method_handler(
                 s.StreamingPull,
-                request_deserializer=pb.StreamingPullRequest.FromString,
+                request_deserializer=None,
                 response_serializer=pb.StreamingPullResponse.SerializeToString,
             ),
         },

@@ -96,6 +96,7 @@ class SubscriptionDispatcher:
         """Deliver as much as the consumers can take, round-robin, one response at a time."""
         self._pump_scheduled = False
         if not self._order:
+            self._arm_expiry()
             return
         idle = 0
         while idle < len(self._order):

@@ -1,0 +1,101 @@
+"""Property test: LeaseTable against a naive model (a dict of pos -> (generation, deadline))."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from pubsubd.data.subscribe.leases import LeaseTable
+
+pytestmark = pytest.mark.property
+
+positions = st.integers(min_value=0, max_value=15)
+# Small integer-valued durations so that deadlines collide often.
+durations = st.integers(min_value=0, max_value=20).map(float)
+steps = st.integers(min_value=0, max_value=15).map(float)
+
+
+class LeaseMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = LeaseTable()
+        self.now = 0.0
+        self.model: dict[int, tuple[int, float, bool]] = {}  # pos -> (gen, deadline, confirmed)
+        self.attempts: dict[int, int] = {}
+        self.last_generation = 0
+
+    @rule(pos=positions, d=durations, consumer=st.integers(0, 3))
+    def grant(self, pos: int, d: float, consumer: int) -> None:
+        lease = self.table.grant(pos, self.now, d, consumer, 1)
+        assert lease.generation > self.last_generation
+        self.last_generation = lease.generation
+        assert lease.deadline == self.now + d
+        assert not lease.confirmed
+        self.model[pos] = (lease.generation, self.now + d, False)
+        self.attempts[pos] = self.attempts.get(pos, 0) + 1
+
+    @rule(pos=positions, d=durations)
+    def extend(self, pos: int, d: float) -> None:
+        lease = self.table.extend(pos, self.now, d)
+        if pos not in self.model:
+            assert lease is None
+            return
+        assert lease is not None
+        gen = self.model[pos][0]
+        assert lease.generation == gen
+        assert lease.confirmed
+        self.model[pos] = (gen, self.now + d, True)
+
+    @rule(pos=positions)
+    def release(self, pos: int) -> None:
+        lease = self.table.release(pos)
+        expected = self.model.pop(pos, None)
+        if expected is None:
+            assert lease is None
+        else:
+            assert lease is not None
+            assert lease.generation == expected[0]
+
+    @rule(pos=positions)
+    def forget(self, pos: int) -> None:
+        self.table.forget(pos)
+        self.model.pop(pos, None)
+        self.attempts.pop(pos, None)
+
+    @rule(step=steps)
+    def advance_and_expire(self, step: float) -> None:
+        self.now += step
+        out = self.table.expired(self.now)
+        due = {p for p, (_, deadline, _) in self.model.items() if deadline <= self.now}
+        got = [p for p, _ in out]
+        assert len(got) == len(set(got)), "a lease expired twice"
+        assert set(got) == due
+        deadlines = [lease.deadline for _, lease in out]
+        assert deadlines == sorted(deadlines)
+        for p, lease in out:
+            gen, deadline, confirmed = self.model.pop(p)
+            assert (lease.generation, lease.deadline, lease.confirmed) == (gen, deadline, confirmed)
+
+    @rule()
+    def peek_next_deadline(self) -> None:
+        expected = min((d for _, d, _ in self.model.values()), default=None)
+        assert self.table.next_deadline() == expected
+
+    @invariant()
+    def same_leases(self) -> None:
+        assert len(self.table) == len(self.model)
+        for p, (gen, deadline, confirmed) in self.model.items():
+            lease = self.table.get(p)
+            assert lease is not None
+            assert (lease.generation, lease.deadline, lease.confirmed) == (gen, deadline, confirmed)
+
+    @invariant()
+    def same_attempts(self) -> None:
+        for p in range(16):
+            assert self.table.attempts(p) == self.attempts.get(p, 0)
+
+
+LeaseMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+TestLeaseTable = LeaseMachine.TestCase

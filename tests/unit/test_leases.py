@@ -1,0 +1,208 @@
+"""Unit tests for pubsubd.data.subscribe.leases.LeaseTable."""
+
+from __future__ import annotations
+
+import pytest
+
+from pubsubd.data.subscribe.leases import LeaseTable
+
+pytestmark = pytest.mark.unit
+
+
+def test_empty_table() -> None:
+    t = LeaseTable()
+    assert len(t) == 0
+    assert 1 not in t
+    assert t.get(1) is None
+    assert t.expired(1e9) == []
+    assert t.next_deadline() is None
+    assert t.attempts(1) == 0
+    assert t.extend(1, 0.0, 10.0) is None
+    assert t.release(1) is None
+    t.forget(1)  # no error
+
+
+def test_grant_records_lease() -> None:
+    t = LeaseTable()
+    lease = t.grant(7, now=100.0, deadline_s=10.0, consumer=3, size=42)
+    assert lease.deadline == 110.0
+    assert lease.consumer == 3
+    assert lease.size == 42
+    assert lease.confirmed is False
+    assert 7 in t
+    assert len(t) == 1
+    assert t.get(7) is lease
+    assert t.attempts(7) == 1
+    assert t.next_deadline() == 110.0
+
+
+def test_generations_strictly_increase() -> None:
+    t = LeaseTable()
+    gens = [t.grant(p % 3, 0.0, 10.0, 1, 1).generation for p in range(10)]
+    assert gens == sorted(gens)
+    assert len(set(gens)) == len(gens)
+    assert gens[0] >= 1
+
+
+def test_generations_keep_increasing_after_clear() -> None:
+    t = LeaseTable()
+    g1 = t.grant(1, 0.0, 10.0, 1, 1).generation
+    t.clear()
+    assert len(t) == 0
+    assert t.attempts(1) == 0
+    assert t.next_deadline() is None
+    g2 = t.grant(1, 0.0, 10.0, 1, 1).generation
+    assert g2 > g1
+
+
+def test_regrant_gets_new_generation_and_counts_attempt() -> None:
+    t = LeaseTable()
+    first = t.grant(5, 0.0, 10.0, 1, 1)
+    assert t.release(5) is first
+    assert 5 not in t
+    assert t.attempts(5) == 1  # survives the lease end
+    second = t.grant(5, 1.0, 10.0, 2, 1)
+    assert second.generation > first.generation
+    assert t.attempts(5) == 2
+
+
+def test_extend_keeps_generation_and_confirms() -> None:
+    t = LeaseTable()
+    lease = t.grant(1, 0.0, 10.0, 1, 1)
+    gen = lease.generation
+    extended = t.extend(1, now=5.0, seconds=30.0)
+    assert extended is lease
+    assert extended.generation == gen
+    assert extended.deadline == 35.0
+    assert extended.confirmed is True
+    assert t.attempts(1) == 1  # extending is not a delivery
+
+
+def test_extended_lease_does_not_expire_at_old_deadline() -> None:
+    t = LeaseTable()
+    t.grant(1, 0.0, 10.0, 1, 1)
+    t.extend(1, 5.0, 30.0)
+    assert t.expired(10.0) == []
+    assert t.expired(34.9) == []
+    assert 1 in t
+    out = t.expired(35.0)
+    assert [p for p, _ in out] == [1]
+    assert 1 not in t
+
+
+def test_extend_shortens_deadline() -> None:
+    t = LeaseTable()
+    t.grant(1, 0.0, 60.0, 1, 1)
+    t.extend(1, 1.0, 0.0)  # nack-like: deadline now
+    assert t.next_deadline() == 1.0
+    assert [p for p, _ in t.expired(1.0)] == [1]
+    assert t.expired(60.0) == []  # the old heap item is stale
+
+
+def test_extend_to_same_deadline_expires_once() -> None:
+    t = LeaseTable()
+    t.grant(1, 0.0, 10.0, 1, 1)
+    t.extend(1, 0.0, 10.0)
+    t.extend(1, 5.0, 5.0)
+    out = t.expired(100.0)
+    assert [p for p, _ in out] == [1]
+    assert t.expired(100.0) == []
+
+
+def test_expired_in_deadline_order_each_once() -> None:
+    t = LeaseTable()
+    t.grant(1, 0.0, 30.0, 1, 1)
+    t.grant(2, 0.0, 10.0, 1, 1)
+    t.grant(3, 0.0, 20.0, 1, 1)
+    t.grant(4, 0.0, 40.0, 1, 1)
+    out = t.expired(30.0)
+    assert [p for p, _ in out] == [2, 3, 1]
+    assert [lease.deadline for _, lease in out] == [10.0, 20.0, 30.0]
+    assert t.expired(30.0) == []
+    assert len(t) == 1
+    assert t.next_deadline() == 40.0
+    assert [p for p, _ in t.expired(1000.0)] == [4]
+    assert t.next_deadline() is None
+
+
+def test_expiry_ends_lease_but_keeps_attempts() -> None:
+    t = LeaseTable()
+    t.grant(9, 0.0, 10.0, 1, 1)
+    t.expired(10.0)
+    assert 9 not in t
+    assert t.attempts(9) == 1
+    assert t.extend(9, 11.0, 10.0) is None  # an expired lease cannot be extended
+    t.grant(9, 11.0, 10.0, 1, 1)
+    assert t.attempts(9) == 2
+
+
+def test_released_lease_does_not_expire() -> None:
+    t = LeaseTable()
+    t.grant(1, 0.0, 10.0, 1, 1)
+    t.grant(2, 0.0, 10.0, 1, 1)
+    t.release(1)
+    assert [p for p, _ in t.expired(10.0)] == [2]
+
+
+def test_regranted_lease_does_not_expire_at_old_deadline() -> None:
+    t = LeaseTable()
+    t.grant(1, 0.0, 10.0, 1, 1)
+    t.release(1)
+    new = t.grant(1, 5.0, 100.0, 2, 1)
+    assert t.expired(50.0) == []
+    assert t.next_deadline() == 105.0
+    out = t.expired(105.0)
+    assert out == [(1, new)]
+
+
+def test_regrant_without_release_replaces_lease() -> None:
+    t = LeaseTable()
+    t.grant(1, 0.0, 10.0, 1, 1)
+    new = t.grant(1, 0.0, 50.0, 2, 1)
+    assert len(t) == 1
+    assert t.get(1) is new
+    assert t.expired(10.0) == []
+    assert t.expired(50.0) == [(1, new)]
+
+
+def test_forget_drops_attempts() -> None:
+    t = LeaseTable()
+    t.grant(1, 0.0, 10.0, 1, 1)
+    t.release(1)
+    t.grant(1, 0.0, 10.0, 1, 1)
+    assert t.attempts(1) == 2
+    t.forget(1)
+    assert 1 not in t
+    assert t.attempts(1) == 0
+    assert t.expired(1000.0) == []
+
+
+def test_next_deadline_skips_stale_items() -> None:
+    t = LeaseTable()
+    t.grant(1, 0.0, 5.0, 1, 1)
+    t.grant(2, 0.0, 20.0, 1, 1)
+    t.extend(1, 0.0, 50.0)
+    assert t.next_deadline() == 20.0
+    t.release(2)
+    assert t.next_deadline() == 50.0
+    t.release(1)
+    assert t.next_deadline() is None
+
+
+def test_held_by() -> None:
+    t = LeaseTable()
+    t.grant(1, 0.0, 10.0, consumer=1, size=1)
+    t.grant(2, 0.0, 10.0, consumer=2, size=1)
+    t.grant(3, 0.0, 10.0, consumer=1, size=1)
+    assert sorted(t.held_by(1)) == [1, 3]
+    assert t.held_by(2) == [2]
+    assert t.held_by(3) == []
+
+
+def test_ties_all_returned() -> None:
+    t = LeaseTable()
+    for p in (5, 3, 8):
+        t.grant(p, 0.0, 10.0, 1, 1)
+    out = t.expired(10.0)
+    assert sorted(p for p, _ in out) == [3, 5, 8]
+    assert len(t) == 0
