@@ -16,7 +16,8 @@ VALID_IDS = [
     "my_topic.v2~x+y%20z",
     "Z12",
     "a--",
-    "googl",  # only the prefix "goog" is reserved
+    "goo",  # only the prefix "goog" is reserved
+    "gog-topic",
     "xgoog",
     "go0g-topic",
 ]

@@ -98,10 +98,10 @@ class _SortedNames:
         after = prefix
         if token:
             try:
-                after = base64.urlsafe_b64decode(token.encode()).decode()
+                after = base64.b64decode(token.encode(), altchars=b"-_", validate=True).decode()
             except (ValueError, UnicodeDecodeError):
                 raise InvalidArgument("page_token: not a token this server issued") from None
-            if not after.startswith(prefix):
+            if not after or not after.startswith(prefix):
                 raise InvalidArgument("page_token: not a token for this listing")
         i = bisect.bisect_right(self.names, after)
         out: list[str] = []

@@ -45,10 +45,14 @@ def decode_ack_id(ack_id: str, incarnation: str) -> tuple[int, int]:
     parts = ack_id.split("-")
     if len(parts) != 4 or parts[0] != incarnation:
         raise InvalidAckId(ack_id)
-    try:
-        source, offset, generation = int(parts[1]), int(parts[2]), int(parts[3])
-    except ValueError:
-        raise InvalidAckId(ack_id) from None
-    if source < 0 or offset < 0 or offset > OFFSET_MASK or generation < 0:
+    if not all(_canonical(p) for p in parts[1:]):
+        raise InvalidAckId(ack_id)
+    source, offset, generation = int(parts[1]), int(parts[2]), int(parts[3])
+    if offset > OFFSET_MASK:
         raise InvalidAckId(ack_id)
     return position(source, offset), generation
+
+
+def _canonical(part: str) -> bool:
+    """Plain ASCII digits without leading zeros: one string per number."""
+    return part.isascii() and part.isdigit() and (part == "0" or part[0] != "0")
