@@ -25,7 +25,7 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 
@@ -43,7 +43,8 @@ GRPC_OPTIONS = [
     ("grpc.http2.min_ping_interval_without_data_ms", 5000),
     ("grpc.http2.max_ping_strikes", 0),
 ]
-Context = grpc.aio.ServicerContext
+# grpc ships no type information; the servicer context is grpc.aio.ServicerContext.
+Context: TypeAlias = Any
 
 
 @dataclass
@@ -124,6 +125,7 @@ class NullServer:
         sub = self.subscriptions.get(request.subscription)
         if sub is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, "Subscription does not exist")
+            raise AssertionError("abort() raises")
         return sub.proto
 
     async def delete_subscription(self, request: Any, context: Context) -> Any:
@@ -151,6 +153,7 @@ class NullServer:
         sub = self.subscriptions.get(first.subscription)
         if sub is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, "Subscription does not exist")
+            return
         reader = asyncio.create_task(self._read_stream(requests, sub))
         queue: asyncio.Queue[bytes] = asyncio.Queue()
         try:

@@ -409,6 +409,8 @@ def markdown(summary: dict[str, Any], workloads: list[Workload], targets: list[s
                 + " |"
             )
         for other in ("emulator", "null"):
+            if not summary[w.name]["ratios"].get(f"{BASE}/{other} p50_ms"):
+                continue
             lines.append(
                 f"| ratio {BASE} ÷ {other} | {_ratio(summary, w.name, other, 'p50_ms')} | "
                 f"| {_ratio(summary, w.name, other, 'p99_ms')} | | | | | |"
@@ -564,11 +566,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     runs = args.runs or (1 if args.quick else 3)
     workloads = select(args.only)
-    keys = [k.strip() for k in args.targets.split(",") if k.strip()]
-    for k in keys:
-        if k not in ALL_TARGETS:
-            raise SystemExit(f"unknown target {k!r}; choose from {','.join(ALL_TARGETS)}")
-    keys = [k for k in keys if any(k in w.targets for w in workloads)]
+    requested = {k.strip() for k in args.targets.split(",") if k.strip()}
+    for k in requested - set(ALL_TARGETS):
+        raise SystemExit(f"unknown target {k!r}; choose from {','.join(ALL_TARGETS)}")
+    keys = [k for k in ALL_TARGETS if k in requested and any(k in w.targets for w in workloads)]
 
     info = machine_info()
     started_at = dt.datetime.now(dt.UTC)

@@ -6,6 +6,7 @@ parsed view of them and stores the raw bytes as one log entry, so a batch is nev
 
 from __future__ import annotations
 
+import time
 from typing import Any, TypeAlias
 
 import grpc
@@ -70,7 +71,9 @@ class PublisherServicer:
         validation.publish_request(request, len(raw))
         count = len(request.messages)
         uid = entry.record.uid
+        started = time.perf_counter()
         source, base = await self.router.publishing_forwarder(uid).publish(uid, raw, count)
+        metrics.PUBLISH_LATENCY.observe(time.perf_counter() - started)
         metrics.PUBLISHED_MESSAGES.inc(count)
         metrics.PUBLISHED_BYTES.inc(len(raw))
         first = ids.position(source, base)

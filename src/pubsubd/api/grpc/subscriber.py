@@ -22,7 +22,7 @@ from google.protobuf.message import DecodeError
 from pubsubd.api.grpc.status import parsing, rpc, to_status
 from pubsubd.control.catalog import Catalog
 from pubsubd.control.router import Router
-from pubsubd.core import names, pb, validation
+from pubsubd.core import names, pb, validation, wire
 from pubsubd.core.errors import FailedPrecondition, InvalidArgument, PubsubError
 from pubsubd.data.subscribe.consumers import StreamConsumer
 from pubsubd.data.subscribe.forwarder import SubscribingForwarder
@@ -97,7 +97,7 @@ class SubscriberServicer:
                 wait = max(0.0, min(wait, remaining - PULL_DEADLINE_MARGIN_S))
         messages = await forwarder.pull(request.subscription, request.max_messages, wait)
         metrics.DELIVERED_MESSAGES.inc(len(messages))
-        return pb.PullResponse(received_messages=messages)
+        return b"".join(messages)  # a serialized PullResponse (core/wire.py)
 
     @rpc
     async def Acknowledge(self, request: Any, context: Context) -> Any:
@@ -142,9 +142,11 @@ class SubscriberServicer:
                 await context.abort(to_status(e)[0], str(e))
                 raise  # unreachable: abort raises
             consumer = stream
-            props = pb.StreamingPullResponse.SubscriptionProperties(
-                message_ordering_enabled=entry.subscription.enable_message_ordering,
-                exactly_once_delivery_enabled=entry.subscription.enable_exactly_once_delivery,
+            props = wire.subscription_properties(
+                pb.StreamingPullResponse.SubscriptionProperties(
+                    message_ordering_enabled=entry.subscription.enable_message_ordering,
+                    exactly_once_delivery_enabled=entry.subscription.enable_exactly_once_delivery,
+                ).SerializeToString()
             )
             reader = asyncio.create_task(
                 self._read_stream(requests, forwarder, first.subscription, stream),
@@ -159,9 +161,8 @@ class SubscriberServicer:
                     await context.abort(code, str(item))
                     raise item  # unreachable: abort raises
                 metrics.DELIVERED_MESSAGES.inc(len(item))
-                yield pb.StreamingPullResponse(
-                    received_messages=item, subscription_properties=props
-                )
+                item.append(props)
+                yield b"".join(item)  # a serialized StreamingPullResponse (core/wire.py)
         finally:
             if consumer is not None:
                 log.debug("stream %d closed; %d outstanding", consumer.id, consumer.outstanding)
@@ -265,7 +266,9 @@ def _check_modacks(request: Any) -> None:
 def handlers(servicer: SubscriberServicer) -> grpc.GenericRpcHandler:
     def unary(fn: Any, req: Any, resp: Any) -> grpc.RpcMethodHandler:
         return grpc.unary_unary_rpc_method_handler(
-            parsing(fn, req), request_deserializer=None, response_serializer=resp.SerializeToString
+            parsing(fn, req),
+            request_deserializer=None,
+            response_serializer=resp.SerializeToString if resp is not None else None,
         )
 
     s = servicer
@@ -283,13 +286,14 @@ def handlers(servicer: SubscriberServicer) -> grpc.GenericRpcHandler:
             "ListSubscriptions": unary(
                 s.ListSubscriptions, pb.ListSubscriptionsRequest, pb.ListSubscriptionsResponse
             ),
-            "Pull": unary(s.Pull, pb.PullRequest, pb.PullResponse),
+            # Pull and StreamingPull answer with bytes assembled in core/wire.py.
+            "Pull": unary(s.Pull, pb.PullRequest, None),
             "Acknowledge": unary(s.Acknowledge, pb.AcknowledgeRequest, pb.Empty),
             "ModifyAckDeadline": unary(s.ModifyAckDeadline, pb.ModifyAckDeadlineRequest, pb.Empty),
             "StreamingPull": grpc.stream_stream_rpc_method_handler(
                 s.StreamingPull,
                 request_deserializer=None,
-                response_serializer=pb.StreamingPullResponse.SerializeToString,
+                response_serializer=None,
             ),
         },
     )

@@ -7,7 +7,8 @@ topic (spread by throughput, ordering keys pinned to one) fit without changing c
 
 Entries hold the serialized PublishRequest exactly as the client sent it, so the publish path
 never re-encodes messages; ``decoded`` turns an entry back into PubsubMessages with their message
-ID and publish time set, through a bounded cache shared by every subscription of the topic.
+ID and publish time set, serialized and ready to frame into responses, through a bounded cache
+shared by every subscription of the topic.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import shutil
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
 
 from pubsubd.acks.journal import AckJournal
 from pubsubd.core import ids, pb
@@ -46,13 +46,13 @@ class TopicSources:
         ]
         # subscription uid -> its ack journal (cursors of every source of this topic)
         self.journals: dict[str, AckJournal] = {}
-        self._cache: OrderedDict[tuple[int, int], list[Any]] = OrderedDict()
+        self._cache: OrderedDict[tuple[int, int], list[bytes]] = OrderedDict()
 
     def end_offsets(self) -> dict[int, int]:
         return {i: log.end_offset for i, log in enumerate(self.logs)}
 
-    def decoded(self, source: int, entry: Entry) -> list[Any]:
-        """PubsubMessages of an entry with message_id and publish_time filled in (cached)."""
+    def decoded(self, source: int, entry: Entry) -> list[bytes]:
+        """Serialized PubsubMessages of an entry, message_id and publish_time set (cached)."""
         key = (source, entry.base_offset)
         cache = self._cache
         messages = cache.get(key)
@@ -60,13 +60,14 @@ class TopicSources:
             cache.move_to_end(key)
             return messages
         request = pb.PublishRequest.FromString(entry.payload)
-        messages = list(request.messages)
         seconds, micros = divmod(entry.publish_time_us, 1_000_000)
         base = ids.position(source, entry.base_offset)
-        for i, m in enumerate(messages):
+        messages = []
+        for i, m in enumerate(request.messages):
             m.message_id = str(base + i)
             m.publish_time.seconds = seconds
             m.publish_time.nanos = micros * 1000
+            messages.append(m.SerializeToString())
         cache[key] = messages
         if len(cache) > DECODE_CACHE_ENTRIES:
             cache.popitem(last=False)

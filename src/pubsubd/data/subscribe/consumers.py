@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any
 
 # Emulator-mode clients cannot receive gRPC messages over 4 MiB (GOOGLE_PUBSUB_API.md §8.1), so a
 # response carries at most this much payload unless a single message is bigger.
@@ -57,8 +56,9 @@ class Consumer:
         self.outstanding -= 1
         self.outstanding_bytes -= size
 
-    def deliver(self, messages: list[Any]) -> None:
-        raise NotImplementedError  # overridden by each kind of consumer
+    def deliver(self, messages: list[bytes]) -> None:
+        """Take framed ReceivedMessages (``core.wire.received_message``); each kind overrides."""
+        raise NotImplementedError
 
 
 class StreamConsumer(Consumer):
@@ -66,9 +66,9 @@ class StreamConsumer(Consumer):
 
     def __init__(self, ack_deadline_s: float, max_messages: int, max_bytes: int) -> None:
         super().__init__(ack_deadline_s, max_messages, max_bytes)
-        self.queue: asyncio.Queue[list[Any] | BaseException] = asyncio.Queue()
+        self.queue: asyncio.Queue[list[bytes] | BaseException] = asyncio.Queue()
 
-    def deliver(self, messages: list[Any]) -> None:
+    def deliver(self, messages: list[bytes]) -> None:
         self.queue.put_nowait(messages)
 
     def end(self, error: BaseException) -> None:
@@ -82,14 +82,14 @@ class PullWaiter(Consumer):
 
     def __init__(self, ack_deadline_s: float, max_messages: int) -> None:
         super().__init__(ack_deadline_s, max_messages, 0)
-        self.future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        self.future: asyncio.Future[list[bytes]] = asyncio.get_running_loop().create_future()
 
     def room(self) -> tuple[int, int]:
         if self.future.done():
             return 0, 0
         return super().room()
 
-    def deliver(self, messages: list[Any]) -> None:
+    def deliver(self, messages: list[bytes]) -> None:
         if not self.future.done():
             self.future.set_result(messages)
         self.closed = True

@@ -20,7 +20,7 @@ from collections import defaultdict
 from typing import Any
 
 from pubsubd.acks.journal import AckJournal
-from pubsubd.core import ids, pb
+from pubsubd.core import ids, wire
 from pubsubd.data.publish.forwarder import PublishingForwarder
 from pubsubd.data.subscribe.consumers import Consumer, PullWaiter
 from pubsubd.data.subscribe.leases import LeaseTable
@@ -117,30 +117,29 @@ class SubscriptionDispatcher:
                 self.remove_consumer(consumer)
         self._arm_expiry()
 
-    def _deliver(self, consumer: Consumer, batch: list[tuple[int, Any, int]]) -> None:
+    def _deliver(self, consumer: Consumer, batch: list[tuple[int, bytes, int]]) -> None:
         now = time.monotonic()
         dead_letter = self.subscription.HasField("dead_letter_policy")
         received = []
         total = 0
         grant = self.leases.grant
+        attempts = self.leases.attempts
         incarnation = self.incarnation
+        deadline = consumer.ack_deadline_s
         for pos, message, size in batch:
-            lease = grant(pos, now, consumer.ack_deadline_s, consumer.id, size)
+            lease = grant(pos, now, deadline, consumer.id, size)
+            ack_id = ids.encode_ack_id(incarnation, pos, lease.generation).encode()
             received.append(
-                pb.ReceivedMessage(
-                    ack_id=ids.encode_ack_id(incarnation, pos, lease.generation),
-                    message=message,
-                    delivery_attempt=self.leases.attempts(pos) if dead_letter else 0,
-                )
+                wire.received_message(ack_id, message, attempts(pos) if dead_letter else 0)
             )
             total += size
         consumer.taken(len(batch), total)
         self.delivered += len(batch)
         consumer.deliver(received)
 
-    def _take(self, max_msgs: int, max_bytes: int) -> list[tuple[int, Any, int]]:
+    def _take(self, max_msgs: int, max_bytes: int) -> list[tuple[int, bytes, int]]:
         """Up to max_msgs messages (at least one if any, then up to max_bytes) to deliver next."""
-        out: list[tuple[int, Any, int]] = []
+        out: list[tuple[int, bytes, int]] = []
         size = 0
         # Redeliveries first, oldest position first.
         while self._redeliver and len(out) < max_msgs:
@@ -155,7 +154,7 @@ class SubscriptionDispatcher:
             message = self._message_at(source, offset)
             if message is None:
                 continue
-            msize = message.ByteSize()
+            msize = len(message)
             if out and size + msize > max_bytes:
                 heapq.heappush(self._redeliver, pos)
                 self._redeliver_set.add(pos)
@@ -186,7 +185,7 @@ class SubscriptionDispatcher:
                         if pos in self.leases:
                             continue
                         message = messages[off - entry.base_offset]
-                        msize = message.ByteSize()
+                        msize = len(message)
                         if out and size + msize > max_bytes:
                             offset = off
                             full = True
@@ -205,7 +204,7 @@ class SubscriptionDispatcher:
                 break
         return out
 
-    def _message_at(self, source: int, offset: int) -> Any | None:
+    def _message_at(self, source: int, offset: int) -> bytes | None:
         try:
             entry = self.sources.logs[source].entry_at(offset)
         except OffsetOutOfRange:

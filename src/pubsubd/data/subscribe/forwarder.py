@@ -55,8 +55,8 @@ class SubscribingForwarder:
 
     # --- pull ---------------------------------------------------------------------------------
 
-    async def pull(self, name: str, max_messages: int, wait_s: float) -> list[Any]:
-        """Up to max_messages messages; waits up to wait_s for the first one (0 = don't wait)."""
+    async def pull(self, name: str, max_messages: int, wait_s: float) -> list[bytes]:
+        """Up to max_messages framed ReceivedMessages; waits up to wait_s for the first one."""
         if self.closing:
             raise Unavailable("the server is shutting down")
         d = self.dispatcher(name)
