@@ -10,10 +10,14 @@ of a deleted subscription from acking in a new one of the same name.
 
 from __future__ import annotations
 
+import re
+
 from pubsubd.core.errors import InvalidAckId
 
 OFFSET_BITS = 48
 OFFSET_MASK = (1 << OFFSET_BITS) - 1
+# Canonical numbers only (ASCII digits, no leading zeros): one string per delivery.
+_ACK_ID = re.compile(r"([^-]+)-(0|[1-9][0-9]*)-(0|[1-9][0-9]*)-(0|[1-9][0-9]*)", re.ASCII)
 # Ack IDs are short strings; anything longer than this is garbage, not an ack ID.
 MAX_ACK_ID_LEN = 128
 
@@ -42,17 +46,10 @@ def decode_ack_id(ack_id: str, incarnation: str) -> tuple[int, int]:
     """Return (position, generation); raise InvalidAckId if malformed or of another incarnation."""
     if len(ack_id) > MAX_ACK_ID_LEN:
         raise InvalidAckId(ack_id[:32] + "...")
-    parts = ack_id.split("-")
-    if len(parts) != 4 or parts[0] != incarnation:
+    m = _ACK_ID.fullmatch(ack_id)
+    if m is None or m.group(1) != incarnation:
         raise InvalidAckId(ack_id)
-    if not all(_canonical(p) for p in parts[1:]):
-        raise InvalidAckId(ack_id)
-    source, offset, generation = int(parts[1]), int(parts[2]), int(parts[3])
+    offset = int(m.group(3))
     if offset > OFFSET_MASK:
         raise InvalidAckId(ack_id)
-    return position(source, offset), generation
-
-
-def _canonical(part: str) -> bool:
-    """Plain ASCII digits without leading zeros: one string per number."""
-    return part.isascii() and part.isdigit() and (part == "0" or part[0] != "0")
+    return position(int(m.group(2)), offset), int(m.group(4))

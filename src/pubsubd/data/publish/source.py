@@ -13,17 +13,29 @@ shared by every subscription of the topic.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pubsubd.acks.journal import AckJournal
 from pubsubd.core import ids, pb
 from pubsubd.storage.framing import Entry
 from pubsubd.storage.log import FsyncPolicy, SourceLog
 
-# Decoded entries kept per topic for fan-out to several subscriptions and for redelivery.
-DECODE_CACHE_ENTRIES = 2048
+# Decoded entries kept per topic for fan-out to several subscriptions and for redelivery,
+# bounded by the stored size of the entries (the decoded form is about twice that).
+DECODE_CACHE_BYTES = 32 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedEntry:
+    entry: Entry
+    messages: list[bytes]  # serialized PubsubMessage per offset, message_id/publish_time set
+    parsed: Any  # the parsed PubsubMessages (repeated field), for attributes and filters
+    ordering_key: str  # one per entry: every message of a PublishRequest shares it
 
 
 class TopicSources:
@@ -46,19 +58,20 @@ class TopicSources:
         ]
         # subscription uid -> its ack journal (cursors of every source of this topic)
         self.journals: dict[str, AckJournal] = {}
-        self._cache: OrderedDict[tuple[int, int], list[bytes]] = OrderedDict()
+        self._cache: OrderedDict[tuple[int, int], DecodedEntry] = OrderedDict()
+        self._cached_bytes = 0
 
     def end_offsets(self) -> dict[int, int]:
         return {i: log.end_offset for i, log in enumerate(self.logs)}
 
-    def decoded(self, source: int, entry: Entry) -> list[bytes]:
-        """Serialized PubsubMessages of an entry, message_id and publish_time set (cached)."""
+    def decoded(self, source: int, entry: Entry) -> DecodedEntry:
+        """An entry's messages, serialized with message_id and publish_time set (cached)."""
         key = (source, entry.base_offset)
         cache = self._cache
-        messages = cache.get(key)
-        if messages is not None:
+        decoded = cache.get(key)
+        if decoded is not None:
             cache.move_to_end(key)
-            return messages
+            return decoded
         request = pb.PublishRequest.FromString(entry.payload)
         seconds, micros = divmod(entry.publish_time_us, 1_000_000)
         base = ids.position(source, entry.base_offset)
@@ -68,10 +81,14 @@ class TopicSources:
             m.publish_time.seconds = seconds
             m.publish_time.nanos = micros * 1000
             messages.append(m.SerializeToString())
-        cache[key] = messages
-        if len(cache) > DECODE_CACHE_ENTRIES:
-            cache.popitem(last=False)
-        return messages
+        ordering_key = request.messages[0].ordering_key if request.messages else ""
+        decoded = DecodedEntry(entry, messages, request.messages, ordering_key)
+        cache[key] = decoded
+        self._cached_bytes += len(entry.payload)
+        while self._cached_bytes > DECODE_CACHE_BYTES and len(cache) > 1:
+            _, old = cache.popitem(last=False)
+            self._cached_bytes -= len(old.entry.payload)
+        return decoded
 
     def trim_point(self, source: int) -> int:
         """Offsets below this are acked by every subscription and may be deleted."""
@@ -95,4 +112,5 @@ class TopicSources:
 
     async def destroy(self) -> None:
         await self.close()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        # Deleting gigabytes of segments must not stall the event loop.
+        await asyncio.to_thread(shutil.rmtree, self.directory, True)

@@ -175,7 +175,7 @@ class SubscriptionDispatcher:
                     break
                 full = False
                 for entry in entries:
-                    messages = self.sources.decoded(source, entry)
+                    messages = self.sources.decoded(source, entry).messages
                     start = max(offset, entry.base_offset)
                     for off in range(start, entry.base_offset + entry.count):
                         offset = off + 1
@@ -209,7 +209,7 @@ class SubscriptionDispatcher:
             entry = self.sources.logs[source].entry_at(offset)
         except OffsetOutOfRange:
             return None
-        return self.sources.decoded(source, entry)[offset - entry.base_offset]
+        return self.sources.decoded(source, entry).messages[offset - entry.base_offset]
 
     def _requeue(self, pos: int) -> None:
         if pos not in self._redeliver_set:
