@@ -161,6 +161,10 @@ class PublishingForwarder:
             journal.record(source, ranges)
             self._dirty_journals.add(journal)
 
+    def mark_dirty(self, journal: AckJournal) -> None:
+        """The journal has records to flush (e.g. a reset after Seek)."""
+        self._dirty_journals.add(journal)
+
     def add_commit_listener(self, topic_uid: str, callback: Callable[[int], None]) -> None:
         for log_ in self.open_topic(topic_uid).logs:
             log_.add_listener(callback)

@@ -19,6 +19,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from pubsubd.acks.cursor import CursorState
 from pubsubd.acks.journal import AckJournal
 from pubsubd.core import ids, wire
 from pubsubd.data.publish.forwarder import PublishingForwarder
@@ -301,6 +302,22 @@ class SubscriptionDispatcher:
             self.pump()
         else:
             self._arm_expiry()
+
+    def reset(self, states: dict[int, CursorState]) -> None:
+        """Replace the ack state (Seek): forget leases and redeliveries, read from the new
+        mark-delete positions. Outstanding ack IDs stop working: their leases are gone."""
+        for source, state in states.items():
+            self.journal.reset(source, state)
+        for consumer in self.consumers.values():
+            consumer.outstanding = 0
+            consumer.outstanding_bytes = 0
+            consumer.stalled = False
+        self.leases.clear()
+        self._redeliver.clear()
+        self._redeliver_set.clear()
+        self.read_offsets = {s: c.mark_delete for s, c in self.journal.cursors.items()}
+        self.forwarder.mark_dirty(self.journal)
+        self.schedule_pump()
 
     # --- state --------------------------------------------------------------------------------
 
