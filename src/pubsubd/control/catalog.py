@@ -130,6 +130,11 @@ class Catalog:
         # topic uid -> names of the subscriptions reading it (attached or not)
         self._subs_by_topic_uid: dict[str, set[str]] = {}
         self._live_topic_uids: set[str] = set()
+        subscribing.resolve_topic = self._topic_uid
+
+    def _topic_uid(self, name: str) -> str | None:
+        entry = self.topics.get(name)
+        return entry.record.uid if entry is not None else None
 
     # --- start-up -----------------------------------------------------------------------------
 

@@ -38,6 +38,21 @@ class InvalidAckId(InvalidArgument):
         super().__init__(f"You have passed an invalid ack ID to the service (ack_id={ack_id!r}).")
 
 
+class AckIdsInvalid(InvalidArgument):
+    """Exactly-once: some ack IDs were expired, superseded or malformed (the rest were applied).
+
+    ``failures`` maps each failed ack ID to Google's reason; the API layer sends it as a
+    google.rpc.ErrorInfo (reason EXACTLY_ONCE_ACKID_FAILURE) the official client reads per ID.
+    """
+
+    def __init__(self, failures: dict[str, str]) -> None:
+        self.failures = failures
+        super().__init__(
+            "Some acknowledgement ids in the request were invalid. This could be because the "
+            "acknowledgement ids have expired or the acknowledgement ids were malformed."
+        )
+
+
 class NotFound(PubsubError):
     """A named resource does not exist."""
 

@@ -14,9 +14,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
 
 from pubsubd.core.errors import (
+    AckIdsInvalid,
     AlreadyExists,
     FailedPrecondition,
     InternalError,
@@ -50,6 +54,16 @@ def to_status(exc: BaseException) -> tuple[grpc.StatusCode, int]:
     return grpc.StatusCode.INTERNAL, 500
 
 
+def ack_failure_status(e: AckIdsInvalid) -> status_pb2.Status:
+    """The google.rpc.Status the official client expects for exactly-once ack failures."""
+    info = error_details_pb2.ErrorInfo(
+        reason="EXACTLY_ONCE_ACKID_FAILURE", domain="pubsub.googleapis.com", metadata=e.failures
+    )
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    return status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message=str(e), details=[detail])
+
+
 R = TypeVar("R")
 
 
@@ -62,6 +76,8 @@ def rpc(
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
         try:
             return await fn(self, request, context)
+        except AckIdsInvalid as e:
+            await context.abort_with_status(rpc_status.to_status(ack_failure_status(e)))
         except PubsubError as e:
             code, _ = to_status(e)
             await context.abort(code, str(e))

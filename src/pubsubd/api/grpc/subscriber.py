@@ -105,8 +105,8 @@ class SubscriberServicer:
         if not request.ack_ids:
             raise InvalidArgument("ack_ids: must not be empty")
         forwarder, _ = self._forwarder(request.subscription)
-        forwarder.acknowledge(request.subscription, list(request.ack_ids))
         metrics.ACKED_MESSAGES.inc(len(request.ack_ids))
+        await forwarder.acknowledge_checked(request.subscription, list(request.ack_ids))
         return pb.Empty()
 
     @rpc
@@ -115,7 +115,7 @@ class SubscriberServicer:
         if not request.ack_ids:
             raise InvalidArgument("ack_ids: must not be empty")
         forwarder, _ = self._forwarder(request.subscription)
-        forwarder.modify_ack_deadline(
+        await forwarder.modify_ack_deadline_checked(
             request.subscription, list(request.ack_ids), request.ack_deadline_seconds
         )
         return pb.Empty()

@@ -161,6 +161,11 @@ class PublishingForwarder:
             journal.record(source, ranges)
             self._dirty_journals.add(journal)
 
+    async def flush_journal(self, journal: AckJournal) -> None:
+        """Make a subscription's recorded acks durable now (exactly-once acknowledgements)."""
+        self._dirty_journals.discard(journal)
+        await journal.flush(sync=self.fsync is not FsyncPolicy.NEVER)
+
     def mark_dirty(self, journal: AckJournal) -> None:
         """The journal has records to flush (e.g. a reset after Seek)."""
         self._dirty_journals.add(journal)

@@ -58,6 +58,9 @@ class TopicSources:
         ]
         # subscription uid -> its ack journal (cursors of every source of this topic)
         self.journals: dict[str, AckJournal] = {}
+        # What retention and snapshots keep: pin name -> source -> lowest offset to keep
+        # (filled in by the control plane, see data/retention.py).
+        self.pins: dict[str, dict[int, int]] = {}
         self._cache: OrderedDict[tuple[int, int], DecodedEntry] = OrderedDict()
         self._cached_bytes = 0
 
@@ -91,13 +94,18 @@ class TopicSources:
         return decoded
 
     def trim_point(self, source: int) -> int:
-        """Offsets below this are acked by every subscription and may be deleted."""
+        """Offsets below this are acked by every subscription, pinned by no retention window
+        or snapshot, and may be deleted."""
         log = self.logs[source]
         point = log.committed_offset
         for journal in self.journals.values():
             cursor = journal.cursors.get(source)
             if cursor is not None:
                 point = min(point, cursor.mark_delete)
+        for pin in self.pins.values():
+            keep = pin.get(source)
+            if keep is not None:
+                point = min(point, keep)
         return point
 
     def trim(self) -> None:

@@ -17,6 +17,7 @@ import heapq
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from pubsubd.acks.cursor import CursorState
@@ -24,13 +25,19 @@ from pubsubd.acks.journal import AckJournal
 from pubsubd.core import ids, wire
 from pubsubd.data.publish.forwarder import PublishingForwarder
 from pubsubd.data.subscribe.consumers import Consumer, PullWaiter
+from pubsubd.data.subscribe.dead_letter import dead_letter_request, should_dead_letter
 from pubsubd.data.subscribe.leases import LeaseTable
+from pubsubd.data.subscribe.ordering import KeyOrdering
+from pubsubd.data.subscribe.retry import DelayQueue, backoff_s
 from pubsubd.storage.errors import OffsetOutOfRange
 
 log = logging.getLogger(__name__)
 
 # Entries read from a log per step while filling a response.
 READ_ENTRIES = 64
+# A message whose dead-letter topic is missing (or whose forwarding failed) waits this long
+# before the next try.
+DEAD_LETTER_RETRY_S = 10.0
 
 
 class SubscriptionDispatcher:
@@ -41,6 +48,7 @@ class SubscriptionDispatcher:
         topic_uid: str,
         forwarder: PublishingForwarder,
         journal: AckJournal,
+        resolve_topic: Callable[[str], str | None] = lambda _name: None,
     ) -> None:
         self.subscription = subscription  # google.pubsub.v1.Subscription (raw protobuf)
         self.uid = uid
@@ -49,21 +57,35 @@ class SubscriptionDispatcher:
         self.forwarder = forwarder
         self.sources = forwarder.open_topic(topic_uid)
         self.journal = journal
+        self.resolve_topic = resolve_topic  # topic name -> storage uid (dead-letter topics)
         self.leases = LeaseTable()
+        self.ordering = KeyOrdering()
         self.consumers: dict[int, Consumer] = {}
         self._order: list[int] = []  # consumer ids in round-robin order
         self._rr = 0
         self._redeliver: list[int] = []  # heap of positions to deliver again
         self._redeliver_set: set[int] = set()
+        self._delayed = DelayQueue()  # positions waiting out a retry backoff
+        self._delayed_keys = DelayQueue()  # keyed positions whose key waits out a backoff
+        self._dead_lettering: set[int] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self.read_offsets = {s: c.mark_delete for s, c in journal.cursors.items()}
         self._pump_scheduled = False
         self._loop = asyncio.get_running_loop()
-        self._expiry_handle: asyncio.TimerHandle | None = None
-        self._expiry_at: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._filter_text = ""
+        self._filter: Any = None  # pubsubd.core.filters.Filter
         self.delivered = 0
         self.acked = 0
+        self.dead_lettered = 0
+        self.last_activity = time.time()
         self._listener = self._on_commit
         forwarder.add_commit_listener(topic_uid, self._listener)
+
+    @property
+    def name(self) -> str:
+        return str(self.subscription.name)
 
     # --- consumers ----------------------------------------------------------------------------
 
@@ -73,6 +95,7 @@ class SubscriptionDispatcher:
             self._order.insert(0, consumer.id)  # a waiting Pull is served first
         else:
             self._order.append(consumer.id)
+        self.last_activity = time.time()
         self.pump()
 
     def remove_consumer(self, consumer: Consumer) -> None:
@@ -96,9 +119,6 @@ class SubscriptionDispatcher:
     def pump(self) -> None:
         """Deliver as much as the consumers can take, round-robin, one response at a time."""
         self._pump_scheduled = False
-        if not self._order:
-            self._arm_expiry()
-            return
         idle = 0
         while idle < len(self._order):
             if self._rr >= len(self._order):
@@ -116,7 +136,7 @@ class SubscriptionDispatcher:
             self._deliver(consumer, batch)
             if isinstance(consumer, PullWaiter):
                 self.remove_consumer(consumer)
-        self._arm_expiry()
+        self._arm_timer()
 
     def _deliver(self, consumer: Consumer, batch: list[tuple[int, bytes, int]]) -> None:
         now = time.monotonic()
@@ -138,35 +158,58 @@ class SubscriptionDispatcher:
         self.delivered += len(batch)
         consumer.deliver(received)
 
+    def _current_filter(self) -> Any:
+        text = self.subscription.filter
+        if text != self._filter_text:
+            from pubsubd.core import filters
+
+            self._filter_text = text
+            self._filter = filters.parse(text) if text else None
+        return self._filter
+
     def _take(self, max_msgs: int, max_bytes: int) -> list[tuple[int, bytes, int]]:
-        """Up to max_msgs messages (at least one if any, then up to max_bytes) to deliver next."""
+        """Up to max_msgs messages (at least one if any, then up to max_bytes) to deliver next:
+        free ordering keys' queues first, then redeliveries, then new messages from the log."""
         out: list[tuple[int, bytes, int]] = []
         size = 0
-        # Redeliveries first, oldest position first.
+        ordered = bool(self.subscription.enable_message_ordering)
+        batch_keys: set[str] = set()  # keys this response already carries (one batch per key)
+        if ordered:
+            for key, positions in self.ordering.take_ready(max_msgs):
+                for j, pos in enumerate(positions):
+                    message = self._message_at(pos)
+                    if message is None or pos in self._dead_lettering:
+                        self.ordering.forget(pos)
+                        continue
+                    if out and size + len(message) > max_bytes:
+                        self.ordering.give_back(key, positions[j:])
+                        return out
+                    out.append((pos, message, len(message)))
+                    size += len(message)
+                    self.ordering.delivered(key, pos)
+                batch_keys.add(key)
+        # Redeliveries, oldest position first.
         while self._redeliver and len(out) < max_msgs:
             pos = heapq.heappop(self._redeliver)
             self._redeliver_set.discard(pos)
-            if pos in self.leases:
+            if pos in self.leases or pos in self._dead_lettering:
                 continue
-            source, offset = ids.source_of(pos), ids.offset_of(pos)
-            cursor = self.journal.cursors[source]
-            if cursor.is_acked(offset):
-                continue
-            message = self._message_at(source, offset)
+            message = self._message_at(pos)
             if message is None:
                 continue
-            msize = len(message)
-            if out and size + msize > max_bytes:
-                heapq.heappush(self._redeliver, pos)
-                self._redeliver_set.add(pos)
+            if out and size + len(message) > max_bytes:
+                self._requeue(pos)
                 return out
-            out.append((pos, message, msize))
-            size += msize
-        # Then new messages from each source's read offset.
+            out.append((pos, message, len(message)))
+            size += len(message)
+        # New messages from each source's read offset.
+        flt = self._current_filter()
+        auto_acked: list[int] = []
         for source, log_ in enumerate(self.sources.logs):
             cursor = self.journal.cursors[source]
             offset = self.read_offsets.get(source, cursor.mark_delete)
-            while len(out) < max_msgs and offset < log_.committed_offset:
+            full = False
+            while not full and len(out) < max_msgs and offset < log_.committed_offset:
                 try:
                     entries = log_.read(offset, max_entries=READ_ENTRIES)
                 except OffsetOutOfRange:
@@ -174,9 +217,10 @@ class SubscriptionDispatcher:
                     continue
                 if not entries:
                     break
-                full = False
                 for entry in entries:
-                    messages = self.sources.decoded(source, entry).messages
+                    decoded = self.sources.decoded(source, entry)
+                    messages = decoded.messages
+                    key = decoded.ordering_key if ordered else ""
                     start = max(offset, entry.base_offset)
                     for off in range(start, entry.base_offset + entry.count):
                         offset = off + 1
@@ -185,32 +229,58 @@ class SubscriptionDispatcher:
                         pos = ids.position(source, off)
                         if pos in self.leases:
                             continue
-                        message = messages[off - entry.base_offset]
-                        msize = len(message)
-                        if out and size + msize > max_bytes:
+                        i = off - entry.base_offset
+                        if flt is not None and not flt.matches(decoded.parsed[i].attributes):
+                            auto_acked.append(pos)  # never delivered, never backlog
+                            continue
+                        message = messages[i]
+                        if key and (
+                            self.ordering.has_pending(key)
+                            or (self.ordering.outstanding(key) and key not in batch_keys)
+                        ):
+                            self.ordering.hold(key, pos)
+                            continue
+                        if out and size + len(message) > max_bytes:
                             offset = off
                             full = True
                             break
-                        out.append((pos, message, msize))
-                        size += msize
+                        out.append((pos, message, len(message)))
+                        size += len(message)
+                        if key:
+                            self.ordering.delivered(key, pos)
+                            batch_keys.add(key)
                         if len(out) >= max_msgs:
                             full = True
                             break
                     if full:
                         break
-                if full:
-                    break
             self.read_offsets[source] = offset
-            if len(out) >= max_msgs or (out and size >= max_bytes):
+            if full:
                 break
+        if auto_acked:
+            self._ack_positions(auto_acked)
         return out
 
-    def _message_at(self, source: int, offset: int) -> bytes | None:
+    def _locate(self, pos: int) -> tuple[Any, int] | None:
+        source, offset = ids.source_of(pos), ids.offset_of(pos)
+        if source >= len(self.sources.logs):
+            return None
         try:
             entry = self.sources.logs[source].entry_at(offset)
         except OffsetOutOfRange:
             return None
-        return self.sources.decoded(source, entry).messages[offset - entry.base_offset]
+        return self.sources.decoded(source, entry), offset - entry.base_offset
+
+    def _message_at(self, pos: int) -> bytes | None:
+        cursor = self.journal.cursors.get(ids.source_of(pos))
+        if cursor is None or cursor.is_acked(ids.offset_of(pos)):
+            return None
+        found = self._locate(pos)
+        if found is None:
+            return None
+        decoded, i = found
+        message: bytes = decoded.messages[i]
+        return message
 
     def _requeue(self, pos: int) -> None:
         if pos not in self._redeliver_set:
@@ -227,39 +297,106 @@ class SubscriptionDispatcher:
             consumer.stalled = False
         return True
 
+    def _failed(self, pos: int, now: float) -> None:
+        """A delivery of ``pos`` was nacked or expired (its lease already ended): dead-letter it,
+        or schedule its redelivery after the retry policy's backoff, keeping key order."""
+        deliveries = self.leases.attempts(pos)
+        if should_dead_letter(self.subscription, deliveries):
+            self._dead_letter(pos, deliveries)
+            return
+        delay = backoff_s(self.subscription, deliveries)
+        key = self.ordering.key_of(pos)
+        if key is not None:
+            for later in self.ordering.fail(pos):
+                if later != pos:
+                    self._release(later)
+            if delay > 0:
+                self.ordering.block(key)
+                self._delayed_keys.add(pos, now + delay)
+            return
+        if delay > 0:
+            self._delayed.add(pos, now + delay)
+        else:
+            self._requeue(pos)
+
+    # --- dead letters -------------------------------------------------------------------------
+
+    def _dead_letter(self, pos: int, deliveries: int) -> None:
+        self._dead_lettering.add(pos)
+        task = asyncio.create_task(self._forward_dead_letter(pos, deliveries))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _forward_dead_letter(self, pos: int, deliveries: int) -> None:
+        topic = self.subscription.dead_letter_policy.dead_letter_topic
+        try:
+            uid = self.resolve_topic(topic)
+            found = self._locate(pos)
+            if uid is None or found is None:
+                if found is not None:
+                    log.warning("dead-letter topic %s of %s is missing", topic, self.name)
+                    self._delayed.add(pos, time.monotonic() + DEAD_LETTER_RETRY_S)
+                return
+            decoded, i = found
+            payload = dead_letter_request(self.name, decoded.parsed[i], deliveries, topic)
+            await self.router_publish(uid, payload)
+            self.dead_lettered += 1
+            self._ack_positions([pos])
+        except Exception:
+            log.exception("dead-lettering %s of %s failed", pos, self.name)
+            self._delayed.add(pos, time.monotonic() + DEAD_LETTER_RETRY_S)
+        finally:
+            self._dead_lettering.discard(pos)
+            self._arm_timer()
+
+    async def router_publish(self, topic_uid: str, payload: bytes) -> None:
+        await self.forwarder.publish(topic_uid, payload, 1)
+
     # --- acks and deadlines -------------------------------------------------------------------
 
     def decode(self, ack_id: str) -> tuple[int, int]:
         return ids.decode_ack_id(ack_id, self.incarnation)
 
     def acknowledge(self, positions: list[int]) -> None:
+        self.last_activity = time.time()
+        self._ack_positions(positions)
+
+    def _ack_positions(self, positions: list[int]) -> None:
         by_source: dict[int, list[int]] = defaultdict(list)
         freed = False
+        ordering = self.ordering
         for pos in positions:
             freed |= self._release(pos)
             self.leases.forget(pos)
+            ordering.acked(pos)
             by_source[ids.source_of(pos)].append(ids.offset_of(pos))
         for source, offsets in by_source.items():
             if source in self.journal.cursors:
                 self.forwarder.record_acks(self.journal, source, offsets)
         self.acked += len(positions)
-        if freed:
+        if freed or self.subscription.enable_message_ordering:
             self.schedule_pump()
 
+    def current(self, pos: int, generation: int) -> bool:
+        """Whether (pos, generation) is the live lease (exactly-once checks)."""
+        lease = self.leases.get(pos)
+        return lease is not None and lease.generation == generation
+
     def modify_deadline(self, positions: list[tuple[int, int]], seconds: int) -> None:
-        """Extend leases to now + seconds; 0 is a nack (redeliver now)."""
+        """Extend leases to now + seconds; 0 is a nack (redeliver, after any retry backoff)."""
+        self.last_activity = time.time()
+        now = time.monotonic()
         if seconds == 0:
-            nacked = False
+            failed = False
             for pos, generation in positions:
                 lease = self.leases.get(pos)
                 if lease is not None and lease.generation == generation:
                     self._release(pos)
-                    self._requeue(pos)
-                    nacked = True
-            if nacked:
+                    self._failed(pos, now)
+                    failed = True
+            if failed:
                 self.schedule_pump()
             return
-        now = time.monotonic()
         revived = False
         for pos, generation in positions:
             lease = self.leases.get(pos)
@@ -269,27 +406,39 @@ class SubscriptionDispatcher:
                 if consumer is not None and consumer.stalled:
                     consumer.stalled = False
                     revived = True
-        self._arm_expiry()
+        self._arm_timer()
         if revived:
             self.schedule_pump()
 
-    def _arm_expiry(self) -> None:
-        deadline = self.leases.next_deadline()
-        if deadline is None:
-            return
-        if self._expiry_at is not None and self._expiry_at <= deadline:
-            return
-        if self._expiry_handle is not None:
-            self._expiry_handle.cancel()
-        self._expiry_at = deadline
-        delay = max(0.0, deadline - time.monotonic())
-        self._expiry_handle = self._loop.call_later(delay, self._expire)
+    # --- timers -------------------------------------------------------------------------------
 
-    def _expire(self) -> None:
-        self._expiry_handle = None
-        self._expiry_at = None
-        expired = self.leases.expired(time.monotonic())
-        for pos, lease in expired:
+    def _arm_timer(self) -> None:
+        """One timer for the earliest of: a lease deadline, a backoff ending."""
+        due = [
+            t
+            for t in (
+                self.leases.next_deadline(),
+                self._delayed.next_due(),
+                self._delayed_keys.next_due(),
+            )
+            if t is not None
+        ]
+        if not due:
+            return
+        at = min(due)
+        if self._timer_at is not None and self._timer_at <= at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = self._loop.call_later(max(0.0, at - time.monotonic()), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        now = time.monotonic()
+        changed = False
+        for pos, lease in self.leases.expired(now):
             consumer = self.consumers.get(lease.consumer)
             if consumer is not None:
                 consumer.returned(lease.size)
@@ -297,11 +446,20 @@ class SubscriptionDispatcher:
                     # Never acknowledged receipt: stop feeding this consumer until it shows
                     # life, so the redelivery goes to a consumer that reads.
                     consumer.stalled = True
+            self._failed(pos, now)
+            changed = True
+        for pos in self._delayed.due(now):
             self._requeue(pos)
-        if expired:
+            changed = True
+        for pos in self._delayed_keys.due(now):
+            key = self.ordering.key_of(pos)
+            if key is not None:
+                self.ordering.unblock(key)
+                changed = True
+        if changed:
             self.pump()
         else:
-            self._arm_expiry()
+            self._arm_timer()
 
     def reset(self, states: dict[int, CursorState]) -> None:
         """Replace the ack state (Seek): forget leases and redeliveries, read from the new
@@ -313,10 +471,14 @@ class SubscriptionDispatcher:
             consumer.outstanding_bytes = 0
             consumer.stalled = False
         self.leases.clear()
+        self.ordering.clear()
         self._redeliver.clear()
         self._redeliver_set.clear()
+        self._delayed.clear()
+        self._delayed_keys.clear()
         self.read_offsets = {s: c.mark_delete for s, c in self.journal.cursors.items()}
         self.forwarder.mark_dirty(self.journal)
+        self.last_activity = time.time()
         self.schedule_pump()
 
     # --- state --------------------------------------------------------------------------------
@@ -333,8 +495,10 @@ class SubscriptionDispatcher:
     def close(self, error: BaseException) -> None:
         """Stop: end every stream with ``error``, answer waiting Pulls, forget leases."""
         self.forwarder.remove_commit_listener(self.topic_uid, self._listener)
-        if self._expiry_handle is not None:
-            self._expiry_handle.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+        for task in self._tasks:
+            task.cancel()
         for consumer in list(self.consumers.values()):
             end = getattr(consumer, "end", None)
             if end is not None:

@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from pubsubd.acks.journal import AckJournal
-from pubsubd.core.errors import SubscriptionNotFound, Unavailable
+from pubsubd.core.errors import AckIdsInvalid, InvalidAckId, SubscriptionNotFound, Unavailable
 from pubsubd.core.validation import modify_deadline
 from pubsubd.data.publish.forwarder import PublishingForwarder
 from pubsubd.data.subscribe.consumers import PullWaiter, StreamConsumer
 from pubsubd.data.subscribe.dispatcher import SubscriptionDispatcher
+from pubsubd.data.subscribe.push import PushManager
 
 log = logging.getLogger(__name__)
+
+# Google's reason for an ack ID that is expired, superseded or malformed (exactly-once).
+PERMANENT_INVALID = "PERMANENT_FAILURE_INVALID_ACK_ID"
 
 
 class SubscribingForwarder:
@@ -26,18 +31,32 @@ class SubscribingForwarder:
         self.publishing = publishing
         self.dispatchers: dict[str, SubscriptionDispatcher] = {}  # by subscription name
         self.closing = False
+        self.push = PushManager()  # pushers of push subscriptions (data/subscribe/push.py)
+        # topic name -> storage uid, for dead-letter topics; the catalog installs its lookup
+        self.resolve_topic: Callable[[str], str | None] = lambda _name: None
 
     # --- subscriptions ------------------------------------------------------------------------
 
     def open(
         self, name: str, subscription: Any, uid: str, topic_uid: str, journal: AckJournal
     ) -> SubscriptionDispatcher:
-        dispatcher = SubscriptionDispatcher(subscription, uid, topic_uid, self.publishing, journal)
+        dispatcher = SubscriptionDispatcher(
+            subscription, uid, topic_uid, self.publishing, journal, self._resolve_topic
+        )
         self.dispatchers[name] = dispatcher
+        self.push.sync(name, dispatcher)
         return dispatcher
+
+    def sync_push(self, name: str) -> None:
+        """The subscription's push config changed: attach, replace or detach its pusher."""
+        self.push.sync(name, self.dispatcher(name))
+
+    def _resolve_topic(self, name: str) -> str | None:
+        return self.resolve_topic(name)
 
     def close_subscription(self, name: str, error: BaseException) -> None:
         dispatcher = self.dispatchers.pop(name, None)
+        self.push.detach(name, give_back=False)
         if dispatcher is not None:
             dispatcher.close(error)
 
@@ -52,6 +71,7 @@ class SubscribingForwarder:
         self.closing = True
         for name in list(self.dispatchers):
             self.close_subscription(name, Unavailable("the server is shutting down"))
+        await self.push.close()
 
     # --- pull ---------------------------------------------------------------------------------
 
@@ -98,3 +118,49 @@ class SubscribingForwarder:
         modify_deadline(seconds)
         d = self.dispatcher(name)
         d.modify_deadline([d.decode(a) for a in ack_ids], seconds)
+
+    # --- exactly-once -------------------------------------------------------------------------
+
+    def _check(
+        self, d: SubscriptionDispatcher, ack_ids: list[str]
+    ) -> tuple[list[tuple[int, int]], dict[str, str]]:
+        """Split ack IDs into live leases and failures (reason per ack ID, Google's codes)."""
+        valid: list[tuple[int, int]] = []
+        failures: dict[str, str] = {}
+        for ack_id in ack_ids:
+            try:
+                pos, generation = d.decode(ack_id)
+            except InvalidAckId:
+                failures[ack_id] = PERMANENT_INVALID
+                continue
+            if d.current(pos, generation):
+                valid.append((pos, generation))
+            else:
+                failures[ack_id] = PERMANENT_INVALID
+        return valid, failures
+
+    async def acknowledge_checked(self, name: str, ack_ids: list[str]) -> None:
+        """Acknowledge; under exactly-once, only live leases count, the acks are durable
+        before this returns, and stale or malformed IDs are reported per ID."""
+        d = self.dispatcher(name)
+        if not d.subscription.enable_exactly_once_delivery:
+            self.acknowledge(name, ack_ids)
+            return
+        valid, failures = self._check(d, ack_ids)
+        d.acknowledge([pos for pos, _ in valid])
+        await self.publishing.flush_journal(d.journal)
+        if failures:
+            raise AckIdsInvalid(failures)
+
+    async def modify_ack_deadline_checked(
+        self, name: str, ack_ids: list[str], seconds: int
+    ) -> None:
+        modify_deadline(seconds)
+        d = self.dispatcher(name)
+        if not d.subscription.enable_exactly_once_delivery:
+            d.modify_deadline([d.decode(a) for a in ack_ids], seconds)
+            return
+        valid, failures = self._check(d, ack_ids)
+        d.modify_deadline(valid, seconds)
+        if failures:
+            raise AckIdsInvalid(failures)

@@ -1,0 +1,153 @@
+"""Per-ordering-key delivery order for subscriptions with message ordering enabled.
+
+Pure: no I/O, no clock.
+
+Rules (GOOGLE_PUBSUB_API.md §7.6; issue: "one outstanding batch per key"):
+1. Messages of one key are handed out in log order. A key is *busy* while any message of it is
+   outstanding (leased); while busy, newer messages of the key wait in the key's pending queue.
+2. Several messages of a key may go out together in one response (one batch); the next batch
+   of the key waits until every message of the previous one is acked.
+3. A nack or expiry of a keyed message puts it and every later outstanding message of the key
+   back at the front of the key's queue, in order (``fail`` returns them so the caller can end
+   their leases); the key stays blocked until those are redelivered.
+4. Messages without a key (and subscriptions without ordering) never come here.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass
+class KeyOrdering:
+    # key -> positions of the key currently outstanding, ascending
+    _outstanding: dict[str, list[int]] = field(default_factory=dict)
+    # key -> positions of the key waiting, ascending
+    _pending: dict[str, deque[int]] = field(default_factory=dict)
+    _key_of: dict[int, str] = field(default_factory=dict)
+    # keys that are free and have pending messages, in the order they became so
+    _ready: deque[str] = field(default_factory=deque)
+    _ready_set: set[str] = field(default_factory=set)
+    # keys waiting out a retry backoff: not ready even when free
+    _blocked: set[str] = field(default_factory=set)
+
+    def busy(self, key: str) -> bool:
+        return key in self._outstanding or key in self._pending
+
+    def has_pending(self, key: str) -> bool:
+        return key in self._pending
+
+    def outstanding(self, key: str) -> bool:
+        return key in self._outstanding
+
+    def block(self, key: str) -> None:
+        """Keep the key from being ready (retry backoff) until ``unblock``."""
+        self._blocked.add(key)
+
+    def unblock(self, key: str) -> None:
+        self._blocked.discard(key)
+        if key not in self._outstanding:
+            self._mark_ready(key)
+
+    def key_of(self, pos: int) -> str | None:
+        return self._key_of.get(pos)
+
+    def delivered(self, key: str, pos: int) -> None:
+        """``pos`` of ``key`` was handed out (call in log order within a batch)."""
+        self._key_of[pos] = key
+        bisect.insort(self._outstanding.setdefault(key, []), pos)
+
+    def hold(self, key: str, pos: int) -> None:
+        """A newly read message of a busy key waits its turn."""
+        self._key_of[pos] = key
+        self._pending.setdefault(key, deque()).append(pos)
+
+    def acked(self, pos: int) -> None:
+        key = self._key_of.pop(pos, None)
+        if key is None:
+            return
+        out = self._outstanding.get(key)
+        if out is not None:
+            i = bisect.bisect_left(out, pos)
+            if i < len(out) and out[i] == pos:
+                del out[i]
+            if not out:
+                del self._outstanding[key]
+                self._mark_ready(key)
+        pending = self._pending.get(key)
+        if pending is not None and pos in pending:
+            pending.remove(pos)
+            if not pending:
+                del self._pending[key]
+
+    def fail(self, pos: int) -> list[int]:
+        """``pos`` was nacked or expired: return it and every later outstanding position of its
+        key (their leases must end); all of them wait at the front of the key's queue."""
+        key = self._key_of.get(pos)
+        if key is None:
+            return [pos]
+        out = self._outstanding.get(key, [])
+        i = bisect.bisect_left(out, pos)
+        back = out[i:]
+        if pos not in back:
+            back = [pos, *back]
+        del out[i:]
+        if not out:
+            self._outstanding.pop(key, None)
+        pending = self._pending.setdefault(key, deque())
+        for p in reversed(back):
+            if p not in pending:
+                pending.appendleft(p)
+        if key not in self._outstanding:
+            self._mark_ready(key)
+        return back
+
+    def _mark_ready(self, key: str) -> None:
+        if key in self._pending and key not in self._ready_set and key not in self._blocked:
+            self._ready.append(key)
+            self._ready_set.add(key)
+
+    def take_ready(self, limit: int) -> list[tuple[str, list[int]]]:
+        """Whole pending queues of free keys, up to ``limit`` positions in all, oldest key first.
+        The caller delivers them (``delivered``) or gives them back (``hold`` at the front is
+        done by calling ``give_back``)."""
+        out: list[tuple[str, list[int]]] = []
+        n = 0
+        while self._ready and n < limit:
+            key = self._ready.popleft()
+            self._ready_set.discard(key)
+            if key in self._outstanding or key in self._blocked:
+                continue
+            pending = self._pending.pop(key, None)
+            if not pending:
+                continue
+            batch = []
+            while pending and n < limit:
+                batch.append(pending.popleft())
+                n += 1
+            if pending:  # the rest waits for this batch to be acked
+                self._pending[key] = pending
+            out.append((key, batch))
+        return out
+
+    def give_back(self, key: str, positions: list[int]) -> None:
+        """Positions taken with ``take_ready`` that could not be delivered now."""
+        pending = self._pending.setdefault(key, deque())
+        for p in reversed(positions):
+            pending.appendleft(p)
+        if key not in self._outstanding:
+            self._mark_ready(key)
+
+    def forget(self, pos: int) -> None:
+        """Drop a position entirely (dead-lettered or acked by a filter)."""
+        self.acked(pos)
+
+    def clear(self) -> None:
+        self._outstanding.clear()
+        self._pending.clear()
+        self._key_of.clear()
+        self._ready.clear()
+        self._ready_set.clear()
+        self._blocked.clear()
