@@ -19,6 +19,7 @@ import grpc
 from pubsubd.api.grpc import publisher, subscriber
 from pubsubd.config import ServerConfig
 from pubsubd.control.catalog import Catalog
+from pubsubd.control.expiry import Maintenance
 from pubsubd.control.router import Router
 from pubsubd.data.publish.forwarder import PublishingForwarder
 from pubsubd.data.subscribe.forwarder import SubscribingForwarder
@@ -60,6 +61,11 @@ class PubsubServer:
             [("publishing-0", self.publishing)], [("subscribing-0", self.subscribing)]
         )
         self.catalog = Catalog(self.store, self.publishing, self.subscribing)
+        self.maintenance = Maintenance(
+            self.catalog,
+            check_interval_s=config.expiry_check_s,
+            ttl_divisor=config.test_ttl_divisor,
+        )
         self.grpc_server: grpc.aio.Server | None = None
         self.http = HttpEndpoint(self.status)
         self.port = 0
@@ -69,6 +75,7 @@ class PubsubServer:
     async def start(self) -> None:
         self.catalog.load()
         self.publishing.start()
+        self.maintenance.start()
         server = grpc.aio.server(options=GRPC_OPTIONS)
         server.add_generic_rpc_handlers(
             [
@@ -95,6 +102,7 @@ class PubsubServer:
 
     async def stop(self) -> None:
         """End streams with UNAVAILABLE, finish in-flight RPCs, then close storage cleanly."""
+        await self.maintenance.close()
         await self.subscribing.close()
         if self.grpc_server is not None:
             await self.grpc_server.stop(self.config.shutdown_grace_s)
@@ -113,6 +121,7 @@ class PubsubServer:
                     "consumers": len(d.consumers),
                     "delivered": d.delivered,
                     "acked": d.acked,
+                    **self.subscribing.push.stats(name),
                 }
                 for name, d in self.subscribing.dispatchers.items()
             },

@@ -29,11 +29,16 @@ class ServerConfig:
     storage: StorageConfig = field(default_factory=StorageConfig)
     # How long a graceful stop waits for in-flight RPCs after ending the streams.
     shutdown_grace_s: float = 5.0
+    # How often expiration_policy, snapshot expiry and message retention are checked.
+    expiry_check_s: float = 60.0
+    # Tests only: every expiration_policy ttl is divided by this (control/expiry.py).
+    test_ttl_divisor: float = 1.0
 
 
 def from_env(env: dict[str, str] | None = None) -> ServerConfig:
     """Defaults overridden by PUBSUBD_HOST, PUBSUBD_PORT, PUBSUBD_HTTP_PORT, PUBSUBD_DATA_DIR,
-    PUBSUBD_FSYNC and PUBSUBD_SEGMENT_BYTES."""
+    PUBSUBD_FSYNC, PUBSUBD_SEGMENT_BYTES and PUBSUBD_EXPIRY_CHECK_S (PUBSUBD_TEST_TTL_DIVISOR is
+    for tests only)."""
     e = os.environ if env is None else env
     cfg = ServerConfig()
     storage = cfg.storage
@@ -49,4 +54,6 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
         port=int(e.get("PUBSUBD_PORT", cfg.port)),
         http_port=int(e.get("PUBSUBD_HTTP_PORT", cfg.http_port)),
         storage=storage,
+        expiry_check_s=float(e.get("PUBSUBD_EXPIRY_CHECK_S", cfg.expiry_check_s)),
+        test_ttl_divisor=float(e.get("PUBSUBD_TEST_TTL_DIVISOR", cfg.test_ttl_divisor)),
     )

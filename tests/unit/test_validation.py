@@ -238,7 +238,7 @@ def test_subscription_retry_policy() -> None:
 
 
 def test_subscription_filter_length() -> None:
-    validation.subscription(sub(filter="a" * 256))
+    validation.subscription(sub(filter="attributes:" + "a" * 245))
     with pytest.raises(InvalidArgument, match="filter"):
         validation.subscription(sub(filter="a" * 257))
 

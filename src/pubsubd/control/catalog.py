@@ -12,9 +12,10 @@ from __future__ import annotations
 import base64
 import bisect
 import logging
+import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pubsubd.core import names, pb, validation
 from pubsubd.core.errors import (
@@ -25,8 +26,12 @@ from pubsubd.core.errors import (
     TopicNotFound,
 )
 from pubsubd.data.publish.forwarder import PublishingForwarder
+from pubsubd.data.subscribe import queue_settings
 from pubsubd.data.subscribe.forwarder import SubscribingForwarder
 from pubsubd.storage.metadata import MetadataStore, SubscriptionRecord, TopicRecord
+
+if TYPE_CHECKING:
+    from pubsubd.control.snapshots import Snapshots
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +136,12 @@ class Catalog:
         self._subs_by_topic_uid: dict[str, set[str]] = {}
         self._live_topic_uids: set[str] = set()
         subscribing.resolve_topic = self._topic_uid
+        # Snapshots, Seek, detach and retention pins (imported here: that module imports this).
+        from pubsubd.control.snapshots import Snapshots
+
+        self.snapshots: Snapshots = Snapshots(self)
+        # subscription name -> time.monotonic() of its last use (expiration_policy)
+        self.activity: dict[str, float] = {}
 
     def _topic_uid(self, name: str) -> str | None:
         entry = self.topics.get(name)
@@ -146,6 +157,7 @@ class Catalog:
         for s in self.store.load_subscriptions():
             self._add_subscription(SubscriptionEntry(s, pb.Subscription.FromString(s.body)))
         self.publishing.remove_unreferenced(self._live_topic_uids | set(self._subs_by_topic_uid))
+        self.snapshots.load()
         log.info(
             "catalog loaded: %d topics, %d subscriptions", len(self.topics), len(self.subscriptions)
         )
@@ -160,6 +172,8 @@ class Catalog:
         self.subscriptions[rec.name] = entry
         self._sub_names.add(rec.name)
         self._subs_by_topic_uid.setdefault(rec.topic_uid, set()).add(rec.name)
+        if entry.subscription.detached:
+            return  # DetachSubscription dropped its backlog: no ack state, no dispatcher
         journal = self.publishing.attach(rec.topic_uid, rec.uid, rec.start_offsets)
         self.subscribing.open(rec.name, entry.subscription, rec.uid, rec.topic_uid, journal)
 
@@ -177,6 +191,7 @@ class Catalog:
         self.store.put_topic(record)
         self._add_topic(TopicEntry(record, stored))
         self.publishing.open_topic(record.uid)
+        self.snapshots.refresh_pins(record.uid)
         return stored
 
     def topic(self, name: str) -> TopicEntry:
@@ -196,6 +211,7 @@ class Catalog:
         entry.record.body = updated.SerializeToString()
         self.store.put_topic(entry.record)
         entry.topic = updated
+        self.snapshots.refresh_pins(entry.record.uid)
         return updated
 
     async def delete_topic(self, name: str) -> None:
@@ -240,6 +256,7 @@ class Catalog:
         if not stored.name:
             raise InvalidArgument("name: a subscription name is required")
         validation.subscription(stored)
+        queue_settings.parse(stored.labels)
         if not stored.topic:
             raise InvalidArgument("topic: a subscription must name its topic")
         names.topic(stored.topic)
@@ -265,6 +282,7 @@ class Catalog:
         )
         self.store.put_subscription(record)
         self._add_subscription(SubscriptionEntry(record, stored))
+        self.snapshots.refresh_pins(record.topic_uid)
         return stored
 
     def subscription(self, name: str) -> SubscriptionEntry:
@@ -272,6 +290,7 @@ class Catalog:
         entry = self.subscriptions.get(name)
         if entry is None:
             raise SubscriptionNotFound(name)
+        self.activity[name] = time.monotonic()  # any use postpones expiration_policy
         return entry
 
     def update_subscription(self, subscription: Any, mask: Any) -> Any:
@@ -281,6 +300,7 @@ class Catalog:
         updated.CopyFrom(entry.subscription)
         _apply_mask(paths, subscription, updated)
         validation.subscription(updated)
+        queue_settings.parse(updated.labels)
         if updated.dead_letter_policy.dead_letter_topic and (
             updated.dead_letter_policy.dead_letter_topic not in self.topics
         ):
@@ -289,7 +309,26 @@ class Catalog:
         self.store.put_subscription(entry.record)
         # The dispatcher holds the same object: replace its contents in place.
         entry.subscription.CopyFrom(updated)
+        dispatcher = self.subscribing.dispatchers.get(entry.record.name)
+        if dispatcher is not None:
+            dispatcher.refresh_settings()
+        self.subscribing.sync_push(entry.record.name)
+        self.snapshots.refresh_pins(entry.record.topic_uid)
         return entry.subscription
+
+    def modify_push_config(self, name: str, push_config: Any) -> None:
+        """Set the push config (push subscription) or clear it (pull); the backlog stays."""
+        entry = self.subscription(name)
+        updated = pb.Subscription()
+        updated.CopyFrom(entry.subscription)
+        updated.push_config.CopyFrom(push_config)
+        if not updated.push_config.push_endpoint:
+            updated.ClearField("push_config")  # an empty PushConfig means pull
+        validation.subscription(updated)
+        entry.record.body = updated.SerializeToString()
+        self.store.put_subscription(entry.record)
+        entry.subscription.CopyFrom(updated)
+        self.subscribing.sync_push(name)
 
     async def delete_subscription(self, name: str) -> None:
         entry = self.subscription(name)
@@ -299,6 +338,8 @@ class Catalog:
         self._sub_names.remove(name)
         self.subscribing.close_subscription(name, SubscriptionNotFound(name))
         await self.publishing.detach(rec.topic_uid, rec.uid)
+        self.activity.pop(name, None)
+        self.snapshots.refresh_pins(rec.topic_uid)
         subs = self._subs_by_topic_uid.get(rec.topic_uid)
         if subs is not None:
             subs.discard(name)

@@ -65,6 +65,12 @@ def subscription(name: str) -> str:
     return name
 
 
+def snapshot(name: str) -> str:
+    """Validate a snapshot name and return it unchanged."""
+    parse(name, "snapshots")
+    return name
+
+
 def project(name: str) -> str:
     """Validate ``projects/{project}`` and return the project ID."""
     m = _PROJECT.fullmatch(name)

@@ -47,6 +47,16 @@ StreamingPullRequest: Any = _t.StreamingPullRequest.pb()
 StreamingPullResponse: Any = _t.StreamingPullResponse.pb()
 ModifyPushConfigRequest: Any = _t.ModifyPushConfigRequest.pb()
 
+Snapshot: Any = _t.Snapshot.pb()
+CreateSnapshotRequest: Any = _t.CreateSnapshotRequest.pb()
+GetSnapshotRequest: Any = _t.GetSnapshotRequest.pb()
+UpdateSnapshotRequest: Any = _t.UpdateSnapshotRequest.pb()
+ListSnapshotsRequest: Any = _t.ListSnapshotsRequest.pb()
+ListSnapshotsResponse: Any = _t.ListSnapshotsResponse.pb()
+DeleteSnapshotRequest: Any = _t.DeleteSnapshotRequest.pb()
+SeekRequest: Any = _t.SeekRequest.pb()
+SeekResponse: Any = _t.SeekResponse.pb()
+
 Empty: Any = empty_pb2.Empty
 FieldMask: Any = field_mask_pb2.FieldMask
 Timestamp: Any = timestamp_pb2.Timestamp

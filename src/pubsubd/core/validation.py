@@ -6,9 +6,12 @@ domain errors (InvalidArgument, OutOfRange); the API layer maps them to status c
 
 from __future__ import annotations
 
+import time
+import urllib.parse
 from typing import Any
 
-from pubsubd.core import names
+from pubsubd.core import delays, filters, names
+from pubsubd.core.delays import DELIVER_AFTER, DELIVER_AT
 from pubsubd.core.errors import InvalidArgument, OutOfRange
 
 MAX_MESSAGES_PER_PUBLISH = 1000
@@ -70,6 +73,8 @@ def publish_request(request: Any, request_size: int) -> None:
 
 
 def _attributes(i: int, attrs: Any) -> None:
+    if DELIVER_AT in attrs or DELIVER_AFTER in attrs:
+        delays.deliver_at(attrs, time.time())  # raises InvalidArgument naming the attribute
     if len(attrs) > MAX_ATTRIBUTES:
         raise InvalidArgument(
             f"messages[{i}].attributes: {len(attrs)} attributes; the maximum is {MAX_ATTRIBUTES}"
@@ -174,15 +179,32 @@ def subscription(s: Any) -> None:
                 raise InvalidArgument(f"retry_policy.{fname}: must be between 0 and 600 seconds")
     if len(s.filter.encode()) > MAX_FILTER_BYTES:
         raise InvalidArgument(f"filter: longer than {MAX_FILTER_BYTES} bytes")
+    if s.filter:
+        filters.parse(s.filter)  # a syntax error names the problem and its position
     configs = [
         f for f in ("bigquery_config", "cloud_storage_config", "bigtable_config") if s.HasField(f)
     ]
     if s.push_config.push_endpoint:
         configs.append("push_config")
+        push_endpoint(s.push_config.push_endpoint)
         if "x-goog-version" not in s.push_config.attributes:
             s.push_config.attributes["x-goog-version"] = "v1"
     if len(configs) > 1:
         raise InvalidArgument(f"only one delivery type may be set, got {', '.join(configs)}")
+
+
+def push_endpoint(url: str) -> None:
+    """A push endpoint must be an absolute http(s) URL with a host."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        ok = False
+    if not ok or any(c.isspace() for c in url):
+        raise InvalidArgument(
+            f"push_config.push_endpoint: {url!r} is not an absolute http or https URL"
+        )
 
 
 def modify_deadline(seconds: int) -> None:

@@ -17,7 +17,6 @@ control/snapshots.py) installs them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any, Protocol
 
 from pubsubd.acks.cursor import CursorState
@@ -65,15 +64,6 @@ def timestamp_us(t: Any) -> int:
 def time_pin(log: TimedLog, retention_us: int, now_us: int) -> int:
     """Lowest offset still inside a retention window of ``retention_us`` ending now."""
     return log.offset_for_time(now_us - retention_us)
-
-
-def lowest_pin(pins: Iterable[dict[int, int]], source: int, point: int) -> int:
-    """``point`` lowered to the lowest pin of ``source`` (the trim point rule)."""
-    for pin in pins:
-        keep = pin.get(source)
-        if keep is not None and keep < point:
-            point = keep
-    return point
 
 
 def replay_floor(
@@ -137,11 +127,6 @@ def _normalized(mark_delete: int, ranges: list[tuple[int, int]]) -> CursorState:
     if merged and merged[0][0] <= mark_delete:
         mark_delete = max(mark_delete, merged.pop(0)[1])
     return CursorState(mark_delete, tuple(merged))
-
-
-def purge_state(committed: int) -> CursorState:
-    """Everything published so far is acked (Seek to a future time, DetachSubscription)."""
-    return CursorState(committed)
 
 
 def unacked_expiry_cut(log: TimedLog, retention_us: int, now_us: int, mark_delete: int) -> int:

@@ -12,3 +12,6 @@ def setup(level: str = "INFO") -> None:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # httpx (push subscriptions) logs every request at INFO; keep that for DEBUG runs only.
+    if level.upper() != "DEBUG":
+        logging.getLogger("httpx").setLevel(logging.WARNING)

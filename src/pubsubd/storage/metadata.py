@@ -37,6 +37,15 @@ class SubscriptionRecord:
     start_offsets: dict[int, int] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class SnapshotRecord:
+    name: str
+    topic_uid: str  # storage identity of the topic whose messages it captures
+    body: bytes  # serialized google.pubsub.v1.Snapshot
+    # Captured ack state per source: (mark_delete, acked ranges above it).
+    cursors: dict[int, tuple[int, list[tuple[int, int]]]] = field(default_factory=dict)
+
+
 class MetadataStore(Protocol):
     def load_topics(self) -> Iterator[TopicRecord]: ...
     def load_subscriptions(self) -> Iterator[SubscriptionRecord]: ...
@@ -44,6 +53,9 @@ class MetadataStore(Protocol):
     def delete_topic(self, name: str) -> None: ...
     def put_subscription(self, record: SubscriptionRecord) -> None: ...
     def delete_subscription(self, name: str) -> None: ...
+    def load_snapshots(self) -> Iterator[SnapshotRecord]: ...
+    def put_snapshot(self, record: SnapshotRecord) -> None: ...
+    def delete_snapshot(self, name: str) -> None: ...
     def close(self) -> None: ...
 
 
@@ -53,6 +65,7 @@ class MemoryMetadataStore:
     def __init__(self) -> None:
         self.topics: dict[str, TopicRecord] = {}
         self.subscriptions: dict[str, SubscriptionRecord] = {}
+        self.snapshots: dict[str, SnapshotRecord] = {}
 
     def load_topics(self) -> Iterator[TopicRecord]:
         yield from list(self.topics.values())
@@ -72,6 +85,15 @@ class MemoryMetadataStore:
     def delete_subscription(self, name: str) -> None:
         self.subscriptions.pop(name, None)
 
+    def load_snapshots(self) -> Iterator[SnapshotRecord]:
+        yield from list(self.snapshots.values())
+
+    def put_snapshot(self, record: SnapshotRecord) -> None:
+        self.snapshots[record.name] = record
+
+    def delete_snapshot(self, name: str) -> None:
+        self.snapshots.pop(name, None)
+
     def close(self) -> None:
         pass
 
@@ -81,6 +103,8 @@ CREATE TABLE IF NOT EXISTS topics (name TEXT PRIMARY KEY, uid TEXT NOT NULL, bod
 CREATE TABLE IF NOT EXISTS subscriptions (
     name TEXT PRIMARY KEY, uid TEXT NOT NULL, topic_uid TEXT NOT NULL, body BLOB NOT NULL,
     start_offsets TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS snapshots (
+    name TEXT PRIMARY KEY, topic_uid TEXT NOT NULL, body BLOB NOT NULL, cursors TEXT NOT NULL);
 """
 
 
@@ -131,6 +155,33 @@ class SqliteMetadataStore:
 
     def delete_subscription(self, name: str) -> None:
         self._db.execute("DELETE FROM subscriptions WHERE name = ?", (name,))
+
+    def load_snapshots(self) -> Iterator[SnapshotRecord]:
+        rows = self._db.execute("SELECT name, topic_uid, body, cursors FROM snapshots")
+        for name, topic_uid, body, cursors in rows:
+            yield SnapshotRecord(
+                name,
+                topic_uid,
+                bytes(body),
+                {
+                    int(k): (int(md), [(int(s), int(e)) for s, e in ranges])
+                    for k, (md, ranges) in json.loads(cursors).items()
+                },
+            )
+
+    def put_snapshot(self, record: SnapshotRecord) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO snapshots (name, topic_uid, body, cursors) VALUES (?, ?, ?, ?)",
+            (
+                record.name,
+                record.topic_uid,
+                record.body,
+                json.dumps({str(k): [md, ranges] for k, (md, ranges) in record.cursors.items()}),
+            ),
+        )
+
+    def delete_snapshot(self, name: str) -> None:
+        self._db.execute("DELETE FROM snapshots WHERE name = ?", (name,))
 
     def close(self) -> None:
         self._db.close()

@@ -61,6 +61,18 @@ class PublisherServicer:
         return pb.ListTopicSubscriptionsResponse(subscriptions=subs, next_page_token=token)
 
     @rpc
+    async def ListTopicSnapshots(self, request: Any, context: Context) -> Any:
+        snaps, token = self.catalog.snapshots.list_topic(
+            request.topic, request.page_size, request.page_token
+        )
+        return pb.ListTopicSnapshotsResponse(snapshots=snaps, next_page_token=token)
+
+    @rpc
+    async def DetachSubscription(self, request: Any, context: Context) -> Any:
+        await self.catalog.snapshots.detach(request.subscription)
+        return pb.DetachSubscriptionResponse()
+
+    @rpc
     async def Publish(self, raw: bytes, context: Context) -> Any:
         try:
             request = pb.PublishRequest.FromString(raw)
@@ -101,6 +113,12 @@ def handlers(servicer: PublisherServicer) -> grpc.GenericRpcHandler:
                 s.ListTopicSubscriptions,
                 pb.ListTopicSubscriptionsRequest,
                 pb.ListTopicSubscriptionsResponse,
+            ),
+            "ListTopicSnapshots": unary(
+                s.ListTopicSnapshots, pb.ListTopicSnapshotsRequest, pb.ListTopicSnapshotsResponse
+            ),
+            "DetachSubscription": unary(
+                s.DetachSubscription, pb.DetachSubscriptionRequest, pb.DetachSubscriptionResponse
             ),
             # Raw bytes in: the batch is stored exactly as received.
             "Publish": unary(s.Publish, None, pb.PublishResponse),

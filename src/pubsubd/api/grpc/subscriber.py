@@ -80,6 +80,37 @@ class SubscriberServicer:
         )
         return pb.ListSubscriptionsResponse(subscriptions=subs, next_page_token=token)
 
+    # --- snapshots and seek (control/snapshots.py) --------------------------------------------
+
+    @rpc
+    async def CreateSnapshot(self, request: Any, context: Context) -> Any:
+        return self.catalog.snapshots.create(request)
+
+    @rpc
+    async def GetSnapshot(self, request: Any, context: Context) -> Any:
+        return self.catalog.snapshots.get(request.snapshot)
+
+    @rpc
+    async def UpdateSnapshot(self, request: Any, context: Context) -> Any:
+        return self.catalog.snapshots.update(request)
+
+    @rpc
+    async def DeleteSnapshot(self, request: Any, context: Context) -> Any:
+        self.catalog.snapshots.delete(request.snapshot)
+        return pb.Empty()
+
+    @rpc
+    async def ListSnapshots(self, request: Any, context: Context) -> Any:
+        snaps, token = self.catalog.snapshots.list_project(
+            request.project, request.page_size, request.page_token
+        )
+        return pb.ListSnapshotsResponse(snapshots=snaps, next_page_token=token)
+
+    @rpc
+    async def Seek(self, request: Any, context: Context) -> Any:
+        await self.catalog.snapshots.seek(request)
+        return pb.SeekResponse()
+
     # --- data ---------------------------------------------------------------------------------
 
     @rpc
@@ -118,6 +149,12 @@ class SubscriberServicer:
         await forwarder.modify_ack_deadline_checked(
             request.subscription, list(request.ack_ids), request.ack_deadline_seconds
         )
+        return pb.Empty()
+
+    @rpc
+    async def ModifyPushConfig(self, request: Any, context: Context) -> Any:
+        names.subscription(request.subscription)
+        self.catalog.modify_push_config(request.subscription, request.push_config)
         return pb.Empty()
 
     async def StreamingPull(
@@ -192,6 +229,7 @@ class SubscriberServicer:
             deadline,
             first.max_outstanding_messages,
             first.max_outstanding_bytes,
+            first.client_id,
         )
         try:
             self._apply(forwarder, first.subscription, first)
@@ -286,10 +324,19 @@ def handlers(servicer: SubscriberServicer) -> grpc.GenericRpcHandler:
             "ListSubscriptions": unary(
                 s.ListSubscriptions, pb.ListSubscriptionsRequest, pb.ListSubscriptionsResponse
             ),
+            "CreateSnapshot": unary(s.CreateSnapshot, pb.CreateSnapshotRequest, pb.Snapshot),
+            "GetSnapshot": unary(s.GetSnapshot, pb.GetSnapshotRequest, pb.Snapshot),
+            "UpdateSnapshot": unary(s.UpdateSnapshot, pb.UpdateSnapshotRequest, pb.Snapshot),
+            "DeleteSnapshot": unary(s.DeleteSnapshot, pb.DeleteSnapshotRequest, pb.Empty),
+            "ListSnapshots": unary(
+                s.ListSnapshots, pb.ListSnapshotsRequest, pb.ListSnapshotsResponse
+            ),
+            "Seek": unary(s.Seek, pb.SeekRequest, pb.SeekResponse),
             # Pull and StreamingPull answer with bytes assembled in core/wire.py.
             "Pull": unary(s.Pull, pb.PullRequest, None),
             "Acknowledge": unary(s.Acknowledge, pb.AcknowledgeRequest, pb.Empty),
             "ModifyAckDeadline": unary(s.ModifyAckDeadline, pb.ModifyAckDeadlineRequest, pb.Empty),
+            "ModifyPushConfig": unary(s.ModifyPushConfig, pb.ModifyPushConfigRequest, pb.Empty),
             "StreamingPull": grpc.stream_stream_rpc_method_handler(
                 s.StreamingPull,
                 request_deserializer=None,

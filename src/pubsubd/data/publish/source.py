@@ -14,6 +14,7 @@ shared by every subscription of the topic.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from typing import Any
 
 from pubsubd.acks.journal import AckJournal
 from pubsubd.core import ids, pb
+from pubsubd.core.delays import DELIVER_AFTER, DELIVER_AT, deliver_at
+from pubsubd.core.errors import InvalidArgument
 from pubsubd.storage.framing import Entry
 from pubsubd.storage.log import FsyncPolicy, SourceLog
 
@@ -36,6 +39,8 @@ class DecodedEntry:
     messages: list[bytes]  # serialized PubsubMessage per offset, message_id/publish_time set
     parsed: Any  # the parsed PubsubMessages (repeated field), for attributes and filters
     ordering_key: str  # one per entry: every message of a PublishRequest shares it
+    # epoch seconds before which each message must not be delivered; None if none is delayed
+    deliver_at: list[float | None] | None = None
 
 
 class TopicSources:
@@ -79,13 +84,21 @@ class TopicSources:
         seconds, micros = divmod(entry.publish_time_us, 1_000_000)
         base = ids.position(source, entry.base_offset)
         messages = []
+        delays: list[float | None] | None = None
+        publish_s = entry.publish_time_us / 1e6
         for i, m in enumerate(request.messages):
             m.message_id = str(base + i)
             m.publish_time.seconds = seconds
             m.publish_time.nanos = micros * 1000
             messages.append(m.SerializeToString())
+            attrs = m.attributes
+            if attrs and (DELIVER_AT in attrs or DELIVER_AFTER in attrs):
+                if delays is None:
+                    delays = [None] * len(request.messages)
+                with contextlib.suppress(InvalidArgument):  # validated at publish
+                    delays[i] = deliver_at(attrs, publish_s)
         ordering_key = request.messages[0].ordering_key if request.messages else ""
-        decoded = DecodedEntry(entry, messages, request.messages, ordering_key)
+        decoded = DecodedEntry(entry, messages, request.messages, ordering_key, delays)
         cache[key] = decoded
         self._cached_bytes += len(entry.payload)
         while self._cached_bytes > DECODE_CACHE_BYTES and len(cache) > 1:

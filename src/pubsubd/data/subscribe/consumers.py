@@ -64,8 +64,11 @@ class Consumer:
 class StreamConsumer(Consumer):
     """One StreamingPull stream; responses queue up for the stream's writer."""
 
-    def __init__(self, ack_deadline_s: float, max_messages: int, max_bytes: int) -> None:
+    def __init__(
+        self, ack_deadline_s: float, max_messages: int, max_bytes: int, client_id: str = ""
+    ) -> None:
         super().__init__(ack_deadline_s, max_messages, max_bytes)
+        self.client_id = client_id  # stable across the client's reconnects
         self.queue: asyncio.Queue[list[bytes] | BaseException] = asyncio.Queue()
 
     def deliver(self, messages: list[bytes]) -> None:

@@ -13,6 +13,7 @@ page-cache preads), so no two deliveries interleave and no lock is needed.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import heapq
 import logging
 import time
@@ -22,12 +23,15 @@ from typing import Any
 
 from pubsubd.acks.cursor import CursorState
 from pubsubd.acks.journal import AckJournal
-from pubsubd.core import ids, wire
+from pubsubd.core import filters, ids, wire
+from pubsubd.core.errors import FailedPrecondition
 from pubsubd.data.publish.forwarder import PublishingForwarder
-from pubsubd.data.subscribe.consumers import Consumer, PullWaiter
+from pubsubd.data.subscribe import queue_settings
+from pubsubd.data.subscribe.consumers import Consumer, PullWaiter, StreamConsumer
 from pubsubd.data.subscribe.dead_letter import dead_letter_request, should_dead_letter
 from pubsubd.data.subscribe.leases import LeaseTable
 from pubsubd.data.subscribe.ordering import KeyOrdering
+from pubsubd.data.subscribe.queue_settings import SubscriptionType
 from pubsubd.data.subscribe.retry import DelayQueue, backoff_s
 from pubsubd.storage.errors import OffsetOutOfRange
 
@@ -75,7 +79,9 @@ class SubscriptionDispatcher:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._filter_text = ""
-        self._filter: Any = None  # pubsubd.core.filters.Filter
+        self.settings = queue_settings.parse(subscription.labels)
+        self._outstanding_bytes = 0
+        self._filter: filters.Filter | None = None
         self.delivered = 0
         self.acked = 0
         self.dead_lettered = 0
@@ -87,7 +93,23 @@ class SubscriptionDispatcher:
     def name(self) -> str:
         return str(self.subscription.name)
 
+    def refresh_settings(self) -> None:
+        """The subscription was updated: re-read its queue settings (labels)."""
+        self.settings = queue_settings.parse(self.subscription.labels)
+        self.schedule_pump()
+
     # --- consumers ----------------------------------------------------------------------------
+
+    def admit(self, client_id: str) -> None:
+        """Refuse a second StreamingPull client of an exclusive subscription."""
+        if self.settings.type is not SubscriptionType.EXCLUSIVE:
+            return
+        for c in self.consumers.values():
+            if isinstance(c, StreamConsumer) and c.client_id != client_id and not c.closed:
+                raise FailedPrecondition(
+                    f"subscription {self.name} is exclusive and already has a consumer "
+                    f"(client_id {c.client_id})"
+                )
 
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers[consumer.id] = consumer
@@ -119,24 +141,67 @@ class SubscriptionDispatcher:
     def pump(self) -> None:
         """Deliver as much as the consumers can take, round-robin, one response at a time."""
         self._pump_scheduled = False
+        settings = self.settings
+        active = self._active_consumer()
+        key_owner = self._key_owner if settings.type is SubscriptionType.KEY_SHARED else None
         idle = 0
         while idle < len(self._order):
             if self._rr >= len(self._order):
                 self._rr = 0
             consumer = self.consumers[self._order[self._rr]]
             self._rr += 1
-            max_msgs, max_bytes = consumer.room()
-            if max_msgs <= 0:
+            max_msgs, max_bytes = self._room(consumer, settings)
+            if max_msgs <= 0 or (active is not None and consumer is not active):
                 idle += 1
                 continue
-            batch = self._take(max_msgs, max_bytes)
+            batch = self._take(max_msgs, max_bytes, consumer, key_owner)
             if not batch:
-                break
+                idle += 1
+                continue
             idle = 0
             self._deliver(consumer, batch)
             if isinstance(consumer, PullWaiter):
                 self.remove_consumer(consumer)
         self._arm_timer()
+
+    def _room(self, consumer: Consumer, settings: queue_settings.QueueSettings) -> tuple[int, int]:
+        """What ``consumer`` may take now: its flow control within the subscription's caps."""
+        max_msgs, max_bytes = consumer.room()
+        if settings.consumer_max_outstanding_messages:
+            max_msgs = min(
+                max_msgs, settings.consumer_max_outstanding_messages - consumer.outstanding
+            )
+        if settings.max_outstanding_messages:
+            max_msgs = min(max_msgs, settings.max_outstanding_messages - len(self.leases))
+        if settings.max_outstanding_bytes:
+            left = settings.max_outstanding_bytes - self._outstanding_bytes
+            if left <= 0:
+                return 0, 0
+            max_bytes = min(max_bytes, left)
+        return max_msgs, max_bytes
+
+    def _streams(self) -> list[StreamConsumer]:
+        return [
+            c for c in self.consumers.values() if isinstance(c, StreamConsumer) and not c.closed
+        ]
+
+    def _active_consumer(self) -> Consumer | None:
+        """Failover and exclusive: the one stream that receives (first by client_id);
+        None means every consumer may receive."""
+        if self.settings.type not in (SubscriptionType.FAILOVER, SubscriptionType.EXCLUSIVE):
+            return None
+        streams = self._streams()
+        if not streams:
+            return None
+        return min(streams, key=lambda c: (c.client_id, c.id))
+
+    def _key_owner(self, key: str) -> int | None:
+        """Key_Shared: the consumer id owning ``key`` (rendezvous hash over client IDs)."""
+        streams = self._streams()
+        if not streams:
+            return None
+        best = max(streams, key=lambda c: (_weight(c.client_id, key), c.id))
+        return best.id
 
     def _deliver(self, consumer: Consumer, batch: list[tuple[int, bytes, int]]) -> None:
         now = time.monotonic()
@@ -155,27 +220,40 @@ class SubscriptionDispatcher:
             )
             total += size
         consumer.taken(len(batch), total)
+        self._outstanding_bytes += total
         self.delivered += len(batch)
         consumer.deliver(received)
 
-    def _current_filter(self) -> Any:
+    def _current_filter(self) -> filters.Filter | None:
         text = self.subscription.filter
         if text != self._filter_text:
-            from pubsubd.core import filters
-
             self._filter_text = text
             self._filter = filters.parse(text) if text else None
         return self._filter
 
-    def _take(self, max_msgs: int, max_bytes: int) -> list[tuple[int, bytes, int]]:
+    def _take(
+        self,
+        max_msgs: int,
+        max_bytes: int,
+        consumer: Consumer,
+        key_owner: Callable[[str], int | None] | None = None,
+    ) -> list[tuple[int, bytes, int]]:
         """Up to max_msgs messages (at least one if any, then up to max_bytes) to deliver next:
-        free ordering keys' queues first, then redeliveries, then new messages from the log."""
+        free ordering keys' queues first, then redeliveries, then new messages from the log.
+        With ``key_owner`` (Key_Shared) a key's messages go only to the consumer owning it."""
         out: list[tuple[int, bytes, int]] = []
         size = 0
-        ordered = bool(self.subscription.enable_message_ordering)
+        ordered = bool(self.subscription.enable_message_ordering) or key_owner is not None
+
+        def mine(key: str) -> bool:
+            if key_owner is None:
+                return True
+            owner = key_owner(key)
+            return owner is None or owner == consumer.id
+
         batch_keys: set[str] = set()  # keys this response already carries (one batch per key)
         if ordered:
-            for key, positions in self.ordering.take_ready(max_msgs):
+            for key, positions in self.ordering.take_ready(max_msgs, mine):
                 for j, pos in enumerate(positions):
                     message = self._message_at(pos)
                     if message is None or pos in self._dead_lettering:
@@ -205,6 +283,7 @@ class SubscriptionDispatcher:
         # New messages from each source's read offset.
         flt = self._current_filter()
         auto_acked: list[int] = []
+        wall_now, mono_now = time.time(), time.monotonic()
         for source, log_ in enumerate(self.sources.logs):
             cursor = self.journal.cursors[source]
             offset = self.read_offsets.get(source, cursor.mark_delete)
@@ -220,6 +299,7 @@ class SubscriptionDispatcher:
                 for entry in entries:
                     decoded = self.sources.decoded(source, entry)
                     messages = decoded.messages
+                    delays = decoded.deliver_at
                     key = decoded.ordering_key if ordered else ""
                     start = max(offset, entry.base_offset)
                     for off in range(start, entry.base_offset + entry.count):
@@ -234,9 +314,15 @@ class SubscriptionDispatcher:
                             auto_acked.append(pos)  # never delivered, never backlog
                             continue
                         message = messages[i]
+                        if delays is not None:
+                            at = delays[i]
+                            if at is not None and at > wall_now:
+                                self._delayed.add(pos, mono_now + (at - wall_now))
+                                continue
                         if key and (
                             self.ordering.has_pending(key)
                             or (self.ordering.outstanding(key) and key not in batch_keys)
+                            or not mine(key)
                         ):
                             self.ordering.hold(key, pos)
                             continue
@@ -291,13 +377,14 @@ class SubscriptionDispatcher:
         lease = self.leases.release(pos)
         if lease is None:
             return False
+        self._outstanding_bytes -= lease.size
         consumer = self.consumers.get(lease.consumer)
         if consumer is not None:
             consumer.returned(lease.size)
             consumer.stalled = False
         return True
 
-    def _failed(self, pos: int, now: float) -> None:
+    def _failed(self, pos: int, now: float, nack: bool = False) -> None:
         """A delivery of ``pos`` was nacked or expired (its lease already ended): dead-letter it,
         or schedule its redelivery after the retry policy's backoff, keeping key order."""
         deliveries = self.leases.attempts(pos)
@@ -305,6 +392,8 @@ class SubscriptionDispatcher:
             self._dead_letter(pos, deliveries)
             return
         delay = backoff_s(self.subscription, deliveries)
+        if nack:
+            delay = max(delay, float(self.settings.nack_delay_s))
         key = self.ordering.key_of(pos)
         if key is not None:
             for later in self.ordering.fail(pos):
@@ -392,7 +481,7 @@ class SubscriptionDispatcher:
                 lease = self.leases.get(pos)
                 if lease is not None and lease.generation == generation:
                     self._release(pos)
-                    self._failed(pos, now)
+                    self._failed(pos, now, nack=True)
                     failed = True
             if failed:
                 self.schedule_pump()
@@ -439,6 +528,7 @@ class SubscriptionDispatcher:
         now = time.monotonic()
         changed = False
         for pos, lease in self.leases.expired(now):
+            self._outstanding_bytes -= lease.size
             consumer = self.consumers.get(lease.consumer)
             if consumer is not None:
                 consumer.returned(lease.size)
@@ -471,6 +561,7 @@ class SubscriptionDispatcher:
             consumer.outstanding_bytes = 0
             consumer.stalled = False
         self.leases.clear()
+        self._outstanding_bytes = 0
         self.ordering.clear()
         self._redeliver.clear()
         self._redeliver_set.clear()
@@ -508,3 +599,7 @@ class SubscriptionDispatcher:
         self.consumers.clear()
         self._order.clear()
         self.leases.clear()
+
+
+def _weight(client_id: str, key: str) -> bytes:
+    return hashlib.blake2b(f"{client_id}\x00{key}".encode(), digest_size=8).digest()

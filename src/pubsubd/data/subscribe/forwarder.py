@@ -98,12 +98,18 @@ class SubscribingForwarder:
     # --- streaming pull -----------------------------------------------------------------------
 
     def open_stream(
-        self, name: str, ack_deadline_s: int, max_messages: int, max_bytes: int
+        self,
+        name: str,
+        ack_deadline_s: int,
+        max_messages: int,
+        max_bytes: int,
+        client_id: str = "",
     ) -> tuple[SubscriptionDispatcher, StreamConsumer]:
         if self.closing:
             raise Unavailable("the server is shutting down")
         d = self.dispatcher(name)
-        consumer = StreamConsumer(ack_deadline_s, max_messages, max_bytes)
+        d.admit(client_id)
+        consumer = StreamConsumer(ack_deadline_s, max_messages, max_bytes, client_id)
         d.add_consumer(consumer)
         return d, consumer
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -60,9 +61,11 @@ class KeyOrdering:
         bisect.insort(self._outstanding.setdefault(key, []), pos)
 
     def hold(self, key: str, pos: int) -> None:
-        """A newly read message of a busy key waits its turn."""
+        """A newly read message of a busy key (or of another consumer's key) waits its turn."""
         self._key_of[pos] = key
         self._pending.setdefault(key, deque()).append(pos)
+        if key not in self._outstanding:
+            self._mark_ready(key)
 
     def acked(self, pos: int) -> None:
         key = self._key_of.pop(pos, None)
@@ -109,16 +112,22 @@ class KeyOrdering:
             self._ready.append(key)
             self._ready_set.add(key)
 
-    def take_ready(self, limit: int) -> list[tuple[str, list[int]]]:
+    def take_ready(
+        self, limit: int, accept: Callable[[str], bool] | None = None
+    ) -> list[tuple[str, list[int]]]:
         """Whole pending queues of free keys, up to ``limit`` positions in all, oldest key first.
         The caller delivers them (``delivered``) or gives them back (``hold`` at the front is
         done by calling ``give_back``)."""
         out: list[tuple[str, list[int]]] = []
+        skipped: list[str] = []
         n = 0
         while self._ready and n < limit:
             key = self._ready.popleft()
             self._ready_set.discard(key)
             if key in self._outstanding or key in self._blocked:
+                continue
+            if accept is not None and not accept(key):
+                skipped.append(key)  # another consumer's key: stays ready for it
                 continue
             pending = self._pending.pop(key, None)
             if not pending:
@@ -130,6 +139,9 @@ class KeyOrdering:
             if pending:  # the rest waits for this batch to be acked
                 self._pending[key] = pending
             out.append((key, batch))
+        for key in reversed(skipped):
+            self._ready.appendleft(key)
+            self._ready_set.add(key)
         return out
 
     def give_back(self, key: str, positions: list[int]) -> None:

@@ -1,4 +1,4 @@
-"""Push subscriptions: a consumer that POSTs each message it is given to the subscription's endpoint.
+"""Push subscriptions: a consumer that POSTs each message it is given to the push endpoint.
 
 A subscription whose ``push_config.push_endpoint`` is set gets one ``PushConsumer`` attached to its
 dispatcher (``PushManager.sync``: on create, at start-up, and whenever the push config changes). To
@@ -88,7 +88,8 @@ class PushConsumer(Consumer):
         self._holds: dict[int, asyncio.TimerHandle] = {}  # nacks due when backoffs end
         self._hold_ids = itertools.count()
         self._failures = 0  # consecutive failed pushes
-        self._paused_until = 0.0
+        # Paused after a failure until the _resume timer fires (a flag, not a time comparison:
+        # timers may fire a little before loop.time() reaches their due time, notably on uvloop).
         self._resume: asyncio.TimerHandle | None = None
         self._client: httpx.AsyncClient | None = None
         self.pushed = 0
@@ -103,12 +104,10 @@ class PushConsumer(Consumer):
             return 0, 0
         # A pusher is never "stalled": it answers every lease itself.
         self.stalled = False
-        if self._paused_until and self._loop.time() < self._paused_until:
+        if self._resume is not None:
             return 0, 0
         self.ack_deadline_s = _lease_s(self.dispatcher.subscription)
-        n = min(
-            self.window.available(), MAX_RESPONSE_MESSAGES, MAX_OUTSTANDING - self.outstanding
-        )
+        n = min(self.window.available(), MAX_RESPONSE_MESSAGES, MAX_OUTSTANDING - self.outstanding)
         if n <= 0:
             return 0, 0
         return n, MAX_RESPONSE_BYTES
@@ -181,7 +180,7 @@ class PushConsumer(Consumer):
         )
         client = self._http()
         async with (
-            asyncio.timeout(float(subscription.ack_deadline_seconds)),
+            asyncio.timeout(float(subscription.ack_deadline_seconds or 10)),
             client.stream("POST", self.endpoint, content=body, headers=headers) as response,
         ):
             status = response.status_code
@@ -215,7 +214,9 @@ class PushConsumer(Consumer):
     def _succeeded(self, pos: int) -> None:
         self.acked += 1
         self._failures = 0
-        self._paused_until = 0.0
+        if self._resume is not None:
+            self._resume.cancel()
+            self._resume = None
         self.dispatcher.acknowledge([pos])
         self.dispatcher.schedule_pump()  # the window may have grown
 
@@ -253,8 +254,12 @@ class PushConsumer(Consumer):
     def _pause(self, delay: float) -> None:
         if self._resume is not None:
             self._resume.cancel()
-        self._paused_until = self._loop.time() + delay
-        self._resume = self._loop.call_later(delay, self.dispatcher.schedule_pump)
+        self._resume = self._loop.call_later(delay, self._unpause)
+
+    def _unpause(self) -> None:
+        self._resume = None
+        if not self.closed:
+            self.dispatcher.schedule_pump()
 
     # --- stopping -----------------------------------------------------------------------------
 
@@ -320,7 +325,10 @@ class PushManager:
         wanted = bool(endpoint) and not subscription.detached
         current = self.consumers.get(name)
         if current is not None and (
-            not wanted or current.dispatcher is not dispatcher or current.endpoint != endpoint
+            not wanted
+            or current.closed
+            or current.dispatcher is not dispatcher
+            or current.endpoint != endpoint
         ):
             self.detach(name)
             current = None
@@ -339,6 +347,11 @@ class PushManager:
         if task is not None:
             self._stopping.add(task)
             task.add_done_callback(self._stopping.discard)
+
+    def stats(self, name: str) -> dict[str, Any]:
+        """``{"push": {...}}`` for a push subscription's status, else ``{}``."""
+        consumer = self.consumers.get(name)
+        return {"push": consumer.stats()} if consumer is not None else {}
 
     async def close(self) -> None:
         """Stop every pusher and wait until their requests and connections are closed."""

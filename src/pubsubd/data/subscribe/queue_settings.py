@@ -1,0 +1,96 @@
+"""Queue features of a subscription (Pulsar-style), read from the subscription's labels (pure).
+
+Google's API has no fields for them, so they travel as labels, which every official client can
+set and which pubsubd validates. Label keys and values follow Google's label rules (lowercase,
+digits, ``-`` and ``_``):
+
+| label                                       | value                                    |
+|---------------------------------------------|------------------------------------------|
+| pubsubd-subscription-type                   | shared (default), exclusive, failover, key_shared |
+| pubsubd-nack-delay-seconds                  | 0-600, wait before redelivering a nack   |
+| pubsubd-max-outstanding-messages            | cap on delivered, unacked messages       |
+| pubsubd-max-outstanding-bytes               | the same cap in bytes                    |
+| pubsubd-consumer-max-outstanding-messages   | cap per consumer (stream or Pull)        |
+
+Subscription types: *shared* hands each message to one consumer, round-robin, message by
+message; *exclusive* admits one StreamingPull client (by ``client_id``) and refuses others with
+FAILED_PRECONDITION; *failover* admits several but only the first by ``client_id`` receives, the
+next takes over when it disconnects; *key_shared* sends every message of an ordering key to the
+same consumer while it stays connected.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pubsubd.core.errors import InvalidArgument
+
+PREFIX = "pubsubd-"
+TYPE_LABEL = "pubsubd-subscription-type"
+NACK_DELAY_LABEL = "pubsubd-nack-delay-seconds"
+MAX_OUTSTANDING_MESSAGES_LABEL = "pubsubd-max-outstanding-messages"
+MAX_OUTSTANDING_BYTES_LABEL = "pubsubd-max-outstanding-bytes"
+CONSUMER_MAX_OUTSTANDING_LABEL = "pubsubd-consumer-max-outstanding-messages"
+KNOWN = frozenset(
+    {
+        TYPE_LABEL,
+        NACK_DELAY_LABEL,
+        MAX_OUTSTANDING_MESSAGES_LABEL,
+        MAX_OUTSTANDING_BYTES_LABEL,
+        CONSUMER_MAX_OUTSTANDING_LABEL,
+    }
+)
+MAX_NACK_DELAY_S = 600
+
+
+class SubscriptionType(enum.Enum):
+    SHARED = "shared"
+    EXCLUSIVE = "exclusive"
+    FAILOVER = "failover"
+    KEY_SHARED = "key_shared"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    type: SubscriptionType = SubscriptionType.SHARED
+    nack_delay_s: int = 0
+    max_outstanding_messages: int = 0  # 0 = no cap
+    max_outstanding_bytes: int = 0
+    consumer_max_outstanding_messages: int = 0
+
+
+def _int(labels: Mapping[str, str], key: str, low: int, high: int) -> int:
+    raw = labels.get(key)
+    if raw is None:
+        return 0
+    if not raw.isdigit():
+        raise InvalidArgument(f"labels[{key!r}]: {raw!r} is not a whole number")
+    value = int(raw)
+    if not low <= value <= high:
+        raise InvalidArgument(f"labels[{key!r}]: {value} must be between {low} and {high}")
+    return value
+
+
+def parse(labels: Mapping[str, str]) -> QueueSettings:
+    """Settings from a subscription's labels; raise InvalidArgument naming a bad label."""
+    for key in labels:
+        if key.startswith(PREFIX) and key not in KNOWN:
+            raise InvalidArgument(
+                f"labels[{key!r}]: unknown pubsubd setting; known: {', '.join(sorted(KNOWN))}"
+            )
+    raw_type = labels.get(TYPE_LABEL, SubscriptionType.SHARED.value)
+    try:
+        kind = SubscriptionType(raw_type)
+    except ValueError:
+        allowed = ", ".join(t.value for t in SubscriptionType)
+        raise InvalidArgument(f"labels[{TYPE_LABEL!r}]: {raw_type!r}; one of {allowed}") from None
+    big = 1 << 40
+    return QueueSettings(
+        type=kind,
+        nack_delay_s=_int(labels, NACK_DELAY_LABEL, 0, MAX_NACK_DELAY_S),
+        max_outstanding_messages=_int(labels, MAX_OUTSTANDING_MESSAGES_LABEL, 1, big),
+        max_outstanding_bytes=_int(labels, MAX_OUTSTANDING_BYTES_LABEL, 1, big),
+        consumer_max_outstanding_messages=_int(labels, CONSUMER_MAX_OUTSTANDING_LABEL, 1, big),
+    )

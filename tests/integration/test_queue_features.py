@@ -1,0 +1,233 @@
+"""Pulsar-style queue features through labels and attributes: subscription types, nack delay,
+outstanding caps and delayed delivery, driven by raw streams and the official client."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections import defaultdict
+from typing import Any
+
+import grpc
+import pytest
+from google.api_core import exceptions
+
+from pubsubd.core import pb
+from tests.conftest import make_publisher, make_subscriber
+from tests.support.raw import RawStream, sub_status
+from tests.support.server import ServerProcess, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def _setup(server: ServerProcess, names: Any, **labels: str) -> tuple[Any, Any, str, str]:
+    pub, sub = make_publisher(server.endpoint), make_subscriber(server.endpoint)
+    topic, name = names.topic(), names.subscription()
+    pub.create_topic(name=topic)
+    sub.create_subscription(
+        request={
+            "name": name,
+            "topic": topic,
+            "labels": {k.replace("_", "-"): v for k, v in labels.items()},
+        }
+    )
+    return pub, sub, topic, name
+
+
+def _stream(server: ServerProcess, name: str, client_id: str, max_messages: int = 100) -> RawStream:
+    return RawStream(
+        server.endpoint,
+        pb.StreamingPullRequest(
+            subscription=name,
+            stream_ack_deadline_seconds=60,
+            client_id=client_id,
+            max_outstanding_messages=max_messages,
+        ),
+    )
+
+
+def _ack(stream: RawStream, messages: list[Any]) -> None:
+    stream.send(pb.StreamingPullRequest(ack_ids=[m.ack_id for m in messages]))
+
+
+def test_bad_queue_labels_are_rejected(shared_server: ServerProcess, names: Any) -> None:
+    pub, sub = make_publisher(shared_server.endpoint), make_subscriber(shared_server.endpoint)
+    topic = names.topic()
+    pub.create_topic(name=topic)
+    for labels in (
+        {"pubsubd-subscription-type": "roundrobin"},
+        {"pubsubd-nack-delay-seconds": "9999"},
+        {"pubsubd-max-outstanding-messages": "many"},
+        {"pubsubd-unknown-setting": "1"},
+    ):
+        with pytest.raises(exceptions.InvalidArgument) as e:
+            sub.create_subscription(
+                request={"name": names.subscription(), "topic": topic, "labels": labels}
+            )
+        assert next(iter(labels)) in str(e.value)
+
+
+def test_exclusive_refuses_a_second_client(shared_server: ServerProcess, names: Any) -> None:
+    pub, _, topic, name = _setup(shared_server, names, pubsubd_subscription_type="exclusive")
+    first = _stream(shared_server, name, "client-a")
+    try:
+        pub.publish(topic, b"x").result(timeout=30)
+        assert len(first.receive(1, 10)) == 1
+        second = _stream(shared_server, name, "client-b")
+        assert second.status_code(10) == grpc.StatusCode.FAILED_PRECONDITION
+        # The same client reconnecting is admitted.
+        again = _stream(shared_server, name, "client-a")
+        assert again.status_code(1) is None
+        again.close()
+    finally:
+        first.close()
+
+
+def test_failover_first_client_receives_next_takes_over(
+    shared_server: ServerProcess, names: Any
+) -> None:
+    pub, _, topic, name = _setup(shared_server, names, pubsubd_subscription_type="failover")
+    b = _stream(shared_server, name, "consumer-b")
+    a = _stream(shared_server, name, "consumer-a")
+    try:
+        wait_for(lambda: sub_status(shared_server, name)["consumers"] == 2, 10, "2 streams")
+        for i in range(20):
+            pub.publish(topic, f"m{i}".encode()).result(timeout=30)
+        got_a = a.receive(20, 10)
+        assert len(got_a) == 20
+        assert b.receive_within(1.0) == []
+        _ack(a, got_a)
+        a.close()
+        pub.publish(topic, b"after-failover").result(timeout=30)
+        got_b = b.receive(1, 10)
+        assert [m.message.data for m in got_b] == [b"after-failover"]
+    finally:
+        b.close()
+
+
+def test_key_shared_sends_each_key_to_one_consumer(
+    shared_server: ServerProcess, names: Any
+) -> None:
+    from google.cloud import pubsub_v1
+
+    pub = make_publisher(
+        shared_server.endpoint,
+        publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True),
+    )
+    sub = make_subscriber(shared_server.endpoint)
+    topic, name = names.topic(), names.subscription()
+    pub.create_topic(name=topic)
+    sub.create_subscription(
+        request={
+            "name": name,
+            "topic": topic,
+            "labels": {"pubsubd-subscription-type": "key_shared"},
+        }
+    )
+    streams = [_stream(shared_server, name, f"worker-{i}", 1000) for i in range(3)]
+    try:
+        wait_for(lambda: sub_status(shared_server, name)["consumers"] == 3, 10, "3 streams")
+        keys = [f"key-{i}" for i in range(12)]
+        futures = [
+            pub.publish(topic, f"{k}:{n}".encode(), ordering_key=k) for n in range(10) for k in keys
+        ]
+        for f in futures:
+            f.result(timeout=30)
+        owner: dict[str, set[int]] = defaultdict(set)
+        order: dict[str, list[int]] = defaultdict(list)
+        total = 0
+        deadline = time.monotonic() + 20
+        while total < 120 and time.monotonic() < deadline:
+            for i, s in enumerate(streams):
+                got = s.receive_within(0.2)
+                for m in got:
+                    key, n = m.message.data.decode().split(":")
+                    owner[key].add(i)
+                    order[key].append(int(n))
+                total += len(got)
+                _ack(s, got)
+        assert total == 120
+        assert all(len(v) == 1 for v in owner.values()), owner
+        assert len({next(iter(v)) for v in owner.values()}) > 1, "all keys went to one consumer"
+        assert all(order[k] == list(range(10)) for k in keys)
+    finally:
+        for s in streams:
+            s.close()
+
+
+def test_nack_delay_postpones_redelivery(shared_server: ServerProcess, names: Any) -> None:
+    pub, sub, topic, name = _setup(shared_server, names, pubsubd_nack_delay_seconds="2")
+    pub.publish(topic, b"later").result(timeout=30)
+    first = sub.pull(subscription=name, max_messages=1, timeout=10).received_messages[0]
+    sub.modify_ack_deadline(subscription=name, ack_ids=[first.ack_id], ack_deadline_seconds=0)
+    nacked = time.monotonic()
+    again = sub.pull(subscription=name, max_messages=1, timeout=15).received_messages
+    assert again and again[0].message.data == b"later"
+    assert time.monotonic() - nacked >= 1.8
+
+
+def test_subscription_outstanding_cap_pauses_dispatch(
+    shared_server: ServerProcess, names: Any
+) -> None:
+    pub, _, topic, name = _setup(shared_server, names, pubsubd_max_outstanding_messages="3")
+    for i in range(10):
+        pub.publish(topic, f"m{i}".encode()).result(timeout=30)
+    a = _stream(shared_server, name, "a", 100)
+    b = _stream(shared_server, name, "b", 100)
+    try:
+        got = a.receive_within(1.0) + b.receive_within(1.0)
+        assert len(got) == 3
+        _ack(a, [m for m in got if m in got[:3]])
+        _ack(b, got)
+        more = a.receive_within(1.5) + b.receive_within(0.5)
+        assert len(more) == 3
+    finally:
+        a.close()
+        b.close()
+
+
+def test_delayed_delivery_by_attribute(server: ServerProcess, names: Any) -> None:
+    pub, sub, topic, name = _setup(server, names)
+    at = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=3)).isoformat().replace("+00:00", "Z")
+    pub.publish(topic, b"after", **{"pubsubd.deliver_after": "2"}).result(timeout=30)
+    pub.publish(topic, b"at", **{"pubsubd.deliver_at": at}).result(timeout=30)
+    pub.publish(topic, b"now").result(timeout=30)
+    published = time.monotonic()
+    first = sub.pull(subscription=name, max_messages=10, timeout=10).received_messages
+    assert [m.message.data for m in first] == [b"now"]
+    sub.acknowledge(subscription=name, ack_ids=[m.ack_id for m in first])
+    got: list[bytes] = []
+    while len(got) < 2 and time.monotonic() - published < 15:
+        resp = sub.pull(subscription=name, max_messages=10, timeout=10)
+        got += [m.message.data for m in resp.received_messages]
+        if resp.received_messages:
+            sub.acknowledge(subscription=name, ack_ids=[m.ack_id for m in resp.received_messages])
+    assert sorted(got) == [b"after", b"at"]
+    assert time.monotonic() - published >= 1.8
+
+
+def test_delayed_messages_survive_restart(server: ServerProcess, names: Any) -> None:
+    pub, sub, topic, name = _setup(server, names)
+    pub.publish(topic, b"delayed", **{"pubsubd.deliver_after": "3"}).result(timeout=30)
+    published = time.monotonic()
+    port = server.port
+    server.kill()
+    server.start(port=port)
+    sub = make_subscriber(server.endpoint)
+    resp = sub.pull(subscription=name, max_messages=1, timeout=15)
+    assert [m.message.data for m in resp.received_messages] == [b"delayed"]
+    assert time.monotonic() - published >= 2.8
+
+
+def test_bad_delay_attributes_are_rejected(shared_server: ServerProcess, names: Any) -> None:
+    pub = make_publisher(shared_server.endpoint)
+    topic = names.topic()
+    pub.create_topic(name=topic)
+    for attrs in (
+        {"pubsubd.deliver_after": "soon"},
+        {"pubsubd.deliver_at": "tomorrow"},
+        {"pubsubd.deliver_at": "2030-01-01T00:00:00"},
+    ):
+        with pytest.raises(exceptions.InvalidArgument) as e:
+            pub.publish(topic, b"x", **attrs).result(timeout=30)
+        assert next(iter(attrs)) in str(e.value)
