@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 # INVALID_ARGUMENT from validation instead of a transport error the client would retry.
 MAX_RECEIVE_BYTES = 32 << 20
 MAX_SEND_BYTES = 32 << 20
+# How often evict_oldest backlog quotas are enforced.
+QUOTA_CHECK_S = 1.0
 
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
@@ -71,11 +73,13 @@ class PubsubServer:
         self.port = 0
         self.http_port = 0
         self._stopped = asyncio.Event()
+        self._quota_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self.catalog.load()
         self.publishing.start()
         self.maintenance.start()
+        self._quota_task = asyncio.create_task(self._quota_loop(), name="quota_loop")
         server = grpc.aio.server(options=GRPC_OPTIONS)
         server.add_generic_rpc_handlers(
             [
@@ -103,6 +107,8 @@ class PubsubServer:
     async def stop(self) -> None:
         """End streams with UNAVAILABLE, finish in-flight RPCs, then close storage cleanly."""
         await self.maintenance.close()
+        if self._quota_task is not None:
+            self._quota_task.cancel()
         await self.subscribing.close()
         if self.grpc_server is not None:
             await self.grpc_server.stop(self.config.shutdown_grace_s)
@@ -110,6 +116,15 @@ class PubsubServer:
         await self.publishing.close()
         self.store.close()
         self._stopped.set()
+
+    async def _quota_loop(self) -> None:
+        """Backlog quotas with evict_oldest are applied every QUOTA_CHECK_S."""
+        while True:
+            await asyncio.sleep(QUOTA_CHECK_S)
+            try:
+                self.catalog.enforce_eviction()
+            except Exception:
+                log.exception("backlog quota eviction failed")
 
     def status(self) -> dict[str, Any]:
         return {

@@ -14,7 +14,7 @@ from google.api_core import exceptions
 
 from pubsubd.core import pb
 from tests.conftest import make_publisher, make_subscriber
-from tests.support.raw import RawStream, sub_status
+from tests.support.raw import RawStream, gapic_publisher, sub_status
 from tests.support.server import ServerProcess, wait_for
 
 pytestmark = pytest.mark.integration
@@ -231,3 +231,45 @@ def test_bad_delay_attributes_are_rejected(shared_server: ServerProcess, names: 
         with pytest.raises(exceptions.InvalidArgument) as e:
             pub.publish(topic, b"x", **attrs).result(timeout=30)
         assert next(iter(attrs)) in str(e.value)
+
+
+def test_backlog_quota_blocks_publishers(shared_server: ServerProcess, names: Any) -> None:
+    pub, sub = make_publisher(shared_server.endpoint), make_subscriber(shared_server.endpoint)
+    topic, name = names.topic(), names.subscription()
+    pub.create_topic(request={"name": topic, "labels": {"pubsubd-backlog-quota-messages": "5"}})
+    sub.create_subscription(name=name, topic=topic)
+    for i in range(5):
+        pub.publish(topic, f"m{i}".encode()).result(timeout=30)
+    # The generated client, one RPC with retry=None: no client retry of RESOURCE_EXHAUSTED.
+    gapic = gapic_publisher(shared_server.endpoint)
+    with pytest.raises(exceptions.ResourceExhausted) as e:
+        gapic.publish(
+            request={"topic": topic, "messages": [{"data": b"over"}]},
+            retry=None,
+            timeout=10,
+        )
+    assert name in str(e.value) and "pubsubd-backlog-quota-messages" in str(e.value)
+    resp = sub.pull(subscription=name, max_messages=5, timeout=10)
+    sub.acknowledge(subscription=name, ack_ids=[m.ack_id for m in resp.received_messages])
+    gapic.publish(request={"topic": topic, "messages": [{"data": b"fits"}]}, timeout=10)
+
+
+def test_backlog_quota_evicts_oldest(shared_server: ServerProcess, names: Any) -> None:
+    pub, sub = make_publisher(shared_server.endpoint), make_subscriber(shared_server.endpoint)
+    topic, name = names.topic(), names.subscription()
+    pub.create_topic(name=topic)
+    sub.create_subscription(
+        request={
+            "name": name,
+            "topic": topic,
+            "labels": {
+                "pubsubd-backlog-quota-messages": "3",
+                "pubsubd-backlog-policy": "evict_oldest",
+            },
+        }
+    )
+    for i in range(10):
+        pub.publish(topic, f"m{i}".encode()).result(timeout=30)
+    wait_for(lambda: sub_status(shared_server, name)["backlog"] <= 3, 10, "eviction to 3")
+    resp = sub.pull(subscription=name, max_messages=10, timeout=10)
+    assert [m.message.data for m in resp.received_messages] == [b"m7", b"m8", b"m9"]

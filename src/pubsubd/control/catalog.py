@@ -17,11 +17,13 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pubsubd.control import quotas
 from pubsubd.core import names, pb, validation
 from pubsubd.core.errors import (
     AlreadyExists,
     InvalidArgument,
     NotFound,
+    ResourceExhausted,
     SubscriptionNotFound,
     TopicNotFound,
 )
@@ -74,6 +76,7 @@ SUBSCRIPTION_UPDATABLE = frozenset(
 class TopicEntry:
     record: TopicRecord
     topic: Any  # google.pubsub.v1.Topic
+    quota: quotas.BacklogQuota | None = None  # from the topic's labels
 
 
 @dataclass(slots=True)
@@ -143,6 +146,49 @@ class Catalog:
         # subscription name -> time.monotonic() of its last use (expiration_policy)
         self.activity: dict[str, float] = {}
 
+    # --- backlog quotas -------------------------------------------------------------------------
+
+    def _quotas_of(self, topic: TopicEntry) -> list[tuple[Any, quotas.BacklogQuota]]:
+        """(dispatcher, effective quota) of the topic's subscriptions that have one."""
+        out = []
+        for name in self._subs_by_topic_uid.get(topic.record.uid, ()):
+            d = self.subscribing.dispatchers.get(name)
+            if d is None:
+                continue
+            quota = d.settings.quota or topic.quota
+            if quota is not None:
+                out.append((d, quota))
+        return out
+
+    def check_backlog_quota(self, topic: TopicEntry) -> None:
+        """Before a publish: refuse it while a subscription is over a block_publishers quota."""
+        now_us = time.time_ns() // 1000
+        for d, quota in self._quotas_of(topic):
+            if quota.policy is not quotas.Policy.BLOCK_PUBLISHERS:
+                continue
+            over = quotas.exceeded(quota, d.backlog_stats(now_us))
+            if over is not None:
+                raise ResourceExhausted(
+                    f"backlog quota exceeded: subscription {d.name} has {over}; "
+                    "publishing is blocked until it catches up"
+                )
+
+    def enforce_eviction(self) -> int:
+        """evict_oldest quotas: ack the oldest messages of over-quota subscriptions."""
+        evicted = 0
+        now_us = time.time_ns() // 1000
+        for topic in list(self.topics.values()):
+            for d, quota in self._quotas_of(topic):
+                if quota.policy is not quotas.Policy.EVICT_OLDEST:
+                    continue
+                backlog = d.backlog_stats(now_us)
+                average = backlog.bytes / backlog.messages if backlog.messages else 0.0
+                count = quotas.excess_messages(quota, backlog, average)
+                cutoff = now_us - quota.age_s * 1_000_000 if quota.age_s else None
+                if count or (cutoff is not None and backlog.oldest_age_s > quota.age_s):
+                    evicted += d.evict_oldest(count, cutoff)
+        return evicted
+
     def _topic_uid(self, name: str) -> str | None:
         entry = self.topics.get(name)
         return entry.record.uid if entry is not None else None
@@ -152,7 +198,8 @@ class Catalog:
     def load(self) -> None:
         """Restore topics, subscriptions and their ack state from the metadata store."""
         for t in self.store.load_topics():
-            self._add_topic(TopicEntry(t, pb.Topic.FromString(t.body)))
+            topic = pb.Topic.FromString(t.body)
+            self._add_topic(TopicEntry(t, topic, quotas.parse(topic.labels)))
             self.publishing.open_topic(t.uid)
         for s in self.store.load_subscriptions():
             self._add_subscription(SubscriptionEntry(s, pb.Subscription.FromString(s.body)))
@@ -181,6 +228,7 @@ class Catalog:
 
     def create_topic(self, topic: Any) -> Any:
         validation.topic(topic)
+        quota = quotas.parse(topic.labels)
         if topic.name in self.topics:
             raise AlreadyExists("topic", topic.name)
         stored = pb.Topic()
@@ -189,7 +237,7 @@ class Catalog:
         stored.state = pb.Topic.State.ACTIVE
         record = TopicRecord(topic.name, uuid.uuid4().hex, stored.SerializeToString())
         self.store.put_topic(record)
-        self._add_topic(TopicEntry(record, stored))
+        self._add_topic(TopicEntry(record, stored, quota))
         self.publishing.open_topic(record.uid)
         self.snapshots.refresh_pins(record.uid)
         return stored
@@ -208,9 +256,11 @@ class Catalog:
         updated.CopyFrom(entry.topic)
         _apply_mask(paths, topic, updated)
         validation.topic(updated)
+        quota = quotas.parse(updated.labels)
         entry.record.body = updated.SerializeToString()
         self.store.put_topic(entry.record)
         entry.topic = updated
+        entry.quota = quota
         self.snapshots.refresh_pins(entry.record.uid)
         return updated
 

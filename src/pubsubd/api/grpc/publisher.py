@@ -81,6 +81,7 @@ class PublisherServicer:
         names.topic(request.topic)
         entry = self.catalog.topic(request.topic)
         validation.publish_request(request, len(raw))
+        self.catalog.check_backlog_quota(entry)
         count = len(request.messages)
         uid = entry.record.uid
         started = time.perf_counter()

@@ -13,6 +13,7 @@ page-cache preads), so no two deliveries interleave and no lock is needed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import heapq
 import logging
@@ -23,6 +24,7 @@ from typing import Any
 
 from pubsubd.acks.cursor import CursorState
 from pubsubd.acks.journal import AckJournal
+from pubsubd.control import quotas
 from pubsubd.core import filters, ids, wire
 from pubsubd.core.errors import FailedPrecondition
 from pubsubd.data.publish.forwarder import PublishingForwarder
@@ -573,6 +575,51 @@ class SubscriptionDispatcher:
         self.schedule_pump()
 
     # --- state --------------------------------------------------------------------------------
+
+    def backlog_stats(self, now_us: int) -> quotas.Backlog:
+        """Unacked messages, their estimated bytes and the age of the oldest (backlog quotas)."""
+        messages = 0
+        size = 0.0
+        oldest_us = now_us
+        for source, log_ in enumerate(self.sources.logs):
+            cursor = self.journal.cursors.get(source)
+            if cursor is None:
+                continue
+            unacked = cursor.unacked_count(log_.end_offset)
+            messages += unacked
+            stats = log_.stats()
+            retained = stats["end_offset"] - stats["start_offset"]
+            if retained > 0:
+                size += unacked * stats["bytes"] / retained
+            first = cursor.next_unacked(cursor.mark_delete)
+            if first < log_.committed_offset:
+                with contextlib.suppress(OffsetOutOfRange):
+                    oldest_us = min(oldest_us, log_.entry_at(first).publish_time_us)
+        return quotas.Backlog(messages, int(size), max(0.0, (now_us - oldest_us) / 1e6))
+
+    def evict_oldest(self, count: int, older_than_us: int | None = None) -> int:
+        """Acknowledge the ``count`` oldest unacked messages, and any published before
+        ``older_than_us`` (backlog quota ``evict_oldest``); return how many."""
+        evicted: list[int] = []
+        for source, log_ in enumerate(self.sources.logs):
+            cursor = self.journal.cursors.get(source)
+            if cursor is None:
+                continue
+            offset = cursor.next_unacked(cursor.mark_delete)
+            while offset < log_.committed_offset:
+                if len(evicted) >= count:
+                    if older_than_us is None:
+                        break
+                    try:
+                        if log_.entry_at(offset).publish_time_us >= older_than_us:
+                            break
+                    except OffsetOutOfRange:
+                        break
+                evicted.append(ids.position(source, offset))
+                offset = cursor.next_unacked(offset + 1)
+        if evicted:
+            self._ack_positions(evicted)
+        return len(evicted)
 
     def backlog(self) -> int:
         """Messages not yet acked (delivered or not)."""

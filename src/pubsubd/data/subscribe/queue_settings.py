@@ -11,6 +11,7 @@ digits, ``-`` and ``_``):
 | pubsubd-max-outstanding-messages            | cap on delivered, unacked messages       |
 | pubsubd-max-outstanding-bytes               | the same cap in bytes                    |
 | pubsubd-consumer-max-outstanding-messages   | cap per consumer (stream or Pull)        |
+| pubsubd-backlog-quota-*, pubsubd-backlog-policy | backlog quota (control/quotas.py)    |
 
 Subscription types: *shared* hands each message to one consumer, round-robin, message by
 message; *exclusive* admits one StreamingPull client (by ``client_id``) and refuses others with
@@ -25,6 +26,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pubsubd.control import quotas
 from pubsubd.core.errors import InvalidArgument
 
 PREFIX = "pubsubd-"
@@ -41,6 +43,7 @@ KNOWN = frozenset(
         MAX_OUTSTANDING_BYTES_LABEL,
         CONSUMER_MAX_OUTSTANDING_LABEL,
     }
+    | quotas.LABELS
 )
 MAX_NACK_DELAY_S = 600
 
@@ -59,6 +62,7 @@ class QueueSettings:
     max_outstanding_messages: int = 0  # 0 = no cap
     max_outstanding_bytes: int = 0
     consumer_max_outstanding_messages: int = 0
+    quota: quotas.BacklogQuota | None = None  # the subscription's own backlog quota, if any
 
 
 def _int(labels: Mapping[str, str], key: str, low: int, high: int) -> int:
@@ -93,4 +97,5 @@ def parse(labels: Mapping[str, str]) -> QueueSettings:
         max_outstanding_messages=_int(labels, MAX_OUTSTANDING_MESSAGES_LABEL, 1, big),
         max_outstanding_bytes=_int(labels, MAX_OUTSTANDING_BYTES_LABEL, 1, big),
         consumer_max_outstanding_messages=_int(labels, CONSUMER_MAX_OUTSTANDING_LABEL, 1, big),
+        quota=quotas.parse(labels),
     )
