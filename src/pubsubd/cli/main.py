@@ -129,13 +129,44 @@ def _api_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
 @topics_app.command("create")
 def topics_create(
     name: str,
+    retention: Annotated[
+        int, typer.Option(help="message retention in seconds (600-2678400; 0 = none)")
+    ] = 0,
+    backlog_quota_messages: Annotated[
+        int, typer.Option(help="backlog quota per subscription, in messages (0 = none)")
+    ] = 0,
+    backlog_quota_bytes: Annotated[int, typer.Option(help="backlog quota in bytes")] = 0,
+    backlog_quota_age: Annotated[int, typer.Option(help="backlog quota: oldest age, s")] = 0,
+    backlog_policy: Annotated[
+        str, typer.Option(help="block_publishers or evict_oldest")
+    ] = "block_publishers",
     endpoint: Endpoint = "127.0.0.1:8085",
     project: Project = "local",
     as_json: AsJson = False,
 ) -> None:
+    """Create a topic, optionally with retention and a backlog quota (stored as labels)."""
     pub, _ = _clients(endpoint)
-    t = _api_call(pub.create_topic, name=_name(project, "topics", name))
-    _emit([{"name": t.name}], ["name"], as_json)
+    labels = _quota_labels(
+        backlog_quota_messages, backlog_quota_bytes, backlog_quota_age, backlog_policy
+    )
+    request: dict[str, Any] = {"name": _name(project, "topics", name), "labels": labels}
+    if retention:
+        request["message_retention_duration"] = {"seconds": retention}
+    t = _api_call(pub.create_topic, request=request)
+    _emit([{"name": t.name, "labels": dict(t.labels)}], ["name", "labels"], as_json)
+
+
+def _quota_labels(messages: int, size: int, age: int, policy: str) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    if messages:
+        labels["pubsubd-backlog-quota-messages"] = str(messages)
+    if size:
+        labels["pubsubd-backlog-quota-bytes"] = str(size)
+    if age:
+        labels["pubsubd-backlog-quota-age-seconds"] = str(age)
+    if labels:
+        labels["pubsubd-backlog-policy"] = policy
+    return labels
 
 
 @topics_app.command("list")
@@ -165,19 +196,56 @@ def subscriptions_create(
     name: str,
     topic: Annotated[str, typer.Option(help="topic to subscribe to")],
     ack_deadline: Annotated[int, typer.Option(help="ack deadline in seconds (10-600)")] = 10,
+    type_: Annotated[
+        str, typer.Option("--type", help="shared, exclusive, failover or key_shared")
+    ] = "shared",
+    filter_: Annotated[str, typer.Option("--filter", help="Google filter on attributes")] = "",
+    ordering: Annotated[bool, typer.Option(help="deliver each ordering key in order")] = False,
+    exactly_once: Annotated[bool, typer.Option(help="exactly-once delivery")] = False,
+    dead_letter_topic: Annotated[str, typer.Option(help="topic for undeliverable messages")] = "",
+    max_delivery_attempts: Annotated[int, typer.Option(help="before dead-lettering (5-100)")] = 5,
+    min_backoff: Annotated[float, typer.Option(help="retry policy minimum backoff, s")] = 0,
+    max_backoff: Annotated[float, typer.Option(help="retry policy maximum backoff, s")] = 0,
+    nack_delay: Annotated[int, typer.Option(help="wait before redelivering a nack, s")] = 0,
+    max_outstanding: Annotated[
+        int, typer.Option(help="cap on delivered, unacked messages (0 = none)")
+    ] = 0,
+    retain_acked: Annotated[bool, typer.Option(help="keep acked messages for Seek")] = False,
     endpoint: Endpoint = "127.0.0.1:8085",
     project: Project = "local",
     as_json: AsJson = False,
 ) -> None:
+    """Create a subscription; queue settings (--type, --nack-delay, --max-outstanding) are
+    stored as pubsubd-* labels, everything else is a google.pubsub.v1 field."""
     _, sub = _clients(endpoint)
-    s = _api_call(
-        sub.create_subscription,
-        request={
-            "name": _name(project, "subscriptions", name),
-            "topic": _name(project, "topics", topic),
-            "ack_deadline_seconds": ack_deadline,
-        },
-    )
+    labels: dict[str, str] = {}
+    if type_ != "shared":
+        labels["pubsubd-subscription-type"] = type_
+    if nack_delay:
+        labels["pubsubd-nack-delay-seconds"] = str(nack_delay)
+    if max_outstanding:
+        labels["pubsubd-max-outstanding-messages"] = str(max_outstanding)
+    request: dict[str, Any] = {
+        "name": _name(project, "subscriptions", name),
+        "topic": _name(project, "topics", topic),
+        "ack_deadline_seconds": ack_deadline,
+        "labels": labels,
+        "filter": filter_,
+        "enable_message_ordering": ordering,
+        "enable_exactly_once_delivery": exactly_once,
+        "retain_acked_messages": retain_acked,
+    }
+    if dead_letter_topic:
+        request["dead_letter_policy"] = {
+            "dead_letter_topic": _name(project, "topics", dead_letter_topic),
+            "max_delivery_attempts": max_delivery_attempts,
+        }
+    if min_backoff or max_backoff:
+        request["retry_policy"] = {
+            "minimum_backoff": {"seconds": int(min_backoff)},
+            "maximum_backoff": {"seconds": int(max_backoff or 600)},
+        }
+    s = _api_call(sub.create_subscription, request=request)
     _emit(
         [{"name": s.name, "topic": s.topic, "ack_deadline_seconds": s.ack_deadline_seconds}],
         ["name", "topic", "ack_deadline_seconds"],
@@ -215,6 +283,9 @@ def publish(
         list[str] | None, typer.Option("--attribute", "-a", help="key=value, repeatable")
     ] = None,
     ordering_key: Annotated[str, typer.Option(help="ordering key")] = "",
+    deliver_after: Annotated[
+        float, typer.Option(help="deliver no earlier than this many seconds from now")
+    ] = 0,
     endpoint: Endpoint = "127.0.0.1:8085",
     project: Project = "local",
     as_json: AsJson = False,
@@ -226,6 +297,8 @@ def publish(
         if not sep:
             _fail(ValueError(f"--attribute {a!r}: expected key=value"))
         attrs[key] = value
+    if deliver_after:
+        attrs["pubsubd.deliver_after"] = f"{deliver_after:g}"
     pub, _ = _clients(endpoint)
     messages = [
         {"data": m.encode(), "attributes": attrs, "ordering_key": ordering_key} for m in message
