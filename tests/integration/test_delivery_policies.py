@@ -211,3 +211,20 @@ def test_exactly_once_ack_with_response_through_subscribe(
     assert all(v == "ok" for v in results.values()), results
     resp = sub.pull(subscription=name, max_messages=25, return_immediately=True, timeout=10)
     assert not resp.received_messages
+
+
+def test_ack_ids_from_before_a_seek_ack_nothing(shared_server: ServerProcess, names: Any) -> None:
+    import datetime as dt
+
+    pub, sub = make_publisher(shared_server.endpoint), make_subscriber(shared_server.endpoint)
+    topic, name = names.topic(), names.subscription()
+    pub.create_topic(name=topic)
+    sub.create_subscription(request={"name": name, "topic": topic, "retain_acked_messages": True})
+    before = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=5)
+    pub.publish(topic, b"replay").result(timeout=30)
+    old = _pull_one(sub, name)
+    sub.seek(request={"subscription": name, "time": before})
+    sub.acknowledge(subscription=name, ack_ids=[old.ack_id])  # stale: must not ack
+    again = _pull_one(sub, name)
+    assert again.message.data == b"replay"
+    sub.acknowledge(subscription=name, ack_ids=[again.ack_id])

@@ -65,6 +65,8 @@ class SubscriptionDispatcher:
         self.journal = journal
         self.resolve_topic = resolve_topic  # topic name -> storage uid (dead-letter topics)
         self.leases = LeaseTable()
+        # Ack IDs with a lease generation below this predate the last Seek and ack nothing.
+        self.generation_floor = 0
         self.ordering = KeyOrdering()
         self.consumers: dict[int, Consumer] = {}
         self._order: list[int] = []  # consumer ids in round-robin order
@@ -562,6 +564,7 @@ class SubscriptionDispatcher:
             consumer.outstanding = 0
             consumer.outstanding_bytes = 0
             consumer.stalled = False
+        self.generation_floor = self.leases.next_generation
         self.leases.clear()
         self._outstanding_bytes = 0
         self.ordering.clear()

@@ -117,8 +117,10 @@ class SubscribingForwarder:
 
     def acknowledge(self, name: str, ack_ids: list[str]) -> None:
         d = self.dispatcher(name)
-        positions = [d.decode(a)[0] for a in ack_ids]
-        d.acknowledge(positions)
+        decoded = [d.decode(a) for a in ack_ids]
+        # Ack IDs issued before a Seek no longer ack anything (their deliveries were undone).
+        floor = d.generation_floor
+        d.acknowledge([pos for pos, generation in decoded if generation >= floor])
 
     def modify_ack_deadline(self, name: str, ack_ids: list[str], seconds: int) -> None:
         modify_deadline(seconds)

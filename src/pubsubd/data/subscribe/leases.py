@@ -57,6 +57,11 @@ class LeaseTable:
         self._attempts[pos] = self._attempts.get(pos, 0) + 1
         return lease
 
+    @property
+    def next_generation(self) -> int:
+        """The generation the next grant gets (generations only grow, even across clear)."""
+        return self._next_generation
+
     def attempts(self, pos: int) -> int:
         return self._attempts.get(pos, 0)
 
