@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -63,13 +64,14 @@ def test_cli_creates_queue_subscriptions_and_delayed_messages(
     assert s.enable_message_ordering
     assert s.dead_letter_policy.dead_letter_topic == "projects/cli/topics/cli-dead"
     assert s.retry_policy.minimum_backoff.total_seconds() == 1
-    _cli(shared_server, "publish", "cli-orders", "soon", "-a", "kind=order", "--deliver-after", "1")
-    pulled = _cli(shared_server, "pull", "cli-worker", "--ack")
-    assert pulled == []  # delayed
+    _cli(shared_server, "publish", "cli-orders", "soon", "-a", "kind=order", "--deliver-after", "3")
     got: list[Any] = []
     for _ in range(20):
         got = _cli(shared_server, "pull", "cli-worker", "--ack", "--wait")
         if got:
             break
+    received = dt.datetime.now(dt.UTC)
     assert [m["data"] for m in got] == ["soon"]
-    assert got[0]["attributes"]["pubsubd.deliver_after"] == "1"
+    assert got[0]["attributes"]["pubsubd.deliver_after"] == "3"
+    published = dt.datetime.fromisoformat(got[0]["publish_time"])
+    assert (received - published).total_seconds() >= 2.9  # not delivered before its time
