@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test check bench bench-quick clean
+.PHONY: run test check bench bench-quick clean proto
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,15 @@ check: $(VENV)/.installed-test
 ## Benchmarks against pubsubd and Google's emulator; results printed and saved under bench/results.
 bench: $(VENV)/.installed-test
 	$(BIN)/python -m bench.run $(ARGS)
+
+## Regenerate src/pubsubd/_gen from proto/ (committed; needs grpcio-tools in a separate venv so
+## the project's protobuf runtime is left alone).
+PROTOC_VENV ?= .venv-protoc
+proto:
+	test -x $(PROTOC_VENV)/bin/python || ($(PYTHON) -m venv $(PROTOC_VENV) && $(PROTOC_VENV)/bin/pip install --quiet 'grpcio-tools>=1.85,<2')
+	rm -rf src/pubsubd/_gen && mkdir -p src/pubsubd/_gen
+	$(PROTOC_VENV)/bin/python -m grpc_tools.protoc -Iproto --python_out=src/pubsubd/_gen --pyi_out=src/pubsubd/_gen proto/pubsubd/v1/replay.proto
+	$(PYTHON) proto/postprocess.py src/pubsubd/_gen
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

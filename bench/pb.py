@@ -35,9 +35,27 @@ STREAMING_PULL = f"/{SUBSCRIBER}/StreamingPull"
 ACKNOWLEDGE = f"/{SUBSCRIBER}/Acknowledge"
 
 
-def publish_request(topic: str, count: int, size: int) -> bytes:
-    """A serialized PublishRequest of ``count`` messages of ``size`` data bytes each."""
+# Attribute sets of the feature workloads (bench/workloads.py), by message index in a request.
+ATTRIBUTES: dict[str, Any] = {
+    "": lambda i: {},
+    # two attributes; "half" alternates, so the filter attributes.half = "yes" matches half
+    "half": lambda i: {"half": "yes" if i % 2 else "no", "origin": "bench"},
+    # delayed-delivery path, due at once
+    "delay": lambda i: {"pubsubd.deliver_after": "0"},
+}
+HALF_FILTER = 'attributes.half = "yes"'
+
+
+def publish_request(
+    topic: str, count: int, size: int, attributes: str = "", ordering_key: str = ""
+) -> bytes:
+    """A serialized PublishRequest of ``count`` messages of ``size`` data bytes each, with the
+    attribute set ``attributes`` (see ATTRIBUTES) and one ordering key for all of them."""
     data = b"x" * size
+    attrs = ATTRIBUTES[attributes]
     request = PublishRequest(topic=topic)
-    request.messages.extend(PubsubMessage(data=data) for _ in range(count))
+    request.messages.extend(
+        PubsubMessage(data=data, attributes=attrs(i), ordering_key=ordering_key)
+        for i in range(count)
+    )
     return bytes(request.SerializeToString())

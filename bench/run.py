@@ -51,6 +51,12 @@ class Workload:
     quick: dict[str, Any]
     targets: tuple[str, ...] = ALL_TARGETS
     latency: bool = False  # reports percentiles instead of a rate
+    # Workloads whose rate is compared with other workloads' of the same session (feature cost).
+    baselines: tuple[str, ...] = ()
+    # Figures reported in a table of their own instead of a rate (the names workloads).
+    report: tuple[str, ...] = ()
+    # Run without --only (the names workloads take many minutes: only when asked for).
+    in_default: bool = True
 
     def params(self, quick: bool) -> dict[str, Any]:
         return self.quick if quick else self.full
@@ -60,6 +66,8 @@ class Workload:
         p = self.params(quick)
         if self.latency:
             return float(p["duration_s"] + p["warmup_s"] + 45)
+        if self.report:  # creating is bounded by time_limit_s, and so is cleaning up
+            return float(2 * p["time_limit_s"] + p.get("idle_s", 0) + 60)
         return float(p["time_limit_s"] + 30)
 
 
@@ -80,6 +88,80 @@ def _publish_raw(size: int, label: str, count: int) -> Workload:
         f"Publish {label}, raw gRPC (1000-msg requests, 4 in flight)",
         {"size": size, "count": count, "batch": 1000, "concurrency": 4, "time_limit_s": 3.0},
         {"size": size, "count": count, "batch": 1000, "concurrency": 4, "time_limit_s": 1.5},
+    )
+
+
+FEATURE_TARGETS = ("pubsubd",)  # the emulator ignores filters and delays
+DRAIN_PLAIN = "drain-raw"
+PUBLISH_PLAIN = "publish-raw-100B"
+
+
+def _drain_feature(name: str, title: str, baselines: tuple[str, ...], **extra: Any) -> Workload:
+    """A raw drain (like drain-raw) with a delivery feature, compared with plainer drains."""
+    return Workload(
+        name,
+        "drain_raw",
+        title,
+        {"count": 100_000, "size": 100, "max_messages": 5000, "time_limit_s": 30.0, **extra},
+        {"count": 20_000, "size": 100, "max_messages": 5000, "time_limit_s": 15.0, **extra},
+        targets=FEATURE_TARGETS,
+        baselines=baselines,
+    )
+
+
+def _publish_feature(name: str, attributes: str, title: str) -> Workload:
+    params = {"size": 100, "count": 10_000_000, "batch": 1000, "concurrency": 4}
+    return Workload(
+        name,
+        "publish_raw",
+        title,
+        {**params, "time_limit_s": 3.0, "attributes": attributes},
+        {**params, "time_limit_s": 1.5, "attributes": attributes},
+        targets=FEATURE_TARGETS,
+        baselines=(PUBLISH_PLAIN,),
+    )
+
+
+NAMES_REPORT = (
+    "create_topics_per_s",
+    "create_subs_per_s",
+    "list_topics_per_s",
+    "list_subs_per_s",
+    "delete_subs_per_s",
+    "delete_topics_per_s",
+    "create_topics_server_cpu_pct",
+    "create_topics_client_cpu_pct",
+    "create_subs_server_cpu_pct",
+    "create_subs_client_cpu_pct",
+    "delete_subs_server_cpu_pct",
+    "delete_topics_server_cpu_pct",
+    "rss_mb_before",
+    "rss_mb_created",
+    "rss_mb_per_1k_names",
+    "fds_before",
+    "fds_created",
+    "data_mb_before",
+    "data_mb_created",
+    "data_entries_created",
+    "idle_server_cpu_pct",
+    "rss_mb_deleted",
+    "fds_deleted",
+    "data_mb_deleted",
+    "data_entries_deleted",
+)
+
+
+def _names(name: str, title: str, topics: int, subs_per_topic: int, quick_topics: int) -> Workload:
+    params = {"subs_per_topic": subs_per_topic, "threads": 16, "idle_s": 6.0}
+    return Workload(
+        name,
+        "names",
+        title,
+        {**params, "topics": topics, "time_limit_s": 1500.0},
+        {**params, "topics": quick_topics, "time_limit_s": 300.0},
+        targets=("pubsubd", "emulator"),
+        report=NAMES_REPORT,
+        in_default=False,
     )
 
 
@@ -113,6 +195,49 @@ WORKLOADS: tuple[Workload, ...] = (
         {"count": 20_000, "size": 100, "max_messages": 5000, "time_limit_s": 8.0},
         targets=CORE_TARGETS,
     ),
+    _drain_feature(
+        "drain-raw-attrs",
+        "drain-raw with 2 attributes per message (no filter): the baseline of the filter",
+        (DRAIN_PLAIN,),
+        attributes="half",
+    ),
+    _drain_feature(
+        "drain-raw-filter",
+        'drain-raw through the filter attributes.half = "yes" (matches half; 2 attributes)',
+        (DRAIN_PLAIN, "drain-raw-attrs"),
+        attributes="half",
+        filter_half=True,
+    ),
+    _drain_feature(
+        "drain-raw-b100",
+        "drain-raw of a backlog published in 100-message requests: the baseline of ordering",
+        (DRAIN_PLAIN,),
+        batch=100,
+    ),
+    _drain_feature(
+        "drain-raw-ordered",
+        "drain-raw with enable_message_ordering, 100 keys (one per 100-message request)",
+        (DRAIN_PLAIN, "drain-raw-b100"),
+        batch=100,
+        keys=100,
+        ordering=True,
+    ),
+    _drain_feature(
+        "drain-raw-delay",
+        'drain-raw of messages with "pubsubd.deliver_after" = "0" (delay path, due at once)',
+        (DRAIN_PLAIN,),
+        attributes="delay",
+    ),
+    _publish_feature(
+        "publish-raw-attrs", "half", "Publish 100 B + 2 attributes, raw gRPC (1000-msg requests)"
+    ),
+    _publish_feature(
+        "publish-raw-delay",
+        "delay",
+        'Publish 100 B + "pubsubd.deliver_after" = "0", raw gRPC (1000-msg requests)',
+    ),
+    _names("names-1sub", "Topics with one subscription each", 100_000, 1, 10_000),
+    _names("names-100subs", "Topics with 100 subscriptions each", 1_000, 100, 100),
 )
 
 # Warm-up per target (JIT, caches, connections): not reported.
@@ -203,6 +328,12 @@ def log(text: str) -> None:
 
 
 def headline(w: Workload, r: dict[str, Any]) -> str:
+    if w.report:
+        return (
+            f"create {r.get('create_topics_per_s', 0):,.0f} topics/s, "
+            f"{r.get('create_subs_per_s', 0):,.0f} subs/s; RSS {r.get('rss_mb_created', 0):,.0f} "
+            f"MB, {r.get('fds_created', '-')} fds; complete={r.get('complete')}"
+        )
     if w.latency:
         return f"p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, lost {r['lost']}"
     done = "" if r.get("complete", True) else f" (time-bounded: {r['messages']:,} msgs)"
@@ -258,7 +389,16 @@ def _rotate(keys: list[str], run: int) -> list[str]:
 
 # --- summarising -------------------------------------------------------------------------------
 
-THROUGHPUT_KEYS = ("msgs_per_s", "mb_per_s", "server_cpu_pct", "client_cpu_pct", "other_cpu_pct")
+THROUGHPUT_KEYS = (
+    "msgs_per_s",
+    "mb_per_s",
+    "backlog_per_s",
+    "server_cpu_pct",
+    "client_cpu_pct",
+    "other_cpu_pct",
+    "order_violations",
+    "duplicates",
+)
 LATENCY_KEYS = (
     "p50_ms",
     "p90_ms",
@@ -277,7 +417,7 @@ def summarise(workloads: list[Workload], measurements: list[Measurement]) -> dic
     """Per workload and target: median/min/max of each figure; ratios of pubsubd's medians."""
     summary: dict[str, Any] = {}
     for w in workloads:
-        keys = LATENCY_KEYS if w.latency else THROUGHPUT_KEYS
+        keys = w.report or (LATENCY_KEYS if w.latency else THROUGHPUT_KEYS)
         per_target: dict[str, Any] = {}
         for target in w.targets:
             ok = [m for m in measurements if m.workload == w.name and m.target == target and m.ok]
@@ -345,7 +485,7 @@ def _ratio(summary: dict[str, Any], name: str, other: str, metric: str) -> str:
 
 def markdown(summary: dict[str, Any], workloads: list[Workload], targets: list[str]) -> str:
     lines: list[str] = []
-    rate = [w for w in workloads if not w.latency and w.name in summary]
+    rate = [w for w in workloads if not w.latency and not w.report and w.name in summary]
     if rate:
         cols = [t for t in targets if any(t in summary[w.name]["targets"] for w in rate)]
         lines += [
@@ -416,6 +556,10 @@ def markdown(summary: dict[str, Any], workloads: list[Workload], targets: list[s
                 f"| {_ratio(summary, w.name, other, 'p99_ms')} | | | | | |"
             )
         lines += [""]
+    lines += _feature_table(summary, [w for w in rate if w.baselines])
+    for w in workloads:
+        if w.report and w.name in summary:
+            lines += _report_table(summary, w, targets)
     if rate or lat:
         shown = rate + lat
         cols = [t for t in targets if any(t in summary[w.name]["targets"] for w in shown)]
@@ -442,6 +586,75 @@ def markdown(summary: dict[str, Any], workloads: list[Workload], targets: list[s
             lines.append(f"| {w.name} | " + " | ".join(cells) + " |")
         lines += [""]
     return "\n".join(lines)
+
+
+def _feature_table(summary: dict[str, Any], features: list[Workload]) -> list[str]:
+    """Feature cost: each workload's median rate against its baselines' (same session)."""
+    if not features:
+        return []
+
+    def med(name: str, key: str) -> float | None:
+        stats = summary.get(name, {}).get("targets", {}).get(BASE)
+        return _med(stats, key) if stats else None
+
+    lines = [
+        f"Feature cost ({LABELS[BASE]}): median msgs/s delivered, backlog msgs/s consumed "
+        "(delivered or filtered out), and ratios of medians to the baselines in this session",
+        "",
+        "| Workload | delivered msgs/s | backlog msgs/s | server CPU | ratio delivered "
+        "| ratio backlog |",
+        "|---|---:|---:|---:|---|---|",
+    ]
+    for w in features:
+        rate, backlog = med(w.name, "msgs_per_s"), med(w.name, "backlog_per_s")
+        cpu = med(w.name, "server_cpu_pct")
+        ratios, backlog_ratios = [], []
+        for base in w.baselines:
+            b_rate, b_backlog = med(base, "msgs_per_s"), med(base, "backlog_per_s")
+            if rate and b_rate:
+                ratios.append(f"{rate / b_rate:.2f}x {base}")
+            if backlog and (b_backlog or b_rate):
+                backlog_ratios.append(f"{backlog / (b_backlog or b_rate or 1):.2f}x {base}")
+        cells = [
+            f"{rate:,.0f}" if rate else "-",
+            f"{backlog:,.0f}" if backlog else "-",
+            f"{cpu:.0f}%" if cpu is not None else "-",
+            ", ".join(ratios) or "-",
+            ", ".join(backlog_ratios) or "-",
+        ]
+        lines.append(f"| {w.name} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def _report_table(summary: dict[str, Any], w: Workload, targets: list[str]) -> list[str]:
+    """One row per reported figure, one column per target: medians (min-max)."""
+    cols = [t for t in targets if t in summary[w.name]["targets"]]
+    p = w.full  # titles name the full sizes; quick runs say so in the JSON
+    lines = [
+        f"{w.name}: {w.title} ({p.get('topics')} topics x {p.get('subs_per_topic')} "
+        "subscriptions at full size): median (min-max) of runs",
+        "",
+        "| Figure | " + " | ".join(LABELS.get(t, t) for t in cols) + " |",
+        "|---|" + "---:|" * len(cols),
+    ]
+    for key in w.report:
+        cells = []
+        for t in cols:
+            stats = summary[w.name]["targets"][t].get(key)
+            if not stats:
+                cells.append("-")
+                continue
+            med_, lo, hi = stats["median"], stats["min"], stats["max"]
+            fmt = "{:,.0f}" if abs(med_) >= 100 else "{:,.1f}"
+            cell = fmt.format(med_)
+            if len(stats["runs"]) > 1:
+                cell += f" ({fmt.format(lo)}-{fmt.format(hi)})"
+            cells.append(cell)
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    complete = [t for t in cols if not summary[w.name]["targets"][t]["complete"]]
+    if complete:
+        lines.append(f"\nIncomplete (time bound or errors): {', '.join(complete)}")
+    return [*lines, ""]
 
 
 # --- environment -------------------------------------------------------------------------------
@@ -539,7 +752,7 @@ def _disk_info() -> str:
 
 def select(only: str | None) -> list[Workload]:
     if not only:
-        return list(WORKLOADS)
+        return [w for w in WORKLOADS if w.in_default]
     wanted = [s.strip() for s in only.split(",") if s.strip()]
     chosen = [w for w in WORKLOADS if any(w.name == s or w.name.startswith(s) for s in wanted)]
     if not chosen:
@@ -562,7 +775,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.list:
         for w in WORKLOADS:
-            print(f"{w.name:22} {w.title}  [targets: {','.join(w.targets)}]")
+            extra = "" if w.in_default else "; only with --only"
+            print(f"{w.name:22} {w.title}  [targets: {','.join(w.targets)}{extra}]")
         return 0
     runs = args.runs or (1 if args.quick else 3)
     workloads = select(args.only)

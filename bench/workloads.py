@@ -129,6 +129,7 @@ class Resources:
 
     tag: str
     labels: dict[str, str] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)  # more Subscription fields
     topic: str = ""
     subscription: str = ""
 
@@ -139,10 +140,12 @@ class Resources:
 
 
 @contextlib.contextmanager
-def resources(tag: str, labels: dict[str, str] | None = None) -> Iterator[Resources]:
+def resources(
+    tag: str, labels: dict[str, str] | None = None, options: dict[str, Any] | None = None
+) -> Iterator[Resources]:
     from google.cloud import pubsub_v1
 
-    res = Resources(tag, labels or {})
+    res = Resources(tag, labels or {}, options or {})
     publisher = pubsub_v1.PublisherClient()
     subscriber = pubsub_v1.SubscriberClient()
     try:
@@ -153,6 +156,7 @@ def resources(tag: str, labels: dict[str, str] | None = None) -> Iterator[Resour
                 "topic": res.topic,
                 "ack_deadline_seconds": 60,
                 "labels": res.labels,
+                **res.options,
             },
             timeout=ADMIN_TIMEOUT_S,
         )
@@ -232,19 +236,31 @@ async def raw_publish(
     batch: int,
     concurrency: int,
     deadline: float,
+    attributes: str = "",
+    keys: int = 0,
 ) -> int:
     """Publish ``count`` messages in pre-serialized batches, ``concurrency`` RPCs in flight.
 
-    Stops issuing new batches at ``deadline`` (perf_counter); returns messages acknowledged.
+    Messages carry the attribute set ``attributes`` (``pb.ATTRIBUTES``); with ``keys``, each
+    request has one ordering key, round-robin over ``keys`` keys. Stops issuing new batches at
+    ``deadline`` (perf_counter); returns messages acknowledged.
     """
     async with grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS) as channel:
         publish = channel.unary_unary(
             pb.PUBLISH, request_serializer=None, response_deserializer=pb.PublishResponse.FromString
         )
-        full = pb.publish_request(topic, batch, size)
-        batches = [full] * (count // batch)
+        n = count // batch
+        if keys:
+            distinct = [
+                pb.publish_request(topic, batch, size, attributes, f"key-{k}")
+                for k in range(min(keys, n))
+            ]
+            batches = [distinct[j % keys] for j in range(n)]
+        else:
+            batches = [pb.publish_request(topic, batch, size, attributes)] * n
         if count % batch:
-            batches.append(pb.publish_request(topic, count % batch, size))
+            key = f"key-{n % keys}" if keys else ""
+            batches.append(pb.publish_request(topic, count % batch, size, attributes, key))
         queue = iter(batches)
         acked = 0
 
@@ -269,13 +285,22 @@ def publish_raw(
     batch: int,
     concurrency: int,
     time_limit_s: float,
+    attributes: str = "",
 ) -> Result:
-    """Raw grpc.aio publisher: pre-serialized PublishRequests of ``batch`` messages."""
+    """Raw grpc.aio publisher: pre-serialized PublishRequests of ``batch`` messages (with the
+    attribute set ``attributes``)."""
 
     async def run(topic: str) -> Result:
         # Warm-up batch: connection setup is not part of the figure.
         await raw_publish(
-            endpoint, topic, size=size, count=batch, batch=batch, concurrency=1, deadline=1e18
+            endpoint,
+            topic,
+            size=size,
+            count=batch,
+            batch=batch,
+            concurrency=1,
+            deadline=1e18,
+            attributes=attributes,
         )
         meter = Meter(server_pid)
         meter.begin()
@@ -287,6 +312,7 @@ def publish_raw(
             batch=batch,
             concurrency=concurrency,
             deadline=meter.start + time_limit_s,
+            attributes=attributes,
         )
         meter.end()
         out = meter.result(acked, size)
@@ -405,16 +431,27 @@ def latency(
 # --- 3. backlog drain --------------------------------------------------------------------------
 
 
-def _backlog(endpoint: str, topic: str, *, size: int, count: int) -> int:
+def _backlog(
+    endpoint: str,
+    topic: str,
+    *,
+    size: int,
+    count: int,
+    batch: int = 1000,
+    attributes: str = "",
+    keys: int = 0,
+) -> int:
     async def run() -> Result:
         acked = await raw_publish(
             endpoint,
             topic,
             size=size,
             count=count,
-            batch=1000,
+            batch=batch,
             concurrency=4,
             deadline=time.perf_counter() + 120.0,
+            attributes=attributes,
+            keys=keys,
         )
         return {"acked": acked}
 
@@ -484,9 +521,21 @@ def drain_raw(
     size: int,
     max_messages: int,
     time_limit_s: float,
+    batch: int = 1000,
+    attributes: str = "",
+    keys: int = 0,
+    filter_half: bool = False,
+    ordering: bool = False,
 ) -> Result:
     """Backlog of ``count`` messages, then one raw StreamingPull with unary Acknowledge calls
-    (up to 1000 ack ids each, not awaited one by one) until all are received and acked."""
+    (up to 1000 ack ids each, not awaited one by one) until all are received and acked.
+
+    Feature variants: the backlog is published in requests of ``batch`` messages with the
+    attribute set ``attributes`` and ``keys`` ordering keys (one per request, round-robin); the
+    subscription has the filter ``pb.HALF_FILTER`` (``filter_half``: half the messages are
+    delivered, the rest never are) and/or ``enable_message_ordering``. With ordering, the first
+    delivery of each message must come in message-ID order within its key (checked)."""
+    expected = count // 2 if filter_half else count
 
     async def run(res: Resources, backlog: int) -> Result:
         async with grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS) as channel:
@@ -503,6 +552,8 @@ def drain_raw(
             acks: set[asyncio.Task[Any]] = set()
             seen: set[str] = set()
             deliveries = 0
+            last_by_key: dict[str, int] = {}
+            order_violations = 0
             meter = Meter(server_pid)
             meter.begin()
             deadline = meter.start + time_limit_s
@@ -516,7 +567,7 @@ def drain_raw(
                 )
             )
             try:
-                while len(seen) < count:
+                while len(seen) < expected:
                     remaining = deadline - time.perf_counter()
                     if remaining <= 0:
                         break
@@ -529,7 +580,13 @@ def drain_raw(
                     ack_ids = []
                     for received in response.received_messages:
                         ack_ids.append(received.ack_id)
-                        seen.add(received.message.message_id)
+                        message = received.message
+                        if ordering and message.message_id not in seen:
+                            key, mid = message.ordering_key, int(message.message_id)
+                            if mid <= last_by_key.get(key, -1):
+                                order_violations += 1
+                            last_by_key[key] = mid
+                        seen.add(message.message_id)
                     deliveries += len(ack_ids)
                     for i in range(0, len(ack_ids), 1000):
                         request = pb.AcknowledgeRequest(
@@ -546,15 +603,214 @@ def drain_raw(
             out = meter.result(len(seen), size)
             out.update(
                 backlog=backlog,
+                # backlog messages consumed per second (delivered or filtered out)
+                backlog_per_s=backlog / max(meter.elapsed_s, 1e-9) if len(seen) >= expected else 0,
                 duplicates=deliveries - len(seen),
-                complete=len(seen) >= count,
+                complete=len(seen) >= expected,
                 unfinished_acks=len(acks),
             )
+            if ordering:
+                out.update(order_violations=order_violations, keys_seen=len(last_by_key))
             return out
 
-    with resources("drainraw", _drain_labels(count, size)) as res:
-        backlog = _backlog(endpoint, res.topic, size=size, count=count)
+    options: dict[str, Any] = {}
+    if filter_half:
+        options["filter"] = pb.HALF_FILTER
+    if ordering:
+        options["enable_message_ordering"] = True
+    with resources("drainraw", _drain_labels(count, size), options) as res:
+        backlog = _backlog(
+            endpoint,
+            res.topic,
+            size=size,
+            count=count,
+            batch=batch,
+            attributes=attributes,
+            keys=keys,
+        )
         return _run_async(run(res, backlog))
+
+
+# --- 4. many names ----------------------------------------------------------------------------
+
+
+def process_status(pid: int) -> dict[str, int]:
+    """VmRSS (kB) and open file descriptors of process ``pid``."""
+    rss = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            rss = int(line.split()[1])
+    return {"rss_kb": rss, "fds": len(os.listdir(f"/proc/{pid}/fd"))}
+
+
+def server_data_dir(pid: int) -> Path | None:
+    """pubsubd's ``--data-dir``, from its command line (None for other servers)."""
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    if "--data-dir" not in args:
+        return None
+    path = Path(args[args.index("--data-dir") + 1])
+    return path if path.is_absolute() else Path(f"/proc/{pid}/cwd") / path
+
+
+def tree_usage(path: Path) -> dict[str, int]:
+    """Disk usage (kB allocated, like du) and number of files and directories under ``path``."""
+    blocks = entries = 0
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            with contextlib.suppress(OSError):
+                blocks += os.lstat(os.path.join(root, name)).st_blocks
+            entries += 1
+    with contextlib.suppress(OSError):
+        blocks += os.lstat(path).st_blocks
+    return {"data_kb": blocks // 2, "data_entries": entries}
+
+
+def names(
+    endpoint: str,
+    server_pid: int | None,
+    *,
+    topics: int,
+    subs_per_topic: int,
+    threads: int,
+    idle_s: float,
+    time_limit_s: float,
+) -> Result:
+    """Many topics and subscriptions through the official clients: create ``topics`` topics and
+    ``subs_per_topic`` subscriptions on each (``threads`` threads of blocking calls), list them
+    all with paging (1000 per page), delete them all. Each phase reports names per second and
+    CPU. Server RSS, open fds and data-dir size are read before, after creation (and after
+    ``idle_s`` of idling, with the server's CPU meanwhile: its periodic work per name) and after
+    deletion. Everything lives in a fresh project, so the listings count exactly these."""
+    from google.cloud import pubsub_v1
+
+    project = f"projects/names-{uuid.uuid4().hex[:8]}"
+    publisher = pubsub_v1.PublisherClient()
+    subscriber = pubsub_v1.SubscriberClient()
+    topic_names = [f"{project}/topics/t{i:07d}" for i in range(topics)]
+    sub_names = [
+        (f"{project}/subscriptions/s{i:07d}-{k:03d}", t)
+        for i, t in enumerate(topic_names)
+        for k in range(subs_per_topic)
+    ]
+    deadline = time.perf_counter() + time_limit_s
+    out: Result = {"topics": topics, "subscriptions": len(sub_names)}
+
+    def snapshot(stage: str) -> None:
+        if not server_pid:
+            return
+        status = process_status(server_pid)
+        out[f"rss_mb_{stage}"] = status["rss_kb"] / 1024
+        out[f"fds_{stage}"] = status["fds"]
+        data_dir = server_data_dir(server_pid)
+        if data_dir is not None:
+            usage = tree_usage(data_dir)
+            out[f"data_mb_{stage}"] = usage["data_kb"] / 1024
+            out[f"data_entries_{stage}"] = usage["data_entries"]
+
+    def phase(name: str, call: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+        """Run ``call`` on every item from ``threads`` threads; return the items that worked."""
+        done: list[Any] = []
+        errors: list[str] = []
+        meter = Meter(server_pid)
+        meter.begin()
+
+        def one(item: Any) -> None:
+            if time.perf_counter() > deadline:
+                return
+            try:
+                call(item)
+                done.append(item)
+            except Exception as e:  # counted and reported; the run goes on
+                errors.append(type(e).__name__)
+
+        with futures.ThreadPoolExecutor(threads) as pool:
+            list(pool.map(one, items))
+        meter.end()
+        cpu = meter.cpu()
+        out[f"{name}_per_s"] = len(done) / max(meter.elapsed_s, 1e-9)
+        out[f"{name}_s"] = meter.elapsed_s
+        out[f"{name}_server_cpu_pct"] = cpu.get("server_cpu_pct")
+        out[f"{name}_client_cpu_pct"] = cpu["client_cpu_pct"]
+        out[f"{name}_errors"] = len(errors)
+        if errors:
+            out[f"{name}_error_kinds"] = sorted(set(errors))
+        return done
+
+    def listing(name: str, pages: Callable[[], Any]) -> None:
+        meter = Meter(server_pid)
+        meter.begin()
+        count = sum(1 for _ in pages())
+        meter.end()
+        out[f"{name}_per_s"] = count / max(meter.elapsed_s, 1e-9)
+        out[f"{name}_s"] = meter.elapsed_s
+        out[f"{name}_count"] = count
+        out[f"{name}_server_cpu_pct"] = meter.cpu().get("server_cpu_pct")
+
+    try:
+        snapshot("before")
+        created_topics = phase(
+            "create_topics",
+            lambda t: publisher.create_topic(name=t, timeout=ADMIN_TIMEOUT_S),
+            topic_names,
+        )
+        live = set(created_topics)
+        created_subs = phase(
+            "create_subs",
+            lambda st: subscriber.create_subscription(
+                name=st[0], topic=st[1], timeout=ADMIN_TIMEOUT_S
+            ),
+            [st for st in sub_names if st[1] in live],
+        )
+        snapshot("created")
+        if server_pid and idle_s > 0:
+            meter = Meter(server_pid)
+            meter.begin()
+            time.sleep(idle_s)
+            meter.end()
+            out["idle_server_cpu_pct"] = meter.cpu().get("server_cpu_pct")
+            snapshot("idle")
+        listing(
+            "list_topics",
+            lambda: publisher.list_topics(
+                request={"project": project, "page_size": 1000}, timeout=ADMIN_TIMEOUT_S
+            ),
+        )
+        listing(
+            "list_subs",
+            lambda: subscriber.list_subscriptions(
+                request={"project": project, "page_size": 1000}, timeout=ADMIN_TIMEOUT_S
+            ),
+        )
+        deadline = max(deadline, time.perf_counter() + time_limit_s)  # always clean up
+        phase(
+            "delete_subs",
+            lambda st: subscriber.delete_subscription(subscription=st[0], timeout=ADMIN_TIMEOUT_S),
+            created_subs,
+        )
+        phase(
+            "delete_topics",
+            lambda t: publisher.delete_topic(topic=t, timeout=ADMIN_TIMEOUT_S),
+            created_topics,
+        )
+        snapshot("deleted")
+    finally:
+        with contextlib.suppress(Exception):
+            subscriber.close()
+        with contextlib.suppress(Exception):
+            publisher.stop()
+    out["complete"] = (
+        len(created_topics) == topics
+        and len(created_subs) == len(sub_names)
+        and out.get("list_topics_count") == topics
+        and out.get("list_subs_count") == len(sub_names)
+        and not out.get("delete_subs_errors")
+        and not out.get("delete_topics_errors")
+    )
+    for key in ("rss_mb", "data_mb", "fds"):
+        if f"{key}_created" in out and len(sub_names) + topics:
+            delta = out[f"{key}_created"] - out[f"{key}_before"]
+            out[f"{key}_per_1k_names"] = 1000 * delta / (topics + len(sub_names))
+    return out
 
 
 WORKLOADS: dict[str, Callable[..., Result]] = {
@@ -563,4 +819,5 @@ WORKLOADS: dict[str, Callable[..., Result]] = {
     "latency": latency,
     "drain_client": drain_client,
     "drain_raw": drain_raw,
+    "names": names,
 }

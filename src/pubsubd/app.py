@@ -16,11 +16,13 @@ from typing import Any
 
 import grpc
 
-from pubsubd.api.grpc import publisher, subscriber
+from pubsubd.api.grpc import publisher, replay, subscriber
 from pubsubd.config import ServerConfig
 from pubsubd.control.catalog import Catalog
+from pubsubd.control.cursors import Cursors
 from pubsubd.control.expiry import Maintenance
 from pubsubd.control.router import Router
+from pubsubd.data.publish.dedup import Deduplicator
 from pubsubd.data.publish.forwarder import PublishingForwarder
 from pubsubd.data.subscribe.forwarder import SubscribingForwarder
 from pubsubd.observability.http import HttpEndpoint
@@ -63,6 +65,9 @@ class PubsubServer:
             [("publishing-0", self.publishing)], [("subscribing-0", self.subscribing)]
         )
         self.catalog = Catalog(self.store, self.publishing, self.subscribing)
+        # The replay API (docs/REPLAY_API.md): named cursors and the dedup window.
+        self.cursors = Cursors(self.catalog)
+        self.dedup = Deduplicator(self.publishing, config.dedup_window_s)
         self.maintenance = Maintenance(
             self.catalog,
             check_interval_s=config.expiry_check_s,
@@ -77,7 +82,11 @@ class PubsubServer:
 
     async def start(self) -> None:
         self.catalog.load()
+        # Cursor and dedup pins are installed before the first trim can delete what they keep.
+        self.cursors.load()
+        self.dedup.recover(e.record.uid for e in self.catalog.topics.values())
         self.publishing.start()
+        self.dedup.start()
         self.maintenance.start()
         self._quota_task = asyncio.create_task(self._quota_loop(), name="quota_loop")
         server = grpc.aio.server(options=GRPC_OPTIONS)
@@ -85,6 +94,9 @@ class PubsubServer:
             [
                 publisher.handlers(publisher.PublisherServicer(self.catalog, self.router)),
                 subscriber.handlers(subscriber.SubscriberServicer(self.catalog, self.router)),
+                replay.handlers(
+                    replay.ReplayServicer(self.catalog, self.router, self.cursors, self.dedup)
+                ),
             ]
         )
         self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
@@ -107,6 +119,7 @@ class PubsubServer:
     async def stop(self) -> None:
         """End streams with UNAVAILABLE, finish in-flight RPCs, then close storage cleanly."""
         await self.maintenance.close()
+        await self.dedup.close()
         if self._quota_task is not None:
             self._quota_task.cancel()
         await self.subscribing.close()
@@ -141,6 +154,13 @@ class PubsubServer:
                 for name, d in self.subscribing.dispatchers.items()
             },
             "storage": self.publishing.stats(),
+            # Replay API named cursors: topic -> cursor -> offsets, lag (latest - committed)
+            "cursors": self.cursors.status(),
+            "dedup": {
+                "window_s": self.config.dedup_window_s,
+                "remembered_ids": sum(len(w) for w in self.dedup.windows.values()),
+                "duplicates": self.dedup.duplicates,
+            },
         }
 
 

@@ -48,12 +48,47 @@ async def test_open_creates_empty_state(tmp_path: Path) -> None:
     d = tmp_path / "sub"
     j = AckJournal.open(d)
     assert j.cursors == {}
-    assert (d / JOURNAL_FILENAME).exists()
-    assert not (d / SNAPSHOT_FILENAME).exists()
     await j.close()
+    assert not d.exists()  # nothing to write: no files yet
     j2 = AckJournal.open(d)
     assert j2.cursors == {}
+    ack(j2, 1, [0])
+    await j2.flush()
+    assert (d / JOURNAL_FILENAME).exists()
+    assert not (d / SNAPSHOT_FILENAME).exists()
     await j2.close()
+    j3 = AckJournal.open(d)
+    assert j3.cursors[1].mark_delete == 1
+    await j3.close()
+
+
+async def test_new_journal_defers_files_until_a_real_record(tmp_path: Path) -> None:
+    d = tmp_path / "subscriptions" / "sub"
+    j = AckJournal.open(d, initial={0: 500})
+    await j.flush()
+    await j.close()
+    assert not d.exists()  # only the initial cursor, which the caller passes again
+    j = AckJournal.open(d, initial={0: 500})
+    assert j.cursors[0].mark_delete == 500
+    j.record(0, j.cursors[0].ack([500, 502]))
+    await j.flush()
+    assert names(d) == [JOURNAL_FILENAME]
+    # A crash now: the journal alone (no initial) restores the cursor and its acks.
+    j2 = AckJournal.open(crash_copy(d, tmp_path / "copy"))
+    assert states(j2) == {0: CursorState(501, ((502, 503),))}
+    await j2.close()
+    await j.close()
+    j.delete()
+    assert not d.exists()
+
+
+async def test_flush_holds_no_descriptor(tmp_path: Path) -> None:
+    j = AckJournal.open(tmp_path)
+    before = len(os.listdir("/proc/self/fd"))
+    ack(j, 1, [0, 1])
+    await j.flush()
+    assert len(os.listdir("/proc/self/fd")) == before
+    await j.close()
 
 
 async def test_flush_and_reopen_restores_exactly(tmp_path: Path) -> None:

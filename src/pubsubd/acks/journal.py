@@ -69,6 +69,13 @@ Recovery rules (:meth:`AckJournal.open`):
    (journals are installed by rename, so that cannot hide records).
 4. Sources in ``initial`` with no cursor yet get one (journaled as RESET).
 
+Files are created lazily: a journal opened on a directory that does not exist creates
+nothing until it has something to write beyond the cursors of ``initial`` (the caller passes
+the same ``initial`` on every open: a subscription's sync point is in the metadata store).
+Then it creates the directory and an empty journal (fsyncing each new directory entry) before
+the first write. No file descriptor is held between flushes: each flush opens the journal,
+writes, fsyncs and closes it, so many idle subscriptions cost no descriptors.
+
 Replay is idempotent over a newer state: ACK is a set union and RESET a
 replacement, so records that are also contained in a snapshot do no harm.
 
@@ -150,6 +157,10 @@ class AckJournalError(OSError):
 
 class AckJournalCorruptError(AckJournalError):
     """On-disk ack state is damaged beyond a torn journal tail."""
+
+
+class _NothingWritten(OSError):
+    """A flush could not open the journal; the journal is unchanged and still usable."""
 
 
 # ---------------------------------------------------------------------------
@@ -338,6 +349,16 @@ def _install_file(directory: Path, name: str, data: bytes) -> None:
     _fsync_dir(directory)
 
 
+def _make_dirs(directory: Path) -> None:
+    """Create ``directory`` and missing parents; fsync the parent of each one created."""
+    if directory.is_dir():
+        return
+    _make_dirs(directory.parent)
+    with contextlib.suppress(FileExistsError):
+        directory.mkdir()
+    _fsync_dir(directory.parent)
+
+
 def _truncate(path: Path, size: int) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
@@ -387,7 +408,7 @@ class AckJournal:
         self,
         directory: Path,
         cursors: dict[int, Cursor],
-        fd: int,
+        on_disk: bool,
         generation: int,
         journal_size: int,
         snapshot_size: int,
@@ -395,7 +416,9 @@ class AckJournal:
     ) -> None:
         self._directory = directory
         self._cursors = cursors
-        self._fd = fd
+        self._on_disk = on_disk  # the directory and the journal file exist
+        # Only records restating ``initial`` are buffered and nothing is on disk: no need to write.
+        self._deferred = False
         self._generation = generation
         self._journal_size = journal_size  # bytes written to the journal file so far
         self._snapshot_size = snapshot_size
@@ -403,7 +426,7 @@ class AckJournal:
         self._buffer: list[bytes] = []  # encoded records not yet written
         self._buffered_bytes = 0
         self._unsynced = False  # written but not yet fsynced
-        self._lock = asyncio.Lock()  # serializes all I/O on _fd and compaction
+        self._lock = asyncio.Lock()  # serializes all I/O on the files and compaction
         self._broken: BaseException | None = None
         self._closed = False
 
@@ -417,10 +440,8 @@ class AckJournal:
         *,
         compact_bytes: int = DEFAULT_COMPACT_BYTES,
     ) -> AckJournal:
-        """Open (creating if needed) and recover the journal in ``directory``. Blocking."""
-        if not directory.is_dir():
-            directory.mkdir(parents=True)
-            _fsync_dir(directory.parent)  # make the new directory entry itself durable
+        """Open and recover the journal in ``directory`` (created on the first write). Blocking."""
+        existed = directory.is_dir()
         for name in (SNAPSHOT_FILENAME, JOURNAL_FILENAME):
             (directory / (name + TMP_SUFFIX)).unlink(missing_ok=True)
 
@@ -438,13 +459,14 @@ class AckJournal:
         journal_path = directory / JOURNAL_FILENAME
         journal_size = cls._recover_journal(journal_path, generation, cursors)
         if journal_size is None:
-            _install_file(directory, JOURNAL_FILENAME, encode_journal_header(generation))
+            if existed:
+                _install_file(directory, JOURNAL_FILENAME, encode_journal_header(generation))
             journal_size = JOURNAL_HEADER_SIZE
 
         journal = cls(
             directory,
             cursors,
-            _open_append(journal_path),
+            existed,
             generation,
             journal_size,
             snapshot_size,
@@ -452,12 +474,9 @@ class AckJournal:
         )
         for source_id, start in (initial or {}).items():
             journal.cursor(source_id, start)
+        journal._deferred = not existed  # set after the initial cursors: any later record clears it
         if journal._should_compact():
-            try:
-                journal._compact_sync(generation + 1, journal._snapshot_states())
-            except BaseException:
-                os.close(journal._fd)
-                raise
+            journal._compact_sync(generation + 1, journal._snapshot_states())
         return journal
 
     @staticmethod
@@ -538,6 +557,7 @@ class AckJournal:
     def _append(self, record: bytes) -> None:
         if self._closed:
             raise AckJournalError("ack journal is closed")
+        self._deferred = False
         self._buffer.append(record)
         self._buffered_bytes += len(record)
 
@@ -571,11 +591,19 @@ class AckJournal:
             if self._closed:
                 return
             self._check_usable()
+            if self._deferred:
+                return
             data = b"".join(self._buffer)
             self._buffer.clear()
             self._buffered_bytes = 0
             if data or (sync and self._unsynced):
-                await _run_in_thread(partial(self._write_sync, data, sync))
+                try:
+                    await _run_in_thread(partial(self._write_sync, data, sync))
+                except _NothingWritten:
+                    # The journal could not be opened: keep the records for the next flush.
+                    self._buffer.insert(0, data)
+                    self._buffered_bytes += len(data)
+                    raise
             if self._should_compact():
                 await self._compact_locked()
 
@@ -595,9 +623,7 @@ class AckJournal:
                 await self.flush(sync=True)
         finally:
             async with self._lock:
-                if not self._closed:
-                    self._closed = True
-                    os.close(self._fd)
+                self._closed = True
 
     def delete(self) -> None:
         """Remove the on-disk state (subscription deleted). Unflushed records are dropped.
@@ -606,9 +632,7 @@ class AckJournal:
         """
         if self._lock.locked():
             raise AckJournalError("cannot delete ack journal while I/O is in progress")
-        if not self._closed:
-            self._closed = True
-            os.close(self._fd)
+        self._closed = True
         self._buffer.clear()
         self._buffered_bytes = 0
         for name in (SNAPSHOT_FILENAME, JOURNAL_FILENAME):
@@ -629,14 +653,26 @@ class AckJournal:
 
     # -- blocking parts (worker thread, or open()) ----------------------------------
 
+    def _create_files(self) -> None:
+        """Create the directory (fsyncing each new entry) and an empty journal."""
+        _make_dirs(self._directory)
+        _install_file(self._directory, JOURNAL_FILENAME, encode_journal_header(self._generation))
+        self._on_disk = True
+
     def _write_sync(self, data: bytes, sync: bool) -> None:
+        try:
+            if not self._on_disk:
+                self._create_files()
+            fd = _open_append(self._directory / JOURNAL_FILENAME)
+        except OSError as exc:
+            raise _NothingWritten(exc.errno, f"cannot open ack journal: {exc}") from exc
         try:
             if data:
                 self._unsynced = True
-                _write_all(self._fd, data)
+                _write_all(fd, data)
                 self._journal_size += len(data)
             if sync and self._unsynced:
-                _fdatasync(self._fd)
+                _fdatasync(fd)
                 self._unsynced = False
         except BaseException as exc:
             # A partial write may have left a torn record, and after a failed fsync
@@ -644,19 +680,20 @@ class AckJournal:
             # be trusted. Recovery (reopen) truncates the torn tail.
             self._broken = exc
             raise
+        finally:
+            os.close(fd)
 
     def _compact_sync(self, generation: int, states: Mapping[int, CursorState]) -> None:
         try:
+            if not self._on_disk:
+                self._create_files()
             snapshot = encode_snapshot(generation, states)
             _install_file(self._directory, SNAPSHOT_FILENAME, snapshot)
             # Crash here: snapshot(G+1) + journal(G) -> journal ignored, same state.
             _install_file(self._directory, JOURNAL_FILENAME, encode_journal_header(generation))
-            new_fd = _open_append(self._directory / JOURNAL_FILENAME)
         except BaseException as exc:
             self._broken = exc
             raise
-        old_fd, self._fd = self._fd, new_fd
-        os.close(old_fd)
         self._generation = generation
         self._journal_size = JOURNAL_HEADER_SIZE
         self._snapshot_size = len(snapshot)

@@ -138,6 +138,7 @@ class Catalog:
         # topic uid -> names of the subscriptions reading it (attached or not)
         self._subs_by_topic_uid: dict[str, set[str]] = {}
         self._live_topic_uids: set[str] = set()
+        self.topics_by_uid: dict[str, TopicEntry] = {}  # live topics by storage uid
         subscribing.resolve_topic = self._topic_uid
         # Snapshots, Seek, detach and retention pins (imported here: that module imports this).
         from pubsubd.control.snapshots import Snapshots
@@ -213,6 +214,12 @@ class Catalog:
         self.topics[entry.record.name] = entry
         self._topic_names.add(entry.record.name)
         self._live_topic_uids.add(entry.record.uid)
+        self.topics_by_uid[entry.record.uid] = entry
+
+    def subscriptions_of(self, topic_uid: str) -> list[SubscriptionEntry]:
+        """The subscriptions reading a topic's storage (attached or not)."""
+        found = (self.subscriptions.get(n) for n in self._subs_by_topic_uid.get(topic_uid, ()))
+        return [s for s in found if s is not None]
 
     def _add_subscription(self, entry: SubscriptionEntry) -> None:
         rec = entry.record
@@ -271,6 +278,7 @@ class Catalog:
         self._topic_names.remove(name)
         uid = entry.record.uid
         self._live_topic_uids.discard(uid)
+        self.topics_by_uid.pop(uid, None)
         for sub_name in self._subs_by_topic_uid.get(uid, set()):
             sub = self.subscriptions[sub_name]
             sub.subscription.topic = names.DELETED_TOPIC

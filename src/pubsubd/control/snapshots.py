@@ -309,12 +309,25 @@ class Snapshots:
         if not targets:
             return
         now = now_us()
-        topics = {e.record.uid: e for e in self.catalog.topics.values()}
+        # Only topics with retention and subscriptions retaining acked messages get time pins;
+        # one topic's refresh (every admin change) must not scan every topic and subscription.
         subs: dict[str, list[SubscriptionEntry]] = defaultdict(list)
-        for sub in self.catalog.subscriptions.values():
-            if sub.record.topic_uid in targets:
-                subs[sub.record.topic_uid].append(sub)
+        if topic_uid is None:
+            topics = {
+                e.record.uid: e
+                for e in self.catalog.topics.values()
+                if e.topic.HasField("message_retention_duration")
+            }
+            for sub in self.catalog.subscriptions.values():
+                if sub.subscription.retain_acked_messages and sub.record.topic_uid in targets:
+                    subs[sub.record.topic_uid].append(sub)
+        else:
+            found_topic = self.catalog.topics_by_uid.get(topic_uid)
+            topics = {topic_uid: found_topic} if found_topic is not None else {}
+            subs[topic_uid] = self.catalog.subscriptions_of(topic_uid)
         for uid, sources in targets.items():
+            if not sources.pins and uid not in topics and not subs.get(uid):
+                continue  # nothing pinned, nothing to pin
             pins: dict[str, dict[int, int]] = {}
             topic = topics.get(uid)
             if topic is not None and topic.topic.HasField("message_retention_duration"):
@@ -326,8 +339,12 @@ class Snapshots:
                     pins[retention.retain_acked_pin(sub.record.uid)] = _time_pins(
                         sources, keep, now
                     )
+            # Only the pins this method computes are replaced; snapshots, named cursors
+            # (control/cursors.py) and the dedup window (data/publish/dedup.py) own theirs.
             for name in [
-                n for n in sources.pins if not n.startswith("snapshot:") and n not in pins
+                n
+                for n in sources.pins
+                if (n == retention.TOPIC_PIN or n.startswith("retain-acked:")) and n not in pins
             ]:
                 del sources.pins[name]
             sources.pins.update(pins)
@@ -339,7 +356,6 @@ class Snapshots:
         changed = 0
         publishing = self.catalog.publishing
         for dispatcher in list(self.catalog.subscribing.dispatchers.values()):
-            keep = _subscription_retention_us(dispatcher.subscription)
             journal = dispatcher.journal
             touched = False
             for source, cursor in journal.cursors.items():
@@ -347,6 +363,9 @@ class Snapshots:
                     continue
                 log_ = dispatcher.sources.logs[source]
                 md = cursor.mark_delete
+                if md >= log_.committed_offset:
+                    continue  # no backlog (most subscriptions most of the time)
+                keep = _subscription_retention_us(dispatcher.subscription)
                 cut = retention.unacked_expiry_cut(log_, keep, now, md)
                 if cut <= md:
                     continue

@@ -34,6 +34,10 @@ MIN_DELIVERY_ATTEMPTS, MAX_DELIVERY_ATTEMPTS = 5, 100
 MAX_BACKOFF_S = 600
 MAX_LABELS = 64
 MAX_FILTER_BYTES = 256
+# Reserved attribute carrying a PublishDeduplicated message's dedup ID inside the stored batch
+# (data/publish/dedup.py); removed before delivery and refused in client attributes.
+DEDUP_ID_ATTRIBUTE = "pubsubd.dedup_id"
+MAX_DEDUP_ID_BYTES = 256
 
 
 def publish_request(request: Any, request_size: int) -> None:
@@ -75,6 +79,11 @@ def publish_request(request: Any, request_size: int) -> None:
 def _attributes(i: int, attrs: Any) -> None:
     if DELIVER_AT in attrs or DELIVER_AFTER in attrs:
         delays.deliver_at(attrs, time.time())  # raises InvalidArgument naming the attribute
+    if DEDUP_ID_ATTRIBUTE in attrs:
+        raise InvalidArgument(
+            f"messages[{i}].attributes: {DEDUP_ID_ATTRIBUTE!r} is reserved (use the "
+            "pubsubd.v1.Replay PublishDeduplicated RPC to publish with a dedup ID)"
+        )
     if len(attrs) > MAX_ATTRIBUTES:
         raise InvalidArgument(
             f"messages[{i}].attributes: {len(attrs)} attributes; the maximum is {MAX_ATTRIBUTES}"

@@ -15,3 +15,11 @@ PUBLISH_LATENCY = Histogram(
     "Time from receiving a Publish to acknowledging it (includes fsync)",
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0),
 )
+CURSOR_LAG = Gauge(
+    "pubsubd_cursor_lag_messages",
+    "Replay API named cursor: messages between its committed positions and the latest ones",
+    ["topic", "cursor"],
+)
+DEDUP_DUPLICATES = Counter(
+    "pubsubd_dedup_duplicates", "PublishDeduplicated messages acknowledged as duplicates"
+)

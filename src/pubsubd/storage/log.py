@@ -15,6 +15,12 @@ bounded in-memory cache of recent entries for fan-out to many subscriptions.
 Recovery (:meth:`SourceLog.open`) scans every segment, cuts a torn tail off the last one
 and rebuilds the in-memory index (three ``array('q')`` per segment: offsets, file
 positions, publish times).
+
+Many logs, few files: a log whose directory does not exist yet is empty at offset 0 and
+creates its directory and first segment (fsyncing each new directory entry) before its
+first write, so topics that are never published to cost no files. :meth:`release_idle`,
+called every few seconds, closes the files of a log unused since the previous call; they
+reopen on the next read or append.
 """
 
 from __future__ import annotations
@@ -191,6 +197,22 @@ def _recover(directory: Path) -> list[_Segment]:
     return segments
 
 
+def _create_log_files(directory: Path, first_segment: Path) -> None:
+    """Create a new log's directory (and missing parents) and first segment, durably."""
+    missing = []
+    parent = directory
+    while not parent.is_dir():
+        missing.append(parent)
+        parent = parent.parent
+    for path in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            path.mkdir()
+        fsync_directory(path.parent)
+    fd = os.open(first_segment, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    os.close(fd)
+    fsync_directory(directory)
+
+
 class SourceLog:
     """The append-only log of one publish message source; see the module docstring.
 
@@ -230,6 +252,11 @@ class SourceLog:
         self._closing = False
         self._closed = False
         self._dirty = False  # written but not fsynced
+        self._dirtied: asyncio.Event | None = None  # wakes the INTERVAL syncer
+        self._on_disk = True  # the directory and the active segment file exist
+        self._active = False  # appended to or read from disk since the last release_idle()
+        self._write_fd_open = False  # the replica may hold the active segment open
+        self._release_requested = False
         self._fsyncs = 0
         self._write_groups = 0
 
@@ -248,11 +275,12 @@ class SourceLog:
             raise ValueError(f"segment_bytes must be positive, got {segment_bytes}")
         if fsync_interval_s <= 0:
             raise ValueError(f"fsync_interval_s must be positive, got {fsync_interval_s}")
-        if not directory.is_dir():
-            directory.mkdir(parents=True)
-            fsync_directory(directory.parent)
-        segments = _recover(directory)
-        return cls(
+        on_disk = directory.is_dir()
+        # A new log: created on disk by its first write (see the module docstring).
+        segments = (
+            _recover(directory) if on_disk else [_Segment(0, directory / segment_file_name(0))]
+        )
+        log = cls(
             directory,
             segments,
             fsync=fsync,
@@ -260,6 +288,8 @@ class SourceLog:
             fsync_interval_s=fsync_interval_s,
             cache_bytes=cache_bytes,
         )
+        log._on_disk = on_disk
+        return log
 
     # -- offsets -----------------------------------------------------------------------
 
@@ -272,6 +302,11 @@ class SourceLog:
     def start_offset(self) -> int:
         """First retained offset (equals :attr:`end_offset` when the log is empty)."""
         return self._segments[0].base
+
+    @property
+    def segment_count(self) -> int:
+        """Segments retained, the active one included."""
+        return len(self._segments)
 
     @property
     def end_offset(self) -> int:
@@ -319,6 +354,7 @@ class SourceLog:
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._end_offset = entry.next_offset
         self._pending.append(_Pending(entry, frame, future))
+        self._active = self._write_fd_open = True
         self._start_tasks().set()
         return await future
 
@@ -329,6 +365,7 @@ class SourceLog:
             self._writer_task = asyncio.get_running_loop().create_task(self._run_writer())
             if self._policy is FsyncPolicy.INTERVAL:
                 self._stop_syncer = asyncio.Event()
+                self._dirtied = asyncio.Event()
                 self._syncer_task = asyncio.get_running_loop().create_task(self._run_syncer())
         return self._wakeup
 
@@ -338,6 +375,10 @@ class SourceLog:
             if not self._pending:
                 if self._closing:
                     return
+                if self._release_requested:
+                    self._release_requested = False
+                    await self._release_write_fd()
+                    continue
                 await self._wakeup.wait()
                 self._wakeup.clear()
                 continue
@@ -359,6 +400,13 @@ class SourceLog:
 
     async def _write_group(self, group: list[_Pending]) -> None:
         self._write_groups += 1
+        if not self._on_disk:
+            try:
+                await asyncio.to_thread(_create_log_files, self._directory, self._segments[0].path)
+            except OSError as exc:
+                self._fail(group, exc)
+                return
+            self._on_disk = True
         sync = self._policy is FsyncPolicy.ALWAYS
         start = 0
         while start < len(group):
@@ -386,6 +434,8 @@ class SourceLog:
                 self._fsyncs += 1
             else:
                 self._dirty = True
+                if self._dirtied is not None:
+                    self._dirtied.set()
             self._commit(active, chunk)
             try:
                 if active.size >= self._segment_bytes:
@@ -444,8 +494,12 @@ class SourceLog:
             self._fsyncs += 1
 
     async def _run_syncer(self) -> None:
-        assert self._stop_syncer is not None
+        assert self._stop_syncer is not None and self._dirtied is not None
         while not self._stop_syncer.is_set():
+            # Idle until a write leaves data unsynced (many logs must not poll), then give
+            # it at most one interval.
+            await self._dirtied.wait()
+            self._dirtied.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop_syncer.wait(), self._fsync_interval_s)
             if self._dirty:
@@ -453,6 +507,32 @@ class SourceLog:
                     await self._sync()
                 except StorageError:
                     logger.exception("log %s: background fsync failed", self._directory)
+
+    # -- idle files --------------------------------------------------------------------
+
+    def release_idle(self) -> None:
+        """Close the files of a log unused since the previous call; they reopen on demand.
+
+        Called every few seconds for every log, so idle logs hold no file descriptors.
+        """
+        if self._active:
+            self._active = False
+            return
+        for fd in self._read_fds.values():
+            os.close(fd)
+        self._read_fds.clear()
+        if self._write_fd_open and self._wakeup is not None and not self._closing:
+            self._release_requested = True  # the writer closes it between groups
+            self._wakeup.set()
+
+    async def _release_write_fd(self) -> None:
+        """Writer task, nothing pending: close the active segment unless data awaits fsync."""
+        assert self._segment_lock is not None
+        async with self._segment_lock:  # no fsync or roll meanwhile
+            if self._pending or (self._dirty and self._policy is not FsyncPolicy.NEVER):
+                return
+            await self._writer.close()  # the local replica reopens on the next append
+            self._write_fd_open = False
 
     # -- close -------------------------------------------------------------------------
 
@@ -469,6 +549,8 @@ class SourceLog:
             await self._writer_task
         if self._syncer_task is not None and self._stop_syncer is not None:
             self._stop_syncer.set()
+            if self._dirtied is not None:
+                self._dirtied.set()
             await self._syncer_task
         if self._dirty and self._policy is not FsyncPolicy.NEVER:
             try:
@@ -512,6 +594,7 @@ class SourceLog:
         """Read entries ``[first, stop)`` of ``segment`` from disk with one pread."""
         position = segment.positions[first]
         length = segment.frame_end(stop - 1) - position
+        self._active = True
         buf = os.pread(self._read_fd(segment), length, position)
         decoded, valid_end = decode_frames(buf)
         entries = [entry for entry, _, _ in decoded]

@@ -46,6 +46,17 @@ class SnapshotRecord:
     cursors: dict[int, tuple[int, list[tuple[int, int]]]] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class CursorRecord:
+    """A named cursor of the replay API (control/cursors.py)."""
+
+    topic_uid: str  # storage identity: a re-created topic starts without cursors
+    name: str
+    topic: str  # the topic's name, for status pages
+    offsets: dict[int, int] = field(default_factory=dict)  # source -> next position to read
+    commit_time_us: int = 0
+
+
 class MetadataStore(Protocol):
     def load_topics(self) -> Iterator[TopicRecord]: ...
     def load_subscriptions(self) -> Iterator[SubscriptionRecord]: ...
@@ -56,6 +67,9 @@ class MetadataStore(Protocol):
     def load_snapshots(self) -> Iterator[SnapshotRecord]: ...
     def put_snapshot(self, record: SnapshotRecord) -> None: ...
     def delete_snapshot(self, name: str) -> None: ...
+    def load_cursors(self) -> Iterator[CursorRecord]: ...
+    def put_cursor(self, record: CursorRecord) -> None: ...
+    def delete_cursor(self, topic_uid: str, name: str) -> None: ...
     def close(self) -> None: ...
 
 
@@ -66,6 +80,7 @@ class MemoryMetadataStore:
         self.topics: dict[str, TopicRecord] = {}
         self.subscriptions: dict[str, SubscriptionRecord] = {}
         self.snapshots: dict[str, SnapshotRecord] = {}
+        self.cursors: dict[tuple[str, str], CursorRecord] = {}
 
     def load_topics(self) -> Iterator[TopicRecord]:
         yield from list(self.topics.values())
@@ -94,6 +109,15 @@ class MemoryMetadataStore:
     def delete_snapshot(self, name: str) -> None:
         self.snapshots.pop(name, None)
 
+    def load_cursors(self) -> Iterator[CursorRecord]:
+        yield from list(self.cursors.values())
+
+    def put_cursor(self, record: CursorRecord) -> None:
+        self.cursors[(record.topic_uid, record.name)] = record
+
+    def delete_cursor(self, topic_uid: str, name: str) -> None:
+        self.cursors.pop((topic_uid, name), None)
+
     def close(self) -> None:
         pass
 
@@ -105,6 +129,9 @@ CREATE TABLE IF NOT EXISTS subscriptions (
     start_offsets TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS snapshots (
     name TEXT PRIMARY KEY, topic_uid TEXT NOT NULL, body BLOB NOT NULL, cursors TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS cursors (
+    topic_uid TEXT NOT NULL, name TEXT NOT NULL, topic TEXT NOT NULL, offsets TEXT NOT NULL,
+    commit_time_us INTEGER NOT NULL, PRIMARY KEY (topic_uid, name));
 """
 
 
@@ -182,6 +209,30 @@ class SqliteMetadataStore:
 
     def delete_snapshot(self, name: str) -> None:
         self._db.execute("DELETE FROM snapshots WHERE name = ?", (name,))
+
+    def load_cursors(self) -> Iterator[CursorRecord]:
+        rows = self._db.execute(
+            "SELECT topic_uid, name, topic, offsets, commit_time_us FROM cursors"
+        )
+        for topic_uid, name, topic, offsets, commit_time_us in rows:
+            parsed = {int(k): int(v) for k, v in json.loads(offsets).items()}
+            yield CursorRecord(topic_uid, name, topic, parsed, int(commit_time_us))
+
+    def put_cursor(self, record: CursorRecord) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO cursors (topic_uid, name, topic, offsets, commit_time_us) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (
+                record.topic_uid,
+                record.name,
+                record.topic,
+                json.dumps({str(k): v for k, v in record.offsets.items()}),
+                record.commit_time_us,
+            ),
+        )
+
+    def delete_cursor(self, topic_uid: str, name: str) -> None:
+        self._db.execute("DELETE FROM cursors WHERE topic_uid = ? AND name = ?", (topic_uid, name))
 
     def close(self) -> None:
         self._db.close()

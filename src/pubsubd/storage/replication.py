@@ -88,7 +88,11 @@ class Replica(Protocol):
         """Delete a non-active segment; must not block for long (remote replicas enqueue)."""
 
     async def close(self) -> None:
-        """Release the replica's resources; no sync is implied."""
+        """Release the replica's resources; no sync is implied.
+
+        The log also closes an idle replica (nothing pending, nothing unsynced) to release its
+        files; the next operation must reopen what it needs.
+        """
 
 
 class LocalDiskReplica:

@@ -208,5 +208,6 @@ class PublishingForwarder:
             for sources in list(self.topics.values()):
                 try:
                     sources.trim()
+                    sources.release_idle()
                 except (OSError, StorageError):
                     log.exception("trim of topic %s failed", sources.topic_uid)

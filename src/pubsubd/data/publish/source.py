@@ -25,6 +25,7 @@ from pubsubd.acks.journal import AckJournal
 from pubsubd.core import ids, pb
 from pubsubd.core.delays import DELIVER_AFTER, DELIVER_AT, deliver_at
 from pubsubd.core.errors import InvalidArgument
+from pubsubd.core.validation import DEDUP_ID_ATTRIBUTE
 from pubsubd.storage.framing import Entry
 from pubsubd.storage.log import FsyncPolicy, SourceLog
 
@@ -90,8 +91,10 @@ class TopicSources:
             m.message_id = str(base + i)
             m.publish_time.seconds = seconds
             m.publish_time.nanos = micros * 1000
-            messages.append(m.SerializeToString())
             attrs = m.attributes
+            if attrs and DEDUP_ID_ATTRIBUTE in attrs:
+                del attrs[DEDUP_ID_ATTRIBUTE]  # stored for the dedup window only, never delivered
+            messages.append(m.SerializeToString())
             if attrs and (DELIVER_AT in attrs or DELIVER_AFTER in attrs):
                 if delays is None:
                     delays = [None] * len(request.messages)
@@ -123,7 +126,13 @@ class TopicSources:
 
     def trim(self) -> None:
         for i, log in enumerate(self.logs):
-            log.trim(self.trim_point(i))
+            if log.segment_count > 1:  # only whole segments below the active one go
+                log.trim(self.trim_point(i))
+
+    def release_idle(self) -> None:
+        """Close the files of logs unused since the last call (idle topics hold no fds)."""
+        for log in self.logs:
+            log.release_idle()
 
     async def close(self) -> None:
         for journal in self.journals.values():

@@ -1,0 +1,219 @@
+"""pubsubd.v1.Replay servicer: the replayable read API beside google.pubsub.v1 (docs/REPLAY_API.md).
+
+Positions are per publish message source of a topic: offsets in that source's log, the same
+numbers message IDs are made of (``core/ids.py``). Reads go straight to the log through the
+topic's shared decode cache; named cursors are kept by control/cursors.py and the dedup window by
+data/publish/dedup.py.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, TypeAlias
+
+import grpc
+
+from pubsubd._gen.pubsubd.v1 import replay_pb2 as r
+from pubsubd.api.grpc.status import parsing, rpc
+from pubsubd.control.catalog import Catalog, TopicEntry
+from pubsubd.control.cursors import Cursors
+from pubsubd.control.router import Router
+from pubsubd.core import ids, pb
+from pubsubd.core.errors import InvalidArgument, OutOfRange
+from pubsubd.data.publish.dedup import Deduplicator, validate_messages
+from pubsubd.data.publish.source import TopicSources
+from pubsubd.data.retention import timestamp_us
+from pubsubd.observability import metrics
+from pubsubd.storage.errors import OffsetOutOfRange
+from pubsubd.storage.log import SourceLog
+from pubsubd.storage.metadata import CursorRecord
+
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+
+SERVICE = "pubsubd.v1.Replay"
+DEFAULT_READ_MESSAGES = 1000
+MAX_READ_MESSAGES = 10_000
+DEFAULT_READ_BYTES = 4 << 20
+MAX_READ_BYTES = 16 << 20  # below the server's 32 MB send limit
+
+
+def below_range(offset: int, start: int, end: int) -> OutOfRange:
+    return OutOfRange(f"offset {offset} is below the retained range [{start}, {end})")
+
+
+class ReplayServicer:
+    def __init__(
+        self, catalog: Catalog, router: Router, cursors: Cursors, dedup: Deduplicator
+    ) -> None:
+        self.catalog = catalog
+        self.router = router
+        self.cursors = cursors
+        self.dedup = dedup
+
+    def _sources(self, topic: str) -> tuple[TopicEntry, TopicSources]:
+        entry = self.catalog.topic(topic)  # INVALID_ARGUMENT bad name, NOT_FOUND unknown
+        uid = entry.record.uid
+        return entry, self.router.publishing_forwarder(uid).open_topic(uid)
+
+    @staticmethod
+    def _log(sources: TopicSources, source: int) -> SourceLog:
+        if not 0 <= source < len(sources.logs):
+            raise InvalidArgument(
+                f"source: {source} is not a source of this topic (it has sources "
+                f"0..{len(sources.logs) - 1})"
+            )
+        return sources.logs[source]
+
+    @rpc
+    async def GetTopicRanges(self, request: Any, context: Context) -> Any:
+        _, sources = self._sources(request.topic)
+        return r.GetTopicRangesResponse(
+            sources=[
+                r.SourceRange(
+                    source=i, earliest_offset=log.start_offset, latest_offset=log.committed_offset
+                )
+                for i, log in enumerate(sources.logs)
+            ]
+        )
+
+    @rpc
+    async def LookupOffsets(self, request: Any, context: Context) -> Any:
+        _, sources = self._sources(request.topic)
+        at = timestamp_us(request.time)
+        return r.LookupOffsetsResponse(
+            offsets={
+                i: max(log.offset_for_time(at), log.start_offset)
+                for i, log in enumerate(sources.logs)
+            }
+        )
+
+    @rpc
+    async def Read(self, request: Any, context: Context) -> Any:
+        _, sources = self._sources(request.topic)
+        source = request.source
+        log = self._log(sources, source)
+        start, latest = log.start_offset, log.committed_offset
+        offset = request.start_offset
+        if offset < 0:
+            raise InvalidArgument(f"start_offset: {offset} is negative")
+        if offset < start:
+            raise below_range(offset, start, latest)
+        if offset > latest:
+            raise OutOfRange(
+                f"offset {offset} is above the latest position {latest} (retained range "
+                f"[{start}, {latest}))"
+            )
+        end = request.end_offset or latest
+        if end < 0:
+            raise InvalidArgument(f"end_offset: {end} is negative")
+        end = min(end, latest)
+        max_messages = request.max_messages or DEFAULT_READ_MESSAGES
+        max_bytes = request.max_bytes or DEFAULT_READ_BYTES
+        if max_messages < 0 or max_bytes < 0:
+            raise InvalidArgument("max_messages, max_bytes: must not be negative")
+        max_messages = min(max_messages, MAX_READ_MESSAGES)
+        max_bytes = min(max_bytes, MAX_READ_BYTES)
+        out = r.ReadResponse()
+        taken = size = 0
+        next_offset = offset
+        full = False
+        # Synchronous from here on: no trim can run between the range check and the reads.
+        while not full and next_offset < end:
+            try:
+                entries = log.read(next_offset, max_entries=max_messages, max_bytes=max_bytes)
+            except OffsetOutOfRange as e:
+                raise below_range(next_offset, e.start, e.end) from None
+            if not entries:
+                break
+            for entry in entries:
+                decoded = sources.decoded(source, entry)
+                seconds, micros = divmod(entry.publish_time_us, 1_000_000)
+                for j, m in enumerate(decoded.parsed):
+                    at = entry.base_offset + j
+                    if at < next_offset:
+                        continue
+                    n = len(decoded.messages[j])
+                    if at >= end or taken >= max_messages or (taken and size + n > max_bytes):
+                        full = True
+                        break
+                    msg = out.messages.add(
+                        offset=at,
+                        message_id=ids.message_id(source, at),
+                        data=m.data,
+                        ordering_key=m.ordering_key,
+                    )
+                    if m.attributes:
+                        msg.attributes.update(m.attributes)
+                    msg.publish_time.seconds = seconds
+                    msg.publish_time.nanos = micros * 1000
+                    taken += 1
+                    size += n
+                    next_offset = at + 1
+                if full:
+                    break
+        out.next_offset = next_offset
+        return out
+
+    def _cursor(self, rec: CursorRecord) -> Any:
+        cursor = r.Cursor(topic=rec.topic, name=rec.name, offsets=rec.offsets)
+        if rec.commit_time_us:
+            seconds, micros = divmod(rec.commit_time_us, 1_000_000)
+            cursor.commit_time.seconds = seconds
+            cursor.commit_time.nanos = micros * 1000
+        return cursor
+
+    @rpc
+    async def GetCursor(self, request: Any, context: Context) -> Any:
+        entry = self.catalog.topic(request.topic)
+        return self._cursor(self.cursors.get(entry, request.name))
+
+    @rpc
+    async def CommitCursor(self, request: Any, context: Context) -> Any:
+        entry = self.catalog.topic(request.topic)
+        return self._cursor(self.cursors.commit(entry, request.name, dict(request.offsets)))
+
+    @rpc
+    async def PublishDeduplicated(self, request: Any, context: Context) -> Any:
+        entry = self.catalog.topic(request.topic)
+        messages = [
+            (
+                m.dedup_id,
+                pb.PubsubMessage(data=m.data, attributes=m.attributes, ordering_key=m.ordering_key),
+            )
+            for m in request.messages
+        ]
+        validate_messages(messages, request.ByteSize())
+        self.catalog.check_backlog_quota(entry)
+        started = time.perf_counter()
+        message_ids, duplicates = await self.dedup.publish(entry.record.uid, messages)
+        metrics.PUBLISH_LATENCY.observe(time.perf_counter() - started)
+        stored = len(messages) - duplicates
+        metrics.PUBLISHED_MESSAGES.inc(stored)
+        metrics.DEDUP_DUPLICATES.inc(duplicates)
+        return r.PublishDeduplicatedResponse(message_ids=message_ids, duplicates=duplicates)
+
+
+def handlers(servicer: ReplayServicer) -> grpc.GenericRpcHandler:
+    def unary(fn: Any, req: Any, resp: Any) -> grpc.RpcMethodHandler:
+        return grpc.unary_unary_rpc_method_handler(
+            parsing(fn, req), request_deserializer=None, response_serializer=resp.SerializeToString
+        )
+
+    s = servicer
+    return grpc.method_handlers_generic_handler(
+        SERVICE,
+        {
+            "GetTopicRanges": unary(
+                s.GetTopicRanges, r.GetTopicRangesRequest, r.GetTopicRangesResponse
+            ),
+            "LookupOffsets": unary(
+                s.LookupOffsets, r.LookupOffsetsRequest, r.LookupOffsetsResponse
+            ),
+            "Read": unary(s.Read, r.ReadRequest, r.ReadResponse),
+            "GetCursor": unary(s.GetCursor, r.GetCursorRequest, r.Cursor),
+            "CommitCursor": unary(s.CommitCursor, r.CommitCursorRequest, r.Cursor),
+            "PublishDeduplicated": unary(
+                s.PublishDeduplicated, r.PublishDeduplicatedRequest, r.PublishDeduplicatedResponse
+            ),
+        },
+    )

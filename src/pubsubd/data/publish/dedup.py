@@ -1,0 +1,369 @@
+"""The dedup window of PublishDeduplicated: a message whose dedup ID was stored within the last
+``window`` seconds is acknowledged with its original message ID and not stored again.
+
+Persistence (survives kill -9). The dedup ID travels *inside* the stored batch, as the reserved
+attribute ``pubsubd.dedup_id`` of its message (``core.validation.DEDUP_ID_ATTRIBUTE``): the ID is
+durable exactly when the message is, in the same log entry, so no crash point can leave a stored
+message without its ID or an ID without its message. ``TopicSources.decoded`` removes the attribute
+before anything is delivered (subscriptions, the replay Read), and client publishes may not set it.
+
+At start-up (before the first trim) the window of every topic that ever used dedup (marker file
+``dedup-used`` in the topic's storage directory) is rebuilt by scanning its log from the first
+entry younger than the window to the end; only entries whose bytes contain the attribute key are
+parsed. While it remembers IDs, the window pins the log (pin ``dedup-window``) at the oldest
+remembered position, so retention cannot delete the entries a restart would need even when every
+subscription has acked them or the topic has none. The pin moves up as IDs expire (every
+``SWEEP_INTERVAL_S``).
+
+Concurrent publishes of the same dedup ID: the first stores it, the others wait for its outcome
+and answer the same message ID; the same ID twice in one request is stored once.
+
+Caveats: the window is only as durable as the log (with ``--fsync never`` a crash may lose recent
+IDs along with their messages); and a window longer than the time retention needs costs disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pubsubd.core import ids, pb, validation
+from pubsubd.core.errors import InvalidArgument
+from pubsubd.core.validation import DEDUP_ID_ATTRIBUTE, MAX_DEDUP_ID_BYTES
+from pubsubd.storage.replication import fsync_directory
+
+if TYPE_CHECKING:
+    from pubsubd.data.publish.forwarder import PublishingForwarder
+    from pubsubd.data.publish.source import TopicSources
+
+log = logging.getLogger(__name__)
+
+DEDUP_PIN = "dedup-window"
+MARKER_FILE = "dedup-used"
+SWEEP_INTERVAL_S = 5.0
+_ATTRIBUTE_BYTES = DEDUP_ID_ATTRIBUTE.encode()
+_REBUILD_READ_BYTES = 16 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Remembered:
+    message_id: str
+    time_us: int
+    source: int
+    offset: int
+
+
+class DedupWindow:
+    """dedup ID -> where it was stored, for ``window_us`` (pure; oldest first)."""
+
+    def __init__(self, window_us: int) -> None:
+        self.window_us = window_us
+        self._ids: OrderedDict[str, Remembered] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def get(self, dedup_id: str, now_us: int) -> Remembered | None:
+        found = self._ids.get(dedup_id)
+        if found is None or found.time_us < now_us - self.window_us:
+            return None
+        return found
+
+    def remember(self, dedup_id: str, where: Remembered) -> None:
+        self._ids.pop(dedup_id, None)  # re-stored after it expired: now the newest
+        self._ids[dedup_id] = where
+
+    def expire(self, now_us: int) -> int:
+        """Forget IDs older than the window; returns how many."""
+        cutoff = now_us - self.window_us
+        n = 0
+        ids_ = self._ids
+        while ids_:
+            first = next(iter(ids_.values()))
+            if first.time_us >= cutoff:
+                break
+            ids_.popitem(last=False)
+            n += 1
+        return n
+
+    def pin(self, source_count: int) -> dict[int, int]:
+        """Per source, the lowest remembered position (oldest first, so stop early)."""
+        out: dict[int, int] = {}
+        for where in self._ids.values():
+            if where.source not in out:
+                out[where.source] = where.offset
+            else:
+                out[where.source] = min(out[where.source], where.offset)
+            if len(out) >= source_count:
+                break
+        return out
+
+
+def build_batches(messages: Sequence[Any]) -> list[tuple[int, int]]:
+    """Split messages into runs of one ordering key (a stored batch has one key): [start, stop)."""
+    runs: list[tuple[int, int]] = []
+    start = 0
+    for i in range(1, len(messages) + 1):
+        if i == len(messages) or messages[i].ordering_key != messages[start].ordering_key:
+            runs.append((start, i))
+            start = i
+    return runs
+
+
+def check_dedup_id(i: int, dedup_id: str) -> None:
+    if not dedup_id:
+        raise InvalidArgument(f"messages[{i}].dedup_id: required")
+    if len(dedup_id.encode()) > MAX_DEDUP_ID_BYTES:
+        raise InvalidArgument(f"messages[{i}].dedup_id: longer than {MAX_DEDUP_ID_BYTES} bytes")
+
+
+class Deduplicator:
+    """Dedup windows of every topic, over the publishing forwarder."""
+
+    def __init__(self, publishing: PublishingForwarder, window_s: float) -> None:
+        self.publishing = publishing
+        self.window_us = int(window_s * 1_000_000)
+        self.windows: dict[str, DedupWindow] = {}
+        self._pending: dict[tuple[str, str], asyncio.Future[str]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.duplicates = 0
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def recover(self, topic_uids: Iterable[str]) -> None:
+        """Rebuild the windows of topics that used dedup; call before the first trim."""
+        for uid in topic_uids:
+            sources = self.publishing.open_topic(uid)
+            if not (sources.directory / MARKER_FILE).exists():
+                continue
+            started = time.monotonic()
+            window = DedupWindow(self.window_us)
+            self._rebuild(sources, window)
+            self.windows[uid] = window
+            self._update_pin(uid, sources, window)
+            log.info(
+                "dedup window of topic %s rebuilt: %d ids in %.3fs",
+                uid,
+                len(window),
+                time.monotonic() - started,
+            )
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._sweep_loop(), name="dedup_sweep")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    # --- publish ------------------------------------------------------------------------------
+
+    async def publish(
+        self, topic_uid: str, messages: Sequence[tuple[str, Any]]
+    ) -> tuple[list[str], int]:
+        """Store the messages whose dedup ID is not in the window; return the message ID of
+        every message (the original one for a duplicate) and how many were duplicates.
+
+        ``messages`` are (dedup ID, PubsubMessage) pairs, already validated without the
+        reserved attribute."""
+        sources = self.publishing.open_topic(topic_uid)
+        window = self._window(topic_uid, sources)
+        now = time.time_ns() // 1000
+        window.expire(now)
+        result: list[str | None] = [None] * len(messages)
+        waits: list[tuple[int, asyncio.Future[str]]] = []
+        first_in_request: dict[str, int] = {}
+        same_as: list[tuple[int, int]] = []  # (index, index of the earlier copy in this request)
+        new: list[int] = []
+        for i, (dedup_id, _) in enumerate(messages):
+            seen = window.get(dedup_id, now)
+            if seen is not None:
+                result[i] = seen.message_id
+            elif dedup_id in first_in_request:
+                same_as.append((i, first_in_request[dedup_id]))
+            elif (topic_uid, dedup_id) in self._pending:
+                waits.append((i, self._pending[(topic_uid, dedup_id)]))
+            else:
+                first_in_request[dedup_id] = i
+                new.append(i)
+        loop = asyncio.get_running_loop()
+        mine = {i: loop.create_future() for i in new}
+        for i, fut in mine.items():
+            self._pending[(topic_uid, messages[i][0])] = fut
+        # The append runs in its own task: a client cancelling its call must not leave a
+        # stored message whose ID the window does not know.
+        store = asyncio.ensure_future(self._store(topic_uid, window, messages, new, mine))
+        store.add_done_callback(_retrieve)
+        await asyncio.shield(store)
+        for i, fut in mine.items():
+            result[i] = fut.result()
+        if DEDUP_PIN not in sources.pins:
+            self._update_pin(topic_uid, sources, window)
+        for i, fut in waits:
+            result[i] = await asyncio.shield(fut)
+        for i, j in same_as:
+            result[i] = result[j]
+        duplicates = len(messages) - len(new)
+        self.duplicates += duplicates
+        out = [r for r in result if r is not None]
+        assert len(out) == len(messages)
+        return out, duplicates
+
+    async def _store(
+        self,
+        topic_uid: str,
+        window: DedupWindow,
+        messages: Sequence[tuple[str, Any]],
+        new: list[int],
+        mine: dict[int, asyncio.Future[str]],
+    ) -> None:
+        try:
+            stored = [messages[i] for i in new]
+            for start, stop in build_batches([m for _, m in stored]):
+                request = pb.PublishRequest()
+                for dedup_id, m in stored[start:stop]:
+                    copy = request.messages.add()
+                    copy.CopyFrom(m)
+                    copy.attributes[DEDUP_ID_ATTRIBUTE] = dedup_id
+                raw = request.SerializeToString()
+                count = stop - start
+                source, base = await self.publishing.publish(topic_uid, raw, count)
+                done = time.time_ns() // 1000
+                for j in range(count):
+                    i = new[start + j]
+                    mid = ids.message_id(source, base + j)
+                    window.remember(messages[i][0], Remembered(mid, done, source, base + j))
+                    mine[i].set_result(mid)
+        except BaseException as e:
+            for fut in mine.values():
+                if not fut.done():
+                    fut.set_exception(e)
+                    fut.exception()  # retrieved: waiters re-raise it, nobody else must log it
+            raise
+        finally:
+            for i in new:
+                self._pending.pop((topic_uid, messages[i][0]), None)
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _window(self, topic_uid: str, sources: TopicSources) -> DedupWindow:
+        window = self.windows.get(topic_uid)
+        if window is None:
+            marker = sources.directory / MARKER_FILE
+            if not marker.exists():
+                # Durable before the first deduplicated entry, so a restart looks for IDs.
+                # (A topic's directories are created by its first write: maybe not yet.)
+                missing = []
+                parent = sources.directory
+                while not parent.is_dir():
+                    missing.append(parent)
+                    parent = parent.parent
+                for path in reversed(missing):
+                    path.mkdir(exist_ok=True)
+                    fsync_directory(path.parent)
+                fd = os.open(marker, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                fsync_directory(sources.directory)
+            window = DedupWindow(self.window_us)
+            self.windows[topic_uid] = window
+        return window
+
+    def _rebuild(self, sources: TopicSources, window: DedupWindow) -> None:
+        now = time.time_ns() // 1000
+        for source, log_ in enumerate(sources.logs):
+            offset = max(log_.offset_for_time(now - self.window_us), log_.start_offset)
+            end = log_.committed_offset
+            while offset < end:
+                entries = log_.read(offset, max_bytes=_REBUILD_READ_BYTES)
+                if not entries:
+                    break
+                for entry in entries:
+                    offset = entry.next_offset
+                    if _ATTRIBUTE_BYTES not in entry.payload:
+                        continue
+                    request = pb.PublishRequest.FromString(entry.payload)
+                    for j, m in enumerate(request.messages):
+                        dedup_id = m.attributes.get(DEDUP_ID_ATTRIBUTE)
+                        if dedup_id:
+                            at = entry.base_offset + j
+                            window.remember(
+                                dedup_id,
+                                Remembered(
+                                    ids.message_id(source, at), entry.publish_time_us, source, at
+                                ),
+                            )
+
+    def _update_pin(self, topic_uid: str, sources: TopicSources, window: DedupWindow) -> None:
+        pin = window.pin(len(sources.logs))
+        if pin:
+            sources.pins[DEDUP_PIN] = pin
+        else:
+            sources.pins.pop(DEDUP_PIN, None)
+
+    def sweep(self, now_us: int | None = None) -> None:
+        """Expire IDs and move the pins up; forget windows of topics whose storage is gone."""
+        now = time.time_ns() // 1000 if now_us is None else now_us
+        for uid, window in list(self.windows.items()):
+            sources = self.publishing.topics.get(uid)
+            if sources is None:
+                del self.windows[uid]
+                continue
+            window.expire(now)
+            self._update_pin(uid, sources, window)
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            try:
+                self.sweep()
+            except Exception:
+                log.exception("dedup window sweep failed")
+
+
+def _retrieve(task: asyncio.Future[None]) -> None:
+    if not task.cancelled():
+        task.exception()  # the caller may have gone; its error is logged by the API layer
+
+
+def validate_messages(messages: Sequence[tuple[str, Any]], request_size: int) -> None:
+    """Google's publish limits for a PublishDeduplicated request (messages without the
+    reserved attribute), plus the dedup IDs."""
+    n = len(messages)
+    if n == 0:
+        raise InvalidArgument("messages: a request must contain at least one message")
+    if n > validation.MAX_MESSAGES_PER_PUBLISH:
+        raise InvalidArgument(
+            f"messages: {n} messages in one request; the maximum is "
+            f"{validation.MAX_MESSAGES_PER_PUBLISH}"
+        )
+    if request_size > validation.MAX_PUBLISH_REQUEST_BYTES:
+        raise InvalidArgument(
+            f"request_size is too large: {request_size} bytes; the maximum is "
+            f"{validation.MAX_PUBLISH_REQUEST_BYTES}"
+        )
+    for i, (dedup_id, _) in enumerate(messages):
+        check_dedup_id(i, dedup_id)
+    plain = [m for _, m in messages]
+    for start, stop in build_batches(plain):
+        request = pb.PublishRequest(messages=plain[start:stop])
+        try:
+            validation.publish_request(request, 0)
+        except InvalidArgument as e:
+            # Name the message by its index in the whole request.
+            raise InvalidArgument(_reindex(str(e), start)) from None
+
+
+def _reindex(text: str, offset: int) -> str:
+    return re.sub(r"messages\[(\d+)\]", lambda m: f"messages[{int(m.group(1)) + offset}]", text)

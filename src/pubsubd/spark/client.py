@@ -1,0 +1,179 @@
+"""Client of pubsubd's replay API (``pubsubd.v1.Replay``) for the Spark connector.
+
+One gRPC channel per (process, endpoint), created on first use in whichever process needs it: the
+driver's streaming-source runner or an executor's Python worker. Readers and writers are pickled by
+Spark, so they hold only the endpoint string and call :func:`get_client` inside ``read()`` /
+``write()`` / ``commit()``. Python workers are reused across tasks, so the channel outlives a task;
+gRPC reconnects an idle or broken channel by itself, and every call has a deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf import timestamp_pb2
+
+from pubsubd._gen.pubsubd.v1 import replay_pb2
+from pubsubd.spark.offsets import SourceBounds
+
+_SERVICE = "/pubsubd.v1.Replay/"
+DEFAULT_ENDPOINT = "127.0.0.1:8085"
+_CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.keepalive_time_ms", 30_000),
+]
+
+
+class ReplayError(RuntimeError):
+    """A replay API call failed; ``code`` is the gRPC status code."""
+
+    def __init__(self, method: str, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"pubsubd {method} failed: {code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    """One message for :meth:`ReplayClient.publish_deduplicated`."""
+
+    dedup_id: str
+    data: bytes
+    attributes: Mapping[str, str] | None = None
+    ordering_key: str = ""
+
+
+def resolve_endpoint(option: str | None) -> str:
+    """The ``endpoint`` option, else ``PUBSUB_EMULATOR_HOST``, else 127.0.0.1:8085 (resolved on the
+    driver, so executors need no environment of their own)."""
+    return option or os.environ.get("PUBSUB_EMULATOR_HOST") or DEFAULT_ENDPOINT
+
+
+class ReplayClient:
+    """Blocking calls to one pubsubd. Thread-safe (a gRPC channel is)."""
+
+    def __init__(self, endpoint: str, timeout: float = 30.0) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(endpoint, options=_CHANNEL_OPTIONS)
+        self._calls: dict[str, Any] = {}
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _call(self, method: str, request: Any, response_type: Any) -> Any:
+        stub = self._calls.get(method)
+        if stub is None:
+            stub = self._channel.unary_unary(
+                _SERVICE + method,
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=response_type.FromString,
+            )
+            self._calls[method] = stub
+        try:
+            return stub(request, timeout=self.timeout, wait_for_ready=True)
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+            details = exc.details() if hasattr(exc, "details") else str(exc)
+            raise ReplayError(method, code, details or "") from exc
+
+    def topic_bounds(self, topic: str) -> dict[int, SourceBounds]:
+        """Earliest retained and latest committed offset of every partition, in one call."""
+        resp = self._call(
+            "GetTopicRanges",
+            replay_pb2.GetTopicRangesRequest(topic=topic),
+            replay_pb2.GetTopicRangesResponse,
+        )
+        return {r.source: SourceBounds(r.earliest_offset, r.latest_offset) for r in resp.sources}
+
+    def lookup_offsets(self, topic: str, micros: int) -> dict[int, int]:
+        """Per partition, the first offset published at or after ``micros`` (epoch microseconds)."""
+        ts = timestamp_pb2.Timestamp(seconds=micros // 1_000_000, nanos=(micros % 1_000_000) * 1000)
+        resp = self._call(
+            "LookupOffsets",
+            replay_pb2.LookupOffsetsRequest(topic=topic, time=ts),
+            replay_pb2.LookupOffsetsResponse,
+        )
+        return dict(resp.offsets)
+
+    def read(
+        self, topic: str, partition: int, start: int, end: int, max_messages: int = 0
+    ) -> tuple[Sequence[Any], int]:
+        """One page of ``[start, end)``: (messages, next offset)."""
+        resp = self._call(
+            "Read",
+            replay_pb2.ReadRequest(
+                topic=topic,
+                source=partition,
+                start_offset=start,
+                end_offset=end,
+                max_messages=max_messages,
+            ),
+            replay_pb2.ReadResponse,
+        )
+        return resp.messages, resp.next_offset
+
+    def get_cursor(self, topic: str, name: str) -> dict[int, int]:
+        """A named cursor's positions; empty when the cursor does not exist yet."""
+        try:
+            resp = self._call(
+                "GetCursor",
+                replay_pb2.GetCursorRequest(topic=topic, name=name),
+                replay_pb2.Cursor,
+            )
+        except ReplayError as exc:
+            if exc.code == grpc.StatusCode.NOT_FOUND:
+                return {}
+            raise
+        return dict(resp.offsets)
+
+    def commit_cursor(self, topic: str, name: str, positions: Mapping[int, int]) -> dict[int, int]:
+        resp = self._call(
+            "CommitCursor",
+            replay_pb2.CommitCursorRequest(topic=topic, name=name, offsets=dict(positions)),
+            replay_pb2.Cursor,
+        )
+        return dict(resp.offsets)
+
+    def publish_deduplicated(
+        self, topic: str, messages: Iterable[OutgoingMessage]
+    ) -> tuple[list[str], int]:
+        """Publish one request's worth; returns (message IDs, how many were duplicates)."""
+        req = replay_pb2.PublishDeduplicatedRequest(topic=topic)
+        for m in messages:
+            pb = req.messages.add(dedup_id=m.dedup_id, data=m.data, ordering_key=m.ordering_key)
+            if m.attributes:
+                pb.attributes.update(m.attributes)
+        resp = self._call("PublishDeduplicated", req, replay_pb2.PublishDeduplicatedResponse)
+        return list(resp.message_ids), int(resp.duplicates)
+
+
+_clients: dict[tuple[int, str], ReplayClient] = {}
+_lock = threading.Lock()
+
+
+def get_client(endpoint: str) -> ReplayClient:
+    """This process's client for ``endpoint`` (a forked worker never reuses its parent's)."""
+    key = (os.getpid(), endpoint)
+    client = _clients.get(key)
+    if client is None:
+        with _lock:
+            client = _clients.get(key)
+            if client is None:
+                client = ReplayClient(endpoint)
+                _clients[key] = client
+    return client
+
+
+def close_clients() -> None:
+    """Close this process's channels (the driver's source calls it from ``stop()``)."""
+    pid = os.getpid()
+    with _lock:
+        for key in [k for k in _clients if k[0] == pid]:
+            _clients.pop(key).close()

@@ -1,0 +1,368 @@
+"""The ``pubsubd`` Spark data source: streaming and batch readers over a topic's retained log.
+
+Where each method runs (Spark pickles the source, readers and writers with cloudpickle):
+
+* ``initialOffset``, ``latestOffset``, ``partitions``, ``commit``, ``reportLatestOffset`` and
+  ``stop`` run in one long-lived Python process on the driver; state kept on ``self`` survives
+  between micro-batches there.
+* ``read(partition)`` runs in executor Python workers on another copy of the reader, so everything
+  it needs travels in the :class:`RangePartition`.
+
+Offsets are ``{"<topic>": {"<partition>": next offset}}`` (Kafka's form); Spark's checkpoint is
+the only thing that decides where a restarted query resumes. The ``subscription`` option names a
+cursor that ``commit`` advances (one micro-batch behind Spark, so it never runs ahead of what
+Spark made durable) so that the service's backlog metrics show the pipeline's lag.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from pubsubd.spark import offsets as off
+from pubsubd.spark.client import ReplayError, get_client
+from pubsubd.spark.options import SourceOptions
+
+log = logging.getLogger("pubsubd.spark")
+
+SCHEMA_DDL = (
+    "topic string, partition int, offset long, message_id string, ordering_key string, "
+    "data binary, attributes map<string,string>, publish_time timestamp"
+)
+
+# Spark compares a returned RecordBatch's schema with its own Arrow schema exactly
+# (pyspark.sql.pandas.types.to_arrow_schema(schema, timezone="UTC")).
+ARROW_SCHEMA = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("message_id", pa.string()),
+        ("ordering_key", pa.string()),
+        ("data", pa.binary()),
+        ("attributes", pa.map_(pa.string(), pa.string())),
+        ("publish_time", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+_BYTES_SAMPLE = 64  # messages read per partition to estimate message size for maxBytesPerTrigger
+
+
+class DataLossError(RuntimeError):
+    """Offsets the query needs are no longer retained (``failOnDataLoss=true``)."""
+
+
+@dataclass
+class RangePartition(InputPartition):
+    """Offsets ``[start, end)`` of one partition, plus what an executor needs to read them."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    endpoint: str
+    fetch_size: int
+    fail_on_data_loss: bool
+
+
+def _report_loss(loss: off.DataLoss, topic: str, fail: bool) -> None:
+    text = loss.describe(topic)
+    if fail:
+        raise DataLossError(text)
+    log.warning("%s", text)
+
+
+def to_record_batch(topic: str, partition: int, messages: Sequence[Any]) -> pa.RecordBatch:
+    """ReplayMessages of one partition -> a RecordBatch with exactly ``ARROW_SCHEMA``."""
+    n = len(messages)
+    micros = [m.publish_time.seconds * 1_000_000 + m.publish_time.nanos // 1000 for m in messages]
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([topic] * n, pa.string()),
+            pa.array([partition] * n, pa.int32()),
+            pa.array([m.offset for m in messages], pa.int64()),
+            pa.array([m.message_id for m in messages], pa.string()),
+            pa.array([m.ordering_key or None for m in messages], pa.string()),
+            pa.array([m.data for m in messages], pa.binary()),
+            pa.array([list(m.attributes.items()) for m in messages], ARROW_SCHEMA.field(6).type),
+            pa.array(micros, ARROW_SCHEMA.field(7).type),
+        ],
+        schema=ARROW_SCHEMA,
+    )
+
+
+def read_range(p: RangePartition) -> Iterator[pa.RecordBatch]:
+    """Read ``[p.start, p.end)`` in pages; a retention gap is data loss (fail or skip)."""
+    client = get_client(p.endpoint)
+    cur = p.start
+    while cur < p.end:
+        try:
+            messages, next_offset = client.read(p.topic, p.partition, cur, p.end, p.fetch_size)
+        except ReplayError as exc:
+            if exc.code != grpc.StatusCode.OUT_OF_RANGE:
+                raise
+            bounds = client.topic_bounds(p.topic).get(p.partition)
+            earliest = bounds.earliest if bounds is not None else p.end
+            if earliest <= cur:
+                raise
+            latest = bounds.latest if bounds is not None else p.end
+            _report_loss(
+                off.DataLoss(p.partition, cur, earliest, latest), p.topic, p.fail_on_data_loss
+            )
+            cur = earliest
+            continue
+        if messages:
+            first = messages[0].offset
+            if first > cur:
+                loss = off.DataLoss(p.partition, cur, first, p.end)
+                _report_loss(loss, p.topic, p.fail_on_data_loss)
+            yield to_record_batch(p.topic, p.partition, messages)
+            cur = max(next_offset, messages[-1].offset + 1)
+        elif next_offset > cur:
+            cur = next_offset
+        else:
+            raise RuntimeError(
+                f"pubsubd Read made no progress at offset {cur} of partition {p.partition} "
+                f"of {p.topic} (end {p.end})"
+            )
+
+
+def _partitions(opts: SourceOptions, parts: list[off.OffsetRange]) -> list[RangePartition]:
+    pieces = off.split(parts, opts.min_partitions, opts.max_offsets_per_partition)
+    return [
+        RangePartition(
+            topic=opts.topic,
+            partition=r.partition,
+            start=r.start,
+            end=r.end,
+            endpoint=opts.endpoint,
+            fetch_size=opts.fetch_size,
+            fail_on_data_loss=opts.fail_on_data_loss,
+        )
+        for r in pieces
+    ]
+
+
+class PubsubdStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batch reader with admission control (maxOffsetsPerTrigger / maxBytesPerTrigger)."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        self._initial: off.Positions | None = None
+        self._target: off.Positions | None = None
+        self._head: off.Positions | None = None
+        self._committed: off.Positions | None = None
+
+    def _bounds(self) -> dict[int, off.SourceBounds]:
+        bounds = get_client(self.opts.endpoint).topic_bounds(self.opts.topic)
+        self._head = {p: b.latest for p, b in bounds.items()}
+        return bounds
+
+    def _json(self, positions: off.Positions) -> dict[str, Any]:
+        return off.positions_to_json(self.opts.topic, positions)
+
+    def _positions(self, obj: dict[str, Any]) -> off.Positions:
+        return off.positions_from_json(obj, self.opts.topic)
+
+    def initialOffset(self) -> dict[str, Any]:
+        if self._initial is None:
+            self._initial = self._resolve_initial()
+        return self._json(self._initial)
+
+    def _resolve_initial(self) -> off.Positions:
+        opts = self.opts
+        client = get_client(opts.endpoint)
+        bounds = self._bounds()
+        if opts.subscription:
+            cursor = client.get_cursor(opts.topic, opts.subscription)
+            if cursor:
+                return off.with_new_partitions(cursor, bounds)
+        if opts.starting_timestamp is not None:
+            found = client.lookup_offsets(opts.topic, opts.starting_timestamp)
+            return off.with_new_partitions(found, bounds)
+        spec = off.parse_spec(opts.starting_offsets, opts.topic, off.LATEST)
+        return off.resolve(spec, bounds)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_offsets_per_trigger:
+            return ReadMaxRows(self.opts.max_offsets_per_trigger)
+        if self.opts.max_bytes_per_trigger:
+            return ReadMaxBytes(self.opts.max_bytes_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = {p: b.latest for p, b in self._bounds().items()}
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        opts = self.opts
+        bounds = self._bounds()
+        begin = off.with_new_partitions(self._positions(start), bounds)
+        losses = off.find_data_loss(begin, bounds)
+        for loss in losses:
+            _report_loss(loss, opts.topic, opts.fail_on_data_loss)
+        if losses:
+            begin = off.skip_lost(begin, bounds)
+        head = {p: b.latest for p, b in bounds.items()}
+        if self._target is not None:
+            head = {
+                p: max(begin.get(p, 0), min(h, self._target.get(p, begin.get(p, 0))))
+                for p, h in head.items()
+            }
+        max_rows = max_bytes = None
+        if not isinstance(limit, ReadAllAvailable):
+            max_rows = opts.max_offsets_per_trigger
+            max_bytes = opts.max_bytes_per_trigger
+            if isinstance(limit, ReadMaxRows):
+                max_rows = limit.max_rows
+            elif isinstance(limit, ReadMaxBytes):
+                max_bytes = limit.max_bytes
+        avg = self._sample_sizes(begin, head) if max_bytes else None
+        end = off.admit(begin, head, max_rows, max_bytes, avg)
+        return self._json(end)
+
+    def _sample_sizes(self, begin: off.Positions, head: off.Positions) -> dict[int, float]:
+        """Average message size per partition with a backlog, from its first few messages."""
+        client = get_client(self.opts.endpoint)
+        sizes: dict[int, float] = {}
+        for p, pos in begin.items():
+            if head.get(p, pos) <= pos:
+                continue
+            end = min(head[p], pos + _BYTES_SAMPLE)
+            try:
+                messages, _ = client.read(self.opts.topic, p, pos, end, _BYTES_SAMPLE)
+            except ReplayError:
+                continue
+            if messages:
+                total = sum(
+                    len(m.data)
+                    + len(m.ordering_key)
+                    + sum(len(k) + len(v) for k, v in m.attributes.items())
+                    for m in messages
+                )
+                sizes[p] = total / len(messages)
+        return sizes
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        return None if self._head is None else self._json(self._head)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        begin = self._positions(start)
+        stop = self._positions(end)
+        if any(p not in begin for p in stop):  # partitions added since ``start`` was planned
+            bounds = get_client(self.opts.endpoint).topic_bounds(self.opts.topic)
+            begin = off.with_new_partitions(begin, bounds)
+        return _partitions(self.opts, off.ranges(begin, stop))
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, RangePartition)
+        return read_range(partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        name = self.opts.subscription
+        if not name:
+            return
+        positions = self._positions(end)
+        if positions == self._committed:
+            return
+        try:
+            get_client(self.opts.endpoint).commit_cursor(self.opts.topic, name, positions)
+        except ReplayError as exc:  # the next commit catches up; Spark's checkpoint is the truth
+            log.warning("could not advance cursor %s of %s: %s", name, self.opts.topic, exc)
+            return
+        self._committed = positions
+
+    def stop(self) -> None:
+        # The channel is per process and shared; nothing to release per query.
+        pass
+
+
+class PubsubdBatchReader(DataSourceReader):
+    """Backfills: ``startingOffsets`` (default earliest) .. ``endingOffsets`` (default latest), or
+    ``startingTimestamp`` / ``endingTimestamp``."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+
+    def plan(self) -> list[off.OffsetRange]:
+        opts = self.opts
+        client = get_client(opts.endpoint)
+        bounds = client.topic_bounds(opts.topic)
+        if opts.starting_timestamp is not None:
+            begin = off.with_new_partitions(
+                client.lookup_offsets(opts.topic, opts.starting_timestamp), bounds
+            )
+        else:
+            spec = off.parse_spec(opts.starting_offsets, opts.topic, off.EARLIEST)
+            begin = off.resolve(spec, bounds)
+        if opts.ending_timestamp is not None:
+            stop = off.with_new_partitions(
+                client.lookup_offsets(opts.topic, opts.ending_timestamp), bounds
+            )
+        else:
+            spec = off.parse_spec(opts.ending_offsets, opts.topic, off.LATEST)
+            stop = off.resolve(spec, bounds)
+        losses = [x for x in off.find_data_loss(begin, bounds) if x.wanted < x.earliest]
+        for loss in losses:
+            _report_loss(loss, opts.topic, opts.fail_on_data_loss)
+        if losses:
+            begin = off.skip_lost(begin, bounds)
+        stop = {p: min(v, bounds[p].latest) if p in bounds else v for p, v in stop.items()}
+        return off.ranges(begin, stop)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return _partitions(self.opts, self.plan())
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, RangePartition)
+        return read_range(partition)
+
+
+class PubsubdDataSource(DataSource):
+    """``format("pubsubd")``: streaming source and sink, batch reader and writer.
+
+    Register it once per session: ``spark.dataSource.register(PubsubdDataSource)``.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "pubsubd"
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return PubsubdBatchReader(SourceOptions.parse(self.options))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return PubsubdStreamReader(SourceOptions.parse(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from pubsubd.spark.sink import PubsubdBatchWriter
+
+        return PubsubdBatchWriter(schema, self.options)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from pubsubd.spark.sink import PubsubdStreamWriter
+
+        return PubsubdStreamWriter(schema, self.options)

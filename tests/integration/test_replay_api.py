@@ -1,0 +1,255 @@
+"""The replayable read API (pubsubd.v1.Replay, docs/REPLAY_API.md) against a real server, with
+messages published by the official client."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.cloud import pubsub_v1
+from google.protobuf import timestamp_pb2
+
+from tests.conftest import make_publisher, make_subscriber
+from tests.support.replay_client import ReplayClient
+from tests.support.server import ServerProcess, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def _status(server: ServerProcess) -> Any:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/status", timeout=10) as f:
+        return json.loads(f.read())
+
+
+def _ts(seconds: float) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts
+
+
+def _code(excinfo: pytest.ExceptionInfo[grpc.RpcError]) -> grpc.StatusCode:
+    return excinfo.value.code()  # type: ignore[attr-defined,no-any-return]
+
+
+def test_ranges_lookup_and_paged_reads_return_what_was_published(
+    shared_server: ServerProcess, names: Any
+) -> None:
+    topic, sub_name = names.topic(), names.subscription()
+    pub = make_publisher(
+        shared_server.endpoint,
+        publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True),
+    )
+    sub = make_subscriber(shared_server.endpoint)
+    replay = ReplayClient(shared_server.endpoint)
+    pub.create_topic(name=topic)
+    sub.create_subscription(name=sub_name, topic=topic)
+    assert replay.GetTopicRanges(topic=topic).sources[0].latest_offset == 0
+
+    first = [pub.publish(topic, f"m{i}".encode(), ordering_key="k1", n=str(i)) for i in range(20)]
+    first_ids = [f.result(timeout=30) for f in first]
+    time.sleep(0.05)
+    boundary = time.time()
+    time.sleep(0.05)
+    second = [pub.publish(topic, f"m{i}".encode(), i=str(i)) for i in range(20, 33)]
+    ids = first_ids + [f.result(timeout=30) for f in second]
+
+    (rng,) = replay.GetTopicRanges(topic=topic).sources
+    assert (rng.source, rng.earliest_offset, rng.latest_offset) == (0, 0, 33)
+
+    offsets = replay.LookupOffsets(topic=topic, time=_ts(boundary)).offsets
+    assert dict(offsets) == {0: 20}
+    assert dict(replay.LookupOffsets(topic=topic, time=_ts(0)).offsets) == {0: 0}
+    assert dict(replay.LookupOffsets(topic=topic, time=_ts(time.time() + 60)).offsets) == {0: 33}
+
+    # What a subscription receives is the reference for every field.
+    pulled: dict[str, Any] = {}
+    while len(pulled) < 33:
+        resp = sub.pull(subscription=sub_name, max_messages=100, timeout=10)
+        for m in resp.received_messages:
+            pulled[m.message.message_id] = m.message
+        sub.acknowledge(subscription=sub_name, ack_ids=[m.ack_id for m in resp.received_messages])
+
+    pages = []
+    start = 0
+    while True:
+        page = replay.Read(topic=topic, source=0, start_offset=start, max_messages=7)
+        if not page.messages:
+            assert page.next_offset == start == 33
+            break
+        assert len(page.messages) <= 7
+        pages.append(page)
+        start = page.next_offset
+    assert len(pages) == 5
+    read = [m for p in pages for m in p.messages]
+    assert [m.message_id for m in read] == ids
+    assert [m.offset for m in read] == list(range(33))
+    for m in read:
+        ref = pulled[m.message_id]
+        assert m.data == ref.data
+        assert dict(m.attributes) == dict(ref.attributes)
+        assert m.ordering_key == ref.ordering_key
+        assert m.publish_time.ToNanoseconds() == ref.publish_time.timestamp_pb().ToNanoseconds()
+    assert read[0].ordering_key == "k1" and read[25].ordering_key == ""
+
+    # A bounded range, and a byte limit that still returns one message.
+    window = replay.Read(topic=topic, source=0, start_offset=5, end_offset=9)
+    assert [m.offset for m in window.messages] == [5, 6, 7, 8] and window.next_offset == 9
+    one = replay.Read(topic=topic, source=0, start_offset=10, max_bytes=1)
+    assert [m.offset for m in one.messages] == [10] and one.next_offset == 11
+    replay.close()
+
+
+def test_errors(shared_server: ServerProcess, names: Any) -> None:
+    topic = names.topic()
+    replay = ReplayClient(shared_server.endpoint)
+    with pytest.raises(grpc.RpcError) as e:
+        replay.GetTopicRanges(topic=topic)
+    assert _code(e) == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.RpcError) as e:
+        replay.Read(topic="not-a-topic-name", source=0)
+    assert _code(e) == grpc.StatusCode.INVALID_ARGUMENT
+    make_publisher(shared_server.endpoint).create_topic(name=topic)
+    with pytest.raises(grpc.RpcError) as e:
+        replay.Read(topic=topic, source=3)
+    assert _code(e) == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as e:
+        replay.Read(topic=topic, source=0, start_offset=5)
+    assert _code(e) == grpc.StatusCode.OUT_OF_RANGE
+    with pytest.raises(grpc.RpcError) as e:
+        replay.PublishDeduplicated(topic=topic, messages=[{"data": b"x"}])
+    assert _code(e) == grpc.StatusCode.INVALID_ARGUMENT
+    assert "dedup_id" in e.value.details()  # type: ignore[attr-defined]
+    with pytest.raises(grpc.RpcError) as e:
+        replay.PublishDeduplicated(
+            topic=topic, messages=[{"dedup_id": "a", "data": b"x", "attributes": {"": "v"}}]
+        )
+    assert _code(e) == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as e:
+        replay.PublishDeduplicated(
+            topic=topic, messages=[{"dedup_id": str(i), "data": b"x"} for i in range(1001)]
+        )
+    assert _code(e) == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as e:
+        replay.CommitCursor(topic=topic, name="q", offsets={0: 1})
+    assert _code(e) == grpc.StatusCode.OUT_OF_RANGE
+    with pytest.raises(grpc.RpcError) as e:
+        replay.CommitCursor(topic=topic, name="", offsets={0: 0})
+    assert _code(e) == grpc.StatusCode.INVALID_ARGUMENT
+    # The reserved attribute cannot be set through google.pubsub.v1 Publish.
+    with pytest.raises(Exception, match="reserved"):
+        make_publisher(shared_server.endpoint).publish(
+            topic, b"x", **{"pubsubd.dedup_id": "a"}
+        ).result(timeout=30)
+    replay.close()
+
+
+def test_dedup_stores_once_and_answers_original_ids(
+    shared_server: ServerProcess, names: Any
+) -> None:
+    topic, sub_name = names.topic(), names.subscription()
+    make_publisher(shared_server.endpoint).create_topic(name=topic)
+    sub = make_subscriber(shared_server.endpoint)
+    sub.create_subscription(name=sub_name, topic=topic)
+    replay = ReplayClient(shared_server.endpoint)
+    batch = [
+        {"dedup_id": f"id-{i}", "data": f"d{i}".encode(), "attributes": {"a": str(i)}}
+        for i in range(10)
+    ]
+    first = replay.PublishDeduplicated(topic=topic, messages=batch)
+    assert first.duplicates == 0 and list(first.message_ids) == [str(i) for i in range(10)]
+    again = replay.PublishDeduplicated(
+        topic=topic, messages=[*batch[5:], {"dedup_id": "new", "data": b"n"}]
+    )
+    assert again.duplicates == 5
+    assert list(again.message_ids) == [str(i) for i in range(5, 10)] + ["10"]
+    assert replay.GetTopicRanges(topic=topic).sources[0].latest_offset == 11
+    read = replay.read_all(topic)
+    assert [m.data for m in read] == [f"d{i}".encode() for i in range(10)] + [b"n"]
+    assert all("pubsubd.dedup_id" not in m.attributes for m in read)
+    got: list[Any] = []
+    while len(got) < 11:
+        resp = sub.pull(subscription=sub_name, max_messages=100, timeout=10)
+        got.extend(m.message for m in resp.received_messages)
+    assert sorted(m.message_id for m in got) == sorted(str(i) for i in range(11))
+    assert all(dict(m.attributes) in ({}, {"a": m.data.decode()[1:]}) for m in got)
+    assert _status(shared_server)["dedup"]["duplicates"] >= 5
+    replay.close()
+
+
+def test_cursors_survive_restart_and_show_lag(server: ServerProcess, names: Any) -> None:
+    topic = names.topic()
+    pub = make_publisher(server.endpoint)
+    pub.create_topic(name=topic)
+    for f in [pub.publish(topic, b"x") for _ in range(12)]:
+        f.result(timeout=30)
+    replay = ReplayClient(server.endpoint)
+    empty = replay.GetCursor(topic=topic, name="query-1")
+    assert dict(empty.offsets) == {} and not empty.HasField("commit_time")
+    committed = replay.CommitCursor(topic=topic, name="query-1", offsets={0: 4})
+    assert dict(committed.offsets) == {0: 4} and committed.HasField("commit_time")
+    assert _status(server)["cursors"][topic]["query-1"]["lag"] == 8
+    replay.close()
+    port = server.port
+    server.kill()  # kill -9: a commit that was answered is durable
+    server.start(port=port)
+    replay = ReplayClient(server.endpoint)
+    got = replay.GetCursor(topic=topic, name="query-1")
+    assert dict(got.offsets) == {0: 4} and got.commit_time == committed.commit_time
+    assert _status(server)["cursors"][topic]["query-1"]["lag_by_source"] == {"0": 8}
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/metrics") as f:
+        metrics = f.read().decode()
+    assert f'pubsubd_cursor_lag_messages{{cursor="query-1",topic="{topic}"}} 8.0' in metrics
+    replay.close()
+
+
+def test_read_below_retained_range_fails_and_cursor_pins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PUBSUBD_SEGMENT_BYTES", "4096")  # tiny segments: trimmed early
+    server = ServerProcess(tmp_path / "data").start()
+    try:
+        topic, sub_name = "projects/trim/topics/replay", "projects/trim/subscriptions/all"
+        pub = make_publisher(
+            server.endpoint, batch_settings=pubsub_v1.types.BatchSettings(max_messages=10)
+        )
+        sub = make_subscriber(server.endpoint)
+        replay = ReplayClient(server.endpoint)
+        pub.create_topic(name=topic)
+        sub.create_subscription(name=sub_name, topic=topic)
+        for f in [pub.publish(topic, os.urandom(200)) for _ in range(300)]:
+            f.result(timeout=30)
+        replay.CommitCursor(topic=topic, name="pipeline", offsets={0: 150})
+        acked = 0
+        while acked < 300:
+            resp = sub.pull(subscription=sub_name, max_messages=100, timeout=10)
+            sub.acknowledge(
+                subscription=sub_name, ack_ids=[m.ack_id for m in resp.received_messages]
+            )
+            acked += len(resp.received_messages)
+
+        def earliest() -> int:
+            return int(replay.GetTopicRanges(topic=topic).sources[0].earliest_offset)
+
+        wait_for(lambda: earliest() > 0, 15, "acked segments to be trimmed")
+        time.sleep(4.5)  # two more trim passes: the cursor's pin holds
+        low = earliest()
+        assert 0 < low <= 150
+        with pytest.raises(grpc.RpcError) as e:
+            replay.Read(topic=topic, source=0, start_offset=low - 1)
+        assert _code(e) == grpc.StatusCode.OUT_OF_RANGE
+        assert f"offset {low - 1} is below the retained range [{low}, 300)" in (
+            e.value.details()  # type: ignore[attr-defined]
+        )
+        assert replay.read_all(topic, start=150)[0].offset == 150
+        # Committing to the end releases the pin.
+        replay.CommitCursor(topic=topic, name="pipeline", offsets={0: 300})
+        wait_for(lambda: earliest() > 150, 15, "the released segments to be trimmed")
+        replay.close()
+    finally:
+        server.kill()

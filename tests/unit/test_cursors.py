@@ -1,0 +1,109 @@
+"""Named cursors of the replay API: pure checks, and Cursors over a real catalog (persisted,
+pinning the log)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from pubsubd.control.catalog import Catalog
+from pubsubd.control.cursors import Cursors, check_offsets, cursor_pin, lag
+from pubsubd.core import pb
+from pubsubd.core.errors import InvalidArgument, OutOfRange
+from pubsubd.data.publish.forwarder import PublishingForwarder
+from pubsubd.data.subscribe.forwarder import SubscribingForwarder
+from pubsubd.storage.log import FsyncPolicy
+from pubsubd.storage.metadata import SqliteMetadataStore
+
+pytestmark = pytest.mark.unit
+
+TOPIC = "projects/p/topics/topic"
+
+
+def test_check_offsets() -> None:
+    ranges = {0: (10, 20)}
+    check_offsets({0: 10}, ranges)
+    check_offsets({0: 20}, ranges)
+    check_offsets({0: 3}, ranges)  # behind the retained range: allowed
+    with pytest.raises(OutOfRange, match="offset 21 is above the latest position 20"):
+        check_offsets({0: 21}, ranges)
+    with pytest.raises(InvalidArgument, match="source 1 does not exist"):
+        check_offsets({1: 0}, ranges)
+    with pytest.raises(InvalidArgument, match="negative"):
+        check_offsets({0: -1}, ranges)
+
+
+def test_lag() -> None:
+    assert lag({0: 15}, {0: (10, 20)}) == {0: 5}
+    assert lag({}, {0: (10, 20)}) == {0: 10}  # never committed: from the earliest
+    assert lag({0: 3}, {0: (10, 20)}) == {0: 10}  # behind what is kept
+    assert lag({0: 20}, {0: (10, 20)}) == {0: 0}
+
+
+async def _catalog(data: Path) -> Catalog:
+    publishing = PublishingForwarder(data, fsync=FsyncPolicy.NEVER)
+    catalog = Catalog(SqliteMetadataStore(data), publishing, SubscribingForwarder(publishing))
+    catalog.load()
+    return catalog
+
+
+@pytest.fixture
+async def catalog(tmp_path: Path) -> AsyncIterator[Catalog]:
+    c = await _catalog(tmp_path)
+    yield c
+    await c.publishing.close()
+    c.store.close()
+
+
+async def test_commit_get_persist_and_pin(tmp_path: Path, catalog: Catalog) -> None:
+    catalog.create_topic(pb.Topic(name=TOPIC))
+    entry = catalog.topic(TOPIC)
+    uid = entry.record.uid
+    raw = pb.PublishRequest(messages=[pb.PubsubMessage(data=b"x")] * 5).SerializeToString()
+    await catalog.publishing.publish(uid, raw, 5)
+    cursors = Cursors(catalog)
+    cursors.load()
+    empty = cursors.get(entry, "q")
+    assert empty.offsets == {} and empty.commit_time_us == 0
+    sources = catalog.publishing.open_topic(uid)
+    assert cursor_pin("q") not in sources.pins
+    rec = cursors.commit(entry, "q", {0: 3})
+    assert rec.offsets == {0: 3} and rec.commit_time_us > 0
+    assert sources.pins[cursor_pin("q")] == {0: 3}
+    assert sources.trim_point(0) == 3  # no subscription, yet the cursor keeps [3, 5)
+    # Snapshots' pin refresh leaves the cursor's pin alone.
+    catalog.snapshots.refresh_pins(uid)
+    assert sources.pins[cursor_pin("q")] == {0: 3}
+    assert cursors.status() == {
+        TOPIC: {
+            "q": {
+                "offsets": {"0": 3},
+                "commit_time_us": rec.commit_time_us,
+                "lag": 2,
+                "lag_by_source": {"0": 2},
+            }
+        }
+    }
+    with pytest.raises(InvalidArgument, match="name"):
+        cursors.commit(entry, "", {0: 1})
+    with pytest.raises(OutOfRange):
+        cursors.commit(entry, "q", {0: 6})
+    # Restart: the cursor and its pin come back.
+    await catalog.publishing.close()
+    catalog.store.close()
+    again = await _catalog(tmp_path)
+    try:
+        cursors = Cursors(again)
+        cursors.load()
+        assert cursors.get(again.topic(TOPIC), "q").offsets == {0: 3}
+        assert again.publishing.open_topic(uid).pins[cursor_pin("q")] == {0: 3}
+        # A re-created topic is a new incarnation: no cursors.
+        await again.delete_topic(TOPIC)
+        again.create_topic(pb.Topic(name=TOPIC))
+        assert cursors.get(again.topic(TOPIC), "q").offsets == {}
+        assert cursors.status() == {}
+    finally:
+        await again.publishing.close()
+        again.store.close()

@@ -1,0 +1,157 @@
+"""The dedup window of PublishDeduplicated: pure window rules, request checks, and the
+Deduplicator over a real log (including the rebuild after a restart)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pubsubd.core import pb
+from pubsubd.core.errors import InvalidArgument
+from pubsubd.core.validation import DEDUP_ID_ATTRIBUTE
+from pubsubd.data.publish.dedup import (
+    DEDUP_PIN,
+    Deduplicator,
+    DedupWindow,
+    Remembered,
+    build_batches,
+    validate_messages,
+)
+from pubsubd.data.publish.forwarder import PublishingForwarder
+from pubsubd.storage.log import FsyncPolicy
+
+pytestmark = pytest.mark.unit
+
+S = 1_000_000
+UID = "topic-uid"
+
+
+def _msg(data: bytes = b"x", key: str = "", **attrs: str) -> Any:
+    return pb.PubsubMessage(data=data, ordering_key=key, attributes=attrs)
+
+
+def test_window_remembers_for_its_length_then_forgets() -> None:
+    w = DedupWindow(10 * S)
+    w.remember("a", Remembered("7", 100 * S, 0, 7))
+    w.remember("b", Remembered("8", 105 * S, 0, 8))
+    assert w.get("a", 109 * S) == Remembered("7", 100 * S, 0, 7)
+    assert w.get("a", 111 * S) is None  # past the window even before expire()
+    assert w.pin(1) == {0: 7}
+    assert w.expire(111 * S) == 1
+    assert len(w) == 1 and w.pin(1) == {0: 8}
+    assert w.expire(200 * S) == 1
+    assert w.pin(1) == {}
+
+
+def test_window_re_remembering_an_expired_id_makes_it_newest() -> None:
+    w = DedupWindow(10 * S)
+    w.remember("a", Remembered("1", 100 * S, 0, 1))
+    w.remember("b", Remembered("2", 101 * S, 0, 2))
+    w.remember("a", Remembered("9", 120 * S, 0, 9))
+    assert w.expire(112 * S) == 1  # b expired; a is now the newest
+    assert w.get("a", 121 * S) == Remembered("9", 120 * S, 0, 9)
+
+
+def test_build_batches_splits_runs_of_one_ordering_key() -> None:
+    msgs = [_msg(key=k) for k in ["", "", "a", "a", "", "b"]]
+    assert build_batches(msgs) == [(0, 2), (2, 4), (4, 5), (5, 6)]
+    assert build_batches([]) == []
+
+
+def test_validate_messages() -> None:
+    validate_messages([("id", _msg())], 10)
+    with pytest.raises(InvalidArgument, match="dedup_id: required"):
+        validate_messages([("a", _msg()), ("", _msg())], 10)
+    with pytest.raises(InvalidArgument, match="longer than 256"):
+        validate_messages([("x" * 257, _msg())], 10)
+    with pytest.raises(InvalidArgument, match="at least one message"):
+        validate_messages([], 10)
+    with pytest.raises(InvalidArgument, match="request_size"):
+        validate_messages([("a", _msg())], 10_000_001)
+    with pytest.raises(InvalidArgument, match="1001 messages"):
+        validate_messages([(str(i), _msg()) for i in range(1001)], 10)
+    with pytest.raises(InvalidArgument, match=r"messages\[2\]: a message must contain"):
+        validate_messages([("a", _msg(key="k")), ("b", _msg()), ("c", _msg(b""))], 10)
+    with pytest.raises(InvalidArgument, match="reserved"):
+        validate_messages([("a", _msg(**{DEDUP_ID_ATTRIBUTE: "x"}))], 10)
+
+
+async def _stored(publishing: PublishingForwarder) -> list[tuple[str, bytes, dict[str, str]]]:
+    sources = publishing.open_topic(UID)
+    out = []
+    for entry in sources.logs[0].read(0, max_entries=1000):
+        d = sources.decoded(0, entry)
+        for m in d.parsed:
+            out.append((m.message_id, m.data, dict(m.attributes)))
+    return out
+
+
+async def test_duplicates_are_acknowledged_with_the_original_ids(tmp_path: Path) -> None:
+    publishing = PublishingForwarder(tmp_path, fsync=FsyncPolicy.NEVER)
+    dedup = Deduplicator(publishing, window_s=600)
+    try:
+        ids1, dup1 = await dedup.publish(
+            UID, [("a", _msg(b"1")), ("b", _msg(b"2", key="k")), ("a", _msg(b"1"))]
+        )
+        assert ids1 == ["0", "1", "0"] and dup1 == 1
+        ids2, dup2 = await dedup.publish(UID, [("b", _msg(b"2")), ("c", _msg(b"3"))])
+        assert ids2 == ["1", "2"] and dup2 == 1
+        # Stored once each, and the reserved attribute is never delivered.
+        assert await _stored(publishing) == [("0", b"1", {}), ("1", b"2", {}), ("2", b"3", {})]
+        assert publishing.open_topic(UID).pins[DEDUP_PIN] == {0: 0}
+    finally:
+        await publishing.close()
+
+
+async def test_concurrent_publishes_of_one_id_store_it_once(tmp_path: Path) -> None:
+    publishing = PublishingForwarder(tmp_path, fsync=FsyncPolicy.NEVER)
+    dedup = Deduplicator(publishing, window_s=600)
+    try:
+        results = await asyncio.gather(
+            *[dedup.publish(UID, [("same", _msg(b"x")), (f"u{i}", _msg(b"y"))]) for i in range(5)]
+        )
+        assert {r[0][0] for r in results} == {"0"}
+        assert sum(r[1] for r in results) == 4
+        assert len(await _stored(publishing)) == 6
+    finally:
+        await publishing.close()
+
+
+async def test_window_is_rebuilt_from_the_log_after_a_restart(tmp_path: Path) -> None:
+    publishing = PublishingForwarder(tmp_path, fsync=FsyncPolicy.ALWAYS)
+    dedup = Deduplicator(publishing, window_s=600)
+    await dedup.publish(UID, [("a", _msg(b"1")), ("b", _msg(b"2"))])
+    await publishing.close()
+    other = "plain-topic"
+    publishing = PublishingForwarder(tmp_path, fsync=FsyncPolicy.ALWAYS)
+    try:
+        await publishing.publish(other, pb.PublishRequest(messages=[_msg()]).SerializeToString(), 1)
+        dedup = Deduplicator(publishing, window_s=600)
+        dedup.recover([UID, other])
+        assert set(dedup.windows) == {UID}  # only topics that used dedup are scanned
+        assert publishing.open_topic(UID).pins[DEDUP_PIN] == {0: 0}
+        ids_, dups = await dedup.publish(UID, [("b", _msg(b"2")), ("c", _msg(b"3"))])
+        assert ids_ == ["1", "2"] and dups == 1
+        # A window of 0 s remembers nothing across the restart.
+        short = Deduplicator(publishing, window_s=0)
+        short.recover([UID])
+        assert len(short.windows[UID]) == 0
+    finally:
+        await publishing.close()
+
+
+async def test_sweep_expires_ids_and_releases_the_pin(tmp_path: Path) -> None:
+    publishing = PublishingForwarder(tmp_path, fsync=FsyncPolicy.NEVER)
+    dedup = Deduplicator(publishing, window_s=1)
+    try:
+        await dedup.publish(UID, [("a", _msg())])
+        sources = publishing.open_topic(UID)
+        assert DEDUP_PIN in sources.pins
+        dedup.sweep(time.time_ns() // 1000 + 2 * S)
+        assert DEDUP_PIN not in sources.pins and len(dedup.windows[UID]) == 0
+    finally:
+        await publishing.close()
