@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test check bench bench-quick clean proto
+.PHONY: run test check bench bench-quick clean spark-demo proto
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ proto:
 	rm -rf src/pubsubd/_gen && mkdir -p src/pubsubd/_gen
 	$(PROTOC_VENV)/bin/python -m grpc_tools.protoc -Iproto --python_out=src/pubsubd/_gen --pyi_out=src/pubsubd/_gen proto/pubsubd/v1/replay.proto
 	$(PYTHON) proto/postprocess.py src/pubsubd/_gen
+
+## Example Spark pipeline (pubsubd[spark], Java 17+): topic -> transform -> topic on local[*].
+## Starts a throwaway pubsubd unless PUBSUB_EMULATOR_HOST is set.
+spark-demo: $(VENV)/.installed-test
+	$(BIN)/python examples/spark_demo.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

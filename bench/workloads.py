@@ -2,9 +2,10 @@
 
 The official client reaches the target through ``PUBSUB_EMULATOR_HOST`` (set by the runner), the
 raw clients through ``grpc.aio`` channels to ``endpoint``. Every workload creates its own topic and
-subscription, is bounded by a message count and a time limit, deletes what it created, and
-returns a flat dict of numbers. The measured section is timed with ``Meter``, which also reads
-the CPU time this process and the server process used during it.
+subscription (``names``: many of each, in a project of its own), is bounded by a message count and
+a time limit, deletes what it created, and returns a flat dict of numbers. The measured section is
+timed with ``Meter``, which also reads the CPU time this process and the server process used
+during it.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 from typing import Any
@@ -22,9 +23,11 @@ from pubsubd.control.catalog import Catalog
 from pubsubd.control.cursors import Cursors
 from pubsubd.control.expiry import Maintenance
 from pubsubd.control.router import Router
+from pubsubd.core import pb
 from pubsubd.data.publish.dedup import Deduplicator
 from pubsubd.data.publish.forwarder import PublishingForwarder
 from pubsubd.data.subscribe.forwarder import SubscribingForwarder
+from pubsubd.observability.events import EVENTS_TOPIC, BacklogRotation, EventEmitter
 from pubsubd.observability.http import HttpEndpoint
 from pubsubd.storage.metadata import SqliteMetadataStore
 
@@ -79,9 +82,17 @@ class PubsubServer:
         self.http_port = 0
         self._stopped = asyncio.Event()
         self._quota_task: asyncio.Task[None] | None = None
+        self.sli_events: EventEmitter | None = None
 
     async def start(self) -> None:
-        self.catalog.load()
+        # Loading 100k topics and subscriptions creates millions of objects that live on;
+        # collecting cycles while they pile up took more than half of the load time.
+        gc.disable()
+        try:
+            self.catalog.load()
+        finally:
+            gc.enable()
+        gc.collect()
         # Cursor and dedup pins are installed before the first trim can delete what they keep.
         self.cursors.load()
         self.dedup.recover(e.record.uid for e in self.catalog.topics.values())
@@ -89,6 +100,7 @@ class PubsubServer:
         self.dedup.start()
         self.maintenance.start()
         self._quota_task = asyncio.create_task(self._quota_loop(), name="quota_loop")
+        self._start_sli_events()
         server = grpc.aio.server(options=GRPC_OPTIONS)
         server.add_generic_rpc_handlers(
             [
@@ -118,6 +130,8 @@ class PubsubServer:
 
     async def stop(self) -> None:
         """End streams with UNAVAILABLE, finish in-flight RPCs, then close storage cleanly."""
+        if self.sli_events is not None:
+            await self.sli_events.close()
         await self.maintenance.close()
         await self.dedup.close()
         if self._quota_task is not None:
@@ -129,6 +143,28 @@ class PubsubServer:
         await self.publishing.close()
         self.store.close()
         self._stopped.set()
+
+    def _start_sli_events(self) -> None:
+        """SLI monitoring events (observability/events.py) to the internal topic; never fatal."""
+        if self.config.sli_events_s <= 0:
+            return
+        try:
+            if EVENTS_TOPIC not in self.catalog.topics:
+                self.catalog.create_topic(pb.Topic(name=EVENTS_TOPIC))
+        except Exception:
+            log.exception("cannot create %s: SLI events are off", EVENTS_TOPIC)
+            return
+
+        async def sink(raw: bytes, count: int) -> None:
+            uid = self.catalog.topic(EVENTS_TOPIC).record.uid
+            await self.router.publishing_forwarder(uid).publish(uid, raw, count)
+
+        self.sli_events = EventEmitter(
+            sink,
+            self.config.sli_events_s,
+            backlog=BacklogRotation(lambda: self.subscribing.dispatchers),
+        )
+        self.sli_events.start()
 
     async def _quota_loop(self) -> None:
         """Backlog quotas with evict_oldest are applied every QUOTA_CHECK_S."""

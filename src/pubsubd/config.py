@@ -35,11 +35,15 @@ class ServerConfig:
     test_ttl_divisor: float = 1.0
     # How long PublishDeduplicated remembers a dedup ID (data/publish/dedup.py).
     dedup_window_s: float = 600.0
+    # How often SLI monitoring events are published to the internal topic (0 = off;
+    # observability/events.py).
+    sli_events_s: float = 10.0
 
 
 def from_env(env: dict[str, str] | None = None) -> ServerConfig:
     """Defaults overridden by PUBSUBD_HOST, PUBSUBD_PORT, PUBSUBD_HTTP_PORT, PUBSUBD_DATA_DIR,
-    PUBSUBD_FSYNC, PUBSUBD_SEGMENT_BYTES, PUBSUBD_EXPIRY_CHECK_S and PUBSUBD_DEDUP_WINDOW_S
+    PUBSUBD_FSYNC, PUBSUBD_SEGMENT_BYTES, PUBSUBD_EXPIRY_CHECK_S, PUBSUBD_DEDUP_WINDOW_S and
+    PUBSUBD_SLI_EVENTS_S
     (PUBSUBD_TEST_TTL_DIVISOR is for tests only)."""
     e = os.environ if env is None else env
     cfg = ServerConfig()
@@ -59,4 +63,5 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
         expiry_check_s=float(e.get("PUBSUBD_EXPIRY_CHECK_S", cfg.expiry_check_s)),
         test_ttl_divisor=float(e.get("PUBSUBD_TEST_TTL_DIVISOR", cfg.test_ttl_divisor)),
         dedup_window_s=float(e.get("PUBSUBD_DEDUP_WINDOW_S", cfg.dedup_window_s)),
+        sli_events_s=float(e.get("PUBSUBD_SLI_EVENTS_S", cfg.sli_events_s)),
     )

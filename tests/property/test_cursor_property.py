@@ -97,7 +97,8 @@ class CursorJournalMachine(RuleBasedStateMachine):
         """Copy the on-disk files as they are (unflushed records lost) and continue there."""
         self.generation += 1
         crashed = self.tmp / f"crash{self.generation}"
-        shutil.copytree(self.dir, crashed)
+        if self.dir.exists():  # a new journal creates its files on its first real write
+            shutil.copytree(self.dir, crashed)
         self.run(self.journal.close())
         self.dir = crashed
         self.journal = AckJournal.open(self.dir, initial=START, compact_bytes=512)

@@ -47,8 +47,12 @@ def start_queries(
         .option("checkpointLocation", f"{checkpoints}/topic")
     )
     if available_now:
-        to_files = to_files.trigger(availableNow=True)
-        to_topic = to_topic.trigger(availableNow=True)
+        # Run to completion one after the other: two queries starting at once in one session
+        # can race on the shared local properties while tasks are serialized
+        # (java.io.OptionalDataException in task deserialization, seen under load).
+        first = to_files.trigger(availableNow=True).start()
+        first.awaitTermination(120)
+        return [first, to_topic.trigger(availableNow=True).start()]
     return [to_files.start(), to_topic.start()]
 
 

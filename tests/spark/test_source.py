@@ -167,3 +167,23 @@ def test_fail_on_data_loss(spark: Any, shared_server: ServerProcess, names: Any)
             .start()
         )
         stream_query.awaitTermination(60)
+
+
+def test_max_bytes_per_trigger_bounds_batches(
+    spark: Any, shared_server: ServerProcess, names: Any, tmp_path: Path
+) -> None:
+    endpoint, topic = shared_server.endpoint, names.topic("bytes")
+    create_topics(endpoint, topic)
+    publish(endpoint, topic, 0, 300)  # about 10 bytes each (data + the seq attribute)
+    df = stream(spark, endpoint, topic, startingOffsets="earliest", maxBytesPerTrigger="1200")
+    query = (
+        df.writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert query.exception() is None, query.exception()
+    batches = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert sum(batches) == 300
+    assert len(batches) >= 2 and max(batches) <= 200, batches

@@ -286,3 +286,49 @@ async def test_cached_and_disk_reads_agree(tmp_path: Path) -> None:
     assert _read_all(log) == from_mixed
     assert len(from_mixed) == 25
     await log.close()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_new_log_creates_its_files_on_first_write(tmp_path: Path) -> None:
+    directory = tmp_path / "topics" / "uid" / "source-0"
+    log = SourceLog.open(directory)
+    assert not (tmp_path / "topics").exists()  # subscribing to an unused topic costs no files
+    assert log.read(0) == [] and log.on_disk is False
+    await log.close()
+    assert not (tmp_path / "topics").exists()
+    log = SourceLog.open(directory)
+    assert await log.append(b"one", 1, 10) == 0
+    assert log.on_disk and len(_segment_files(directory)) == 1
+    await log.close()
+    reopened = SourceLog.open(directory)
+    assert _read_all(reopened) == [Entry(0, 1, 10, b"one")]
+    await reopened.close()
+
+
+@pytest.mark.parametrize("policy", list(FsyncPolicy))
+async def test_idle_log_releases_its_files_and_reopens_them(
+    tmp_path: Path, policy: FsyncPolicy
+) -> None:
+    log = SourceLog.open(tmp_path, fsync=policy, fsync_interval_s=0.01, cache_bytes=0)
+    before = _open_fds()
+    await _fill(log, 5)
+    assert len(_read_all(log)) == 5  # cache_bytes=0: reads open the segment
+    assert _open_fds() == before + 2  # the active segment for appends, one for reads
+    log.release_idle()  # used since the last call: keeps its files
+    assert _open_fds() == before + 2
+    await asyncio.sleep(0.05)  # INTERVAL: the background fsync makes it clean
+    log.release_idle()
+    for _ in range(100):  # the writer closes the active segment between groups
+        if _open_fds() == before:
+            break
+        await asyncio.sleep(0.01)
+    assert _open_fds() == before
+    await _fill(log, 3)  # reopens on demand
+    assert [e.base_offset for e in _read_all(log)] == list(range(8))
+    await log.close()
+    reopened = SourceLog.open(tmp_path)
+    assert len(_read_all(reopened)) == 8
+    await reopened.close()

@@ -6,8 +6,10 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from pubsubd.spark import offsets as off  # noqa: E402
-from pubsubd.spark.options import OptionError, SourceOptions, parse_timestamp  # noqa: E402
+import itertools
+
+from pubsubd.spark import offsets as off
+from pubsubd.spark.options import OptionError, SourceOptions, parse_timestamp
 
 pytestmark = pytest.mark.unit
 
@@ -124,7 +126,7 @@ def test_split_min_partitions() -> None:
     assert [r for r in parts if r.partition == 1] == [off.OffsetRange(1, 0, 10)]
     p0 = [r for r in parts if r.partition == 0]
     assert p0[0].start == 0 and p0[-1].end == 90
-    assert all(a.end == b.start for a, b in zip(p0, p0[1:], strict=False))
+    assert all(a.end == b.start for a, b in itertools.pairwise(p0))
 
 
 def test_split_max_per_partition_and_tiny_ranges() -> None:

@@ -347,6 +347,36 @@ def pull(
     _emit(rows, ["message_id", "data", "attributes", "publish_time"], as_json)
 
 
+@app.command("sli-report")
+def sli_report(
+    out: Annotated[Path, typer.Option(help="output directory (Parquet + report.html)")],
+    slo: Annotated[
+        Path | None, typer.Option(help="SLO targets, TOML or JSON (defaults in pubsubd.spark.sli)")
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option(help="only events from this time on (ISO-8601 or epoch ms)")
+    ] = None,
+    endpoint: Endpoint = "127.0.0.1:8085",
+) -> None:
+    """Spark job over the server's SLI events: per-minute percentiles, error rates, backlog,
+    SLO verdicts, Parquet and an HTML report. Needs pubsubd[spark]. Exit code 2 if an SLO fails."""
+    try:
+        from pubsubd.spark import sli
+    except ImportError as e:
+        _fail(e)
+    result = sli.main(endpoint, out, slo, since)
+    failed = [c for c in result.checks if c.status == "FAIL"]
+    for c in result.checks:
+        console.print(
+            f"[{'red' if c.status == 'FAIL' else 'green'}]{c.status}[/] {c.slo} {c.scope}: "
+            f"{c.actual:.4g} (target {c.target:g})",
+            highlight=False,
+        )
+    console.print(f"report: {result.report}", highlight=False)
+    if failed:
+        raise typer.Exit(2)
+
+
 def main() -> None:
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     app()

@@ -178,7 +178,14 @@ class Catalog:
         """evict_oldest quotas: ack the oldest messages of over-quota subscriptions."""
         evicted = 0
         now_us = time.time_ns() // 1000
-        for topic in list(self.topics.values()):
+        # Only topics with a quota on them or on a subscription (this runs every second: the
+        # backlogs of every topic's subscriptions would cost O(names) each time).
+        uids = {t.record.uid for t in self.topics.values() if t.quota is not None}
+        uids.update(d.topic_uid for d in self.subscribing.dispatchers.values() if d.settings.quota)
+        for uid in uids:
+            topic = self.topics_by_uid.get(uid)
+            if topic is None:
+                continue
             for d, quota in self._quotas_of(topic):
                 if quota.policy is not quotas.Policy.EVICT_OLDEST:
                     continue

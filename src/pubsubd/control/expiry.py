@@ -96,7 +96,7 @@ class Maintenance:
                 log.exception("maintenance step %s failed", getattr(step, "__name__", step))
 
     def _refresh(self) -> None:
-        self.catalog.snapshots.refresh_pins()
+        self.catalog.snapshots.refresh_pins(stored_only=True)
 
     async def check(self) -> list[str]:
         """One pass: expired snapshots, old unacked messages, expired subscriptions (returned)."""

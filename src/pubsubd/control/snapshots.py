@@ -297,11 +297,15 @@ class Snapshots:
 
     # --- retention ----------------------------------------------------------------------------
 
-    def refresh_pins(self, topic_uid: str | None = None) -> None:
+    def refresh_pins(self, topic_uid: str | None = None, *, stored_only: bool = False) -> None:
         """Recompute the time-based pins (topic retention, retain_acked_messages) of one topic's
-        sources, or of every topic's."""
+        sources, or of every topic's; ``stored_only``: of every topic written to (the periodic
+        refresh: a topic never written to keeps the pins of its last refresh, which hold back
+        everything its log will get until the next one)."""
         publishing = self.catalog.publishing
-        if topic_uid is None:
+        if topic_uid is None and stored_only:
+            targets = {u: publishing.topics[u] for u in publishing.stored if u in publishing.topics}
+        elif topic_uid is None:
             targets = dict(publishing.topics)
         else:
             found = publishing.topics.get(topic_uid)
@@ -356,6 +360,8 @@ class Snapshots:
         changed = 0
         publishing = self.catalog.publishing
         for dispatcher in list(self.catalog.subscribing.dispatchers.values()):
+            if not dispatcher.sources.on_disk():
+                continue  # never written to: no messages
             journal = dispatcher.journal
             touched = False
             for source, cursor in journal.cursors.items():

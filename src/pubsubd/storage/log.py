@@ -304,6 +304,11 @@ class SourceLog:
         return self._segments[0].base
 
     @property
+    def on_disk(self) -> bool:
+        """Whether the log's directory exists (a new log creates it on its first write)."""
+        return self._on_disk
+
+    @property
     def segment_count(self) -> int:
         """Segments retained, the active one included."""
         return len(self._segments)
@@ -540,7 +545,14 @@ class SourceLog:
         """Finish queued appends, fsync (unless NEVER), release files; idempotent."""
         if self._close_task is None:
             self._closing = True
-            self._close_task = asyncio.ensure_future(self._close())
+            if self._writer_task is None:
+                # Never written to in this process: no task, nothing unsynced, no replica
+                # operation ever ran. Closing many idle logs must not cost a task each.
+                self._close_task = asyncio.get_running_loop().create_future()
+                self._close_task.set_result(None)
+                self._close_files()
+            else:
+                self._close_task = asyncio.ensure_future(self._close())
         await asyncio.shield(self._close_task)
 
     async def _close(self) -> None:
@@ -558,6 +570,9 @@ class SourceLog:
             except StorageError:
                 logger.exception("log %s: final fsync failed", self._directory)
         await self._writer.close()
+        self._close_files()
+
+    def _close_files(self) -> None:
         for fd in self._read_fds.values():
             os.close(fd)
         self._read_fds.clear()

@@ -207,7 +207,8 @@ class LocalDiskReplica:
         self._path(segment_base).unlink(missing_ok=True)
 
     async def close(self) -> None:
-        await asyncio.to_thread(self._close_blocking)
+        if self._fd is not None:  # many idle logs: no thread hop for nothing
+            await asyncio.to_thread(self._close_blocking)
 
 
 class QuorumWriter:

@@ -17,7 +17,7 @@ from pubsubd.control.catalog import Catalog
 from pubsubd.control.router import Router
 from pubsubd.core import ids, names, pb, validation
 from pubsubd.core.errors import InvalidArgument
-from pubsubd.observability import metrics
+from pubsubd.observability import events, metrics
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
@@ -85,8 +85,14 @@ class PublisherServicer:
         count = len(request.messages)
         uid = entry.record.uid
         started = time.perf_counter()
-        source, base = await self.router.publishing_forwarder(uid).publish(uid, raw, count)
-        metrics.PUBLISH_LATENCY.observe(time.perf_counter() - started)
+        try:
+            source, base = await self.router.publishing_forwarder(uid).publish(uid, raw, count)
+        except Exception:
+            events.record_publish(request.topic, (time.perf_counter() - started) * 1e3, ok=False)
+            raise
+        elapsed = time.perf_counter() - started
+        metrics.PUBLISH_LATENCY.observe(elapsed)
+        events.record_publish(request.topic, elapsed * 1e3)
         metrics.PUBLISHED_MESSAGES.inc(count)
         metrics.PUBLISHED_BYTES.inc(len(raw))
         first = ids.position(source, base)

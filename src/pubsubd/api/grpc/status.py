@@ -31,6 +31,7 @@ from pubsubd.core.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from pubsubd.observability import events
 
 log = logging.getLogger(__name__)
 
@@ -77,14 +78,17 @@ def rpc(
         try:
             return await fn(self, request, context)
         except AckIdsInvalid as e:
+            events.record_error(fn.__name__, grpc.StatusCode.INVALID_ARGUMENT.name)
             await context.abort_with_status(rpc_status.to_status(ack_failure_status(e)))
         except PubsubError as e:
             code, _ = to_status(e)
+            events.record_error(fn.__name__, code.name)
             await context.abort(code, str(e))
         except Exception as e:
             if isinstance(e, grpc.aio.AbortError):
                 raise
             log.exception("%s failed", fn.__name__)
+            events.record_error(fn.__name__, grpc.StatusCode.INTERNAL.name)
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}")
         raise AssertionError("unreachable: context.abort raises")
 

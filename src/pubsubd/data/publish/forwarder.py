@@ -47,6 +47,9 @@ class PublishingForwarder:
         self.fsync = fsync
         self.segment_bytes = segment_bytes
         self.topics: dict[str, TopicSources] = {}
+        # Topics with storage on disk (published to): the only ones housekeeping must visit.
+        # Every append goes through publish(), which adds to it.
+        self.stored: set[str] = set()
         self._dirty_journals: set[AckJournal] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._last_publish_us = 0
@@ -82,6 +85,8 @@ class PublishingForwarder:
                 segment_bytes=self.segment_bytes,
             )
             self.topics[topic_uid] = sources
+            if sources.on_disk():
+                self.stored.add(topic_uid)
         return sources
 
     def remove_unreferenced(self, keep: set[str]) -> None:
@@ -97,6 +102,7 @@ class PublishingForwarder:
     async def drop_topic(self, topic_uid: str) -> None:
         """Delete a topic's storage (its last subscription is gone and the topic is deleted)."""
         sources = self.topics.pop(topic_uid, None)
+        self.stored.discard(topic_uid)
         if sources is not None:
             await sources.destroy()
 
@@ -132,6 +138,7 @@ class PublishingForwarder:
     async def publish(self, topic_uid: str, payload: bytes, count: int) -> tuple[int, int]:
         """Persist one batch; return (source, base offset) once it is durable."""
         sources = self.open_topic(topic_uid)
+        self.stored.add(topic_uid)  # its log creates its files on this first write
         now_us = time.time_ns() // 1000
         # Publish times never go backwards within the process, so time lookups can bisect.
         now_us = max(now_us, self._last_publish_us)
@@ -205,7 +212,10 @@ class PublishingForwarder:
             await asyncio.sleep(TRIM_INTERVAL_S)
             # Acks must be durable before the messages they cover are deleted.
             await self._flush_acks()
-            for sources in list(self.topics.values()):
+            for uid in list(self.stored):
+                sources = self.topics.get(uid)
+                if sources is None:
+                    continue
                 try:
                     sources.trim()
                     sources.release_idle()

@@ -129,6 +129,10 @@ class TopicSources:
             if log.segment_count > 1:  # only whole segments below the active one go
                 log.trim(self.trim_point(i))
 
+    def on_disk(self) -> bool:
+        """Whether any log has storage yet (never-published topics have none)."""
+        return any(log.on_disk for log in self.logs)
+
     def release_idle(self) -> None:
         """Close the files of logs unused since the last call (idle topics hold no fds)."""
         for log in self.logs:

@@ -1,0 +1,162 @@
+"""The SLI analytics job (pubsubd.spark.sli) over a real server's monitoring events."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from pubsubd.cli.main import app
+from pubsubd.observability.events import EVENTS_TOPIC
+from pubsubd.spark import sli
+from pubsubd.spark.client import ReplayClient
+from tests.conftest import make_publisher, make_subscriber
+from tests.spark.helpers import create_topics, publish
+from tests.support.server import ServerProcess
+
+pytestmark = pytest.mark.spark
+
+PROJECT = "sli-test"
+TOPICS = [f"projects/{PROJECT}/topics/orders", f"projects/{PROJECT}/topics/payments"]
+SUB = f"projects/{PROJECT}/subscriptions/orders-worker"
+
+
+def _events(endpoint: str) -> list[dict[str, Any]]:
+    client = ReplayClient(endpoint)
+    try:
+        out: list[dict[str, Any]] = []
+        for partition, b in client.topic_bounds(EVENTS_TOPIC).items():
+            cur = b.earliest
+            while cur < b.latest:
+                messages, cur = client.read(EVENTS_TOPIC, partition, cur, b.latest, 1000)
+                out.extend(json.loads(m.data) for m in messages)
+        return out
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="module")
+def sli_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server emitting SLI events every second, with publishes, an error and a backlog."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PUBSUBD_SLI_EVENTS_S", "1")
+    srv = ServerProcess(tmp_path_factory.mktemp("sli") / "data").start()
+    mp.undo()
+    try:
+        endpoint = srv.endpoint
+        create_topics(endpoint, *TOPICS)
+        make_subscriber(endpoint).create_subscription(name=SUB, topic=TOPICS[0])
+        for round_ in range(3):
+            for topic in TOPICS:
+                publish(endpoint, topic, round_ * 20, 20)
+        with pytest.raises(Exception, match=r"(?i)not found"):
+            make_publisher(endpoint).publish(f"projects/{PROJECT}/topics/missing", b"x").result(30)
+        deadline = time.monotonic() + 30
+        while True:
+            got = _events(endpoint)
+            kinds = {(e["kind"], e.get("topic") or e.get("method")) for e in got}
+            wanted = {("publish", t) for t in TOPICS} | {("error", "Publish")}
+            if wanted <= kinds and any(e["kind"] == "backlog" for e in got):
+                break
+            assert time.monotonic() < deadline, f"events never arrived: {kinds}"
+            time.sleep(0.5)
+        yield srv
+    finally:
+        srv.kill()
+
+
+def test_events_on_the_internal_topic(sli_server: ServerProcess) -> None:
+    got = _events(sli_server.endpoint)
+    pub = [e for e in got if e["kind"] == "publish" and e["topic"] == TOPICS[0]]
+    assert sum(e["count"] for e in pub) >= 3  # 60 messages in at least 3 Publish calls
+    assert all(0 < x < 30_000 for e in pub for x in e["latency_ms"])
+    err = [e for e in got if e["kind"] == "error" and e["method"] == "Publish"]
+    assert {e["code"] for e in err} == {"NOT_FOUND"}
+    backlog = [e for e in got if e["kind"] == "backlog" and e["subscription"] == SUB]
+    assert max(e["messages"] for e in backlog) == 60
+    assert backlog[-1]["topic"] == TOPICS[0]
+
+
+def test_job_writes_minutes_rollups_and_verdicts(
+    spark: Any, sli_server: ServerProcess, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    result = sli.run(spark, sli_server.endpoint, out)
+
+    minutes = spark.read.parquet(str(out / "publish_minute")).collect()
+    assert {r["topic"] for r in minutes} == set(TOPICS)
+    for r in minutes:
+        assert 0 < r["p50_ms"] <= r["p95_ms"] <= r["p99_ms"] < 30_000
+        assert r["latency_sketch"] is not None and r["failed"] == 0 and r["error_rate"] == 0
+    assert sum(r["publishes"] for r in minutes if r["topic"] == TOPICS[0]) >= 3
+    hours = spark.read.parquet(str(out / "publish_hour")).collect()
+    assert {r["topic"] for r in hours} == set(TOPICS)
+    for h in hours:  # merged sketches: the hour's p99 lies within its minutes' range
+        ms = [r for r in minutes if r["topic"] == h["topic"]]
+        assert h["publishes"] == sum(r["publishes"] for r in ms)
+        assert min(r["p50_ms"] for r in ms) <= h["p99_ms"] <= max(r["p99_ms"] for r in ms) * 1.01
+    errors = spark.read.parquet(str(out / "errors_minute")).collect()
+    assert {(r["method"], r["code"]) for r in errors} >= {("Publish", "NOT_FOUND")}
+    backlog = spark.read.parquet(str(out / "backlog_minute")).where(f"subscription = '{SUB}'")
+    assert backlog.agg({"max_messages": "max"}).first()[0] == 60
+
+    verdicts = {(c.slo, c.scope): c for c in result.checks}
+    assert verdicts[("publish_p99_ms", TOPICS[0])].status == "PASS"  # 100 ms by default
+    assert verdicts[("backlog_oldest_age_s", SUB)].status == "PASS"
+    assert verdicts[("error_rate", "all RPCs")].actual > 0
+    slo_rows = spark.read.parquet(str(out / "slo")).collect()
+    assert len(slo_rows) == len(result.checks)
+    page = result.report.read_text()
+    assert "<table class='summary'>" in page and "<svg" in page
+    assert page.index("summary") < page.index("<svg")  # the verdicts come first
+
+
+def test_absurd_targets_fail_and_per_topic_overrides_apply(
+    spark: Any, sli_server: ServerProcess, tmp_path: Path
+) -> None:
+    slo_file = tmp_path / "slo.toml"
+    slo_file.write_text(
+        "publish_p99_ms = 0.000001\nerror_rate = 0.5\n"
+        f'[topics."{TOPICS[1]}"]\npublish_p99_ms = 1e9\n'
+    )
+    out = tmp_path / "out"
+    runner = CliRunner()
+    res = runner.invoke(
+        app,
+        [
+            "sli-report",
+            "--endpoint",
+            sli_server.endpoint,
+            "--out",
+            str(out),
+            "--slo",
+            str(slo_file),
+        ],
+    )
+    assert res.exit_code == 2, res.output  # an SLO failed
+    assert f"FAIL publish_p99_ms {TOPICS[0]}" in res.output
+    assert f"PASS publish_p99_ms {TOPICS[1]}" in res.output
+    assert "PASS error_rate" in res.output
+    rows = {
+        (r["slo"], r["scope"]): r["status"] for r in spark.read.parquet(str(out / "slo")).collect()
+    }
+    assert rows[("publish_p99_ms", TOPICS[0])] == "FAIL"
+    page = (out / "report.html").read_text()
+    assert "SLO checks FAIL" in page and "class='FAIL'" in page
+
+
+def test_slo_file_rejects_unknown_keys(tmp_path: Path) -> None:
+    bad = tmp_path / "slo.json"
+    bad.write_text(json.dumps({"publish_p99": 5}))
+    with pytest.raises(ValueError, match="unknown SLO keys"):
+        sli.load_slo(bad)
+    good = tmp_path / "ok.json"
+    good.write_text(json.dumps({"error_rate": 0.05}))
+    cfg = sli.load_slo(good)
+    assert cfg.target("error_rate") == 0.05
+    assert cfg.target("publish_p99_ms") == sli.DEFAULT_SLO["publish_p99_ms"]
