@@ -7,6 +7,7 @@ Pull) and how long the first lease of what it takes lasts.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import itertools
 
@@ -19,7 +20,7 @@ MAX_RESPONSE_MESSAGES = 1000
 _ids = itertools.count(1)
 
 
-class Consumer:
+class Consumer(abc.ABC):
     def __init__(self, ack_deadline_s: float, max_messages: int, max_bytes: int) -> None:
         self.id = next(_ids)
         self.ack_deadline_s = ack_deadline_s
@@ -56,9 +57,9 @@ class Consumer:
         self.outstanding -= 1
         self.outstanding_bytes -= size
 
+    @abc.abstractmethod
     def deliver(self, messages: list[bytes]) -> None:
-        """Take framed ReceivedMessages (``core.wire.received_message``); each kind overrides."""
-        raise NotImplementedError
+        """Take framed ReceivedMessages (``core.wire.received_message``)."""
 
 
 class StreamConsumer(Consumer):
