@@ -65,6 +65,8 @@ class Workload:
     # Targets of full-size runs, if fewer than ``targets`` (the emulator runs a thread per
     # subscription: 100k of them would swamp the machine).
     full_targets: tuple[str, ...] = ()
+    # Each run gets a freshly started target (its RSS, fds and data dir are measured).
+    fresh_target: bool = False
 
     def targets_for(self, quick: bool) -> tuple[str, ...]:
         return self.full_targets if self.full_targets and not quick else self.targets
@@ -173,6 +175,7 @@ def _names(name: str, title: str, topics: int, subs_per_topic: int, quick_topics
         {**params, "topics": quick_topics, "time_limit_s": 300.0},
         targets=("pubsubd", "emulator"),
         full_targets=("pubsubd",),
+        fresh_target=True,
         report=NAMES_REPORT,
         in_default=False,
     )
@@ -374,6 +377,12 @@ def run_session(
     for i, (w, run, key) in enumerate(plan, 1):
         target = targets[key]
         prefix = f"[{i}/{len(plan)}] {w.name} run {run + 1}/{runs} {key}:"
+        if w.fresh_target:
+            target.stop()  # memory and file figures need a server that ran nothing else
+            try:
+                target.start()
+            except TargetError as e:
+                log(f"{prefix} restarting the target failed: {e}")
         if not target.alive():
             measurements.append(Measurement(w.name, key, run, False, error="target not running"))
             log(f"{prefix} SKIPPED, target not running")
