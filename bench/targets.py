@@ -7,6 +7,7 @@ the directory is removed.
 
 from __future__ import annotations
 
+import abc
 import os
 import re
 import shutil
@@ -31,7 +32,7 @@ class TargetError(RuntimeError):
     """A target failed to start."""
 
 
-class Target:
+class Target(abc.ABC):
     """A server subprocess; subclasses say how to start it and how it reports its port."""
 
     key = ""  # short name used on the command line and in results
@@ -56,12 +57,13 @@ class Target:
         assert self.workdir is not None
         return self.workdir / "server.log"
 
+    @abc.abstractmethod
     def command(self) -> list[str]:
-        raise NotImplementedError
+        """The command line that starts this target."""
 
+    @abc.abstractmethod
     def ready_port(self, log_text: str) -> int | None:
         """The gRPC port once the log says the server is ready, else None."""
-        raise NotImplementedError
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
