@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -313,31 +312,18 @@ class Snapshots:
         if not targets:
             return
         now = now_us()
-        # Only topics with retention and subscriptions retaining acked messages get time pins;
-        # one topic's refresh (every admin change) must not scan every topic and subscription.
-        subs: dict[str, list[SubscriptionEntry]] = defaultdict(list)
-        if topic_uid is None:
-            topics = {
-                e.record.uid: e
-                for e in self.catalog.topics.values()
-                if e.topic.HasField("message_retention_duration")
-            }
-            for sub in self.catalog.subscriptions.values():
-                if sub.subscription.retain_acked_messages and sub.record.topic_uid in targets:
-                    subs[sub.record.topic_uid].append(sub)
-        else:
-            found_topic = self.catalog.topics_by_uid.get(topic_uid)
-            topics = {topic_uid: found_topic} if found_topic is not None else {}
-            subs[topic_uid] = self.catalog.subscriptions_of(topic_uid)
+        # Work per target topic only: one topic's refresh (every admin change) and the periodic
+        # one (topics written to) must not scan every topic and subscription.
         for uid, sources in targets.items():
-            if not sources.pins and uid not in topics and not subs.get(uid):
+            topic = self.catalog.topics_by_uid.get(uid)
+            subs = self.catalog.subscriptions_of(uid)
+            if not sources.pins and not subs and topic is None:
                 continue  # nothing pinned, nothing to pin
             pins: dict[str, dict[int, int]] = {}
-            topic = topics.get(uid)
             if topic is not None and topic.topic.HasField("message_retention_duration"):
                 keep = retention.duration_us(topic.topic.message_retention_duration)
                 pins[retention.TOPIC_PIN] = _time_pins(sources, keep, now)
-            for sub in subs.get(uid, ()):
+            for sub in subs:
                 if sub.subscription.retain_acked_messages and not sub.subscription.detached:
                     keep = _subscription_retention_us(sub.subscription)
                     pins[retention.retain_acked_pin(sub.record.uid)] = _time_pins(
