@@ -5,13 +5,16 @@ A publisher delays a message with one of two attributes (any official client can
 - ``pubsubd.deliver_at``: an RFC 3339 time, e.g. ``2026-11-21T18:00:00Z``;
 - ``pubsubd.deliver_after``: seconds after the publish time, e.g. ``"30"`` or ``"2.5"``.
 
-Each subscription delivers such a message no earlier than that time. The log itself is the
-delay index: a restarted server re-reads the unacked messages and delays them again.
+Each subscription delivers such a message no earlier than that time. The messages stay in the
+log; what falls due when is kept on disk by the delay index (storage/delay_index.py, driven per
+topic by data/publish/delays.py), so millions of delayed messages cost no memory and survive
+restarts.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Mapping
 
 from pubsubd.core.errors import InvalidArgument
@@ -55,3 +58,9 @@ def deliver_at(attributes: Mapping[str, str], publish_time_s: float) -> float | 
     if epoch - publish_time_s > MAX_DELAY_S:
         raise InvalidArgument(f"attributes[{DELIVER_AT!r}]: more than a year ahead")
     return epoch
+
+
+def deliver_at_us(attributes: Mapping[str, str], publish_time_us: int) -> int | None:
+    """``deliver_at`` in epoch microseconds (rounded up: never early), or None."""
+    at = deliver_at(attributes, publish_time_us / 1e6)
+    return None if at is None else max(publish_time_us, math.ceil(at * 1e6))

@@ -20,7 +20,9 @@ from typing import Any
 
 from pubsubd.acks.journal import AckJournal
 from pubsubd.core.errors import InternalError
+from pubsubd.data.publish.delays import DelayTracker
 from pubsubd.data.publish.source import TopicSources
+from pubsubd.storage.delay_index import DelayIndex
 from pubsubd.storage.errors import StorageError
 from pubsubd.storage.framing import Entry
 from pubsubd.storage.log import FsyncPolicy
@@ -47,6 +49,9 @@ class PublishingForwarder:
         self.fsync = fsync
         self.segment_bytes = segment_bytes
         self.topics: dict[str, TopicSources] = {}
+        # Delayed messages of every topic, by due time, on disk; one tracker per open topic.
+        self.delay_index: DelayIndex | None = None
+        self.delays: dict[str, DelayTracker] = {}
         # Topics with storage on disk (published to): the only ones housekeeping must visit.
         # Every append goes through publish(), which adds to it.
         self.stored: set[str] = set()
@@ -69,9 +74,15 @@ class PublishingForwarder:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         await self._flush_acks()
+        for tracker in self.delays.values():
+            tracker.close()
+        self.delays.clear()
         for sources in self.topics.values():
             await sources.close()
         self.topics.clear()
+        if self.delay_index is not None:
+            self.delay_index.close()
+            self.delay_index = None
 
     # --- topics and subscriptions -------------------------------------------------------------
 
@@ -89,6 +100,19 @@ class PublishingForwarder:
                 self.stored.add(topic_uid)
         return sources
 
+    def delay_tracker(self, topic_uid: str) -> DelayTracker:
+        """The tracker of a topic's delayed messages (opened with the topic's index rows)."""
+        tracker = self.delays.get(topic_uid)
+        if tracker is None:
+            tracker = DelayTracker(self.open_topic(topic_uid), self._delay_index())
+            self.delays[topic_uid] = tracker
+        return tracker
+
+    def _delay_index(self) -> DelayIndex:
+        if self.delay_index is None:
+            self.delay_index = DelayIndex.open(self.data_dir)
+        return self.delay_index
+
     def remove_unreferenced(self, keep: set[str]) -> None:
         """Delete storage of topic incarnations nothing refers to any more (start-up cleanup)."""
         root = self.data_dir / TOPICS_DIR
@@ -103,6 +127,10 @@ class PublishingForwarder:
         """Delete a topic's storage (its last subscription is gone and the topic is deleted)."""
         sources = self.topics.pop(topic_uid, None)
         self.stored.discard(topic_uid)
+        tracker = self.delays.pop(topic_uid, None)
+        if tracker is not None:
+            tracker.close()
+        self._delay_index().drop(topic_uid)
         if sources is not None:
             await sources.destroy()
 
@@ -217,6 +245,9 @@ class PublishingForwarder:
                 if sources is None:
                     continue
                 try:
+                    tracker = self.delays.get(uid)
+                    if tracker is not None:
+                        tracker.flush_progress()
                     sources.trim()
                     sources.release_idle()
                 except (OSError, StorageError):

@@ -23,7 +23,7 @@ from typing import Any
 
 from pubsubd.acks.journal import AckJournal
 from pubsubd.core import ids, pb
-from pubsubd.core.delays import DELIVER_AFTER, DELIVER_AT, deliver_at
+from pubsubd.core.delays import DELIVER_AFTER, DELIVER_AT, deliver_at_us
 from pubsubd.core.errors import InvalidArgument
 from pubsubd.core.validation import DEDUP_ID_ATTRIBUTE
 from pubsubd.storage.framing import Entry
@@ -40,8 +40,8 @@ class DecodedEntry:
     messages: list[bytes]  # serialized PubsubMessage per offset, message_id/publish_time set
     parsed: Any  # the parsed PubsubMessages (repeated field), for attributes and filters
     ordering_key: str  # one per entry: every message of a PublishRequest shares it
-    # epoch seconds before which each message must not be delivered; None if none is delayed
-    deliver_at: list[float | None] | None = None
+    # epoch microseconds before which each message must not be delivered; None if none is delayed
+    deliver_at: list[int | None] | None = None
 
 
 class TopicSources:
@@ -85,8 +85,7 @@ class TopicSources:
         seconds, micros = divmod(entry.publish_time_us, 1_000_000)
         base = ids.position(source, entry.base_offset)
         messages = []
-        delays: list[float | None] | None = None
-        publish_s = entry.publish_time_us / 1e6
+        delays: list[int | None] | None = None
         for i, m in enumerate(request.messages):
             m.message_id = str(base + i)
             m.publish_time.seconds = seconds
@@ -99,7 +98,7 @@ class TopicSources:
                 if delays is None:
                     delays = [None] * len(request.messages)
                 with contextlib.suppress(InvalidArgument):  # validated at publish
-                    delays[i] = deliver_at(attrs, publish_s)
+                    delays[i] = deliver_at_us(attrs, entry.publish_time_us)
         ordering_key = request.messages[0].ordering_key if request.messages else ""
         decoded = DecodedEntry(entry, messages, request.messages, ordering_key, delays)
         cache[key] = decoded

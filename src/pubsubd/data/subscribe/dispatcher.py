@@ -27,6 +27,7 @@ from pubsubd.acks.journal import AckJournal
 from pubsubd.control import quotas
 from pubsubd.core import filters, ids, wire
 from pubsubd.core.errors import FailedPrecondition
+from pubsubd.data.publish.delays import DueListener
 from pubsubd.data.publish.forwarder import PublishingForwarder
 from pubsubd.data.subscribe import queue_settings
 from pubsubd.data.subscribe.consumers import Consumer, PullWaiter, StreamConsumer
@@ -74,6 +75,9 @@ class SubscriptionDispatcher:
         self._redeliver: list[int] = []  # heap of positions to deliver again
         self._redeliver_set: set[int] = set()
         self._delayed = DelayQueue()  # positions waiting out a retry backoff
+        # Delayed messages (deliver_at): skipped while not due, handed back by the topic's tracker.
+        self.delays = forwarder.delay_tracker(topic_uid)
+        self.delays.add_listener(id(self), DueListener(self._on_due, lambda: len(self._redeliver)))
         self._delayed_keys = DelayQueue()  # keyed positions whose key waits out a backoff
         self._dead_lettering: set[int] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -287,7 +291,6 @@ class SubscriptionDispatcher:
         # New messages from each source's read offset.
         flt = self._current_filter()
         auto_acked: list[int] = []
-        wall_now, mono_now = time.time(), time.monotonic()
         for source, log_ in enumerate(self.sources.logs):
             cursor = self.journal.cursors[source]
             offset = self.read_offsets.get(source, cursor.mark_delete)
@@ -320,9 +323,8 @@ class SubscriptionDispatcher:
                         message = messages[i]
                         if delays is not None:
                             at = delays[i]
-                            if at is not None and at > wall_now:
-                                self._delayed.add(pos, mono_now + (at - wall_now))
-                                continue
+                            if at is not None and not self.delays.is_due(at, pos):
+                                continue  # not due: the delay tracker hands it back then
                         if key and (
                             self.ordering.has_pending(key)
                             or (self.ordering.outstanding(key) and key not in batch_keys)
@@ -371,6 +373,22 @@ class SubscriptionDispatcher:
         decoded, i = found
         message: bytes = decoded.messages[i]
         return message
+
+    def _on_due(self, positions: list[int]) -> None:
+        """Delayed messages fell due: those already read past go back for delivery (those
+        above the read offset are delivered when the log read reaches them)."""
+        queued = False
+        for pos in positions:
+            source, offset = ids.source_of(pos), ids.offset_of(pos)
+            cursor = self.journal.cursors.get(source)
+            if cursor is None or offset >= self.read_offsets.get(source, cursor.mark_delete):
+                continue
+            if cursor.is_acked(offset) or pos in self.leases:
+                continue
+            self._requeue(pos)
+            queued = True
+        if queued:
+            self.schedule_pump()
 
     def _requeue(self, pos: int) -> None:
         if pos not in self._redeliver_set:
@@ -636,6 +654,7 @@ class SubscriptionDispatcher:
     def close(self, error: BaseException) -> None:
         """Stop: end every stream with ``error``, answer waiting Pulls, forget leases."""
         self.forwarder.remove_commit_listener(self.topic_uid, self._listener)
+        self.delays.remove_listener(id(self))
         if self._timer is not None:
             self._timer.cancel()
         for task in self._tasks:

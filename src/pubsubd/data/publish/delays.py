@@ -1,0 +1,225 @@
+"""Delay tracker: when each delayed message of one topic falls due, from the on-disk index.
+
+One tracker per topic, beside its publish message sources. It watches the topic's logs commit,
+puts every delayed message (``pubsubd.deliver_at`` / ``deliver_after``) into the on-disk delay
+index (storage/delay_index.py) and, on a timer, takes the rows that have fallen due a page at a
+time and hands their positions to the subscription dispatchers of the topic.
+
+The contract with the dispatchers is the ``done`` mark, a ``(at_us, position)`` pair that only
+grows: the tracker has handed out every delayed message at or below it, and the index holds a row
+for every delayed message above it. So a dispatcher reading the log delivers a delayed message
+whose ``(at_us, position)`` is at or below ``done`` and skips (forgets) one above it: the tracker
+will hand it back when it falls due. A message indexed at or below ``done`` (it was published due,
+or fell due while its commit was being indexed) is handed out at once.
+
+At start-up ``done`` is "now": dispatchers start from their subscriptions' mark-delete positions
+and read every unacked message again, so rows already due are stale and deleted; entries committed
+after the index's recorded progress (a crash) are indexed again from the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pubsubd.core import ids
+from pubsubd.core.delays import DELIVER_AFTER, DELIVER_AT
+from pubsubd.data.publish.source import TopicSources
+from pubsubd.storage.delay_index import DelayIndex
+from pubsubd.storage.errors import OffsetOutOfRange
+
+log = logging.getLogger(__name__)
+
+# Rows handed out per timer step (one index range scan).
+PAGE_ROWS = 10_000
+# A subscription with consumers holding this many due-but-undelivered messages pauses the paging
+# (the rows wait on disk instead of in its memory).
+MAX_PENDING_DUE = 50_000
+PRESSURE_RETRY_S = 0.1
+MAX_POSITION = (1 << 63) - 1
+# Cheap test on a stored PublishRequest before decoding it: can it hold a delay attribute?
+_MARKER = DELIVER_AT.rsplit("_", 1)[0].encode()  # b"pubsubd.deliver"
+assert DELIVER_AFTER.encode().startswith(_MARKER)
+
+Mark = tuple[int, int]  # (at_us, position) in due order
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+@dataclass
+class DueListener:
+    """A subscription dispatcher's hooks: take due positions, say how many it still holds."""
+
+    on_due: Callable[[list[int]], None]
+    pending: Callable[[], int]
+
+
+class DelayTracker:
+    def __init__(self, sources: TopicSources, index: DelayIndex) -> None:
+        self.sources = sources
+        self.topic = sources.topic_uid
+        self.index = index
+        self.done: Mark = (now_us(), MAX_POSITION)
+        self._listeners: dict[int, DueListener] = {}
+        self._through: dict[int, int] = {}  # source -> offset below which all is indexed
+        self._saved: dict[int, int] = {}  # the part of _through the index has recorded
+        self._watched: dict[int, Callable[[int], None]] = {}
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: int | None = None
+        self._closed = False
+        # Rows that fell due while the server was down are stale: the dispatchers re-read them.
+        first = self.index.next_due(self.topic)
+        if first is not None and first <= self.done[0]:
+            self.index.delete_due(self.topic, self.done[0])
+            first = self.index.next_due(self.topic)
+        self._saved = self.index.progress(self.topic)
+        self.watch_sources()
+        self._arm(first)
+
+    # --- dispatchers --------------------------------------------------------------------------
+
+    def add_listener(self, key: int, listener: DueListener) -> None:
+        self._listeners[key] = listener
+
+    def remove_listener(self, key: int) -> None:
+        self._listeners.pop(key, None)
+
+    def is_due(self, at_us: int, position: int) -> bool:
+        """Whether a dispatcher reading this delayed message delivers it (see module doc)."""
+        return (at_us, position) <= self.done
+
+    # --- indexing -----------------------------------------------------------------------------
+
+    def watch_sources(self) -> None:
+        """Index the sources not watched yet (all at start, new ones as the topic grows)."""
+        for source, log_ in enumerate(self.sources.logs):
+            if source in self._watched:
+                continue
+            start = max(self._saved.get(source, log_.start_offset), log_.start_offset)
+            self._through[source] = start
+            callback = functools.partial(self._on_commit, source)
+            self._watched[source] = callback
+            log_.add_listener(callback)
+            if start < log_.committed_offset:
+                self._on_commit(source, log_.committed_offset)  # catch up after a crash
+
+    def _on_commit(self, source: int, committed: int) -> None:
+        if self._closed:
+            return
+        log_ = self.sources.logs[source]
+        offset = self._through.get(source, log_.start_offset)
+        rows: list[Mark] = []
+        due_now: list[int] = []
+        done = self.done
+        while offset < committed:
+            try:
+                entries = log_.read(offset, max_entries=256)
+            except OffsetOutOfRange:
+                offset = log_.start_offset
+                continue
+            if not entries:
+                break
+            for entry in entries:
+                offset = entry.next_offset
+                if _MARKER not in entry.payload:
+                    continue
+                decoded = self.sources.decoded(source, entry)
+                if decoded.deliver_at is None:
+                    continue
+                for i, at in enumerate(decoded.deliver_at):
+                    if at is None:
+                        continue
+                    pos = ids.position(source, entry.base_offset + i)
+                    if (at, pos) <= done:
+                        due_now.append(pos)
+                    else:
+                        rows.append((at, pos))
+        self._through[source] = offset
+        if rows:
+            self.index.add(self.topic, rows, {source: offset})
+            self._saved[source] = offset
+            self._arm(min(at for at, _ in rows))
+        if due_now:
+            self._hand_out(due_now)
+
+    def flush_progress(self) -> None:
+        """Record how far the logs are indexed (so a restart re-reads only the rest)."""
+        changed = {s: o for s, o in self._through.items() if self._saved.get(s) != o}
+        if changed:
+            self.index.save_progress(self.topic, changed)
+            self._saved.update(changed)
+
+    def pending_rows(self) -> int:
+        """Delayed messages not yet due (rows in the index)."""
+        return self.index.count(self.topic)
+
+    # --- falling due --------------------------------------------------------------------------
+
+    def _arm(self, at_us: int | None) -> None:
+        if at_us is None or self._closed:
+            return
+        if self._timer is not None and self._timer_at is not None and self._timer_at <= at_us:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = at_us
+        delay = max(0.0, (at_us - now_us()) / 1e6)
+        self._timer = self._loop.call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        if self._closed:
+            return
+        if any(
+            lst.pending() >= MAX_PENDING_DUE for lst in self._listeners.values()
+        ):  # let the dispatchers deliver what they hold first
+            self._timer_at = now_us() + int(PRESSURE_RETRY_S * 1e6)
+            self._timer = self._loop.call_later(PRESSURE_RETRY_S, self._on_timer)
+            return
+        now = now_us()
+        rows = self.index.due(self.topic, now, PAGE_ROWS)
+        if len(rows) == PAGE_ROWS:
+            last = rows[-1]
+            self.done = max(self.done, last)
+            self.index.delete_through(self.topic, *last)
+        else:
+            self.done = max(self.done, (now, MAX_POSITION))
+            if rows:
+                self.index.delete_due(self.topic, now)
+        if rows:
+            self._hand_out([pos for _, pos in rows])
+        if len(rows) == PAGE_ROWS:
+            self._timer_at = now
+            self._timer = self._loop.call_later(0, self._on_timer)
+        else:
+            self._arm(self.index.next_due(self.topic))
+
+    def _hand_out(self, positions: list[int]) -> None:
+        for lst in tuple(self._listeners.values()):
+            try:
+                lst.on_due(positions)
+            except Exception:
+                log.exception("delay listener of topic %s failed", self.topic)
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.flush_progress()
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for source, callback in self._watched.items():
+            if source < len(self.sources.logs):
+                self.sources.logs[source].remove_listener(callback)
+        self._watched.clear()
