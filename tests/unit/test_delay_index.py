@@ -182,3 +182,25 @@ async def test_dropping_a_topic_drops_its_rows(tmp_path: Path) -> None:
         assert publishing.delay_index.count(UID) == 0
     finally:
         await publishing.close()
+
+
+async def test_messages_published_due_skip_the_index(tmp_path: Path) -> None:
+    publishing = PublishingForwarder(tmp_path, fsync=FsyncPolicy.NEVER)
+    try:
+        tracker = publishing.delay_tracker(UID)
+        seen = Collector()
+        tracker.add_listener(1, seen.listener())
+        await publishing.publish(UID, _request(3, **{"pubsubd.deliver_after": "0"}), 3)
+        assert tracker.pending_rows() == 0 and seen.got == [0, 1, 2]
+        entry = publishing.read(UID, 0, 0, 1, 1 << 20)[0]
+        at = publishing.open_topic(UID).decoded(0, entry).deliver_at
+        assert at is not None and at[0] is not None and tracker.is_due(at[0], 0)
+        # While a row is due but not handed out yet, ``done`` stays put.
+        await publishing.publish(UID, _request(1, **{"pubsubd.deliver_after": "0.3"}), 1)
+        await asyncio.sleep(0.35)
+        tracker._earliest = 0  # as if the due row were still waiting (e.g. paging paused)
+        done = tracker.done
+        await publishing.publish(UID, _request(1, **{"pubsubd.deliver_after": "0"}), 1)
+        assert tracker.done == done
+    finally:
+        await publishing.close()

@@ -73,12 +73,15 @@ class DelayTracker:
         self._loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: int | None = None
+        # A lower bound of the earliest row's due time (None: the index has no row of the topic).
+        self._earliest: int | None = None
         self._closed = False
         # Rows that fell due while the server was down are stale: the dispatchers re-read them.
         first = self.index.next_due(self.topic)
         if first is not None and first <= self.done[0]:
             self.index.delete_due(self.topic, self.done[0])
             first = self.index.next_due(self.topic)
+        self._earliest = first
         self._saved = self.index.progress(self.topic)
         self.watch_sources()
         self._arm(first)
@@ -117,6 +120,11 @@ class DelayTracker:
         offset = self._through.get(source, log_.start_offset)
         rows: list[Mark] = []
         due_now: list[int] = []
+        now = now_us()
+        if self._earliest is None or self._earliest > now:
+            # No row is due yet, so everything up to now has been handed out: messages published
+            # already due skip the index.
+            self.done = max(self.done, (now, MAX_POSITION))
         done = self.done
         while offset < committed:
             try:
@@ -145,7 +153,9 @@ class DelayTracker:
         if rows:
             self.index.add(self.topic, rows, {source: offset})
             self._saved[source] = offset
-            self._arm(min(at for at, _ in rows))
+            first = min(at for at, _ in rows)
+            self._earliest = first if self._earliest is None else min(self._earliest, first)
+            self._arm(first)
         if due_now:
             self._hand_out(due_now)
 
@@ -200,7 +210,8 @@ class DelayTracker:
             self._timer_at = now
             self._timer = self._loop.call_later(0, self._on_timer)
         else:
-            self._arm(self.index.next_due(self.topic))
+            self._earliest = self.index.next_due(self.topic)
+            self._arm(self._earliest)
 
     def _hand_out(self, positions: list[int]) -> None:
         for lst in tuple(self._listeners.values()):
