@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from pubsubd.data.subscribe import leases
 from pubsubd.data.subscribe.leases import LeaseTable
 
 pytestmark = pytest.mark.unit
@@ -206,3 +207,17 @@ def test_ties_all_returned() -> None:
     out = t.expired(10.0)
     assert sorted(p for p, _ in out) == [3, 5, 8]
     assert len(t) == 0
+
+
+def test_stale_heap_items_are_compacted_away() -> None:
+    t = LeaseTable()
+    for round_ in range(20):  # a fast drain: deliver 1000, ack them all, long deadlines
+        base = round_ * 1000
+        for pos in range(base, base + 1000):
+            t.grant(pos, float(round_), 600.0, consumer=1, size=10)
+        for pos in range(base, base + 1000):
+            t.forget(pos)
+    t.grant(10**6, 0.0, 5.0, consumer=1, size=10)
+    assert len(t._heap) <= 2 * len(t) + leases.COMPACT_SLACK
+    assert t.next_deadline() == 5.0
+    assert [p for p, _ in t.expired(1000.0)] == [10**6]

@@ -13,13 +13,19 @@ Rules:
    receipt deadline change for every message they receive); an unconfirmed expiry suggests the
    consumer never got the message.
 4. Expiry uses a heap with lazy deletion: a heap item is live only if its (position, generation,
-   deadline) still matches the lease table.
+   deadline) still matches the lease table. Acked leases leave stale items behind until their
+   deadline, so the heap is rebuilt from the live leases whenever stale items outnumber them
+   (``COMPACT_SLACK``): its size stays proportional to the outstanding messages, not to the
+   delivery rate times the ack deadline.
 """
 
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+
+# The heap is rebuilt when it holds more than twice the live leases plus this many items.
+COMPACT_SLACK = 4096
 
 
 @dataclass(slots=True)
@@ -55,7 +61,13 @@ class LeaseTable:
         self._leases[pos] = lease
         heapq.heappush(self._heap, (lease.deadline, pos, gen))
         self._attempts[pos] = self._attempts.get(pos, 0) + 1
+        if len(self._heap) > 2 * len(self._leases) + COMPACT_SLACK:
+            self._compact()
         return lease
+
+    def _compact(self) -> None:
+        self._heap = [(lease.deadline, p, lease.generation) for p, lease in self._leases.items()]
+        heapq.heapify(self._heap)
 
     @property
     def next_generation(self) -> int:
@@ -73,6 +85,8 @@ class LeaseTable:
         lease.deadline = now + seconds
         lease.confirmed = True
         heapq.heappush(self._heap, (lease.deadline, pos, lease.generation))
+        if len(self._heap) > 2 * len(self._leases) + COMPACT_SLACK:
+            self._compact()
         return lease
 
     def release(self, pos: int) -> Lease | None:
