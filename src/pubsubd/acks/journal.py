@@ -580,17 +580,20 @@ class AckJournal:
         Safe to call concurrently: callers queue on a lock and whoever runs next
         writes everything buffered so far (group commit), so a queued caller often
         finds nothing left to do. Compacts when the journal has grown too large.
-        The first I/O failure raises the ``OSError``; every later call raises
-        :class:`AckJournalError` until the journal is reopened. A no-op once closed
+        An I/O failure raises the ``OSError`` and leaves the journal file untrusted (a torn
+        record, pages dropped by a failed fsync); the next flush heals it by compaction: a fresh
+        snapshot of the in-memory cursors (which hold every recorded ack) and an empty journal,
+        so no ack recorded before or after the failure is lost. A no-op once closed
         (close() flushed everything and nothing can be recorded afterwards).
         """
         if self._closed:
             return
-        self._check_usable()
         async with self._lock:
             if self._closed:
                 return
-            self._check_usable()
+            if self._broken is not None:
+                await self._heal_locked()
+                return
             if self._deferred:
                 return
             data = b"".join(self._buffer)
@@ -619,8 +622,7 @@ class AckJournal:
         if self._closed:
             return
         try:
-            if self._broken is None:
-                await self.flush(sync=True)
+            await self.flush(sync=True)  # heals a broken journal first
         finally:
             async with self._lock:
                 self._closed = True
@@ -644,6 +646,15 @@ class AckJournal:
     def _should_compact(self) -> bool:
         # Amortize: never rewrite a snapshot more often than the journal re-grows to its size.
         return self._journal_size > max(self._compact_bytes, self._snapshot_size)
+
+    async def _heal_locked(self) -> None:
+        # Everything buffered is in the cursors the snapshot is taken from.
+        self._buffer.clear()
+        self._buffered_bytes = 0
+        self._deferred = False
+        await self._compact_locked()  # raises (and stays broken) if the disk still fails
+        self._broken = None
+        logger.warning("ack journal %s healed by compaction", self._directory)
 
     async def _compact_locked(self) -> None:
         # States are captured on the event loop, consistent with every record already
