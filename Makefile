@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test check bench bench-quick clean spark-demo proto
+.PHONY: run test check bench bench-quick clean spark-demo spark-bench proto
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,11 @@ proto:
 ## Starts a throwaway pubsubd unless PUBSUB_EMULATOR_HOST is set.
 spark-demo: $(VENV)/.installed-test
 	$(BIN)/python examples/spark_demo.py $(ARGS)
+
+## Spark connector throughput (rows/s server -> Spark, Spark -> server, beside the raw replay API)
+## on local[2]; waits for /tmp/pubsubd-bench.lock so it never overlaps another benchmark.
+spark-bench: $(VENV)/.installed-test
+	flock /tmp/pubsubd-bench.lock $(BIN)/python -m bench.spark_bench $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -42,6 +42,10 @@ ATTRIBUTES: dict[str, Any] = {
     "half": lambda i: {"half": "yes" if i % 2 else "no", "origin": "bench"},
     # delayed-delivery path, due at once
     "delay": lambda i: {"pubsubd.deliver_after": "0"},
+    # waits in the delay index, then falls due while a stream is open
+    "delay3": lambda i: {"pubsubd.deliver_after": "3"},
+    # waits an hour: every message becomes a row of the on-disk delay index
+    "delay3600": lambda i: {"pubsubd.deliver_after": "3600"},
 }
 HALF_FILTER = 'attributes.half = "yes"'
 

@@ -244,6 +244,14 @@ WORKLOADS: tuple[Workload, ...] = (
         (DRAIN_PLAIN,),
         attributes="delay",
     ),
+    _drain_feature(
+        "drain-raw-delayed",
+        'drain-raw of messages with "pubsubd.deliver_after" = "3": each waits in the on-disk '
+        "delay index and is handed back when due (timed from the first delivery)",
+        (DRAIN_PLAIN, "drain-raw-delay"),
+        attributes="delay3",
+        timed_from_first=True,
+    ),
     _publish_feature(
         "publish-raw-attrs", "half", "Publish 100 B + 2 attributes, raw gRPC (1000-msg requests)"
     ),
@@ -251,6 +259,12 @@ WORKLOADS: tuple[Workload, ...] = (
         "publish-raw-delay",
         "delay",
         'Publish 100 B + "pubsubd.deliver_after" = "0", raw gRPC (1000-msg requests)',
+    ),
+    _publish_feature(
+        "publish-raw-delayed",
+        "delay3600",
+        'Publish 100 B + "pubsubd.deliver_after" = "3600" (every message indexed on disk), '
+        "raw gRPC (1000-msg requests)",
     ),
     _names("names-1sub", "Topics with one subscription each", 100_000, 1, 10_000),
     _names("names-100subs", "Topics with 100 subscriptions each", 1_000, 100, 100),
@@ -776,7 +790,14 @@ def select(only: str | None) -> list[Workload]:
     if not only:
         return [w for w in WORKLOADS if w.in_default]
     wanted = [s.strip() for s in only.split(",") if s.strip()]
-    chosen = [w for w in WORKLOADS if any(w.name == s or w.name.startswith(s) for s in wanted)]
+    # "=name" selects exactly that workload (e.g. "=drain-raw" without the drain-raw-* ones).
+    chosen = [
+        w
+        for w in WORKLOADS
+        if any(
+            w.name == s.removeprefix("=") or (s[0] != "=" and w.name.startswith(s)) for s in wanted
+        )
+    ]
     if not chosen:
         raise SystemExit(f"--only {only!r} matches no workload; see --list")
     return chosen
@@ -788,7 +809,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--runs", type=int, help="runs per workload and target (default 3, quick 1)"
     )
-    parser.add_argument("--only", help="comma-separated workload names or prefixes (see --list)")
+    parser.add_argument(
+        "--only", help="comma-separated workload names or prefixes; =NAME for exactly NAME"
+    )
     parser.add_argument(
         "--targets", default=",".join(ALL_TARGETS), help=f"subset of {','.join(ALL_TARGETS)}"
     )

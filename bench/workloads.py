@@ -527,6 +527,7 @@ def drain_raw(
     keys: int = 0,
     filter_half: bool = False,
     ordering: bool = False,
+    timed_from_first: bool = False,
 ) -> Result:
     """Backlog of ``count`` messages, then one raw StreamingPull with unary Acknowledge calls
     (up to 1000 ack ids each, not awaited one by one) until all are received and acked.
@@ -535,7 +536,9 @@ def drain_raw(
     attribute set ``attributes`` and ``keys`` ordering keys (one per request, round-robin); the
     subscription has the filter ``pb.HALF_FILTER`` (``filter_half``: half the messages are
     delivered, the rest never are) and/or ``enable_message_ordering``. With ordering, the first
-    delivery of each message must come in message-ID order within its key (checked)."""
+    delivery of each message must come in message-ID order within its key (checked). With
+    ``timed_from_first`` the clock starts at the first message received (delayed backlogs: the
+    stream is open while the messages wait, and the rate is that of their falling due)."""
     expected = count // 2 if filter_half else count
 
     async def run(res: Resources, backlog: int) -> Result:
@@ -578,6 +581,9 @@ def drain_raw(
                         break
                     if response is grpc.aio.EOF:
                         break
+                    if timed_from_first and not seen:
+                        meter.begin()
+                        deadline = meter.start + time_limit_s
                     ack_ids = []
                     for received in response.received_messages:
                         ack_ids.append(received.ack_id)

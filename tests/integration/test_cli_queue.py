@@ -33,7 +33,17 @@ def _cli(server: ServerProcess, *args: str) -> Any:
 def test_cli_creates_queue_subscriptions_and_delayed_messages(
     shared_server: ServerProcess,
 ) -> None:
-    _cli(shared_server, "topics", "create", "cli-orders", "--backlog-quota-messages", "1000")
+    created = _cli(
+        shared_server,
+        "topics",
+        "create",
+        "cli-orders",
+        "--backlog-quota-messages",
+        "1000",
+        "--retention-bytes",
+        "1048576",
+    )
+    assert created[0]["labels"]["pubsubd-retention-bytes"] == "1048576"
     _cli(shared_server, "topics", "create", "cli-dead")
     _cli(
         shared_server,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
@@ -273,3 +274,90 @@ def test_backlog_quota_evicts_oldest(shared_server: ServerProcess, names: Any) -
     wait_for(lambda: sub_status(shared_server, name)["backlog"] <= 3, 10, "eviction to 3")
     resp = sub.pull(subscription=name, max_messages=10, timeout=10)
     assert [m.message.data for m in resp.received_messages] == [b"m7", b"m8", b"m9"]
+
+
+def _streaming(server: ServerProcess, name: str, got: list[bytes]) -> Any:
+    """An official-client StreamingPull that records and acks what it receives."""
+
+    def callback(message: Any) -> None:
+        got.append(message.data)
+        message.ack()
+
+    return make_subscriber(server.endpoint).subscribe(name, callback=callback)
+
+
+def _consumers(server: ServerProcess, name: str) -> int:
+    return int(sub_status(server, name).get("consumers", 0))
+
+
+def test_exclusive_refuses_pull_while_a_stream_holds_it(
+    shared_server: ServerProcess, names: Any
+) -> None:
+    pub, sub, topic, name = _setup(shared_server, names, pubsubd_subscription_type="exclusive")
+    pub.publish(topic, b"pulled").result(timeout=30)
+    # No stream: Pull is served.
+    first = sub.pull(subscription=name, max_messages=10, timeout=10).received_messages
+    assert [m.message.data for m in first] == [b"pulled"]
+    sub.acknowledge(subscription=name, ack_ids=[m.ack_id for m in first])
+    with ThreadPoolExecutor(1) as pool:
+        # A Pull waiting when a stream is admitted ends with FAILED_PRECONDITION at once.
+        waiting = pool.submit(sub.pull, subscription=name, max_messages=10, timeout=30)
+        wait_for(lambda: _consumers(shared_server, name) == 1, 10, "the waiting Pull")
+        got: list[bytes] = []
+        stream = _streaming(shared_server, name, got)
+        try:
+            with pytest.raises(exceptions.FailedPrecondition, match="exclusive"):
+                waiting.result(timeout=10)
+            pub.publish(topic, b"streamed").result(timeout=30)
+            wait_for(lambda: got == [b"streamed"], 10, "the stream to receive")
+            # While the stream holds the subscription, Pull (which has no client_id) is refused.
+            with pytest.raises(exceptions.FailedPrecondition, match="held by a StreamingPull"):
+                sub.pull(subscription=name, max_messages=10, timeout=10)
+        finally:
+            stream.cancel()
+            stream.result(timeout=10)
+    wait_for(lambda: _consumers(shared_server, name) == 0, 10, "the stream to close")
+    # The stream left: Pull is served again.
+    pub.publish(topic, b"pulled-again").result(timeout=30)
+    again = sub.pull(subscription=name, max_messages=10, timeout=10).received_messages
+    assert [m.message.data for m in again] == [b"pulled-again"]
+
+
+def test_failover_pull_is_a_standby_behind_streams(
+    shared_server: ServerProcess, names: Any
+) -> None:
+    pub, sub, topic, name = _setup(shared_server, names, pubsubd_subscription_type="failover")
+    got: list[bytes] = []
+    stream = _streaming(shared_server, name, got)
+    try:
+        wait_for(lambda: _consumers(shared_server, name) == 1, 10, "the stream")
+        with ThreadPoolExecutor(1) as pool:
+            # A Pull while the stream is active is admitted but gets nothing, even for
+            # messages published during its wait: the active stream receives them.
+            standby = pool.submit(sub.pull, subscription=name, max_messages=10, timeout=4)
+            wait_for(lambda: _consumers(shared_server, name) == 2, 10, "the waiting Pull")
+            for i in range(3):
+                pub.publish(topic, f"m{i}".encode()).result(timeout=30)
+            assert standby.result(timeout=10).received_messages == []
+        wait_for(lambda: sorted(got) == [b"m0", b"m1", b"m2"], 10, "the stream to receive")
+    finally:
+        stream.cancel()
+        stream.result(timeout=10)
+    # A stream with room for one message takes one; a waiting Pull takes over the rest as soon
+    # as that stream leaves, without another publish.
+    raw = _stream(shared_server, name, "only-one", max_messages=1)
+    try:
+        for i in range(3):
+            pub.publish(topic, f"n{i}".encode()).result(timeout=30)
+        assert [m.message.data for m in raw.receive(1, 10)] == [b"n0"]
+        with ThreadPoolExecutor(1) as pool:
+            standby = pool.submit(sub.pull, subscription=name, max_messages=10, timeout=30)
+            wait_for(lambda: _consumers(shared_server, name) == 2, 10, "the waiting Pull")
+            assert not standby.done()
+            raw.close()
+            left = time.monotonic()
+            taken = standby.result(timeout=10).received_messages
+            assert [m.message.data for m in taken] == [b"n1", b"n2"]
+            assert time.monotonic() - left < 5
+    finally:
+        raw.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -64,5 +65,78 @@ def test_fully_acked_segments_are_deleted(tmp_path: Path, monkeypatch: pytest.Mo
         pub.publish(topic, b"after-trim").result(timeout=30)
         resp = sub.pull(subscription=slow, max_messages=10, timeout=10)
         assert [m.message.data for m in resp.received_messages] == [b"after-trim"]
+    finally:
+        server.kill()
+
+
+def test_retention_bytes_keeps_the_newest_acked_segments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Topic label pubsubd-retention-bytes: acked data beyond the limit is trimmed, the newest
+    segments within it stay readable (Replay API range, Seek to a time before them)."""
+    from google.api_core import exceptions
+    from google.protobuf import timestamp_pb2
+
+    from tests.support.replay_client import ReplayClient
+
+    monkeypatch.setenv("PUBSUBD_SEGMENT_BYTES", "4096")
+    server = ServerProcess(tmp_path / "data").start()
+    limit = 12288  # about three segments of the ~60 KB published
+    try:
+        pub = make_publisher(
+            server.endpoint, batch_settings=pubsub_v1.types.BatchSettings(max_messages=10)
+        )
+        sub = make_subscriber(server.endpoint)
+        replay = ReplayClient(server.endpoint)
+        topic, name = "projects/trim/topics/sized", "projects/trim/subscriptions/sized"
+        with pytest.raises(exceptions.InvalidArgument, match="pubsubd-retention-bytes"):
+            pub.create_topic(request={"name": topic, "labels": {"pubsubd-retention-bytes": "0"}})
+        pub.create_topic(request={"name": topic, "labels": {"pubsubd-retention-bytes": str(limit)}})
+        sub.create_subscription(name=name, topic=topic)
+        before = time.time()
+        futures = [pub.publish(topic, b"%04d" % i + os.urandom(196)) for i in range(300)]
+        for f in futures:
+            f.result(timeout=30)
+
+        # This topic's log (the server may keep other topics of its own in the data dir).
+        log_dir = max(
+            server.data_dir.glob("topics/*/source-0"), key=lambda d: len(list(d.glob("*.seg")))
+        )
+
+        def stored() -> int:
+            total = 0
+            for seg in log_dir.glob("*.seg"):
+                with contextlib.suppress(FileNotFoundError):  # trimmed while we look
+                    total += seg.stat().st_size
+            return total
+
+        def earliest() -> int:
+            return int(replay.GetTopicRanges(topic=topic).sources[0].earliest_offset)
+
+        assert stored() > 4 * limit
+        time.sleep(4.5)  # unacked: two trim passes delete nothing, whatever the limit
+        assert earliest() == 0
+        acked = 0
+        while acked < 300:
+            resp = sub.pull(subscription=name, max_messages=100, timeout=10)
+            sub.acknowledge(subscription=name, ack_ids=[m.ack_id for m in resp.received_messages])
+            acked += len(resp.received_messages)
+        wait_for(lambda: stored() <= limit, 15, "acked segments beyond the limit to be trimmed")
+        time.sleep(4.5)  # two more passes: what is within the limit stays
+        low = earliest()
+        assert 0 < low < 280 and stored() <= limit
+        # Seek to before the first publish: every retained message comes back, nothing older.
+        seek_time = timestamp_pb2.Timestamp()
+        seek_time.FromNanoseconds(int(before * 1e9))
+        sub.seek(request={"subscription": name, "time": seek_time})
+        got: dict[int, bytes] = {}
+        while len(got) < 300 - low:
+            resp = sub.pull(subscription=name, max_messages=100, timeout=10)
+            assert resp.received_messages, f"only {len(got)} of {300 - low} replayed"
+            for m in resp.received_messages:
+                got[int(m.message.message_id)] = m.message.data
+        assert sorted(got) == list(range(low, 300))
+        assert all(data[:4] == b"%04d" % i for i, data in got.items())
+        replay.close()
     finally:
         server.kill()

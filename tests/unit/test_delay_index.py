@@ -51,23 +51,28 @@ async def _wait(predicate: Any, within: float = 5.0) -> None:
 
 def test_index_rows_come_back_in_due_order_and_progress_is_atomic(tmp_path: Path) -> None:
     index = DelayIndex.open(tmp_path)
-    index.add("t", [(30, 3), (10, 1), (20, 2), (10, 0)], {0: 4})
-    index.add("u", [(5, 9)], {0: 1})
-    assert index.due("t", 20, 10) == [(10, 0), (10, 1), (20, 2)]
-    assert index.due("t", 100, 2) == [(10, 0), (10, 1)]
+    index.add("t", [(30, 3, 1), (10, 1, 1), (20, 2, 1), (10, 0, 1)], {0: 4})
+    index.add("u", [(5, 9, 1000)], {0: 1})
+    assert index.due("t", 20, 10) == [(10, 0, 1), (10, 1, 1), (20, 2, 1)]
+    assert index.due("t", 100, 2) == [(10, 0, 1), (10, 1, 1)]
     assert index.next_due("t") == 10 and index.next_due("nothing") is None
     index.delete_through("t", 10, 1)
-    assert index.due("t", 100, 10) == [(20, 2), (30, 3)]
+    assert index.due("t", 100, 10) == [(20, 2, 1), (30, 3, 1)]
     index.delete_due("t", 20)
-    assert index.due("t", 100, 10) == [(30, 3)] and index.count("u") == 1
-    assert index.progress("t") == {0: 4}
+    assert index.due("t", 100, 10) == [(30, 3, 1)] and index.count("u") == 1000
+    assert index.progress("t") == {0: 4} and index.topics() == {"t", "u"}
     index.close()
     reopened = DelayIndex.open(tmp_path)  # on disk
-    assert reopened.due("t", 100, 10) == [(30, 3)] and reopened.progress("u") == {0: 1}
+    assert reopened.due("t", 100, 10) == [(30, 3, 1)] and reopened.progress("u") == {0: 1}
     reopened.drop("t")
     assert reopened.count("t") == 0 and reopened.progress("t") == {}
-    assert reopened.count("u") == 1
+    assert reopened.count("u") == 1000
     reopened.close()
+
+
+def test_runs_group_consecutive_messages_due_together() -> None:
+    assert delays_mod._runs([5, 5, None, 5, 7, 7]) == [(5, 0, 2), (5, 3, 1), (7, 4, 2)]
+    assert delays_mod._runs([None, None]) == [] and delays_mod._runs([]) == []
 
 
 async def test_delayed_messages_wait_on_disk_and_fall_due_once(tmp_path: Path) -> None:
@@ -112,7 +117,7 @@ async def test_a_message_indexed_below_done_is_handed_out_at_once(tmp_path: Path
 
 
 async def test_paging_and_pressure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(delays_mod, "PAGE_ROWS", 100)
+    monkeypatch.setattr(delays_mod, "PAGE_ROWS", 3)  # 10 rows (one per batch): 4 pages
     monkeypatch.setattr(delays_mod, "MAX_PENDING_DUE", 250)
     publishing = PublishingForwarder(tmp_path, fsync=FsyncPolicy.NEVER)
     try:
@@ -202,5 +207,22 @@ async def test_messages_published_due_skip_the_index(tmp_path: Path) -> None:
         done = tracker.done
         await publishing.publish(UID, _request(1, **{"pubsubd.deliver_after": "0"}), 1)
         assert tracker.done == done
+    finally:
+        await publishing.close()
+
+
+async def test_only_topics_with_delayed_messages_get_a_tracker(tmp_path: Path) -> None:
+    publishing = PublishingForwarder(tmp_path, fsync=FsyncPolicy.NEVER)
+    await publishing.publish("plain", _request(5), 5)
+    await publishing.drop_topic("gone")
+    assert publishing.delays == {} and not (tmp_path / FILE_NAME).exists()
+    await publishing.publish(UID, _request(2, **{"pubsubd.deliver_after": "60"}), 2)
+    assert set(publishing.delays) == {UID} and publishing.delays[UID].pending_rows() == 2
+    await publishing.close()
+    publishing = PublishingForwarder(tmp_path, fsync=FsyncPolicy.NEVER)
+    try:
+        publishing.open_topic("plain")
+        publishing.open_topic(UID)  # it had delayed messages: its tracker opens with it
+        assert set(publishing.delays) == {UID} and publishing.delays[UID].pending_rows() == 2
     finally:
         await publishing.close()

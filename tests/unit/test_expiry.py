@@ -13,7 +13,7 @@ import pytest
 from pubsubd.control.catalog import Catalog
 from pubsubd.control.expiry import Maintenance
 from pubsubd.core import pb
-from pubsubd.core.errors import FailedPrecondition
+from pubsubd.core.errors import FailedPrecondition, InvalidArgument
 from pubsubd.data.publish.forwarder import PublishingForwarder
 from pubsubd.data.subscribe.consumers import StreamConsumer
 from pubsubd.data.subscribe.forwarder import SubscribingForwarder
@@ -151,3 +151,37 @@ async def test_snapshot_of_an_almost_expired_backlog_is_refused(catalog: Catalog
     expire_us = snap.expire_time.seconds * 1_000_000 + snap.expire_time.nanos // 1000
     assert expire_us >= now_us + 7 * 24 * 3600 * 1_000_000
     assert [r.name for r in catalog.store.load_snapshots()] == [request.name]
+
+
+async def test_retention_bytes_label_pins_the_topic_and_combines_with_time(
+    catalog: Catalog,
+) -> None:
+    now_us = time.time_ns() // 1000
+    day_us = int(DAY) * 1_000_000
+    uid = catalog.topic(TOPIC).record.uid
+    sources = catalog.publishing.topics[uid]
+    log = sources.logs[0]
+    for age_days in (9, 3, 0):
+        await log.append(_request(b"%d days" % age_days), 1, now_us - age_days * day_us)
+    size = log.stats()["bytes"]  # one segment holds all three
+
+    def update(labels: dict[str, str], **fields: Any) -> None:
+        paths = ["labels", *fields]
+        catalog.update_topic(
+            pb.Topic(name=TOPIC, labels=labels, **fields), pb.FieldMask(paths=paths)
+        )
+
+    with pytest.raises(InvalidArgument, match="pubsubd-retention-bytes"):
+        update({"pubsubd-retention-bytes": "lots"})
+    update({"pubsubd-retention-bytes": str(size)})  # size only: the whole segment fits
+    assert sources.pins["topic-retention"] == {0: 0}
+    update({"pubsubd-retention-bytes": str(size - 1)})  # over the limit: size keeps nothing
+    assert sources.pins["topic-retention"] == {0: 3}
+    # With time retention too, a message is kept only while inside both limits.
+    week = pb.Duration(seconds=int(7 * DAY))
+    update({"pubsubd-retention-bytes": str(size)}, message_retention_duration=week)
+    assert sources.pins["topic-retention"] == {0: 1}  # the time limit is the stricter
+    update({"pubsubd-retention-bytes": str(size - 1)}, message_retention_duration=week)
+    assert sources.pins["topic-retention"] == {0: 3}  # the size limit is the stricter
+    update({})  # labels cleared, time retention left: the time pin alone
+    assert sources.pins["topic-retention"] == {0: 1}

@@ -199,6 +199,10 @@ async def test_offset_for_time(tmp_path: Path) -> None:
     assert log.offset_for_time(40) == 8
     assert log.offset_for_time(60) == 14
     assert log.offset_for_time(61) == log.end_offset == 16
+    # The publish time of an offset comes from the same index (the SLI hook's lookup).
+    assert [log.publish_time_us(o) for o in (0, 1, 2, 3, 15)] == [10, 10, 20, 20, 60]
+    with pytest.raises(OffsetOutOfRange):
+        log.publish_time_us(16)
     await log.close()
 
 

@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pubsubd.acks.cursor import Cursor, CursorState
-from pubsubd.control import expiry
+from pubsubd.control import expiry, quotas
 from pubsubd.core import names, pb
-from pubsubd.core.errors import InvalidResourceName
+from pubsubd.core.errors import InvalidArgument, InvalidResourceName
 from pubsubd.data import retention
 from pubsubd.data.publish.source import TopicSources
 from pubsubd.storage.log import FsyncPolicy
@@ -201,4 +201,94 @@ async def test_trim_point_honours_pins(tmp_path: Path) -> None:
     assert sources.trim_point(0) == 3
     del sources.pins["snapshot:s"]
     assert sources.trim_point(0) == 6
+    await sources.close()
+
+
+# --- retention by size (pubsubd-retention-bytes) -------------------------------------------------
+
+
+def test_size_pin_keeps_whole_segments_within_the_limit() -> None:
+    segments = [(0, 100), (10, 100), (20, 100), (30, 40)]  # (base, bytes); the last is active
+    assert retention.size_pin(segments, 1000, 35) == 0  # all 340 bytes fit
+    assert retention.size_pin(segments, 340, 35) == 0  # exactly at the limit
+    assert retention.size_pin(segments, 339, 35) == 10  # never above the limit: 240 kept
+    assert retention.size_pin(segments, 140, 35) == 20
+    assert retention.size_pin(segments, 139, 35) == 30
+    assert retention.size_pin(segments, 39, 35) == 35  # the active segment alone is over it
+
+
+@given(
+    sizes=st.lists(st.integers(0, 500), min_size=1, max_size=8),
+    limit=st.integers(1, 3000),
+)
+def test_size_pin_is_the_lowest_segment_start_within_the_limit(
+    sizes: list[int], limit: int
+) -> None:
+    bases = [10 * i for i in range(len(sizes))]
+    end = bases[-1] + 5
+    pin = retention.size_pin(list(zip(bases, sizes, strict=True)), limit, end)
+    fits = [b for i, b in enumerate(bases) if sum(sizes[i:]) <= limit]
+    assert pin == (min(fits) if fits else end)
+
+
+@dataclass
+class FakeSizedLog(FakeLog):
+    """``FakeLog`` with one segment per entry of ``size`` bytes."""
+
+    size: int = 100
+
+    def segment_sizes(self) -> list[tuple[int, int]]:
+        return [(o, self.size) for o in range(self.start_offset, len(self.times))]
+
+
+def test_topic_pin_keeps_only_what_is_inside_both_limits() -> None:
+    now = 100 * DAY_US
+    log = FakeSizedLog([now - 5 * DAY_US, now - 4 * DAY_US, now - 3 * DAY_US, now - DAY_US])
+    pin = retention.topic_pin
+    assert pin(log, now, retention_us=None, retention_bytes=None) is None
+    assert pin(log, now, retention_us=6 * DAY_US, retention_bytes=None) == 0
+    assert pin(log, now, retention_us=None, retention_bytes=250) == 2  # the newest 2 segments
+    # Pulsar: with both set, a message goes as soon as either limit is exceeded.
+    assert pin(log, now, retention_us=6 * DAY_US, retention_bytes=250) == 2  # size is stricter
+    assert pin(log, now, retention_us=2 * DAY_US, retention_bytes=250) == 3  # time is stricter
+    assert pin(log, now, retention_us=6 * DAY_US, retention_bytes=10_000) == 0
+
+
+def test_replay_floor_with_a_size_limit() -> None:
+    now = 100 * DAY_US
+    log = FakeSizedLog([now - 5 * DAY_US, now - 4 * DAY_US, now - 3 * DAY_US, now - DAY_US])
+    kw = {"topic_retention_us": None, "retain_acked_us": None, "sync_start": 0}
+    floor = retention.replay_floor
+    assert floor(log, now, topic_retention_bytes=250, **kw) == 2  # type: ignore[arg-type]
+    kw["topic_retention_us"] = 6 * DAY_US
+    assert floor(log, now, topic_retention_bytes=250, **kw) == 2  # type: ignore[arg-type]
+    # retain_acked_messages is the subscription's own: the topic's size limit does not bound it.
+    kw["retain_acked_us"] = 6 * DAY_US
+    assert floor(log, now, topic_retention_bytes=250, **kw) == 0  # type: ignore[arg-type]
+
+
+def test_retention_bytes_label() -> None:
+    assert quotas.retention_bytes({"team": "x"}) is None
+    assert quotas.retention_bytes({"pubsubd-retention-bytes": "1048576"}) == 1 << 20
+    for bad in ("0", "-1", "1mb", ""):
+        with pytest.raises(InvalidArgument, match="pubsubd-retention-bytes"):
+            quotas.retention_bytes({"pubsubd-retention-bytes": bad})
+
+
+async def test_size_pin_on_a_real_log(tmp_path: Path) -> None:
+    """SourceLog.segment_sizes feeds size_pin; trimming to the pin keeps the newest segments
+    within the limit."""
+    sources = TopicSources("t", tmp_path, fsync=FsyncPolicy.NEVER, segment_bytes=200)
+    log_ = sources.logs[0]
+    for i in range(40):
+        await log_.append(b"x" * 60, 1, 1000 + i)
+    segments = log_.segment_sizes()
+    assert len(segments) > 4 and [b for b, _ in segments] == sorted(b for b, _ in segments)
+    assert sum(s for _, s in segments) == log_.stats()["bytes"]
+    limit = 3 * segments[0][1]
+    pin = retention.size_pin(segments, limit, log_.committed_offset)
+    sources.pins[retention.TOPIC_PIN] = {0: pin}
+    sources.trim()  # no subscription: only the pin holds data back
+    assert log_.start_offset == pin
+    assert 0 < sum(s for _, s in log_.segment_sizes()) <= limit
     await sources.close()

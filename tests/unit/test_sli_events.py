@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -121,3 +123,82 @@ def test_backlog_rotation_caps_and_resumes() -> None:
         "messages": 3,
         "oldest_unacked_age_s": 1.25,
     }
+
+
+class _Log:
+    """A source log's publish-time index: offset -> publish time (µs); others are trimmed."""
+
+    def __init__(self, times: dict[int, int]) -> None:
+        self.times = times
+        self.lookups = 0
+
+    def publish_time_us(self, offset: int) -> int:
+        self.lookups += 1
+        return self.times[offset]
+
+
+def test_delivery_event_per_subscription_samples_publish_to_ack_latency() -> None:
+    emitter = EventEmitter(Sink(), 10, max_samples=5)
+    now = 1000.0
+    log = _Log({i: int((now - 0.001 * (i + 1)) * 1e6) for i in range(100)})  # i+1 ms old
+    sub, topic = "projects/p/subscriptions/s", "projects/p/topics/t"
+    emitter.record_acks(sub, topic, [log], [0, 1], now=now)
+    assert [round(x) for x in emitter._acks[sub].samples.samples] == [1, 2]
+    emitter.record_acks(sub, topic, [log], list(range(2, 100)), now=now)
+    emitter.record_acks(sub, topic, [log], [500], now=now)  # trimmed: counted, not measured
+    emitter.record_acks("projects/p/subscriptions/other", topic, [log], [9], now=now)
+    emitter.record_acks("projects/p/subscriptions/own", EVENTS_TOPIC, [log], [1], now=now)
+    got = {e["subscription"]: e for e in emitter.drain(now) if e["kind"] == "delivery"}
+    assert set(got) == {sub, "projects/p/subscriptions/other"}
+    d = got[sub]
+    assert (d["topic"], d["count"], d["ts"]) == (topic, 101, now)
+    assert len(d["latency_ms"]) == 5
+    assert all(1 <= x <= 100 for x in d["latency_ms"])
+    assert got["projects/p/subscriptions/other"]["latency_ms"] == [10.0]
+    assert emitter.drain(now) == []  # reset per interval
+
+
+def test_ack_sampling_is_cheap_and_uniform() -> None:
+    # Once the reservoir is full, big ack batches cost lookups only for the kept items.
+    emitter = EventEmitter(Sink(), 10, max_samples=50)
+    log = _Log({})
+    log.times = dict.fromkeys(range(200_000), 0)
+    for start in range(0, 200_000, 1000):
+        emitter.record_acks("s", "t", [log], list(range(start, start + 1000)), now=1.0)
+    assert emitter._acks["s"].count == 200_000
+    # Algorithm L keeps about k * (1 + ln(n / k)) items: ~465 lookups for 200k acks.
+    assert log.lookups < 1500
+    # Uniformity: positions of kept items (latency = offset here) spread over the whole range.
+    reservoir = events.Reservoir(1000, random.Random(7))
+    for start in range(0, 100_000, 500):
+
+        def value(i: int, s: int = start) -> float:
+            return float(s + i)
+
+        reservoir.offer(500, value)
+    kept = reservoir.samples
+    assert reservoir.seen == 100_000 and len(kept) == 1000 and len(set(kept)) == 1000
+    quarters = [sum(1 for x in kept if q * 25_000 <= x < (q + 1) * 25_000) for q in range(4)]
+    assert all(190 <= n <= 310 for n in quarters), quarters
+
+
+def test_dispatcher_hook_reads_the_log_index() -> None:
+    sink = Sink()
+    emitter = EventEmitter(sink, 10)
+    now_us = int(time.time() * 1e6)
+    dispatcher = SimpleNamespace(
+        name="projects/p/subscriptions/s",
+        subscription=SimpleNamespace(topic="projects/p/topics/t"),
+        sources=SimpleNamespace(logs=[_Log({}), _Log({7: now_us - 250_000})]),
+    )
+    events.record_acks(dispatcher, [(1 << 48) | 7])  # no emitter: ignored
+    assert emitter.drain() == []
+    events._active = emitter
+    try:
+        events.record_acks(dispatcher, [(1 << 48) | 7])
+        events.record_acks(dispatcher, [])
+    finally:
+        events._active = None
+    (d,) = emitter.drain()
+    assert d["kind"] == "delivery" and d["count"] == 1
+    assert 250 <= d["latency_ms"][0] < 5_000

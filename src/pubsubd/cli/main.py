@@ -140,6 +140,10 @@ def topics_create(
     backlog_policy: Annotated[
         str, typer.Option(help="block_publishers or evict_oldest")
     ] = "block_publishers",
+    retention_bytes: Annotated[
+        int,
+        typer.Option(help="keep the newest segments, acked or not, up to this size (0 = none)"),
+    ] = 0,
     endpoint: Endpoint = "127.0.0.1:8085",
     project: Project = "local",
     as_json: AsJson = False,
@@ -149,6 +153,8 @@ def topics_create(
     labels = _quota_labels(
         backlog_quota_messages, backlog_quota_bytes, backlog_quota_age, backlog_policy
     )
+    if retention_bytes:
+        labels["pubsubd-retention-bytes"] = str(retention_bytes)
     request: dict[str, Any] = {"name": _name(project, "topics", name), "labels": labels}
     if retention:
         request["message_retention_duration"] = {"seconds": retention}

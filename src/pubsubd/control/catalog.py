@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pubsubd.control import quotas
+from pubsubd.control import publish_sources, quotas
 from pubsubd.core import names, pb, validation
 from pubsubd.core.errors import (
     AlreadyExists,
@@ -208,7 +208,12 @@ class Catalog:
         for t in self.store.load_topics():
             topic = pb.Topic.FromString(t.body)
             self._add_topic(TopicEntry(t, topic, quotas.parse(topic.labels)))
-            self.publishing.open_topic(t.uid)
+            try:
+                counts = publish_sources.parse(topic.labels)
+            except InvalidArgument as e:  # stored before the label was validated
+                log.warning("topic %s: %s; opening the sources on disk", t.name, e)
+                counts = publish_sources.SourceCounts()
+            self.publishing.configure_topic(t.uid, counts.sources, counts.key_sources)
         for s in self.store.load_subscriptions():
             self._add_subscription(SubscriptionEntry(s, pb.Subscription.FromString(s.body)))
         self.publishing.remove_unreferenced(self._live_topic_uids | set(self._subs_by_topic_uid))
@@ -243,16 +248,20 @@ class Catalog:
     def create_topic(self, topic: Any) -> Any:
         validation.topic(topic)
         quota = quotas.parse(topic.labels)
+        quotas.retention_bytes(topic.labels)  # validate; control/snapshots.py reads it
+        publish_sources.parse(topic.labels)  # validate
         if topic.name in self.topics:
             raise AlreadyExists("topic", topic.name)
         stored = pb.Topic()
         stored.CopyFrom(topic)
         stored.ClearField("tags")  # input only
         stored.state = pb.Topic.State.ACTIVE
+        counts = publish_sources.on_create(stored.labels)  # may add the ordering-key label
+        validation.labels("labels", stored.labels)
         record = TopicRecord(topic.name, uuid.uuid4().hex, stored.SerializeToString())
         self.store.put_topic(record)
         self._add_topic(TopicEntry(record, stored, quota))
-        self.publishing.open_topic(record.uid)
+        self.publishing.configure_topic(record.uid, counts.sources, counts.key_sources)
         self.snapshots.refresh_pins(record.uid)
         return stored
 
@@ -269,12 +278,18 @@ class Catalog:
         updated = pb.Topic()
         updated.CopyFrom(entry.topic)
         _apply_mask(paths, topic, updated)
+        # Sources only grow; labels left out keep the server's values (put back here).
+        counts = publish_sources.on_update(entry.topic.labels, updated.labels)
         validation.topic(updated)
         quota = quotas.parse(updated.labels)
+        quotas.retention_bytes(updated.labels)
         entry.record.body = updated.SerializeToString()
-        self.store.put_topic(entry.record)
+        self.store.put_topic(entry.record)  # durable before any new source takes a message
         entry.topic = updated
         entry.quota = quota
+        uid = entry.record.uid
+        if self.publishing.configure_topic(uid, counts.sources, counts.key_sources):
+            self.snapshots.sources_added(uid)
         self.snapshots.refresh_pins(entry.record.uid)
         return updated
 

@@ -13,6 +13,11 @@ topic's), so any official client can set them:
 ``block_publishers``: Publish fails with RESOURCE_EXHAUSTED naming the subscription and quota
 while any subscription of the topic is over it. ``evict_oldest``: the oldest unacked messages
 of an over-quota subscription are acknowledged by the server until it is within the quota.
+
+Retention by size is a topic label too: ``pubsubd-retention-bytes`` (a positive whole number)
+keeps the topic's newest segments, acked or not, while they total at most that many bytes
+(``data/retention.py``: ``size_pin``, ``topic_pin``). It is a topic setting only: on a
+subscription it is an unknown pubsubd label.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ BYTES_LABEL = "pubsubd-backlog-quota-bytes"
 AGE_LABEL = "pubsubd-backlog-quota-age-seconds"
 POLICY_LABEL = "pubsubd-backlog-policy"
 LABELS = frozenset({MESSAGES_LABEL, BYTES_LABEL, AGE_LABEL, POLICY_LABEL})
+RETENTION_BYTES_LABEL = "pubsubd-retention-bytes"  # a topic label, not in LABELS
 _LIMIT = 1 << 50
 
 
@@ -81,6 +87,11 @@ def parse(labels: Mapping[str, str]) -> BacklogQuota | None:
             f"{BYTES_LABEL} or {AGE_LABEL})"
         )
     return quota
+
+
+def retention_bytes(labels: Mapping[str, str]) -> int | None:
+    """A topic's retention size from its labels (None: not set); InvalidArgument if bad."""
+    return _int(labels, RETENTION_BYTES_LABEL) if RETENTION_BYTES_LABEL in labels else None
 
 
 def exceeded(quota: BacklogQuota, backlog: Backlog) -> str | None:

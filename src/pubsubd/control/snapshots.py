@@ -9,9 +9,11 @@
   messages are still retained and so can come back). Outstanding ack IDs stop leasing anything.
 * **DetachSubscription** marks the subscription detached, ends its streams with
   FAILED_PRECONDITION and drops its backlog (its ack journal), so it no longer holds messages.
-* **Retention pins**: a topic's ``message_retention_duration`` and each subscription's
-  ``retain_acked_messages`` window become pins, refreshed on admin changes and periodically
-  (control/expiry.py). Unacked messages older than a subscription's retention leave its backlog.
+* **Retention pins**: a topic's ``message_retention_duration`` and ``pubsubd-retention-bytes``
+  (one pin: kept while inside both, Pulsar's rule) and each subscription's
+  ``retain_acked_messages`` window (not bounded by the topic's size limit) become pins,
+  refreshed on admin changes and periodically (control/expiry.py). Unacked messages older than
+  a subscription's retention leave its backlog.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pubsubd.acks.cursor import CursorState
-from pubsubd.control.catalog import SubscriptionEntry, _apply_mask, _SortedNames
+from pubsubd.control import quotas
+from pubsubd.control.catalog import SubscriptionEntry, TopicEntry, _apply_mask, _SortedNames
 from pubsubd.core import names, pb, validation
 from pubsubd.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from pubsubd.data import retention
@@ -85,9 +88,20 @@ class Snapshots:
         self._names.add(entry.record.name)
         sources = self.catalog.publishing.topics.get(entry.record.topic_uid)
         if sources is not None:
-            sources.pins[retention.snapshot_pin(entry.record.name)] = {
-                source: md for source, (md, _) in entry.record.cursors.items()
-            }
+            sources.pins[retention.snapshot_pin(entry.record.name)] = _snapshot_pin(
+                entry, len(sources.logs)
+            )
+
+    def sources_added(self, topic_uid: str) -> None:
+        """A topic got new sources: its snapshots pin them whole (all after the snapshot)."""
+        sources = self.catalog.publishing.topics.get(topic_uid)
+        if sources is None:
+            return
+        for entry in self.entries.values():
+            if entry.record.topic_uid == topic_uid:
+                sources.pins[retention.snapshot_pin(entry.record.name)] = _snapshot_pin(
+                    entry, len(sources.logs)
+                )
 
     def _remove(self, entry: SnapshotEntry) -> None:
         name = entry.record.name
@@ -223,10 +237,12 @@ class Snapshots:
                     f"The subscription's topic ({sub.subscription.topic}) is different from that "
                     f"of the snapshot ({snap.snapshot.topic})."
                 )
+            # A source added after the snapshot holds only later messages: all unacked.
+            captured = snap.states()
             states = {
                 s: retention.seek_state(st, st.mark_delete, None, sources.logs[s].start_offset)
-                for s, st in snap.states().items()
-                if s < len(sources.logs)
+                for s in range(len(sources.logs))
+                for st in [captured.get(s, CursorState(0, ()))]
             }
         else:
             states = self._seek_time_states(sub, dispatcher, retention.timestamp_us(request.time))
@@ -239,6 +255,9 @@ class Snapshots:
     ) -> dict[int, CursorState]:
         now = now_us()
         topic_retention, retain_acked = self._retention_us(sub)
+        # The topic's size limit bounds what its retention keeps (topics_by_uid: live topics,
+        # so a re-created topic of the same name does not count, as in _retention_us).
+        _, topic_bytes = _topic_retention(self.catalog.topics_by_uid.get(sub.record.topic_uid))
         states: dict[int, CursorState] = {}
         for source, cursor in dispatcher.journal.cursors.items():
             log_ = dispatcher.sources.logs[source]
@@ -248,6 +267,7 @@ class Snapshots:
                 topic_retention_us=topic_retention,
                 retain_acked_us=retain_acked,
                 sync_start=sub.record.start_offsets.get(source, 0),
+                topic_retention_bytes=topic_bytes,
             )
             states[source] = retention.seek_state(
                 cursor.snapshot(), log_.offset_for_time(time_us), floor, log_.start_offset
@@ -320,9 +340,10 @@ class Snapshots:
             if not sources.pins and not subs and topic is None:
                 continue  # nothing pinned, nothing to pin
             pins: dict[str, dict[int, int]] = {}
-            if topic is not None and topic.topic.HasField("message_retention_duration"):
-                keep = retention.duration_us(topic.topic.message_retention_duration)
-                pins[retention.TOPIC_PIN] = _time_pins(sources, keep, now)
+            keep_us, keep_bytes = _topic_retention(topic)
+            topic_pins = _topic_pins(sources, keep_us, keep_bytes, now)
+            if topic_pins is not None:
+                pins[retention.TOPIC_PIN] = topic_pins
             for sub in subs:
                 if sub.subscription.retain_acked_messages and not sub.subscription.detached:
                     keep = _subscription_retention_us(sub.subscription)
@@ -372,6 +393,14 @@ class Snapshots:
         return changed
 
 
+def _snapshot_pin(entry: SnapshotEntry, source_count: int) -> dict[int, int]:
+    """What a snapshot keeps: per captured source its mark-delete; a source added to the
+    topic after the snapshot was taken is kept whole (Seek makes all of it unacked)."""
+    pin = dict.fromkeys(range(source_count), 0)
+    pin.update((s, md) for s, (md, _) in entry.record.cursors.items())
+    return pin
+
+
 def _subscription_retention_us(subscription: Any) -> int:
     if subscription.HasField("message_retention_duration"):
         return retention.duration_us(subscription.message_retention_duration)
@@ -380,6 +409,29 @@ def _subscription_retention_us(subscription: Any) -> int:
 
 def _time_pins(sources: TopicSources, keep_us: int, now: int) -> dict[int, int]:
     return {i: retention.time_pin(log_, keep_us, now) for i, log_ in enumerate(sources.logs)}
+
+
+def _topic_retention(topic: TopicEntry | None) -> tuple[int | None, int | None]:
+    """A topic's own retention: (message_retention_duration in us, pubsubd-retention-bytes)."""
+    if topic is None:
+        return None, None
+    keep_us = None
+    if topic.topic.HasField("message_retention_duration"):
+        keep_us = retention.duration_us(topic.topic.message_retention_duration)
+    return keep_us, quotas.retention_bytes(topic.topic.labels)
+
+
+def _topic_pins(
+    sources: TopicSources, keep_us: int | None, keep_bytes: int | None, now: int
+) -> dict[int, int] | None:
+    """The topic-retention pin per source (time and/or size, ``retention.topic_pin``)."""
+    pins: dict[int, int] = {}
+    for i, log_ in enumerate(sources.logs):
+        pin = retention.topic_pin(log_, now, retention_us=keep_us, retention_bytes=keep_bytes)
+        if pin is None:
+            return None  # no topic retention
+        pins[i] = pin
+    return pins
 
 
 def _oldest_unacked_us(sources: TopicSources, states: dict[int, CursorState]) -> int | None:

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pubsubd.core.errors import InvalidArgument
 
 DELIVER_AT = "pubsubd.deliver_at"
 DELIVER_AFTER = "pubsubd.deliver_after"
+# Bytes every stored batch holding a delay attribute contains (a cheap test before parsing).
+MARKER = b"pubsubd.deliver_"
 # Delays beyond this are almost certainly mistakes (and would pin the log for years).
 MAX_DELAY_S = 366 * 24 * 3600
 
@@ -64,3 +67,31 @@ def deliver_at_us(attributes: Mapping[str, str], publish_time_us: int) -> int | 
     """``deliver_at`` in epoch microseconds (rounded up: never early), or None."""
     at = deliver_at(attributes, publish_time_us / 1e6)
     return None if at is None else max(publish_time_us, math.ceil(at * 1e6))
+
+
+def due_times(messages: Sequence[Any], publish_time_us: int) -> list[int | None] | None:
+    """``deliver_at_us`` of each message of one stored batch (None where a message is not
+    delayed), or None when none is. Memoized per attribute value: a batch usually repeats one
+    delay. Invalid values (refused at publish) count as not delayed."""
+    out: list[int | None] | None = None
+    memo: dict[tuple[str | None, str | None], int | None] = {}
+    for i, m in enumerate(messages):
+        attrs = m.attributes
+        if not attrs:
+            continue
+        at, after = attrs.get(DELIVER_AT), attrs.get(DELIVER_AFTER)
+        if at is None and after is None:
+            continue
+        key = (at, after)
+        if key in memo:
+            due = memo[key]
+        else:
+            try:
+                due = deliver_at_us(attrs, publish_time_us)
+            except InvalidArgument:
+                due = None
+            memo[key] = due
+        if out is None:
+            out = [None] * len(messages)
+        out[i] = due
+    return out

@@ -61,10 +61,11 @@ def publish_request(request: Any, request_size: int) -> None:
             f"messages[0].ordering_key: longer than {MAX_ORDERING_KEY_BYTES} bytes"
         )
     # Hot path: a 1000-message batch is checked once per Publish, so touch each field once.
+    delays_checked: set[tuple[str | None, str | None]] = set()  # a batch repeats its delays
     for i, m in enumerate(request.messages):
         attrs = m.attributes
         if attrs:
-            _attributes(i, attrs)
+            _attributes(i, attrs, delays_checked)
         elif not m.data:
             raise InvalidArgument(
                 f"messages[{i}]: a message must contain non-empty data or at least one attribute"
@@ -76,9 +77,12 @@ def publish_request(request: Any, request_size: int) -> None:
     # No message can exceed MAX_MESSAGE_BYTES: the whole request is already within that size.
 
 
-def _attributes(i: int, attrs: Any) -> None:
+def _attributes(i: int, attrs: Any, delays_checked: set[tuple[str | None, str | None]]) -> None:
     if DELIVER_AT in attrs or DELIVER_AFTER in attrs:
-        delays.deliver_at(attrs, time.time())  # raises InvalidArgument naming the attribute
+        key = (attrs.get(DELIVER_AT), attrs.get(DELIVER_AFTER))
+        if key not in delays_checked:
+            delays.deliver_at(attrs, time.time())  # raises InvalidArgument naming the attribute
+            delays_checked.add(key)
     if DEDUP_ID_ATTRIBUTE in attrs:
         raise InvalidArgument(
             f"messages[{i}].attributes: {DEDUP_ID_ATTRIBUTE!r} is reserved (use the "

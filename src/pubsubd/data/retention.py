@@ -7,6 +7,11 @@ Google's rules (GOOGLE_PUBSUB_API.md §3, §4, §6, §7.9):
 * A subscription with ``retain_acked_messages`` keeps its acked messages younger than its
   ``message_retention_duration`` (default 7 days), so it can Seek back and replay them.
 * A snapshot keeps what its captured ack state still needs until it expires.
+* Pulsar's retention by size (topic label ``pubsubd-retention-bytes``, control/quotas.py): the
+  topic keeps whole segments from the newest back while they total at most that many bytes
+  (``size_pin``). With ``message_retention_duration`` set too, a message is kept only while it is
+  inside *both* limits, as Pulsar does when both its time and size limits are set: it goes as
+  soon as either is exceeded (``topic_pin``). Unacked messages are always kept.
 * Unacked messages older than a subscription's ``message_retention_duration`` leave its backlog.
 
 Keeping is done with *pins* (``TopicSources.pins``: pin name -> source -> lowest offset to keep);
@@ -17,6 +22,7 @@ control/snapshots.py) installs them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from pubsubd.acks.cursor import CursorState
@@ -51,6 +57,12 @@ class TimedLog(Protocol):
     def offset_for_time(self, publish_time_us: int) -> int: ...
 
 
+class SizedLog(TimedLog, Protocol):
+    """``TimedLog`` plus segment sizes, for retention by size."""
+
+    def segment_sizes(self) -> list[tuple[int, int]]: ...
+
+
 def duration_us(d: Any) -> int:
     """A google.protobuf.Duration in microseconds."""
     return int(d.seconds) * US_PER_S + int(d.nanos) // 1000
@@ -66,23 +78,65 @@ def time_pin(log: TimedLog, retention_us: int, now_us: int) -> int:
     return log.offset_for_time(now_us - retention_us)
 
 
+def size_pin(segments: Sequence[tuple[int, int]], limit_bytes: int, end_offset: int) -> int:
+    """Lowest offset to keep under a retention size of ``limit_bytes``.
+
+    ``segments`` are a log's (base offset, stored bytes), oldest first, the active one last.
+    The pin is the base of the oldest segment that, with every newer one, totals at most
+    ``limit_bytes`` (stored bytes, acked and unacked alike, as Pulsar counts a topic's size):
+    whole segments only, and the kept total never exceeds the limit. When even the newest
+    segment alone is over it, the pin is ``end_offset``: size keeps nothing (the active segment
+    is never deleted anyway).
+    """
+    pin = end_offset
+    total = 0
+    for base, size in reversed(segments):
+        total += size
+        if total > limit_bytes:
+            break
+        pin = base
+    return pin
+
+
+def topic_pin(
+    log: SizedLog, now_us: int, *, retention_us: int | None, retention_bytes: int | None
+) -> int | None:
+    """Lowest offset a topic's own retention keeps (None: no topic retention).
+
+    Time only or size only: that limit. Both: the higher pin, i.e. a message is kept only while
+    it is inside both limits (Pulsar: with both set, acked messages are not retained once either
+    limit is reached).
+    """
+    pins: list[int] = []
+    if retention_us is not None:
+        pins.append(time_pin(log, retention_us, now_us))
+    if retention_bytes is not None:
+        pins.append(size_pin(log.segment_sizes(), retention_bytes, log.committed_offset))
+    return max(pins) if pins else None
+
+
 def replay_floor(
-    log: TimedLog,
+    log: SizedLog,
     now_us: int,
     *,
     topic_retention_us: int | None,
     retain_acked_us: int | None,
     sync_start: int,
+    topic_retention_bytes: int | None = None,
 ) -> int | None:
     """Lowest offset whose *acked* messages a Seek may make unacked again, or None if acked
     messages are not retained for this subscription.
 
-    Topic retention reaches back before the subscription existed; ``retain_acked_messages`` only
-    to the subscription's sync point (its first message). Nothing below the log's start exists.
+    Topic retention (time and/or size, ``topic_pin``) reaches back before the subscription
+    existed; ``retain_acked_messages`` only to the subscription's sync point (its first
+    message). Nothing below the log's start exists.
     """
     floors: list[int] = []
-    if topic_retention_us is not None:
-        floors.append(time_pin(log, topic_retention_us, now_us))
+    pin = topic_pin(
+        log, now_us, retention_us=topic_retention_us, retention_bytes=topic_retention_bytes
+    )
+    if pin is not None:
+        floors.append(pin)
     if retain_acked_us is not None:
         floors.append(max(time_pin(log, retain_acked_us, now_us), sync_start))
     if not floors:

@@ -9,10 +9,16 @@ connector. One message is one event; every event has ``kind`` and ``ts`` (epoch 
   after validation), ``latency_ms`` (a uniform sample, at most ``MAX_SAMPLES`` per topic and
   interval, of the latencies of the successful ones).
 * ``error``: ``method``, ``code`` (gRPC status name), ``count`` (in the interval).
+* ``delivery``: ``subscription``, ``topic``, ``count`` (messages acknowledged by subscribers in
+  the interval: Acknowledge, StreamingPull acks, push successes), ``latency_ms`` (a uniform sample,
+  at most ``MAX_SAMPLES`` per subscription and interval, of the end-to-end latencies from the
+  message's publish time to its ack).
 * ``backlog``: ``subscription``, ``topic``, ``messages``, ``oldest_unacked_age_s``.
 
-The hooks (:func:`record_publish`, :func:`record_error`) are O(1), never raise, and do nothing
-when no emitter runs. Flushing never raises either: a failed batch is logged and dropped.
+The hooks (:func:`record_publish`, :func:`record_error`, :func:`record_acks`) are O(1) per call
+(``record_acks`` is O(1) per ack *batch* plus the few acks it samples, each looked up in the log's
+in-memory index), never raise, and do nothing when no emitter runs. Flushing never raises
+either: a failed batch is logged and dropped.
 """
 
 from __future__ import annotations
@@ -21,13 +27,14 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pubsubd.core import pb
+from pubsubd.core import ids, pb
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +60,61 @@ class _TopicStats:
     samples: list[float] = field(default_factory=list)
 
 
+class Reservoir:
+    """A uniform sample of at most ``size`` values of a stream offered in batches.
+
+    Li's Algorithm L: once full, the index of the next kept item is drawn ahead, so a batch that
+    holds no kept item costs O(1), whatever its length; ``value`` is called only for kept items.
+    """
+
+    __slots__ = ("_next", "_random", "_w", "samples", "seen", "size")
+
+    def __init__(self, size: int, rng: random.Random) -> None:
+        self.size = size
+        self.seen = 0
+        self.samples: list[float] = []
+        self._next = 0  # 0-based stream index of the next item to keep, once full
+        self._w = 1.0
+        self._random = rng
+
+    def _uniform(self) -> float:
+        return self._random.random() or 1e-300  # (0, 1): log() must not see 0
+
+    def _advance(self) -> None:
+        self._w *= math.exp(math.log(self._uniform()) / self.size)
+        w = min(self._w, 1.0 - 1e-12)
+        self._next += int(math.log(self._uniform()) / math.log1p(-w)) + 1
+
+    def offer(self, n: int, value: Callable[[int], float | None]) -> None:
+        """Offer ``n`` items; ``value(i)`` is the i-th item's value (None: not measurable)."""
+        start = self.seen
+        self.seen += n
+        i = 0
+        samples = self.samples
+        while len(samples) < self.size and i < n:
+            v = value(i)
+            i += 1
+            if v is not None:
+                samples.append(v)
+                if len(samples) == self.size:
+                    self._next = start + i - 1
+                    self._advance()
+        if len(samples) < self.size or self.size <= 0:
+            return
+        while self._next < self.seen:
+            v = value(self._next - start)
+            if v is not None:
+                samples[self._random.randrange(self.size)] = v
+            self._advance()
+
+
+@dataclass
+class _AckStats:
+    topic: str
+    samples: Reservoir
+    count: int = 0
+
+
 class EventEmitter:
     """Buffers SLI observations and publishes them as one batch per interval."""
 
@@ -73,6 +135,7 @@ class EventEmitter:
         self.dropped_batches = 0
         self._publish: dict[str, _TopicStats] = {}
         self._errors: dict[tuple[str, str], int] = {}
+        self._acks: dict[str, _AckStats] = {}
         self._random = random.Random()
         self._task: asyncio.Task[None] | None = None
 
@@ -100,6 +163,36 @@ class EventEmitter:
         key = (method, code)
         self._errors[key] = self._errors.get(key, 0) + 1
 
+    def record_acks(
+        self,
+        subscription: str,
+        topic: str,
+        logs: Sequence[Any],
+        positions: Sequence[int],
+        now: float | None = None,
+    ) -> None:
+        """Subscribers acknowledged ``positions`` (of the topic whose source logs are ``logs``):
+        count them and sample their publish-to-ack latency."""
+        if topic == self.topic:
+            return
+        stats = self._acks.get(subscription)
+        if stats is None:
+            stats = self._acks[subscription] = _AckStats(
+                topic, Reservoir(self.max_samples, self._random)
+            )
+        stats.count += len(positions)
+        now_us = (time.time() if now is None else now) * 1e6
+
+        def latency_ms(i: int) -> float | None:
+            pos = positions[i]
+            try:
+                published = int(logs[ids.source_of(pos)].publish_time_us(ids.offset_of(pos)))
+            except Exception:  # trimmed, unknown source, closed log: not measurable
+                return None
+            return round(max(0.0, now_us - published) / 1e3, 3)
+
+        stats.samples.offer(len(positions), latency_ms)
+
     # --- batching --------------------------------------------------------------------------
 
     def drain(self, now: float | None = None) -> list[dict[str, Any]]:
@@ -107,6 +200,7 @@ class EventEmitter:
         ts = round(time.time() if now is None else now, 3)
         publish, self._publish = self._publish, {}
         errors, self._errors = self._errors, {}
+        acks, self._acks = self._acks, {}
         events: list[dict[str, Any]] = [
             {
                 "kind": "publish",
@@ -121,6 +215,17 @@ class EventEmitter:
         events.extend(
             {"kind": "error", "ts": ts, "method": m, "code": c, "count": n}
             for (m, c), n in errors.items()
+        )
+        events.extend(
+            {
+                "kind": "delivery",
+                "ts": ts,
+                "subscription": sub,
+                "topic": a.topic,
+                "count": a.count,
+                "latency_ms": a.samples.samples,
+            }
+            for sub, a in acks.items()
         )
         if self.backlog is not None:
             try:
@@ -203,6 +308,19 @@ def record_error(method: str, code: str) -> None:
     if emitter is not None:
         with contextlib.suppress(Exception):
             emitter.record_error(method, code)
+
+
+def record_acks(dispatcher: Any, positions: Sequence[int]) -> None:
+    """Hook for a subscription dispatcher's client acks; a no-op when no emitter runs."""
+    emitter = _active
+    if emitter is not None and positions:
+        with contextlib.suppress(Exception):
+            emitter.record_acks(
+                dispatcher.name,
+                str(dispatcher.subscription.topic),
+                dispatcher.sources.logs,
+                positions,
+            )
 
 
 class BacklogRotation:

@@ -10,9 +10,13 @@ connector in batch, and writes under ``--out``:
   (``kll_merge_agg_double`` + ``kll_sketch_get_quantile_double``), never from percentiles;
 * ``errors_minute/``: errors per minute, RPC method and gRPC code;
 * ``backlog_minute/``: per subscription and minute, max and last backlog and oldest unacked age;
+* ``delivery_minute/`` (partitioned by ``date``): per subscription (and its topic) and minute,
+  messages acked and p50/p95/p99 end-to-end delivery latency (publish time to ack) with its KLL
+  sketch; ``delivery_hour/``: the hourly roll-up from merged sketches;
 * ``slo/``: one row per SLO check with PASS or FAIL;
 * ``report.html``: one self-contained page (inline SVG, no scripts): the verdicts first, then
-  p99 latency, error rate and backlog age over time against their targets.
+  p99 publish latency, p99 delivery latency, error rate and backlog age over time against their
+  targets.
 
 SLO targets default to :data:`DEFAULT_SLO`; ``--slo FILE`` (TOML or JSON) overrides them,
 globally at the top level and per topic under ``[topics."projects/p/topics/t"]``.
@@ -32,12 +36,15 @@ from typing import Any
 from pubsubd.observability.events import EVENTS_TOPIC
 
 # Targets: publish latency (ms, of the whole window), publish error rate (fraction), backlog
-# oldest unacked age (s, the worst minute).
+# oldest unacked age (s, the worst minute), end-to-end delivery latency (ms, publish time to ack,
+# per subscription over the whole window; it includes the subscriber's own processing time).
 DEFAULT_SLO: dict[str, float] = {
     "publish_p99_ms": 100.0,
     "publish_p95_ms": 50.0,
     "error_rate": 0.01,
     "backlog_oldest_age_s": 600.0,
+    "delivery_p99_ms": 5000.0,
+    "delivery_p95_ms": 1000.0,
 }
 
 EVENT_SCHEMA = (
@@ -180,6 +187,63 @@ def backlog_minutes(events: Any) -> Any:
     )
 
 
+def delivery_minutes(events: Any) -> Any:
+    """Per subscription and minute: acks and end-to-end (publish to ack) latency quantiles."""
+    from pyspark.sql import functions as F
+
+    acks = events.where(F.col("kind") == "delivery").select(
+        "subscription",
+        "topic",
+        "minute",
+        "count",
+        F.posexplode_outer("latency_ms").alias("i", "lat"),
+    )
+    first = F.col("i").isNull() | (F.col("i") == 0)  # count each event's acks once
+    q = F.col("q")
+    return (
+        acks.groupBy("subscription", "topic", "minute")
+        .agg(
+            F.sum(F.when(first, F.col("count")).otherwise(0)).alias("acked"),
+            F.count("lat").alias("samples"),
+            F.percentile_approx("lat", [0.5, 0.95, 0.99], 1000).alias("q"),
+            F.kll_sketch_agg_double("lat").alias("latency_sketch"),
+        )
+        .select(
+            "subscription",
+            "topic",
+            "minute",
+            F.to_date("minute").alias("date"),
+            "acked",
+            "samples",
+            q[0].alias("p50_ms"),
+            q[1].alias("p95_ms"),
+            q[2].alias("p99_ms"),
+            "latency_sketch",
+        )
+    )
+
+
+def delivery_rollup(minutes: Any, unit: str = "hour") -> Any:
+    """Merge the delivery minute sketches into ``unit`` buckets per subscription."""
+    from pyspark.sql import functions as F
+
+    merged = minutes.groupBy("subscription", "topic", F.date_trunc(unit, "minute").alias(unit)).agg(
+        F.sum("acked").alias("acked"),
+        F.kll_merge_agg_double("latency_sketch").alias("latency_sketch"),
+    )
+    q = F.kll_sketch_get_quantile_double("latency_sketch", F.array(*map(F.lit, (0.5, 0.95, 0.99))))
+    return merged.select(
+        "subscription",
+        "topic",
+        unit,
+        "acked",
+        q[0].alias("p50_ms"),
+        q[1].alias("p95_ms"),
+        q[2].alias("p99_ms"),
+        "latency_sketch",
+    )
+
+
 @dataclass(frozen=True)
 class Check:
     slo: str
@@ -195,11 +259,19 @@ class Check:
 
 
 def evaluate(
-    slo: SloConfig, publish: list[Any], totals: list[Any], errors: list[Any], backlog: list[Any]
+    slo: SloConfig,
+    publish: list[Any],
+    totals: list[Any],
+    errors: list[Any],
+    backlog: list[Any],
+    delivery: list[Any] | None = None,
+    delivery_totals: list[Any] | None = None,
 ) -> list[Check]:
     """SLO verdicts. Latency: the topic's quantile over the whole window (merged sketches).
     Error rate: errors / (successful publishes + errors), all RPCs, whole window. Backlog: the
-    worst minute per subscription. ``bad_minutes`` counts the minutes over the target."""
+    worst minute per subscription. Delivery latency: the subscription's quantile over the whole
+    window (merged sketches), against its topic's target. ``bad_minutes`` counts the minutes over
+    the target."""
     checks: list[Check] = []
     by_topic: dict[str, list[Any]] = {}
     for r in publish:
@@ -234,6 +306,17 @@ def evaluate(
         worst = max(float(r["max_oldest_age_s"] or 0.0) for r in rows)
         bad = sum(1 for r in rows if (r["max_oldest_age_s"] or 0.0) > target)
         checks.append(Check("backlog_oldest_age_s", sub, target, worst, bad, len(rows)))
+    by_delivery: dict[str, list[Any]] = {}
+    for r in delivery or []:
+        by_delivery.setdefault(r["subscription"], []).append(r)
+    for t in sorted(delivery_totals or [], key=lambda t: str(t["subscription"])):
+        rows = by_delivery.get(t["subscription"], [])
+        for key, col in (("delivery_p95_ms", "p95_ms"), ("delivery_p99_ms", "p99_ms")):
+            target = slo.target(key, t["topic"])
+            if t[col] is None:
+                continue
+            bad = sum(1 for r in rows if r[col] is not None and r[col] > target)
+            checks.append(Check(key, t["subscription"], target, float(t[col]), bad, len(rows)))
     return checks
 
 
@@ -247,6 +330,7 @@ class Result:
     checks: list[Check]
     publish_rows: int
     report: Path
+    delivery_rows: int = 0
 
 
 def run(
@@ -281,18 +365,36 @@ def run(
         ]
         errors = [r.asDict() for r in errs.orderBy("minute").collect()]
         backlog = [r.asDict() for r in back.orderBy("minute").collect()]
+        dlv = delivery_minutes(events).cache()
+        dlv.write.mode("overwrite").partitionBy("date").parquet(str(out / "delivery_minute"))
+        delivery_rollup(dlv, "hour").write.mode("overwrite").parquet(str(out / "delivery_hour"))
+        dcols = ["subscription", "topic", "minute", "acked", "p50_ms", "p95_ms", "p99_ms"]
+        delivery = [r.asDict() for r in dlv.select(*dcols).orderBy("minute").collect()]
+        delivery_totals = [
+            r.asDict()
+            for r in delivery_rollup(
+                dlv.withColumn("minute", F.lit("1970-01-01").cast("timestamp")), "day"
+            )
+            .select("subscription", "topic", "acked", "p50_ms", "p95_ms", "p99_ms")
+            .collect()
+        ]
+        dlv.unpersist()
         pub.unpersist()
     finally:
         events.unpersist()
-    checks = evaluate(slo, publish, totals, errors, backlog)
+    checks = evaluate(slo, publish, totals, errors, backlog, delivery, delivery_totals)
     spark.createDataFrame(
         [(c.slo, c.scope, c.target, c.actual, c.bad_minutes, c.minutes, c.status) for c in checks],
         "slo string, scope string, target double, actual double, bad_minutes int, "
         "minutes int, status string",
     ).write.mode("overwrite").parquet(str(out / "slo"))
     report = out / "report.html"
-    report.write_text(render_html(checks, publish, totals, errors, backlog, slo, endpoint))
-    return Result(out, checks, len(publish), report)
+    report.write_text(
+        render_html(
+            checks, publish, totals, errors, backlog, slo, endpoint, delivery, delivery_totals
+        )
+    )
+    return Result(out, checks, len(publish), report, len(delivery))
 
 
 # --- the HTML report ---------------------------------------------------------------------------
@@ -317,8 +419,8 @@ tr.FAILrow{background:#fff5f4} .chart{margin:8px 0 4px} .note{color:#666;font-si
 def _fmt(value: float, unit: str) -> str:
     if unit == "%":
         return f"{value * 100:.2f}%"
-    if unit == "ms":
-        return f"{value:.2f} ms"
+    if unit == "ms":  # delivery latencies reach seconds: keep axis labels short
+        return f"{value:,.0f} ms" if abs(value) >= 1000 else f"{value:.2f} ms"
     if unit == "s":
         return f"{value:.1f} s"
     return f"{value:g}"
@@ -329,12 +431,16 @@ UNITS = {
     "publish_p95_ms": "ms",
     "error_rate": "%",
     "backlog_oldest_age_s": "s",
+    "delivery_p99_ms": "ms",
+    "delivery_p95_ms": "ms",
 }
 LABELS = {
     "publish_p99_ms": "Publish latency p99",
     "publish_p95_ms": "Publish latency p95",
     "error_rate": "Error rate",
     "backlog_oldest_age_s": "Oldest unacked message",
+    "delivery_p99_ms": "Delivery latency p99 (publish to ack)",
+    "delivery_p95_ms": "Delivery latency p95 (publish to ack)",
 }
 
 
@@ -468,11 +574,14 @@ def render_html(
     backlog: list[Any],
     slo: SloConfig,
     source: str,
+    delivery: list[Any] | None = None,
+    delivery_totals: list[Any] | None = None,
 ) -> str:
     e = html.escape
+    delivery = delivery or []
     failed = [c for c in checks if c.status == "FAIL"]
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    minutes = sorted({_epoch(r["minute"]) for r in publish} | {_epoch(r["minute"]) for r in errors})
+    minutes = sorted({_epoch(r["minute"]) for rows in (publish, errors, delivery) for r in rows})
     window = (
         f"{datetime.fromtimestamp(minutes[0], UTC):%Y-%m-%d %H:%M} to "
         f"{datetime.fromtimestamp(minutes[-1], UTC):%H:%M} UTC ({len(minutes)} min)"
@@ -509,7 +618,7 @@ def render_html(
         )
     out.append("</tbody></table>")
 
-    every = [_epoch(r["minute"]) for rows in (publish, errors, backlog) for r in rows]
+    every = [_epoch(r["minute"]) for rows in (publish, errors, backlog, delivery) for r in rows]
     span = (min(every), max(every)) if every else None  # one time axis for all charts
     if span is not None and span[1] - span[0] < 600:
         span = ((span[0] + span[1]) / 2 - 300, (span[0] + span[1]) / 2 + 300)
@@ -524,6 +633,20 @@ def render_html(
             _top(p99),
             "ms",
             slo.default["publish_p99_ms"],
+            xrange=span,
+        )
+    )
+    d99: dict[str, list[tuple[float, float]]] = {}
+    for r in delivery:
+        if r["p99_ms"] is not None:
+            d99.setdefault(r["subscription"], []).append((_epoch(r["minute"]), float(r["p99_ms"])))
+    out.append("<h2>End-to-end delivery latency p99 per minute (publish to ack)</h2>")
+    out.append(
+        svg_chart(
+            "p99 delivery latency by subscription",
+            _top(d99),
+            "ms",
+            slo.default["delivery_p99_ms"],
             xrange=span,
         )
     )
@@ -577,6 +700,24 @@ def render_html(
             f"<td class='num'>{t['failed']}</td>{cells}</tr>"
         )
     out.append("</tbody></table>")
+    out.append("<h2>Subscriptions by delivery p99 (whole window, merged sketches)</h2>")
+    if delivery_totals:
+        out.append(
+            "<table><thead><tr><th>Subscription</th><th>Topic</th><th>Acked</th><th>p50</th>"
+            "<th>p95</th><th>p99</th></tr></thead><tbody>"
+        )
+        for t in sorted(delivery_totals, key=lambda t: -(t["p99_ms"] or 0.0))[:20]:
+            cells = "".join(
+                f"<td class='num'>{_fmt(float(t[k]), 'ms') if t[k] is not None else '&ndash;'}</td>"
+                for k in ("p50_ms", "p95_ms", "p99_ms")
+            )
+            out.append(
+                f"<tr><td>{e(t['subscription'])}</td><td>{e(t['topic'])}</td>"
+                f"<td class='num'>{t['acked']}</td>{cells}</tr>"
+            )
+        out.append("</tbody></table>")
+    else:
+        out.append("<p>No acknowledged messages in this window.</p>")
     by_code: dict[tuple[str, str], int] = {}
     for r in errors:
         key = (r["method"], r["code"])
@@ -593,7 +734,9 @@ def render_html(
         out.append("<p>No errors.</p>")
     out.append(
         "<p class='note'>Charts show the global targets; per-topic overrides are applied in the "
-        "table above. Latency is measured from receiving a Publish to acknowledging it.</p>"
+        "table above. Publish latency is measured from receiving a Publish to acknowledging it; "
+        "delivery latency from a message's publish time to the subscriber's ack of it (a sample "
+        "of the acks, including the subscriber's processing time and any redeliveries).</p>"
     )
     out.append("</body></html>")
     return "\n".join(out)

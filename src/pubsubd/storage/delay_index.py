@@ -5,7 +5,8 @@ delivered before its time, and a topic may hold millions of them. The subscripti
 skip a not-yet-due message when they read it from the log and keep nothing of it in memory; this
 index is what brings it back when it falls due. Rows are ``(topic, at_us, position)``, kept in
 due-time order so "what falls due next" is one index range scan, and the index never needs more
-memory than one page of rows.
+memory than one page of rows. A row covers a run of consecutive positions due at the same time
+(``count``): a batch published with one delay is one row.
 
 The index is derived from the log. ``progress`` records, per topic and source, the offset below
 which every entry has been indexed; it is written in the same transaction as the rows, so after a
@@ -21,12 +22,15 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 FILE_NAME = "delays.db"
+# (due time in epoch microseconds, first position, number of consecutive positions)
+Row = tuple[int, int, int]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS delays (
     topic TEXT NOT NULL,
     at_us INTEGER NOT NULL,
     position INTEGER NOT NULL,
+    count INTEGER NOT NULL,
     PRIMARY KEY (topic, at_us, position)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS progress (
@@ -59,12 +63,13 @@ class DelayIndex:
 
     # --- writes -------------------------------------------------------------------------------
 
-    def add(self, topic: str, rows: Iterable[tuple[int, int]], progress: Mapping[int, int]) -> None:
-        """Insert ``(at_us, position)`` rows and record the indexed offsets, atomically."""
+    def add(self, topic: str, rows: Iterable[Row], progress: Mapping[int, int]) -> None:
+        """Insert ``(at_us, first position, count)`` rows and record the indexed offsets,
+        atomically."""
         with self._transaction():
             self._db.executemany(
-                "INSERT OR IGNORE INTO delays (topic, at_us, position) VALUES (?, ?, ?)",
-                ((topic, at, pos) for at, pos in rows),
+                "INSERT OR IGNORE INTO delays (topic, at_us, position, count) VALUES (?, ?, ?, ?)",
+                ((topic, at, pos, n) for at, pos, n in rows),
             )
             self._save_progress(topic, progress)
 
@@ -73,7 +78,7 @@ class DelayIndex:
             self._save_progress(topic, progress)
 
     def delete_through(self, topic: str, at_us: int, position: int) -> None:
-        """Delete the topic's rows up to and including ``(at_us, position)`` in due order."""
+        """Delete the topic's rows up to and including the one at ``(at_us, position)``."""
         with self._transaction():
             self._db.execute(
                 "DELETE FROM delays WHERE topic = ? AND (at_us, position) <= (?, ?)",
@@ -93,14 +98,14 @@ class DelayIndex:
 
     # --- reads --------------------------------------------------------------------------------
 
-    def due(self, topic: str, at_us: int, limit: int) -> list[tuple[int, int]]:
+    def due(self, topic: str, at_us: int, limit: int) -> list[Row]:
         """Up to ``limit`` rows due at or before ``at_us``, earliest first."""
         cur = self._db.execute(
-            "SELECT at_us, position FROM delays WHERE topic = ? AND at_us <= ? "
+            "SELECT at_us, position, count FROM delays WHERE topic = ? AND at_us <= ? "
             "ORDER BY at_us, position LIMIT ?",
             (topic, at_us, limit),
         )
-        return [(int(a), int(p)) for a, p in cur.fetchall()]
+        return [(int(a), int(p), int(n)) for a, p, n in cur.fetchall()]
 
     def next_due(self, topic: str) -> int | None:
         """The earliest due time of the topic's rows, or None when it has none."""
@@ -109,8 +114,16 @@ class DelayIndex:
         ).fetchone()
         return None if row is None else int(row[0])
 
+    def topics(self) -> set[str]:
+        """Every topic with rows or recorded progress (those that ever had delayed messages)."""
+        cur = self._db.execute("SELECT topic FROM progress UNION SELECT DISTINCT topic FROM delays")
+        return {str(t) for (t,) in cur.fetchall()}
+
     def count(self, topic: str) -> int:
-        row = self._db.execute("SELECT COUNT(*) FROM delays WHERE topic = ?", (topic,)).fetchone()
+        """Delayed messages of the topic not yet due (the sum of the rows' runs)."""
+        row = self._db.execute(
+            "SELECT COALESCE(SUM(count), 0) FROM delays WHERE topic = ?", (topic,)
+        ).fetchone()
         return int(row[0])
 
     def progress(self, topic: str) -> dict[int, int]:

@@ -536,8 +536,10 @@ class SourceLog:
         async with self._segment_lock:  # no fsync or roll meanwhile
             if self._pending or (self._dirty and self._policy is not FsyncPolicy.NEVER):
                 return
-            await self._writer.close()  # the local replica reopens on the next append
+            # Cleared before the await: an append arriving meanwhile sets it again (its write
+            # reopens the segment), so the next idle period closes the file again.
             self._write_fd_open = False
+            await self._writer.close()  # the local replica reopens on the next append
 
     # -- close -------------------------------------------------------------------------
 
@@ -683,6 +685,13 @@ class SourceLog:
         self._locate(offset)
         return self.read(offset, max_entries=1)[0]
 
+    def publish_time_us(self, offset: int) -> int:
+        """Publish time of the committed entry containing ``offset``, from the in-memory index
+        (no I/O); :class:`OffsetOutOfRange` if none."""
+        self._check_readable()
+        seg_index, index = self._locate(offset)
+        return self._segments[seg_index].times[index]
+
     def offset_for_time(self, publish_time_us: int) -> int:
         """First offset whose entry's publish time is >= ``publish_time_us``.
 
@@ -702,6 +711,10 @@ class SourceLog:
         return self._committed_offset
 
     # -- retention ---------------------------------------------------------------------
+
+    def segment_sizes(self) -> list[tuple[int, int]]:
+        """(base offset, committed bytes) of every segment, oldest first (retention by size)."""
+        return [(s.base, s.size) for s in self._segments]
 
     def trim(self, before_offset: int) -> int:
         """Delete whole segments whose entries all precede ``before_offset``.

@@ -86,7 +86,11 @@ class PublisherServicer:
         uid = entry.record.uid
         started = time.perf_counter()
         try:
-            source, base = await self.router.publishing_forwarder(uid).publish(uid, raw, count)
+            # Validated: every message has the first one's ordering key (one entry, one source).
+            key = request.messages[0].ordering_key
+            source, base = await self.router.publishing_forwarder(uid).publish(
+                uid, raw, count, ordering_key=key
+            )
         except Exception:
             events.record_publish(request.topic, (time.perf_counter() - started) * 1e3, ok=False)
             raise

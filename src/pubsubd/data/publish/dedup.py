@@ -236,7 +236,9 @@ class Deduplicator:
                     copy.attributes[DEDUP_ID_ATTRIBUTE] = dedup_id
                 raw = request.SerializeToString()
                 count = stop - start
-                source, base = await self.publishing.publish(topic_uid, raw, count)
+                source, base = await self.publishing.publish(
+                    topic_uid, raw, count, ordering_key=request.messages[0].ordering_key
+                )
                 done = time.time_ns() // 1000
                 for j in range(count):
                     i = new[start + j]

@@ -26,10 +26,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pubsubd.core import ids
-from pubsubd.core.delays import DELIVER_AFTER, DELIVER_AT
+from pubsubd.core import ids, pb
+from pubsubd.core.delays import MARKER, due_times
 from pubsubd.data.publish.source import TopicSources
-from pubsubd.storage.delay_index import DelayIndex
+from pubsubd.storage.delay_index import DelayIndex, Row
 from pubsubd.storage.errors import OffsetOutOfRange
 
 log = logging.getLogger(__name__)
@@ -41,9 +41,6 @@ PAGE_ROWS = 10_000
 MAX_PENDING_DUE = 50_000
 PRESSURE_RETRY_S = 0.1
 MAX_POSITION = (1 << 63) - 1
-# Cheap test on a stored PublishRequest before decoding it: can it hold a delay attribute?
-_MARKER = DELIVER_AT.rsplit("_", 1)[0].encode()  # b"pubsubd.deliver"
-assert DELIVER_AFTER.encode().startswith(_MARKER)
 
 Mark = tuple[int, int]  # (at_us, position) in due order
 
@@ -118,7 +115,7 @@ class DelayTracker:
             return
         log_ = self.sources.logs[source]
         offset = self._through.get(source, log_.start_offset)
-        rows: list[Mark] = []
+        rows: list[Row] = []
         due_now: list[int] = []
         now = now_us()
         if self._earliest is None or self._earliest > now:
@@ -136,24 +133,23 @@ class DelayTracker:
                 break
             for entry in entries:
                 offset = entry.next_offset
-                if _MARKER not in entry.payload:
+                if MARKER not in entry.payload:
                     continue
-                decoded = self.sources.decoded(source, entry)
-                if decoded.deliver_at is None:
+                request = pb.PublishRequest.FromString(entry.payload)
+                dues = due_times(request.messages, entry.publish_time_us)
+                if dues is None:
                     continue
-                for i, at in enumerate(decoded.deliver_at):
-                    if at is None:
-                        continue
-                    pos = ids.position(source, entry.base_offset + i)
-                    if (at, pos) <= done:
-                        due_now.append(pos)
-                    else:
-                        rows.append((at, pos))
+                base = ids.position(source, entry.base_offset)
+                for at, first, n in _runs(dues):
+                    if (at, base + first + n - 1) <= done:
+                        due_now.extend(range(base + first, base + first + n))
+                    else:  # (``done`` never falls inside a new run: it is an indexed position)
+                        rows.append((at, base + first, n))
         self._through[source] = offset
         if rows:
             self.index.add(self.topic, rows, {source: offset})
             self._saved[source] = offset
-            first = min(at for at, _ in rows)
+            first = min(row[0] for row in rows)
             self._earliest = first if self._earliest is None else min(self._earliest, first)
             self._arm(first)
         if due_now:
@@ -197,15 +193,15 @@ class DelayTracker:
         now = now_us()
         rows = self.index.due(self.topic, now, PAGE_ROWS)
         if len(rows) == PAGE_ROWS:
-            last = rows[-1]
-            self.done = max(self.done, last)
-            self.index.delete_through(self.topic, *last)
+            at, first, n = rows[-1]
+            self.done = max(self.done, (at, first + n - 1))
+            self.index.delete_through(self.topic, at, first)
         else:
             self.done = max(self.done, (now, MAX_POSITION))
             if rows:
                 self.index.delete_due(self.topic, now)
         if rows:
-            self._hand_out([pos for _, pos in rows])
+            self._hand_out([pos for _, first, n in rows for pos in range(first, first + n)])
         if len(rows) == PAGE_ROWS:
             self._timer_at = now
             self._timer = self._loop.call_later(0, self._on_timer)
@@ -234,3 +230,19 @@ class DelayTracker:
             if source < len(self.sources.logs):
                 self.sources.logs[source].remove_listener(callback)
         self._watched.clear()
+
+
+def _runs(dues: list[int | None]) -> list[tuple[int, int, int]]:
+    """(due time, first index, length) of each run of consecutive delayed messages of one batch
+    that share a due time."""
+    out: list[tuple[int, int, int]] = []
+    start = 0
+    while start < len(dues):
+        at = dues[start]
+        stop = start + 1
+        while stop < len(dues) and dues[stop] == at:
+            stop += 1
+        if at is not None:
+            out.append((at, start, stop - start))
+        start = stop
+    return out

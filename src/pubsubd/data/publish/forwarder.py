@@ -19,9 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from pubsubd.acks.journal import AckJournal
+from pubsubd.core import pb
+from pubsubd.core.delays import MARKER
 from pubsubd.core.errors import InternalError
 from pubsubd.data.publish.delays import DelayTracker
 from pubsubd.data.publish.source import TopicSources
+from pubsubd.storage.delay_index import FILE_NAME as DELAY_INDEX_FILE
 from pubsubd.storage.delay_index import DelayIndex
 from pubsubd.storage.errors import StorageError
 from pubsubd.storage.framing import Entry
@@ -52,6 +55,8 @@ class PublishingForwarder:
         # Delayed messages of every topic, by due time, on disk; one tracker per open topic.
         self.delay_index: DelayIndex | None = None
         self.delays: dict[str, DelayTracker] = {}
+        # Topics that had delayed messages in an earlier run (their trackers open with them).
+        self._delay_topics: set[str] | None = None
         # Topics with storage on disk (published to): the only ones housekeeping must visit.
         # Every append goes through publish(), which adds to it.
         self.stored: set[str] = set()
@@ -86,7 +91,9 @@ class PublishingForwarder:
 
     # --- topics and subscriptions -------------------------------------------------------------
 
-    def open_topic(self, topic_uid: str) -> TopicSources:
+    def open_topic(self, topic_uid: str, source_count: int = 1) -> TopicSources:
+        """The topic's sources, opened on first use with at least ``source_count`` sources
+        (and every source present on disk); ``configure_topic`` adds sources later."""
         sources = self.topics.get(topic_uid)
         if sources is None:
             sources = TopicSources(
@@ -94,14 +101,25 @@ class PublishingForwarder:
                 self.data_dir / TOPICS_DIR / topic_uid,
                 fsync=self.fsync,
                 segment_bytes=self.segment_bytes,
+                source_count=source_count,
             )
             self.topics[topic_uid] = sources
             if sources.on_disk():
                 self.stored.add(topic_uid)
+            if topic_uid in self._topics_with_delays():
+                self.delay_tracker(topic_uid)
         return sources
 
+    def _topics_with_delays(self) -> set[str]:
+        if self._delay_topics is None:
+            exists = (self.data_dir / DELAY_INDEX_FILE).exists()
+            self._delay_topics = self._delay_index().topics() if exists else set()
+        return self._delay_topics
+
     def delay_tracker(self, topic_uid: str) -> DelayTracker:
-        """The tracker of a topic's delayed messages (opened with the topic's index rows)."""
+        """The tracker of a topic's delayed messages. Created only for topics that have some
+        (at their first delayed publish, at open if they had some before, or when a dispatcher
+        meets one): topics without delayed messages pay nothing."""
         tracker = self.delays.get(topic_uid)
         if tracker is None:
             tracker = DelayTracker(self.open_topic(topic_uid), self._delay_index())
@@ -112,6 +130,24 @@ class PublishingForwarder:
         if self.delay_index is None:
             self.delay_index = DelayIndex.open(self.data_dir)
         return self.delay_index
+
+    def configure_topic(self, topic_uid: str, source_count: int, key_sources: int) -> list[int]:
+        """Open a topic with at least ``source_count`` sources (adding the missing ones at
+        runtime) and fix which of them take ordering keys; returns the sources added."""
+        sources = self.open_topic(topic_uid, source_count)
+        sources.key_sources = key_sources
+        return self._grow(topic_uid, sources, source_count)
+
+    def _grow(self, topic_uid: str, sources: TopicSources, source_count: int) -> list[int]:
+        added = sources.grow(source_count)
+        if added:
+            for journal in sources.journals.values():
+                self._dirty_journals.add(journal)  # their new cursors, journaled soon
+            tracker = self.delays.get(topic_uid)
+            if tracker is not None:
+                tracker.watch_sources()
+            log.info("topic %s: publish message sources %s added", topic_uid, added)
+        return added
 
     def remove_unreferenced(self, keep: set[str]) -> None:
         """Delete storage of topic incarnations nothing refers to any more (start-up cleanup)."""
@@ -130,7 +166,9 @@ class PublishingForwarder:
         tracker = self.delays.pop(topic_uid, None)
         if tracker is not None:
             tracker.close()
-        self._delay_index().drop(topic_uid)
+        if topic_uid in self._topics_with_delays() or tracker is not None:
+            self._delay_index().drop(topic_uid)
+            self._topics_with_delays().discard(topic_uid)
         if sources is not None:
             await sources.destroy()
 
@@ -142,12 +180,15 @@ class PublishingForwarder:
         sources = self.open_topic(topic_uid)
         journal = sources.journals.get(sub_uid)
         if journal is None:
-            journal = AckJournal.open(
-                self.data_dir / SUBSCRIPTIONS_DIR / sub_uid, initial=dict(start_offsets)
-            )
-            for source in range(len(sources.logs)):
-                journal.cursor(source, start_offsets.get(source, 0))
+            # A source the sync point does not name was added after the subscription was
+            # created: everything in it is after the sync point.
+            initial = {s: start_offsets.get(s, 0) for s in range(len(sources.logs))}
+            initial.update(start_offsets)
+            journal = AckJournal.open(self.data_dir / SUBSCRIPTIONS_DIR / sub_uid, initial=initial)
             sources.journals[sub_uid] = journal
+            # A cursor means its source existed (a deleted topic's storage has no labels, and
+            # a source never written to has no directory): open it, so logs cover every cursor.
+            self._grow(topic_uid, sources, max(journal.cursors, default=-1) + 1)
         return journal
 
     async def detach(self, topic_uid: str, sub_uid: str) -> None:
@@ -163,15 +204,27 @@ class PublishingForwarder:
 
     # --- data path ----------------------------------------------------------------------------
 
-    async def publish(self, topic_uid: str, payload: bytes, count: int) -> tuple[int, int]:
-        """Persist one batch; return (source, base offset) once it is durable."""
+    async def publish(
+        self, topic_uid: str, payload: bytes, count: int, ordering_key: str | None = None
+    ) -> tuple[int, int]:
+        """Persist one batch; return (source, base offset) once it is durable.
+
+        ``ordering_key`` is the batch's (every message of a PublishRequest has the same one);
+        None: read it from ``payload`` when the topic has several sources."""
         sources = self.open_topic(topic_uid)
+        source = 0
+        if len(sources.logs) > 1:
+            if ordering_key is None:
+                request = pb.PublishRequest.FromString(payload)
+                ordering_key = request.messages[0].ordering_key if request.messages else ""
+            source = sources.route(ordering_key, count)
+        if MARKER in payload and topic_uid not in self.delays:
+            self.delay_tracker(topic_uid)  # indexes this batch when it commits
         self.stored.add(topic_uid)  # its log creates its files on this first write
         now_us = time.time_ns() // 1000
         # Publish times never go backwards within the process, so time lookups can bisect.
         now_us = max(now_us, self._last_publish_us)
         self._last_publish_us = now_us
-        source = 0
         try:
             base = await sources.logs[source].append(payload, count, now_us)
         except StorageError as e:
@@ -206,14 +259,13 @@ class PublishingForwarder:
         self._dirty_journals.add(journal)
 
     def add_commit_listener(self, topic_uid: str, callback: Callable[[int], None]) -> None:
-        for log_ in self.open_topic(topic_uid).logs:
-            log_.add_listener(callback)
+        """Call ``callback`` after each commit of every source, including sources added later."""
+        self.open_topic(topic_uid).add_listener(callback)
 
     def remove_commit_listener(self, topic_uid: str, callback: Callable[[int], None]) -> None:
         sources = self.topics.get(topic_uid)
         if sources is not None:
-            for log_ in sources.logs:
-                log_.remove_listener(callback)
+            sources.remove_listener(callback)
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -2,8 +2,9 @@
 
 A publish message source (DESIGN.md §1a) is the unit the publishing forwarder owns: an
 append-only ``SourceLog`` and, beside it, the ack state (cursor) of every subscription attached to
-the topic. A topic has one source today; every API takes the source number so more sources per
-topic (spread by throughput, ordering keys pinned to one) fit without changing callers.
+the topic. A topic has 1-16 sources (topic label ``pubsubd-publish-sources``); sources can be
+added at runtime (``grow``) but never removed. Which source a publish goes to is
+``data/publish/routing.py``: ordering keys stay in one source for the topic's life.
 
 Entries hold the serialized PublishRequest exactly as the client sent it, so the publish path
 never re-encodes messages; ``decoded`` turns an entry back into PubsubMessages with their message
@@ -17,15 +18,16 @@ import asyncio
 import contextlib
 import shutil
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pubsubd.acks.journal import AckJournal
 from pubsubd.core import ids, pb
-from pubsubd.core.delays import DELIVER_AFTER, DELIVER_AT, deliver_at_us
-from pubsubd.core.errors import InvalidArgument
+from pubsubd.core.delays import MARKER, due_times
 from pubsubd.core.validation import DEDUP_ID_ATTRIBUTE
+from pubsubd.data.publish import routing
 from pubsubd.storage.framing import Entry
 from pubsubd.storage.log import FsyncPolicy, SourceLog
 
@@ -58,10 +60,16 @@ class TopicSources:
     ) -> None:
         self.topic_uid = topic_uid
         self.directory = directory
-        self.logs: list[SourceLog] = [
-            SourceLog.open(directory / f"source-{i}", fsync=fsync, segment_bytes=segment_bytes)
-            for i in range(source_count)
-        ]
+        self._fsync = fsync
+        self._segment_bytes = segment_bytes
+        self.logs: list[SourceLog] = []
+        # Sources 0 .. key_sources-1 take ordering keys (fixed when the topic was created).
+        self.key_sources = 1
+        self._balancer = routing.Balancer()  # spreads unkeyed publishes
+        # Commit listeners of every log, so sources added later get them too.
+        self._listeners: list[Callable[[int], None]] = []
+        # Every source with a directory reopens, whatever the caller believes the count is.
+        self._open_logs(max(source_count, sources_on_disk(directory)))
         # subscription uid -> its ack journal (cursors of every source of this topic)
         self.journals: dict[str, AckJournal] = {}
         # What retention and snapshots keep: pin name -> source -> lowest offset to keep
@@ -69,6 +77,51 @@ class TopicSources:
         self.pins: dict[str, dict[int, int]] = {}
         self._cache: OrderedDict[tuple[int, int], DecodedEntry] = OrderedDict()
         self._cached_bytes = 0
+
+    def _open_logs(self, count: int) -> list[int]:
+        added = []
+        while len(self.logs) < count:
+            i = len(self.logs)
+            self.logs.append(
+                SourceLog.open(
+                    self.directory / f"source-{i}",
+                    fsync=self._fsync,
+                    segment_bytes=self._segment_bytes,
+                )
+            )
+            added.append(i)
+        return added
+
+    def grow(self, source_count: int) -> list[int]:
+        """Add sources up to ``source_count`` (never removes any); returns the new ones.
+
+        A new source is empty, so every message it will hold is after every subscription's
+        sync point: each attached subscription gets a cursor for it at 0. The new logs get
+        the existing commit listeners. Pins are left to their owners (snapshots pin a source
+        they did not capture at 0; time pins are recomputed by the caller)."""
+        added = self._open_logs(source_count)
+        for i in added:
+            log = self.logs[i]
+            for callback in self._listeners:
+                log.add_listener(callback)
+            for journal in self.journals.values():
+                journal.cursor(i, 0)
+        return added
+
+    def add_listener(self, callback: Callable[[int], None]) -> None:
+        self._listeners.append(callback)
+        for log in self.logs:
+            log.add_listener(callback)
+
+    def remove_listener(self, callback: Callable[[int], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(callback)
+        for log in self.logs:
+            log.remove_listener(callback)
+
+    def route(self, ordering_key: str, count: int) -> int:
+        """The source of the next publish of ``count`` messages (data/publish/routing.py)."""
+        return routing.route(ordering_key, self.key_sources, len(self.logs), self._balancer, count)
 
     def end_offsets(self) -> dict[int, int]:
         return {i: log.end_offset for i, log in enumerate(self.logs)}
@@ -85,7 +138,6 @@ class TopicSources:
         seconds, micros = divmod(entry.publish_time_us, 1_000_000)
         base = ids.position(source, entry.base_offset)
         messages = []
-        delays: list[int | None] | None = None
         for i, m in enumerate(request.messages):
             m.message_id = str(base + i)
             m.publish_time.seconds = seconds
@@ -94,11 +146,9 @@ class TopicSources:
             if attrs and DEDUP_ID_ATTRIBUTE in attrs:
                 del attrs[DEDUP_ID_ATTRIBUTE]  # stored for the dedup window only, never delivered
             messages.append(m.SerializeToString())
-            if attrs and (DELIVER_AT in attrs or DELIVER_AFTER in attrs):
-                if delays is None:
-                    delays = [None] * len(request.messages)
-                with contextlib.suppress(InvalidArgument):  # validated at publish
-                    delays[i] = deliver_at_us(attrs, entry.publish_time_us)
+        delays = (
+            due_times(request.messages, entry.publish_time_us) if MARKER in entry.payload else None
+        )
         ordering_key = request.messages[0].ordering_key if request.messages else ""
         decoded = DecodedEntry(entry, messages, request.messages, ordering_key, delays)
         cache[key] = decoded
@@ -147,3 +197,14 @@ class TopicSources:
         await self.close()
         # Deleting gigabytes of segments must not stall the event loop.
         await asyncio.to_thread(shutil.rmtree, self.directory, True)
+
+
+def sources_on_disk(directory: Path) -> int:
+    """1 + the highest ``source-N`` directory of a topic (0 if none): a source with data
+    reopens even if the topic's labels were lost (a deleted topic's storage)."""
+    try:
+        names = [p.name for p in directory.iterdir()]
+    except (FileNotFoundError, NotADirectoryError):
+        return 0
+    found = [int(n[7:]) for n in names if n.startswith("source-") and n[7:].isdigit()]
+    return max(found) + 1 if found else 0

@@ -27,7 +27,7 @@ from pubsubd.acks.journal import AckJournal
 from pubsubd.control import quotas
 from pubsubd.core import filters, ids, wire
 from pubsubd.core.errors import FailedPrecondition
-from pubsubd.data.publish.delays import DueListener
+from pubsubd.data.publish.delays import DelayTracker, DueListener
 from pubsubd.data.publish.forwarder import PublishingForwarder
 from pubsubd.data.subscribe import queue_settings
 from pubsubd.data.subscribe.consumers import Consumer, PullWaiter, StreamConsumer
@@ -36,6 +36,7 @@ from pubsubd.data.subscribe.leases import LeaseTable
 from pubsubd.data.subscribe.ordering import KeyOrdering
 from pubsubd.data.subscribe.queue_settings import SubscriptionType
 from pubsubd.data.subscribe.retry import DelayQueue, backoff_s
+from pubsubd.observability import events
 from pubsubd.storage.errors import OffsetOutOfRange
 
 log = logging.getLogger(__name__)
@@ -72,12 +73,15 @@ class SubscriptionDispatcher:
         self.consumers: dict[int, Consumer] = {}
         self._order: list[int] = []  # consumer ids in round-robin order
         self._rr = 0
+        self._next_source = 0  # the source _take reads new messages from first
         self._redeliver: list[int] = []  # heap of positions to deliver again
         self._redeliver_set: set[int] = set()
         self._delayed = DelayQueue()  # positions waiting out a retry backoff
-        # Delayed messages (deliver_at): skipped while not due, handed back by the topic's tracker.
-        self.delays = forwarder.delay_tracker(topic_uid)
-        self.delays.add_listener(id(self), DueListener(self._on_due, lambda: len(self._redeliver)))
+        # Delayed messages (deliver_at): skipped while not due, handed back by the topic's
+        # tracker (which exists only once the topic has delayed messages).
+        self.delays: DelayTracker | None = None
+        if topic_uid in forwarder.delays:
+            self._delay_tracker()
         self._delayed_keys = DelayQueue()  # keyed positions whose key waits out a backoff
         self._dead_lettering: set[int] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -109,7 +113,8 @@ class SubscriptionDispatcher:
     # --- consumers ----------------------------------------------------------------------------
 
     def admit(self, client_id: str) -> None:
-        """Refuse a second StreamingPull client of an exclusive subscription."""
+        """Refuse a second StreamingPull client of an exclusive subscription. An admitted one
+        holds the subscription: waiting Pulls end with FAILED_PRECONDITION (``admit_pull``)."""
         if self.settings.type is not SubscriptionType.EXCLUSIVE:
             return
         for c in self.consumers.values():
@@ -118,6 +123,27 @@ class SubscriptionDispatcher:
                     f"subscription {self.name} is exclusive and already has a consumer "
                     f"(client_id {c.client_id})"
                 )
+        for c in [c for c in self.consumers.values() if isinstance(c, PullWaiter)]:
+            self.remove_consumer(c)
+            c.closed = True
+            if not c.future.done():
+                c.future.set_exception(self._held_by_stream(client_id))
+
+    def admit_pull(self) -> None:
+        """A Pull has no client_id, so it never matches a stream: on an exclusive subscription
+        it is refused while any StreamingPull client holds it. (Failover: a Pull is admitted
+        and ranks after every stream, so it receives only while no stream is open.)"""
+        if self.settings.type is not SubscriptionType.EXCLUSIVE:
+            return
+        streams = self._streams()
+        if streams:
+            raise self._held_by_stream(streams[0].client_id)
+
+    def _held_by_stream(self, client_id: str) -> FailedPrecondition:
+        return FailedPrecondition(
+            f"subscription {self.name} is exclusive and held by a StreamingPull consumer "
+            f"(client_id {client_id}); Pull is refused while it is connected"
+        )
 
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers[consumer.id] = consumer
@@ -131,6 +157,10 @@ class SubscriptionDispatcher:
     def remove_consumer(self, consumer: Consumer) -> None:
         if self.consumers.pop(consumer.id, None) is not None:
             self._order.remove(consumer.id)
+            if isinstance(consumer, StreamConsumer):
+                # Failover/key_shared: the next consumer (a stream or a waiting Pull) takes over
+                # now, not at the next publish or timer.
+                self.schedule_pump()
 
     @property
     def ack_deadline_s(self) -> int:
@@ -291,7 +321,7 @@ class SubscriptionDispatcher:
         # New messages from each source's read offset.
         flt = self._current_filter()
         auto_acked: list[int] = []
-        for source, log_ in enumerate(self.sources.logs):
+        for source, log_ in self._sources_in_turn():
             cursor = self.journal.cursors[source]
             offset = self.read_offsets.get(source, cursor.mark_delete)
             full = False
@@ -323,7 +353,7 @@ class SubscriptionDispatcher:
                         message = messages[i]
                         if delays is not None:
                             at = delays[i]
-                            if at is not None and not self.delays.is_due(at, pos):
+                            if at is not None and not self._delay_tracker().is_due(at, pos):
                                 continue  # not due: the delay tracker hands it back then
                         if key and (
                             self.ordering.has_pending(key)
@@ -353,6 +383,17 @@ class SubscriptionDispatcher:
             self._ack_positions(auto_acked)
         return out
 
+    def _sources_in_turn(self) -> list[tuple[int, Any]]:
+        """(source, log) to read new messages from, starting one further each call, so a busy
+        source cannot starve the others (each source's order is unaffected)."""
+        logs = self.sources.logs
+        if len(logs) == 1:
+            return [(0, logs[0])]
+        first = self._next_source % len(logs)
+        self._next_source = first + 1
+        order = list(range(first, len(logs))) + list(range(first))
+        return [(s, logs[s]) for s in order]
+
     def _locate(self, pos: int) -> tuple[Any, int] | None:
         source, offset = ids.source_of(pos), ids.offset_of(pos)
         if source >= len(self.sources.logs):
@@ -373,6 +414,13 @@ class SubscriptionDispatcher:
         decoded, i = found
         message: bytes = decoded.messages[i]
         return message
+
+    def _delay_tracker(self) -> DelayTracker:
+        tracker = self.delays
+        if tracker is None:
+            tracker = self.delays = self.forwarder.delay_tracker(self.topic_uid)
+            tracker.add_listener(id(self), DueListener(self._on_due, lambda: len(self._redeliver)))
+        return tracker
 
     def _on_due(self, positions: list[int]) -> None:
         """Delayed messages fell due: those already read past go back for delivery (those
@@ -470,6 +518,7 @@ class SubscriptionDispatcher:
 
     def acknowledge(self, positions: list[int]) -> None:
         self.last_activity = time.time()
+        events.record_acks(self, positions)  # delivery-latency SLI; O(1) per batch
         self._ack_positions(positions)
 
     def _ack_positions(self, positions: list[int]) -> None:
@@ -654,7 +703,8 @@ class SubscriptionDispatcher:
     def close(self, error: BaseException) -> None:
         """Stop: end every stream with ``error``, answer waiting Pulls, forget leases."""
         self.forwarder.remove_commit_listener(self.topic_uid, self._listener)
-        self.delays.remove_listener(id(self))
+        if self.delays is not None:
+            self.delays.remove_listener(id(self))
         if self._timer is not None:
             self._timer.cancel()
         for task in self._tasks:

@@ -80,6 +80,7 @@ class SubscribingForwarder:
         if self.closing:
             raise Unavailable("the server is shutting down")
         d = self.dispatcher(name)
+        d.admit_pull()  # exclusive: FAILED_PRECONDITION while a stream holds the subscription
         waiter = PullWaiter(d.ack_deadline_s, max_messages)
         d.add_consumer(waiter)
         if waiter.future.done() or wait_s <= 0:

@@ -18,6 +18,13 @@ message; *exclusive* admits one StreamingPull client (by ``client_id``) and refu
 FAILED_PRECONDITION; *failover* admits several but only the first by ``client_id`` receives, the
 next takes over when it disconnects; *key_shared* sends every message of an ordering key to the
 same consumer while it stays connected.
+
+Unary Pull has no ``client_id``, so it never counts as the same client as a stream. *exclusive*:
+a Pull is refused with FAILED_PRECONDITION while any StreamingPull client is connected (Pulls
+waiting when a stream is admitted end with it too); with no stream connected Pulls are served,
+and they never hold the subscription against a stream that comes later. *failover*: a Pull is a
+standby ranked after every stream: it gets nothing (an empty response when its wait ends) while
+a stream is connected, and a waiting Pull takes over as soon as the last stream leaves.
 """
 
 from __future__ import annotations

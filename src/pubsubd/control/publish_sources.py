@@ -1,0 +1,88 @@
+"""How many publish message sources a topic has, from its labels (pure).
+
+| label                          | value                                                       |
+|--------------------------------|-------------------------------------------------------------|
+| pubsubd-publish-sources        | 1-16 (default 1); UpdateTopic may raise it, never lower it  |
+| pubsubd-ordering-key-sources   | 1..sources, fixed at CreateTopic (default: the sources then)|
+
+Routing rule (``data/publish/routing.py``): a publish without an ordering key goes round-robin
+over every source; a publish with one goes to the source its key ranks first (rendezvous hash)
+among sources ``0 .. key_sources - 1``. ``key_sources`` never changes after the topic is created,
+so a key stays in one source log for the topic's life and its order is that log's order; sources
+added later take only unkeyed messages.
+
+The server writes ``pubsubd-ordering-key-sources`` into a topic created with more than one source
+(a topic without it has 1). An UpdateTopic whose labels leave either label out keeps its current
+value (clients replacing their own labels need not know about these); lowering the sources or
+changing the ordering-key sources is FAILED_PRECONDITION.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+
+from pubsubd.core.errors import FailedPrecondition, InvalidArgument
+
+SOURCES_LABEL = "pubsubd-publish-sources"
+KEY_SOURCES_LABEL = "pubsubd-ordering-key-sources"
+MAX_SOURCES = 16
+
+
+@dataclass(frozen=True, slots=True)
+class SourceCounts:
+    sources: int = 1
+    key_sources: int = 1
+
+
+def _count(labels: Mapping[str, str], key: str, maximum: int) -> int | None:
+    raw = labels.get(key)
+    if raw is None:
+        return None
+    if not raw.isdigit() or not 1 <= int(raw) <= maximum:
+        raise InvalidArgument(
+            f"labels[{key!r}]: {raw!r} must be a whole number from 1 to {maximum}"
+        )
+    return int(raw)
+
+
+def parse(labels: Mapping[str, str]) -> SourceCounts:
+    """The counts a stored topic's labels say (absent labels: 1)."""
+    sources = _count(labels, SOURCES_LABEL, MAX_SOURCES) or 1
+    return SourceCounts(sources, _count(labels, KEY_SOURCES_LABEL, sources) or 1)
+
+
+def on_create(labels: MutableMapping[str, str]) -> SourceCounts:
+    """Validate a new topic's labels and fix its ordering-key sources (written into ``labels``
+    when more than one source)."""
+    sources = _count(labels, SOURCES_LABEL, MAX_SOURCES) or 1
+    key_sources = _count(labels, KEY_SOURCES_LABEL, sources)
+    if key_sources is None:
+        key_sources = sources
+        if sources > 1:
+            labels[KEY_SOURCES_LABEL] = str(sources)
+    return SourceCounts(sources, key_sources)
+
+
+def on_update(current: Mapping[str, str], labels: MutableMapping[str, str]) -> SourceCounts:
+    """Validate an updated topic's labels against its current ones: sources only grow, the
+    ordering-key sources never change; a label left out keeps its value (put back in
+    ``labels``)."""
+    now = parse(current)
+    for key in (SOURCES_LABEL, KEY_SOURCES_LABEL):
+        if key not in labels and key in current:
+            labels[key] = current[key]
+    sources = _count(labels, SOURCES_LABEL, MAX_SOURCES) or 1
+    if sources < now.sources:
+        raise FailedPrecondition(
+            f"labels[{SOURCES_LABEL!r}]: cannot lower the publish message sources of a topic "
+            f"from {now.sources} to {sources}; they can only be added"
+        )
+    key_sources = _count(labels, KEY_SOURCES_LABEL, MAX_SOURCES) or 1
+    if key_sources != now.key_sources:
+        raise FailedPrecondition(
+            f"labels[{KEY_SOURCES_LABEL!r}]: fixed at {now.key_sources} when the topic was "
+            f"created (ordering keys never move between sources); cannot change it to "
+            f"{key_sources}"
+        )
+    return SourceCounts(sources, key_sources)
