@@ -404,6 +404,24 @@ class AckJournal:
     call :meth:`record` with the ranges it returned; :meth:`flush` makes them durable.
     """
 
+    # One per subscription, so no per-instance __dict__ (BENCHMARKS.md, "Scale of names").
+    __slots__ = (
+        "_broken",
+        "_buffer",
+        "_buffered_bytes",
+        "_closed",
+        "_compact_bytes",
+        "_cursors",
+        "_deferred",
+        "_directory",
+        "_generation",
+        "_journal_size",
+        "_lock",
+        "_on_disk",
+        "_snapshot_size",
+        "_unsynced",
+    )
+
     def __init__(
         self,
         directory: Path,

@@ -109,12 +109,17 @@ class _Segment:
 class _EntryCache:
     """LRU of entries keyed by base offset, bounded by total payload bytes."""
 
+    __slots__ = ("_entries", "_max_bytes", "bytes")
+
     def __init__(self, max_bytes: int) -> None:
-        self._entries: OrderedDict[int, Entry] = OrderedDict()
+        # Created by the first put: a log never written or read has no cache.
+        self._entries: OrderedDict[int, Entry] | None = None
         self._max_bytes = max_bytes
         self.bytes = 0
 
     def get(self, base_offset: int) -> Entry | None:
+        if self._entries is None:
+            return None
         entry = self._entries.get(base_offset)
         if entry is not None:
             self._entries.move_to_end(base_offset)
@@ -122,20 +127,26 @@ class _EntryCache:
 
     def put(self, entry: Entry) -> None:
         size = len(entry.payload)
-        if size > self._max_bytes or entry.base_offset in self._entries:
+        if self._entries is None:
+            self._entries = OrderedDict()
+        entries = self._entries
+        if size > self._max_bytes or entry.base_offset in entries:
             return
-        self._entries[entry.base_offset] = entry
+        entries[entry.base_offset] = entry
         self.bytes += size
         while self.bytes > self._max_bytes:
-            _, old = self._entries.popitem(last=False)
+            _, old = entries.popitem(last=False)
             self.bytes -= len(old.payload)
 
     def drop_below(self, offset: int) -> None:
-        for key in [k for k in self._entries if k < offset]:
-            self.bytes -= len(self._entries.pop(key).payload)
+        entries = self._entries
+        if entries is None:
+            return
+        for key in [k for k in entries if k < offset]:
+            self.bytes -= len(entries.pop(key).payload)
 
     def clear(self) -> None:
-        self._entries.clear()
+        self._entries = None
         self.bytes = 0
 
 
@@ -220,6 +231,39 @@ class SourceLog:
     used with (the writer task is bound to the loop of the first :meth:`append`).
     """
 
+    # One per publish message source, and every topic has one: no per-instance __dict__.
+    __slots__ = (
+        "_active",
+        "_cache",
+        "_close_task",
+        "_closed",
+        "_closing",
+        "_committed_offset",
+        "_directory",
+        "_dirtied",
+        "_dirty",
+        "_end_offset",
+        "_fsync_interval_s",
+        "_fsyncs",
+        "_listeners",
+        "_on_disk",
+        "_pending",
+        "_policy",
+        "_read_fds",
+        "_release_requested",
+        "_replica",
+        "_segment_bytes",
+        "_segment_lock",
+        "_segments",
+        "_stop_syncer",
+        "_syncer_task",
+        "_wakeup",
+        "_write_fd_open",
+        "_write_groups",
+        "_writer",
+        "_writer_task",
+    )
+
     def __init__(
         self,
         directory: Path,
@@ -239,7 +283,7 @@ class SourceLog:
         self._writer = QuorumWriter([self._replica])
         self._end_offset = segments[-1].end_offset
         self._committed_offset = self._end_offset
-        self._pending: deque[_Pending] = deque()
+        self._pending: deque[_Pending] | None = None  # created by the first append
         self._listeners: list[Listener] = []
         self._cache = _EntryCache(cache_bytes)
         self._read_fds: OrderedDict[int, int] = OrderedDict()
@@ -358,6 +402,8 @@ class SourceLog:
         frame = encode_entry(entry)
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._end_offset = entry.next_offset
+        if self._pending is None:
+            self._pending = deque()
         self._pending.append(_Pending(entry, frame, future))
         self._active = self._write_fd_open = True
         self._start_tasks().set()
@@ -395,10 +441,12 @@ class SourceLog:
                 self._fail(group, exc)
 
     def _take_group(self) -> list[_Pending]:
-        group = [self._pending.popleft()]
+        pending = self._pending
+        assert pending is not None  # only called while appends are pending
+        group = [pending.popleft()]
         size = len(group[0].frame)
-        while self._pending and size + len(self._pending[0].frame) <= MAX_GROUP_BYTES:
-            item = self._pending.popleft()
+        while pending and size + len(pending[0].frame) <= MAX_GROUP_BYTES:
+            item = pending.popleft()
             size += len(item.frame)
             group.append(item)
         return group
@@ -470,8 +518,9 @@ class SourceLog:
 
     def _fail(self, failed: Iterable[_Pending], cause: BaseException) -> None:
         """Fail ``failed`` and everything queued behind it; reuse their offsets."""
-        doomed = [*failed, *self._pending]
-        self._pending.clear()
+        doomed = [*failed, *(self._pending or ())]
+        if self._pending is not None:
+            self._pending.clear()
         self._end_offset = self._segments[-1].end_offset
         logger.error("log %s: write of %d appends failed: %s", self._directory, len(doomed), cause)
         for item in doomed:
@@ -744,5 +793,5 @@ class SourceLog:
             "fsyncs": self._fsyncs,
             "write_groups": self._write_groups,
             "cached_bytes": self._cache.bytes,
-            "pending_appends": len(self._pending),
+            "pending_appends": len(self._pending or ()),
         }

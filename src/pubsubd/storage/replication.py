@@ -211,6 +211,9 @@ class LocalDiskReplica:
             await asyncio.to_thread(self._close_blocking)
 
 
+_NO_FAILURES: frozenset[int] = frozenset()
+
+
 class QuorumWriter:
     """Applies each operation to every replica and returns once a majority applied it.
 
@@ -221,12 +224,16 @@ class QuorumWriter:
     is raised. With one replica this is a thin pass-through to it.
     """
 
+    # One per log, and every topic has a log: no per-instance __dict__.
+    __slots__ = ("_failed", "_replicas", "_seq", "_tails", "_tracker")
+
     def __init__(self, replicas: Sequence[Replica]) -> None:
         self._replicas = list(replicas)
         self._tracker = QuorumTracker(len(self._replicas))
         self._seq = 0
         self._tails: list[asyncio.Future[None] | None] = [None] * len(self._replicas)
-        self._failed: set[int] = set()
+        # Rebound, never mutated: the empty frozenset is shared by every writer.
+        self._failed: frozenset[int] = _NO_FAILURES
 
     @property
     def replicas(self) -> list[Replica]:
@@ -236,7 +243,7 @@ class QuorumWriter:
     @property
     def failed_replicas(self) -> frozenset[int]:
         """Indexes of replicas left out after a failure."""
-        return frozenset(self._failed)
+        return self._failed
 
     async def append(self, segment_base: int, data: bytes, sync: bool) -> None:
         """Append ``data`` to the active segment on a majority of the replicas."""
@@ -303,7 +310,7 @@ class QuorumWriter:
             nonlocal failures
             error = None if task.cancelled() else task.exception()
             if task.cancelled() or error is not None:
-                self._failed.add(index)
+                self._failed = self._failed | {index}
                 failures += 1
                 logger.warning("replica %d: %s #%d failed: %r", index, what, seq, error)
                 if len(live) - failures < needed and not done.done():

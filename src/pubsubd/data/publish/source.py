@@ -49,6 +49,22 @@ class DecodedEntry:
 class TopicSources:
     """The publish message sources of one topic incarnation (identified by its uid)."""
 
+    # One per topic: no per-instance __dict__ (BENCHMARKS.md, "Scale of names").
+    __slots__ = (
+        "_balancer",
+        "_cache",
+        "_cached_bytes",
+        "_fsync",
+        "_listeners",
+        "_segment_bytes",
+        "directory",
+        "journals",
+        "key_sources",
+        "logs",
+        "pins",
+        "topic_uid",
+    )
+
     def __init__(
         self,
         topic_uid: str,
@@ -75,7 +91,8 @@ class TopicSources:
         # What retention and snapshots keep: pin name -> source -> lowest offset to keep
         # (filled in by the control plane, see data/retention.py).
         self.pins: dict[str, dict[int, int]] = {}
-        self._cache: OrderedDict[tuple[int, int], DecodedEntry] = OrderedDict()
+        # Created by the first decode: most topics of a large catalog are never read.
+        self._cache: OrderedDict[tuple[int, int], DecodedEntry] | None = None
         self._cached_bytes = 0
 
     def _open_logs(self, count: int) -> list[int]:
@@ -130,6 +147,8 @@ class TopicSources:
         """An entry's messages, serialized with message_id and publish_time set (cached)."""
         key = (source, entry.base_offset)
         cache = self._cache
+        if cache is None:
+            cache = self._cache = OrderedDict()
         decoded = cache.get(key)
         if decoded is not None:
             cache.move_to_end(key)

@@ -49,6 +49,46 @@ DEAD_LETTER_RETRY_S = 10.0
 
 
 class SubscriptionDispatcher:
+    # One per subscription, so no per-instance __dict__ (BENCHMARKS.md, "Scale of names").
+    __slots__ = (
+        "_dead_lettering",
+        "_delayed",
+        "_delayed_keys",
+        "_filter",
+        "_filter_text",
+        "_listener",
+        "_loop",
+        "_next_source",
+        "_order",
+        "_outstanding_bytes",
+        "_pump_scheduled",
+        "_redeliver",
+        "_redeliver_set",
+        "_rr",
+        "_tasks",
+        "_timer",
+        "_timer_at",
+        "acked",
+        "consumers",
+        "dead_lettered",
+        "delays",
+        "delivered",
+        "forwarder",
+        "generation_floor",
+        "incarnation",
+        "journal",
+        "last_activity",
+        "leases",
+        "ordering",
+        "read_offsets",
+        "resolve_topic",
+        "settings",
+        "sources",
+        "subscription",
+        "topic_uid",
+        "uid",
+    )
+
     def __init__(
         self,
         subscription: Any,
@@ -75,7 +115,7 @@ class SubscriptionDispatcher:
         self._rr = 0
         self._next_source = 0  # the source _take reads new messages from first
         self._redeliver: list[int] = []  # heap of positions to deliver again
-        self._redeliver_set: set[int] = set()
+        self._redeliver_set: set[int] | None = None  # created on first requeue
         self._delayed = DelayQueue()  # positions waiting out a retry backoff
         # Delayed messages (deliver_at): skipped while not due, handed back by the topic's
         # tracker (which exists only once the topic has delayed messages).
@@ -83,8 +123,9 @@ class SubscriptionDispatcher:
         if topic_uid in forwarder.delays:
             self._delay_tracker()
         self._delayed_keys = DelayQueue()  # keyed positions whose key waits out a backoff
-        self._dead_lettering: set[int] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        # Created by the first dead letter (most subscriptions never have one).
+        self._dead_lettering: set[int] | None = None
+        self._tasks: set[asyncio.Task[None]] | None = None
         self.read_offsets = {s: c.mark_delete for s, c in journal.cursors.items()}
         self._pump_scheduled = False
         self._loop = asyncio.get_running_loop()
@@ -294,7 +335,7 @@ class SubscriptionDispatcher:
             for key, positions in self.ordering.take_ready(max_msgs, mine):
                 for j, pos in enumerate(positions):
                     message = self._message_at(pos)
-                    if message is None or pos in self._dead_lettering:
+                    if message is None or self._is_dead_lettering(pos):
                         self.ordering.forget(pos)
                         continue
                     if out and size + len(message) > max_bytes:
@@ -307,8 +348,9 @@ class SubscriptionDispatcher:
         # Redeliveries, oldest position first.
         while self._redeliver and len(out) < max_msgs:
             pos = heapq.heappop(self._redeliver)
-            self._redeliver_set.discard(pos)
-            if pos in self.leases or pos in self._dead_lettering:
+            if self._redeliver_set is not None:
+                self._redeliver_set.discard(pos)
+            if pos in self.leases or self._is_dead_lettering(pos):
                 continue
             message = self._message_at(pos)
             if message is None:
@@ -439,9 +481,14 @@ class SubscriptionDispatcher:
             self.schedule_pump()
 
     def _requeue(self, pos: int) -> None:
+        if self._redeliver_set is None:
+            self._redeliver_set = set()
         if pos not in self._redeliver_set:
             self._redeliver_set.add(pos)
             heapq.heappush(self._redeliver, pos)
+
+    def _is_dead_lettering(self, pos: int) -> bool:
+        return self._dead_lettering is not None and pos in self._dead_lettering
 
     def _release(self, pos: int) -> bool:
         lease = self.leases.release(pos)
@@ -481,6 +528,10 @@ class SubscriptionDispatcher:
     # --- dead letters -------------------------------------------------------------------------
 
     def _dead_letter(self, pos: int, deliveries: int) -> None:
+        if self._dead_lettering is None:
+            self._dead_lettering = set()
+        if self._tasks is None:
+            self._tasks = set()
         self._dead_lettering.add(pos)
         task = asyncio.create_task(self._forward_dead_letter(pos, deliveries))
         self._tasks.add(task)
@@ -505,7 +556,8 @@ class SubscriptionDispatcher:
             log.exception("dead-lettering %s of %s failed", pos, self.name)
             self._delayed.add(pos, time.monotonic() + DEAD_LETTER_RETRY_S)
         finally:
-            self._dead_lettering.discard(pos)
+            if self._dead_lettering is not None:
+                self._dead_lettering.discard(pos)
             self._arm_timer()
 
     async def router_publish(self, topic_uid: str, payload: bytes) -> None:
@@ -636,7 +688,7 @@ class SubscriptionDispatcher:
         self._outstanding_bytes = 0
         self.ordering.clear()
         self._redeliver.clear()
-        self._redeliver_set.clear()
+        self._redeliver_set = None
         self._delayed.clear()
         self._delayed_keys.clear()
         self.read_offsets = {s: c.mark_delete for s, c in self.journal.cursors.items()}
@@ -707,7 +759,7 @@ class SubscriptionDispatcher:
             self.delays.remove_listener(id(self))
         if self._timer is not None:
             self._timer.cancel()
-        for task in self._tasks:
+        for task in self._tasks or ():
             task.cancel()
         for consumer in list(self.consumers.values()):
             end = getattr(consumer, "end", None)

@@ -37,7 +37,7 @@ class Lease:
     confirmed: bool = False  # the client acted on it (deadline change): it did arrive
 
 
-@dataclass
+@dataclass(slots=True)
 class LeaseTable:
     _leases: dict[int, Lease] = field(default_factory=dict)
     _heap: list[tuple[float, int, int]] = field(default_factory=list)

@@ -21,18 +21,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
-@dataclass
+@dataclass(slots=True)
 class KeyOrdering:
     # key -> positions of the key currently outstanding, ascending
     _outstanding: dict[str, list[int]] = field(default_factory=dict)
     # key -> positions of the key waiting, ascending
     _pending: dict[str, deque[int]] = field(default_factory=dict)
     _key_of: dict[int, str] = field(default_factory=dict)
-    # keys that are free and have pending messages, in the order they became so
-    _ready: deque[str] = field(default_factory=deque)
-    _ready_set: set[str] = field(default_factory=set)
-    # keys waiting out a retry backoff: not ready even when free
-    _blocked: set[str] = field(default_factory=set)
+    # keys that are free and have pending messages, in the order they became so (created on
+    # first use, together: one per subscription, most never see an ordering key)
+    _ready: deque[str] | None = None
+    _ready_set: set[str] | None = None
+    # keys waiting out a retry backoff: not ready even when free (created on first use)
+    _blocked: set[str] | None = None
 
     def busy(self, key: str) -> bool:
         return key in self._outstanding or key in self._pending
@@ -45,10 +46,13 @@ class KeyOrdering:
 
     def block(self, key: str) -> None:
         """Keep the key from being ready (retry backoff) until ``unblock``."""
+        if self._blocked is None:
+            self._blocked = set()
         self._blocked.add(key)
 
     def unblock(self, key: str) -> None:
-        self._blocked.discard(key)
+        if self._blocked is not None:
+            self._blocked.discard(key)
         if key not in self._outstanding:
             self._mark_ready(key)
 
@@ -107,8 +111,16 @@ class KeyOrdering:
             self._mark_ready(key)
         return back
 
+    def _is_blocked(self, key: str) -> bool:
+        return self._blocked is not None and key in self._blocked
+
     def _mark_ready(self, key: str) -> None:
-        if key in self._pending and key not in self._ready_set and key not in self._blocked:
+        if key not in self._pending or self._is_blocked(key):
+            return
+        if self._ready is None or self._ready_set is None:
+            self._ready = deque()
+            self._ready_set = set()
+        if key not in self._ready_set:
             self._ready.append(key)
             self._ready_set.add(key)
 
@@ -119,12 +131,15 @@ class KeyOrdering:
         The caller delivers them (``delivered``) or gives them back (``hold`` at the front is
         done by calling ``give_back``)."""
         out: list[tuple[str, list[int]]] = []
+        ready, ready_set = self._ready, self._ready_set
+        if ready is None or ready_set is None:
+            return out
         skipped: list[str] = []
         n = 0
-        while self._ready and n < limit:
-            key = self._ready.popleft()
-            self._ready_set.discard(key)
-            if key in self._outstanding or key in self._blocked:
+        while ready and n < limit:
+            key = ready.popleft()
+            ready_set.discard(key)
+            if key in self._outstanding or self._is_blocked(key):
                 continue
             if accept is not None and not accept(key):
                 skipped.append(key)  # another consumer's key: stays ready for it
@@ -140,8 +155,8 @@ class KeyOrdering:
                 self._pending[key] = pending
             out.append((key, batch))
         for key in reversed(skipped):
-            self._ready.appendleft(key)
-            self._ready_set.add(key)
+            ready.appendleft(key)
+            ready_set.add(key)
         return out
 
     def give_back(self, key: str, positions: list[int]) -> None:
@@ -160,6 +175,6 @@ class KeyOrdering:
         self._outstanding.clear()
         self._pending.clear()
         self._key_of.clear()
-        self._ready.clear()
-        self._ready_set.clear()
-        self._blocked.clear()
+        self._ready = None
+        self._ready_set = None
+        self._blocked = None

@@ -72,6 +72,10 @@ class QueueSettings:
     quota: quotas.BacklogQuota | None = None  # the subscription's own backlog quota, if any
 
 
+# What a subscription without labels gets; immutable, so every such subscription shares it.
+DEFAULT = QueueSettings()
+
+
 def _int(labels: Mapping[str, str], key: str, low: int, high: int) -> int:
     raw = labels.get(key)
     if raw is None:
@@ -86,6 +90,8 @@ def _int(labels: Mapping[str, str], key: str, low: int, high: int) -> int:
 
 def parse(labels: Mapping[str, str]) -> QueueSettings:
     """Settings from a subscription's labels; raise InvalidArgument naming a bad label."""
+    if not labels:
+        return DEFAULT
     for key in labels:
         if key.startswith(PREFIX) and key not in KNOWN:
             raise InvalidArgument(

@@ -37,20 +37,23 @@ def backoff_s(subscription: Any, failures: int) -> float:
     return min(high, low * 2.0 ** min(failures - 1, 32))
 
 
-@dataclass
+@dataclass(slots=True)
 class DelayQueue:
     """Positions that become deliverable at a time; ``due`` pops the ones whose time came."""
 
     _heap: list[tuple[float, int]] = field(default_factory=list)
-    _members: set[int] = field(default_factory=set)
+    # Created by the first ``add``: every subscription has queues, most never use them.
+    _members: set[int] | None = None
 
     def __len__(self) -> int:
-        return len(self._members)
+        return 0 if self._members is None else len(self._members)
 
     def __contains__(self, pos: int) -> bool:
-        return pos in self._members
+        return self._members is not None and pos in self._members
 
     def add(self, pos: int, at: float) -> None:
+        if self._members is None:
+            self._members = set()
         if pos not in self._members:
             self._members.add(pos)
             heapq.heappush(self._heap, (at, pos))
@@ -59,14 +62,16 @@ class DelayQueue:
         return self._heap[0][0] if self._heap else None
 
     def due(self, now: float) -> list[int]:
-        out = []
-        heap = self._heap
+        out: list[int] = []
+        heap, members = self._heap, self._members
+        if members is None:
+            return out
         while heap and heap[0][0] <= now:
             _, pos = heapq.heappop(heap)
-            self._members.discard(pos)
+            members.discard(pos)
             out.append(pos)
         return out
 
     def clear(self) -> None:
         self._heap.clear()
-        self._members.clear()
+        self._members = None
