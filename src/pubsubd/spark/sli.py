@@ -691,10 +691,7 @@ def render_html(
         "<th>p95</th><th>p99</th></tr></thead><tbody>"
     )
     for t in sorted(totals, key=lambda t: -(t["p99_ms"] or 0.0))[:20]:
-        cells = "".join(
-            f"<td class='num'>{_fmt(float(t[k]), 'ms') if t[k] is not None else '&ndash;'}</td>"
-            for k in ("p50_ms", "p95_ms", "p99_ms")
-        )
+        cells = _percentile_cells(t)
         out.append(
             f"<tr><td>{e(t['topic'])}</td><td class='num'>{t['publishes']}</td>"
             f"<td class='num'>{t['failed']}</td>{cells}</tr>"
@@ -707,10 +704,7 @@ def render_html(
             "<th>p95</th><th>p99</th></tr></thead><tbody>"
         )
         for t in sorted(delivery_totals, key=lambda t: -(t["p99_ms"] or 0.0))[:20]:
-            cells = "".join(
-                f"<td class='num'>{_fmt(float(t[k]), 'ms') if t[k] is not None else '&ndash;'}</td>"
-                for k in ("p50_ms", "p95_ms", "p99_ms")
-            )
+            cells = _percentile_cells(t)
             out.append(
                 f"<tr><td>{e(t['subscription'])}</td><td>{e(t['topic'])}</td>"
                 f"<td class='num'>{t['acked']}</td>{cells}</tr>"
@@ -765,3 +759,11 @@ def main(endpoint: str, out: Path, slo_file: Path | None, since: str | None) -> 
         spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return run(spark, endpoint, out, load_slo(slo_file), since)
+
+
+def _percentile_cells(row: Any) -> str:
+    """The p50/p95/p99 table cells of one report row (a dash where there is no value)."""
+    return "".join(
+        f"<td class='num'>{_fmt(float(row[k]), 'ms') if row[k] is not None else '&ndash;'}</td>"
+        for k in ("p50_ms", "p95_ms", "p99_ms")
+    )
