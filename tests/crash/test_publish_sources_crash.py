@@ -10,6 +10,7 @@ import pytest
 from google.cloud import pubsub_v1
 
 from tests.conftest import make_publisher, make_subscriber
+from tests.support.drain import drain
 from tests.support.replay_client import ReplayClient
 from tests.support.server import ServerProcess, wait_for
 
@@ -77,21 +78,7 @@ def test_kill9_mid_publish_to_three_sources_loses_no_acknowledged_message(
         with lock:
             expected = set(acked)
 
-        sub = make_subscriber(server.endpoint)
-        received: set[bytes] = set()
-
-        def callback(message: pubsub_v1.subscriber.message.Message) -> None:
-            with lock:
-                received.add(message.data)
-            message.ack()
-
-        flow = pubsub_v1.types.FlowControl(max_messages=2000, max_duration_per_lease_extension=10)
-        future = sub.subscribe(SUB, callback, flow_control=flow)
-        try:
-            wait_for(lambda: expected <= received, 60, "every acknowledged publish delivered")
-        finally:
-            future.cancel()
-            sub.close()
+        received = drain(server.endpoint, SUB, expected)
         missing = expected - received
         assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:5]}"
         replay = ReplayClient(server.endpoint)

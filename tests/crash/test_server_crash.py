@@ -15,34 +15,13 @@ import pytest
 from google.cloud import pubsub_v1
 
 from tests.conftest import make_publisher, make_subscriber
+from tests.support.drain import drain
 from tests.support.server import ServerProcess, wait_for
 
 pytestmark = pytest.mark.crash
 
 TOPIC = "projects/crash/topics/flood"
 SUB = "projects/crash/subscriptions/flood-sub"
-
-
-def _drain(endpoint: str, expected: set[bytes], timeout: float = 60.0) -> set[bytes]:
-    sub = make_subscriber(endpoint)
-    received: set[bytes] = set()
-    lock = threading.Lock()
-
-    def callback(message: pubsub_v1.subscriber.message.Message) -> None:
-        with lock:
-            received.add(message.data)
-        message.ack()
-
-    # A 10 s stream lease: a message handed to a stream the client abandons (the client may
-    # reopen its stream while the server restarts) is redelivered within the wait below.
-    flow = pubsub_v1.types.FlowControl(max_messages=2000, max_duration_per_lease_extension=10)
-    future = sub.subscribe(SUB, callback, flow_control=flow)
-    try:
-        wait_for(lambda: expected <= received, timeout, "every acknowledged publish delivered")
-    finally:
-        future.cancel()
-        sub.close()
-    return received
 
 
 @pytest.mark.parametrize("kill_after", [3000, 12000])
@@ -95,7 +74,7 @@ def test_kill9_mid_publish_loses_no_acknowledged_message(tmp_path: Path, kill_af
         pub.stop()
         with lock:
             all_acked = set(acked)
-        received = _drain(server.endpoint, all_acked)
+        received = drain(server.endpoint, SUB, all_acked)
         missing = all_acked - received
         assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:5]}"
     finally:
@@ -124,7 +103,7 @@ def test_kill9_after_acks_keeps_unacked_backlog(tmp_path: Path) -> None:
         server.kill()
         server.start(port=port)
         unacked = {f"m{i}".encode() for i in range(500)} - acked
-        received = _drain(server.endpoint, unacked)
+        received = drain(server.endpoint, SUB, unacked)
         assert unacked <= received
     finally:
         server.kill()
