@@ -16,7 +16,7 @@ from pubsubd.data.publish import delays as delays_mod
 from pubsubd.data.publish.delays import DueListener
 from pubsubd.data.publish.forwarder import PublishingForwarder
 from pubsubd.storage.delay_index import FILE_NAME, DelayIndex
-from pubsubd.storage.log import FsyncPolicy
+from pubsubd.storage.log import FsyncPolicy, SourceLog
 
 pytestmark = pytest.mark.unit
 
@@ -224,5 +224,48 @@ async def test_only_topics_with_delayed_messages_get_a_tracker(tmp_path: Path) -
         publishing.open_topic("plain")
         publishing.open_topic(UID)  # it had delayed messages: its tracker opens with it
         assert set(publishing.delays) == {UID} and publishing.delays[UID].pending_rows() == 2
+    finally:
+        await publishing.close()
+
+
+async def test_first_delayed_publish_does_not_read_the_topics_older_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    publishing = PublishingForwarder(tmp_path, fsync=FsyncPolicy.NEVER)
+    try:
+        for _ in range(50):
+            await publishing.publish(UID, _request(10), 10)
+        reads: list[int] = []
+        read = SourceLog.read
+
+        def counting_read(self: SourceLog, offset: int, **kw: Any) -> Any:
+            reads.append(offset)
+            return read(self, offset, **kw)
+
+        monkeypatch.setattr(SourceLog, "read", counting_read)
+        await publishing.publish(UID, _request(2, **{"pubsubd.deliver_after": "60"}), 2)
+        tracker = publishing.delays[UID]
+        assert tracker.pending_rows() == 2 and reads and min(reads) == 500
+        assert publishing.delay_index is not None
+        assert publishing.delay_index.progress(UID) == {0: 502}
+    finally:
+        await publishing.close()
+
+
+async def test_a_crash_between_the_first_delayed_commit_and_its_row_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    publishing = PublishingForwarder(tmp_path, fsync=FsyncPolicy.NEVER)
+    await publishing.publish(UID, _request(10), 10)
+    tracker = publishing.delay_tracker(UID, first_delay=True)  # as a delayed publish does
+    tracker.close()  # the crash: the commit below never reaches the tracker
+    del publishing.delays[UID]
+    payload = _request(3, **{"pubsubd.deliver_after": "60"})
+    await publishing.open_topic(UID).logs[0].append(payload, 3, time.time_ns() // 1000)
+    await publishing.close()
+    publishing = PublishingForwarder(tmp_path, fsync=FsyncPolicy.NEVER)
+    try:
+        publishing.open_topic(UID)  # the index knew the topic: its tracker re-reads from 10
+        assert publishing.delays[UID].pending_rows() == 3
     finally:
         await publishing.close()

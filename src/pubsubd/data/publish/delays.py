@@ -58,7 +58,11 @@ class DueListener:
 
 
 class DelayTracker:
-    def __init__(self, sources: TopicSources, index: DelayIndex) -> None:
+    """``first_delay``: created by the topic's first delayed publish, so nothing committed so
+    far is delayed and indexing starts at the committed offsets (recorded at once, before that
+    publish is appended, so a crash before its row is written still re-reads it)."""
+
+    def __init__(self, sources: TopicSources, index: DelayIndex, first_delay: bool = False) -> None:
         self.sources = sources
         self.topic = sources.topic_uid
         self.index = index
@@ -80,6 +84,9 @@ class DelayTracker:
             first = self.index.next_due(self.topic)
         self._earliest = first
         self._saved = self.index.progress(self.topic)
+        if first_delay and not self._saved:
+            self._saved = {s: log_.committed_offset for s, log_ in enumerate(sources.logs)}
+            self.index.save_progress(self.topic, self._saved)
         self.watch_sources()
         self._arm(first)
 

@@ -116,13 +116,20 @@ class PublishingForwarder:
             self._delay_topics = self._delay_index().topics() if exists else set()
         return self._delay_topics
 
-    def delay_tracker(self, topic_uid: str) -> DelayTracker:
+    def delay_tracker(self, topic_uid: str, first_delay: bool = False) -> DelayTracker:
         """The tracker of a topic's delayed messages. Created only for topics that have some
         (at their first delayed publish, at open if they had some before, or when a dispatcher
-        meets one): topics without delayed messages pay nothing."""
+        meets one): topics without delayed messages pay nothing.
+
+        ``first_delay``: called by a delayed publish to a topic with no tracker, so its log
+        holds no delayed message yet unless the index knows the topic (see DelayTracker)."""
         tracker = self.delays.get(topic_uid)
         if tracker is None:
-            tracker = DelayTracker(self.open_topic(topic_uid), self._delay_index())
+            sources = self.open_topic(topic_uid)
+            if topic_uid in self.delays:  # opening it opened its tracker
+                return self.delays[topic_uid]
+            first_delay = first_delay and topic_uid not in self._topics_with_delays()
+            tracker = DelayTracker(sources, self._delay_index(), first_delay)
             self.delays[topic_uid] = tracker
         return tracker
 
@@ -219,7 +226,8 @@ class PublishingForwarder:
                 ordering_key = request.messages[0].ordering_key if request.messages else ""
             source = sources.route(ordering_key, count)
         if MARKER in payload and topic_uid not in self.delays:
-            self.delay_tracker(topic_uid)  # indexes this batch when it commits
+            # Indexes this batch when it commits, and nothing committed before it.
+            self.delay_tracker(topic_uid, first_delay=True)
         self.stored.add(topic_uid)  # its log creates its files on this first write
         now_us = time.time_ns() // 1000
         # Publish times never go backwards within the process, so time lookups can bisect.
