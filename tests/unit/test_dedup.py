@@ -10,14 +10,13 @@ from typing import Any
 
 import pytest
 
-from pubsubd.core import pb
+from pubsubd.core import ids, pb
 from pubsubd.core.errors import InvalidArgument
 from pubsubd.core.validation import DEDUP_ID_ATTRIBUTE
 from pubsubd.data.publish.dedup import (
     DEDUP_PIN,
     Deduplicator,
     DedupWindow,
-    Remembered,
     build_batches,
     validate_messages,
 )
@@ -36,9 +35,9 @@ def _msg(data: bytes = b"x", key: str = "", **attrs: str) -> Any:
 
 def test_window_remembers_for_its_length_then_forgets() -> None:
     w = DedupWindow(10 * S)
-    w.remember("a", Remembered("7", 100 * S, 0, 7))
-    w.remember("b", Remembered("8", 105 * S, 0, 8))
-    assert w.get("a", 109 * S) == Remembered("7", 100 * S, 0, 7)
+    w.remember(["a"], 7, 100 * S)
+    w.remember(["b"], 8, 105 * S)
+    assert w.get("a", 109 * S) == 7 and w.get("nothing", 109 * S) is None
     assert w.get("a", 111 * S) is None  # past the window even before expire()
     assert w.pin(1) == {0: 7}
     assert w.expire(111 * S) == 1
@@ -49,11 +48,20 @@ def test_window_remembers_for_its_length_then_forgets() -> None:
 
 def test_window_re_remembering_an_expired_id_makes_it_newest() -> None:
     w = DedupWindow(10 * S)
-    w.remember("a", Remembered("1", 100 * S, 0, 1))
-    w.remember("b", Remembered("2", 101 * S, 0, 2))
-    w.remember("a", Remembered("9", 120 * S, 0, 9))
+    w.remember(["a"], 1, 100 * S)
+    w.remember(["b"], 2, 101 * S)
+    w.remember(["a"], 9, 120 * S)
     assert w.expire(112 * S) == 1  # b expired; a is now the newest
-    assert w.get("a", 121 * S) == Remembered("9", 120 * S, 0, 9)
+    assert w.get("a", 121 * S) == 9
+
+
+def test_window_remembers_a_batch_at_consecutive_positions_of_its_source() -> None:
+    w = DedupWindow(10 * S)
+    first = ids.position(3, 1 << 40)  # high offsets and sources survive the packing
+    w.remember(["x", "y", "z"], first, 100 * S)
+    w.remember(["q"], ids.position(1, 5), 101 * S)
+    assert [w.get(d, 100 * S) for d in "xyz"] == [first, first + 1, first + 2]
+    assert w.pin(4) == {3: 1 << 40, 1: 5}
 
 
 def test_build_batches_splits_runs_of_one_ordering_key() -> None:
@@ -153,5 +161,26 @@ async def test_sweep_expires_ids_and_releases_the_pin(tmp_path: Path) -> None:
         assert DEDUP_PIN in sources.pins
         dedup.sweep(time.time_ns() // 1000 + 2 * S)
         assert DEDUP_PIN not in sources.pins and len(dedup.windows[UID]) == 0
+    finally:
+        await publishing.close()
+
+
+async def test_api_messages_are_stored_as_pubsub_messages(tmp_path: Path) -> None:
+    from pubsubd._gen.pubsubd.v1 import replay_pb2
+
+    publishing = PublishingForwarder(tmp_path, fsync=FsyncPolicy.NEVER)
+    dedup = Deduplicator(publishing, window_s=600)
+    try:
+        api = [
+            replay_pb2.DeduplicatedMessage(dedup_id="a", data=b"1", attributes={"k": "v"}),
+            replay_pb2.DeduplicatedMessage(dedup_id="b", data=b"2", ordering_key="key"),
+        ]
+        validate_messages([(m.dedup_id, m) for m in api], 10)
+        ids_, dups = await dedup.publish(UID, [(m.dedup_id, m) for m in api])
+        assert ids_ == ["0", "1"] and dups == 0
+        assert await _stored(publishing) == [("0", b"1", {"k": "v"}), ("1", b"2", {})]
+        entries = publishing.open_topic(UID).logs[0].read(0, max_entries=10)
+        keys = [pb.PublishRequest.FromString(e.payload).messages[0].ordering_key for e in entries]
+        assert keys == ["", "key"]
     finally:
         await publishing.close()

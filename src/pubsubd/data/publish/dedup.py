@@ -32,7 +32,7 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from pubsubd.core import ids, pb, validation
@@ -53,33 +53,37 @@ _ATTRIBUTE_BYTES = DEDUP_ID_ATTRIBUTE.encode()
 _REBUILD_READ_BYTES = 16 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class Remembered:
-    message_id: str
-    time_us: int
-    source: int
-    offset: int
+_POSITION_MASK = (1 << 64) - 1
 
 
 class DedupWindow:
-    """dedup ID -> where it was stored, for ``window_us`` (pure; oldest first)."""
+    """dedup ID -> the position it was stored at, for ``window_us`` (pure; oldest first).
+
+    Beside its key an ID costs one int, ``time_us << 64 | position`` (a window of a busy topic
+    holds millions of IDs)."""
 
     def __init__(self, window_us: int) -> None:
         self.window_us = window_us
-        self._ids: OrderedDict[str, Remembered] = OrderedDict()
+        self._ids: OrderedDict[str, int] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._ids)
 
-    def get(self, dedup_id: str, now_us: int) -> Remembered | None:
+    def get(self, dedup_id: str, now_us: int) -> int | None:
+        """The position ``dedup_id`` was stored at, if within the window."""
         found = self._ids.get(dedup_id)
-        if found is None or found.time_us < now_us - self.window_us:
+        if found is None or found >> 64 < now_us - self.window_us:
             return None
-        return found
+        return found & _POSITION_MASK
 
-    def remember(self, dedup_id: str, where: Remembered) -> None:
-        self._ids.pop(dedup_id, None)  # re-stored after it expired: now the newest
-        self._ids[dedup_id] = where
+    def remember(self, dedup_ids: Iterable[str], first_position: int, time_us: int) -> None:
+        """Consecutive positions from ``first_position``, stored at ``time_us`` (newest)."""
+        ids_ = self._ids
+        tagged = time_us << 64 | first_position
+        for k, dedup_id in enumerate(dedup_ids):
+            if dedup_id in ids_:
+                del ids_[dedup_id]  # re-stored after it expired: now the newest
+            ids_[dedup_id] = tagged + k
 
     def expire(self, now_us: int) -> int:
         """Forget IDs older than the window; returns how many."""
@@ -88,7 +92,7 @@ class DedupWindow:
         ids_ = self._ids
         while ids_:
             first = next(iter(ids_.values()))
-            if first.time_us >= cutoff:
+            if first >> 64 >= cutoff:
                 break
             ids_.popitem(last=False)
             n += 1
@@ -97,11 +101,13 @@ class DedupWindow:
     def pin(self, source_count: int) -> dict[int, int]:
         """Per source, the lowest remembered position (oldest first, so stop early)."""
         out: dict[int, int] = {}
-        for where in self._ids.values():
-            if where.source not in out:
-                out[where.source] = where.offset
+        for tagged in self._ids.values():
+            pos = tagged & _POSITION_MASK
+            source, offset = ids.source_of(pos), ids.offset_of(pos)
+            if source not in out:
+                out[source] = offset
             else:
-                out[where.source] = min(out[where.source], where.offset)
+                out[source] = min(out[source], offset)
             if len(out) >= source_count:
                 break
         return out
@@ -132,7 +138,8 @@ class Deduplicator:
         self.publishing = publishing
         self.window_us = int(window_s * 1_000_000)
         self.windows: dict[str, DedupWindow] = {}
-        self._pending: dict[tuple[str, str], asyncio.Future[str]] = {}
+        # topic -> dedup ID being stored -> (the storing request's future, index in its result)
+        self._pending: dict[str, dict[str, tuple[asyncio.Future[list[str]], int]]] = {}
         self._task: asyncio.Task[None] | None = None
         self.duplicates = 0
 
@@ -173,43 +180,47 @@ class Deduplicator:
         """Store the messages whose dedup ID is not in the window; return the message ID of
         every message (the original one for a duplicate) and how many were duplicates.
 
-        ``messages`` are (dedup ID, PubsubMessage) pairs, already validated without the
-        reserved attribute."""
+        ``messages`` are (dedup ID, message) pairs, already validated; a message is anything
+        with ``data``, ``attributes`` and ``ordering_key`` (a PubsubMessage or the API's
+        DeduplicatedMessage), without the reserved attribute."""
         sources = self.publishing.open_topic(topic_uid)
         window = self._window(topic_uid, sources)
         now = time.time_ns() // 1000
         window.expire(now)
         result: list[str | None] = [None] * len(messages)
-        waits: list[tuple[int, asyncio.Future[str]]] = []
+        pending = self._pending.setdefault(topic_uid, {})
+        waits: list[tuple[int, asyncio.Future[list[str]], int]] = []
         first_in_request: dict[str, int] = {}
         same_as: list[tuple[int, int]] = []  # (index, index of the earlier copy in this request)
         new: list[int] = []
         for i, (dedup_id, _) in enumerate(messages):
             seen = window.get(dedup_id, now)
             if seen is not None:
-                result[i] = seen.message_id
+                result[i] = str(seen)
             elif dedup_id in first_in_request:
                 same_as.append((i, first_in_request[dedup_id]))
-            elif (topic_uid, dedup_id) in self._pending:
-                waits.append((i, self._pending[(topic_uid, dedup_id)]))
+            elif dedup_id in pending:
+                fut, k = pending[dedup_id]
+                waits.append((i, fut, k))
             else:
                 first_in_request[dedup_id] = i
                 new.append(i)
-        loop = asyncio.get_running_loop()
-        mine = {i: loop.create_future() for i in new}
-        for i, fut in mine.items():
-            self._pending[(topic_uid, messages[i][0])] = fut
-        # The append runs in its own task: a client cancelling its call must not leave a
-        # stored message whose ID the window does not know.
-        store = asyncio.ensure_future(self._store(topic_uid, window, messages, new, mine))
-        store.add_done_callback(_retrieve)
-        await asyncio.shield(store)
-        for i, fut in mine.items():
-            result[i] = fut.result()
-        if DEDUP_PIN not in sources.pins:
-            self._update_pin(topic_uid, sources, window)
-        for i, fut in waits:
-            result[i] = await asyncio.shield(fut)
+        if new:
+            # One future for the request's new IDs: its result is their message IDs, in order.
+            mine: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+            for k, i in enumerate(new):
+                pending[messages[i][0]] = (mine, k)
+            # The append runs in its own task: a client cancelling its call must not leave a
+            # stored message whose ID the window does not know.
+            store = asyncio.ensure_future(self._store(topic_uid, window, messages, new, mine))
+            store.add_done_callback(_retrieve)
+            await asyncio.shield(store)
+            for i, message_id in zip(new, mine.result(), strict=True):
+                result[i] = message_id
+            if DEDUP_PIN not in sources.pins:
+                self._update_pin(topic_uid, sources, window)
+        for i, fut, k in waits:
+            result[i] = (await asyncio.shield(fut))[k]
         for i, j in same_as:
             result[i] = result[j]
         duplicates = len(messages) - len(new)
@@ -224,36 +235,44 @@ class Deduplicator:
         window: DedupWindow,
         messages: Sequence[tuple[str, Any]],
         new: list[int],
-        mine: dict[int, asyncio.Future[str]],
+        mine: asyncio.Future[list[str]],
     ) -> None:
         try:
             stored = [messages[i] for i in new]
+            message_ids: list[str] = []
             for start, stop in build_batches([m for _, m in stored]):
                 request = pb.PublishRequest()
+                add = request.messages.add
                 for dedup_id, m in stored[start:stop]:
-                    copy = request.messages.add()
-                    copy.CopyFrom(m)
-                    copy.attributes[DEDUP_ID_ATTRIBUTE] = dedup_id
+                    copy = add(data=m.data, ordering_key=m.ordering_key)
+                    attributes = copy.attributes
+                    if m.attributes:
+                        attributes.update(m.attributes)
+                    attributes[DEDUP_ID_ATTRIBUTE] = dedup_id
                 raw = request.SerializeToString()
                 count = stop - start
                 source, base = await self.publishing.publish(
                     topic_uid, raw, count, ordering_key=request.messages[0].ordering_key
                 )
-                done = time.time_ns() // 1000
-                for j in range(count):
-                    i = new[start + j]
-                    mid = ids.message_id(source, base + j)
-                    window.remember(messages[i][0], Remembered(mid, done, source, base + j))
-                    mine[i].set_result(mid)
+                first = ids.position(source, base)
+                window.remember(
+                    (dedup_id for dedup_id, _ in stored[start:stop]),
+                    first,
+                    time.time_ns() // 1000,
+                )
+                message_ids += map(str, range(first, first + count))
+            mine.set_result(message_ids)
         except BaseException as e:
-            for fut in mine.values():
-                if not fut.done():
-                    fut.set_exception(e)
-                    fut.exception()  # retrieved: waiters re-raise it, nobody else must log it
+            mine.set_exception(e)
+            mine.exception()  # retrieved: waiters re-raise it, nobody else must log it
             raise
         finally:
-            for i in new:
-                self._pending.pop((topic_uid, messages[i][0]), None)
+            pending = self._pending.get(topic_uid)
+            if pending is not None:
+                for i in new:
+                    pending.pop(messages[i][0], None)
+                if not pending:
+                    del self._pending[topic_uid]
 
     # --- internals ----------------------------------------------------------------------------
 
@@ -296,16 +315,11 @@ class Deduplicator:
                     if _ATTRIBUTE_BYTES not in entry.payload:
                         continue
                     request = pb.PublishRequest.FromString(entry.payload)
+                    base = ids.position(source, entry.base_offset)
                     for j, m in enumerate(request.messages):
                         dedup_id = m.attributes.get(DEDUP_ID_ATTRIBUTE)
                         if dedup_id:
-                            at = entry.base_offset + j
-                            window.remember(
-                                dedup_id,
-                                Remembered(
-                                    ids.message_id(source, at), entry.publish_time_us, source, at
-                                ),
-                            )
+                            window.remember((dedup_id,), base + j, entry.publish_time_us)
 
     def _update_pin(self, topic_uid: str, sources: TopicSources, window: DedupWindow) -> None:
         pin = window.pin(len(sources.logs))
@@ -359,9 +373,10 @@ def validate_messages(messages: Sequence[tuple[str, Any]], request_size: int) ->
         check_dedup_id(i, dedup_id)
     plain = [m for _, m in messages]
     for start, stop in build_batches(plain):
-        request = pb.PublishRequest(messages=plain[start:stop])
+        # (The checks read only ``messages``: no copy into a PublishRequest.)
+        batch = SimpleNamespace(messages=plain[start:stop])
         try:
-            validation.publish_request(request, 0)
+            validation.publish_request(batch, 0)
         except InvalidArgument as e:
             # Name the message by its index in the whole request.
             raise InvalidArgument(_reindex(str(e), start)) from None
