@@ -10,7 +10,9 @@ import time
 import urllib.parse
 from typing import Any
 
-from pubsubd.core import delays, filters, names
+from google.protobuf.message import DecodeError
+
+from pubsubd.core import delays, filters, flat_views, names
 from pubsubd.core.delays import DELIVER_AFTER, DELIVER_AT
 from pubsubd.core.errors import InvalidArgument, OutOfRange
 
@@ -40,8 +42,11 @@ DEDUP_ID_ATTRIBUTE = "pubsubd.dedup_id"
 MAX_DEDUP_ID_BYTES = 256
 
 
-def publish_request(request: Any, request_size: int) -> None:
-    """Validate a PublishRequest (its topic name was checked by the caller)."""
+def publish_request(request: Any, request_size: int, raw: bytes | None = None) -> None:
+    """Validate a PublishRequest (its topic name was checked by the caller).
+
+    ``raw``: the request's wire bytes, when the caller has them; they let the attributes be
+    checked on flat views of the wire (core/flat_views.py) instead of map by map."""
     n = len(request.messages)
     if n == 0:
         raise InvalidArgument("messages: a PublishRequest must contain at least one message")
@@ -61,11 +66,15 @@ def publish_request(request: Any, request_size: int) -> None:
             f"messages[0].ordering_key: longer than {MAX_ORDERING_KEY_BYTES} bytes"
         )
     # Hot path: a 1000-message batch is checked once per Publish, so touch each field once.
-    delays_checked: set[tuple[str | None, str | None]] = set()  # a batch repeats its delays
+    with_attributes = 0
     for i, m in enumerate(request.messages):
-        attrs = m.attributes
-        if attrs:
-            _attributes(i, attrs, delays_checked)
+        k = len(m.attributes)
+        if k:
+            with_attributes += 1
+            if k > MAX_ATTRIBUTES:
+                raise InvalidArgument(
+                    f"messages[{i}].attributes: {k} attributes; the maximum is {MAX_ATTRIBUTES}"
+                )
         elif not m.data:
             raise InvalidArgument(
                 f"messages[{i}]: a message must contain non-empty data or at least one attribute"
@@ -74,7 +83,37 @@ def publish_request(request: Any, request_size: int) -> None:
             raise InvalidArgument(
                 "messages: all messages in a PublishRequest must specify the same ordering_key"
             )
+    if not with_attributes or (raw is not None and _attributes_certainly_valid(raw)):
+        return
+    delays_checked: set[tuple[str | None, str | None]] = set()  # a batch repeats its delays
+    for i, m in enumerate(request.messages):
+        attrs = m.attributes
+        if attrs:
+            _attributes(i, attrs, delays_checked)
     # No message can exceed MAX_MESSAGE_BYTES: the whole request is already within that size.
+
+
+_DEDUP_ID_BYTES = DEDUP_ID_ATTRIBUTE.encode()
+
+
+def _attributes_certainly_valid(raw: bytes) -> bool:
+    """True only if every attribute of the request passes ``_attributes``: no delay or reserved
+    attribute can be present (their names are absent from the bytes), and every key and value
+    on the wire — a superset of those in the parsed maps — has a length within the limits.
+    False means "check map by map" (which names the offending message), not "invalid"."""
+    if delays.MARKER in raw or _DEDUP_ID_BYTES in raw:
+        return False
+    try:
+        keys, values = flat_views.attribute_lengths(raw)
+        if len(keys) != flat_views.attribute_entries(raw):
+            return False  # an entry without a key: an empty key
+    except DecodeError:
+        return False
+    return (
+        min(keys, default=1) > 0
+        and max(keys, default=0) <= MAX_ATTRIBUTE_KEY_BYTES
+        and max(values, default=0) <= MAX_ATTRIBUTE_VALUE_BYTES
+    )
 
 
 def _attributes(i: int, attrs: Any, delays_checked: set[tuple[str | None, str | None]]) -> None:

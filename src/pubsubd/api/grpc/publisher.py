@@ -80,7 +80,7 @@ class PublisherServicer:
             raise InvalidArgument("request: not a valid PublishRequest") from None
         names.topic(request.topic)
         entry = self.catalog.topic(request.topic)
-        validation.publish_request(request, len(raw))
+        validation.publish_request(request, len(raw), raw)
         self.catalog.check_backlog_quota(entry)
         count = len(request.messages)
         uid = entry.record.uid
