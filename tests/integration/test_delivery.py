@@ -211,8 +211,8 @@ def test_nack_redelivers_quickly_with_new_ack_id(clients: Any, names: Any) -> No
     [first] = _pull_until(sub, sname, 1)
     start = time.monotonic()
     sub.modify_ack_deadline(subscription=sname, ack_ids=[first.ack_id], ack_deadline_seconds=0)
-    [again] = _pull_until(sub, sname, 1, timeout=5)
-    assert time.monotonic() - start < 3
+    [again] = _pull_until(sub, sname, 1, timeout=15)
+    assert time.monotonic() - start < 10  # not the 600 s ack deadline (slack for a busy CI host)
     assert again.message.message_id == mid
     assert again.ack_id != first.ack_id
     sub.acknowledge(subscription=sname, ack_ids=[again.ack_id])
@@ -415,7 +415,7 @@ def test_waiting_pull_returns_published_message_promptly(
         published_at = time.monotonic()
         [mid] = _publish(pub, topic, b"wake up")
         resp = waiting.result(timeout=30)
-        assert time.monotonic() - published_at < 3
+        assert time.monotonic() - published_at < 10  # woken by the publish, not the 30 s timeout
     assert [m.message.message_id for m in resp.received_messages] == [mid]
 
 
