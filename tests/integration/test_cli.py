@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import PROJECT, make_publisher, make_subscriber
+from tests.support.replay_client import ReplayClient
 from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.integration
@@ -196,3 +197,42 @@ def test_invalid_name_error_shows_server_message(shared_server: ServerProcess) -
     """The server's text is printed as-is (brackets included), not eaten as terminal markup."""
     text = failed(cli(shared_server, "topics", "create", "1bad"))
     assert f"Invalid [topics] name: (name=projects/{PROJECT}/topics/1bad)" in text, text
+
+
+def test_cursors_list_and_delete(shared_server: ServerProcess, clients: Any, names: Any) -> None:
+    pub, _ = clients
+    topic = names.topic("cli-cursors")
+    pub.create_topic(name=topic)
+    pub.publish(topic, b"x").result(timeout=30)
+    replay = ReplayClient(shared_server.endpoint)
+    try:
+        replay.CommitCursor(topic=topic, name="zeta", offsets={0: 1})
+        alpha = replay.CommitCursor(topic=topic, name="alpha", offsets={0: 0})
+    finally:
+        replay.close()
+    human, listed, empty = cli_many(
+        shared_server,
+        ["cursors", "list", _short(topic)],
+        ["cursors", "list", topic, "--json"],
+        ["cursors", "list", _short(names.topic("cli-cursors-none")), "--json"],
+    )
+    assert "alpha" in ok(human) and "zeta" in human.stdout
+    rows = ok_json(listed)
+    assert [(r["name"], r["offsets"]) for r in rows] == [("alpha", {"0": 0}), ("zeta", {"0": 1})]
+    assert rows[0]["commit_time"].startswith(alpha.commit_time.ToDatetime().isoformat()[:19])
+    assert "not found" in failed(empty).lower()  # the topic does not exist
+
+    deleted = ok_json(cli(shared_server, "cursors", "delete", _short(topic), "zeta", "--json"))
+    assert deleted == [{"topic": topic, "deleted": "zeta"}]
+    after, again, missing_topic, bad_name = cli_many(
+        shared_server,
+        ["cursors", "list", _short(topic), "--json"],
+        ["cursors", "delete", _short(topic), "zeta"],
+        ["cursors", "delete", _short(names.topic("cli-cursors-none")), "alpha"],
+        ["cursors", "delete", _short(topic), "x" * 257],
+    )
+    assert [r["name"] for r in ok_json(after)] == ["alpha"]
+    text = failed(again)
+    assert "NOT_FOUND" in text and "zeta" in text
+    assert "not found" in failed(missing_topic).lower()
+    assert "INVALID_ARGUMENT" in failed(bad_name)

@@ -253,3 +253,118 @@ def test_read_below_retained_range_fails_and_cursor_pins(
         replay.close()
     finally:
         server.kill()
+
+
+def test_list_and_delete_cursors(shared_server: ServerProcess, names: Any) -> None:
+    topic, other = names.topic(), names.topic("other")
+    pub = make_publisher(shared_server.endpoint)
+    pub.create_topic(name=topic)
+    pub.create_topic(name=other)
+    for f in [pub.publish(topic, b"x") for _ in range(10)]:
+        f.result(timeout=30)
+    replay = ReplayClient(shared_server.endpoint)
+    assert list(replay.ListCursors(topic=topic).cursors) == []
+    committed = {
+        name: replay.CommitCursor(topic=topic, name=name, offsets={0: at})
+        for name, at in [("b", 5), ("a", 2), ("c", 10)]
+    }
+    replay.CommitCursor(topic=other, name="elsewhere", offsets={0: 0})
+    listed = list(replay.ListCursors(topic=topic).cursors)
+    assert [c.name for c in listed] == ["a", "b", "c"]
+    for c in listed:  # the same fields GetCursor returns
+        assert c == committed[c.name] == replay.GetCursor(topic=topic, name=c.name)
+    assert dict(listed[1].offsets) == {0: 5} and listed[1].topic == topic
+
+    assert replay.DeleteCursor(topic=topic, name="b").ByteSize() == 0
+    assert [c.name for c in replay.ListCursors(topic=topic).cursors] == ["a", "c"]
+    assert set(_status(shared_server)["cursors"][topic]) == {"a", "c"}
+    # GetCursor answers a deleted cursor as one never committed (documented: not NOT_FOUND).
+    gone = replay.GetCursor(topic=topic, name="b")
+    assert dict(gone.offsets) == {} and not gone.HasField("commit_time")
+    for name in ("b", "never-committed", "elsewhere"):  # deleted, unknown, another topic's
+        with pytest.raises(grpc.RpcError) as e:
+            replay.DeleteCursor(topic=topic, name=name)
+        assert _code(e) == grpc.StatusCode.NOT_FOUND
+        assert name in e.value.details()  # type: ignore[attr-defined]
+    assert [c.name for c in replay.ListCursors(topic=other).cursors] == ["elsewhere"]
+    missing = names.topic("missing")
+    with pytest.raises(grpc.RpcError) as e:
+        replay.DeleteCursor(topic=missing, name="a")
+    assert _code(e) == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.RpcError) as e:
+        replay.ListCursors(topic=missing)
+    assert _code(e) == grpc.StatusCode.NOT_FOUND
+    for bad in ("", "x" * 257):
+        with pytest.raises(grpc.RpcError) as e:
+            replay.DeleteCursor(topic=topic, name=bad)
+        assert _code(e) == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as e:
+        replay.ListCursors(topic="not-a-topic-name")
+    assert _code(e) == grpc.StatusCode.INVALID_ARGUMENT
+    # A deleted name can be committed again: a new cursor.
+    again = replay.CommitCursor(topic=topic, name="b", offsets={0: 1})
+    assert [(c.name, dict(c.offsets)) for c in replay.ListCursors(topic=topic).cursors] == [
+        ("a", {0: 2}),
+        ("b", {0: 1}),
+        ("c", {0: 10}),
+    ]
+    assert again.commit_time.ToNanoseconds() > committed["b"].commit_time.ToNanoseconds()
+    replay.close()
+
+
+def test_spark_client_lists_and_deletes_cursors(shared_server: ServerProcess, names: Any) -> None:
+    pytest.importorskip("pyspark")
+    pytest.importorskip("pyarrow")
+    from pubsubd.spark.client import ReplayClient as SparkReplayClient
+    from pubsubd.spark.client import ReplayError
+
+    topic = names.topic()
+    make_publisher(shared_server.endpoint).create_topic(name=topic)
+    client = SparkReplayClient(shared_server.endpoint)
+    try:
+        client.commit_cursor(topic, "q2", {0: 0})
+        client.commit_cursor(topic, "q1", {0: 0})
+        assert client.list_cursors(topic) == {"q1": {0: 0}, "q2": {0: 0}}
+        assert list(client.list_cursors(topic)) == ["q1", "q2"]
+        client.delete_cursor(topic, "q1")
+        assert client.list_cursors(topic) == {"q2": {0: 0}}
+        with pytest.raises(ReplayError) as e:
+            client.delete_cursor(topic, "q1")
+        assert e.value.code == grpc.StatusCode.NOT_FOUND
+    finally:
+        client.close()
+
+
+def test_deleting_the_only_cursor_lets_retention_trim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A topic without subscriptions keeps only what its cursor pins; once the cursor is
+    deleted, the next trim pass deletes the segments it held."""
+    monkeypatch.setenv("PUBSUBD_SEGMENT_BYTES", "4096")  # tiny segments: trimmed early
+    server = ServerProcess(tmp_path / "data").start()
+    try:
+        topic = "projects/trim/topics/abandoned"
+        pub = make_publisher(
+            server.endpoint, batch_settings=pubsub_v1.types.BatchSettings(max_messages=10)
+        )
+        replay = ReplayClient(server.endpoint)
+        pub.create_topic(name=topic)
+        # Committed before anything is published: the cursor holds the whole log.
+        replay.CommitCursor(topic=topic, name="abandoned-query", offsets={0: 0})
+        for f in [pub.publish(topic, os.urandom(200)) for _ in range(300)]:
+            f.result(timeout=30)
+
+        def earliest() -> int:
+            return int(replay.GetTopicRanges(topic=topic).sources[0].earliest_offset)
+
+        time.sleep(2.5)  # at least one trim pass (every 2 s): the cursor's pin holds
+        assert earliest() == 0
+        assert _status(server)["cursors"][topic]["abandoned-query"]["lag"] == 300
+
+        replay.DeleteCursor(topic=topic, name="abandoned-query")
+        assert topic not in _status(server)["cursors"]
+        wait_for(lambda: earliest() > 0, 15, "the released segments to be trimmed")
+        assert list(replay.ListCursors(topic=topic).cursors) == []
+        replay.close()
+    finally:
+        server.kill()

@@ -15,6 +15,8 @@ _METHODS = {
     "GetCursor": (r.GetCursorRequest, r.Cursor),
     "CommitCursor": (r.CommitCursorRequest, r.Cursor),
     "PublishDeduplicated": (r.PublishDeduplicatedRequest, r.PublishDeduplicatedResponse),
+    "ListCursors": (r.ListCursorsRequest, r.ListCursorsResponse),
+    "DeleteCursor": (r.DeleteCursorRequest, r.DeleteCursorResponse),
 }
 
 

@@ -5,17 +5,19 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from pubsubd.control.catalog import Catalog
-from pubsubd.control.cursors import Cursors, check_offsets, cursor_pin, lag
+from pubsubd.control.cursors import Cursors, check_offsets, cursor_pin, lag, topic_cursors
 from pubsubd.core import pb
-from pubsubd.core.errors import InvalidArgument, OutOfRange
+from pubsubd.core.errors import CursorNotFound, InvalidArgument, NotFound, OutOfRange
 from pubsubd.data.publish.forwarder import PublishingForwarder
 from pubsubd.data.subscribe.forwarder import SubscribingForwarder
 from pubsubd.storage.log import FsyncPolicy
-from pubsubd.storage.metadata import SqliteMetadataStore
+from pubsubd.storage.metadata import CursorRecord, SqliteMetadataStore
 
 pytestmark = pytest.mark.unit
 
@@ -42,6 +44,21 @@ def test_lag() -> None:
     assert lag({0: 20}, {0: (10, 20)}) == {0: 0}
 
 
+def test_topic_cursors_one_incarnation_by_name() -> None:
+    records = [
+        CursorRecord("uid-1", "b", TOPIC, {0: 1}, 10),
+        CursorRecord("uid-0", "a", TOPIC, {0: 2}, 11),  # an older incarnation of the topic
+        CursorRecord("uid-1", "a", TOPIC, {0: 3}, 12),
+        CursorRecord("uid-1", "C", TOPIC, {}, 13),
+    ]
+    assert [(r.topic_uid, r.name) for r in topic_cursors(records, "uid-1")] == [
+        ("uid-1", "C"),
+        ("uid-1", "a"),
+        ("uid-1", "b"),
+    ]
+    assert topic_cursors(records, "uid-2") == []
+
+
 async def _catalog(data: Path) -> Catalog:
     publishing = PublishingForwarder(data, fsync=FsyncPolicy.NEVER)
     catalog = Catalog(SqliteMetadataStore(data), publishing, SubscribingForwarder(publishing))
@@ -57,7 +74,7 @@ async def catalog(tmp_path: Path) -> AsyncIterator[Catalog]:
     c.store.close()
 
 
-async def test_commit_get_persist_and_pin(tmp_path: Path, catalog: Catalog) -> None:
+async def _topic_with_five_messages(catalog: Catalog) -> tuple[Any, str, Cursors]:
     catalog.create_topic(pb.Topic(name=TOPIC))
     entry = catalog.topic(TOPIC)
     uid = entry.record.uid
@@ -65,6 +82,11 @@ async def test_commit_get_persist_and_pin(tmp_path: Path, catalog: Catalog) -> N
     await catalog.publishing.publish(uid, raw, 5)
     cursors = Cursors(catalog)
     cursors.load()
+    return entry, uid, cursors
+
+
+async def test_commit_get_persist_and_pin(tmp_path: Path, catalog: Catalog) -> None:
+    entry, uid, cursors = await _topic_with_five_messages(catalog)
     empty = cursors.get(entry, "q")
     assert empty.offsets == {} and empty.commit_time_us == 0
     sources = catalog.publishing.open_topic(uid)
@@ -104,6 +126,58 @@ async def test_commit_get_persist_and_pin(tmp_path: Path, catalog: Catalog) -> N
         again.create_topic(pb.Topic(name=TOPIC))
         assert cursors.get(again.topic(TOPIC), "q").offsets == {}
         assert cursors.status() == {}
+    finally:
+        await again.publishing.close()
+        again.store.close()
+
+
+def _lag_gauge(cursor: str) -> float | None:
+    return REGISTRY.get_sample_value(
+        "pubsubd_cursor_lag_messages", {"topic": TOPIC, "cursor": cursor}
+    )
+
+
+async def test_list_and_delete_release_the_pin_durably(tmp_path: Path, catalog: Catalog) -> None:
+    entry, uid, cursors = await _topic_with_five_messages(catalog)
+    assert cursors.for_topic(entry) == []
+    cursors.commit(entry, "z", {0: 4})
+    cursors.commit(entry, "a", {0: 1})
+    assert [(r.name, r.offsets) for r in cursors.for_topic(entry)] == [("a", {0: 1}), ("z", {0: 4})]
+    sources = catalog.publishing.open_topic(uid)
+    assert sources.trim_point(0) == 1
+    assert _lag_gauge("a") == 4
+
+    cursors.delete(entry, "a")
+    assert cursor_pin("a") not in sources.pins
+    assert sources.trim_point(0) == 4  # only "z" holds the log now
+    assert [r.name for r in cursors.for_topic(entry)] == ["z"]
+    assert set(cursors.status()[TOPIC]) == {"z"}
+    assert _lag_gauge("a") is None and _lag_gauge("z") == 1
+    assert cursors.get(entry, "a").offsets == {}  # as if never committed
+    with pytest.raises(CursorNotFound, match="name=a") as e:
+        cursors.delete(entry, "a")
+    assert isinstance(e.value, NotFound) and TOPIC in str(e.value)
+    with pytest.raises(NotFound):
+        cursors.delete(entry, "never-committed")
+    with pytest.raises(InvalidArgument, match="name"):
+        cursors.delete(entry, "")
+    with pytest.raises(InvalidArgument, match="longer than 256 bytes"):
+        cursors.delete(entry, "x" * 257)
+
+    cursors.delete(entry, "z")
+    assert not any(p.startswith("cursor:") for p in sources.pins)
+    assert sources.trim_point(0) == 5  # no subscription, no cursor: nothing is kept
+    assert cursors.status() == {}
+    # The rows are gone from the store: a restart brings neither cursor nor pin back.
+    await catalog.publishing.close()
+    catalog.store.close()
+    again = await _catalog(tmp_path)
+    try:
+        cursors = Cursors(again)
+        cursors.load()
+        assert cursors.for_topic(again.topic(TOPIC)) == []
+        assert list(again.store.load_cursors()) == []
+        assert not any(p.startswith("cursor:") for p in again.publishing.open_topic(uid).pins)
     finally:
         await again.publishing.close()
         again.store.close()

@@ -16,10 +16,10 @@ from pubsubd.core.validation import DEDUP_ID_ATTRIBUTE
 from pubsubd.data.publish.dedup import (
     DEDUP_PIN,
     Deduplicator,
-    DedupWindow,
     build_batches,
     validate_messages,
 )
+from pubsubd.data.publish.dedup_window import DedupWindow
 from pubsubd.data.publish.forwarder import PublishingForwarder
 from pubsubd.storage.log import FsyncPolicy
 

@@ -2,8 +2,9 @@
 
 Client commands talk to a running server through the official Google client (gRPC), at
 ``--endpoint`` or ``PUBSUB_EMULATOR_HOST`` (default 127.0.0.1:8085), in project ``--project`` or
-``PUBSUB_PROJECT_ID`` (default ``local``). Every command prints a human-readable table, or JSON
-with ``--json``.
+``PUBSUB_PROJECT_ID`` (default ``local``); ``cursors`` commands call pubsubd's replay API
+(``pubsubd.v1.Replay``) on the same endpoint. Every command prints a human-readable table, or
+JSON with ``--json``.
 """
 
 from __future__ import annotations
@@ -25,8 +26,12 @@ from pubsubd.storage.log import FsyncPolicy
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="pubsubd: pub/sub and queues.")
 topics_app = typer.Typer(no_args_is_help=True, help="Create, list and delete topics.")
 subs_app = typer.Typer(no_args_is_help=True, help="Create, list and delete subscriptions.")
+cursors_app = typer.Typer(
+    no_args_is_help=True, help="List and delete the replay API's named cursors (they pin data)."
+)
 app.add_typer(topics_app, name="topics")
 app.add_typer(subs_app, name="subscriptions")
+app.add_typer(cursors_app, name="cursors")
 
 # Piped output is not cut to 80 columns: names must stay whole for grep and scripts.
 console = Console() if sys.stdout.isatty() else Console(width=100_000)
@@ -279,6 +284,79 @@ def subscriptions_delete(
     full = _name(project, "subscriptions", name)
     _api_call(sub.delete_subscription, subscription=full)
     _emit([{"deleted": full}], ["deleted"], as_json)
+
+
+def _replay_call(endpoint: str, method: str, request: Any, response_type: Any) -> Any:
+    """One pubsubd.v1.Replay call; a failure is printed with its status code."""
+    import grpc
+
+    with grpc.insecure_channel(endpoint) as channel:
+        call = channel.unary_unary(
+            f"/pubsubd.v1.Replay/{method}",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=response_type.FromString,
+        )
+        try:
+            return call(request, timeout=30)
+        except grpc.RpcError as e:
+            code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+            details = e.details() if hasattr(e, "details") else str(e)
+            _fail(RuntimeError(f"{code.name}: {details}"))
+
+
+@cursors_app.command("list")
+def cursors_list(
+    topic: str,
+    endpoint: Endpoint = "127.0.0.1:8085",
+    project: Project = "local",
+    as_json: AsJson = False,
+) -> None:
+    """The topic's named cursors, by name: positions per source and last commit time."""
+    from datetime import UTC
+
+    from pubsubd._gen.pubsubd.v1 import replay_pb2
+
+    full = _name(project, "topics", topic)
+    resp = _replay_call(
+        endpoint,
+        "ListCursors",
+        replay_pb2.ListCursorsRequest(topic=full),
+        replay_pb2.ListCursorsResponse,
+    )
+    rows = [
+        {
+            "name": c.name,
+            "offsets": {str(k): v for k, v in sorted(c.offsets.items())},
+            "commit_time": (
+                c.commit_time.ToDatetime(tzinfo=UTC).isoformat()
+                if c.HasField("commit_time")
+                else ""
+            ),
+        }
+        for c in resp.cursors
+    ]
+    _emit(rows, ["name", "offsets", "commit_time"], as_json)
+
+
+@cursors_app.command("delete")
+def cursors_delete(
+    topic: str,
+    name: str,
+    endpoint: Endpoint = "127.0.0.1:8085",
+    project: Project = "local",
+    as_json: AsJson = False,
+) -> None:
+    """Delete a named cursor: retention may then trim the data it held."""
+    from pubsubd._gen.pubsubd.v1 import replay_pb2
+
+    full = _name(project, "topics", topic)
+    _replay_call(
+        endpoint,
+        "DeleteCursor",
+        replay_pb2.DeleteCursorRequest(topic=full, name=name),
+        replay_pb2.DeleteCursorResponse,
+    )
+    _emit([{"topic": full, "deleted": name}], ["topic", "deleted"], as_json)
 
 
 @app.command()

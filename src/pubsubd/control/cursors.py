@@ -9,7 +9,10 @@ Pinning: a cursor pins its topic's log (``TopicSources.pins``, pin ``cursor:{nam
 committed positions, so retention never deletes what it has not committed past, even on a topic
 without subscriptions (which otherwise keeps nothing). Kafka consumer groups do not pin; we do
 because our retention is ack-driven, not time-driven. A source the cursor never committed is not
-pinned. An abandoned cursor pins forever: commit it to the latest positions to release the data.
+pinned. An abandoned cursor pins until it is deleted: DeleteCursor (``pubsubd cursors delete
+TOPIC NAME``) removes its row, its pin and its lag gauge, so the next retention pass may trim what
+it held; ListCursors (``pubsubd cursors list TOPIC``) finds them. Committing it to the latest
+positions also releases the data, but keeps the cursor.
 
 Lag (latest committed position minus the cursor's, per source) is reported in ``/status`` and as
 the ``pubsubd_cursor_lag_messages`` gauge.
@@ -18,10 +21,10 @@ the ``pubsubd_cursor_lag_messages`` gauge.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from pubsubd.core.errors import InvalidArgument, OutOfRange
+from pubsubd.core.errors import CursorNotFound, InvalidArgument, OutOfRange
 from pubsubd.observability import metrics
 from pubsubd.storage.metadata import CursorRecord
 
@@ -72,6 +75,11 @@ def lag(offsets: Mapping[int, int], ranges: Mapping[int, tuple[int, int]]) -> di
         at = offsets.get(source, earliest)
         out[source] = max(0, latest - max(at, earliest))
     return out
+
+
+def topic_cursors(records: Iterable[CursorRecord], topic_uid: str) -> list[CursorRecord]:
+    """The cursors of one topic incarnation, sorted by name (pure)."""
+    return sorted((r for r in records if r.topic_uid == topic_uid), key=lambda r: r.name)
 
 
 def source_ranges(sources: TopicSources) -> dict[int, tuple[int, int]]:
@@ -137,6 +145,25 @@ class Cursors:
             metrics.CURSOR_LAG.remove(old.topic, old.name)
         self._install(rec)
         return rec
+
+    def for_topic(self, topic: TopicEntry) -> list[CursorRecord]:
+        """Every committed cursor of the topic's current incarnation, sorted by name."""
+        return topic_cursors(self.records.values(), topic.record.uid)
+
+    def delete(self, topic: TopicEntry, name: str) -> None:
+        """Delete a cursor: its row (durable when this returns), then its pin and lag gauge, so
+        the next trim may delete what it held. NOT_FOUND if the topic has no such cursor."""
+        check_name(name)
+        uid = topic.record.uid
+        rec = self.records.get((uid, name))
+        if rec is None:
+            raise CursorNotFound(topic.record.name, name)
+        self.store.delete_cursor(uid, name)
+        del self.records[(uid, name)]
+        sources = self.catalog.publishing.topics.get(uid)
+        if sources is not None:
+            sources.pins.pop(cursor_pin(name), None)
+        metrics.CURSOR_LAG.remove(rec.topic, rec.name)
 
     def status(self) -> dict[str, Any]:
         """Per topic name, per cursor: committed offsets, commit time and lag."""

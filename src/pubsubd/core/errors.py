@@ -72,6 +72,16 @@ class SubscriptionNotFound(NotFound):
         super().__init__("subscription", name)
 
 
+class CursorNotFound(NotFound):
+    """A named cursor of the replay API that the topic does not have (never committed or
+    deleted)."""
+
+    def __init__(self, topic: str, name: str) -> None:
+        super().__init__("cursor", name)
+        self.topic = topic
+        self.args = (f"Cursor not found (topic={topic}, name={name})",)
+
+
 class AlreadyExists(PubsubError):
     def __init__(self, kind: str, name: str) -> None:
         self.kind = kind

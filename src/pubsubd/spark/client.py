@@ -141,6 +141,24 @@ class ReplayClient:
         )
         return dict(resp.offsets)
 
+    def list_cursors(self, topic: str) -> dict[str, dict[int, int]]:
+        """Every named cursor of the topic and its positions, in name order."""
+        resp = self._call(
+            "ListCursors",
+            replay_pb2.ListCursorsRequest(topic=topic),
+            replay_pb2.ListCursorsResponse,
+        )
+        return {c.name: dict(c.offsets) for c in resp.cursors}
+
+    def delete_cursor(self, topic: str, name: str) -> None:
+        """Delete a named cursor, releasing the data it pins; :class:`ReplayError` with code
+        NOT_FOUND if the topic has no such cursor."""
+        self._call(
+            "DeleteCursor",
+            replay_pb2.DeleteCursorRequest(topic=topic, name=name),
+            replay_pb2.DeleteCursorResponse,
+        )
+
     def publish_deduplicated(
         self, topic: str, messages: Iterable[OutgoingMessage]
     ) -> tuple[list[str], int]:

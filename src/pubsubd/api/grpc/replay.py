@@ -173,6 +173,19 @@ class ReplayServicer:
         return self._cursor(self.cursors.commit(entry, request.name, dict(request.offsets)))
 
     @rpc
+    async def ListCursors(self, request: Any, context: Context) -> Any:
+        entry = self.catalog.topic(request.topic)
+        return r.ListCursorsResponse(
+            cursors=[self._cursor(rec) for rec in self.cursors.for_topic(entry)]
+        )
+
+    @rpc
+    async def DeleteCursor(self, request: Any, context: Context) -> Any:
+        entry = self.catalog.topic(request.topic)
+        self.cursors.delete(entry, request.name)  # NOT_FOUND for a cursor it does not have
+        return r.DeleteCursorResponse()
+
+    @rpc
     async def PublishDeduplicated(self, request: Any, context: Context) -> Any:
         entry = self.catalog.topic(request.topic)
         messages = [(m.dedup_id, m) for m in request.messages]  # stored without a copy
@@ -209,5 +222,7 @@ def handlers(servicer: ReplayServicer) -> grpc.GenericRpcHandler:
             "PublishDeduplicated": unary(
                 s.PublishDeduplicated, r.PublishDeduplicatedRequest, r.PublishDeduplicatedResponse
             ),
+            "ListCursors": unary(s.ListCursors, r.ListCursorsRequest, r.ListCursorsResponse),
+            "DeleteCursor": unary(s.DeleteCursor, r.DeleteCursorRequest, r.DeleteCursorResponse),
         },
     )

@@ -15,6 +15,9 @@ remembered position, so retention cannot delete the entries a restart would need
 subscription has acked them or the topic has none. The pin moves up as IDs expire (every
 ``SWEEP_INTERVAL_S``).
 
+Memory: the window (``dedup_window.py``) keeps runs of ``prefix:n`` IDs, such as the Spark
+sink's, as one int per run, and other IDs one by one (~210 bytes each with the key).
+
 Concurrent publishes of the same dedup ID: the first stores it, the others wait for its outcome
 and answer the same message ID; the same ID twice in one request is stored once.
 
@@ -30,7 +33,6 @@ import logging
 import os
 import re
 import time
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -38,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from pubsubd.core import ids, pb, validation
 from pubsubd.core.errors import InvalidArgument
 from pubsubd.core.validation import DEDUP_ID_ATTRIBUTE, MAX_DEDUP_ID_BYTES
+from pubsubd.data.publish.dedup_window import DedupWindow
 from pubsubd.storage.replication import fsync_directory
 
 if TYPE_CHECKING:
@@ -51,66 +54,6 @@ MARKER_FILE = "dedup-used"
 SWEEP_INTERVAL_S = 5.0
 _ATTRIBUTE_BYTES = DEDUP_ID_ATTRIBUTE.encode()
 _REBUILD_READ_BYTES = 16 << 20
-
-
-_POSITION_MASK = (1 << 64) - 1
-
-
-class DedupWindow:
-    """dedup ID -> the position it was stored at, for ``window_us`` (pure; oldest first).
-
-    Beside its key an ID costs one int, ``time_us << 64 | position`` (a window of a busy topic
-    holds millions of IDs)."""
-
-    def __init__(self, window_us: int) -> None:
-        self.window_us = window_us
-        self._ids: OrderedDict[str, int] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._ids)
-
-    def get(self, dedup_id: str, now_us: int) -> int | None:
-        """The position ``dedup_id`` was stored at, if within the window."""
-        found = self._ids.get(dedup_id)
-        if found is None or found >> 64 < now_us - self.window_us:
-            return None
-        return found & _POSITION_MASK
-
-    def remember(self, dedup_ids: Iterable[str], first_position: int, time_us: int) -> None:
-        """Consecutive positions from ``first_position``, stored at ``time_us`` (newest)."""
-        ids_ = self._ids
-        tagged = time_us << 64 | first_position
-        for k, dedup_id in enumerate(dedup_ids):
-            if dedup_id in ids_:
-                del ids_[dedup_id]  # re-stored after it expired: now the newest
-            ids_[dedup_id] = tagged + k
-
-    def expire(self, now_us: int) -> int:
-        """Forget IDs older than the window; returns how many."""
-        cutoff = now_us - self.window_us
-        n = 0
-        ids_ = self._ids
-        while ids_:
-            first = next(iter(ids_.values()))
-            if first >> 64 >= cutoff:
-                break
-            ids_.popitem(last=False)
-            n += 1
-        return n
-
-    def pin(self, source_count: int) -> dict[int, int]:
-        """Per source, the lowest remembered position (oldest first, so stop early)."""
-        out: dict[int, int] = {}
-        for tagged in self._ids.values():
-            pos = tagged & _POSITION_MASK
-            source, offset = ids.source_of(pos), ids.offset_of(pos)
-            if source not in out:
-                out[source] = offset
-            else:
-                out[source] = min(out[source], offset)
-            if len(out) >= source_count:
-                break
-        return out
 
 
 def build_batches(messages: Sequence[Any]) -> list[tuple[int, int]]:
@@ -316,8 +259,11 @@ class Deduplicator:
                         continue
                     request = pb.PublishRequest.FromString(entry.payload)
                     base = ids.position(source, entry.base_offset)
-                    for j, m in enumerate(request.messages):
-                        dedup_id = m.attributes.get(DEDUP_ID_ATTRIBUTE)
+                    found = [m.attributes.get(DEDUP_ID_ATTRIBUTE) for m in request.messages]
+                    if all(found):  # a deduplicated batch: remembered as _store did
+                        window.remember(found, base, entry.publish_time_us)  # type: ignore[arg-type]
+                        continue
+                    for j, dedup_id in enumerate(found):
                         if dedup_id:
                             window.remember((dedup_id,), base + j, entry.publish_time_us)
 

@@ -177,3 +177,27 @@ class PublishDeduplicatedResponse(_message.Message):
     message_ids: _containers.RepeatedScalarFieldContainer[str]
     duplicates: int
     def __init__(self, message_ids: _Optional[_Iterable[str]] = ..., duplicates: _Optional[int] = ...) -> None: ...
+
+class ListCursorsRequest(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    def __init__(self, topic: _Optional[str] = ...) -> None: ...
+
+class ListCursorsResponse(_message.Message):
+    __slots__ = ("cursors",)
+    CURSORS_FIELD_NUMBER: _ClassVar[int]
+    cursors: _containers.RepeatedCompositeFieldContainer[Cursor]
+    def __init__(self, cursors: _Optional[_Iterable[_Union[Cursor, _Mapping]]] = ...) -> None: ...
+
+class DeleteCursorRequest(_message.Message):
+    __slots__ = ("topic", "name")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    name: str
+    def __init__(self, topic: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class DeleteCursorResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
