@@ -83,9 +83,16 @@ def publish_request(request: Any, request_size: int, raw: bytes | None = None) -
             raise InvalidArgument(
                 "messages: all messages in a PublishRequest must specify the same ordering_key"
             )
-    if not with_attributes or (raw is not None and _attributes_certainly_valid(raw)):
+    if not with_attributes:
         return
     delays_checked: set[tuple[str | None, str | None]] = set()  # a batch repeats its delays
+    if raw is not None and _attributes_certainly_valid(raw):
+        if delays.MARKER in raw:  # only the delay attributes' values are left to check
+            for m in request.messages:
+                attrs = m.attributes
+                if attrs:
+                    _delay_attributes(attrs, delays_checked)
+        return
     for i, m in enumerate(request.messages):
         attrs = m.attributes
         if attrs:
@@ -97,11 +104,12 @@ _DEDUP_ID_BYTES = DEDUP_ID_ATTRIBUTE.encode()
 
 
 def _attributes_certainly_valid(raw: bytes) -> bool:
-    """True only if every attribute of the request passes ``_attributes``: no delay or reserved
-    attribute can be present (their names are absent from the bytes), and every key and value
-    on the wire — a superset of those in the parsed maps — has a length within the limits.
-    False means "check map by map" (which names the offending message), not "invalid"."""
-    if delays.MARKER in raw or _DEDUP_ID_BYTES in raw:
+    """True only if every attribute of the request passes ``_attributes`` except, perhaps, the
+    values of delay attributes: the reserved attribute cannot be present (its name is absent
+    from the bytes), and every key and value on the wire — a superset of those in the parsed
+    maps — has a length within the limits. False means "check map by map" (which names the
+    offending message), not "invalid"."""
+    if _DEDUP_ID_BYTES in raw:
         return False
     try:
         keys, values = flat_views.attribute_lengths(raw)
@@ -116,12 +124,16 @@ def _attributes_certainly_valid(raw: bytes) -> bool:
     )
 
 
-def _attributes(i: int, attrs: Any, delays_checked: set[tuple[str | None, str | None]]) -> None:
-    if DELIVER_AT in attrs or DELIVER_AFTER in attrs:
-        key = (attrs.get(DELIVER_AT), attrs.get(DELIVER_AFTER))
-        if key not in delays_checked:
+def _delay_attributes(attrs: Any, checked: set[tuple[str | None, str | None]]) -> None:
+    key = (attrs.get(DELIVER_AT), attrs.get(DELIVER_AFTER))
+    if key != (None, None):
+        if key not in checked:
             delays.deliver_at(attrs, time.time())  # raises InvalidArgument naming the attribute
-            delays_checked.add(key)
+            checked.add(key)
+
+
+def _attributes(i: int, attrs: Any, delays_checked: set[tuple[str | None, str | None]]) -> None:
+    _delay_attributes(attrs, delays_checked)
     if DEDUP_ID_ATTRIBUTE in attrs:
         raise InvalidArgument(
             f"messages[{i}].attributes: {DEDUP_ID_ATTRIBUTE!r} is reserved (use the "
