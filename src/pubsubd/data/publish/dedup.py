@@ -136,8 +136,9 @@ class Deduplicator:
         first_in_request: dict[str, int] = {}
         same_as: list[tuple[int, int]] = []  # (index, index of the earlier copy in this request)
         new: list[int] = []
+        found = window.get_many([dedup_id for dedup_id, _ in messages], now)
         for i, (dedup_id, _) in enumerate(messages):
-            seen = window.get(dedup_id, now)
+            seen = found[i]
             if seen is not None:
                 result[i] = str(seen)
             elif dedup_id in first_in_request:

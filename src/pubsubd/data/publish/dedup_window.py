@@ -5,8 +5,8 @@ the window has two tiers:
 
 * **Runs.** IDs of the form ``<prefix>:<n>`` (``n`` a canonical decimal) that arrive as a run —
   consecutive ``n`` stored at consecutive positions at one time, as the Spark sink's
-  ``query:batch:partition:row`` IDs do — are kept as one packed int per run (a 1000-row request
-  is one run), in a per-prefix list sorted by ``n`` and searched by bisection. A prefix's runs
+  ``query:batch:partition:row`` IDs do — are kept as one entry per run (a 1000-row request is
+  one run) in per-prefix lists sorted by ``n`` and searched by bisection. A prefix's runs
   must be increasing in ``n`` (each starts at or above where the last ended); an ID that would
   break that goes to the other tier.
 * **Single IDs** (everything else) in an OrderedDict, oldest first, one int per ID beside its key:
@@ -25,12 +25,7 @@ from collections.abc import Iterable
 from pubsubd.core import ids
 
 _BITS64 = (1 << 64) - 1
-# A run packed into one int, ordered by its first ``n`` (the top field):
-#   first_n << 148 | count << 128 | first_position << 64 | time_us
-_COUNT_SHIFT, _N_SHIFT = 128, 148
-_COUNT_MASK = (1 << 20) - 1
-_MAX_RUN = _COUNT_MASK  # longer runs are split
-_MAX_N_DIGITS = 18  # n < 10**18 < 2**60
+_MAX_N_DIGITS = 18  # n < 10**18
 
 
 def _split(dedup_id: str) -> tuple[str, int] | None:
@@ -47,45 +42,49 @@ def _split(dedup_id: str) -> tuple[str, int] | None:
     return prefix, int(tail)
 
 
-def _pack(first_n: int, count: int, first_position: int, time_us: int) -> int:
-    return first_n << _N_SHIFT | count << _COUNT_SHIFT | first_position << 64 | time_us
-
-
 class _Runs:
-    """One prefix's runs, increasing in ``n``; ``head`` skips the expired ones."""
+    """One prefix's runs in parallel lists, increasing in ``n``; ``head`` skips expired ones."""
 
-    __slots__ = ("head", "runs")
+    __slots__ = ("counts", "head", "positions", "starts", "times")
 
     def __init__(self) -> None:
-        self.runs: list[int] = []
+        self.starts: list[int] = []  # first n
+        self.counts: list[int] = []
+        self.positions: list[int] = []  # position of the first n
+        self.times: list[int] = []
         self.head = 0
 
     def end(self) -> int:
         """The ``n`` after the last run (0 when empty)."""
-        if self.head == len(self.runs):
+        if self.head == len(self.starts):
             return 0
-        last = self.runs[-1]
-        return (last >> _N_SHIFT) + (last >> _COUNT_SHIFT & _COUNT_MASK)
+        return self.starts[-1] + self.counts[-1]
 
-    def find(self, n: int) -> int | None:
-        runs = self.runs
-        i = bisect_right(runs, (n + 1) << _N_SHIFT, lo=self.head) - 1
-        if i < self.head:
-            return None
-        run = runs[i]
-        first = run >> _N_SHIFT
-        return run if n < first + (run >> _COUNT_SHIFT & _COUNT_MASK) else None
+    def find(self, n: int) -> int:
+        """Index of the run holding ``n``, or -1."""
+        i = bisect_right(self.starts, n, lo=self.head) - 1
+        if i < self.head or n >= self.starts[i] + self.counts[i]:
+            return -1
+        return i
+
+    def append(self, first_n: int, count: int, position: int, time_us: int) -> None:
+        self.starts.append(first_n)
+        self.counts.append(count)
+        self.positions.append(position)
+        self.times.append(time_us)
 
     def pop_oldest(self) -> int:
-        run = self.runs[self.head]
+        """Drop the oldest run; returns its count."""
+        count = self.counts[self.head]
         self.head += 1
-        if self.head > 64 and self.head * 2 > len(self.runs):
-            del self.runs[: self.head]
+        if self.head > 64 and self.head * 2 > len(self.starts):
+            for column in (self.starts, self.counts, self.positions, self.times):
+                del column[: self.head]
             self.head = 0
-        return run
+        return count
 
     def __len__(self) -> int:
-        return len(self.runs) - self.head
+        return len(self.starts) - self.head
 
 
 class DedupWindow:
@@ -107,47 +106,63 @@ class DedupWindow:
 
     def get(self, dedup_id: str, now_us: int) -> int | None:
         """The position ``dedup_id`` was stored at, if within the window."""
+        return self.get_many((dedup_id,), now_us)[0]
+
+    def get_many(self, dedup_ids: Iterable[str], now_us: int) -> list[int | None]:
+        """``get`` of each ID; runs of ``prefix:n`` IDs are split once, not ID by ID."""
         cutoff = now_us - self.window_us
-        best_time, best = -1, None
-        single = self._ids.get(dedup_id)
-        if single is not None:
-            best_time, best = single >> 64, single & _BITS64
-        if self._prefixes:
-            split = _split(dedup_id)
-            prefix_runs = self._prefixes.get(split[0]) if split is not None else None
-            if split is not None and prefix_runs is not None:
-                run = prefix_runs.find(split[1])
-                if run is not None and run & _BITS64 > best_time:
-                    best_time = run & _BITS64
-                    best = (run >> 64 & _BITS64) + split[1] - (run >> _N_SHIFT)
-        return best if best_time >= cutoff else None
+        singles = self._ids
+        prefixes = self._prefixes
+        out: list[int | None] = []
+        expect = ""  # the ID that would continue the current run of IDs
+        prefix = ""
+        n = 0
+        for dedup_id in dedup_ids:
+            best_time, best = -1, None
+            single = singles.get(dedup_id)
+            if single is not None:
+                best_time, best = single >> 64, single & _BITS64
+            if prefixes:
+                if dedup_id == expect:
+                    n += 1
+                else:
+                    split = _split(dedup_id)
+                    if split is None:
+                        expect = ""
+                        out.append(best if best_time >= cutoff else None)
+                        continue
+                    prefix, n = split
+                expect = f"{prefix}:{n + 1}"
+                prefix_runs = prefixes.get(prefix)
+                if prefix_runs is not None:
+                    i = prefix_runs.find(n)
+                    if i >= 0 and prefix_runs.times[i] > best_time:
+                        best_time = prefix_runs.times[i]
+                        best = prefix_runs.positions[i] + n - prefix_runs.starts[i]
+            out.append(best if best_time >= cutoff else None)
+        return out
 
     def remember(self, dedup_ids: Iterable[str], first_position: int, time_us: int) -> None:
         """IDs stored at consecutive positions from ``first_position`` at ``time_us`` (the
         newest so far)."""
-        chunk_prefix: str | None = None
-        chunk_n = chunk_k = chunk_len = 0
+        chunk_prefix = ""
+        chunk_n = chunk_k = 0
         chunk_ids: list[str] = []
-        k = -1
+        expect = ""  # the ID that would continue the chunk
         for k, dedup_id in enumerate(dedup_ids):
-            split = _split(dedup_id)
-            if (
-                split is not None
-                and split[0] == chunk_prefix
-                and split[1] == chunk_n + chunk_len
-                and chunk_len < _MAX_RUN
-            ):
-                chunk_len += 1
+            if dedup_id == expect:
                 chunk_ids.append(dedup_id)
+                expect = f"{chunk_prefix}:{chunk_n + len(chunk_ids)}"
                 continue
             if chunk_ids:
                 self._flush(chunk_prefix, chunk_n, chunk_ids, first_position + chunk_k, time_us)
+            split = _split(dedup_id)
             if split is None:
-                chunk_prefix, chunk_ids, chunk_len = None, [], 0
+                chunk_ids, expect = [], ""
                 self._single(dedup_id, first_position + k, time_us)
             else:
-                chunk_prefix, chunk_n, chunk_k, chunk_len = split[0], split[1], k, 1
-                chunk_ids = [dedup_id]
+                chunk_prefix, chunk_n, chunk_k, chunk_ids = split[0], split[1], k, [dedup_id]
+                expect = f"{chunk_prefix}:{chunk_n + 1}"
         if chunk_ids:
             self._flush(chunk_prefix, chunk_n, chunk_ids, first_position + chunk_k, time_us)
 
@@ -158,33 +173,28 @@ class DedupWindow:
         ids_[dedup_id] = time_us << 64 | position
 
     def _flush(
-        self, prefix: str | None, first_n: int, chunk: list[str], position: int, time_us: int
+        self, prefix: str, first_n: int, chunk: list[str], position: int, time_us: int
     ) -> None:
         """A run of ``<prefix>:<n>`` IDs: into the run tier when it is a run (two or more, or
         it continues the prefix's runs) and keeps the prefix increasing; else single IDs."""
-        assert prefix is not None
         prefix_runs = self._prefixes.get(prefix)
-        runs_ok = prefix_runs is not None or len(chunk) > 1
-        if runs_ok and (prefix_runs is None or first_n >= prefix_runs.end()):
+        count = len(chunk)
+        if (prefix_runs is not None or count > 1) and (
+            prefix_runs is None or first_n >= prefix_runs.end()
+        ):
             if prefix_runs is None:
                 prefix_runs = self._prefixes[prefix] = _Runs()
-            count = len(chunk)
-            if prefix_runs and first_n == prefix_runs.end():
-                last = prefix_runs.runs[-1]
-                last_count = last >> _COUNT_SHIFT & _COUNT_MASK
-                if (
-                    last & _BITS64 == time_us
-                    and (last >> 64 & _BITS64) + last_count == position
-                    and last_count + count <= _MAX_RUN
-                ):  # continues the last run (a request split by the caller)
-                    prefix_runs.runs[-1] = _pack(
-                        last >> _N_SHIFT, last_count + count, last >> 64 & _BITS64, time_us
-                    )
-                    self._run_ids += count
-                    return
-            prefix_runs.runs.append(_pack(first_n, count, position, time_us))
-            self._run_order.append((time_us, prefix, position))
             self._run_ids += count
+            if (
+                prefix_runs
+                and first_n == prefix_runs.end()
+                and prefix_runs.times[-1] == time_us
+                and prefix_runs.positions[-1] + prefix_runs.counts[-1] == position
+            ):  # continues the last run (a request split by the caller)
+                prefix_runs.counts[-1] += count
+                return
+            prefix_runs.append(first_n, count, position, time_us)
+            self._run_order.append((time_us, prefix, position))
             return
         for j, dedup_id in enumerate(chunk):
             self._single(dedup_id, position + j, time_us)
@@ -204,8 +214,7 @@ class DedupWindow:
         while order and order[0][0] < cutoff:
             _, prefix, _ = order.popleft()
             prefix_runs = self._prefixes[prefix]
-            run = prefix_runs.pop_oldest()
-            count = run >> _COUNT_SHIFT & _COUNT_MASK
+            count = prefix_runs.pop_oldest()
             self._run_ids -= count
             n += count
             if not prefix_runs:
