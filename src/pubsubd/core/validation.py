@@ -126,10 +126,9 @@ def _attributes_certainly_valid(raw: bytes) -> bool:
 
 def _delay_attributes(attrs: Any, checked: set[tuple[str | None, str | None]]) -> None:
     key = (attrs.get(DELIVER_AT), attrs.get(DELIVER_AFTER))
-    if key != (None, None):
-        if key not in checked:
-            delays.deliver_at(attrs, time.time())  # raises InvalidArgument naming the attribute
-            checked.add(key)
+    if key != (None, None) and key not in checked:
+        delays.deliver_at(attrs, time.time())  # raises InvalidArgument naming the attribute
+        checked.add(key)
 
 
 def _attributes(i: int, attrs: Any, delays_checked: set[tuple[str | None, str | None]]) -> None:
