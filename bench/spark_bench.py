@@ -5,10 +5,12 @@ fills a topic with N messages of S bytes through the raw Publish RPC (pre-serial
 1000-message requests, 4 in flight), then measures, each as the median of ``--runs`` runs after
 one warm-up run that is not reported:
 
-* ``raw read``: the replay API's paged ``Read`` from the Python client the connector uses
-  (``pubsubd.spark.client.ReplayClient``, pages of ``fetchSize`` = 1000), one thread;
+* ``raw read``: the replay API's paged ``Read`` in the columnar form the connector reads
+  (``ReadRequest.columnar``), from the Python client it uses
+  (``pubsubd.spark.client.ReplayClient.read_columns``, pages of ``fetchSize`` = 1000), one
+  thread;
 * ``raw read + Arrow``: the same plus the connector's conversion of each page to an Arrow
-  RecordBatch (``source.to_record_batch``), i.e. what one Spark task does minus Spark;
+  RecordBatch (``source.columns_to_record_batch``), i.e. what one Spark task does minus Spark;
 * ``Spark read``: ``spark.read.format("pubsubd")`` over the whole range into the ``noop`` sink
   (every column materialized), with the default planning (one Spark partition per source) and
   with ``minPartitions=2``; and ``count()``;
@@ -164,21 +166,22 @@ def fill(endpoint: str, topic: str, count: int, size: int) -> int:
 
 def raw_read(endpoint: str, topic: str, arrow: bool) -> int:
     from pubsubd.spark.client import get_client
-    from pubsubd.spark.source import to_record_batch
+    from pubsubd.spark.source import columns_to_record_batch
 
     client = get_client(endpoint)
     rows = 0
     for partition, b in client.topic_bounds(topic).items():
         cur = b.earliest
         while cur < b.latest:
-            messages, next_offset = client.read(topic, partition, cur, b.latest, FETCH_SIZE)
-            if not messages:
+            columns, next_offset = client.read_columns(topic, partition, cur, b.latest, FETCH_SIZE)
+            offsets = columns.offsets
+            if not offsets:
                 cur = next_offset
                 continue
             if arrow:
-                to_record_batch(topic, partition, messages)
-            rows += len(messages)
-            cur = max(next_offset, messages[-1].offset + 1)
+                columns_to_record_batch(topic, partition, columns)
+            rows += len(offsets)
+            cur = max(next_offset, offsets[-1] + 1)
     return rows
 
 
@@ -339,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
 
         measurements = [
             Measurement(
-                "raw-read", "Raw read: replay API `Read`, Python client, 1 thread",
+                "raw-read", "Raw read: replay API columnar `Read`, Python client, 1 thread",
                 lambda: raw_read(endpoint, source, arrow=False), n,
             ),
             Measurement(

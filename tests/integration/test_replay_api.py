@@ -368,3 +368,171 @@ def test_deleting_the_only_cursor_lets_retention_trim(
         replay.close()
     finally:
         server.kill()
+
+
+Row = tuple[int, str, bytes, dict[str, str], str, int]
+
+
+def _message_rows(resp: Any) -> list[Row]:
+    return [
+        (
+            m.offset,
+            m.message_id,
+            m.data,
+            dict(m.attributes),
+            m.ordering_key,
+            m.publish_time.seconds * 1_000_000 + m.publish_time.nanos // 1000,
+        )
+        for m in resp.messages
+    ]
+
+
+def _column_rows(resp: Any, source: int) -> list[Row]:
+    """A columnar page as rows; its message IDs derived as documented."""
+    c = resp.columns
+    n = len(c.offsets)
+    lengths = (len(c.data), len(c.ordering_keys), len(c.publish_time_us), len(c.attribute_counts))
+    assert lengths == (n, n, n, n)
+    assert sum(c.attribute_counts) == len(c.attribute_keys) == len(c.attribute_values)
+    rows, at = [], 0
+    for i, offset in enumerate(c.offsets):
+        k = c.attribute_counts[i]
+        keys, values = c.attribute_keys[at : at + k], c.attribute_values[at : at + k]
+        attrs = dict(zip(keys, values, strict=True))
+        assert len(attrs) == k
+        at += k
+        message_id = str(source << 48 | offset)
+        rows.append(
+            (offset, message_id, c.data[i], attrs, c.ordering_keys[i], c.publish_time_us[i])
+        )
+    return rows
+
+
+def _read_both(replay: ReplayClient, **kw: Any) -> tuple[list[Row], int]:
+    """One page read as rows and as columns: the same rows and next_offset, each form alone."""
+    rows = replay.Read(**kw)
+    cols = replay.Read(**kw, columnar=True)
+    assert not rows.HasField("columns") and cols.HasField("columns") and not cols.messages
+    got = _message_rows(rows)
+    assert _column_rows(cols, kw["source"]) == got
+    assert cols.next_offset == rows.next_offset
+    return got, rows.next_offset
+
+
+def _fail_both(replay: ReplayClient, **kw: Any) -> tuple[grpc.StatusCode, str]:
+    outcomes = []
+    for columnar in (False, True):
+        with pytest.raises(grpc.RpcError) as e:
+            replay.Read(**kw, columnar=columnar)
+        outcomes.append((_code(e), e.value.details()))  # type: ignore[attr-defined]
+    assert outcomes[0] == outcomes[1]
+    return outcomes[0]
+
+
+def _pages_both(replay: ReplayClient, topic: str, source: int, start: int, **kw: Any) -> Any:
+    """Every page from ``start`` to the end, in both forms: (rows, sizes of the pages)."""
+    rows: list[Row] = []
+    sizes = []
+    while True:
+        page, nxt = _read_both(replay, topic=topic, source=source, start_offset=start, **kw)
+        if not page:
+            assert nxt == start
+            return rows, sizes
+        assert nxt == page[-1][0] + 1
+        rows.extend(page)
+        sizes.append(len(page))
+        start = nxt
+
+
+def test_columnar_read_returns_what_row_read_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Columnar pages (ReadRequest.columnar) hold exactly the rows of row pages, whatever cuts
+    the page (max_messages, max_bytes, end_offset), on both sources of a topic, and fail alike
+    below a retention gap."""
+    monkeypatch.setenv("PUBSUBD_SEGMENT_BYTES", "4096")  # tiny segments: trimmed early
+    server = ServerProcess(tmp_path / "data").start()
+    try:
+        topic, sub_name = "projects/cols/topics/two-sources", "projects/cols/subscriptions/all"
+        pub = make_publisher(
+            server.endpoint,
+            publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True),
+            batch_settings=pubsub_v1.types.BatchSettings(max_messages=10, max_latency=0.005),
+        )
+        sub = make_subscriber(server.endpoint)
+        replay = ReplayClient(server.endpoint)
+        pub.create_topic(request={"name": topic, "labels": {"pubsubd-publish-sources": "2"}})
+        sub.create_subscription(name=sub_name, topic=topic)
+        attribute_sets: list[dict[str, str]] = [{}, {"a": "1"}, {"x": "", "y": "2", "z": "é"}]
+        futures = []
+        for i in range(400):
+            attrs = attribute_sets[i % 3]
+            data = b"" if attrs and i % 7 == 1 else os.urandom(40 + i % 200)
+            key = f"key-{i % 3}" if i % 4 == 0 else ""
+            futures.append(pub.publish(topic, data, ordering_key=key, **attrs))
+        for f in futures:
+            f.result(timeout=30)
+
+        def ranges() -> dict[int, tuple[int, int]]:
+            found = replay.GetTopicRanges(topic=topic).sources
+            return {s.source: (s.earliest_offset, s.latest_offset) for s in found}
+
+        latest = {s: end for s, (_, end) in ranges().items()}
+        assert set(latest) == {0, 1} and min(latest.values()) > 50
+        assert sum(latest.values()) == 400
+        everything: list[Row] = []
+        for source in (0, 1):
+            rows, sizes = _pages_both(replay, topic, source, 0)  # default limits: one page
+            assert [r[0] for r in rows] == list(range(latest[source])) and len(sizes) == 1
+            everything += rows
+            by_count, sizes = _pages_both(replay, topic, source, 0, max_messages=7)
+            assert by_count == rows and max(sizes) == 7 and len(sizes) > 1
+            by_bytes, sizes = _pages_both(replay, topic, source, 0, max_bytes=700)
+            assert by_bytes == rows and len(set(sizes)) > 1 and len(sizes) > len(rows) // 10
+            one_each, sizes = _pages_both(replay, topic, source, 3, max_bytes=1)
+            assert one_each == rows[3:] and set(sizes) == {1}
+            for start, end in [(3, 11), (0, 1), (latest[source] - 5, latest[source])]:
+                window, nxt = _read_both(
+                    replay, topic=topic, source=source, start_offset=start, end_offset=end
+                )
+                assert window == rows[start:end] and nxt == end
+            window, nxt = _read_both(
+                replay, topic=topic, source=source, start_offset=5, end_offset=30, max_bytes=900
+            )
+            assert window == rows[5 : 5 + len(window)] and 1 < len(window) < 25
+            assert nxt == 5 + len(window)
+            end, nxt = _read_both(replay, topic=topic, source=source, start_offset=latest[source])
+            assert end == [] and nxt == latest[source]
+            code, _ = _fail_both(
+                replay, topic=topic, source=source, start_offset=latest[source] + 1
+            )
+            assert code == grpc.StatusCode.OUT_OF_RANGE
+        # The pages covered what the comparison is about.
+        assert {len(r[3]) for r in everything} == {0, 1, 3}
+        assert {r[4] for r in everything} == {"", "key-0", "key-1", "key-2"}
+        assert any(r[2] == b"" for r in everything)
+        assert len({r[5] for r in everything}) > 2
+        assert all(int(r[1]) >> 48 == 1 for r in everything[latest[0] :])
+
+        # A retention gap: everything acked, a cursor pins the middle of each source.
+        pins = {0: latest[0] // 2, 1: latest[1] // 2}
+        replay.CommitCursor(topic=topic, name="pipeline", offsets=pins)
+        acked = 0
+        while acked < 400:
+            resp = sub.pull(subscription=sub_name, max_messages=100, timeout=10)
+            sub.acknowledge(
+                subscription=sub_name, ack_ids=[m.ack_id for m in resp.received_messages]
+            )
+            acked += len(resp.received_messages)
+        wait_for(lambda: all(start > 0 for start, _ in ranges().values()), 15, "trimmed segments")
+        for source, (low, high) in ranges().items():
+            assert 0 < low <= pins[source] and high == latest[source]
+            for kw in ({"start_offset": low - 1}, {"start_offset": 0, "max_messages": 3}):
+                code, details = _fail_both(replay, topic=topic, source=source, **kw)
+                assert code == grpc.StatusCode.OUT_OF_RANGE
+                assert "is below the retained range" in details
+            rows, sizes = _pages_both(replay, topic, source, low, max_bytes=700)
+            assert rows == [r for r in everything if int(r[1]) >> 48 == source][low:]
+        replay.close()
+    finally:
+        server.kill()

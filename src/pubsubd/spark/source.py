@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import numpy as np  # a dependency of pandas (the spark extra) and of PySpark's Arrow path
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -40,6 +42,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from pubsubd.core import ids
 from pubsubd.spark import offsets as off
 from pubsubd.spark.client import ReplayError, get_client
 from pubsubd.spark.options import SourceOptions
@@ -93,20 +96,44 @@ def _report_loss(loss: off.DataLoss, topic: str, fail: bool) -> None:
     log.warning("%s", text)
 
 
-def to_record_batch(topic: str, partition: int, messages: Sequence[Any]) -> pa.RecordBatch:
-    """ReplayMessages of one partition -> a RecordBatch with exactly ``ARROW_SCHEMA``."""
-    n = len(messages)
-    micros = [m.publish_time.seconds * 1_000_000 + m.publish_time.nanos // 1000 for m in messages]
+def columns_to_record_batch(topic: str, partition: int, columns: Any) -> pa.RecordBatch:
+    """One columnar Read page (``ReadColumns``) of a partition -> a RecordBatch with exactly
+    ``ARROW_SCHEMA``. Integer columns go through numpy (upb containers export them without a
+    Python int per row), message IDs are computed by Arrow from the offsets, and the attribute
+    maps are built from their flattened keys and values with offsets from the per-row counts."""
+    offsets = pa.array(np.asarray(columns.offsets, dtype=np.int64))
+    n = len(offsets)
+    counts = np.asarray(columns.attribute_counts, dtype=np.int32)
+    map_offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(counts, out=map_offsets[1:])
+    keys = columns.attribute_keys[:]
+    values = columns.attribute_values[:]
+    ordering_keys = columns.ordering_keys[:]
+    publish_us = np.asarray(columns.publish_time_us, dtype=np.int64)
+    data = columns.data[:]
+    if not (len(counts) == len(ordering_keys) == len(publish_us) == len(data) == n) or not (
+        map_offsets[-1] == len(keys) == len(values)
+    ):
+        raise ValueError(f"pubsubd Read returned columns of different lengths ({topic})")
+    base = ids.position(partition, 0)  # message ID = decimal of position(partition, offset)
+    positions = pc.bit_wise_or(offsets, pa.scalar(base, pa.int64())) if base else offsets
+    if any(ordering_keys):
+        keyed = pa.array(ordering_keys, pa.string())
+        ordering = pc.if_else(pc.equal(keyed, ""), pa.scalar(None, pa.string()), keyed)
+    else:
+        ordering = pa.nulls(n, pa.string())
     return pa.RecordBatch.from_arrays(
         [
-            pa.array([topic] * n, pa.string()),
-            pa.array([partition] * n, pa.int32()),
-            pa.array([m.offset for m in messages], pa.int64()),
-            pa.array([m.message_id for m in messages], pa.string()),
-            pa.array([m.ordering_key or None for m in messages], pa.string()),
-            pa.array([m.data for m in messages], pa.binary()),
-            pa.array([list(m.attributes.items()) for m in messages], ARROW_SCHEMA.field(6).type),
-            pa.array(micros, ARROW_SCHEMA.field(7).type),
+            pa.repeat(pa.scalar(topic, pa.string()), n),
+            pa.repeat(pa.scalar(partition, pa.int32()), n),
+            offsets,
+            pc.cast(positions, pa.string()),
+            ordering,
+            pa.array(data, pa.binary()),
+            pa.MapArray.from_arrays(
+                pa.array(map_offsets), pa.array(keys, pa.string()), pa.array(values, pa.string())
+            ),
+            pa.array(publish_us, ARROW_SCHEMA.field(7).type),
         ],
         schema=ARROW_SCHEMA,
     )
@@ -118,7 +145,9 @@ def read_range(p: RangePartition) -> Iterator[pa.RecordBatch]:
     cur = p.start
     while cur < p.end:
         try:
-            messages, next_offset = client.read(p.topic, p.partition, cur, p.end, p.fetch_size)
+            columns, next_offset = client.read_columns(
+                p.topic, p.partition, cur, p.end, p.fetch_size
+            )
         except ReplayError as exc:
             if exc.code != grpc.StatusCode.OUT_OF_RANGE:
                 raise
@@ -132,13 +161,14 @@ def read_range(p: RangePartition) -> Iterator[pa.RecordBatch]:
             )
             cur = earliest
             continue
-        if messages:
-            first = messages[0].offset
+        offsets = columns.offsets
+        if offsets:
+            first = offsets[0]
             if first > cur:
                 loss = off.DataLoss(p.partition, cur, first, p.end)
                 _report_loss(loss, p.topic, p.fail_on_data_loss)
-            yield to_record_batch(p.topic, p.partition, messages)
-            cur = max(next_offset, messages[-1].offset + 1)
+            yield columns_to_record_batch(p.topic, p.partition, columns)
+            cur = max(next_offset, offsets[-1] + 1)
         elif next_offset > cur:
             cur = next_offset
         else:
@@ -250,17 +280,20 @@ class PubsubdStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 continue
             end = min(head[p], pos + _BYTES_SAMPLE)
             try:
-                messages, _ = client.read(self.opts.topic, p, pos, end, _BYTES_SAMPLE)
+                columns, _ = client.read_columns(self.opts.topic, p, pos, end, _BYTES_SAMPLE)
             except ReplayError:
                 continue
-            if messages:
+            if columns.offsets:
                 total = sum(
-                    len(m.data)
-                    + len(m.ordering_key)
-                    + sum(len(k) + len(v) for k, v in m.attributes.items())
-                    for m in messages
+                    sum(map(len, field))
+                    for field in (
+                        columns.data,
+                        columns.ordering_keys,
+                        columns.attribute_keys,
+                        columns.attribute_values,
+                    )
                 )
-                sizes[p] = total / len(messages)
+                sizes[p] = total / len(columns.offsets)
         return sizes
 
     def reportLatestOffset(self) -> dict[str, Any] | None:

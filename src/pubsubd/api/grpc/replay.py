@@ -9,6 +9,9 @@ data/publish/dedup.py.
 from __future__ import annotations
 
 import time
+from bisect import bisect_right
+from itertools import accumulate, repeat
+from operator import attrgetter
 from typing import Any, TypeAlias
 
 import grpc
@@ -21,7 +24,7 @@ from pubsubd.control.router import Router
 from pubsubd.core import ids
 from pubsubd.core.errors import InvalidArgument, OutOfRange
 from pubsubd.data.publish.dedup import Deduplicator, validate_messages
-from pubsubd.data.publish.source import TopicSources
+from pubsubd.data.publish.source import DecodedEntry, TopicSources
 from pubsubd.data.retention import timestamp_us
 from pubsubd.observability import metrics
 from pubsubd.storage.errors import OffsetOutOfRange
@@ -39,6 +42,139 @@ MAX_READ_BYTES = 16 << 20  # below the server's 32 MB send limit
 
 def below_range(offset: int, start: int, end: int) -> OutOfRange:
     return OutOfRange(f"offset {offset} is below the retained range [{start}, {end})")
+
+
+# One Read's rows: (decoded entry, first index, end index) per log entry, in offset order.
+Page: TypeAlias = list[tuple[DecodedEntry, int, int]]
+
+_data = attrgetter("data")
+_attributes = attrgetter("attributes")
+
+
+def _page(sources: TopicSources, source: int, log: SourceLog, request: Any) -> tuple[Page, int]:
+    """The rows a Read returns and its ``next_offset``, for both answer forms (rows, columns).
+
+    Range checks and limits (docs/REPLAY_API.md): a row is taken while fewer than
+    ``max_messages`` are, its offset is below ``end_offset`` and the serialized messages taken
+    so far, it included, fit in ``max_bytes`` (the first row always fits); the page ends at the
+    first row refused. Work per row is done by C loops (sizes, prefix sums, bisection)."""
+    start, latest = log.start_offset, log.committed_offset
+    offset = request.start_offset
+    if offset < 0:
+        raise InvalidArgument(f"start_offset: {offset} is negative")
+    if offset < start:
+        raise below_range(offset, start, latest)
+    if offset > latest:
+        raise OutOfRange(
+            f"offset {offset} is above the latest position {latest} (retained range "
+            f"[{start}, {latest}))"
+        )
+    end = request.end_offset or latest
+    if end < 0:
+        raise InvalidArgument(f"end_offset: {end} is negative")
+    end = min(end, latest)
+    max_messages = request.max_messages or DEFAULT_READ_MESSAGES
+    max_bytes = request.max_bytes or DEFAULT_READ_BYTES
+    if max_messages < 0 or max_bytes < 0:
+        raise InvalidArgument("max_messages, max_bytes: must not be negative")
+    max_messages = min(max_messages, MAX_READ_MESSAGES)
+    max_bytes = min(max_bytes, MAX_READ_BYTES)
+    rows: Page = []
+    taken = size = 0
+    next_offset = offset
+    full = False
+    # Synchronous from here on: no trim can run between the range check and the reads.
+    while not full and next_offset < end:
+        try:
+            entries = log.read(next_offset, max_entries=max_messages, max_bytes=max_bytes)
+        except OffsetOutOfRange as e:
+            raise below_range(next_offset, e.start, e.end) from None
+        if not entries:
+            break
+        for entry in entries:
+            decoded = sources.decoded(source, entry)
+            base = entry.base_offset
+            count = len(decoded.messages)
+            lo = max(next_offset - base, 0)  # rows below the start are skipped
+            if lo >= count:
+                continue
+            # Rows lo..hi-1 are below end_offset and within max_messages.
+            hi = min(count, end - base, lo + max_messages - taken)
+            if hi <= lo:
+                full = True
+                break
+            # sums[i]: bytes of the page with the entry's first i candidate rows added.
+            sums = list(accumulate(map(len, decoded.messages[lo:hi]), initial=size))
+            fit = max(bisect_right(sums, max_bytes) - 1, 1 if not taken else 0)
+            if fit:
+                rows.append((decoded, lo, lo + fit))
+                taken += fit
+                size = sums[fit]
+                next_offset = base + lo + fit
+            if lo + fit < count:  # the next row of this entry is refused
+                full = True
+                break
+    return rows, next_offset
+
+
+def _fill_messages(messages: Any, source: int, rows: Page) -> None:
+    """ReadResponse.messages: one ReplayMessage per row."""
+    add = messages.add
+    for decoded, lo, hi in rows:
+        entry = decoded.entry
+        seconds, micros = divmod(entry.publish_time_us, 1_000_000)
+        nanos = micros * 1000
+        parsed = decoded.parsed
+        for j in range(lo, hi):
+            m = parsed[j]
+            at = entry.base_offset + j
+            msg = add(
+                offset=at,
+                message_id=ids.message_id(source, at),
+                data=m.data,
+                ordering_key=m.ordering_key,
+            )
+            if m.attributes:
+                msg.attributes.update(m.attributes)
+            msg.publish_time.seconds = seconds
+            msg.publish_time.nanos = nanos
+
+
+def _fill_columns(columns: Any, rows: Page) -> None:
+    """ReadResponse.columns (ReadColumns): every field in one ``extend`` from lists built per
+    entry; per row only ``data`` and the attribute map are touched (offsets, publish time and
+    ordering key are per entry). Message IDs are not sent: the client derives them."""
+    offsets: list[int] = []
+    data: list[bytes] = []
+    ordering_keys: list[str] = []
+    publish_times: list[int] = []
+    counts: list[int] = []
+    keys: list[str] = []
+    values: list[str] = []
+    for decoded, lo, hi in rows:
+        entry = decoded.entry
+        n = hi - lo
+        offsets.extend(range(entry.base_offset + lo, entry.base_offset + hi))
+        publish_times.extend(repeat(entry.publish_time_us, n))
+        ordering_keys.extend(repeat(decoded.ordering_key, n))  # one per entry
+        parsed = decoded.parsed[lo:hi]
+        data.extend(map(_data, parsed))
+        maps = list(map(_attributes, parsed))
+        sizes = list(map(len, maps))
+        counts.extend(sizes)
+        if any(sizes):
+            for attrs in maps:
+                for key in attrs:  # faster than .items() on a upb map
+                    keys.append(key)
+                    values.append(attrs[key])
+    columns.SetInParent()  # present even on an empty page
+    columns.offsets.extend(offsets)
+    columns.data.extend(data)
+    columns.ordering_keys.extend(ordering_keys)
+    columns.publish_time_us.extend(publish_times)
+    columns.attribute_counts.extend(counts)
+    columns.attribute_keys.extend(keys)
+    columns.attribute_values.extend(values)
 
 
 class ReplayServicer:
@@ -92,66 +228,12 @@ class ReplayServicer:
         _, sources = self._sources(request.topic)
         source = request.source
         log = self._log(sources, source)
-        start, latest = log.start_offset, log.committed_offset
-        offset = request.start_offset
-        if offset < 0:
-            raise InvalidArgument(f"start_offset: {offset} is negative")
-        if offset < start:
-            raise below_range(offset, start, latest)
-        if offset > latest:
-            raise OutOfRange(
-                f"offset {offset} is above the latest position {latest} (retained range "
-                f"[{start}, {latest}))"
-            )
-        end = request.end_offset or latest
-        if end < 0:
-            raise InvalidArgument(f"end_offset: {end} is negative")
-        end = min(end, latest)
-        max_messages = request.max_messages or DEFAULT_READ_MESSAGES
-        max_bytes = request.max_bytes or DEFAULT_READ_BYTES
-        if max_messages < 0 or max_bytes < 0:
-            raise InvalidArgument("max_messages, max_bytes: must not be negative")
-        max_messages = min(max_messages, MAX_READ_MESSAGES)
-        max_bytes = min(max_bytes, MAX_READ_BYTES)
-        out = r.ReadResponse()
-        taken = size = 0
-        next_offset = offset
-        full = False
-        # Synchronous from here on: no trim can run between the range check and the reads.
-        while not full and next_offset < end:
-            try:
-                entries = log.read(next_offset, max_entries=max_messages, max_bytes=max_bytes)
-            except OffsetOutOfRange as e:
-                raise below_range(next_offset, e.start, e.end) from None
-            if not entries:
-                break
-            for entry in entries:
-                decoded = sources.decoded(source, entry)
-                seconds, micros = divmod(entry.publish_time_us, 1_000_000)
-                for j, m in enumerate(decoded.parsed):
-                    at = entry.base_offset + j
-                    if at < next_offset:
-                        continue
-                    n = len(decoded.messages[j])
-                    if at >= end or taken >= max_messages or (taken and size + n > max_bytes):
-                        full = True
-                        break
-                    msg = out.messages.add(
-                        offset=at,
-                        message_id=ids.message_id(source, at),
-                        data=m.data,
-                        ordering_key=m.ordering_key,
-                    )
-                    if m.attributes:
-                        msg.attributes.update(m.attributes)
-                    msg.publish_time.seconds = seconds
-                    msg.publish_time.nanos = micros * 1000
-                    taken += 1
-                    size += n
-                    next_offset = at + 1
-                if full:
-                    break
-        out.next_offset = next_offset
+        rows, next_offset = _page(sources, source, log, request)
+        out = r.ReadResponse(next_offset=next_offset)
+        if request.columnar:
+            _fill_columns(out.columns, rows)
+        else:
+            _fill_messages(out.messages, source, rows)
         return out
 
     def _cursor(self, rec: CursorRecord) -> Any:

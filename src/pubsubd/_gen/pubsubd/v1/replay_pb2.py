@@ -16,7 +16,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pubsubd/v1/replay.proto\x12\npubsubd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"&\n\x15GetTopicRangesRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"M\n\x0bSourceRange\x12\x0e\n\x06source\x18\x01 \x01(\x05\x12\x17\n\x0f\x65\x61rliest_offset\x18\x02 \x01(\x03\x12\x15\n\rlatest_offset\x18\x03 \x01(\x03\"B\n\x16GetTopicRangesResponse\x12(\n\x07sources\x18\x01 \x03(\x0b\x32\x17.pubsubd.v1.SourceRange\"O\n\x14LookupOffsetsRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x88\x01\n\x15LookupOffsetsResponse\x12?\n\x07offsets\x18\x01 \x03(\x0b\x32..pubsubd.v1.LookupOffsetsResponse.OffsetsEntry\x1a.\n\x0cOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x7f\n\x0bReadRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\x05\x12\x14\n\x0cstart_offset\x18\x03 \x01(\x03\x12\x12\n\nend_offset\x18\x04 \x01(\x03\x12\x14\n\x0cmax_messages\x18\x05 \x01(\x05\x12\x11\n\tmax_bytes\x18\x06 \x01(\x03\"\xfb\x01\n\rReplayMessage\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x12\n\nmessage_id\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12=\n\nattributes\x18\x04 \x03(\x0b\x32).pubsubd.v1.ReplayMessage.AttributesEntry\x12\x14\n\x0cordering_key\x18\x05 \x01(\t\x12\x30\n\x0cpublish_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"P\n\x0cReadResponse\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.pubsubd.v1.ReplayMessage\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x03\"/\n\x10GetCursorRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\xb8\x01\n\x06\x43ursor\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x30\n\x07offsets\x18\x03 \x03(\x0b\x32\x1f.pubsubd.v1.Cursor.OffsetsEntry\x12/\n\x0b\x63ommit_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a.\n\x0cOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xa1\x01\n\x13\x43ommitCursorRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12=\n\x07offsets\x18\x03 \x03(\x0b\x32,.pubsubd.v1.CommitCursorRequest.OffsetsEntry\x1a.\n\x0cOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xc3\x01\n\x13\x44\x65\x64uplicatedMessage\x12\x10\n\x08\x64\x65\x64up_id\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x43\n\nattributes\x18\x03 \x03(\x0b\x32/.pubsubd.v1.DeduplicatedMessage.AttributesEntry\x12\x14\n\x0cordering_key\x18\x04 \x01(\t\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"^\n\x1aPublishDeduplicatedRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x31\n\x08messages\x18\x02 \x03(\x0b\x32\x1f.pubsubd.v1.DeduplicatedMessage\"F\n\x1bPublishDeduplicatedResponse\x12\x13\n\x0bmessage_ids\x18\x01 \x03(\t\x12\x12\n\nduplicates\x18\x02 \x01(\x05\"#\n\x12ListCursorsRequest\x12\r\n\x05topic\x18\x01 \x01(\t\":\n\x13ListCursorsResponse\x12#\n\x07\x63ursors\x18\x01 \x03(\x0b\x32\x12.pubsubd.v1.Cursor\"2\n\x13\x44\x65leteCursorRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\x16\n\x14\x44\x65leteCursorResponse2\x81\x05\n\x06Replay\x12W\n\x0eGetTopicRanges\x12!.pubsubd.v1.GetTopicRangesRequest\x1a\".pubsubd.v1.GetTopicRangesResponse\x12T\n\rLookupOffsets\x12 .pubsubd.v1.LookupOffsetsRequest\x1a!.pubsubd.v1.LookupOffsetsResponse\x12\x39\n\x04Read\x12\x17.pubsubd.v1.ReadRequest\x1a\x18.pubsubd.v1.ReadResponse\x12=\n\tGetCursor\x12\x1c.pubsubd.v1.GetCursorRequest\x1a\x12.pubsubd.v1.Cursor\x12\x43\n\x0c\x43ommitCursor\x12\x1f.pubsubd.v1.CommitCursorRequest\x1a\x12.pubsubd.v1.Cursor\x12\x66\n\x13PublishDeduplicated\x12&.pubsubd.v1.PublishDeduplicatedRequest\x1a\'.pubsubd.v1.PublishDeduplicatedResponse\x12N\n\x0bListCursors\x12\x1e.pubsubd.v1.ListCursorsRequest\x1a\x1f.pubsubd.v1.ListCursorsResponse\x12Q\n\x0c\x44\x65leteCursor\x12\x1f.pubsubd.v1.DeleteCursorRequest\x1a .pubsubd.v1.DeleteCursorResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pubsubd/v1/replay.proto\x12\npubsubd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"&\n\x15GetTopicRangesRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"M\n\x0bSourceRange\x12\x0e\n\x06source\x18\x01 \x01(\x05\x12\x17\n\x0f\x65\x61rliest_offset\x18\x02 \x01(\x03\x12\x15\n\rlatest_offset\x18\x03 \x01(\x03\"B\n\x16GetTopicRangesResponse\x12(\n\x07sources\x18\x01 \x03(\x0b\x32\x17.pubsubd.v1.SourceRange\"O\n\x14LookupOffsetsRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x88\x01\n\x15LookupOffsetsResponse\x12?\n\x07offsets\x18\x01 \x03(\x0b\x32..pubsubd.v1.LookupOffsetsResponse.OffsetsEntry\x1a.\n\x0cOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x91\x01\n\x0bReadRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\x05\x12\x14\n\x0cstart_offset\x18\x03 \x01(\x03\x12\x12\n\nend_offset\x18\x04 \x01(\x03\x12\x14\n\x0cmax_messages\x18\x05 \x01(\x05\x12\x11\n\tmax_bytes\x18\x06 \x01(\x03\x12\x10\n\x08\x63olumnar\x18\x07 \x01(\x08\"\xfb\x01\n\rReplayMessage\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x12\n\nmessage_id\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12=\n\nattributes\x18\x04 \x03(\x0b\x32).pubsubd.v1.ReplayMessage.AttributesEntry\x12\x14\n\x0cordering_key\x18\x05 \x01(\t\x12\x30\n\x0cpublish_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa8\x01\n\x0bReadColumns\x12\x0f\n\x07offsets\x18\x01 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x02 \x03(\x0c\x12\x15\n\rordering_keys\x18\x03 \x03(\t\x12\x17\n\x0fpublish_time_us\x18\x04 \x03(\x03\x12\x18\n\x10\x61ttribute_counts\x18\x05 \x03(\x05\x12\x16\n\x0e\x61ttribute_keys\x18\x06 \x03(\t\x12\x18\n\x10\x61ttribute_values\x18\x07 \x03(\t\"z\n\x0cReadResponse\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.pubsubd.v1.ReplayMessage\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x03\x12(\n\x07\x63olumns\x18\x03 \x01(\x0b\x32\x17.pubsubd.v1.ReadColumns\"/\n\x10GetCursorRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\xb8\x01\n\x06\x43ursor\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x30\n\x07offsets\x18\x03 \x03(\x0b\x32\x1f.pubsubd.v1.Cursor.OffsetsEntry\x12/\n\x0b\x63ommit_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a.\n\x0cOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xa1\x01\n\x13\x43ommitCursorRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12=\n\x07offsets\x18\x03 \x03(\x0b\x32,.pubsubd.v1.CommitCursorRequest.OffsetsEntry\x1a.\n\x0cOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xc3\x01\n\x13\x44\x65\x64uplicatedMessage\x12\x10\n\x08\x64\x65\x64up_id\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x43\n\nattributes\x18\x03 \x03(\x0b\x32/.pubsubd.v1.DeduplicatedMessage.AttributesEntry\x12\x14\n\x0cordering_key\x18\x04 \x01(\t\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"^\n\x1aPublishDeduplicatedRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x31\n\x08messages\x18\x02 \x03(\x0b\x32\x1f.pubsubd.v1.DeduplicatedMessage\"F\n\x1bPublishDeduplicatedResponse\x12\x13\n\x0bmessage_ids\x18\x01 \x03(\t\x12\x12\n\nduplicates\x18\x02 \x01(\x05\"#\n\x12ListCursorsRequest\x12\r\n\x05topic\x18\x01 \x01(\t\":\n\x13ListCursorsResponse\x12#\n\x07\x63ursors\x18\x01 \x03(\x0b\x32\x12.pubsubd.v1.Cursor\"2\n\x13\x44\x65leteCursorRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\x16\n\x14\x44\x65leteCursorResponse2\x81\x05\n\x06Replay\x12W\n\x0eGetTopicRanges\x12!.pubsubd.v1.GetTopicRangesRequest\x1a\".pubsubd.v1.GetTopicRangesResponse\x12T\n\rLookupOffsets\x12 .pubsubd.v1.LookupOffsetsRequest\x1a!.pubsubd.v1.LookupOffsetsResponse\x12\x39\n\x04Read\x12\x17.pubsubd.v1.ReadRequest\x1a\x18.pubsubd.v1.ReadResponse\x12=\n\tGetCursor\x12\x1c.pubsubd.v1.GetCursorRequest\x1a\x12.pubsubd.v1.Cursor\x12\x43\n\x0c\x43ommitCursor\x12\x1f.pubsubd.v1.CommitCursorRequest\x1a\x12.pubsubd.v1.Cursor\x12\x66\n\x13PublishDeduplicated\x12&.pubsubd.v1.PublishDeduplicatedRequest\x1a\'.pubsubd.v1.PublishDeduplicatedResponse\x12N\n\x0bListCursors\x12\x1e.pubsubd.v1.ListCursorsRequest\x1a\x1f.pubsubd.v1.ListCursorsResponse\x12Q\n\x0c\x44\x65leteCursor\x12\x1f.pubsubd.v1.DeleteCursorRequest\x1a .pubsubd.v1.DeleteCursorResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,40 +45,42 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LOOKUPOFFSETSRESPONSE']._serialized_end=477
   _globals['_LOOKUPOFFSETSRESPONSE_OFFSETSENTRY']._serialized_start=431
   _globals['_LOOKUPOFFSETSRESPONSE_OFFSETSENTRY']._serialized_end=477
-  _globals['_READREQUEST']._serialized_start=479
-  _globals['_READREQUEST']._serialized_end=606
-  _globals['_REPLAYMESSAGE']._serialized_start=609
-  _globals['_REPLAYMESSAGE']._serialized_end=860
-  _globals['_REPLAYMESSAGE_ATTRIBUTESENTRY']._serialized_start=811
-  _globals['_REPLAYMESSAGE_ATTRIBUTESENTRY']._serialized_end=860
-  _globals['_READRESPONSE']._serialized_start=862
-  _globals['_READRESPONSE']._serialized_end=942
-  _globals['_GETCURSORREQUEST']._serialized_start=944
-  _globals['_GETCURSORREQUEST']._serialized_end=991
-  _globals['_CURSOR']._serialized_start=994
-  _globals['_CURSOR']._serialized_end=1178
+  _globals['_READREQUEST']._serialized_start=480
+  _globals['_READREQUEST']._serialized_end=625
+  _globals['_REPLAYMESSAGE']._serialized_start=628
+  _globals['_REPLAYMESSAGE']._serialized_end=879
+  _globals['_REPLAYMESSAGE_ATTRIBUTESENTRY']._serialized_start=830
+  _globals['_REPLAYMESSAGE_ATTRIBUTESENTRY']._serialized_end=879
+  _globals['_READCOLUMNS']._serialized_start=882
+  _globals['_READCOLUMNS']._serialized_end=1050
+  _globals['_READRESPONSE']._serialized_start=1052
+  _globals['_READRESPONSE']._serialized_end=1174
+  _globals['_GETCURSORREQUEST']._serialized_start=1176
+  _globals['_GETCURSORREQUEST']._serialized_end=1223
+  _globals['_CURSOR']._serialized_start=1226
+  _globals['_CURSOR']._serialized_end=1410
   _globals['_CURSOR_OFFSETSENTRY']._serialized_start=431
   _globals['_CURSOR_OFFSETSENTRY']._serialized_end=477
-  _globals['_COMMITCURSORREQUEST']._serialized_start=1181
-  _globals['_COMMITCURSORREQUEST']._serialized_end=1342
+  _globals['_COMMITCURSORREQUEST']._serialized_start=1413
+  _globals['_COMMITCURSORREQUEST']._serialized_end=1574
   _globals['_COMMITCURSORREQUEST_OFFSETSENTRY']._serialized_start=431
   _globals['_COMMITCURSORREQUEST_OFFSETSENTRY']._serialized_end=477
-  _globals['_DEDUPLICATEDMESSAGE']._serialized_start=1345
-  _globals['_DEDUPLICATEDMESSAGE']._serialized_end=1540
-  _globals['_DEDUPLICATEDMESSAGE_ATTRIBUTESENTRY']._serialized_start=811
-  _globals['_DEDUPLICATEDMESSAGE_ATTRIBUTESENTRY']._serialized_end=860
-  _globals['_PUBLISHDEDUPLICATEDREQUEST']._serialized_start=1542
-  _globals['_PUBLISHDEDUPLICATEDREQUEST']._serialized_end=1636
-  _globals['_PUBLISHDEDUPLICATEDRESPONSE']._serialized_start=1638
-  _globals['_PUBLISHDEDUPLICATEDRESPONSE']._serialized_end=1708
-  _globals['_LISTCURSORSREQUEST']._serialized_start=1710
-  _globals['_LISTCURSORSREQUEST']._serialized_end=1745
-  _globals['_LISTCURSORSRESPONSE']._serialized_start=1747
-  _globals['_LISTCURSORSRESPONSE']._serialized_end=1805
-  _globals['_DELETECURSORREQUEST']._serialized_start=1807
-  _globals['_DELETECURSORREQUEST']._serialized_end=1857
-  _globals['_DELETECURSORRESPONSE']._serialized_start=1859
-  _globals['_DELETECURSORRESPONSE']._serialized_end=1881
-  _globals['_REPLAY']._serialized_start=1884
-  _globals['_REPLAY']._serialized_end=2525
+  _globals['_DEDUPLICATEDMESSAGE']._serialized_start=1577
+  _globals['_DEDUPLICATEDMESSAGE']._serialized_end=1772
+  _globals['_DEDUPLICATEDMESSAGE_ATTRIBUTESENTRY']._serialized_start=830
+  _globals['_DEDUPLICATEDMESSAGE_ATTRIBUTESENTRY']._serialized_end=879
+  _globals['_PUBLISHDEDUPLICATEDREQUEST']._serialized_start=1774
+  _globals['_PUBLISHDEDUPLICATEDREQUEST']._serialized_end=1868
+  _globals['_PUBLISHDEDUPLICATEDRESPONSE']._serialized_start=1870
+  _globals['_PUBLISHDEDUPLICATEDRESPONSE']._serialized_end=1940
+  _globals['_LISTCURSORSREQUEST']._serialized_start=1942
+  _globals['_LISTCURSORSREQUEST']._serialized_end=1977
+  _globals['_LISTCURSORSRESPONSE']._serialized_start=1979
+  _globals['_LISTCURSORSRESPONSE']._serialized_end=2037
+  _globals['_DELETECURSORREQUEST']._serialized_start=2039
+  _globals['_DELETECURSORREQUEST']._serialized_end=2089
+  _globals['_DELETECURSORRESPONSE']._serialized_start=2091
+  _globals['_DELETECURSORRESPONSE']._serialized_end=2113
+  _globals['_REPLAY']._serialized_start=2116
+  _globals['_REPLAY']._serialized_end=2757
 # @@protoc_insertion_point(module_scope)

@@ -53,20 +53,22 @@ class LookupOffsetsResponse(_message.Message):
     def __init__(self, offsets: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class ReadRequest(_message.Message):
-    __slots__ = ("topic", "source", "start_offset", "end_offset", "max_messages", "max_bytes")
+    __slots__ = ("topic", "source", "start_offset", "end_offset", "max_messages", "max_bytes", "columnar")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     END_OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COLUMNAR_FIELD_NUMBER: _ClassVar[int]
     topic: str
     source: int
     start_offset: int
     end_offset: int
     max_messages: int
     max_bytes: int
-    def __init__(self, topic: _Optional[str] = ..., source: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+    columnar: bool
+    def __init__(self, topic: _Optional[str] = ..., source: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_bytes: _Optional[int] = ..., columnar: _Optional[bool] = ...) -> None: ...
 
 class ReplayMessage(_message.Message):
     __slots__ = ("offset", "message_id", "data", "attributes", "ordering_key", "publish_time")
@@ -91,13 +93,33 @@ class ReplayMessage(_message.Message):
     publish_time: _timestamp_pb2.Timestamp
     def __init__(self, offset: _Optional[int] = ..., message_id: _Optional[str] = ..., data: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, str]] = ..., ordering_key: _Optional[str] = ..., publish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
+class ReadColumns(_message.Message):
+    __slots__ = ("offsets", "data", "ordering_keys", "publish_time_us", "attribute_counts", "attribute_keys", "attribute_values")
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    ORDERING_KEYS_FIELD_NUMBER: _ClassVar[int]
+    PUBLISH_TIME_US_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTE_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTE_KEYS_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTE_VALUES_FIELD_NUMBER: _ClassVar[int]
+    offsets: _containers.RepeatedScalarFieldContainer[int]
+    data: _containers.RepeatedScalarFieldContainer[bytes]
+    ordering_keys: _containers.RepeatedScalarFieldContainer[str]
+    publish_time_us: _containers.RepeatedScalarFieldContainer[int]
+    attribute_counts: _containers.RepeatedScalarFieldContainer[int]
+    attribute_keys: _containers.RepeatedScalarFieldContainer[str]
+    attribute_values: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, offsets: _Optional[_Iterable[int]] = ..., data: _Optional[_Iterable[bytes]] = ..., ordering_keys: _Optional[_Iterable[str]] = ..., publish_time_us: _Optional[_Iterable[int]] = ..., attribute_counts: _Optional[_Iterable[int]] = ..., attribute_keys: _Optional[_Iterable[str]] = ..., attribute_values: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class ReadResponse(_message.Message):
-    __slots__ = ("messages", "next_offset")
+    __slots__ = ("messages", "next_offset", "columns")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[ReplayMessage]
     next_offset: int
-    def __init__(self, messages: _Optional[_Iterable[_Union[ReplayMessage, _Mapping]]] = ..., next_offset: _Optional[int] = ...) -> None: ...
+    columns: ReadColumns
+    def __init__(self, messages: _Optional[_Iterable[_Union[ReplayMessage, _Mapping]]] = ..., next_offset: _Optional[int] = ..., columns: _Optional[_Union[ReadColumns, _Mapping]] = ...) -> None: ...
 
 class GetCursorRequest(_message.Message):
     __slots__ = ("topic", "name")
