@@ -7,7 +7,7 @@ one warm-up run that is not reported:
 
 * ``raw read``: the replay API's paged ``Read`` in the columnar form the connector reads
   (``ReadRequest.columnar``), from the Python client it uses
-  (``pubsubd.spark.client.ReplayClient.read_columns``, pages of ``fetchSize`` = 1000), one
+  (``pubsubd.spark.client.ReplayClient.read_columns``, pages of ``fetchSize`` = 5000), one
   thread;
 * ``raw read + Arrow``: the same plus the connector's conversion of each page to an Arrow
   RecordBatch (``source.columns_to_record_batch``), i.e. what one Spark task does minus Spark;
@@ -53,7 +53,7 @@ from bench.workloads import CHANNEL_OPTIONS, machine_busy_s, process_cpu_s, raw_
 
 PROJECT = "bench"
 CREATE_TOPIC = f"/{pb.PUBLISHER}/CreateTopic"
-FETCH_SIZE = 1000  # the source's default fetchSize
+FETCH_SIZE = 5000  # the source's default fetchSize
 PUBLISH_BATCH = 1000  # the sink's default publishBatchSize
 
 

@@ -146,7 +146,7 @@ def test_options_case_insensitive_and_defaults() -> None:
     assert opts.topic == T
     assert opts.max_offsets_per_trigger == 10
     assert opts.fail_on_data_loss is True
-    assert opts.fetch_size == 1000
+    assert opts.fetch_size == 5000
 
 
 def test_options_errors() -> None:

@@ -16,6 +16,10 @@ from typing import Any
 
 from pubsubd.spark.client import resolve_endpoint
 
+# Rows per replay Read call. Each call costs ~0.5 ms of server CPU whatever its size (gRPC), so
+# pages of 5000 spend 0.1 µs per row on it; the server caps a page at 10,000 rows and 16 MB.
+DEFAULT_FETCH_SIZE = 5000
+
 
 class OptionError(ValueError):
     """An invalid or missing option of the pubsubd data source."""
@@ -126,7 +130,7 @@ class SourceOptions:
             min_partitions=_int(options, "minPartitions"),
             max_offsets_per_partition=_int(options, "maxOffsetsPerPartition"),
             fail_on_data_loss=_bool(options, "failOnDataLoss", True),
-            fetch_size=_int(options, "fetchSize") or 1000,
+            fetch_size=_int(options, "fetchSize") or DEFAULT_FETCH_SIZE,
         )
 
 
