@@ -187,6 +187,55 @@ def test_subscription_outstanding_cap_pauses_dispatch(
         b.close()
 
 
+def test_consumer_outstanding_cap_applies_to_each_stream(
+    shared_server: ServerProcess, names: Any
+) -> None:
+    pub, _, topic, name = _setup(
+        shared_server, names, pubsubd_consumer_max_outstanding_messages="2"
+    )
+    for i in range(10):
+        pub.publish(topic, f"m{i}".encode()).result(timeout=30)
+    a = _stream(shared_server, name, "a", 100)
+    b = _stream(shared_server, name, "b", 100)
+    try:
+        got_a, got_b = a.receive_within(1.5), b.receive_within(0.5)
+        assert (len(got_a), len(got_b)) == (2, 2)  # each stream at its own cap, not 10
+        _ack(a, got_a)
+        assert len(a.receive_within(1.5)) == 2 and b.receive_within(0.5) == []
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize(
+    ("label", "each_stream"),
+    [("pubsubd_max_outstanding_bytes", False), ("pubsubd_consumer_max_outstanding_bytes", True)],
+)
+def test_byte_caps_pause_dispatch(
+    shared_server: ServerProcess, names: Any, label: str, each_stream: bool
+) -> None:
+    """1000-byte messages and a 2500-byte cap: dispatch pauses once the outstanding bytes reach
+    the cap, so the third message (the one that crosses it) is the last to go."""
+    pub, _, topic, name = _setup(shared_server, names, **{label: "2500"})
+    for i in range(10):
+        pub.publish(topic, f"{i}".encode() * 1000).result(timeout=30)
+    a = _stream(shared_server, name, "a", 100)
+    try:
+        got = a.receive_within(1.5)
+        assert len(got) == 3
+        b = _stream(shared_server, name, "b", 100)
+        try:
+            # Per consumer, a second stream has its own 2500 bytes; per subscription the cap
+            # is already reached.
+            assert len(b.receive_within(1.5)) == (3 if each_stream else 0)
+        finally:
+            b.close()
+        _ack(a, got)
+        assert len(a.receive_within(1.5)) >= 1
+    finally:
+        a.close()
+
+
 def test_delayed_delivery_by_attribute(server: ServerProcess, names: Any) -> None:
     pub, sub, topic, name = _setup(server, names)
     at = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=3)).isoformat().replace("+00:00", "Z")

@@ -20,11 +20,16 @@ def test_queue_settings_defaults_and_values() -> None:
             "pubsubd-subscription-type": "failover",
             "pubsubd-nack-delay-seconds": "30",
             "pubsubd-max-outstanding-messages": "100",
+            "pubsubd-max-outstanding-bytes": "1000000",
+            "pubsubd-consumer-max-outstanding-messages": "10",
+            "pubsubd-consumer-max-outstanding-bytes": "65536",
             "team": "payments",  # ordinary labels are left alone
         }
     )
     assert s.type is SubscriptionType.FAILOVER
     assert s.nack_delay_s == 30 and s.max_outstanding_messages == 100
+    assert s.max_outstanding_bytes == 1_000_000 and s.consumer_max_outstanding_messages == 10
+    assert s.consumer_max_outstanding_bytes == 65536
 
 
 @pytest.mark.parametrize(
@@ -34,6 +39,8 @@ def test_queue_settings_defaults_and_values() -> None:
         {"pubsubd-nack-delay-seconds": "601"},
         {"pubsubd-max-outstanding-messages": "0"},
         {"pubsubd-max-outstanding-bytes": "-1"},
+        {"pubsubd-consumer-max-outstanding-bytes": "0"},
+        {"pubsubd-consumer-max-outstanding-messages": "lots"},
         {"pubsubd-typo": "1"},
     ],
 )

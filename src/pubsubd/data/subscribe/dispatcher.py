@@ -252,6 +252,12 @@ class SubscriptionDispatcher:
             )
         if settings.max_outstanding_messages:
             max_msgs = min(max_msgs, settings.max_outstanding_messages - len(self.leases))
+        # Byte caps: nothing once reached; below one, at least one message (it may cross it).
+        if settings.consumer_max_outstanding_bytes:
+            left = settings.consumer_max_outstanding_bytes - consumer.outstanding_bytes
+            if left <= 0:
+                return 0, 0
+            max_bytes = min(max_bytes, left)
         if settings.max_outstanding_bytes:
             left = settings.max_outstanding_bytes - self._outstanding_bytes
             if left <= 0:

@@ -11,6 +11,7 @@ digits, ``-`` and ``_``):
 | pubsubd-max-outstanding-messages            | cap on delivered, unacked messages       |
 | pubsubd-max-outstanding-bytes               | the same cap in bytes                    |
 | pubsubd-consumer-max-outstanding-messages   | cap per consumer (stream or Pull)        |
+| pubsubd-consumer-max-outstanding-bytes      | the same per-consumer cap in bytes       |
 | pubsubd-backlog-quota-*, pubsubd-backlog-policy | backlog quota (control/quotas.py)    |
 
 Subscription types: *shared* hands each message to one consumer, round-robin, message by
@@ -42,6 +43,7 @@ NACK_DELAY_LABEL = "pubsubd-nack-delay-seconds"
 MAX_OUTSTANDING_MESSAGES_LABEL = "pubsubd-max-outstanding-messages"
 MAX_OUTSTANDING_BYTES_LABEL = "pubsubd-max-outstanding-bytes"
 CONSUMER_MAX_OUTSTANDING_LABEL = "pubsubd-consumer-max-outstanding-messages"
+CONSUMER_MAX_OUTSTANDING_BYTES_LABEL = "pubsubd-consumer-max-outstanding-bytes"
 KNOWN = frozenset(
     {
         TYPE_LABEL,
@@ -49,6 +51,7 @@ KNOWN = frozenset(
         MAX_OUTSTANDING_MESSAGES_LABEL,
         MAX_OUTSTANDING_BYTES_LABEL,
         CONSUMER_MAX_OUTSTANDING_LABEL,
+        CONSUMER_MAX_OUTSTANDING_BYTES_LABEL,
     }
     | quotas.LABELS
 )
@@ -69,6 +72,7 @@ class QueueSettings:
     max_outstanding_messages: int = 0  # 0 = no cap
     max_outstanding_bytes: int = 0
     consumer_max_outstanding_messages: int = 0
+    consumer_max_outstanding_bytes: int = 0
     quota: quotas.BacklogQuota | None = None  # the subscription's own backlog quota, if any
 
 
@@ -110,5 +114,6 @@ def parse(labels: Mapping[str, str]) -> QueueSettings:
         max_outstanding_messages=_int(labels, MAX_OUTSTANDING_MESSAGES_LABEL, 1, big),
         max_outstanding_bytes=_int(labels, MAX_OUTSTANDING_BYTES_LABEL, 1, big),
         consumer_max_outstanding_messages=_int(labels, CONSUMER_MAX_OUTSTANDING_LABEL, 1, big),
+        consumer_max_outstanding_bytes=_int(labels, CONSUMER_MAX_OUTSTANDING_BYTES_LABEL, 1, big),
         quota=quotas.parse(labels),
     )
