@@ -19,16 +19,23 @@ TOPIC = "projects/crash/topics/dedup"
 SUB = "projects/crash/subscriptions/dedup-sub"
 
 
-def _batches(n: int, size: int) -> list[list[dict[str, object]]]:
+def _batches(n: int, size: int, runs: bool) -> list[list[dict[str, object]]]:
+    # runs: the Spark sink's "query:batch:partition:row" IDs, kept by the window as runs
+    def dedup_id(b: int, i: int) -> str:
+        return f"query:{b}:0:{i}" if runs else f"id-{b}-{i}"
+
     return [
-        [{"dedup_id": f"id-{b}-{i}", "data": bytes(200) + f"{b}-{i}".encode()} for i in range(size)]
+        [
+            {"dedup_id": dedup_id(b, i), "data": bytes(200) + f"{b}-{i}".encode()}
+            for i in range(size)
+        ]
         for b in range(n)
     ]
 
 
-@pytest.mark.parametrize("ack_and_trim", [False, True])
+@pytest.mark.parametrize(("ack_and_trim", "runs"), [(False, False), (True, False), (True, True)])
 def test_dedup_window_survives_kill9(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ack_and_trim: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ack_and_trim: bool, runs: bool
 ) -> None:
     monkeypatch.setenv("PUBSUBD_SEGMENT_BYTES", "4096")
     server = ServerProcess(tmp_path / "data").start()
@@ -37,7 +44,7 @@ def test_dedup_window_survives_kill9(
         replay = ReplayClient(server.endpoint)
         make_publisher(server.endpoint).create_topic(name=TOPIC)
         sub.create_subscription(name=SUB, topic=TOPIC)
-        batches = _batches(30, 10)
+        batches = _batches(30, 10, runs)
         original = [
             list(replay.PublishDeduplicated(topic=TOPIC, messages=b).message_ids) for b in batches
         ]
