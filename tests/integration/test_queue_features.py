@@ -304,6 +304,38 @@ def test_backlog_quota_blocks_publishers(shared_server: ServerProcess, names: An
     gapic.publish(request={"topic": topic, "messages": [{"data": b"fits"}]}, timeout=10)
 
 
+def test_backlog_byte_quota_counts_the_unacked_messages_bytes(
+    shared_server: ServerProcess, names: Any
+) -> None:
+    """20,000 bytes: ten unacked 2,000-byte messages reach it, however many small acked messages
+    sit in the log before them (an average over the whole log would let far more through)."""
+    pub, sub = make_publisher(shared_server.endpoint), make_subscriber(shared_server.endpoint)
+    topic, name = names.topic(), names.subscription()
+    pub.create_topic(request={"name": topic, "labels": {"pubsubd-backlog-quota-bytes": "20000"}})
+    sub.create_subscription(name=name, topic=topic)
+    gapic = gapic_publisher(shared_server.endpoint)
+    small = [{"data": b"s"} for _ in range(1000)]
+    for _ in range(3):  # 3,000 small messages, all acked: they stay in the log's segment
+        gapic.publish(request={"topic": topic, "messages": small}, timeout=10)
+    acked = 0
+    while acked < 3000:
+        resp = sub.pull(subscription=name, max_messages=1000, timeout=10)
+        sub.acknowledge(subscription=name, ack_ids=[m.ack_id for m in resp.received_messages])
+        acked += len(resp.received_messages)
+    wait_for(lambda: sub_status(shared_server, name)["backlog"] == 0, 10, "acks applied")
+    accepted = 0
+    with pytest.raises(exceptions.ResourceExhausted) as e:
+        for _ in range(50):
+            gapic.publish(
+                request={"topic": topic, "messages": [{"data": bytes(2000)}]},
+                retry=None,
+                timeout=10,
+            )
+            accepted += 1
+    assert accepted == 10  # the 11th would start above 20,000 bytes (each is 2,000 + framing)
+    assert "pubsubd-backlog-quota-bytes" in str(e.value)
+
+
 def test_backlog_quota_evicts_oldest(shared_server: ServerProcess, names: Any) -> None:
     pub, sub = make_publisher(shared_server.endpoint), make_subscriber(shared_server.endpoint)
     topic, name = names.topic(), names.subscription()

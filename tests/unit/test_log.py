@@ -336,3 +336,26 @@ async def test_idle_log_releases_its_files_and_reopens_them(
     reopened = SourceLog.open(tmp_path)
     assert len(_read_all(reopened)) == 8
     await reopened.close()
+
+
+async def test_stored_bytes_share_an_entrys_bytes_among_its_messages(tmp_path: Path) -> None:
+    log = SourceLog.open(tmp_path, segment_bytes=200)
+    await log.append(b"a" * 10, 1, 10)  # offset 0
+    await log.append(b"b" * 100, 4, 11)  # offsets 1-4
+    await log.append(b"c" * 50, 2, 12)  # offsets 5-6
+    await log.append(b"d" * 80, 1, 13)  # offset 7, probably in a second segment
+    frames = [len(encode_entry(e)) for e in _read_all(log)]
+    assert log.stats()["segments"] > 1
+    assert log.stored_bytes(0, 8) == pytest.approx(sum(frames)) == log.stats()["bytes"]
+    assert log.stored_bytes(1, 5) == pytest.approx(frames[1])
+    assert log.stored_bytes(2, 4) == pytest.approx(frames[1] / 2)  # 2 of its 4 messages
+    assert log.stored_bytes(4, 6) == pytest.approx(frames[1] / 4 + frames[2] / 2)
+    assert log.stored_bytes(7, 8) == pytest.approx(frames[3])  # across the segment boundary
+    assert log.stored_bytes(5, 5) == 0 and log.stored_bytes(6, 2) == 0
+    assert log.stored_bytes(7, 100) == pytest.approx(frames[3])  # nothing past the end
+    first = log.stats()["start_offset"]
+    log.trim(7)
+    assert log.start_offset > first and log.stored_bytes(0, 8) == pytest.approx(
+        log.stats()["bytes"]
+    )  # trimmed messages count nothing
+    await log.close()

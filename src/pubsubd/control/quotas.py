@@ -6,13 +6,16 @@ topic's), so any official client can set them:
 | label                                  | value                                          |
 |----------------------------------------|------------------------------------------------|
 | pubsubd-backlog-quota-messages         | max unacked messages per subscription          |
-| pubsubd-backlog-quota-bytes            | max unacked bytes (estimated: count x average) |
+| pubsubd-backlog-quota-bytes            | max unacked bytes, as stored (see below)       |
 | pubsubd-backlog-quota-age-seconds      | max age of the oldest unacked message          |
 | pubsubd-backlog-policy                 | block_publishers (default) or evict_oldest     |
 
 ``block_publishers``: Publish fails with RESOURCE_EXHAUSTED naming the subscription and quota
 while any subscription of the topic is over it. ``evict_oldest``: the oldest unacked messages
 of an over-quota subscription are acknowledged by the server until it is within the quota.
+
+Bytes are the unacked messages' stored bytes, from the log's index (``SourceLog.stored_bytes``:
+a stored batch's frame bytes shared evenly among its messages), computed by the dispatcher.
 
 Retention by size is a topic label too: ``pubsubd-retention-bytes`` (a positive whole number)
 keeps the topic's newest segments, acked or not, while they total at most that many bytes

@@ -759,6 +759,34 @@ class SourceLog:
                 return segment.offsets[bisect_left(segment.times, publish_time_us)]
         return self._committed_offset
 
+    def stored_bytes(self, start: int, stop: int) -> float:
+        """Stored bytes of the messages at offsets ``[start, stop)``, from the in-memory index
+        (no I/O): whole entries' frame bytes, an entry's shared evenly by its messages. Only
+        retained, committed entries count."""
+        if stop <= start:
+            return 0.0
+        return self._bytes_before(stop) - self._bytes_before(start)
+
+    def _bytes_before(self, offset: int) -> float:
+        self._check_readable()
+        segments = self._segments
+        offset = min(max(offset, segments[0].base), self._committed_offset)
+        seg_index = bisect_right(segments, offset, key=lambda s: s.base) - 1
+        before = float(sum(s.size for s in segments[:seg_index]))
+        segment = segments[seg_index]
+        if offset >= segment.end_offset:
+            return before + segment.size
+        index = bisect_right(segment.offsets, offset) - 1
+        if index < 0:
+            return before
+        first = segment.offsets[index]
+        after = (
+            segment.offsets[index + 1] if index + 1 < len(segment.offsets) else segment.end_offset
+        )
+        position = segment.positions[index]
+        length = segment.frame_end(index) - position
+        return before + position + length * (offset - first) / (after - first)
+
     # -- retention ---------------------------------------------------------------------
 
     def segment_sizes(self) -> list[tuple[int, int]]:

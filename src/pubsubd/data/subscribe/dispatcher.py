@@ -22,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from pubsubd.acks.cursor import CursorState
+from pubsubd.acks.cursor import Cursor, CursorState
 from pubsubd.acks.journal import AckJournal
 from pubsubd.control import quotas
 from pubsubd.core import filters, ids, wire
@@ -38,6 +38,7 @@ from pubsubd.data.subscribe.queue_settings import SubscriptionType
 from pubsubd.data.subscribe.retry import DelayQueue, backoff_s
 from pubsubd.observability import events
 from pubsubd.storage.errors import OffsetOutOfRange
+from pubsubd.storage.log import SourceLog
 
 log = logging.getLogger(__name__)
 
@@ -705,7 +706,11 @@ class SubscriptionDispatcher:
     # --- state --------------------------------------------------------------------------------
 
     def backlog_stats(self, now_us: int) -> quotas.Backlog:
-        """Unacked messages, their estimated bytes and the age of the oldest (backlog quotas)."""
+        """Unacked messages, their stored bytes and the age of the oldest (backlog quotas).
+
+        Bytes come from the log's index: the unacked range's stored bytes minus those of the
+        acked ranges above the mark-delete position (a stored batch's bytes are shared evenly
+        by its messages); past ``MAX_EXACT_ACKED_RANGES`` ranges, the rest is prorated."""
         messages = 0
         size = 0.0
         oldest_us = now_us
@@ -715,10 +720,8 @@ class SubscriptionDispatcher:
                 continue
             unacked = cursor.unacked_count(log_.end_offset)
             messages += unacked
-            stats = log_.stats()
-            retained = stats["end_offset"] - stats["start_offset"]
-            if retained > 0:
-                size += unacked * stats["bytes"] / retained
+            if unacked:
+                size += _unacked_bytes(log_, cursor, unacked)
             first = cursor.next_unacked(cursor.mark_delete)
             if first < log_.committed_offset:
                 with contextlib.suppress(OffsetOutOfRange):
@@ -780,3 +783,18 @@ class SubscriptionDispatcher:
 
 def _weight(client_id: str, key: str) -> bytes:
     return hashlib.blake2b(f"{client_id}\x00{key}".encode(), digest_size=8).digest()
+
+
+MAX_EXACT_ACKED_RANGES = 256
+
+
+def _unacked_bytes(log_: SourceLog, cursor: Cursor, unacked: int) -> float:
+    """Stored bytes of ``cursor``'s unacked messages in ``log_`` (see backlog_stats)."""
+    start, end = cursor.mark_delete, log_.end_offset
+    total = log_.stored_bytes(start, end)
+    ranges = cursor.acked_ranges()
+    if len(ranges) > MAX_EXACT_ACKED_RANGES:  # many gaps: share the range's bytes evenly
+        return total * unacked / (end - start)
+    for first, stop in ranges:
+        total -= log_.stored_bytes(first, stop)
+    return max(total, 0.0)
