@@ -121,8 +121,12 @@ async def test_commit_get_persist_and_pin(tmp_path: Path, catalog: Catalog) -> N
         cursors.load()
         assert cursors.get(again.topic(TOPIC), "q").offsets == {0: 3}
         assert again.publishing.open_topic(uid).pins[cursor_pin("q")] == {0: 3}
-        # A re-created topic is a new incarnation: no cursors.
+        # Deleting the topic drops its cursors (rows, records, gauges) at once; a re-created
+        # topic is a new incarnation: no cursors.
+        assert _lag_gauge("q") == 2
         await again.delete_topic(TOPIC)
+        assert cursors.records == {} and list(again.store.load_cursors()) == []
+        assert _lag_gauge("q") is None
         again.create_topic(pb.Topic(name=TOPIC))
         assert cursors.get(again.topic(TOPIC), "q").offsets == {}
         assert cursors.status() == {}

@@ -14,6 +14,7 @@ import bisect
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -146,6 +147,8 @@ class Catalog:
         self.snapshots: Snapshots = Snapshots(self)
         # subscription name -> time.monotonic() of its last use (expiration_policy)
         self.activity: dict[str, float] = {}
+        # Called with a deleted topic's storage uid (e.g. the replay API's cursors).
+        self.topic_deleted_listeners: list[Callable[[str], None]] = []
 
     # --- backlog quotas -------------------------------------------------------------------------
 
@@ -301,6 +304,8 @@ class Catalog:
         uid = entry.record.uid
         self._live_topic_uids.discard(uid)
         self.topics_by_uid.pop(uid, None)
+        for listener in self.topic_deleted_listeners:
+            listener(uid)
         for sub_name in self._subs_by_topic_uid.get(uid, set()):
             sub = self.subscriptions[sub_name]
             sub.subscription.topic = names.DELETED_TOPIC

@@ -92,6 +92,7 @@ class Cursors:
         self.store = catalog.store
         # (topic uid, name) -> record
         self.records: dict[tuple[str, str], CursorRecord] = {}
+        catalog.topic_deleted_listeners.append(self.forget_topic)
 
     def load(self) -> None:
         """Restore cursors of live topics and install their pins (before the first trim).
@@ -164,6 +165,13 @@ class Cursors:
         if sources is not None:
             sources.pins.pop(cursor_pin(name), None)
         metrics.CURSOR_LAG.remove(rec.topic, rec.name)
+
+    def forget_topic(self, topic_uid: str) -> None:
+        """The topic was deleted: drop its cursors (rows, records, lag gauges)."""
+        for rec in topic_cursors(self.records.values(), topic_uid):
+            self.store.delete_cursor(topic_uid, rec.name)
+            del self.records[(topic_uid, rec.name)]
+            metrics.CURSOR_LAG.remove(rec.topic, rec.name)
 
     def status(self) -> dict[str, Any]:
         """Per topic name, per cursor: committed offsets, commit time and lag."""
