@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pubsubd.storage import replication
+from pubsubd.storage import log as log_module
+from pubsubd.storage import replication, segment_index
 from pubsubd.storage.errors import CorruptEntry, LogClosed, OffsetOutOfRange, StorageError
 from pubsubd.storage.framing import Entry, encode_entry
 from pubsubd.storage.log import SEGMENT_SUFFIX, FsyncPolicy, SourceLog
@@ -18,6 +19,10 @@ pytestmark = pytest.mark.unit
 
 def _segment_files(directory: Path) -> list[Path]:
     return sorted(directory.glob(f"*{SEGMENT_SUFFIX}"))
+
+
+def _index_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob(f"*{segment_index.SUFFIX}"))
 
 
 def _read_all(log: SourceLog, offset: int | None = None) -> list[Entry]:
@@ -151,8 +156,73 @@ async def test_corruption_in_an_older_segment_is_an_error(tmp_path: Path) -> Non
     data = bytearray(first.read_bytes())
     data[20] ^= 0xFF
     first.write_bytes(bytes(data))
+    # With its index file the sealed segment is not read at start-up: the first read of the
+    # damaged entry reports it.
+    log = SourceLog.open(tmp_path)
+    with pytest.raises(CorruptEntry, match=first.name):
+        log.read(0)
+    await log.close()
+    # Without it, the start-up scan does.
+    (tmp_path / segment_index.index_file_name(0)).unlink()
     with pytest.raises(CorruptEntry, match=first.name):
         SourceLog.open(tmp_path)
+
+
+async def test_sealed_segments_reopen_from_their_index_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = SourceLog.open(tmp_path, segment_bytes=100)
+    await _fill(log, 30, count=2)
+    expected = _read_all(log)
+    await log.close()
+    segments = _segment_files(tmp_path)
+    indexes = _index_files(tmp_path)
+    assert len(segments) > 3 and [p.stem for p in indexes] == [p.stem for p in segments[:-1]]
+
+    scanned: list[int] = []
+    real_scan = log_module.scan_frames
+
+    def counting_scan(data: bytes) -> object:
+        scanned.append(len(data))
+        return real_scan(data)
+
+    monkeypatch.setattr(log_module, "scan_frames", counting_scan)
+    reopened = SourceLog.open(tmp_path, segment_bytes=100)
+    assert scanned == [segments[-1].stat().st_size]  # only the active segment was read
+    assert _read_all(reopened) == expected
+    assert reopened.publish_time_us(33) == expected[16].publish_time_us
+    assert await reopened.append(b"after", 1, 5000) == 60
+    await reopened.close()
+
+    # A damaged or stale index file only costs a scan, and is written again.
+    damaged = bytearray(indexes[1].read_bytes())
+    damaged[-1] ^= 0xFF
+    indexes[1].write_bytes(bytes(damaged))
+    indexes[2].write_bytes(indexes[3].read_bytes())  # another segment's index
+    scanned.clear()
+    again = SourceLog.open(tmp_path, segment_bytes=100)
+    assert len(scanned) == 3 and _read_all(again)[:-1] == expected
+    assert segment_index.load(tmp_path, int(segments[1].stem), segments[1].stat().st_size)
+    # Trimming deletes a segment's index file with it.
+    again.trim(int(segments[3].stem))
+    assert _index_files(tmp_path)[0].stem == segments[3].stem
+    await again.close()
+
+
+def test_segment_index_files_round_trip_and_refuse_what_does_not_match() -> None:
+    from array import array
+
+    index = segment_index.SegmentIndex(
+        40, 46, 300, array("q", [40, 43]), array("q", [0, 150]), array("q", [7, 8])
+    )
+    data = segment_index.encode(index)
+    assert segment_index.decode(data, 40) == index
+    assert segment_index.decode(data, 41) is None  # another segment's
+    assert segment_index.decode(data[:-1], 40) is None  # torn
+    assert segment_index.decode(data[:20], 40) is None
+    flipped = bytearray(data)
+    flipped[30] ^= 1
+    assert segment_index.decode(bytes(flipped), 40) is None
 
 
 async def test_trim_deletes_whole_segments_only(tmp_path: Path) -> None:

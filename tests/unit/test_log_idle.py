@@ -157,7 +157,11 @@ async def test_release_idle_closes_every_segment_and_reopens_on_demand(
     await _release_fully(log)
     assert _open_fds() == baseline
     assert log.segment_count == segments  # releasing never rolls or trims
-    assert sorted(os.listdir(tmp_path)) == [f"{s.base:020d}{SEGMENT_SUFFIX}" for s in log._segments]
+    # The segments, and the index file of every sealed one (storage/segment_index.py).
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        [f"{s.base:020d}{SEGMENT_SUFFIX}" for s in log._segments]
+        + [f"{s.base:020d}.idx" for s in log._segments[:-1]]
+    )
 
     # Reads reopen what they need; appends reopen the active segment and carry on.
     assert log.read(7, max_entries=1) == _expected(1, 7)

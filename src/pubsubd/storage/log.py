@@ -12,9 +12,10 @@ append in it (group commit). Writes go through a :class:`QuorumWriter`, today ov
 local disk only. Reads are synchronous ``pread`` calls on the local segment files, with a
 bounded in-memory cache of recent entries for fan-out to many subscriptions.
 
-Recovery (:meth:`SourceLog.open`) scans every segment, cuts a torn tail off the last one
-and rebuilds the in-memory index (three ``array('q')`` per segment: offsets, file
-positions, publish times).
+Recovery (:meth:`SourceLog.open`) rebuilds the in-memory index (three ``array('q')`` per
+segment: offsets, file positions, publish times): a sealed segment's from the index file
+written when the log rolled past it (:mod:`pubsubd.storage.segment_index`), if it checks out,
+else by scanning the segment; the last segment is always scanned and a torn tail cut off it.
 
 Many logs, few files: a log whose directory does not exist yet is empty at offset 0 and
 creates its directory and first segment (fsyncing each new directory entry) before its
@@ -37,6 +38,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pubsubd.storage import segment_index
 from pubsubd.storage.errors import CorruptEntry, LogClosed, OffsetOutOfRange, StorageError
 from pubsubd.storage.framing import (
     FRAME_OVERHEAD,
@@ -173,6 +175,21 @@ def _recover(directory: Path) -> list[_Segment]:
     for k, base in enumerate(bases):
         is_last = k == len(bases) - 1
         path = directory / segment_file_name(base)
+        if not is_last:  # sealed: its index file spares the scan (storage/segment_index.py)
+            index = segment_index.load(directory, base, path.stat().st_size)
+            if index is not None and (not segments or base == segments[-1].end_offset):
+                segments.append(
+                    _Segment(
+                        base,
+                        path,
+                        offsets=index.offsets,
+                        positions=index.positions,
+                        times=index.times,
+                        size=index.size,
+                        end_offset=index.end_offset,
+                    )
+                )
+                continue
         data = path.read_bytes()
         scan = scan_frames(data)
         if scan.problem is not None and not is_last:
@@ -205,7 +222,20 @@ def _recover(directory: Path) -> list[_Segment]:
             finally:
                 os.close(fd)
         segments.append(segment)
+        if not is_last:
+            segment_index.write(directory, _index_of(segment))
     return segments
+
+
+def _index_of(segment: _Segment) -> segment_index.SegmentIndex:
+    return segment_index.SegmentIndex(
+        segment.base,
+        segment.end_offset,
+        segment.size,
+        segment.offsets,
+        segment.positions,
+        segment.times,
+    )
 
 
 def _create_log_files(directory: Path, first_segment: Path) -> None:
@@ -539,6 +569,9 @@ class SourceLog:
                 self._fsyncs += 1
                 self._dirty = False
             self._segments.append(_Segment(new_base, self._directory / segment_file_name(new_base)))
+            # The sealed segment never changes again: save its index for the next start-up.
+            sealed = _index_of(self._segments[-2])
+            await asyncio.to_thread(segment_index.write, self._directory, sealed)
 
     async def _sync(self) -> None:
         assert self._segment_lock is not None
@@ -805,6 +838,7 @@ class SourceLog:
             if fd is not None:
                 os.close(fd)
             self._writer.delete_segment(segment.base)
+            segment_index.delete(self._directory, segment.base)
             logger.debug("log %s: deleted segment %d", self._directory, segment.base)
         self._cache.drop_below(self.start_offset)
         return self.start_offset
