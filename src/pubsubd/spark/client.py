@@ -102,21 +102,24 @@ class ReplayClient:
         )
         return dict(resp.offsets)
 
+    def _read(
+        self, topic: str, partition: int, start: int, end: int, max_messages: int, columnar: bool
+    ) -> Any:
+        request = replay_pb2.ReadRequest(
+            topic=topic,
+            source=partition,
+            start_offset=start,
+            end_offset=end,
+            max_messages=max_messages,
+            columnar=columnar,
+        )
+        return self._call("Read", request, replay_pb2.ReadResponse)
+
     def read(
         self, topic: str, partition: int, start: int, end: int, max_messages: int = 0
     ) -> tuple[Sequence[Any], int]:
         """One page of ``[start, end)``: (messages, next offset)."""
-        resp = self._call(
-            "Read",
-            replay_pb2.ReadRequest(
-                topic=topic,
-                source=partition,
-                start_offset=start,
-                end_offset=end,
-                max_messages=max_messages,
-            ),
-            replay_pb2.ReadResponse,
-        )
+        resp = self._read(topic, partition, start, end, max_messages, columnar=False)
         return resp.messages, resp.next_offset
 
     def read_columns(
@@ -125,18 +128,7 @@ class ReplayClient:
         """One page of ``[start, end)`` in the columnar form: (``ReadColumns``, next offset).
 
         Row i's message ID is not sent: it is ``str(partition << 48 | offsets[i])``."""
-        resp = self._call(
-            "Read",
-            replay_pb2.ReadRequest(
-                topic=topic,
-                source=partition,
-                start_offset=start,
-                end_offset=end,
-                max_messages=max_messages,
-                columnar=True,
-            ),
-            replay_pb2.ReadResponse,
-        )
+        resp = self._read(topic, partition, start, end, max_messages, columnar=True)
         if resp.messages:  # a server from before columnar reads ignored the request's field
             return columns_from_rows(resp.messages), resp.next_offset
         return resp.columns, resp.next_offset
