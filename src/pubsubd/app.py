@@ -27,8 +27,10 @@ from pubsubd.core import pb
 from pubsubd.data.publish.dedup import Deduplicator
 from pubsubd.data.publish.forwarder import PublishingForwarder
 from pubsubd.data.subscribe.forwarder import SubscribingForwarder
+from pubsubd.observability import metrics
 from pubsubd.observability.events import EVENTS_TOPIC, BacklogRotation, EventEmitter
 from pubsubd.observability.http import HttpEndpoint
+from pubsubd.storage.disk_space import DiskSpace
 from pubsubd.storage.metadata import SqliteMetadataStore
 
 log = logging.getLogger(__name__)
@@ -59,9 +61,15 @@ class PubsubServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         storage = config.storage
-        self.store = SqliteMetadataStore(storage.data_dir)
+        # One watcher of disk-full episodes for every write to the data directory.
+        self.disk = DiskSpace(storage.data_dir)
+        metrics.DISK_FREE_BYTES.set_function(lambda: float(self.disk.free_bytes() or 0))
+        self.store = SqliteMetadataStore(storage.data_dir, self.disk)
         self.publishing = PublishingForwarder(
-            storage.data_dir, fsync=storage.fsync, segment_bytes=storage.segment_bytes
+            storage.data_dir,
+            fsync=storage.fsync,
+            segment_bytes=storage.segment_bytes,
+            disk=self.disk,
         )
         self.subscribing = SubscribingForwarder(self.publishing)
         self.router = Router(
@@ -77,7 +85,7 @@ class PubsubServer:
             ttl_divisor=config.test_ttl_divisor,
         )
         self.grpc_server: grpc.aio.Server | None = None
-        self.http = HttpEndpoint(self.status)
+        self.http = HttpEndpoint(self.status, self.disk.problem)
         self.port = 0
         self.http_port = 0
         self._stopped = asyncio.Event()
@@ -197,6 +205,7 @@ class PubsubServer:
                 "remembered_ids": sum(len(w) for w in self.dedup.windows.values()),
                 "duplicates": self.dedup.duplicates,
             },
+            "disk": self.disk.status(),
         }
 
 

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from pubsubd.core.errors import DiskFull
 from pubsubd.core.validation import duration_s
 
 if TYPE_CHECKING:
@@ -92,6 +93,8 @@ class Maintenance:
                 result = step()
                 if asyncio.iscoroutine(result):
                     await result
+            except DiskFull:
+                pass  # counted and logged once per episode (storage/disk_space.py)
             except Exception:
                 log.exception("maintenance step %s failed", getattr(step, "__name__", step))
 
@@ -110,6 +113,8 @@ class Maintenance:
             log.info("subscription %s expired (expiration_policy)", name)
             try:
                 await self.catalog.delete_subscription(name)
+            except DiskFull:
+                pass  # counted and logged once per episode; retried at the next check
             except Exception:
                 log.exception("deleting expired subscription %s failed", name)
         return expired

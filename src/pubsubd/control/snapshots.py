@@ -31,7 +31,6 @@ from pubsubd.core import names, pb, validation
 from pubsubd.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from pubsubd.data import retention
 from pubsubd.storage.errors import OffsetOutOfRange
-from pubsubd.storage.log import FsyncPolicy
 from pubsubd.storage.metadata import SnapshotRecord
 
 if TYPE_CHECKING:
@@ -295,7 +294,7 @@ class Snapshots:
         return self.catalog.subscribing.dispatcher(sub.record.name)
 
     async def _flush(self, dispatcher: SubscriptionDispatcher) -> None:
-        await dispatcher.journal.flush(sync=self.catalog.publishing.fsync is not FsyncPolicy.NEVER)
+        await self.catalog.publishing.flush_journal(dispatcher.journal)  # DiskFull if full
 
     # --- detach -------------------------------------------------------------------------------
 

@@ -99,6 +99,22 @@ class ResourceExhausted(PubsubError):
     retriable = True
 
 
+class DiskFull(ResourceExhausted):
+    """A write failed because the file system of the data directory is full (ENOSPC, EDQUOT,
+    SQLITE_FULL). Nothing acknowledged is lost; the same call succeeds once space is freed."""
+
+    def __init__(self, directory: str, free_bytes: int | None, what: str, reason: str) -> None:
+        self.directory = directory
+        self.free_bytes = free_bytes
+        self.what = what
+        self.reason = reason
+        free = "free space unknown" if free_bytes is None else f"{free_bytes} bytes free"
+        super().__init__(
+            f"Disk full: cannot write the {what} in data directory {directory} ({free}): "
+            f"{reason}. Retry once disk space is freed."
+        )
+
+
 # --- we failed -------------------------------------------------------------------------------
 
 

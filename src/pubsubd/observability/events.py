@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pubsubd.core import ids, pb
+from pubsubd.core.errors import DiskFull
 
 log = logging.getLogger(__name__)
 
@@ -263,6 +264,9 @@ class EventEmitter:
                 sent += count
             self.published_events += sent
             return sent
+        except DiskFull:
+            self.dropped_batches += 1  # counted and logged once per episode by storage
+            return 0
         except Exception:
             self.dropped_batches += 1
             log.exception("publishing SLI events to %s failed", self.topic)

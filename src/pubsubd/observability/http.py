@@ -1,4 +1,12 @@
-"""The HTTP endpoint for people and probes: /healthz, /readyz and /metrics (Prometheus text)."""
+"""The HTTP endpoint for people and probes: /healthz, /readyz and /metrics (Prometheus text).
+
+/healthz and /readyz answer 200 while the process serves. A condition that a restart would not
+cure (a full disk: storage/disk_space.py) keeps them at 200 and names itself in the body
+("degraded: ..."): a liveness probe must not restart a process that only lacks disk space (the
+restart would not free any, and start-up needs to write), and a readiness probe must not take
+it out of service, because subscribers pulling and acking are what lets it trim its logs and
+free space. Alerts read the ``pubsubd_disk_full`` gauge or /status.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +24,13 @@ MAX_REQUEST_HEAD = 8192
 
 
 class HttpEndpoint:
-    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        status: Callable[[], dict[str, Any]],
+        problem: Callable[[], str | None] = lambda: None,
+    ) -> None:
         self._status = status
+        self._problem = problem  # a degraded condition to name in /healthz, /readyz
         self._server: asyncio.base_events.Server | None = None
 
     async def start(self, host: str, port: int) -> int:
@@ -35,7 +48,9 @@ class HttpEndpoint:
             parts = head[:MAX_REQUEST_HEAD].split(b" ", 2)
             path = parts[1].decode("latin-1") if len(parts) > 1 else "/"
             if path in ("/healthz", "/readyz"):
-                body, ctype, code = b"ok\n", "text/plain", "200 OK"
+                problem = self._problem()
+                text = "ok\n" if problem is None else f"degraded: {problem}\n"
+                body, ctype, code = text.encode(), "text/plain", "200 OK"
             elif path == "/metrics":
                 body, ctype, code = generate_latest(), CONTENT_TYPE_LATEST, "200 OK"
             elif path == "/status":

@@ -23,3 +23,16 @@ CURSOR_LAG = Gauge(
 DEDUP_DUPLICATES = Counter(
     "pubsubd_dedup_duplicates", "PublishDeduplicated messages acknowledged as duplicates"
 )
+# Disk-full episodes (storage/disk_space.py): writes refused for lack of space in the data dir.
+DISK_FULL = Gauge(
+    "pubsubd_disk_full",
+    "1 while writes to the data directory fail for lack of space (until space returns), else 0",
+)
+DISK_FULL_WRITES = Counter(
+    "pubsubd_disk_full_writes",
+    "Writes that failed for lack of disk space, by what was being written",
+    ["what"],
+)
+DISK_FREE_BYTES = Gauge(
+    "pubsubd_disk_free_bytes", "Bytes this process may still write in the data directory"
+)

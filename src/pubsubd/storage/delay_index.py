@@ -17,9 +17,14 @@ transaction, and a power loss at worst rolls back the newest ones, which the reb
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from types import TracebackType
+
+from pubsubd.storage import disk_space
+from pubsubd.storage.disk_space import DiskSpace
 
 FILE_NAME = "delays.db"
 # (due time in epoch microseconds, first position, number of consecutive positions)
@@ -45,8 +50,10 @@ CREATE TABLE IF NOT EXISTS progress (
 class DelayIndex:
     """The on-disk index of every topic's delayed messages (one SQLite file per data dir)."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, disk: DiskSpace | None = None) -> None:
         self.path = path
+        # Writes failing for lack of space raise DiskFull (rolled back; callers retry later).
+        self.disk = disk or DiskSpace(Path(".") if path is None else path.parent)
         self._db = sqlite3.connect(":memory:" if path is None else str(path), isolation_level=None)
         if path is not None:
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -54,9 +61,9 @@ class DelayIndex:
         self._db.executescript(_SCHEMA)
 
     @classmethod
-    def open(cls, data_dir: Path) -> DelayIndex:
+    def open(cls, data_dir: Path, disk: DiskSpace | None = None) -> DelayIndex:
         data_dir.mkdir(parents=True, exist_ok=True)
-        return cls(data_dir / FILE_NAME)
+        return cls(data_dir / FILE_NAME, disk)
 
     def close(self) -> None:
         self._db.close()
@@ -143,15 +150,40 @@ class DelayIndex:
         )
 
     def _transaction(self) -> _Transaction:
-        return _Transaction(self._db)
+        return _Transaction(self._db, self.disk)
 
 
 class _Transaction:
-    def __init__(self, db: sqlite3.Connection) -> None:
+    """BEGIN ... COMMIT, rolled back on any failure (a COMMIT failing with SQLITE_FULL
+    included, which would otherwise leave the transaction open and every later BEGIN failing)."""
+
+    def __init__(self, db: sqlite3.Connection, disk: DiskSpace) -> None:
         self._db = db
+        self._disk = disk
 
     def __enter__(self) -> None:
         self._db.execute("BEGIN")
 
-    def __exit__(self, exc_type: object, *_: object) -> None:
-        self._db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            with self._disk.guard(disk_space.DELAYS):
+                try:
+                    self._db.execute("COMMIT")
+                except sqlite3.Error:
+                    self._rollback()
+                    raise
+            return
+        self._rollback()
+        error = self._disk.error(exc, disk_space.DELAYS)
+        if error is not None and error is not exc:
+            raise error from exc
+
+    def _rollback(self) -> None:
+        if self._db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pubsubd.storage import segment_index
+from pubsubd.storage.disk_space import disk_full_reason
 from pubsubd.storage.errors import CorruptEntry, LogClosed, OffsetOutOfRange, StorageError
 from pubsubd.storage.framing import (
     FRAME_OVERHEAD,
@@ -524,9 +525,13 @@ class SourceLog:
                 if active.size >= self._segment_bytes:
                     # Roll before acknowledging, so a full segment is trimmable once acked.
                     await self._roll()
-            except StorageError:
-                logger.exception(
-                    "log %s: roll failed; retried before the next write", self._directory
+            except StorageError as exc:
+                # A full disk is reported once per episode by the caller (storage/disk_space.py).
+                logger.log(
+                    logging.DEBUG if disk_full_reason(exc) else logging.ERROR,
+                    "log %s: roll failed; retried before the next write",
+                    self._directory,
+                    exc_info=True,
                 )
             finally:
                 self._resolve(chunk)
@@ -552,7 +557,13 @@ class SourceLog:
         if self._pending is not None:
             self._pending.clear()
         self._end_offset = self._segments[-1].end_offset
-        logger.error("log %s: write of %d appends failed: %s", self._directory, len(doomed), cause)
+        logger.log(
+            logging.DEBUG if disk_full_reason(cause) else logging.ERROR,  # see above
+            "log %s: write of %d appends failed: %s",
+            self._directory,
+            len(doomed),
+            cause,
+        )
         for item in doomed:
             if not item.future.done():
                 error = StorageError(f"append failed: {cause}")

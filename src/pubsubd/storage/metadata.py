@@ -9,12 +9,16 @@ protobuf bytes, so the store never needs to know the API's fields.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
+
+from pubsubd.storage import disk_space
+from pubsubd.storage.disk_space import DiskSpace
 
 # File name of the embedded store inside the data directory.
 METADATA_FILE = "metadata.sqlite3"
@@ -136,15 +140,28 @@ CREATE TABLE IF NOT EXISTS cursors (
 
 
 class SqliteMetadataStore:
-    """Embedded metadata store in one SQLite file; every put is a durable transaction."""
+    """Embedded metadata store in one SQLite file; every put is a durable transaction.
 
-    def __init__(self, directory: Path) -> None:
+    A write that fails for lack of disk space raises ``DiskFull`` (RESOURCE_EXHAUSTED, reported
+    once per episode by ``disk``); SQLite has rolled it back, so the same call works later."""
+
+    def __init__(self, directory: Path, disk: DiskSpace | None = None) -> None:
         directory.mkdir(parents=True, exist_ok=True)
+        self.disk = disk or DiskSpace(directory)
         self.path = directory / METADATA_FILE
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.Error as e:
+            # Opening creates the write-ahead log files: a server started on a full disk
+            # cannot open its metadata. Say so, instead of "disk I/O error".
+            self._db.close()
+            full = self.disk.error(e, disk_space.METADATA)
+            if full is not None:
+                raise full from e
+            raise
 
     def load_topics(self) -> Iterator[TopicRecord]:
         for name, uid, body in self._db.execute("SELECT name, uid, body FROM topics"):
@@ -159,16 +176,16 @@ class SqliteMetadataStore:
             yield SubscriptionRecord(name, uid, topic_uid, bytes(body), offsets)
 
     def put_topic(self, record: TopicRecord) -> None:
-        self._db.execute(
+        self._write(
             "INSERT OR REPLACE INTO topics (name, uid, body) VALUES (?, ?, ?)",
             (record.name, record.uid, record.body),
         )
 
     def delete_topic(self, name: str) -> None:
-        self._db.execute("DELETE FROM topics WHERE name = ?", (name,))
+        self._write("DELETE FROM topics WHERE name = ?", (name,))
 
     def put_subscription(self, record: SubscriptionRecord) -> None:
-        self._db.execute(
+        self._write(
             "INSERT OR REPLACE INTO subscriptions (name, uid, topic_uid, body, start_offsets) "
             "VALUES (?, ?, ?, ?, ?)",
             (
@@ -181,7 +198,7 @@ class SqliteMetadataStore:
         )
 
     def delete_subscription(self, name: str) -> None:
-        self._db.execute("DELETE FROM subscriptions WHERE name = ?", (name,))
+        self._write("DELETE FROM subscriptions WHERE name = ?", (name,))
 
     def load_snapshots(self) -> Iterator[SnapshotRecord]:
         rows = self._db.execute("SELECT name, topic_uid, body, cursors FROM snapshots")
@@ -197,7 +214,7 @@ class SqliteMetadataStore:
             )
 
     def put_snapshot(self, record: SnapshotRecord) -> None:
-        self._db.execute(
+        self._write(
             "INSERT OR REPLACE INTO snapshots (name, topic_uid, body, cursors) VALUES (?, ?, ?, ?)",
             (
                 record.name,
@@ -208,7 +225,7 @@ class SqliteMetadataStore:
         )
 
     def delete_snapshot(self, name: str) -> None:
-        self._db.execute("DELETE FROM snapshots WHERE name = ?", (name,))
+        self._write("DELETE FROM snapshots WHERE name = ?", (name,))
 
     def load_cursors(self) -> Iterator[CursorRecord]:
         rows = self._db.execute(
@@ -219,7 +236,7 @@ class SqliteMetadataStore:
             yield CursorRecord(topic_uid, name, topic, parsed, int(commit_time_us))
 
     def put_cursor(self, record: CursorRecord) -> None:
-        self._db.execute(
+        self._write(
             "INSERT OR REPLACE INTO cursors (topic_uid, name, topic, offsets, commit_time_us) "
             "VALUES (?, ?, ?, ?, ?)",
             (
@@ -232,7 +249,17 @@ class SqliteMetadataStore:
         )
 
     def delete_cursor(self, topic_uid: str, name: str) -> None:
-        self._db.execute("DELETE FROM cursors WHERE topic_uid = ? AND name = ?", (topic_uid, name))
+        self._write("DELETE FROM cursors WHERE topic_uid = ? AND name = ?", (topic_uid, name))
+
+    def _write(self, sql: str, params: tuple[Any, ...]) -> None:
+        with self.disk.guard(disk_space.METADATA):
+            try:
+                self._db.execute(sql, params)
+            except sqlite3.Error:
+                if self._db.in_transaction:  # SQLite may leave it open after SQLITE_FULL
+                    with contextlib.suppress(sqlite3.Error):
+                        self._db.execute("ROLLBACK")
+                raise
 
     def close(self) -> None:
         self._db.close()

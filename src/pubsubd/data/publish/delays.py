@@ -20,6 +20,7 @@ after the index's recorded progress (a crash) are indexed again from the log.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 
 from pubsubd.core import ids, pb
 from pubsubd.core.delays import MARKER, due_times
+from pubsubd.core.errors import DiskFull
 from pubsubd.data.publish.source import TopicSources
 from pubsubd.storage.delay_index import DelayIndex, Row
 from pubsubd.storage.errors import OffsetOutOfRange
@@ -40,6 +42,8 @@ PAGE_ROWS = 10_000
 # (the rows wait on disk instead of in its memory).
 MAX_PENDING_DUE = 50_000
 PRESSURE_RETRY_S = 0.1
+# A write to the index failed for lack of disk space: try again after this long.
+DISK_FULL_RETRY_S = 1.0
 MAX_POSITION = (1 << 63) - 1
 
 Mark = tuple[int, int]  # (at_us, position) in due order
@@ -152,10 +156,16 @@ class DelayTracker:
                         due_now.extend(range(base + first, base + first + n))
                     else:  # (``done`` never falls inside a new run: it is an indexed position)
                         rows.append((at, base + first, n))
+        if rows:
+            try:
+                self.index.add(self.topic, rows, {source: offset})
+            except DiskFull:
+                # Nothing indexed: these entries are read again by the next commit or
+                # flush_progress. Dispatchers skip the messages meanwhile, as for any row.
+                return
+            self._saved[source] = offset
         self._through[source] = offset
         if rows:
-            self.index.add(self.topic, rows, {source: offset})
-            self._saved[source] = offset
             first = min(row[0] for row in rows)
             self._earliest = first if self._earliest is None else min(self._earliest, first)
             self._arm(first)
@@ -163,7 +173,11 @@ class DelayTracker:
             self._hand_out(due_now)
 
     def flush_progress(self) -> None:
-        """Record how far the logs are indexed (so a restart re-reads only the rest)."""
+        """Record how far the logs are indexed (so a restart re-reads only the rest), after
+        indexing what a full disk left unindexed. Raises DiskFull if the disk is still full."""
+        for source, log_ in enumerate(self.sources.logs):
+            if source in self._watched and self._through[source] < log_.committed_offset:
+                self._on_commit(source, log_.committed_offset)
         changed = {s: o for s, o in self._through.items() if self._saved.get(s) != o}
         if changed:
             self.index.save_progress(self.topic, changed)
@@ -199,14 +213,20 @@ class DelayTracker:
             return
         now = now_us()
         rows = self.index.due(self.topic, now, PAGE_ROWS)
-        if len(rows) == PAGE_ROWS:
-            at, first, n = rows[-1]
-            self.done = max(self.done, (at, first + n - 1))
-            self.index.delete_through(self.topic, at, first)
-        else:
-            self.done = max(self.done, (now, MAX_POSITION))
-            if rows:
-                self.index.delete_due(self.topic, now)
+        try:
+            if len(rows) == PAGE_ROWS:
+                at, first, n = rows[-1]
+                self.index.delete_through(self.topic, at, first)
+                mark = (at, first + n - 1)
+            else:
+                if rows:
+                    self.index.delete_due(self.topic, now)
+                mark = (now, MAX_POSITION)
+        except DiskFull:  # nothing deleted nor handed out: the same rows next time
+            self._timer_at = now + int(DISK_FULL_RETRY_S * 1e6)
+            self._timer = self._loop.call_later(DISK_FULL_RETRY_S, self._on_timer)
+            return
+        self.done = max(self.done, mark)
         if rows:
             self._hand_out([pos for _, first, n in rows for pos in range(first, first + n)])
         if len(rows) == PAGE_ROWS:
@@ -228,7 +248,8 @@ class DelayTracker:
     def close(self) -> None:
         if self._closed:
             return
-        self.flush_progress()
+        with contextlib.suppress(DiskFull):  # the next start indexes from the saved progress
+            self.flush_progress()
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()

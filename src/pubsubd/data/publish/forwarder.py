@@ -21,11 +21,13 @@ from typing import Any
 from pubsubd.acks.journal import AckJournal
 from pubsubd.core import pb
 from pubsubd.core.delays import MARKER
-from pubsubd.core.errors import InternalError
+from pubsubd.core.errors import DiskFull, InternalError
 from pubsubd.data.publish.delays import DelayTracker
 from pubsubd.data.publish.source import TopicSources
+from pubsubd.storage import disk_space
 from pubsubd.storage.delay_index import FILE_NAME as DELAY_INDEX_FILE
 from pubsubd.storage.delay_index import DelayIndex
+from pubsubd.storage.disk_space import DiskSpace
 from pubsubd.storage.errors import StorageError
 from pubsubd.storage.framing import Entry
 from pubsubd.storage.log import FsyncPolicy
@@ -47,8 +49,12 @@ class PublishingForwarder:
         *,
         fsync: FsyncPolicy = FsyncPolicy.ALWAYS,
         segment_bytes: int = 64 << 20,
+        disk: DiskSpace | None = None,
     ) -> None:
         self.data_dir = data_dir
+        # Disk-full episodes of the data directory (storage/disk_space.py): every write failing
+        # for lack of space is answered RESOURCE_EXHAUSTED and reported there, once per episode.
+        self.disk = disk or DiskSpace(data_dir)
         self.fsync = fsync
         self.segment_bytes = segment_bytes
         self.topics: dict[str, TopicSources] = {}
@@ -135,7 +141,7 @@ class PublishingForwarder:
 
     def _delay_index(self) -> DelayIndex:
         if self.delay_index is None:
-            self.delay_index = DelayIndex.open(self.data_dir)
+            self.delay_index = DelayIndex.open(self.data_dir, self.disk)
         return self.delay_index
 
     def configure_topic(self, topic_uid: str, source_count: int, key_sources: int) -> list[int]:
@@ -236,8 +242,13 @@ class PublishingForwarder:
         try:
             base = await sources.logs[source].append(payload, count, now_us)
         except StorageError as e:
+            full = self.disk.error(e, disk_space.LOG)
+            if full is not None:
+                raise full from e
             log.exception("append to topic %s failed", topic_uid)
             raise InternalError(f"storage write failed: {e}") from e
+        if self.disk.full:
+            self.disk.succeeded()
         return source, base
 
     def read(
@@ -258,9 +269,19 @@ class PublishingForwarder:
             self._dirty_journals.add(journal)
 
     async def flush_journal(self, journal: AckJournal) -> None:
-        """Make a subscription's recorded acks durable now (exactly-once acknowledgements)."""
+        """Make a subscription's recorded acks durable now (exactly-once acknowledgements,
+        Seek). A full disk raises DiskFull; the acks stay recorded (in the cursors) and the
+        background flush retries until they are durable."""
         self._dirty_journals.discard(journal)
-        await journal.flush(sync=self.fsync is not FsyncPolicy.NEVER)
+        try:
+            await journal.flush(sync=self.fsync is not FsyncPolicy.NEVER)
+        except OSError as e:
+            full = self.disk.error(e, disk_space.ACKS)
+            if full is not None:
+                self._dirty_journals.add(journal)
+                raise full from e
+            raise
+        self.disk.succeeded()
 
     def mark_dirty(self, journal: AckJournal) -> None:
         """The journal has records to flush (e.g. a reset after Seek)."""
@@ -287,8 +308,13 @@ class PublishingForwarder:
         for journal in dirty:
             try:
                 await journal.flush(sync=self.fsync is not FsyncPolicy.NEVER)
-            except OSError:
-                log.exception("ack journal flush failed")
+            except OSError as e:
+                if self.disk.error(e, disk_space.ACKS) is None:
+                    log.exception("ack journal flush failed")
+                else:  # retried every flush until space is back (the journal heals itself)
+                    self._dirty_journals.add(journal)
+            else:
+                self.disk.succeeded()
 
     async def _ack_flush_loop(self) -> None:
         while True:
@@ -298,6 +324,7 @@ class PublishingForwarder:
     async def _trim_loop(self) -> None:
         while True:
             await asyncio.sleep(TRIM_INTERVAL_S)
+            self.disk.check()  # a disk-full episode ends here if space came back meanwhile
             # Acks must be durable before the messages they cover are deleted.
             await self._flush_acks()
             for uid in list(self.stored):
@@ -308,6 +335,9 @@ class PublishingForwarder:
                     tracker = self.delays.get(uid)
                     if tracker is not None:
                         tracker.flush_progress()
+                except DiskFull:
+                    pass  # recorded by the delay index; trimming (which frees space) goes on
+                try:
                     sources.trim()
                     sources.release_idle()
                 except (OSError, StorageError):
