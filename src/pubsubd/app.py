@@ -1,9 +1,9 @@
 """Composition root: builds every role of ``pubsubd serve`` in one process and runs it.
 
-Roles (DESIGN.md §2): the frontend (gRPC servicers, the service proxy clients talk to), the router
-(control plane), one publishing forwarder and one subscribing forwarder (data plane), embedded
-storage and the embedded metadata store. They are wired through the same narrow interfaces a
-multi-process deployment puts a network transport behind.
+Roles (ARCHITECTURE.md, "Roles and where they live"): the frontend (gRPC servicers, the service
+proxy clients talk to), the router (control plane), one publishing forwarder and one subscribing
+forwarder (data plane), embedded storage and the embedded metadata store. They are wired through
+the same narrow interfaces a multi-process deployment puts a network transport behind.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Topic and subscription administration with the official client (GOOGLE_PUBSUB_API.md §3-§6)."""
+"""Topic and subscription administration with the official client (docs/GOOGLE_API.md §3-§6)."""
 
 from __future__ import annotations
 

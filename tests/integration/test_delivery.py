@@ -1,4 +1,4 @@
-"""Delivery semantics with the official clients (GOOGLE_PUBSUB_API.md §7, §8).
+"""Delivery semantics with the official clients (docs/GOOGLE_API.md §7, §8).
 
 Leases, acks, nacks, deadline changes, flow control, fan-out and sharing, big messages, long-poll
 Pull, and what survives a graceful restart.

@@ -1,4 +1,4 @@
-"""Google's status codes for bad requests (GOOGLE_PUBSUB_API.md §2, §5, §6).
+"""Google's status codes for bad requests (docs/GOOGLE_API.md §2, §5, §6).
 
 Limits are checked with the generated (GAPIC) client, which sends exactly what it is given: the
 hand-written PublisherClient splits batches and rejects oversize messages before they are sent.

@@ -1,4 +1,4 @@
-"""Push subscriptions (GOOGLE_PUBSUB_API.md §4 push_config, §6 ModifyPushConfig, §7.11).
+"""Push subscriptions (docs/GOOGLE_API.md §4 push_config, §6 ModifyPushConfig, §7.11).
 
 The endpoints are HTTP servers on 127.0.0.1 ephemeral ports started by the tests
 (tests/support/push_endpoint.py); nothing leaves the machine.

@@ -1,5 +1,5 @@
 """Retention, Seek, snapshots, DetachSubscription and expiration_policy with the official clients
-(GOOGLE_PUBSUB_API.md §3, §4, §6, §7.9, §7.10, §7.12)."""
+(docs/GOOGLE_API.md §3, §4, §6, §7.9, §7.10, §7.12)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Subscription filters with the official client (GOOGLE_PUBSUB_API.md §4 filter, §7.7).
+"""Subscription filters with the official client (docs/GOOGLE_API.md §4 filter, §7.7).
 
 A bad filter fails CreateSubscription with INVALID_ARGUMENT naming the position; a good one
 delivers only matching messages (Pull and subscribe()), and the others are acknowledged by the

@@ -1,7 +1,7 @@
 """Catalog: the control plane's record of topics and subscriptions, validated and persisted.
 
 Create/get/update/delete/list for topics and subscriptions, following Google's semantics
-(GOOGLE_PUBSUB_API.md §3-§6): defaults filled in on create, update masks, a deleted topic's
+(docs/GOOGLE_API.md §3-§6): defaults filled in on create, update masks, a deleted topic's
 subscriptions showing ``_deleted-topic_``, paging by opaque tokens. Every change is written to the
 metadata store before it is answered. Creating a subscription fixes its sync point (the end of
 each source of the topic) and opens its dispatcher; deleting one drops its backlog.

@@ -1,6 +1,6 @@
 """Background upkeep: expiration_policy, snapshot expiry, message retention.
 
-* **expiration_policy** (GOOGLE_PUBSUB_API.md §4, §7.10): a subscription with no activity for its
+* **expiration_policy** (docs/GOOGLE_API.md §4, §7.10): a subscription with no activity for its
   ``ttl`` is deleted. Unset policy: 31 days; a policy with no ttl: never. Activity is any use
   of the subscription by name (Pull, StreamingPull open, Acknowledge, ModifyAckDeadline, admin
   calls, Seek, CreateSnapshot: ``Catalog.subscription`` records it) and any open consumer

@@ -3,7 +3,7 @@
 * **Snapshots** capture a subscription's ack state (per source: mark-delete plus acked ranges) and
   its topic's storage uid. They live in the metadata store, are loaded at start-up and pin what
   they still need in the topic's logs (``TopicSources.pins``) until they expire: 7 days after the
-  oldest unacked message they capture (GOOGLE_PUBSUB_API.md §6).
+  oldest unacked message they capture (docs/GOOGLE_API.md §6).
 * **Seek** replaces a subscription's ack state through ``SubscriptionDispatcher.reset`` (which
   journals it): to a snapshot's state, or to "acked before a time" (data/retention.py says which
   messages are still retained and so can come back). Outstanding ack IDs stop leasing anything.

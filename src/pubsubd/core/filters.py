@@ -2,7 +2,7 @@ r"""Subscription filters: Google's filter language over message attributes (pure
 
 ``parse(text)`` checks a subscription's ``filter`` once and compiles it to nested closures;
 ``Filter.matches(attributes)`` then runs for every message the subscription would deliver. Messages
-that do not match are acknowledged by the server without being delivered (GOOGLE_PUBSUB_API.md
+that do not match are acknowledged by the server without being delivered (docs/GOOGLE_API.md
 §4, §7.7; https://cloud.google.com/pubsub/docs/subscription-message-filter).
 
 Grammar (whitespace may separate any two tokens)::

@@ -1,6 +1,6 @@
 """Resource names of google.pubsub.v1 (projects/P/topics/T, ...), validated once.
 
-Rules (GOOGLE_PUBSUB_API.md §2): the resource ID is 3-255 characters, starts with a letter, uses
+Rules (docs/GOOGLE_API.md §2): the resource ID is 3-255 characters, starts with a letter, uses
 only letters, digits and ``- _ . ~ + %``, and must not start with ``goog``. Project IDs are not
 validated beyond being non-empty and slash-free, as the Google emulator does.
 """

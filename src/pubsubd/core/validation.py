@@ -1,6 +1,6 @@
 """Checks of API requests against Google's documented limits; each failure names the field.
 
-Limits come from GOOGLE_PUBSUB_API.md §4-§5. The checks work on raw protobuf messages and raise
+Limits come from docs/GOOGLE_API.md §4-§5. The checks work on raw protobuf messages and raise
 domain errors (InvalidArgument, OutOfRange); the API layer maps them to status codes.
 """
 

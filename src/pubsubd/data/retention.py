@@ -1,6 +1,6 @@
 """Retention: what a topic's logs must keep, and how Seek rewrites a subscription's ack state.
 
-Google's rules (GOOGLE_PUBSUB_API.md §3, §4, §6, §7.9):
+Google's rules (docs/GOOGLE_API.md §3, §4, §6, §7.9):
 
 * A topic with ``message_retention_duration`` keeps every message younger than it, acked or not,
   and any subscription of the topic may Seek back that far, even to before it existed.

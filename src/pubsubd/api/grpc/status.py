@@ -2,7 +2,7 @@
 
 Servicers raise ``PubsubError`` subclasses; ``rpc`` turns them into ``context.abort`` with the
 most specific mapped status. Anything unmapped becomes INTERNAL, logged with its traceback, and the
-server stays up. The codes match Google's for the same situation (GOOGLE_PUBSUB_API.md §6); note
+server stays up. The codes match Google's for the same situation (docs/GOOGLE_API.md §6); note
 that permanent errors never use a code the official clients retry on.
 """
 

@@ -1,6 +1,6 @@
 """Publish message sources of one topic: the logs of its messages plus every subscription's acks.
 
-A publish message source (DESIGN.md §1a) is the unit the publishing forwarder owns: an
+A publish message source (ARCHITECTURE.md) is the unit the publishing forwarder owns: an
 append-only ``SourceLog`` and, beside it, the ack state (cursor) of every subscription attached to
 the topic. A topic has 1-16 sources (topic label ``pubsubd-publish-sources``); sources can be
 added at runtime (``grow``) but never removed. Which source a publish goes to is

@@ -11,7 +11,7 @@ import abc
 import asyncio
 import itertools
 
-# Emulator-mode clients cannot receive gRPC messages over 4 MiB (GOOGLE_PUBSUB_API.md §8.1), so a
+# Emulator-mode clients cannot receive gRPC messages over 4 MiB (docs/GOOGLE_API.md §8.1), so a
 # response carries at most this much payload unless a single message is bigger.
 MAX_RESPONSE_BYTES = 4_000_000
 # Messages per response: large enough to amortise per-response cost, small enough to share.

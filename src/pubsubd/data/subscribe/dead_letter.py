@@ -3,7 +3,7 @@
 After ``max_delivery_attempts`` deliveries, the next failure republishes the message to the
 subscription's dead-letter topic as a new message (new message ID) with the original data,
 attributes and ordering key plus Google's ``CloudPubSubDeadLetter*`` attributes, then acks it on
-the source subscription (GOOGLE_PUBSUB_API.md §7.4).
+the source subscription (docs/GOOGLE_API.md §7.4).
 """
 
 from __future__ import annotations

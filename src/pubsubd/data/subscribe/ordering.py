@@ -2,7 +2,7 @@
 
 Pure: no I/O, no clock.
 
-Rules (GOOGLE_PUBSUB_API.md §7.6; issue: "one outstanding batch per key"):
+Rules (docs/GOOGLE_API.md §7.6; issue: "one outstanding batch per key"):
 1. Messages of one key are handed out in log order. A key is *busy* while any message of it is
    outstanding (leased); while busy, newer messages of the key wait in the key's pending queue.
 2. Several messages of a key may go out together in one response (one batch); the next batch

@@ -1,6 +1,6 @@
 """What a push subscription sends, and the pure policies that pace it (no I/O, no clock reads).
 
-Request formats (GOOGLE_PUBSUB_API.md §7.11; Google's "push subscriptions" and "payload
+Request formats (docs/GOOGLE_API.md §7.11; Google's "push subscriptions" and "payload
 unwrapping" pages):
 
 * ``pubsub_wrapper`` (the default): a JSON body

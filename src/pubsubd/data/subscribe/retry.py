@@ -2,7 +2,7 @@
 
 Pure: no clock reads; ``now`` is a parameter.
 
-Rules (GOOGLE_PUBSUB_API.md §4, §7.5):
+Rules (docs/GOOGLE_API.md §4, §7.5):
 1. Without a retry policy a nacked or expired message is redelivered as soon as possible.
 2. With one, the n-th failed delivery waits min(maximum_backoff, minimum_backoff * 2**(n-1));
    unset bounds default to 10 s and 600 s.
