@@ -210,7 +210,7 @@ def _request(n: int, **attrs: str) -> bytes:
 
 
 class _Enospc:
-    """``_write_all`` of a module failing with ENOSPC while ``on``."""
+    """``write_all`` of a module failing with ENOSPC while ``on``."""
 
     def __init__(self, real: Any) -> None:
         self.real = real
@@ -229,8 +229,8 @@ async def test_publish_answers_disk_full_without_a_traceback_and_resumes(
     publishing = PublishingForwarder(tmp_path, fsync=FsyncPolicy.ALWAYS)
     try:
         assert await publishing.publish("t", _request(1), 1) == (0, 0)
-        enospc = _Enospc(replication._write_all)
-        monkeypatch.setattr(replication, "_write_all", enospc)
+        enospc = _Enospc(replication.write_all)
+        monkeypatch.setattr(replication, "write_all", enospc)
         for _ in range(50):
             with pytest.raises(DiskFull) as full:
                 await publishing.publish("t", _request(1), 1)
@@ -256,8 +256,8 @@ async def test_ack_journal_keeps_acks_while_full_and_makes_them_durable_later(
     try:
         await publishing.publish("t", _request(3), 3)
         journal = publishing.attach("t", "s", {0: 0})
-        enospc = _Enospc(journal_mod._write_all)
-        monkeypatch.setattr(journal_mod, "_write_all", enospc)
+        enospc = _Enospc(journal_mod.write_all)
+        monkeypatch.setattr(journal_mod, "write_all", enospc)
         publishing.record_acks(journal, 0, [0, 1])
         await publishing._flush_acks()  # the background flush: fails, counted, kept dirty
         assert publishing.disk.full and journal in publishing._dirty_journals

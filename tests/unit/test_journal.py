@@ -288,7 +288,7 @@ async def test_crash_at_every_compaction_step(
     src = tmp_path / "src"
     expected, _ = await _build_compacted_then_more(src)
     real_replace = os.replace
-    real_fsync_dir = journal_mod._fsync_dir
+    real_fsync_dir = journal_mod.fsync_directory
 
     # Operations: replace(snapshot), fsync dir, replace(journal), fsync dir.
     for crash_at in range(1, 5):
@@ -308,7 +308,7 @@ async def test_crash_at_every_compaction_step(
             crash.tick()
 
         monkeypatch.setattr(os, "replace", replace)
-        monkeypatch.setattr(journal_mod, "_fsync_dir", fsync_dir)
+        monkeypatch.setattr(journal_mod, "fsync_directory", fsync_dir)
         with pytest.raises(Crash):
             await j.compact()
         monkeypatch.undo()
@@ -385,13 +385,13 @@ async def test_concurrent_flushes_group_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     writes: list[int] = []
-    real_write_all = journal_mod._write_all
+    real_write_all = journal_mod.write_all
 
     def counting_write_all(fd: int, data: bytes) -> None:
         writes.append(len(data))
         real_write_all(fd, data)
 
-    monkeypatch.setattr(journal_mod, "_write_all", counting_write_all)
+    monkeypatch.setattr(journal_mod, "write_all", counting_write_all)
     j = AckJournal.open(tmp_path)
     writes.clear()
     for i in range(0, 40, 2):
@@ -419,13 +419,13 @@ async def test_write_failure_is_healed_by_the_next_flush(
     ack(j, 1, [0])
     await j.flush()
     durable = states(j)
-    real_write_all = journal_mod._write_all
+    real_write_all = journal_mod.write_all
 
     def torn_write(fd: int, data: bytes) -> None:
         real_write_all(fd, data[: len(data) // 2])
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(journal_mod, "_write_all", torn_write)
+    monkeypatch.setattr(journal_mod, "write_all", torn_write)
     ack(j, 1, [1, 2, 3])
     with pytest.raises(OSError):
         await j.flush()

@@ -325,20 +325,20 @@ async def test_failed_write_fails_the_group_and_keeps_the_log_consistent(
 ) -> None:
     log = SourceLog.open(tmp_path)
     await _fill(log, 3)
-    real_write_all = replication._write_all
+    real_write_all = replication.write_all
 
     def torn_write(fd: int, data: bytes) -> None:
         os.write(fd, data[: len(data) // 2])
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(replication, "_write_all", torn_write)
+    monkeypatch.setattr(replication, "write_all", torn_write)
     results = await asyncio.gather(
         *(log.append(b"doomed", 1, 10) for _ in range(4)), return_exceptions=True
     )
     assert all(isinstance(r, StorageError) for r in results)
     assert (log.end_offset, log.committed_offset) == (3, 3)
 
-    monkeypatch.setattr(replication, "_write_all", real_write_all)
+    monkeypatch.setattr(replication, "write_all", real_write_all)
     assert await log.append(b"recovered", 1, 11) == 3
     await log.close()
     log = SourceLog.open(tmp_path)

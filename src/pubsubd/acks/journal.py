@@ -107,6 +107,7 @@ from typing import Final, TypeVar
 import google_crc32c
 
 from pubsubd.acks.cursor import Cursor, CursorState
+from pubsubd.storage.files import fdatasync, fsync_directory, make_dirs, write_all
 
 __all__ = [
     "DEFAULT_COMPACT_BYTES",
@@ -141,8 +142,6 @@ _SNAP_HEAD = struct.Struct("<8sQI")  # magic, generation, count
 _SNAP_CURSOR = struct.Struct("<qqI")  # source_id, mark_delete, n
 _CRC = struct.Struct("<I")
 _RANGE_SIZE: Final = 16
-
-_fdatasync: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
 
 _T = TypeVar("_T")
 
@@ -322,41 +321,17 @@ def apply_record(cursors: dict[int, Cursor], record: Record) -> None:
 # ---------------------------------------------------------------------------
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _install_file(directory: Path, name: str, data: bytes) -> None:
     """Atomically replace ``directory/name`` with ``data`` (temp, fsync, rename, fsync dir)."""
     tmp = directory / (name + TMP_SUFFIX)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
-        _write_all(fd, data)
+        write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, directory / name)
-    _fsync_dir(directory)
-
-
-def _make_dirs(directory: Path) -> None:
-    """Create ``directory`` and missing parents; fsync the parent of each one created."""
-    if directory.is_dir():
-        return
-    _make_dirs(directory.parent)
-    with contextlib.suppress(FileExistsError):
-        directory.mkdir()
-    _fsync_dir(directory.parent)
+    fsync_directory(directory)
 
 
 def _truncate(path: Path, size: int) -> None:
@@ -684,7 +659,7 @@ class AckJournal:
 
     def _create_files(self) -> None:
         """Create the directory (fsyncing each new entry) and an empty journal."""
-        _make_dirs(self._directory)
+        make_dirs(self._directory)
         _install_file(self._directory, JOURNAL_FILENAME, encode_journal_header(self._generation))
         self._on_disk = True
 
@@ -698,10 +673,10 @@ class AckJournal:
         try:
             if data:
                 self._unsynced = True
-                _write_all(fd, data)
+                write_all(fd, data)
                 self._journal_size += len(data)
             if sync and self._unsynced:
-                _fdatasync(fd)
+                fdatasync(fd)
                 self._unsynced = False
         except BaseException as exc:
             # A partial write may have left a torn record, and after a failed fsync

@@ -41,6 +41,7 @@ from pathlib import Path
 from pubsubd.storage import segment_index
 from pubsubd.storage.disk_space import disk_full_reason
 from pubsubd.storage.errors import CorruptEntry, LogClosed, OffsetOutOfRange, StorageError
+from pubsubd.storage.files import fsync_directory, make_dirs
 from pubsubd.storage.framing import (
     FRAME_OVERHEAD,
     Entry,
@@ -52,7 +53,6 @@ from pubsubd.storage.replication import (
     SEGMENT_SUFFIX,
     LocalDiskReplica,
     QuorumWriter,
-    fsync_directory,
     parse_segment_file_name,
     segment_file_name,
 )
@@ -241,15 +241,7 @@ def _index_of(segment: _Segment) -> segment_index.SegmentIndex:
 
 def _create_log_files(directory: Path, first_segment: Path) -> None:
     """Create a new log's directory (and missing parents) and first segment, durably."""
-    missing = []
-    parent = directory
-    while not parent.is_dir():
-        missing.append(parent)
-        parent = parent.parent
-    for path in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            path.mkdir()
-        fsync_directory(path.parent)
+    make_dirs(directory)
     fd = os.open(first_segment, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
     os.close(fd)
     fsync_directory(directory)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from pubsubd.storage.errors import ReplicationFailed, StorageError
+from pubsubd.storage.files import fdatasync, fsync_directory, write_all
 from pubsubd.storage.quorum import QuorumTracker
 
 logger = logging.getLogger(__name__)
@@ -39,27 +40,6 @@ def parse_segment_file_name(name: str) -> int | None:
     if stem == name or len(stem) != SEGMENT_NAME_DIGITS or not stem.isdigit():
         return None
     return int(stem)
-
-
-def fsync_directory(directory: Path) -> None:
-    """Make file creations and deletions in ``directory`` durable (blocking)."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fdatasync(fd: int) -> None:
-    sync = getattr(os, "fdatasync", os.fsync)
-    sync(fd)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
 
 
 class Replica(Protocol):
@@ -126,7 +106,7 @@ class LocalDiskReplica:
     def _fsync(self, fd: int) -> None:
         self.fsync_count += 1
         try:
-            _fdatasync(fd)
+            fdatasync(fd)
         except OSError as exc:
             self._broken = f"fsync failed: {exc}"
             raise
@@ -147,7 +127,7 @@ class LocalDiskReplica:
         fd = self._active_fd(segment_base)
         before = self._size
         try:
-            _write_all(fd, data)
+            write_all(fd, data)
             self._size = before + len(data)
             if sync:
                 self._fsync(fd)

@@ -41,7 +41,7 @@ from pubsubd.core import ids, pb, validation
 from pubsubd.core.errors import InvalidArgument
 from pubsubd.core.validation import DEDUP_ID_ATTRIBUTE, MAX_DEDUP_ID_BYTES
 from pubsubd.data.publish.dedup_window import DedupWindow
-from pubsubd.storage.replication import fsync_directory
+from pubsubd.storage.files import fsync_directory, make_dirs
 
 if TYPE_CHECKING:
     from pubsubd.data.publish.forwarder import PublishingForwarder
@@ -227,14 +227,7 @@ class Deduplicator:
             if not marker.exists():
                 # Durable before the first deduplicated entry, so a restart looks for IDs.
                 # (A topic's directories are created by its first write: maybe not yet.)
-                missing = []
-                parent = sources.directory
-                while not parent.is_dir():
-                    missing.append(parent)
-                    parent = parent.parent
-                for path in reversed(missing):
-                    path.mkdir(exist_ok=True)
-                    fsync_directory(path.parent)
+                make_dirs(sources.directory)
                 fd = os.open(marker, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644)
                 try:
                     os.fsync(fd)
