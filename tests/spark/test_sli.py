@@ -1,4 +1,6 @@
-"""The SLI analytics job (pubsubd.spark.sli) over a real server's monitoring events."""
+"""The SLI analytics job (pubsubd.spark.sli) over a real server's monitoring events.
+
+The SLO rules and the report page without Spark: tests/unit/test_sli_slo.py."""
 
 from __future__ import annotations
 
@@ -194,15 +196,3 @@ def test_absurd_targets_fail_and_per_topic_overrides_apply(
     assert rows[("publish_p99_ms", TOPICS[0])] == "FAIL"
     page = (out / "report.html").read_text()
     assert "SLO checks FAIL" in page and "class='FAIL'" in page
-
-
-def test_slo_file_rejects_unknown_keys(tmp_path: Path) -> None:
-    bad = tmp_path / "slo.json"
-    bad.write_text(json.dumps({"publish_p99": 5}))
-    with pytest.raises(ValueError, match="unknown SLO keys"):
-        sli.load_slo(bad)
-    good = tmp_path / "ok.json"
-    good.write_text(json.dumps({"error_rate": 0.05}))
-    cfg = sli.load_slo(good)
-    assert cfg.target("error_rate") == 0.05
-    assert cfg.target("publish_p99_ms") == sli.DEFAULT_SLO["publish_p99_ms"]
