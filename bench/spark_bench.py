@@ -47,7 +47,7 @@ import grpc
 from google.protobuf import duration_pb2
 
 from bench import pb
-from bench.run import RESULTS_DIR, machine_info
+from bench.report import RESULTS_DIR, machine_info
 from bench.targets import REPO_ROOT, PubsubdTarget
 from bench.workloads import CHANNEL_OPTIONS, machine_busy_s, process_cpu_s, raw_publish
 
