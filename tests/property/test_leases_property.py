@@ -24,6 +24,7 @@ class LeaseMachine(RuleBasedStateMachine):
         self.now = 0.0
         self.model: dict[int, tuple[int, float, bool]] = {}  # pos -> (gen, deadline, confirmed)
         self.attempts: dict[int, int] = {}
+        self.holders: dict[int, int] = {}  # pos -> consumer of its current lease
         self.last_generation = 0
 
     @rule(pos=positions, d=durations, consumer=st.integers(0, 3))
@@ -34,6 +35,7 @@ class LeaseMachine(RuleBasedStateMachine):
         assert lease.deadline == self.now + d
         assert not lease.confirmed
         self.model[pos] = (lease.generation, self.now + d, False)
+        self.holders[pos] = consumer
         self.attempts[pos] = self.attempts.get(pos, 0) + 1
 
     @rule(pos=positions, d=durations)
@@ -57,6 +59,18 @@ class LeaseMachine(RuleBasedStateMachine):
         else:
             assert lease is not None
             assert lease.generation == expected[0]
+
+    @rule(pos=positions, consumer=st.integers(0, 3))
+    def give_back(self, pos: int, consumer: int) -> None:
+        lease = self.table.give_back(pos, consumer)
+        if pos not in self.model or self.holders[pos] != consumer:
+            assert lease is None
+            return
+        assert lease is not None
+        assert lease.generation == self.model.pop(pos)[0]
+        self.attempts[pos] -= 1  # never received: the delivery does not count
+        if not self.attempts[pos]:
+            del self.attempts[pos]
 
     @rule(pos=positions)
     def forget(self, pos: int) -> None:

@@ -221,3 +221,50 @@ def test_stale_heap_items_are_compacted_away() -> None:
     assert len(t._heap) <= 2 * len(t) + leases.COMPACT_SLACK
     assert t.next_deadline() == 5.0
     assert [p for p, _ in t.expired(1000.0)] == [10**6]
+
+
+def test_give_back_ends_lease_without_counting_the_attempt() -> None:
+    t = LeaseTable()
+    first = t.grant(4, 0.0, 10.0, consumer=1, size=7)
+    t.release(4)  # nacked: the first delivery counts
+    second = t.grant(4, 1.0, 60.0, consumer=2, size=7)
+    assert t.attempts(4) == 2
+    assert t.give_back(4, consumer=2) is second
+    assert 4 not in t
+    assert t.attempts(4) == 1  # consumer 2 never had it
+    assert t.next_deadline() is None  # its heap item is stale
+    assert t.expired(1000.0) == []
+    third = t.grant(4, 2.0, 60.0, consumer=3, size=7)
+    assert t.attempts(4) == 2
+    assert third.generation > second.generation > first.generation
+
+
+def test_give_back_of_only_delivery_forgets_the_count() -> None:
+    t = LeaseTable()
+    t.grant(1, 0.0, 10.0, consumer=1, size=1)
+    assert t.give_back(1, consumer=1) is not None
+    assert t.attempts(1) == 0
+    assert len(t) == 0
+    t.grant(1, 0.0, 10.0, consumer=2, size=1)
+    assert t.attempts(1) == 1
+
+
+def test_give_back_only_by_the_holder() -> None:
+    t = LeaseTable()
+    lease = t.grant(1, 0.0, 10.0, consumer=1, size=1)
+    assert t.give_back(1, consumer=2) is None  # someone else's lease
+    assert t.give_back(2, consumer=1) is None  # not leased
+    assert t.get(1) is lease
+    assert t.attempts(1) == 1
+    t.release(1)
+    assert t.give_back(1, consumer=1) is None  # already ended (ack, nack, expiry)
+    assert t.attempts(1) == 1
+
+
+def test_given_back_lease_does_not_expire() -> None:
+    t = LeaseTable()
+    t.grant(1, 0.0, 10.0, consumer=1, size=1)
+    t.grant(2, 0.0, 20.0, consumer=1, size=1)
+    t.give_back(1, consumer=1)
+    assert t.next_deadline() == 20.0
+    assert [p for p, _ in t.expired(30.0)] == [2]

@@ -126,9 +126,23 @@ class SubscriberServicer:
             wait = MAX_PULL_WAIT_S
             if remaining is not None:
                 wait = max(0.0, min(wait, remaining - PULL_DEADLINE_MARGIN_S))
-        messages = await forwarder.pull(request.subscription, request.max_messages, wait)
-        metrics.DELIVERED_MESSAGES.inc(len(messages))
-        return b"".join(messages)  # a serialized PullResponse (core/wire.py)
+        pulled = await forwarder.pull(request.subscription, request.max_messages, wait)
+        # Pull is served as a server-streaming method with one response (the same on the wire as
+        # a unary answer) so that the handler learns whether the response went out: a unary
+        # handler cannot, and a write fails if the client is gone before the response is
+        # written to its connection (cancelled, deadline passed, process killed, not reading).
+        # Those messages were never delivered; they go back at once, not after their deadline.
+        try:
+            await context.write(b"".join(pulled.messages))  # a serialized PullResponse
+        except asyncio.CancelledError:
+            pulled.give_back()
+            raise
+        except Exception:
+            pulled.give_back()
+            log.debug("Pull response not sent: the client is gone", exc_info=True)
+            # End the RPC as cancelled by the peer, which it was (grpc logs this at debug).
+            raise asyncio.CancelledError() from None
+        metrics.DELIVERED_MESSAGES.inc(len(pulled.messages))
 
     @rpc
     async def Acknowledge(self, request: Any, context: Context) -> Any:
@@ -197,9 +211,10 @@ class SubscriberServicer:
                     code, _ = to_status(item)
                     await context.abort(code, str(item))
                     raise item  # unreachable: abort raises
-                metrics.DELIVERED_MESSAGES.inc(len(item))
-                item.append(props)
-                yield b"".join(item)  # a serialized StreamingPullResponse (core/wire.py)
+                messages, _ = item
+                metrics.DELIVERED_MESSAGES.inc(len(messages))
+                messages.append(props)
+                yield b"".join(messages)  # a serialized StreamingPullResponse (core/wire.py)
         finally:
             if consumer is not None:
                 log.debug("stream %d closed; %d outstanding", consumer.id, consumer.outstanding)
@@ -210,6 +225,11 @@ class SubscriberServicer:
                     await reader
             if dispatcher is not None and consumer is not None:
                 dispatcher.remove_consumer(consumer)
+                # Responses still queued were never written: the client cannot have them, so
+                # they go back now. (What was yielded may be in the client's hands: it keeps its
+                # lease, and the official client may still ack it.)
+                consumer.closed = True
+                dispatcher.give_back(consumer.id, consumer.unsent())
 
     def _open_stream(self, first: Any) -> tuple[SubscribingForwarder, Any, Any, StreamConsumer]:
         if not first.subscription:
@@ -333,7 +353,11 @@ def handlers(servicer: SubscriberServicer) -> grpc.GenericRpcHandler:
             ),
             "Seek": unary(s.Seek, pb.SeekRequest, pb.SeekResponse),
             # Pull and StreamingPull answer with bytes assembled in core/wire.py.
-            "Pull": unary(s.Pull, pb.PullRequest, None),
+            "Pull": grpc.unary_stream_rpc_method_handler(  # one response: see Pull
+                parsing(s.Pull, pb.PullRequest),
+                request_deserializer=None,
+                response_serializer=None,
+            ),
             "Acknowledge": unary(s.Acknowledge, pb.AcknowledgeRequest, pb.Empty),
             "ModifyAckDeadline": unary(s.ModifyAckDeadline, pb.ModifyAckDeadlineRequest, pb.Empty),
             "ModifyPushConfig": unary(s.ModifyPushConfig, pb.ModifyPushConfigRequest, pb.Empty),

@@ -58,8 +58,9 @@ class Consumer(abc.ABC):
         self.outstanding_bytes -= size
 
     @abc.abstractmethod
-    def deliver(self, messages: list[bytes]) -> None:
-        """Take framed ReceivedMessages (``core.wire.received_message``)."""
+    def deliver(self, messages: list[bytes], positions: list[int]) -> None:
+        """Take framed ReceivedMessages (``core.wire.received_message``) and the positions
+        leased with them (to give back what never reaches the client)."""
 
 
 class StreamConsumer(Consumer):
@@ -70,10 +71,21 @@ class StreamConsumer(Consumer):
     ) -> None:
         super().__init__(ack_deadline_s, max_messages, max_bytes)
         self.client_id = client_id  # stable across the client's reconnects
-        self.queue: asyncio.Queue[list[bytes] | BaseException] = asyncio.Queue()
+        # Responses (messages, positions) not yet written to the stream, or the error to end it
+        self.queue: asyncio.Queue[tuple[list[bytes], list[int]] | BaseException] = asyncio.Queue()
 
-    def deliver(self, messages: list[bytes]) -> None:
-        self.queue.put_nowait(messages)
+    def deliver(self, messages: list[bytes], positions: list[int]) -> None:
+        self.queue.put_nowait((messages, positions))
+
+    def unsent(self) -> list[int]:
+        """Take the positions of every response still queued (the stream ended: none of them
+        was written, so the client cannot have them)."""
+        out: list[int] = []
+        while not self.queue.empty():
+            item = self.queue.get_nowait()
+            if isinstance(item, tuple):
+                out.extend(item[1])
+        return out
 
     def end(self, error: BaseException) -> None:
         """Make the stream's writer end the RPC with ``error``."""
@@ -87,13 +99,15 @@ class PullWaiter(Consumer):
     def __init__(self, ack_deadline_s: float, max_messages: int) -> None:
         super().__init__(ack_deadline_s, max_messages, 0)
         self.future: asyncio.Future[list[bytes]] = asyncio.get_running_loop().create_future()
+        self.positions: list[int] = []  # leased to this Pull (given back if never sent)
 
     def room(self) -> tuple[int, int]:
         if self.future.done():
             return 0, 0
         return super().room()
 
-    def deliver(self, messages: list[bytes]) -> None:
+    def deliver(self, messages: list[bytes], positions: list[int]) -> None:
         if not self.future.done():
             self.future.set_result(messages)
+            self.positions = positions
         self.closed = True

@@ -308,7 +308,7 @@ class SubscriptionDispatcher:
         consumer.taken(len(batch), total)
         self._outstanding_bytes += total
         self.delivered += len(batch)
-        consumer.deliver(received)
+        consumer.deliver(received, [pos for pos, _, _ in batch])
 
     def _current_filter(self) -> filters.Filter | None:
         text = self.subscription.filter
@@ -531,6 +531,36 @@ class SubscriptionDispatcher:
             self._delayed.add(pos, now + delay)
         else:
             self._requeue(pos)
+
+    def give_back(self, consumer_id: int, positions: list[int]) -> int:
+        """Consumer ``consumer_id`` never received ``positions`` (a cancelled Pull, a response
+        that could not be sent to a vanished client, a stream's unsent responses): end its
+        leases on them without counting a delivery attempt and deliver them again at once. A
+        keyed message goes back to the front of its key's queue with the key's later
+        outstanding messages, as after a nack but with no backoff. Positions acked, nacked,
+        expired or leased to someone else meanwhile are left alone. Returns how many came back."""
+        back = 0
+        giving = set(positions)
+        ordering = self.ordering
+        for pos in sorted(giving):
+            lease = self.leases.give_back(pos, consumer_id)
+            if lease is None:
+                continue
+            back += 1
+            self._outstanding_bytes -= lease.size
+            consumer = self.consumers.get(consumer_id)
+            if consumer is not None:
+                consumer.returned(lease.size)
+            if ordering.key_of(pos) is None:
+                self._requeue(pos)
+                continue
+            for later in ordering.fail(pos):
+                if later not in giving:  # (cannot happen: a key's batch has one consumer)
+                    self._release(later)
+        if back:
+            self.delivered -= back
+            self.schedule_pump()
+        return back
 
     # --- dead letters -------------------------------------------------------------------------
 

@@ -26,6 +26,26 @@ log = logging.getLogger(__name__)
 PERMANENT_INVALID = "PERMANENT_FAILURE_INVALID_ACK_ID"
 
 
+class Pulled:
+    """A Pull's response: framed ReceivedMessages leased to one Pull."""
+
+    __slots__ = ("_dispatcher", "_waiter", "messages")
+
+    def __init__(
+        self, dispatcher: SubscriptionDispatcher, waiter: PullWaiter, messages: list[bytes]
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._waiter = waiter
+        self.messages = messages
+
+    def give_back(self) -> int:
+        """The response never reached the client: its messages go to other consumers now,
+        and this delivery does not count as an attempt. Returns how many went back."""
+        if not self.messages:
+            return 0
+        return self._dispatcher.give_back(self._waiter.id, self._waiter.positions)
+
+
 class SubscribingForwarder:
     def __init__(self, publishing: PublishingForwarder) -> None:
         self.publishing = publishing
@@ -75,8 +95,12 @@ class SubscribingForwarder:
 
     # --- pull ---------------------------------------------------------------------------------
 
-    async def pull(self, name: str, max_messages: int, wait_s: float) -> list[bytes]:
-        """Up to max_messages framed ReceivedMessages; waits up to wait_s for the first one."""
+    async def pull(self, name: str, max_messages: int, wait_s: float) -> Pulled:
+        """Up to max_messages framed ReceivedMessages; waits up to wait_s for the first one.
+
+        Cancelled (the client cancelled or vanished), the Pull is unregistered at once and
+        whatever was leased to it in the meantime is given back. The caller calls
+        ``Pulled.give_back`` if the response then cannot be sent."""
         if self.closing:
             raise Unavailable("the server is shutting down")
         d = self.dispatcher(name)
@@ -85,16 +109,36 @@ class SubscribingForwarder:
         d.add_consumer(waiter)
         if waiter.future.done() or wait_s <= 0:
             d.remove_consumer(waiter)
-            return waiter.future.result() if waiter.future.done() else []
+            return Pulled(d, waiter, waiter.future.result() if waiter.future.done() else [])
         try:
-            return await asyncio.wait_for(asyncio.shield(waiter.future), wait_s)
+            messages = await asyncio.wait_for(asyncio.shield(waiter.future), wait_s)
         except TimeoutError:
             waiter.closed = True
             d.remove_consumer(waiter)
             if waiter.future.done():  # filled in the same loop turn as the timeout
-                return waiter.future.result()
+                return Pulled(d, waiter, waiter.future.result())
             waiter.future.cancel()
-            return []
+            return Pulled(d, waiter, [])
+        except asyncio.CancelledError:
+            self._abandon(d, waiter)
+            raise
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            # Cancelled in the loop turn the messages arrived in: Python 3.11's wait_for then
+            # returns the result instead of raising.
+            self._abandon(d, waiter)
+            raise asyncio.CancelledError
+        return Pulled(d, waiter, messages)
+
+    @staticmethod
+    def _abandon(d: SubscriptionDispatcher, waiter: PullWaiter) -> None:
+        """The Pull was cancelled: unregister it, and give back what it was handed."""
+        waiter.closed = True
+        d.remove_consumer(waiter)
+        f = waiter.future
+        if f.done() and not f.cancelled() and f.exception() is None:
+            d.give_back(waiter.id, waiter.positions)  # filled, but nobody will send it
+        f.cancel()
 
     # --- streaming pull -----------------------------------------------------------------------
 

@@ -8,7 +8,8 @@ Rules:
 2. A lease ends by ack (``release``), by nack (``release``, the caller requeues) or by expiry
    (``expired`` returns it once, in deadline order). An extended lease keeps its generation.
 3. ``attempts`` counts deliveries per position (1 + nacks + expiries) until the position is
-   acked (``forget``); it survives lease ends, so redeliveries count up.
+   acked (``forget``); it survives lease ends, so redeliveries count up. A lease given back
+   (``give_back``: its consumer never received the message) ends without counting.
 5. A lease is *confirmed* once the client changed its deadline (the official clients send a
    receipt deadline change for every message they receive); an unconfirmed expiry suggests the
    consumer never got the message.
@@ -92,6 +93,21 @@ class LeaseTable:
     def release(self, pos: int) -> Lease | None:
         """End the lease of ``pos`` (ack or nack); return it, or None if it was not leased."""
         return self._leases.pop(pos, None)
+
+    def give_back(self, pos: int, consumer: int) -> Lease | None:
+        """``consumer`` never received ``pos`` (its Pull was cancelled, its client vanished
+        before the response went out): end the lease and undo its delivery count. Only the
+        holder's current lease is given back; return it, or None if ``consumer`` holds none."""
+        lease = self._leases.get(pos)
+        if lease is None or lease.consumer != consumer:
+            return None
+        del self._leases[pos]
+        left = self._attempts.get(pos, 0) - 1
+        if left > 0:
+            self._attempts[pos] = left
+        else:
+            self._attempts.pop(pos, None)
+        return lease
 
     def forget(self, pos: int) -> None:
         """The position is acked: drop its delivery count too."""

@@ -112,7 +112,7 @@ class PushConsumer(Consumer):
             return 0, 0
         return n, MAX_RESPONSE_BYTES
 
-    def deliver(self, messages: list[bytes]) -> None:
+    def deliver(self, messages: list[bytes], positions: list[int]) -> None:
         if self.closed:  # cannot happen (room() is 0); the leases expire if it does
             return
         response = pb.PullResponse.FromString(b"".join(messages))
