@@ -39,8 +39,6 @@ log = logging.getLogger(__name__)
 # INVALID_ARGUMENT from validation instead of a transport error the client would retry.
 MAX_RECEIVE_BYTES = 32 << 20
 MAX_SEND_BYTES = 32 << 20
-# How often evict_oldest backlog quotas are enforced.
-QUOTA_CHECK_S = 1.0
 
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
@@ -70,6 +68,8 @@ class PubsubServer:
             fsync=storage.fsync,
             segment_bytes=storage.segment_bytes,
             disk=self.disk,
+            trim_interval_s=storage.trim_interval_s,
+            ack_flush_interval_s=storage.ack_flush_interval_s,
         )
         self.subscribing = SubscribingForwarder(self.publishing)
         self.router = Router(
@@ -175,9 +175,9 @@ class PubsubServer:
         self.sli_events.start()
 
     async def _quota_loop(self) -> None:
-        """Backlog quotas with evict_oldest are applied every QUOTA_CHECK_S."""
+        """Backlog quotas with evict_oldest are applied every ``quota_check_s``."""
         while True:
-            await asyncio.sleep(QUOTA_CHECK_S)
+            await asyncio.sleep(self.config.quota_check_s)
             try:
                 self.catalog.enforce_eviction()
             except Exception:
@@ -198,6 +198,8 @@ class PubsubServer:
                 for name, d in self.subscribing.dispatchers.items()
             },
             "storage": self.publishing.stats(),
+            # Completed trim passes (every trim_interval_s): "the next pass" for tests and tools
+            "trim_passes": self.publishing.trim_passes,
             # Replay API named cursors: topic -> cursor -> offsets, lag (latest - committed)
             "cursors": self.cursors.status(),
             "dedup": {

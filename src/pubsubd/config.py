@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -19,6 +20,12 @@ class StorageConfig:
     data_dir: Path = DEFAULT_DATA_DIR
     fsync: FsyncPolicy = FsyncPolicy.ALWAYS
     segment_bytes: int = 64 << 20
+    # How often the publishing forwarder flushes the ack journals, then trims every source to
+    # what its subscriptions and pins still need (data/publish/forwarder.py).
+    trim_interval_s: float = 2.0
+    # How often the ack journals are flushed between trim passes: acks newer than this may be
+    # redelivered after a crash (at-least-once).
+    ack_flush_interval_s: float = 0.05
 
 
 @dataclass(frozen=True)
@@ -29,6 +36,8 @@ class ServerConfig:
     storage: StorageConfig = field(default_factory=StorageConfig)
     # How long a graceful stop waits for in-flight RPCs after ending the streams.
     shutdown_grace_s: float = 5.0
+    # How often backlog quotas with evict_oldest are enforced.
+    quota_check_s: float = 1.0
     # How often expiration_policy, snapshot expiry and message retention are checked.
     expiry_check_s: float = 60.0
     # Tests only: every expiration_policy ttl is divided by this (control/expiry.py).
@@ -42,9 +51,11 @@ class ServerConfig:
 
 def from_env(env: dict[str, str] | None = None) -> ServerConfig:
     """Defaults overridden by PUBSUBD_HOST, PUBSUBD_PORT, PUBSUBD_HTTP_PORT, PUBSUBD_DATA_DIR,
-    PUBSUBD_FSYNC, PUBSUBD_SEGMENT_BYTES, PUBSUBD_EXPIRY_CHECK_S, PUBSUBD_DEDUP_WINDOW_S and
+    PUBSUBD_FSYNC, PUBSUBD_SEGMENT_BYTES, PUBSUBD_TRIM_INTERVAL_S, PUBSUBD_ACK_FLUSH_INTERVAL_S,
+    PUBSUBD_QUOTA_CHECK_S, PUBSUBD_EXPIRY_CHECK_S, PUBSUBD_DEDUP_WINDOW_S and
     PUBSUBD_SLI_EVENTS_S
-    (PUBSUBD_TEST_TTL_DIVISOR is for tests only)."""
+    (PUBSUBD_TEST_TTL_DIVISOR is for tests only). An interval that is not a positive number
+    raises ValueError here, not when its loop first runs."""
     e = os.environ if env is None else env
     cfg = ServerConfig()
     storage = cfg.storage
@@ -54,14 +65,32 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
         storage = replace(storage, fsync=FsyncPolicy(e["PUBSUBD_FSYNC"]))
     if "PUBSUBD_SEGMENT_BYTES" in e:
         storage = replace(storage, segment_bytes=int(e["PUBSUBD_SEGMENT_BYTES"]))
+    storage = replace(
+        storage,
+        trim_interval_s=_interval(e, "PUBSUBD_TRIM_INTERVAL_S", storage.trim_interval_s),
+        ack_flush_interval_s=_interval(
+            e, "PUBSUBD_ACK_FLUSH_INTERVAL_S", storage.ack_flush_interval_s
+        ),
+    )
     return replace(
         cfg,
         host=e.get("PUBSUBD_HOST", cfg.host),
         port=int(e.get("PUBSUBD_PORT", cfg.port)),
         http_port=int(e.get("PUBSUBD_HTTP_PORT", cfg.http_port)),
         storage=storage,
+        quota_check_s=_interval(e, "PUBSUBD_QUOTA_CHECK_S", cfg.quota_check_s),
         expiry_check_s=float(e.get("PUBSUBD_EXPIRY_CHECK_S", cfg.expiry_check_s)),
         test_ttl_divisor=float(e.get("PUBSUBD_TEST_TTL_DIVISOR", cfg.test_ttl_divisor)),
         dedup_window_s=float(e.get("PUBSUBD_DEDUP_WINDOW_S", cfg.dedup_window_s)),
         sli_events_s=float(e.get("PUBSUBD_SLI_EVENTS_S", cfg.sli_events_s)),
     )
+
+
+def _interval(env: Mapping[str, str], name: str, default: float) -> float:
+    """A loop interval from the environment: a positive number of seconds."""
+    if name not in env:
+        return default
+    value = float(env[name])
+    if not value > 0:  # also NaN
+        raise ValueError(f"{name} must be a positive number of seconds, not {env[name]!r}")
+    return value

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from pubsubd.data.publish import forwarder as forwarder_module
 from pubsubd.data.publish.forwarder import PublishingForwarder
 from pubsubd.data.publish.source import TopicSources
 from pubsubd.storage.framing import Entry
@@ -74,12 +73,9 @@ async def _release_fully(log: SourceLog) -> None:
 # --- lazy creation ----------------------------------------------------------------------------
 
 
-async def test_unwritten_topic_with_subscriptions_creates_nothing_on_disk(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(forwarder_module, "TRIM_INTERVAL_S", 0.01)
+async def test_unwritten_topic_with_subscriptions_creates_nothing_on_disk(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    forwarder = PublishingForwarder(data)
+    forwarder = PublishingForwarder(data, trim_interval_s=0.01)
     forwarder.start()
     try:
         for t in range(20):
@@ -91,7 +87,9 @@ async def test_unwritten_topic_with_subscriptions_creates_nothing_on_disk(
             forwarder.add_commit_listener(f"topic-{t}", lambda offset: None)
             assert forwarder.end_offsets(f"topic-{t}") == {0: 0}
             assert forwarder.read(f"topic-{t}", 0, 0, 100, 1 << 20) == []
-        await asyncio.sleep(0.1)  # several trim passes, ack flushes, release_idle calls
+        passes = forwarder.trim_passes
+        # Several trim passes (each flushes acks and calls release_idle) create nothing.
+        await _until(lambda: forwarder.trim_passes >= passes + 3, "three more trim passes")
         assert forwarder.stored == set()
         assert _tree(data) == []
     finally:
@@ -325,11 +323,8 @@ async def test_topic_sources_release_only_idle_logs(tmp_path: Path) -> None:
     await sources.close()
 
 
-async def test_trim_loop_releases_published_topics_files(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(forwarder_module, "TRIM_INTERVAL_S", 0.02)
-    forwarder = PublishingForwarder(tmp_path / "data")
+async def test_trim_loop_releases_published_topics_files(tmp_path: Path) -> None:
+    forwarder = PublishingForwarder(tmp_path / "data", trim_interval_s=0.02)
     baseline = _open_fds()
     forwarder.start()
     try:

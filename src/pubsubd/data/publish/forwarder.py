@@ -37,9 +37,10 @@ log = logging.getLogger(__name__)
 # On-disk layout under the data directory.
 TOPICS_DIR = "topics"  # topics/{topic uid}/source-{n}/  segments of each source
 SUBSCRIPTIONS_DIR = "subscriptions"  # subscriptions/{subscription uid}/  ack journal
-# How often fully acked segments are deleted and ack journals flushed.
-TRIM_INTERVAL_S = 2.0
-ACK_FLUSH_INTERVAL_S = 0.05
+# Defaults of the settings storage.trim_interval_s (how often ack journals are flushed and
+# fully acked segments deleted) and storage.ack_flush_interval_s (config.py).
+DEFAULT_TRIM_INTERVAL_S = 2.0
+DEFAULT_ACK_FLUSH_INTERVAL_S = 0.05
 
 
 class PublishingForwarder:
@@ -50,6 +51,8 @@ class PublishingForwarder:
         fsync: FsyncPolicy = FsyncPolicy.ALWAYS,
         segment_bytes: int = 64 << 20,
         disk: DiskSpace | None = None,
+        trim_interval_s: float = DEFAULT_TRIM_INTERVAL_S,
+        ack_flush_interval_s: float = DEFAULT_ACK_FLUSH_INTERVAL_S,
     ) -> None:
         self.data_dir = data_dir
         # Disk-full episodes of the data directory (storage/disk_space.py): every write failing
@@ -57,6 +60,10 @@ class PublishingForwarder:
         self.disk = disk or DiskSpace(data_dir)
         self.fsync = fsync
         self.segment_bytes = segment_bytes
+        self.trim_interval_s = trim_interval_s
+        self.ack_flush_interval_s = ack_flush_interval_s
+        # Completed trim passes (/status "trim_passes"): tests wait for the next pass with it.
+        self.trim_passes = 0
         self.topics: dict[str, TopicSources] = {}
         # Delayed messages of every topic, by due time, on disk; one tracker per open topic.
         self.delay_index: DelayIndex | None = None
@@ -318,12 +325,12 @@ class PublishingForwarder:
 
     async def _ack_flush_loop(self) -> None:
         while True:
-            await asyncio.sleep(ACK_FLUSH_INTERVAL_S)
+            await asyncio.sleep(self.ack_flush_interval_s)
             await self._flush_acks()
 
     async def _trim_loop(self) -> None:
         while True:
-            await asyncio.sleep(TRIM_INTERVAL_S)
+            await asyncio.sleep(self.trim_interval_s)
             self.disk.check()  # a disk-full episode ends here if space came back meanwhile
             # Acks must be durable before the messages they cover are deleted.
             await self._flush_acks()
@@ -342,3 +349,4 @@ class PublishingForwarder:
                     sources.release_idle()
                 except (OSError, StorageError):
                     log.exception("trim of topic %s failed", sources.topic_uid)
+            self.trim_passes += 1
