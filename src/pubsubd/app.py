@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from pubsubd.api.grpc import publisher, replay, subscriber
+from pubsubd.api.grpc import admin, publisher, replay, subscriber
 from pubsubd.config import ServerConfig
 from pubsubd.control.catalog import Catalog
 from pubsubd.control.cursors import Cursors
@@ -27,7 +27,7 @@ from pubsubd.core import pb
 from pubsubd.data.publish.dedup import Deduplicator
 from pubsubd.data.publish.forwarder import PublishingForwarder
 from pubsubd.data.subscribe.forwarder import SubscribingForwarder
-from pubsubd.observability import metrics
+from pubsubd.observability import background, metrics
 from pubsubd.observability.events import EVENTS_TOPIC, BacklogRotation, EventEmitter
 from pubsubd.observability.http import HttpEndpoint
 from pubsubd.storage.disk_space import DiskSpace
@@ -109,6 +109,7 @@ class PubsubServer:
         self.maintenance.start()
         self._quota_task = asyncio.create_task(self._quota_loop(), name="quota_loop")
         self._start_sli_events()
+        self._damage_gauges()
         server = grpc.aio.server(options=GRPC_OPTIONS)
         server.add_generic_rpc_handlers(
             [
@@ -117,6 +118,7 @@ class PubsubServer:
                 replay.handlers(
                     replay.ReplayServicer(self.catalog, self.router, self.cursors, self.dedup)
                 ),
+                admin.handlers(admin.AdminServicer(self.catalog, self.router)),
             ]
         )
         self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
@@ -180,8 +182,8 @@ class PubsubServer:
             await asyncio.sleep(self.config.quota_check_s)
             try:
                 self.catalog.enforce_eviction()
-            except Exception:
-                log.exception("backlog quota eviction failed")
+            except Exception as e:
+                background.report("backlog quota eviction", e)
 
     def status(self) -> dict[str, Any]:
         return {
@@ -193,6 +195,8 @@ class PubsubServer:
                     "consumers": len(d.consumers),
                     "delivered": d.delivered,
                     "acked": d.acked,
+                    "lost": d.lost,
+                    **d.damage_status(),
                     **self.subscribing.push.stats(name),
                 }
                 for name, d in self.subscribing.dispatchers.items()
@@ -200,6 +204,9 @@ class PubsubServer:
             "storage": self.publishing.stats(),
             # Completed trim passes (every trim_interval_s): "the next pass" for tests and tools
             "trim_passes": self.publishing.trim_passes,
+            # Damaged stored messages (storage/damage.py) and topics whose storage cannot open
+            "damaged": self.damage_status(),
+            "failed_topics": self.publishing.failed_topics,
             # Replay API named cursors: topic -> cursor -> offsets, lag (latest - committed)
             "cursors": self.cursors.status(),
             "dedup": {
@@ -209,6 +216,33 @@ class PubsubServer:
             },
             "disk": self.disk.status(),
         }
+
+    def damage_status(self) -> list[dict[str, Any]]:
+        out = []
+        for uid, ranges in sorted(self.publishing.damage_report().items()):
+            entry = self.catalog.topics_by_uid.get(uid)
+            for source, damaged in ranges:
+                out.append(
+                    {
+                        "topic": entry.record.name if entry is not None else "",
+                        "topic_storage": uid,
+                        "source": source,
+                        "messages": damaged.messages,
+                        **damaged.as_dict(),
+                    }
+                )
+        return out
+
+    def _damage_gauges(self) -> None:
+        def ranges() -> float:
+            return sum(len(r) for r in self.publishing.damage_report().values())
+
+        def messages() -> float:
+            report = self.publishing.damage_report().values()
+            return sum(d.messages for r in report for _, d in r)
+
+        metrics.DAMAGED_RANGES.set_function(ranges)
+        metrics.DAMAGED_MESSAGES.set_function(messages)
 
 
 async def serve(config: ServerConfig) -> None:

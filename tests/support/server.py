@@ -19,6 +19,7 @@ READY = re.compile(r"pubsubd ready grpc=(\S+):(\d+) http=(\S+):(\d+)")
 class ServerProcess:
     data_dir: Path
     args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # extra environment (PUBSUBD_* settings)
     proc: subprocess.Popen[bytes] | None = None
     host: str = "127.0.0.1"
     port: int = 0
@@ -34,6 +35,7 @@ class ServerProcess:
         log = self.log_path.open("ab")
         env = dict(os.environ)
         env.pop("PUBSUB_EMULATOR_HOST", None)
+        env.update(self.env)
         cmd = [
             sys.executable,
             "-m",

@@ -148,7 +148,7 @@ async def test_torn_tail_is_truncated(tmp_path: Path, tail: bytes | str) -> None
     await log.close()
 
 
-async def test_corruption_in_an_older_segment_is_an_error(tmp_path: Path) -> None:
+async def test_corruption_in_an_older_segment_is_reported_not_fatal(tmp_path: Path) -> None:
     log = SourceLog.open(tmp_path, segment_bytes=80)
     await _fill(log, 10)
     await log.close()
@@ -157,15 +157,18 @@ async def test_corruption_in_an_older_segment_is_an_error(tmp_path: Path) -> Non
     data[20] ^= 0xFF
     first.write_bytes(bytes(data))
     # With its index file the sealed segment is not read at start-up: the first read of the
-    # damaged entry reports it.
+    # damaged entry reports it (tests/unit/test_log_damage.py has the rest).
     log = SourceLog.open(tmp_path)
     with pytest.raises(CorruptEntry, match=first.name):
         log.read(0)
     await log.close()
-    # Without it, the start-up scan does.
+    # Without it, the start-up scan finds it, and the log still opens.
     (tmp_path / segment_index.index_file_name(0)).unlink()
+    log = SourceLog.open(tmp_path)
+    assert [d.path for d in log.damaged_ranges()] == [str(first)]
     with pytest.raises(CorruptEntry, match=first.name):
-        SourceLog.open(tmp_path)
+        log.read(0)
+    await log.close()
 
 
 async def test_sealed_segments_reopen_from_their_index_files(
@@ -182,9 +185,9 @@ async def test_sealed_segments_reopen_from_their_index_files(
     scanned: list[int] = []
     real_scan = log_module.scan_frames
 
-    def counting_scan(data: bytes) -> object:
+    def counting_scan(data: bytes, start: int = 0) -> object:
         scanned.append(len(data))
-        return real_scan(data)
+        return real_scan(data, start)
 
     monkeypatch.setattr(log_module, "scan_frames", counting_scan)
     reopened = SourceLog.open(tmp_path, segment_bytes=100)

@@ -202,6 +202,76 @@ def topics_delete(
     _emit([{"deleted": full}], ["deleted"], as_json)
 
 
+DAMAGE_COLUMNS = ["topic", "source", "first_offset", "end_offset", "file", "bytes", "reason"]
+
+
+def _damage_rows(ranges: Any) -> list[dict[str, Any]]:
+    return [
+        {
+            "topic": d.topic or f"(deleted: {d.topic_storage})",
+            "source": d.source,
+            "first_offset": d.first_offset,
+            "end_offset": d.end_offset,
+            "file": d.file,
+            "bytes": f"{d.byte_start}..{d.byte_stop}",
+            "reason": d.reason,
+            "found": d.found,
+        }
+        for d in ranges
+    ]
+
+
+@topics_app.command("damaged")
+def topics_damaged(
+    topic: Annotated[str, typer.Argument(help="topic (default: every topic)")] = "",
+    endpoint: Endpoint = "127.0.0.1:8085",
+    project: Project = "local",
+    as_json: AsJson = False,
+) -> None:
+    """Damaged stored messages: bytes that fail their checks, by topic, source and offsets."""
+    from pubsubd._gen.pubsubd.v1 import admin_pb2
+
+    full = _name(project, "topics", topic) if topic else ""
+    resp = _replay_call(
+        endpoint,
+        "ListDamagedRanges",
+        admin_pb2.ListDamagedRangesRequest(topic=full),
+        admin_pb2.ListDamagedRangesResponse,
+        service="Admin",
+    )
+    _emit(_damage_rows(resp.ranges), DAMAGE_COLUMNS, as_json)
+
+
+@topics_app.command("skip-damaged")
+def topics_skip_damaged(
+    topic: str,
+    endpoint: Endpoint = "127.0.0.1:8085",
+    project: Project = "local",
+    as_json: AsJson = False,
+) -> None:
+    """Skip the topic's damaged messages: every subscription acknowledges them as lost and
+    goes on delivering (for good: restore the segment file instead to keep them)."""
+    from pubsubd._gen.pubsubd.v1 import admin_pb2
+
+    full = _name(project, "topics", topic)
+    resp = _replay_call(
+        endpoint,
+        "SkipDamagedRanges",
+        admin_pb2.SkipDamagedRangesRequest(topic=full),
+        admin_pb2.SkipDamagedRangesResponse,
+        service="Admin",
+    )
+    if as_json:
+        _emit(
+            [{"skipped": _damage_rows(resp.skipped), "messages_lost": resp.messages_lost}],
+            ["skipped", "messages_lost"],
+            True,
+        )
+    else:
+        _emit(_damage_rows(resp.skipped), DAMAGE_COLUMNS, False)
+        console.print(f"{resp.messages_lost} messages acknowledged as lost")
+
+
 @subs_app.command("create")
 def subscriptions_create(
     name: str,
@@ -286,13 +356,15 @@ def subscriptions_delete(
     _emit([{"deleted": full}], ["deleted"], as_json)
 
 
-def _replay_call(endpoint: str, method: str, request: Any, response_type: Any) -> Any:
-    """One pubsubd.v1.Replay call; a failure is printed with its status code."""
+def _replay_call(
+    endpoint: str, method: str, request: Any, response_type: Any, service: str = "Replay"
+) -> Any:
+    """One pubsubd.v1 call (Replay or Admin); a failure is printed with its status code."""
     import grpc
 
     with grpc.insecure_channel(endpoint) as channel:
         call = channel.unary_unary(
-            f"/pubsubd.v1.Replay/{method}",
+            f"/pubsubd.v1.{service}/{method}",
             request_serializer=lambda m: m.SerializeToString(),
             response_deserializer=response_type.FromString,
         )

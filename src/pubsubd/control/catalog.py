@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pubsubd.control import publish_sources, quotas
-from pubsubd.core import names, pb, validation
+from pubsubd.core import damage_policy, names, pb, validation
 from pubsubd.core.errors import (
     AlreadyExists,
+    DataLoss,
     InvalidArgument,
     NotFound,
     ResourceExhausted,
@@ -216,9 +217,20 @@ class Catalog:
             except InvalidArgument as e:  # stored before the label was validated
                 log.warning("topic %s: %s; opening the sources on disk", t.name, e)
                 counts = publish_sources.SourceCounts()
-            self.publishing.configure_topic(t.uid, counts.sources, counts.key_sources)
+            try:
+                policy = damage_policy.parse(topic.labels)
+            except InvalidArgument:
+                policy = damage_policy.DamagePolicy.STOP
+            try:
+                self.publishing.configure_topic(t.uid, counts.sources, counts.key_sources, policy)
+            except DataLoss:
+                continue  # logged by the forwarder: this topic answers DATA_LOSS, others serve
         for s in self.store.load_subscriptions():
-            self._add_subscription(SubscriptionEntry(s, pb.Subscription.FromString(s.body)))
+            entry = SubscriptionEntry(s, pb.Subscription.FromString(s.body))
+            try:
+                self._add_subscription(entry)
+            except DataLoss as e:
+                self.subscribing.unavailable[s.name] = str(e)
         self.publishing.remove_unreferenced(self._live_topic_uids | set(self._subs_by_topic_uid))
         self.snapshots.load()
         log.info(
@@ -253,6 +265,7 @@ class Catalog:
         quota = quotas.parse(topic.labels)
         quotas.retention_bytes(topic.labels)  # validate; control/snapshots.py reads it
         publish_sources.parse(topic.labels)  # validate
+        policy = damage_policy.parse(topic.labels)
         if topic.name in self.topics:
             raise AlreadyExists("topic", topic.name)
         stored = pb.Topic()
@@ -264,7 +277,7 @@ class Catalog:
         record = TopicRecord(topic.name, uuid.uuid4().hex, stored.SerializeToString())
         self.store.put_topic(record)
         self._add_topic(TopicEntry(record, stored, quota))
-        self.publishing.configure_topic(record.uid, counts.sources, counts.key_sources)
+        self.publishing.configure_topic(record.uid, counts.sources, counts.key_sources, policy)
         self.snapshots.refresh_pins(record.uid)
         return stored
 
@@ -286,13 +299,18 @@ class Catalog:
         validation.topic(updated)
         quota = quotas.parse(updated.labels)
         quotas.retention_bytes(updated.labels)
+        policy = damage_policy.parse(updated.labels)
         entry.record.body = updated.SerializeToString()
         self.store.put_topic(entry.record)  # durable before any new source takes a message
         entry.topic = updated
         entry.quota = quota
         uid = entry.record.uid
-        if self.publishing.configure_topic(uid, counts.sources, counts.key_sources):
+        if self.publishing.configure_topic(uid, counts.sources, counts.key_sources, policy):
             self.snapshots.sources_added(uid)
+        for sub_name in self._subs_by_topic_uid.get(uid, ()):
+            dispatcher = self.subscribing.dispatchers.get(sub_name)
+            if dispatcher is not None:
+                dispatcher.schedule_pump()  # e.g. a damage policy now skips what stopped it
         self.snapshots.refresh_pins(entry.record.uid)
         return updated
 

@@ -103,6 +103,8 @@ class Cursors:
             if rec.topic_uid not in live:
                 self.store.delete_cursor(rec.topic_uid, rec.name)
                 continue
+            if rec.topic_uid in self.catalog.publishing.failed_topics:
+                continue  # its storage cannot be opened (kept, for when it is repaired)
             self._install(rec)
 
     def _sources(self, topic_uid: str) -> TopicSources:

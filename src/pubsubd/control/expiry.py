@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from pubsubd.core.errors import DiskFull
 from pubsubd.core.validation import duration_s
+from pubsubd.observability import background
 
 if TYPE_CHECKING:
     from pubsubd.control.catalog import Catalog
@@ -95,8 +96,8 @@ class Maintenance:
                     await result
             except DiskFull:
                 pass  # counted and logged once per episode (storage/disk_space.py)
-            except Exception:
-                log.exception("maintenance step %s failed", getattr(step, "__name__", step))
+            except Exception as e:
+                background.report(f"maintenance {getattr(step, '__name__', step)}", e)
 
     def _refresh(self) -> None:
         self.catalog.snapshots.refresh_pins(stored_only=True)

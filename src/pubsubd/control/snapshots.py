@@ -30,7 +30,7 @@ from pubsubd.control.catalog import SubscriptionEntry, TopicEntry, _apply_mask, 
 from pubsubd.core import names, pb, validation
 from pubsubd.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from pubsubd.data import retention
-from pubsubd.storage.errors import OffsetOutOfRange
+from pubsubd.storage.errors import DamagedEntries, OffsetOutOfRange
 from pubsubd.storage.metadata import SnapshotRecord
 
 if TYPE_CHECKING:
@@ -444,8 +444,8 @@ def _oldest_unacked_us(sources: TopicSources, states: dict[int, CursorState]) ->
         if offset >= log_.committed_offset:
             continue
         try:
-            t = log_.entry_at(offset).publish_time_us
-        except OffsetOutOfRange:
+            t = log_.publish_time_us(offset)
+        except (OffsetOutOfRange, DamagedEntries):
             continue
         oldest = t if oldest is None else min(oldest, t)
     return oldest

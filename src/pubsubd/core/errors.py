@@ -126,3 +126,9 @@ class Unavailable(PubsubError):
 
 class InternalError(PubsubError):
     """Something failed inside the server (storage I/O, a bug)."""
+
+
+class DataLoss(PubsubError):
+    """Stored messages are damaged (a flipped byte, a lost sector, a lost file) and cannot be
+    read; the message names the topic, the source, the offsets and the file, and what the
+    operator can do (restore the bytes, or skip them)."""

@@ -36,6 +36,7 @@ from typing import Any
 
 from pubsubd.core import ids, pb
 from pubsubd.core.errors import DiskFull
+from pubsubd.observability import background
 
 log = logging.getLogger(__name__)
 
@@ -267,9 +268,9 @@ class EventEmitter:
         except DiskFull:
             self.dropped_batches += 1  # counted and logged once per episode by storage
             return 0
-        except Exception:
+        except Exception as e:
             self.dropped_batches += 1
-            log.exception("publishing SLI events to %s failed", self.topic)
+            background.report("SLI events", e)
             return 0
 
     # --- lifecycle -------------------------------------------------------------------------

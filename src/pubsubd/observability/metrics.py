@@ -36,3 +36,21 @@ DISK_FULL_WRITES = Counter(
 DISK_FREE_BYTES = Gauge(
     "pubsubd_disk_free_bytes", "Bytes this process may still write in the data directory"
 )
+LOST_MESSAGES = Counter(
+    "pubsubd_lost_messages",
+    "Messages acknowledged without delivery because their stored bytes were damaged "
+    "(topic label pubsubd-damaged-entries=skip, or `pubsubd topics skip-damaged`)",
+    ["reason"],
+)
+DAMAGED_RANGES = Gauge(
+    "pubsubd_damaged_ranges",
+    "Damaged ranges of stored messages known now (reads found entries failing their checks)",
+)
+DAMAGED_MESSAGES = Gauge(
+    "pubsubd_damaged_messages", "Messages in the damaged ranges known now (acked ones included)"
+)
+BACKGROUND_ERRORS = Counter(
+    "pubsubd_background_errors",
+    "Exceptions caught in background work (delivery pumps, timers, flush and trim loops)",
+    ["task"],
+)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pubsubd.storage.damage import DamagedRange
+
 
 class StorageError(Exception):
     """Base class of every error raised by ``pubsubd.storage``."""
@@ -9,6 +11,15 @@ class StorageError(Exception):
 
 class CorruptEntry(StorageError):
     """A stored entry failed validation (bad length, CRC mismatch, wrong offset)."""
+
+
+class DamagedEntries(CorruptEntry):
+    """The requested offset lies in a damaged range of the log (storage/damage.py); the
+    entries after it are readable from ``damaged.end_offset`` on."""
+
+    def __init__(self, damaged: DamagedRange) -> None:
+        super().__init__(f"damaged entries: {damaged.describe()}")
+        self.damaged = damaged
 
 
 class OffsetOutOfRange(StorageError):

@@ -19,7 +19,8 @@ offset     size  field           meaning
 An entry covers the offsets ``[base_offset, base_offset + count)``. A frame is valid when
 its whole body is present, ``21 <= body_length <= MAX_BODY_BYTES``, the CRC matches,
 the entry type is known and ``count >= 1``. Scanning stops at the first invalid frame:
-recovery uses that position to cut a torn tail off the last segment.
+recovery uses that position to cut a torn tail off the last segment, or, when a valid frame
+follows it (:func:`find_next_frame`), to mark the bytes in between as damaged and go on.
 """
 
 from __future__ import annotations
@@ -162,6 +163,16 @@ def decode_entry(frame: bytes | memoryview) -> Entry:
     return _entry_from_body(body)
 
 
+def decode_frame_at(buf: bytes | memoryview, pos: int) -> tuple[Entry, int]:
+    """Decode the frame at ``pos`` of ``buf``; return it and its length. Raise
+    :class:`CorruptEntry` naming the problem if it is invalid or incomplete."""
+    try:
+        body, length = _body_at(buf, pos)
+    except _BadFrame as exc:
+        raise CorruptEntry(exc.problem) from None
+    return _entry_from_body(body), length
+
+
 def scan_frames(buf: bytes | memoryview, start: int = 0) -> ScanResult:
     """Walk the frames of ``buf`` from ``start`` (metadata only) until the first invalid one."""
     frames: list[FrameInfo] = []
@@ -196,3 +207,41 @@ def decode_frames(
         decoded.append((_entry_from_body(body), pos, length))
         pos += length
     return decoded, pos
+
+
+# Resynchronisation after a damaged frame accepts a frame only if its base offset is at most
+# this far past the expected one: a random match in damaged bytes is then ~2^-32 (CRC) times
+# this window's share of the offset space, and a real gap is never near this large.
+MAX_RESYNC_OFFSET_GAP = 1 << 32
+
+
+def find_next_frame(buf: bytes, start: int, min_offset: int) -> FrameInfo | None:
+    """The first valid frame starting after ``start`` whose base offset is in
+    ``[min_offset, min_offset + MAX_RESYNC_OFFSET_GAP)``, or None.
+
+    Used after an invalid frame that is not a torn tail. Candidates are the positions 8 bytes
+    before each entry-type byte; cheap header checks come before the CRC, so resynchronising
+    over a damaged megabyte costs well under a second."""
+    limit = len(buf) - FRAME_OVERHEAD
+    type_byte = bytes((ENTRY_TYPE_DATA,))
+    pos = start + 1
+    while pos <= limit:
+        found = buf.find(type_byte, pos + HEADER_SIZE)
+        if found < 0:
+            return None
+        pos = found - HEADER_SIZE
+        if pos > limit:
+            return None
+        body_length, _ = _HEADER.unpack_from(buf, pos)
+        if BODY_PREFIX_SIZE <= body_length <= min(MAX_BODY_BYTES, len(buf) - pos - HEADER_SIZE):
+            _, base_offset, count, _ = _BODY_PREFIX.unpack_from(buf, pos + HEADER_SIZE)
+            if count >= 1 and min_offset <= base_offset < min_offset + MAX_RESYNC_OFFSET_GAP:
+                try:
+                    body, length = _body_at(buf, pos)
+                except _BadFrame:
+                    pass
+                else:
+                    _, base_offset, count, publish_time_us = _BODY_PREFIX.unpack_from(body)
+                    return FrameInfo(pos, length, base_offset, count, publish_time_us)
+        pos += 1
+    return None

@@ -17,6 +17,13 @@ segment: offsets, file positions, publish times): a sealed segment's from the in
 written when the log rolled past it (:mod:`pubsubd.storage.segment_index`), if it checks out,
 else by scanning the segment; the last segment is always scanned and a torn tail cut off it.
 
+Damage (:mod:`pubsubd.storage.damage`): an invalid frame followed by a valid one is not a torn
+tail. The scan resynchronises on the next valid frame and records the entries in between as a
+damaged range; a read that finds an entry failing its CRC records it the same way. Reads stop
+before a damaged range and raise :class:`DamagedEntries` inside one, so one flipped byte costs
+the entries it hit, never the log, the topic or the server. :meth:`SourceLog.recheck_damage`
+re-reads damaged ranges, so bytes an operator restores become readable without a restart.
+
 Many logs, few files: a log whose directory does not exist yet is empty at offset 0 and
 creates its directory and first segment (fsyncing each new directory entry) before its
 first write, so topics that are never published to cost no files. :meth:`release_idle`,
@@ -39,14 +46,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pubsubd.storage import segment_index
+from pubsubd.storage.damage import FOUND_AT_START, FOUND_BY_READ, DamagedRange, DamageMap
 from pubsubd.storage.disk_space import disk_full_reason
-from pubsubd.storage.errors import CorruptEntry, LogClosed, OffsetOutOfRange, StorageError
+from pubsubd.storage.errors import (
+    CorruptEntry,
+    DamagedEntries,
+    LogClosed,
+    OffsetOutOfRange,
+    StorageError,
+)
 from pubsubd.storage.files import fsync_directory, make_dirs
 from pubsubd.storage.framing import (
     FRAME_OVERHEAD,
     Entry,
-    decode_frames,
+    decode_frame_at,
     encode_entry,
+    find_next_frame,
     scan_frames,
 )
 from pubsubd.storage.replication import (
@@ -57,7 +72,7 @@ from pubsubd.storage.replication import (
     segment_file_name,
 )
 
-__all__ = ["SEGMENT_SUFFIX", "FsyncPolicy", "SourceLog"]
+__all__ = ["SEGMENT_SUFFIX", "DamagedRange", "FsyncPolicy", "SourceLog"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +107,9 @@ class _Segment:
     times: array[int] = field(default_factory=lambda: array("q"))
     size: int = 0  # committed bytes
     end_offset: int = -1  # next offset after the last entry
+    # The start-up scan skipped damaged bytes: the index has a hole, so no index file may be
+    # written for this segment (it would hide the hole at the next start).
+    holes: bool = False
 
     def __post_init__(self) -> None:
         if self.end_offset < 0:
@@ -103,6 +121,13 @@ class _Segment:
         self.times.append(publish_time_us)
         self.size += length
         self.end_offset = base_offset + count
+
+    def add_at(
+        self, position: int, base_offset: int, count: int, publish_time_us: int, length: int
+    ) -> None:
+        """Add an entry found at ``position`` (after damaged bytes the scan skipped)."""
+        self.size = position
+        self.add(base_offset, count, publish_time_us, length)
 
     def frame_end(self, index: int) -> int:
         """File position just after entry ``index``'s frame."""
@@ -160,8 +185,9 @@ class _Pending:
     future: asyncio.Future[int]
 
 
-def _recover(directory: Path) -> list[_Segment]:
-    """Scan the segment files of ``directory`` into an index; cut a torn last tail."""
+def _recover(directory: Path) -> tuple[list[_Segment], list[DamagedRange]]:
+    """Scan the segment files of ``directory`` into an index; cut a torn last tail; record
+    damaged entries instead of failing on them."""
     bases = sorted(
         base
         for path in directory.iterdir()
@@ -171,14 +197,41 @@ def _recover(directory: Path) -> list[_Segment]:
         path = directory / segment_file_name(0)
         path.touch()
         fsync_directory(directory)
-        return [_Segment(0, path)]
+        return [_Segment(0, path)], []
     segments: list[_Segment] = []
+    damaged: list[DamagedRange] = []
     for k, base in enumerate(bases):
         is_last = k == len(bases) - 1
         path = directory / segment_file_name(base)
+        if segments and base != segments[-1].end_offset:
+            previous = segments[-1]
+            if base < previous.end_offset:
+                raise CorruptEntry(
+                    f"{path}: segment starts at offset {base} but the previous one ends at"
+                    f" {previous.end_offset}"
+                )
+            # The previous segment's damaged tail (or a lost segment file) hides these.
+            tail = damaged[-1] if damaged and damaged[-1].path == str(previous.path) else None
+            if tail is not None and tail.end_offset == previous.end_offset:
+                damaged[-1] = _with_end(tail, base)
+            else:
+                damaged.append(
+                    DamagedRange(
+                        str(previous.path),
+                        previous.end_offset,
+                        base,
+                        previous.size,
+                        previous.size,
+                        f"no entries between this segment's end and {path.name}",
+                        FOUND_AT_START,
+                        indexed=False,
+                    )
+                )
+            previous.end_offset = base
+            previous.holes = True
         if not is_last:  # sealed: its index file spares the scan (storage/segment_index.py)
             index = segment_index.load(directory, base, path.stat().st_size)
-            if index is not None and (not segments or base == segments[-1].end_offset):
+            if index is not None:
                 segments.append(
                     _Segment(
                         base,
@@ -191,41 +244,106 @@ def _recover(directory: Path) -> list[_Segment]:
                     )
                 )
                 continue
-        data = path.read_bytes()
-        scan = scan_frames(data)
-        if scan.problem is not None and not is_last:
-            raise CorruptEntry(f"{path}: {scan.problem} at byte {scan.valid_end}")
-        segment = _Segment(base, path)
+        segment, found = _scan_segment(path, base, is_last)
+        segments.append(segment)
+        damaged.extend(found)
+        if not is_last and not segment.holes:
+            segment_index.write(directory, _index_of(segment))
+    for d in damaged:
+        if d.end_offset > d.first_offset:
+            logger.error("log %s: damaged entries: %s", directory, d.describe())
+        else:
+            logger.warning("log %s: invalid bytes hold no entry: %s", directory, d.describe())
+    return segments, [d for d in damaged if d.end_offset > d.first_offset]
+
+
+def _scan_segment(path: Path, base: int, is_last: bool) -> tuple[_Segment, list[DamagedRange]]:
+    """Index one segment by scanning it. An invalid frame with a valid one after it is
+    damage (recorded, skipped); with none after it, a torn tail (cut off the last segment) or
+    a damaged tail (a sealed segment's: it runs to the segment's end)."""
+    data = path.read_bytes()
+    segment = _Segment(base, path)
+    damaged: list[DamagedRange] = []
+    position = 0
+    while True:
+        scan = scan_frames(data, position)
         for frame in scan.frames:
             if frame.base_offset != segment.end_offset:
                 raise CorruptEntry(
                     f"{path}: entry at byte {frame.position} has offset {frame.base_offset},"
                     f" expected {segment.end_offset}"
                 )
-            segment.add(frame.base_offset, frame.count, frame.publish_time_us, frame.length)
-        if segments and base != segments[-1].end_offset:
-            raise CorruptEntry(
-                f"{path}: segment starts at offset {base} but the previous one ends at"
-                f" {segments[-1].end_offset}"
+            segment.add_at(
+                frame.position, frame.base_offset, frame.count, frame.publish_time_us, frame.length
             )
-        if scan.problem is not None:
-            logger.warning(
-                "%s: cutting %d bytes of torn tail at byte %d (%s)",
-                path,
-                len(data) - scan.valid_end,
+        if scan.problem is None:
+            return segment, damaged
+        resync = find_next_frame(data, scan.valid_end, segment.end_offset)
+        if resync is None:
+            break
+        if resync.base_offset > segment.end_offset:
+            damaged.append(
+                DamagedRange(
+                    str(path),
+                    segment.end_offset,
+                    resync.base_offset,
+                    scan.valid_end,
+                    resync.position,
+                    scan.problem,
+                    FOUND_AT_START,
+                    indexed=False,
+                )
+            )
+        segment.holes = True
+        segment.end_offset = resync.base_offset
+        position = resync.position
+    if is_last:
+        logger.warning(
+            "%s: cutting %d bytes of torn tail at byte %d (%s)",
+            path,
+            len(data) - scan.valid_end,
+            scan.valid_end,
+            scan.problem,
+        )
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.ftruncate(fd, scan.valid_end)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        segment.size = scan.valid_end
+    else:
+        # A sealed segment's tail never tears (the log rolled past it after fsyncing it): the
+        # entries up to the next segment's base are damaged (set by _recover). The size stays
+        # the valid prefix: nothing is ever appended to a sealed segment.
+        damaged.append(
+            DamagedRange(
+                str(path),
+                segment.end_offset,
+                segment.end_offset,  # placeholder: _recover sets the next segment's base
                 scan.valid_end,
+                len(data),
                 scan.problem,
+                FOUND_AT_START,
+                indexed=False,
             )
-            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-            try:
-                os.ftruncate(fd, scan.valid_end)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        segments.append(segment)
-        if not is_last:
-            segment_index.write(directory, _index_of(segment))
-    return segments
+        )
+        segment.size = scan.valid_end
+        segment.holes = True
+    return segment, damaged
+
+
+def _with_end(damaged: DamagedRange, end_offset: int) -> DamagedRange:
+    return DamagedRange(
+        damaged.path,
+        damaged.first_offset,
+        end_offset,
+        damaged.byte_start,
+        damaged.byte_stop,
+        damaged.reason,
+        damaged.found,
+        damaged.indexed,
+    )
 
 
 def _index_of(segment: _Segment) -> segment_index.SegmentIndex:
@@ -262,6 +380,7 @@ class SourceLog:
         "_closed",
         "_closing",
         "_committed_offset",
+        "_damage",
         "_directory",
         "_dirtied",
         "_dirty",
@@ -296,9 +415,14 @@ class SourceLog:
         segment_bytes: int,
         fsync_interval_s: float,
         cache_bytes: int,
+        damaged: Iterable[DamagedRange] = (),
     ) -> None:
         self._directory = directory
         self._segments = segments
+        # Damaged ranges (storage/damage.py); None while there are none, the usual case.
+        self._damage: DamageMap | None = None
+        for d in damaged:
+            self._damage_map().add(d)
         self._policy = fsync
         self._segment_bytes = segment_bytes
         self._fsync_interval_s = fsync_interval_s
@@ -344,9 +468,10 @@ class SourceLog:
             raise ValueError(f"fsync_interval_s must be positive, got {fsync_interval_s}")
         on_disk = directory.is_dir()
         # A new log: created on disk by its first write (see the module docstring).
-        segments = (
-            _recover(directory) if on_disk else [_Segment(0, directory / segment_file_name(0))]
-        )
+        if on_disk:
+            segments, damaged = _recover(directory)
+        else:
+            segments, damaged = [_Segment(0, directory / segment_file_name(0))], []
         log = cls(
             directory,
             segments,
@@ -354,6 +479,7 @@ class SourceLog:
             segment_bytes=segment_bytes,
             fsync_interval_s=fsync_interval_s,
             cache_bytes=cache_bytes,
+            damaged=damaged,
         )
         log._on_disk = on_disk
         return log
@@ -572,9 +698,11 @@ class SourceLog:
                 self._fsyncs += 1
                 self._dirty = False
             self._segments.append(_Segment(new_base, self._directory / segment_file_name(new_base)))
-            # The sealed segment never changes again: save its index for the next start-up.
-            sealed = _index_of(self._segments[-2])
-            await asyncio.to_thread(segment_index.write, self._directory, sealed)
+            # The sealed segment never changes again: save its index for the next start-up
+            # (unless damage left a hole in it, which an index file would hide).
+            if not self._segments[-2].holes:
+                sealed = _index_of(self._segments[-2])
+                await asyncio.to_thread(segment_index.write, self._directory, sealed)
 
     async def _sync(self) -> None:
         assert self._segment_lock is not None
@@ -676,6 +804,10 @@ class SourceLog:
         """(segment index, entry index) of the committed entry containing ``offset``."""
         if offset < self.start_offset or offset >= self._committed_offset:
             raise OffsetOutOfRange(offset, self.start_offset, self._committed_offset)
+        if self._damage:
+            damaged = self._damage.at(offset)
+            if damaged is not None:
+                raise DamagedEntries(damaged)
         seg_index = bisect_right(self._segments, offset, key=lambda s: s.base) - 1
         segment = self._segments[seg_index]
         return seg_index, bisect_right(segment.offsets, offset) - 1
@@ -693,22 +825,58 @@ class SourceLog:
         return fd
 
     def _load(self, segment: _Segment, first: int, stop: int) -> list[Entry]:
-        """Read entries ``[first, stop)`` of ``segment`` from disk with one pread."""
+        """Read entries ``[first, stop)`` of ``segment`` from disk with one pread. Stops at
+        the first entry whose frame fails its checks, recording it (and any bad entries right
+        after it) as damaged: the result is then shorter than asked."""
         position = segment.positions[first]
         length = segment.frame_end(stop - 1) - position
         self._active = True
         buf = os.pread(self._read_fd(segment), length, position)
-        decoded, valid_end = decode_frames(buf)
-        entries = [entry for entry, _, _ in decoded]
-        expected = list(segment.offsets[first:stop])
-        if valid_end != length or [e.base_offset for e in entries] != expected:
-            raise CorruptEntry(
-                f"{segment.path}: entries at bytes {position}..{position + length} do not"
-                f" match the index"
-            )
-        for entry in entries:
-            self._cache.put(entry)
+        entries: list[Entry] = []
+        for i in range(first, stop):
+            at = segment.positions[i] - position
+            try:
+                entry, _ = decode_frame_at(buf, at)
+            except CorruptEntry as exc:
+                problem = str(exc)
+            else:
+                if entry.base_offset == segment.offsets[i]:
+                    self._cache.put(entry)
+                    entries.append(entry)
+                    continue
+                problem = f"entry has offset {entry.base_offset}, the index says it is at {at}"
+            self._found_damage(segment, i, stop, buf, position, problem)
+            break
         return entries
+
+    def _found_damage(
+        self, segment: _Segment, first: int, stop: int, buf: bytes, position: int, problem: str
+    ) -> None:
+        """A read found entry ``first`` of ``segment`` damaged: record it with the bad entries
+        that follow it in ``buf`` (entries up to ``stop``), log it once."""
+        end = first + 1
+        while end < stop and (
+            _check_frame(buf, segment.positions[end] - position, segment.offsets[end]) is not None
+        ):
+            end += 1
+        end_offset = segment.offsets[end] if end < len(segment.offsets) else segment.end_offset
+        damaged = DamagedRange(
+            str(segment.path),
+            segment.offsets[first],
+            end_offset,
+            segment.positions[first],
+            segment.frame_end(end - 1),
+            problem,
+            FOUND_BY_READ,
+            indexed=True,
+        )
+        recorded = self._damage_map().add(damaged)
+        logger.error("log %s: damaged entries: %s", self._directory, recorded.describe())
+
+    def _damage_map(self) -> DamageMap:
+        if self._damage is None:
+            self._damage = DamageMap()
+        return self._damage
 
     def read(
         self,
@@ -721,7 +889,9 @@ class SourceLog:
 
         ``max_bytes`` bounds the payload bytes returned but at least one entry is returned
         when one is available. Returns ``[]`` if ``offset >= committed_offset``; raises
-        :class:`OffsetOutOfRange` if ``offset < start_offset``.
+        :class:`OffsetOutOfRange` if ``offset < start_offset``. The entries end before the
+        first damaged range after ``offset``; :class:`DamagedEntries` if ``offset`` is in
+        one (read on from its ``end_offset``).
         """
         self._check_readable()
         if max_entries < 1:
@@ -731,6 +901,9 @@ class SourceLog:
         if offset >= self._committed_offset:
             return []
         seg_index, index = self._locate(offset)
+        stop_offset = self._committed_offset
+        if self._damage:
+            stop_offset = min(stop_offset, self._damage.next_after(offset) or stop_offset)
         # Plan (segment, first, stop) ranges within the limits using index sizes only.
         plan: list[tuple[_Segment, int, int]] = []
         taken = total = 0
@@ -740,7 +913,11 @@ class SourceLog:
             first = index
             while index < len(segment.offsets):
                 size = segment.frame_end(index) - segment.positions[index] - FRAME_OVERHEAD
-                if taken >= max_entries or (taken and total + size > max_bytes):
+                if (
+                    taken >= max_entries
+                    or (taken and total + size > max_bytes)
+                    or segment.offsets[index] >= stop_offset
+                ):
                     limited = True
                     break
                 taken += 1
@@ -756,13 +933,70 @@ class SourceLog:
                 cached = self._cache.get(segment.offsets[i])
                 if cached is None:
                     continue
-                if run_start < i:
-                    result.extend(self._load(segment, run_start, i))
+                if run_start < i and not self._load_into(result, segment, run_start, i):
+                    return self._partial(result, offset)
                 result.append(cached)
                 run_start = i + 1
-            if run_start < stop:
-                result.extend(self._load(segment, run_start, stop))
+            if run_start < stop and not self._load_into(result, segment, run_start, stop):
+                return self._partial(result, offset)
         return result
+
+    def _load_into(self, result: list[Entry], segment: _Segment, first: int, stop: int) -> bool:
+        """Extend ``result`` with entries ``[first, stop)``; False if damage cut it short."""
+        loaded = self._load(segment, first, stop)
+        result.extend(loaded)
+        return len(loaded) == stop - first
+
+    def _partial(self, result: list[Entry], offset: int) -> list[Entry]:
+        """A read cut short by damage it found: what came before it, or the damage itself."""
+        if result:
+            return result
+        self._locate(offset)  # raises DamagedEntries: the damage starts at ``offset``'s entry
+        raise AssertionError("unreachable: the read found damage at its first entry")
+
+    # -- damage ------------------------------------------------------------------------
+
+    def damaged_ranges(self) -> list[DamagedRange]:
+        """Every damaged range of the log, in offset order."""
+        return list(self._damage) if self._damage else []
+
+    def recheck_damage(self) -> list[DamagedRange]:
+        """Re-read every damaged range; the ones whose bytes now check out (an operator
+        restored the segment file) become readable again. Returns those; commit listeners
+        are told, so readers waiting at the damage go on."""
+        if not self._damage:
+            return []
+        restored: list[DamagedRange] = []
+        for damaged in self._damage:
+            segment = self._segment_of(damaged)
+            if segment is None:  # trimmed meanwhile
+                self._damage.remove(damaged)
+                continue
+            try:
+                with open(segment.path, "rb") as f:
+                    f.seek(damaged.byte_start)
+                    data = f.read(damaged.byte_stop - damaged.byte_start)
+            except OSError:
+                continue
+            frames = _frames_covering(data, damaged)
+            if frames is None:
+                continue
+            if not damaged.indexed:
+                _insert_entries(segment, damaged.byte_start, frames)
+            self._damage.remove(damaged)
+            restored.append(damaged)
+            logger.warning(
+                "log %s: damaged entries readable again: %s", self._directory, damaged.describe()
+            )
+        if restored:
+            self._notify()
+        return restored
+
+    def _segment_of(self, damaged: DamagedRange) -> _Segment | None:
+        for segment in self._segments:
+            if str(segment.path) == damaged.path:
+                return segment
+        return None
 
     def entry_at(self, offset: int) -> Entry:
         """The committed entry containing ``offset``; :class:`OffsetOutOfRange` if none."""
@@ -844,6 +1078,8 @@ class SourceLog:
             segment_index.delete(self._directory, segment.base)
             logger.debug("log %s: deleted segment %d", self._directory, segment.base)
         self._cache.drop_below(self.start_offset)
+        if self._damage:
+            self._damage.drop_below(self.start_offset)
         return self.start_offset
 
     def stats(self) -> dict[str, int]:
@@ -859,4 +1095,51 @@ class SourceLog:
             "write_groups": self._write_groups,
             "cached_bytes": self._cache.bytes,
             "pending_appends": len(self._pending or ()),
+            "damaged_ranges": len(self._damage or ()),
         }
+
+
+def _check_frame(buf: bytes, at: int, expected_offset: int) -> str | None:
+    """Why the frame at ``at`` of ``buf`` is not entry ``expected_offset``; None if it is."""
+    try:
+        entry, _ = decode_frame_at(buf, at)
+    except CorruptEntry as exc:
+        return str(exc)
+    if entry.base_offset != expected_offset:
+        return f"entry has offset {entry.base_offset}, the index says {expected_offset}"
+    return None
+
+
+def _frames_covering(data: bytes, damaged: DamagedRange) -> list[tuple[int, Entry, int]] | None:
+    """The frames of ``data`` (a damaged range's bytes) if they are exactly its entries:
+    valid, consecutive from its first offset to its end offset, filling every byte."""
+    frames: list[tuple[int, Entry, int]] = []
+    position = 0
+    expected = damaged.first_offset
+    while position < len(data):
+        try:
+            entry, length = decode_frame_at(data, position)
+        except CorruptEntry:
+            return None
+        if entry.base_offset != expected:
+            return None
+        frames.append((position, entry, length))
+        position += length
+        expected = entry.next_offset
+    if expected != damaged.end_offset:
+        return None
+    return frames
+
+
+def _insert_entries(
+    segment: _Segment, byte_start: int, frames: list[tuple[int, Entry, int]]
+) -> None:
+    """Put restored entries (a hole the start-up scan left) into the segment's index."""
+    at = bisect_right(segment.offsets, frames[0][1].base_offset)
+    for k, (position, entry, _) in enumerate(frames):
+        segment.offsets.insert(at + k, entry.base_offset)
+        segment.positions.insert(at + k, byte_start + position)
+        segment.times.insert(at + k, entry.publish_time_us)
+    last_position, _, length = frames[-1]
+    if at + len(frames) == len(segment.offsets):  # the hole was the segment's tail
+        segment.size = max(segment.size, byte_start + last_position + length)

@@ -22,12 +22,13 @@ from pubsubd.control.catalog import Catalog, TopicEntry
 from pubsubd.control.cursors import Cursors
 from pubsubd.control.router import Router
 from pubsubd.core import ids
-from pubsubd.core.errors import InvalidArgument, OutOfRange
+from pubsubd.core.damage_policy import DamagePolicy
+from pubsubd.core.errors import DataLoss, InvalidArgument, OutOfRange
 from pubsubd.data.publish.dedup import Deduplicator, validate_messages
 from pubsubd.data.publish.source import DecodedEntry, TopicSources
 from pubsubd.data.retention import timestamp_us
 from pubsubd.observability import metrics
-from pubsubd.storage.errors import OffsetOutOfRange
+from pubsubd.storage.errors import DamagedEntries, OffsetOutOfRange
 from pubsubd.storage.log import SourceLog
 from pubsubd.storage.metadata import CursorRecord
 
@@ -89,6 +90,18 @@ def _page(sources: TopicSources, source: int, log: SourceLog, request: Any) -> t
             entries = log.read(next_offset, max_entries=max_messages, max_bytes=max_bytes)
         except OffsetOutOfRange as e:
             raise below_range(next_offset, e.start, e.end) from None
+        except DamagedEntries as e:
+            if rows:
+                break  # the page ends before the damage; the next Read starts at it
+            if sources.damage_policy is DamagePolicy.SKIP:
+                next_offset = e.damaged.end_offset  # lost: the page skips them
+                continue
+            raise DataLoss(
+                f"topic storage {sources.topic_uid}, source {source}: {e.damaged.messages} "
+                f"messages are damaged, {e.damaged.describe()}; read on from offset "
+                f"{e.damaged.end_offset}, restore the bytes, or set the topic label "
+                f"pubsubd-damaged-entries=skip"
+            ) from None
         if not entries:
             break
         for entry in entries:

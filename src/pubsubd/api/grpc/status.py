@@ -22,6 +22,7 @@ from grpc_status import rpc_status
 from pubsubd.core.errors import (
     AckIdsInvalid,
     AlreadyExists,
+    DataLoss,
     FailedPrecondition,
     InternalError,
     InvalidArgument,
@@ -44,6 +45,7 @@ _STATUS: dict[type[PubsubError], tuple[grpc.StatusCode, int]] = {
     ResourceExhausted: (grpc.StatusCode.RESOURCE_EXHAUSTED, 429),
     Unavailable: (grpc.StatusCode.UNAVAILABLE, 503),
     InternalError: (grpc.StatusCode.INTERNAL, 500),
+    DataLoss: (grpc.StatusCode.DATA_LOSS, 500),
 }
 
 

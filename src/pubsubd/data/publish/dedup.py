@@ -41,6 +41,8 @@ from pubsubd.core import ids, pb, validation
 from pubsubd.core.errors import InvalidArgument
 from pubsubd.core.validation import DEDUP_ID_ATTRIBUTE, MAX_DEDUP_ID_BYTES
 from pubsubd.data.publish.dedup_window import DedupWindow
+from pubsubd.observability import background
+from pubsubd.storage.errors import DamagedEntries
 from pubsubd.storage.files import fsync_directory, make_dirs
 
 if TYPE_CHECKING:
@@ -91,6 +93,8 @@ class Deduplicator:
     def recover(self, topic_uids: Iterable[str]) -> None:
         """Rebuild the windows of topics that used dedup; call before the first trim."""
         for uid in topic_uids:
+            if uid in self.publishing.failed_topics:
+                continue  # its storage cannot be opened: it answers DATA_LOSS
             sources = self.publishing.open_topic(uid)
             if not (sources.directory / MARKER_FILE).exists():
                 continue
@@ -244,7 +248,12 @@ class Deduplicator:
             offset = max(log_.offset_for_time(now - self.window_us), log_.start_offset)
             end = log_.committed_offset
             while offset < end:
-                entries = log_.read(offset, max_bytes=_REBUILD_READ_BYTES)
+                try:
+                    entries = log_.read(offset, max_bytes=_REBUILD_READ_BYTES)
+                except DamagedEntries as e:  # their dedup IDs are lost with them
+                    log.warning("dedup window of topic %s: %s", sources.topic_uid, e)
+                    offset = e.damaged.end_offset
+                    continue
                 if not entries:
                     break
                 for entry in entries:
@@ -284,8 +293,8 @@ class Deduplicator:
             await asyncio.sleep(SWEEP_INTERVAL_S)
             try:
                 self.sweep()
-            except Exception:
-                log.exception("dedup window sweep failed")
+            except Exception as e:
+                background.report("dedup window sweep", e)
 
 
 def _retrieve(task: asyncio.Future[None]) -> None:

@@ -31,10 +31,14 @@ from pubsubd.core import ids, pb
 from pubsubd.core.delays import MARKER, due_times
 from pubsubd.core.errors import DiskFull
 from pubsubd.data.publish.source import TopicSources
+from pubsubd.observability import background
 from pubsubd.storage.delay_index import DelayIndex, Row
-from pubsubd.storage.errors import OffsetOutOfRange
+from pubsubd.storage.errors import DamagedEntries, OffsetOutOfRange
 
 log = logging.getLogger(__name__)
+
+# After an unexpected failure of the timer, it runs again this much later.
+FAILURE_RETRY_S = 1.0
 
 # Rows handed out per timer step (one index range scan).
 PAGE_ROWS = 10_000
@@ -140,6 +144,9 @@ class DelayTracker:
             except OffsetOutOfRange:
                 offset = log_.start_offset
                 continue
+            except DamagedEntries as e:  # delivery decides about damaged messages
+                offset = e.damaged.end_offset
+                continue
             if not entries:
                 break
             for entry in entries:
@@ -198,7 +205,17 @@ class DelayTracker:
             self._timer.cancel()
         self._timer_at = at_us
         delay = max(0.0, (at_us - now_us()) / 1e6)
-        self._timer = self._loop.call_later(delay, self._on_timer)
+        self._timer = self._loop.call_later(delay, self._timer_step)
+
+    def _timer_step(self) -> None:
+        """The timer callback: a failure is reported (observability/background.py) and the
+        timer tries again a little later, so delayed messages are never left waiting for good."""
+        try:
+            self._on_timer()
+        except Exception as e:
+            background.report("delay tracker", e)
+            self._timer_at = now_us() + int(FAILURE_RETRY_S * 1e6)
+            self._timer = self._loop.call_later(FAILURE_RETRY_S, self._timer_step)
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -209,7 +226,7 @@ class DelayTracker:
             lst.pending() >= MAX_PENDING_DUE for lst in self._listeners.values()
         ):  # let the dispatchers deliver what they hold first
             self._timer_at = now_us() + int(PRESSURE_RETRY_S * 1e6)
-            self._timer = self._loop.call_later(PRESSURE_RETRY_S, self._on_timer)
+            self._timer = self._loop.call_later(PRESSURE_RETRY_S, self._timer_step)
             return
         now = now_us()
         rows = self.index.due(self.topic, now, PAGE_ROWS)
@@ -224,14 +241,14 @@ class DelayTracker:
                 mark = (now, MAX_POSITION)
         except DiskFull:  # nothing deleted nor handed out: the same rows next time
             self._timer_at = now + int(DISK_FULL_RETRY_S * 1e6)
-            self._timer = self._loop.call_later(DISK_FULL_RETRY_S, self._on_timer)
+            self._timer = self._loop.call_later(DISK_FULL_RETRY_S, self._timer_step)
             return
         self.done = max(self.done, mark)
         if rows:
             self._hand_out([pos for _, first, n in rows for pos in range(first, first + n)])
         if len(rows) == PAGE_ROWS:
             self._timer_at = now
-            self._timer = self._loop.call_later(0, self._on_timer)
+            self._timer = self._loop.call_later(0, self._timer_step)
         else:
             self._earliest = self.index.next_due(self.topic)
             self._arm(self._earliest)

@@ -20,11 +20,14 @@ from typing import Any
 
 from pubsubd.acks.journal import AckJournal
 from pubsubd.core import pb
+from pubsubd.core.damage_policy import DamagePolicy
 from pubsubd.core.delays import MARKER
-from pubsubd.core.errors import DiskFull, InternalError
+from pubsubd.core.errors import DataLoss, DiskFull, InternalError
 from pubsubd.data.publish.delays import DelayTracker
 from pubsubd.data.publish.source import TopicSources
+from pubsubd.observability import background
 from pubsubd.storage import disk_space
+from pubsubd.storage.damage import DamagedRange
 from pubsubd.storage.delay_index import FILE_NAME as DELAY_INDEX_FILE
 from pubsubd.storage.delay_index import DelayIndex
 from pubsubd.storage.disk_space import DiskSpace
@@ -65,6 +68,9 @@ class PublishingForwarder:
         # Completed trim passes (/status "trim_passes"): tests wait for the next pass with it.
         self.trim_passes = 0
         self.topics: dict[str, TopicSources] = {}
+        # Topics whose storage could not be opened (an unreadable directory or segment file):
+        # uid -> why. They answer DATA_LOSS; every other topic serves.
+        self.failed_topics: dict[str, str] = {}
         # Delayed messages of every topic, by due time, on disk; one tracker per open topic.
         self.delay_index: DelayIndex | None = None
         self.delays: dict[str, DelayTracker] = {}
@@ -109,13 +115,25 @@ class PublishingForwarder:
         (and every source present on disk); ``configure_topic`` adds sources later."""
         sources = self.topics.get(topic_uid)
         if sources is None:
-            sources = TopicSources(
-                topic_uid,
-                self.data_dir / TOPICS_DIR / topic_uid,
-                fsync=self.fsync,
-                segment_bytes=self.segment_bytes,
-                source_count=source_count,
-            )
+            failed = self.failed_topics.get(topic_uid)
+            if failed is not None:
+                raise DataLoss(failed)
+            directory = self.data_dir / TOPICS_DIR / topic_uid
+            try:
+                sources = TopicSources(
+                    topic_uid,
+                    directory,
+                    fsync=self.fsync,
+                    segment_bytes=self.segment_bytes,
+                    source_count=source_count,
+                )
+            except (OSError, StorageError) as e:
+                # Damaged entries never get here (the log records them and opens); this is a
+                # topic whose files cannot be read at all. It alone is out of service.
+                why = f"the storage of topic {topic_uid} in {directory} cannot be opened: {e}"
+                log.error("%s; the topic answers DATA_LOSS until it is repaired", why)
+                self.failed_topics[topic_uid] = why
+                raise DataLoss(why) from e
             self.topics[topic_uid] = sources
             if sources.on_disk():
                 self.stored.add(topic_uid)
@@ -151,11 +169,19 @@ class PublishingForwarder:
             self.delay_index = DelayIndex.open(self.data_dir, self.disk)
         return self.delay_index
 
-    def configure_topic(self, topic_uid: str, source_count: int, key_sources: int) -> list[int]:
+    def configure_topic(
+        self,
+        topic_uid: str,
+        source_count: int,
+        key_sources: int,
+        damage_policy: DamagePolicy = DamagePolicy.STOP,
+    ) -> list[int]:
         """Open a topic with at least ``source_count`` sources (adding the missing ones at
-        runtime) and fix which of them take ordering keys; returns the sources added."""
+        runtime), fix which of them take ordering keys and what delivery does at damaged
+        messages; returns the sources added."""
         sources = self.open_topic(topic_uid, source_count)
         sources.key_sources = key_sources
+        sources.damage_policy = damage_policy
         return self._grow(topic_uid, sources, source_count)
 
     def _grow(self, topic_uid: str, sources: TopicSources, source_count: int) -> list[int]:
@@ -303,6 +329,21 @@ class PublishingForwarder:
         if sources is not None:
             sources.remove_listener(callback)
 
+    def damaged(self, topic_uid: str) -> list[tuple[int, DamagedRange]]:
+        """(source, range) of every damaged range of a topic's logs (storage/damage.py)."""
+        sources = self.topics.get(topic_uid)
+        return sources.damaged() if sources is not None else []
+
+    def damage_report(self) -> dict[str, list[tuple[int, DamagedRange]]]:
+        """Damaged ranges of every open topic that has some, by topic uid."""
+        report = {}
+        for uid in self.stored:
+            sources = self.topics.get(uid)
+            found = sources.damaged() if sources is not None else []
+            if found:
+                report[uid] = found
+        return report
+
     def stats(self) -> dict[str, Any]:
         return {
             uid: [log_.stats() for log_ in sources.logs] for uid, sources in self.topics.items()
@@ -316,37 +357,38 @@ class PublishingForwarder:
             try:
                 await journal.flush(sync=self.fsync is not FsyncPolicy.NEVER)
             except OSError as e:
+                # Retried every flush until it works (the journal heals itself by compaction).
+                self._dirty_journals.add(journal)
                 if self.disk.error(e, disk_space.ACKS) is None:
-                    log.exception("ack journal flush failed")
-                else:  # retried every flush until space is back (the journal heals itself)
-                    self._dirty_journals.add(journal)
+                    background.report("ack journal flush", e)
             else:
                 self.disk.succeeded()
 
     async def _ack_flush_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.ack_flush_interval_s)
-            await self._flush_acks()
+        await background.every("ack journal flush", self.ack_flush_interval_s, self._flush_acks)
 
     async def _trim_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.trim_interval_s)
-            self.disk.check()  # a disk-full episode ends here if space came back meanwhile
-            # Acks must be durable before the messages they cover are deleted.
-            await self._flush_acks()
-            for uid in list(self.stored):
-                sources = self.topics.get(uid)
-                if sources is None:
-                    continue
-                try:
-                    tracker = self.delays.get(uid)
-                    if tracker is not None:
-                        tracker.flush_progress()
-                except DiskFull:
-                    pass  # recorded by the delay index; trimming (which frees space) goes on
-                try:
-                    sources.trim()
-                    sources.release_idle()
-                except (OSError, StorageError):
-                    log.exception("trim of topic %s failed", sources.topic_uid)
-            self.trim_passes += 1
+        await background.every("trim", self.trim_interval_s, self._trim_pass)
+
+    async def _trim_pass(self) -> None:
+        """Flush acks, then per topic: delay progress, trim, idle files, damage recheck."""
+        self.disk.check()  # a disk-full episode ends here if space came back meanwhile
+        # Acks must be durable before the messages they cover are deleted.
+        await self._flush_acks()
+        for uid in list(self.stored):
+            sources = self.topics.get(uid)
+            if sources is None:
+                continue
+            try:
+                tracker = self.delays.get(uid)
+                if tracker is not None:
+                    tracker.flush_progress()
+            except DiskFull:
+                pass  # recorded by the delay index; trimming (which frees space) goes on
+            try:
+                sources.trim()
+                sources.release_idle()
+                sources.recheck_damage()  # restored bytes: readers at the damage go on
+            except Exception as e:  # one topic's failure must not stop the others' trim
+                background.report("trim", e)
+        self.trim_passes += 1

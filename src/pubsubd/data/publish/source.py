@@ -25,9 +25,11 @@ from typing import Any
 
 from pubsubd.acks.journal import AckJournal
 from pubsubd.core import ids, pb
+from pubsubd.core.damage_policy import DamagePolicy
 from pubsubd.core.delays import MARKER, due_times
 from pubsubd.core.validation import DEDUP_ID_ATTRIBUTE
 from pubsubd.data.publish import routing
+from pubsubd.storage.damage import DamagedRange
 from pubsubd.storage.framing import Entry
 from pubsubd.storage.log import FsyncPolicy, SourceLog
 
@@ -57,6 +59,7 @@ class TopicSources:
         "_fsync",
         "_listeners",
         "_segment_bytes",
+        "damage_policy",
         "directory",
         "journals",
         "key_sources",
@@ -81,6 +84,8 @@ class TopicSources:
         self.logs: list[SourceLog] = []
         # Sources 0 .. key_sources-1 take ordering keys (fixed when the topic was created).
         self.key_sources = 1
+        # What subscriptions do at damaged messages (topic label, core/damage_policy.py).
+        self.damage_policy = DamagePolicy.STOP
         self._balancer = routing.Balancer()  # spreads unkeyed publishes
         # Commit listeners of every log, so sources added later get them too.
         self._listeners: list[Callable[[int], None]] = []
@@ -196,6 +201,14 @@ class TopicSources:
         for i, log in enumerate(self.logs):
             if log.segment_count > 1:  # only whole segments below the active one go
                 log.trim(self.trim_point(i))
+
+    def damaged(self) -> list[tuple[int, DamagedRange]]:
+        """(source, range) of every damaged range of the topic's logs."""
+        return [(i, d) for i, log in enumerate(self.logs) for d in log.damaged_ranges()]
+
+    def recheck_damage(self) -> list[tuple[int, DamagedRange]]:
+        """Re-read the damaged ranges; return those readable again (see SourceLog)."""
+        return [(i, d) for i, log in enumerate(self.logs) for d in log.recheck_damage()]
 
     def on_disk(self) -> bool:
         """Whether any log has storage yet (never-published topics have none)."""

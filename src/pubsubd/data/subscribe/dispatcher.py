@@ -26,7 +26,8 @@ from pubsubd.acks.cursor import Cursor, CursorState
 from pubsubd.acks.journal import AckJournal
 from pubsubd.control import quotas
 from pubsubd.core import filters, ids, wire
-from pubsubd.core.errors import FailedPrecondition
+from pubsubd.core.damage_policy import DamagePolicy
+from pubsubd.core.errors import DataLoss, FailedPrecondition, InternalError, PubsubError
 from pubsubd.data.publish.delays import DelayTracker, DueListener
 from pubsubd.data.publish.forwarder import PublishingForwarder
 from pubsubd.data.subscribe import queue_settings
@@ -36,8 +37,9 @@ from pubsubd.data.subscribe.leases import LeaseTable
 from pubsubd.data.subscribe.ordering import KeyOrdering
 from pubsubd.data.subscribe.queue_settings import SubscriptionType
 from pubsubd.data.subscribe.retry import DelayQueue, backoff_s
-from pubsubd.observability import events
-from pubsubd.storage.errors import OffsetOutOfRange
+from pubsubd.observability import background, events, metrics
+from pubsubd.storage.damage import DamagedRange
+from pubsubd.storage.errors import DamagedEntries, OffsetOutOfRange
 from pubsubd.storage.log import SourceLog
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,7 @@ DEAD_LETTER_RETRY_S = 10.0
 class SubscriptionDispatcher:
     # One per subscription, so no per-instance __dict__ (BENCHMARKS.md, "Scale of names").
     __slots__ = (
+        "_damaged_positions",
         "_dead_lettering",
         "_delayed",
         "_delayed_keys",
@@ -66,6 +69,7 @@ class SubscriptionDispatcher:
         "_redeliver",
         "_redeliver_set",
         "_rr",
+        "_stuck",
         "_tasks",
         "_timer",
         "_timer_at",
@@ -80,6 +84,7 @@ class SubscriptionDispatcher:
         "journal",
         "last_activity",
         "leases",
+        "lost",
         "ordering",
         "read_offsets",
         "resolve_topic",
@@ -139,6 +144,12 @@ class SubscriptionDispatcher:
         self.delivered = 0
         self.acked = 0
         self.dead_lettered = 0
+        # Damaged stored messages (core/damage_policy.py): the damage this pump's reads
+        # stopped at (stop policy), positions whose redelivery found them damaged, and how
+        # many damaged messages were skipped (acked as lost).
+        self._stuck: tuple[int, DamagedRange] | None = None
+        self._damaged_positions: set[int] | None = None
+        self.lost = 0
         self.last_activity = time.time()
         self._listener = self._on_commit
         forwarder.add_commit_listener(topic_uid, self._listener)
@@ -216,11 +227,14 @@ class SubscriptionDispatcher:
     def schedule_pump(self) -> None:
         if not self._pump_scheduled:
             self._pump_scheduled = True
-            self._loop.call_soon(self.pump)
+            self._loop.call_soon(self._background, "pump", self.pump)
 
     def pump(self) -> None:
         """Deliver as much as the consumers can take, round-robin, one response at a time."""
         self._pump_scheduled = False
+        self._stuck = None
+        if self._damaged_positions:
+            self._requeue_restored()
         settings = self.settings
         active = self._active_consumer()
         key_owner = self._key_owner if settings.type is SubscriptionType.KEY_SHARED else None
@@ -236,6 +250,11 @@ class SubscriptionDispatcher:
                 continue
             batch = self._take(max_msgs, max_bytes, consumer, key_owner)
             if not batch:
+                if self._stuck is not None and not consumer.outstanding:
+                    # Stopped at damaged messages with nothing else for this consumer: tell it
+                    # (DATA_LOSS) instead of leaving it waiting without a word.
+                    self._fail_consumer(consumer, self._stuck_error(*self._stuck))
+                    continue
                 idle += 1
                 continue
             idle = 0
@@ -370,6 +389,7 @@ class SubscriptionDispatcher:
         # New messages from each source's read offset.
         flt = self._current_filter()
         auto_acked: list[int] = []
+        lost: list[int] = []
         for source, log_ in self._sources_in_turn():
             cursor = self.journal.cursors[source]
             offset = self.read_offsets.get(source, cursor.mark_delete)
@@ -379,6 +399,12 @@ class SubscriptionDispatcher:
                     entries = log_.read(offset, max_entries=READ_ENTRIES)
                 except OffsetOutOfRange:
                     offset = max(offset, log_.start_offset)
+                    continue
+                except DamagedEntries as e:
+                    if not self._past_damage(source, e.damaged, lost):
+                        self._stuck = (source, e.damaged)
+                        break
+                    offset = max(offset, e.damaged.end_offset)
                     continue
                 if not entries:
                     break
@@ -430,6 +456,8 @@ class SubscriptionDispatcher:
                 break
         if auto_acked:
             self._ack_positions(auto_acked)
+        if lost:
+            self._ack_lost(lost)
         return out
 
     def _sources_in_turn(self) -> list[tuple[int, Any]]:
@@ -451,6 +479,17 @@ class SubscriptionDispatcher:
             entry = self.sources.logs[source].entry_at(offset)
         except OffsetOutOfRange:
             return None
+        except DamagedEntries as e:
+            # A redelivery (or dead letter) of a message found damaged since its delivery.
+            lost: list[int] = []
+            if self._past_damage(source, e.damaged, lost):
+                if lost:
+                    self._ack_lost(lost)
+            else:
+                if self._damaged_positions is None:
+                    self._damaged_positions = set()
+                self._damaged_positions.add(pos)  # requeued if the bytes are restored
+            return None
         return self.sources.decoded(source, entry), offset - entry.base_offset
 
     def _message_at(self, pos: int) -> bytes | None:
@@ -463,6 +502,116 @@ class SubscriptionDispatcher:
         decoded, i = found
         message: bytes = decoded.messages[i]
         return message
+
+    # --- damaged messages (core/damage_policy.py) ----------------------------------------------
+
+    def _past_damage(self, source: int, damaged: DamagedRange, lost: list[int]) -> bool:
+        """Whether delivery may go on past ``damaged`` in ``source``: every message in it is
+        acked already, or the topic's policy skips them (their positions go to ``lost``)."""
+        cursor = self.journal.cursors[source]
+        offset = cursor.next_unacked(damaged.first_offset)
+        if offset >= damaged.end_offset:
+            return True
+        if self.sources.damage_policy is not DamagePolicy.SKIP:
+            return False
+        while offset < damaged.end_offset:
+            lost.append(ids.position(source, offset))
+            offset = cursor.next_unacked(offset + 1)
+        return True
+
+    def _ack_lost(self, positions: list[int]) -> None:
+        """Acknowledge damaged messages skipped by policy or by the operator: lost for good."""
+        self.lost += len(positions)
+        metrics.LOST_MESSAGES.labels(reason="damaged").inc(len(positions))
+        log.warning(
+            "subscription %s: %d damaged messages skipped (acknowledged as lost), positions %d..%d",
+            self.name,
+            len(positions),
+            positions[0],
+            positions[-1],
+        )
+        if self._damaged_positions:
+            self._damaged_positions.difference_update(positions)
+        self._ack_positions(positions)
+
+    def skip_damaged(self, damaged: list[tuple[int, DamagedRange]]) -> int:
+        """The operator skips these damaged ranges: acknowledge their unacked messages as lost
+        (``pubsubd topics skip-damaged``). Returns how many were."""
+        lost: list[int] = []
+        for source, damaged_range in damaged:
+            cursor = self.journal.cursors.get(source)
+            if cursor is None:
+                continue
+            offset = cursor.next_unacked(damaged_range.first_offset)
+            while offset < damaged_range.end_offset:
+                lost.append(ids.position(source, offset))
+                offset = cursor.next_unacked(offset + 1)
+        if lost:
+            self._ack_lost(lost)
+        self.schedule_pump()
+        return len(lost)
+
+    def damage_status(self) -> dict[str, Any]:
+        """For /status: the damaged ranges holding unacked messages of this subscription
+        (delivery stops at them unless the topic's policy skips them)."""
+        found = []
+        for source, log_ in enumerate(self.sources.logs):
+            cursor = self.journal.cursors.get(source)
+            if cursor is None:
+                continue
+            for damaged in log_.damaged_ranges():
+                unacked = cursor.unacked_count(damaged.end_offset) - cursor.unacked_count(
+                    damaged.first_offset
+                )
+                if unacked:
+                    found.append(
+                        {
+                            "source": source,
+                            "first_offset": damaged.first_offset,
+                            "end_offset": damaged.end_offset,
+                            "unacked": unacked,
+                        }
+                    )
+        if not found:
+            return {}
+        return {"stopped_at_damage": found, "damage_policy": self.sources.damage_policy.value}
+
+    def _requeue_restored(self) -> None:
+        """Redeliveries that found their message damaged: those readable again (restored
+        bytes) go back for delivery."""
+        assert self._damaged_positions is not None
+        for pos in list(self._damaged_positions):
+            log_ = self.sources.logs[ids.source_of(pos)]
+            try:
+                log_.entry_at(ids.offset_of(pos))
+            except DamagedEntries:
+                continue
+            except OffsetOutOfRange:
+                pass
+            else:
+                self._requeue(pos)
+            self._damaged_positions.discard(pos)
+
+    def _stuck_error(self, source: int, damaged: DamagedRange) -> DataLoss:
+        topic = self.subscription.topic
+        return DataLoss(
+            f"subscription {self.name} is stopped at damaged messages: {damaged.messages} "
+            f"messages at {damaged.describe()}, publish message source {source} of topic "
+            f"{topic}. Restore the file's bytes (delivery resumes by itself), or skip them: "
+            f"`pubsubd topics skip-damaged {topic}` once, or the topic label "
+            f"pubsubd-damaged-entries=skip"
+        )
+
+    def _fail_consumer(self, consumer: Consumer, error: PubsubError) -> None:
+        """End a consumer with ``error``: a stream's RPC ends with it, a Pull answers it."""
+        self.remove_consumer(consumer)
+        if isinstance(consumer, PullWaiter):
+            consumer.closed = True
+            if not consumer.future.done():
+                consumer.future.set_exception(error)
+                consumer.future.exception()  # retrieved: a Pull gone meanwhile logs nothing
+        elif isinstance(consumer, StreamConsumer):
+            consumer.end(error)
 
     def _delay_tracker(self) -> DelayTracker:
         tracker = self.delays
@@ -680,7 +829,33 @@ class SubscriptionDispatcher:
         if self._timer is not None:
             self._timer.cancel()
         self._timer_at = at
-        self._timer = self._loop.call_later(max(0.0, at - time.monotonic()), self._on_timer)
+        self._timer = self._loop.call_later(
+            max(0.0, at - time.monotonic()), self._background, "lease timer", self._on_timer
+        )
+
+    def _background(self, task: str, step: Callable[[], None]) -> None:
+        """Run a scheduled pump or timer. A failure is reported (observability/background.py)
+        and ends every consumer with INTERNAL, so no client waits on a stalled subscription
+        without a word (the official clients reconnect and the next pump tries again)."""
+        try:
+            step()
+        except Exception as exc:
+            background.report(f"subscription {task}", exc)
+            error = InternalError(
+                f"delivery of subscription {self.name} failed ({type(exc).__name__}: {exc}); "
+                "see the server log"
+            )
+            for consumer in list(self.consumers.values()):
+                self._fail_consumer(consumer, error)
+            self._timer = None
+            self._timer_at = None
+            self._arm_timer_safely()
+
+    def _arm_timer_safely(self) -> None:
+        try:
+            self._arm_timer()
+        except Exception as exc:  # the lease table itself is broken: nothing left to try
+            background.report("subscription lease timer", exc)
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -754,7 +929,7 @@ class SubscriptionDispatcher:
                 size += _unacked_bytes(log_, cursor, unacked)
             first = cursor.next_unacked(cursor.mark_delete)
             if first < log_.committed_offset:
-                with contextlib.suppress(OffsetOutOfRange):
+                with contextlib.suppress(OffsetOutOfRange, DamagedEntries):
                     oldest_us = min(oldest_us, log_.entry_at(first).publish_time_us)
         return quotas.Backlog(messages, int(size), max(0.0, (now_us - oldest_us) / 1e6))
 
@@ -774,7 +949,7 @@ class SubscriptionDispatcher:
                     try:
                         if log_.entry_at(offset).publish_time_us >= older_than_us:
                             break
-                    except OffsetOutOfRange:
+                    except (OffsetOutOfRange, DamagedEntries):
                         break
                 evicted.append(ids.position(source, offset))
                 offset = cursor.next_unacked(offset + 1)
@@ -806,6 +981,7 @@ class SubscriptionDispatcher:
                 end(error)
             elif isinstance(consumer, PullWaiter) and not consumer.future.done():
                 consumer.future.set_exception(error)
+                consumer.future.exception()  # retrieved: a Pull gone meanwhile logs nothing
         self.consumers.clear()
         self._order.clear()
         self.leases.clear()

@@ -13,12 +13,19 @@ from collections.abc import Callable
 from typing import Any
 
 from pubsubd.acks.journal import AckJournal
-from pubsubd.core.errors import AckIdsInvalid, InvalidAckId, SubscriptionNotFound, Unavailable
+from pubsubd.core.errors import (
+    AckIdsInvalid,
+    DataLoss,
+    InvalidAckId,
+    SubscriptionNotFound,
+    Unavailable,
+)
 from pubsubd.core.validation import modify_deadline
 from pubsubd.data.publish.forwarder import PublishingForwarder
 from pubsubd.data.subscribe.consumers import PullWaiter, StreamConsumer
 from pubsubd.data.subscribe.dispatcher import SubscriptionDispatcher
 from pubsubd.data.subscribe.push import PushManager
+from pubsubd.storage.damage import DamagedRange
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +57,8 @@ class SubscribingForwarder:
     def __init__(self, publishing: PublishingForwarder) -> None:
         self.publishing = publishing
         self.dispatchers: dict[str, SubscriptionDispatcher] = {}  # by subscription name
+        # Subscriptions whose topic's storage could not be opened: name -> DATA_LOSS message.
+        self.unavailable: dict[str, str] = {}
         self.closing = False
         self.push = PushManager()  # pushers of push subscriptions (data/subscribe/push.py)
         # topic name -> storage uid, for dead-letter topics; the catalog installs its lookup
@@ -83,8 +92,18 @@ class SubscribingForwarder:
     def dispatcher(self, name: str) -> SubscriptionDispatcher:
         d = self.dispatchers.get(name)
         if d is None:
+            why = self.unavailable.get(name)
+            if why is not None:
+                raise DataLoss(f"subscription {name} cannot be served: {why}")
             raise SubscriptionNotFound(name)
         return d
+
+    def skip_damaged(self, topic_uid: str, damaged: list[tuple[int, DamagedRange]]) -> int:
+        """Every subscription of the topic acknowledges the messages of these damaged ranges as
+        lost (the operator's ``pubsubd topics skip-damaged``); returns how many in all."""
+        return sum(
+            d.skip_damaged(damaged) for d in self.dispatchers.values() if d.topic_uid == topic_uid
+        )
 
     async def close(self) -> None:
         """End every stream with UNAVAILABLE so clients reconnect (to us after restart)."""
