@@ -35,6 +35,17 @@ def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPr
     srv.kill()
 
 
+@pytest.fixture(scope="module")
+def clients(
+    shared_server: ServerProcess,
+) -> Iterator[tuple[pubsub_v1.PublisherClient, pubsub_v1.SubscriberClient]]:
+    """An official publisher and subscriber on the module's shared server, for the module."""
+    pub = make_publisher(shared_server.endpoint)
+    sub = make_subscriber(shared_server.endpoint)
+    yield pub, sub
+    sub.close()
+
+
 @contextlib.contextmanager
 def emulator_host(endpoint: str) -> Iterator[None]:
     """PUBSUB_EMULATOR_HOST set while a client is built: the way users point clients at us."""

@@ -12,9 +12,9 @@ from google.api_core import exceptions
 from google.cloud import pubsub_v1
 from google.protobuf import duration_pb2, field_mask_pb2
 
-from tests.conftest import PROJECT, make_publisher, make_subscriber
-from tests.support.raw import sub_status
+from tests.conftest import PROJECT, make_subscriber
 from tests.support.server import ServerProcess, wait_for
+from tests.support.status import sub_status
 
 pytestmark = [
     pytest.mark.integration,
@@ -22,14 +22,6 @@ pytestmark = [
 ]
 
 SEVEN_DAYS_S = 7 * 24 * 3600
-
-
-@pytest.fixture(scope="module")
-def clients(shared_server: ServerProcess) -> Any:
-    pub = make_publisher(shared_server.endpoint)
-    sub = make_subscriber(shared_server.endpoint)
-    yield pub, sub
-    sub.close()
 
 
 def _mask(*paths: str) -> field_mask_pb2.FieldMask:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import PROJECT, make_publisher, make_subscriber
+from tests.conftest import PROJECT
 from tests.support.replay_client import ReplayClient
 from tests.support.server import ServerProcess
 
@@ -75,14 +75,6 @@ def failed(result: subprocess.CompletedProcess[str]) -> str:
 
 def _short(name: str) -> str:
     return name.rsplit("/", 1)[1]
-
-
-@pytest.fixture(scope="module")
-def clients(shared_server: ServerProcess) -> Any:
-    pub = make_publisher(shared_server.endpoint)
-    sub = make_subscriber(shared_server.endpoint)
-    yield pub, sub
-    sub.close()
 
 
 def test_topics_and_subscriptions_create_list_delete(

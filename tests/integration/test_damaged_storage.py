@@ -29,6 +29,7 @@ from pubsubd.storage.framing import scan_frames
 from tests.conftest import make_publisher, make_subscriber
 from tests.support.raw import gapic_publisher, http_get
 from tests.support.server import ServerProcess, wait_for
+from tests.support.status import status
 
 pytestmark = pytest.mark.integration
 
@@ -143,11 +144,6 @@ def _metric(server: ServerProcess, name: str) -> float:
     return total
 
 
-def _status(server: ServerProcess) -> dict[str, Any]:
-    _, body = http_get(server, "/status")
-    return dict(json.loads(body))
-
-
 def _cli(server: ServerProcess, *args: str) -> Any:
     out = subprocess.run(
         [sys.executable, "-m", "pubsubd", *args, "--endpoint", server.endpoint, "--json"],
@@ -187,11 +183,11 @@ def test_sealed_segment_damage_stops_only_at_the_damaged_entry(
         subscriber.pull(request={"subscription": sub, "max_messages": 10}, timeout=10)
 
     # Reported: /status (file, bytes, offsets), the subscription's stop, metrics, the CLI.
-    status = _status(server)
-    (damaged,) = status["damaged"]
+    page = status(server)
+    (damaged,) = page["damaged"]
     assert (damaged["first_offset"], damaged["end_offset"]) == (hit.first_offset, hit.end_offset)
     assert damaged["file"] == str(hit.path) and damaged["topic"] == topic
-    stopped = status["subscriptions"][sub]["stopped_at_damage"]
+    stopped = page["subscriptions"][sub]["stopped_at_damage"]
     assert stopped == [
         {
             "source": 0,
@@ -220,7 +216,7 @@ def test_sealed_segment_damage_stops_only_at_the_damaged_entry(
 
 
 def status_lost(server: ServerProcess, sub: str) -> int:
-    return int(_status(server)["subscriptions"][sub]["lost"])
+    return int(status(server)["subscriptions"][sub]["lost"])
 
 
 @pytest.mark.parametrize("where", ["sealed", "active"])
@@ -253,7 +249,7 @@ def test_damage_found_at_start_up_does_not_stop_the_server_or_other_topics(
     got, error = _receive(server, sub, lambda ids: expected <= ids)
     assert error is None and got == expected
     assert status_lost(server, sub) == BATCH
-    (damaged,) = _status(server)["damaged"]
+    (damaged,) = status(server)["damaged"]
     assert damaged["found"] == "start-up scan"
 
     # Publishing and delivery go on past the damage.
@@ -280,7 +276,7 @@ def test_restored_bytes_resume_delivery_without_a_restart(
     assert got == {o for o in published if o < hit.first_offset}
 
     hit.path.write_bytes(original[hit.path])  # the operator restores the file from a copy
-    wait_for(lambda: not _status(server)["damaged"], 15, "the log to recheck the damage")
+    wait_for(lambda: not status(server)["damaged"], 15, "the log to recheck the damage")
     rest = {o for o in published if o >= hit.first_offset}
     got, error = _receive(server, sub, lambda ids: rest <= ids)
     assert error is None and got == rest
@@ -316,7 +312,7 @@ def test_a_topic_whose_storage_cannot_open_is_the_only_one_out_of_service(
         gapic_publisher(server.endpoint).publish(
             topic=broken_topic, messages=[types.PubsubMessage(data=b"x")], timeout=10
         )
-    (why,) = _status(server)["failed_topics"].values()
+    (why,) = status(server)["failed_topics"].values()
     assert why.startswith("the storage of topic")
     subscriber.close()
 

@@ -15,12 +15,13 @@ from typing import Any
 
 import pytest
 from google.api_core import exceptions
-from google.cloud import pubsub_v1
 from google.cloud.pubsub_v1.types import BatchSettings, FlowControl
 
 from tests.conftest import make_publisher, make_subscriber
-from tests.support.raw import RawStream, StreamingPullRequest, sub_status
+from tests.support.clients import publish, pull, pull_until, setup
+from tests.support.raw import RawStream, StreamingPullRequest
 from tests.support.server import ServerProcess, wait_for
+from tests.support.status import sub_status
 
 pytestmark = [
     pytest.mark.integration,
@@ -29,48 +30,6 @@ pytestmark = [
 ]
 
 ACK_DEADLINE_S = 10
-
-
-@pytest.fixture(scope="module")
-def clients(shared_server: ServerProcess) -> Any:
-    pub = make_publisher(shared_server.endpoint)
-    sub = make_subscriber(shared_server.endpoint)
-    yield pub, sub
-    sub.close()
-
-
-def _setup(clients: Any, names: Any, *subs: str, ack_deadline: int = ACK_DEADLINE_S) -> str:
-    pub, sub = clients
-    topic = names.topic()
-    pub.create_topic(name=topic)
-    for s in subs or (names.subscription(),):
-        sub.create_subscription(
-            request={"name": s, "topic": topic, "ack_deadline_seconds": ack_deadline}
-        )
-    return topic
-
-
-def _publish(pub: pubsub_v1.PublisherClient, topic: str, *datas: bytes) -> list[str]:
-    futures = [pub.publish(topic, d) for d in datas]
-    return [f.result(timeout=60) for f in futures]
-
-
-def _pull(sub: pubsub_v1.SubscriberClient, name: str, wait_s: float, n: int = 1000) -> list[Any]:
-    """One long-poll Pull; the server answers (maybe empty) about 1 s before ``wait_s + 1``."""
-    resp = sub.pull(request={"subscription": name, "max_messages": n}, timeout=wait_s + 1)
-    return list(resp.received_messages)
-
-
-def _pull_until(
-    sub: pubsub_v1.SubscriberClient, name: str, count: int, timeout: float = 20
-) -> list[Any]:
-    got: list[Any] = []
-    wait_for(
-        lambda: got.extend(_pull(sub, name, 2)) or len(got) >= count,
-        timeout,
-        f"{count} messages on {name}",
-    )
-    return got
 
 
 class Collector:
@@ -99,13 +58,13 @@ def test_batched_publish_and_subscribe_every_message_once(
     shared_server: ServerProcess, clients: Any, names: Any
 ) -> None:
     sname = names.subscription()
-    topic = _setup(clients, names, sname)
+    topic = setup(clients, names, sname, ack_deadline_seconds=ACK_DEADLINE_S)[0]
     pub = make_publisher(
         shared_server.endpoint, batch_settings=BatchSettings(max_messages=50, max_latency=0.01)
     )
     count = 2000
     datas = [f"message-{i}".encode() for i in range(count)]
-    ids = _publish(pub, topic, *datas)
+    ids = publish(pub, topic, *datas)
     assert len(set(ids)) == count, "every publish got its own message ID"
 
     subscriber = make_subscriber(shared_server.endpoint)
@@ -127,8 +86,8 @@ def test_batched_publish_and_subscribe_every_message_once(
 def test_server_side_flow_control(shared_server: ServerProcess, clients: Any, names: Any) -> None:
     pub, sub = clients
     sname = names.subscription()
-    topic = _setup(clients, names, sname)
-    _publish(pub, topic, *(f"m{i}".encode() for i in range(20)))
+    topic = setup(clients, names, sname, ack_deadline_seconds=ACK_DEADLINE_S)[0]
+    publish(pub, topic, *(f"m{i}".encode() for i in range(20)))
     stream = RawStream(
         shared_server.endpoint,
         StreamingPullRequest(
@@ -167,8 +126,8 @@ def test_server_side_flow_control_bytes(
 ) -> None:
     pub, _ = clients
     sname = names.subscription()
-    topic = _setup(clients, names, sname)
-    _publish(pub, topic, *(b"x" * 1000 for _ in range(10)))
+    topic = setup(clients, names, sname, ack_deadline_seconds=ACK_DEADLINE_S)[0]
+    publish(pub, topic, *(b"x" * 1000 for _ in range(10)))
     stream = RawStream(
         shared_server.endpoint,
         StreamingPullRequest(
@@ -189,9 +148,9 @@ def test_server_side_flow_control_bytes(
 def test_pull_and_ack(shared_server: ServerProcess, clients: Any, names: Any) -> None:
     pub, sub = clients
     sname = names.subscription()
-    topic = _setup(clients, names, sname)
-    ids = _publish(pub, topic, b"a", b"b", b"c")
-    got = _pull_until(sub, sname, 3)
+    topic = setup(clients, names, sname, ack_deadline_seconds=ACK_DEADLINE_S)[0]
+    ids = publish(pub, topic, b"a", b"b", b"c")
+    got = pull_until(sub, sname, 3)
     assert sorted(m.message.message_id for m in got) == sorted(ids)
     assert {m.message.data for m in got} == {b"a", b"b", b"c"}
     assert all(m.message.publish_time for m in got)
@@ -200,40 +159,40 @@ def test_pull_and_ack(shared_server: ServerProcess, clients: Any, names: Any) ->
     wait_for(lambda: sub_status(shared_server, sname).get("backlog") == 0, 10, "acks applied")
     # Acking again is not an error in normal mode.
     sub.acknowledge(subscription=sname, ack_ids=[m.ack_id for m in got])
-    assert _pull(sub, sname, 1) == []
+    assert pull(sub, sname, 1) == []
 
 
 def test_nack_redelivers_quickly_with_new_ack_id(clients: Any, names: Any) -> None:
     pub, sub = clients
     sname = names.subscription()
-    topic = _setup(clients, names, sname, ack_deadline=600)
-    [mid] = _publish(pub, topic, b"nack me")
-    [first] = _pull_until(sub, sname, 1)
+    topic = setup(clients, names, sname, ack_deadline_seconds=600)[0]
+    [mid] = publish(pub, topic, b"nack me")
+    [first] = pull_until(sub, sname, 1)
     start = time.monotonic()
     sub.modify_ack_deadline(subscription=sname, ack_ids=[first.ack_id], ack_deadline_seconds=0)
-    [again] = _pull_until(sub, sname, 1, timeout=15)
+    [again] = pull_until(sub, sname, 1, timeout=15)
     assert time.monotonic() - start < 10  # not the 600 s ack deadline (slack for a busy CI host)
     assert again.message.message_id == mid
     assert again.ack_id != first.ack_id
     sub.acknowledge(subscription=sname, ack_ids=[again.ack_id])
-    assert _pull(sub, sname, 1) == []
+    assert pull(sub, sname, 1) == []
 
 
 def test_ack_deadline_expiry_and_extension(clients: Any, names: Any) -> None:
     """Expired leases come back after the deadline; a ModifyAckDeadline postpones that."""
     pub, sub = clients
     sname = names.subscription()
-    topic = _setup(clients, names, sname)
-    ids = _publish(pub, topic, b"expires", b"extended")
-    got = _pull_until(sub, sname, 2)
+    topic = setup(clients, names, sname, ack_deadline_seconds=ACK_DEADLINE_S)[0]
+    ids = publish(pub, topic, b"expires", b"extended")
+    got = pull_until(sub, sname, 2)
     leased_at = time.monotonic()
     by_data = {m.message.data: m for m in got}
     sub.modify_ack_deadline(
         subscription=sname, ack_ids=[by_data[b"extended"].ack_id], ack_deadline_seconds=30
     )
-    assert _pull(sub, sname, 2) == [], "nothing comes back before the deadline"
+    assert pull(sub, sname, 2) == [], "nothing comes back before the deadline"
 
-    redelivered = _pull_until(sub, sname, 1, timeout=ACK_DEADLINE_S + 5)
+    redelivered = pull_until(sub, sname, 1, timeout=ACK_DEADLINE_S + 5)
     assert time.monotonic() - leased_at >= ACK_DEADLINE_S - 1
     assert [m.message.data for m in redelivered] == [b"expires"]
     assert redelivered[0].message.message_id == ids[0]
@@ -241,7 +200,7 @@ def test_ack_deadline_expiry_and_extension(clients: Any, names: Any) -> None:
 
     # Wait (long-poll) until 12 s after the lease: the extended message must not come back.
     wait_s = max(0.0, leased_at + 12 - time.monotonic())
-    assert _pull(sub, sname, wait_s) == [], "the extended message came back before 30 s"
+    assert pull(sub, sname, wait_s) == [], "the extended message came back before 30 s"
     assert time.monotonic() - leased_at >= 12
     sub.acknowledge(
         subscription=sname, ack_ids=[redelivered[0].ack_id, by_data[b"extended"].ack_id]
@@ -258,9 +217,9 @@ def test_lease_expiry_without_any_consumer(
     """
     pub, sub = clients
     sname = names.subscription()
-    topic = _setup(clients, names, sname)
-    ids = _publish(pub, topic, b"a", b"b")
-    got = _pull_until(sub, sname, 2)
+    topic = setup(clients, names, sname, ack_deadline_seconds=ACK_DEADLINE_S)[0]
+    ids = publish(pub, topic, b"a", b"b")
+    got = pull_until(sub, sname, 2)
     for m, seconds in zip(got, (1, 2), strict=True):
         sub.modify_ack_deadline(
             subscription=sname, ack_ids=[m.ack_id], ack_deadline_seconds=seconds
@@ -290,26 +249,28 @@ def test_lease_expiry_without_any_consumer(
 
 def test_subscription_starts_at_its_creation(clients: Any, names: Any) -> None:
     pub, sub = clients
-    topic = _setup(clients, names, names.subscription("early"))
-    before = _publish(pub, topic, *(f"before-{i}".encode() for i in range(5)))
+    topic = setup(clients, names, names.subscription("early"), ack_deadline_seconds=ACK_DEADLINE_S)[
+        0
+    ]
+    before = publish(pub, topic, *(f"before-{i}".encode() for i in range(5)))
     late = names.subscription("late")
     sub.create_subscription(name=late, topic=topic)
-    after = _publish(pub, topic, *(f"after-{i}".encode() for i in range(5)))
-    got = _pull_until(sub, late, 5)
+    after = publish(pub, topic, *(f"after-{i}".encode() for i in range(5)))
+    got = pull_until(sub, late, 5)
     assert sorted(m.message.message_id for m in got) == sorted(after)
     assert not {m.message.message_id for m in got} & set(before)
-    assert _pull(sub, late, 1) == []
-    early = _pull_until(sub, names.subscription("early"), 10)
+    assert pull(sub, late, 1) == []
+    early = pull_until(sub, names.subscription("early"), 10)
     assert sorted(m.message.message_id for m in early) == sorted(before + after)
 
 
 def test_fan_out_to_every_subscription(clients: Any, names: Any) -> None:
     pub, sub = clients
     subs = [names.subscription("one"), names.subscription("two")]
-    topic = _setup(clients, names, *subs)
-    ids = _publish(pub, topic, *(f"m{i}".encode() for i in range(50)))
+    topic = setup(clients, names, *subs, ack_deadline_seconds=ACK_DEADLINE_S)[0]
+    ids = publish(pub, topic, *(f"m{i}".encode() for i in range(50)))
     for s in subs:
-        got = _pull_until(sub, s, 50)
+        got = pull_until(sub, s, 50)
         assert sorted(m.message.message_id for m in got) == sorted(ids)
         sub.acknowledge(subscription=s, ack_ids=[m.ack_id for m in got])
 
@@ -319,7 +280,7 @@ def test_two_subscribers_share_one_subscription(
 ) -> None:
     pub, _ = clients
     sname = names.subscription()
-    topic = _setup(clients, names, sname)
+    topic = setup(clients, names, sname, ack_deadline_seconds=ACK_DEADLINE_S)[0]
     subscribers = [make_subscriber(shared_server.endpoint) for _ in range(2)]
     collectors = [Collector(), Collector()]
     futures = [
@@ -328,7 +289,7 @@ def test_two_subscribers_share_one_subscription(
     ]
     try:
         wait_for(lambda: sub_status(shared_server, sname).get("consumers") == 2, 15, "2 streams")
-        ids = _publish(pub, topic, *(f"m{i}".encode() for i in range(200)))
+        ids = publish(pub, topic, *(f"m{i}".encode() for i in range(200)))
         wait_for(
             lambda: set(collectors[0].ids()) | set(collectors[1].ids()) == set(ids),
             30,
@@ -351,12 +312,12 @@ def test_two_subscribers_share_one_subscription(
 def test_9mb_message_roundtrip(shared_server: ServerProcess, clients: Any, names: Any) -> None:
     pub, _ = clients
     sname = names.subscription()
-    topic = _setup(clients, names, sname)
+    topic = setup(clients, names, sname, ack_deadline_seconds=ACK_DEADLINE_S)[0]
     data = random.Random(3).randbytes(9_000_000)
-    [mid] = _publish(pub, topic, data)
+    [mid] = publish(pub, topic, data)
     big = make_subscriber(shared_server.endpoint, big_messages=True)
     try:
-        [got] = _pull_until(big, sname, 1)
+        [got] = pull_until(big, sname, 1)
         assert got.message.message_id == mid
         assert got.message.data == data
         big.acknowledge(subscription=sname, ack_ids=[got.ack_id])
@@ -370,9 +331,9 @@ def test_responses_fit_an_emulator_mode_client(
     """Several 1.5 MB messages never go out in one response above the client's 4 MiB limit."""
     pub, sub = clients
     sname, streamed = names.subscription("pull"), names.subscription("stream")
-    topic = _setup(clients, names, sname, streamed)
-    ids = _publish(pub, topic, *(bytes([i]) * 1_500_000 for i in range(5)))
-    got = _pull_until(sub, sname, 5)  # the plain emulator-mode client: 4 MiB receive limit
+    topic = setup(clients, names, sname, streamed, ack_deadline_seconds=ACK_DEADLINE_S)[0]
+    ids = publish(pub, topic, *(bytes([i]) * 1_500_000 for i in range(5)))
+    got = pull_until(sub, sname, 5)  # the plain emulator-mode client: 4 MiB receive limit
     assert sorted(m.message.message_id for m in got) == sorted(ids)
     subscriber = make_subscriber(shared_server.endpoint)
     collector = Collector()
@@ -390,7 +351,7 @@ def test_responses_fit_an_emulator_mode_client(
 def test_pull_long_poll_empty_returns_before_deadline(clients: Any, names: Any) -> None:
     _, sub = clients
     sname = names.subscription()
-    _setup(clients, names, sname)
+    setup(clients, names, sname, ack_deadline_seconds=ACK_DEADLINE_S)
     start = time.monotonic()
     resp = sub.pull(
         request={"subscription": sname, "max_messages": 10, "return_immediately": False},
@@ -406,14 +367,14 @@ def test_waiting_pull_returns_published_message_promptly(
 ) -> None:
     pub, sub = clients
     sname = names.subscription()
-    topic = _setup(clients, names, sname)
+    topic = setup(clients, names, sname, ack_deadline_seconds=ACK_DEADLINE_S)[0]
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(
             sub.pull, request={"subscription": sname, "max_messages": 10}, timeout=30
         )
         wait_for(lambda: sub_status(shared_server, sname).get("consumers") == 1, 10, "the Pull")
         published_at = time.monotonic()
-        [mid] = _publish(pub, topic, b"wake up")
+        [mid] = publish(pub, topic, b"wake up")
         resp = waiting.result(timeout=30)
         assert time.monotonic() - published_at < 10  # woken by the publish, not the 30 s timeout
     assert [m.message.message_id for m in resp.received_messages] == [mid]
@@ -437,8 +398,8 @@ def test_graceful_restart_keeps_resources_and_unacked_messages(
     sub.create_subscription(name=gone_sub, topic=topic)
     pub.delete_topic(topic=gone_topic)
     sub.delete_subscription(subscription=gone_sub)
-    ids = _publish(pub, topic, *(f"m{i}".encode() for i in range(100)))
-    got = _pull_until(sub, sname, 100)
+    ids = publish(pub, topic, *(f"m{i}".encode() for i in range(100)))
+    got = pull_until(sub, sname, 100)
     assert len({m.message.message_id for m in got}) == 100
     to_ack = random.Random(5).sample(got, 40)
     sub.acknowledge(subscription=sname, ack_ids=[m.ack_id for m in to_ack])
@@ -461,11 +422,11 @@ def test_graceful_restart_keeps_resources_and_unacked_messages(
             pub.get_topic(topic=gone_topic)
         with pytest.raises(exceptions.NotFound):
             sub.get_subscription(subscription=gone_sub)
-        after = _pull_until(sub, sname, 60)
+        after = pull_until(sub, sname, 60)
         after_ids = [m.message.message_id for m in after]
         assert sorted(after_ids) == sorted(set(ids) - acked), "exactly the unacked messages"
-        assert _pull(sub, sname, 2) == [], "nothing acked came back"
-        [new_id] = _publish(pub, topic, b"new")
+        assert pull(sub, sname, 2) == [], "nothing acked came back"
+        [new_id] = publish(pub, topic, b"new")
         assert new_id not in ids, "message IDs stay unique across a restart"
     finally:
         sub.close()
@@ -481,13 +442,13 @@ def test_subscribe_survives_graceful_restart(server: ServerProcess, names: Any) 
     streaming = make_subscriber(server.endpoint)
     future = streaming.subscribe(sname, collector)
     try:
-        [before] = _publish(pub, topic, b"before")
+        [before] = publish(pub, topic, b"before")
         wait_for(lambda: before in collector.ids(), 15, "the message before the restart")
         port = server.port
         server.stop()
         server.start(port=port)
         pub = make_publisher(server.endpoint)
-        [after] = _publish(pub, topic, b"after")
+        [after] = publish(pub, topic, b"after")
         wait_for(lambda: after in collector.ids(), 30, "the message after the restart")
         assert not future.done(), "the subscribe() future ended instead of reconnecting"
     finally:

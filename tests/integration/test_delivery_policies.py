@@ -12,7 +12,8 @@ from google.api_core import exceptions
 from google.cloud import pubsub_v1
 from google.protobuf import duration_pb2
 
-from tests.conftest import make_publisher, make_subscriber
+from tests.conftest import make_publisher
+from tests.support.clients import setup
 from tests.support.server import ServerProcess, wait_for
 
 pytestmark = pytest.mark.integration
@@ -27,20 +28,13 @@ def _pull_one(sub: Any, name: str, timeout: float = 10.0) -> Any:
     raise AssertionError(f"no message on {name} within {timeout}s")
 
 
-def test_retry_policy_backs_off_after_nack(shared_server: ServerProcess, names: Any) -> None:
-    pub, sub = make_publisher(shared_server.endpoint), make_subscriber(shared_server.endpoint)
-    topic, name = names.topic(), names.subscription()
-    pub.create_topic(name=topic)
-    sub.create_subscription(
-        request={
-            "name": name,
-            "topic": topic,
-            "retry_policy": {
-                "minimum_backoff": duration_pb2.Duration(seconds=2),
-                "maximum_backoff": duration_pb2.Duration(seconds=4),
-            },
-        }
-    )
+def test_retry_policy_backs_off_after_nack(clients: Any, names: Any) -> None:
+    pub, sub = clients
+    backoff = {
+        "minimum_backoff": duration_pb2.Duration(seconds=2),
+        "maximum_backoff": duration_pb2.Duration(seconds=4),
+    }
+    topic, name = setup(clients, names, retry_policy=backoff)
     pub.publish(topic, b"retry me").result(timeout=30)
     first = _pull_one(sub, name)
     sub.modify_ack_deadline(subscription=name, ack_ids=[first.ack_id], ack_deadline_seconds=0)
@@ -57,8 +51,8 @@ def test_retry_policy_backs_off_after_nack(shared_server: ServerProcess, names: 
     sub.acknowledge(subscription=name, ack_ids=[third.ack_id])
 
 
-def test_dead_letter_after_max_attempts(shared_server: ServerProcess, names: Any) -> None:
-    pub, sub = make_publisher(shared_server.endpoint), make_subscriber(shared_server.endpoint)
+def test_dead_letter_after_max_attempts(clients: Any, names: Any) -> None:
+    pub, sub = clients
     topic, dlq_topic = names.topic("main"), names.topic("dlq")
     name, dlq_sub = names.subscription("main"), names.subscription("dlq")
     pub.create_topic(name=topic)
@@ -93,14 +87,14 @@ def test_dead_letter_after_max_attempts(shared_server: ServerProcess, names: Any
 
 
 def test_ordering_keys_delivered_in_order_to_subscribe(
-    shared_server: ServerProcess, names: Any
+    shared_server: ServerProcess, clients: Any, names: Any
 ) -> None:
     pub = make_publisher(
         shared_server.endpoint,
         publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True),
         batch_settings=pubsub_v1.types.BatchSettings(max_messages=7, max_latency=0.005),
     )
-    sub = make_subscriber(shared_server.endpoint)
+    _, sub = clients
     topic, name = names.topic(), names.subscription()
     pub.create_topic(name=topic)
     sub.create_subscription(request={"name": name, "topic": topic, "enable_message_ordering": True})
@@ -129,13 +123,13 @@ def test_ordering_keys_delivered_in_order_to_subscribe(
 
 
 def test_ordering_nack_redelivers_the_rest_of_the_key_in_order(
-    shared_server: ServerProcess, names: Any
+    shared_server: ServerProcess, clients: Any, names: Any
 ) -> None:
     pub = make_publisher(
         shared_server.endpoint,
         publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True),
     )
-    sub = make_subscriber(shared_server.endpoint)
+    _, sub = clients
     topic, name = names.topic(), names.subscription()
     pub.create_topic(name=topic)
     sub.create_subscription(request={"name": name, "topic": topic, "enable_message_ordering": True})
@@ -157,13 +151,9 @@ def test_ordering_nack_redelivers_the_rest_of_the_key_in_order(
     assert not resp.received_messages
 
 
-def test_exactly_once_rejects_stale_ack_ids(shared_server: ServerProcess, names: Any) -> None:
-    pub, sub = make_publisher(shared_server.endpoint), make_subscriber(shared_server.endpoint)
-    topic, name = names.topic(), names.subscription()
-    pub.create_topic(name=topic)
-    sub.create_subscription(
-        request={"name": name, "topic": topic, "enable_exactly_once_delivery": True}
-    )
+def test_exactly_once_rejects_stale_ack_ids(clients: Any, names: Any) -> None:
+    pub, sub = clients
+    topic, name = setup(clients, names, enable_exactly_once_delivery=True)
     pub.publish(topic, b"once").result(timeout=30)
     first = _pull_one(sub, name)
     sub.modify_ack_deadline(subscription=name, ack_ids=[first.ack_id], ack_deadline_seconds=0)
@@ -179,15 +169,9 @@ def test_exactly_once_rejects_stale_ack_ids(shared_server: ServerProcess, names:
     assert not resp.received_messages
 
 
-def test_exactly_once_ack_with_response_through_subscribe(
-    shared_server: ServerProcess, names: Any
-) -> None:
-    pub, sub = make_publisher(shared_server.endpoint), make_subscriber(shared_server.endpoint)
-    topic, name = names.topic(), names.subscription()
-    pub.create_topic(name=topic)
-    sub.create_subscription(
-        request={"name": name, "topic": topic, "enable_exactly_once_delivery": True}
-    )
+def test_exactly_once_ack_with_response_through_subscribe(clients: Any, names: Any) -> None:
+    pub, sub = clients
+    topic, name = setup(clients, names, enable_exactly_once_delivery=True)
     for i in range(20):
         pub.publish(topic, f"m{i}".encode()).result(timeout=30)
     results: dict[bytes, Any] = {}
@@ -213,13 +197,11 @@ def test_exactly_once_ack_with_response_through_subscribe(
     assert not resp.received_messages
 
 
-def test_ack_ids_from_before_a_seek_ack_nothing(shared_server: ServerProcess, names: Any) -> None:
+def test_ack_ids_from_before_a_seek_ack_nothing(clients: Any, names: Any) -> None:
     import datetime as dt
 
-    pub, sub = make_publisher(shared_server.endpoint), make_subscriber(shared_server.endpoint)
-    topic, name = names.topic(), names.subscription()
-    pub.create_topic(name=topic)
-    sub.create_subscription(request={"name": name, "topic": topic, "retain_acked_messages": True})
+    pub, sub = clients
+    topic, name = setup(clients, names, retain_acked_messages=True)
     before = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=5)
     pub.publish(topic, b"replay").result(timeout=30)
     old = _pull_one(sub, name)

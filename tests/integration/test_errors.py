@@ -27,6 +27,7 @@ MB = 1_000_000
 
 @pytest.fixture(scope="module")
 def clients(shared_server: ServerProcess) -> Any:
+    """Overrides tests/conftest.py's pair: the GAPIC publisher, which checks nothing itself."""
     gapic = gapic_publisher(shared_server.endpoint)
     sub = make_subscriber(shared_server.endpoint)
     yield gapic, sub

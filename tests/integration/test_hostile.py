@@ -23,7 +23,7 @@ import pytest
 from google.api_core import exceptions
 from google.protobuf.message import DecodeError
 
-from tests.conftest import PROJECT, make_publisher, make_subscriber
+from tests.conftest import PROJECT
 from tests.support.raw import (
     STREAMING_PULL,
     PublishRequest,
@@ -31,22 +31,14 @@ from tests.support.raw import (
     StreamingPullRequest,
     StreamingPullResponse,
     http_get,
-    sub_status,
 )
 from tests.support.server import ServerProcess, wait_for
+from tests.support.status import sub_status
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 ACK_DEADLINE_S = 10
-
-
-@pytest.fixture(scope="module")
-def clients(shared_server: ServerProcess) -> Any:
-    pub = make_publisher(shared_server.endpoint)
-    sub = make_subscriber(shared_server.endpoint)
-    yield pub, sub
-    sub.close()
 
 
 @pytest.fixture(autouse=True)

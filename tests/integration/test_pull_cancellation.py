@@ -24,9 +24,9 @@ import pytest
 from google.pubsub_v1 import SubscriberAsyncClient, types
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcAsyncIOTransport
 
-from tests.conftest import make_publisher, make_subscriber
-from tests.support.raw import gapic_publisher, sub_status
+from tests.support.raw import gapic_publisher
 from tests.support.server import ServerProcess, wait_for
+from tests.support.status import sub_status
 
 pytestmark = pytest.mark.integration
 
@@ -38,14 +38,6 @@ PULL = "/google.pubsub.v1.Subscriber/Pull"
 PullRequest: Any = types.PullRequest.pb()
 PullResponse: Any = types.PullResponse.pb()
 BIG = b"x" * 3000  # 1000 of these: a 3 MB response, far beyond a 64 KiB receive window
-
-
-@pytest.fixture(scope="module")
-def clients(shared_server: ServerProcess) -> Iterator[tuple[Any, Any]]:
-    pub = make_publisher(shared_server.endpoint)
-    sub = make_subscriber(shared_server.endpoint)
-    yield pub, sub
-    sub.close()
 
 
 @pytest.fixture

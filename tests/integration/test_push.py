@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import base64
 import itertools
-import json
 import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,18 +17,12 @@ from google.api_core import exceptions
 from google.cloud import pubsub_v1
 
 from tests.conftest import make_publisher, make_subscriber
+from tests.support.clients import publish, pull_until
 from tests.support.push_endpoint import PushEndpoint, RawEndpoint, dead_port
 from tests.support.server import ServerProcess, wait_for
+from tests.support.status import status, sub_status
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
-
-
-@pytest.fixture(scope="module")
-def clients(shared_server: ServerProcess) -> Iterator[Any]:
-    pub = make_publisher(shared_server.endpoint)
-    sub = make_subscriber(shared_server.endpoint)
-    yield pub, sub
-    sub.close()
 
 
 @pytest.fixture
@@ -40,44 +32,8 @@ def endpoint() -> Iterator[PushEndpoint]:
     ep.stop()
 
 
-def _status(server: ServerProcess) -> dict[str, Any]:
-    url = f"http://{server.host}:{server.http_port}/status"
-    with urllib.request.urlopen(url, timeout=5) as r:
-        result: dict[str, Any] = json.loads(r.read())
-    return result
-
-
-def _sub_status(server: ServerProcess, name: str) -> dict[str, Any]:
-    result: dict[str, Any] = _status(server)["subscriptions"][name]
-    return result
-
-
-def _publish(pub: pubsub_v1.PublisherClient, topic: str, *datas: bytes, **attrs: str) -> list[str]:
-    futures = [pub.publish(topic, d, **attrs) for d in datas]
-    return [f.result(timeout=60) for f in futures]
-
-
 def _create(sub: pubsub_v1.SubscriberClient, name: str, topic: str, **fields: Any) -> Any:
     return sub.create_subscription(request={"name": name, "topic": topic, **fields})
-
-
-def _drain(sub: pubsub_v1.SubscriberClient, name: str, count: int, ack: bool = True) -> list[Any]:
-    got: list[Any] = []
-
-    def pull() -> bool:
-        resp = sub.pull(request={"subscription": name, "max_messages": 100}, timeout=5)
-        got.extend(resp.received_messages)
-        if ack and resp.received_messages:
-            sub.acknowledge(
-                request={
-                    "subscription": name,
-                    "ack_ids": [m.ack_id for m in resp.received_messages],
-                }
-            )
-        return len(got) >= count
-
-    wait_for(pull, 20, f"{count} messages pulled from {name}")
-    return got
 
 
 # --- delivery ---------------------------------------------------------------------------------
@@ -93,7 +49,7 @@ def test_push_delivers_wrapped_messages_and_acks_on_2xx(
     assert created.push_config.push_endpoint == endpoint.url
     assert created.push_config.attributes["x-goog-version"] == "v1"
 
-    ids = _publish(pub, topic, b"one", b"two", b"\x00\xffbinary", color="red")
+    ids = publish(pub, topic, b"one", b"two", b"\x00\xffbinary", color="red")
     wait_for(lambda: endpoint.count() >= 3, 10, "3 pushes")
     requests = endpoint.snapshot()
     by_id = {r.json()["message"]["messageId"]: r for r in requests}
@@ -114,10 +70,10 @@ def test_push_delivers_wrapped_messages_and_acks_on_2xx(
         assert "orderingKey" not in m
 
     # Acknowledged: nothing left, nothing pushed again.
-    wait_for(lambda: _sub_status(shared_server, name)["backlog"] == 0, 10, "backlog drained")
-    status = _sub_status(shared_server, name)
-    assert status["push"]["acked"] == 3 and status["push"]["failed"] == 0
-    time.sleep(1.0)
+    wait_for(lambda: sub_status(shared_server, name)["backlog"] == 0, 10, "backlog drained")
+    entry = sub_status(shared_server, name)
+    assert entry["push"]["acked"] == 3 and entry["push"]["failed"] == 0
+    time.sleep(1.0)  # a negative check, so a fixed wait: no push comes again
     assert endpoint.count() == 3
 
 
@@ -129,11 +85,11 @@ def test_push_many_messages_concurrently(
     pub.create_topic(name=topic)
     _create(sub, name, topic, push_config={"push_endpoint": endpoint.url})
     datas = [f"m{i}".encode() for i in range(300)]
-    _publish(pub, topic, *datas)
+    publish(pub, topic, *datas)
     wait_for(lambda: endpoint.count() >= 300, 30, "300 pushes")
     assert sorted(endpoint.acked_data()) == sorted(datas)
-    wait_for(lambda: _sub_status(shared_server, name)["backlog"] == 0, 10, "backlog drained")
-    assert _sub_status(shared_server, name)["push"]["window"] > 4  # it grew
+    wait_for(lambda: sub_status(shared_server, name)["backlog"] == 0, 10, "backlog drained")
+    assert sub_status(shared_server, name)["push"]["window"] > 4  # it grew
 
 
 def test_failing_endpoint_gets_the_message_again_with_growing_gaps(
@@ -146,7 +102,7 @@ def test_failing_endpoint_gets_the_message_again_with_growing_gaps(
         topic, name = names.topic(), names.subscription()
         pub.create_topic(name=topic)
         _create(sub, name, topic, push_config={"push_endpoint": ep.url})
-        _publish(pub, topic, b"retry me")
+        publish(pub, topic, b"retry me")
         wait_for(lambda: ep.count() >= failures + 1, 30, "the push to succeed")
         requests = ep.snapshot()
         assert [r.status for r in requests[: failures + 1]] == [500] * failures + [200]
@@ -156,8 +112,8 @@ def test_failing_endpoint_gets_the_message_again_with_growing_gaps(
         for i, gap in enumerate(gaps[:failures]):
             assert gap >= 0.1 * 2**i * 0.9, gaps
         assert gaps[failures - 1] > 4 * gaps[0], gaps
-        wait_for(lambda: _sub_status(shared_server, name)["backlog"] == 0, 10, "acked")
-        time.sleep(0.5)
+        wait_for(lambda: sub_status(shared_server, name)["backlog"] == 0, 10, "acked")
+        time.sleep(0.5)  # a negative check, so a fixed wait
         assert ep.count() == failures + 1  # acked: not pushed again
     finally:
         ep.stop()
@@ -179,11 +135,11 @@ def test_delivery_attempt_with_dead_letter_policy(
             push_config={"push_endpoint": ep.url},
             dead_letter_policy={"dead_letter_topic": dlq, "max_delivery_attempts": 10},
         )
-        _publish(pub, topic, b"counted")
+        publish(pub, topic, b"counted")
         wait_for(lambda: ep.count() >= 3, 20, "3 pushes")
         attempts = [r.json()["deliveryAttempt"] for r in ep.snapshot()[:3]]
         assert attempts == [1, 2, 3]
-        wait_for(lambda: _sub_status(shared_server, name)["backlog"] == 0, 10, "acked")
+        wait_for(lambda: sub_status(shared_server, name)["backlog"] == 0, 10, "acked")
     finally:
         ep.stop()
 
@@ -249,7 +205,7 @@ def test_no_wrapper_sends_raw_data_and_metadata_headers(
         push_config={"push_endpoint": endpoint.url + "?s=bare", "no_wrapper": {}},
     )
     assert created.push_config.no_wrapper.write_metadata is False
-    [message_id] = _publish(pub, topic, b"\x00raw bytes\xff", tenant="acme")
+    [message_id] = publish(pub, topic, b"\x00raw bytes\xff", tenant="acme")
     wait_for(lambda: endpoint.count() >= 2, 10, "2 pushes")
     by_path = {r.path: r for r in endpoint.snapshot()}
     with_meta, without = by_path["/push?s=meta"], by_path["/push?s=bare"]
@@ -295,7 +251,7 @@ def test_modify_push_config_switches_to_pull_and_back(
         topic, name = names.topic(), names.subscription()
         pub.create_topic(name=topic)
         _create(sub, name, topic, push_config={"push_endpoint": failing.url})
-        _publish(pub, topic, b"a", b"b", b"c")
+        publish(pub, topic, b"a", b"b", b"c")
         wait_for(lambda: failing.count() >= 1, 10, "a push attempt")
 
         # Empty push config: a pull subscription; the held messages come back at once.
@@ -303,7 +259,7 @@ def test_modify_push_config_switches_to_pull_and_back(
         got = sub.get_subscription(subscription=name)
         assert not got.push_config.push_endpoint
         pushes = failing.count()
-        pulled = _drain(sub, name, 3, ack=False)
+        pulled = pull_until(sub, name, 3, max_messages=100)
         assert sorted(m.message.data for m in pulled) == [b"a", b"b", b"c"]
         # Ack one, nack the others; messages published meanwhile accumulate.
         first = next(m for m in pulled if m.message.data == b"a")
@@ -315,8 +271,8 @@ def test_modify_push_config_switches_to_pull_and_back(
                 "ack_deadline_seconds": 0,
             }
         )
-        _publish(pub, topic, b"d")
-        time.sleep(0.5)
+        publish(pub, topic, b"d")
+        time.sleep(0.5)  # a negative check, so a fixed wait
         assert failing.count() == pushes  # no pushes while it is a pull subscription
 
         # Back to push, to a working endpoint: the rest is pushed and acked.
@@ -328,7 +284,7 @@ def test_modify_push_config_switches_to_pull_and_back(
         assert got.push_config.attributes["x-goog-version"] == "v1"
         wait_for(lambda: good.count() >= 3, 10, "3 pushes")
         assert sorted(good.acked_data()) == [b"b", b"c", b"d"]
-        wait_for(lambda: _sub_status(shared_server, name)["backlog"] == 0, 10, "acked")
+        wait_for(lambda: sub_status(shared_server, name)["backlog"] == 0, 10, "acked")
         assert failing.count() == pushes
     finally:
         failing.stop()
@@ -348,17 +304,19 @@ def test_update_subscription_push_config(
             "update_mask": {"paths": ["push_config"]},
         }
     )
-    _publish(pub, topic, b"via update")
+    publish(pub, topic, b"via update")
     wait_for(lambda: endpoint.count() >= 1, 10, "a push")
     assert endpoint.acked_data() == [b"via update"]
-    wait_for(lambda: _sub_status(shared_server, name)["backlog"] == 0, 10, "acked")
+    wait_for(lambda: sub_status(shared_server, name)["backlog"] == 0, 10, "acked")
     # Clearing push_config through the mask makes it a pull subscription again.
     sub.update_subscription(
         request={"subscription": {"name": name}, "update_mask": {"paths": ["push_config"]}}
     )
-    assert "push" not in _sub_status(shared_server, name)
-    _publish(pub, topic, b"pulled")
-    assert [m.message.data for m in _drain(sub, name, 1)] == [b"pulled"]
+    assert "push" not in sub_status(shared_server, name)
+    publish(pub, topic, b"pulled")
+    assert [m.message.data for m in pull_until(sub, name, 1, ack=True, max_messages=100)] == [
+        b"pulled"
+    ]
     assert endpoint.count() == 1
 
 
@@ -386,25 +344,28 @@ def test_dead_endpoints_do_not_disturb_other_subscriptions(
         _create(sub, pull, topic)
 
         datas = [f"m{i}".encode() for i in range(50)]
-        _publish(pub, topic, *datas)
+        publish(pub, topic, *datas)
         wait_for(lambda: endpoint.count() >= 50, 20, "50 pushes to the good endpoint")
         assert sorted(endpoint.acked_data()) == sorted(datas)
-        assert sorted(m.message.data for m in _drain(sub, pull, 50)) == sorted(datas)
+        assert sorted(
+            m.message.data for m in pull_until(sub, pull, 50, ack=True, max_messages=100)
+        ) == sorted(datas)
         wait_for(lambda: garbage.connections >= 2, 10, "garbage endpoint retried")
-        status = _status(shared_server)["subscriptions"]
+        subs = status(shared_server)["subscriptions"]
         for name in dead:
-            assert status[name]["backlog"] == 50
-            assert status[name]["push"]["acked"] == 0
-        assert status[names.subscription("refused")]["push"]["failed"] >= 1
-        assert "Error" in status[names.subscription("refused")]["push"]["last_error"]
-        # Not hammered: the failing subscriptions back off instead of retrying the backlog.
+            assert subs[name]["backlog"] == 50
+            assert subs[name]["push"]["acked"] == 0
+        assert subs[names.subscription("refused")]["push"]["failed"] >= 1
+        assert "Error" in subs[names.subscription("refused")]["push"]["last_error"]
+        # Not hammered: the failing subscriptions back off instead of retrying the backlog
+        # (a negative check, so a fixed wait).
         time.sleep(1.0)
         assert garbage.connections < 20
         # Deleting a subscription with pushes in flight (the silent one) is clean.
         for name in dead:
             sub.delete_subscription(subscription=name)
         assert shared_server.alive()
-        _publish(pub, topic, b"after")
+        publish(pub, topic, b"after")
         wait_for(lambda: endpoint.count() >= 51, 10, "the good endpoint still served")
     finally:
         garbage.stop()
@@ -421,7 +382,7 @@ def test_push_survives_restart_and_shutdown_is_clean(server: ServerProcess, name
         pub.create_topic(name=topic)
         _create(sub, name, topic, push_config={"push_endpoint": good.url})
         _create(sub, hung, topic, push_config={"push_endpoint": silent.url})
-        _publish(pub, topic, b"before")
+        publish(pub, topic, b"before")
         wait_for(lambda: good.count() >= 1, 10, "a push")
         wait_for(lambda: silent.connections >= 1, 10, "a push in flight")
         sub.close()
@@ -435,10 +396,10 @@ def test_push_survives_restart_and_shutdown_is_clean(server: ServerProcess, name
         pub = make_publisher(server.endpoint)
         sub = make_subscriber(server.endpoint)
         # The push subscriptions are push subscriptions again after the restart.
-        _publish(pub, topic, b"after")
+        publish(pub, topic, b"after")
         wait_for(lambda: b"after" in good.acked_data(), 10, "a push after restart")
         assert good.acked_data().count(b"before") == 1
-        assert _sub_status(server, hung)["push"]["endpoint"] == silent.url
+        assert sub_status(server, hung)["push"]["endpoint"] == silent.url
         sub.close()
     finally:
         good.stop()

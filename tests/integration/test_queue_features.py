@@ -15,23 +15,19 @@ from google.api_core import exceptions
 
 from pubsubd.core import pb
 from tests.conftest import make_publisher, make_subscriber
-from tests.support.raw import RawStream, gapic_publisher, sub_status
+from tests.support.clients import pull_until, setup
+from tests.support.raw import RawStream, gapic_publisher
 from tests.support.server import ServerProcess, wait_for
+from tests.support.status import sub_status
 
 pytestmark = pytest.mark.integration
 
 
 def _setup(server: ServerProcess, names: Any, **labels: str) -> tuple[Any, Any, str, str]:
+    """New clients, a topic and a subscription with the labels (``_`` in a name becomes ``-``)."""
     pub, sub = make_publisher(server.endpoint), make_subscriber(server.endpoint)
-    topic, name = names.topic(), names.subscription()
-    pub.create_topic(name=topic)
-    sub.create_subscription(
-        request={
-            "name": name,
-            "topic": topic,
-            "labels": {k.replace("_", "-"): v for k, v in labels.items()},
-        }
-    )
+    labels = {k.replace("_", "-"): v for k, v in labels.items()}
+    topic, name = setup((pub, sub), names, labels=labels)
     return pub, sub, topic, name
 
 
@@ -51,8 +47,10 @@ def _ack(stream: RawStream, messages: list[Any]) -> None:
     stream.send(pb.StreamingPullRequest(ack_ids=[m.ack_id for m in messages]))
 
 
-def test_bad_queue_labels_are_rejected(shared_server: ServerProcess, names: Any) -> None:
-    pub, sub = make_publisher(shared_server.endpoint), make_subscriber(shared_server.endpoint)
+def test_bad_queue_labels_are_rejected(
+    shared_server: ServerProcess, clients: Any, names: Any
+) -> None:
+    pub, sub = clients
     topic = names.topic()
     pub.create_topic(name=topic)
     for labels in (
@@ -283,8 +281,10 @@ def test_bad_delay_attributes_are_rejected(shared_server: ServerProcess, names: 
         assert next(iter(attrs)) in str(e.value)
 
 
-def test_backlog_quota_blocks_publishers(shared_server: ServerProcess, names: Any) -> None:
-    pub, sub = make_publisher(shared_server.endpoint), make_subscriber(shared_server.endpoint)
+def test_backlog_quota_blocks_publishers(
+    shared_server: ServerProcess, clients: Any, names: Any
+) -> None:
+    pub, sub = clients
     topic, name = names.topic(), names.subscription()
     pub.create_topic(request={"name": topic, "labels": {"pubsubd-backlog-quota-messages": "5"}})
     sub.create_subscription(name=name, topic=topic)
@@ -305,11 +305,11 @@ def test_backlog_quota_blocks_publishers(shared_server: ServerProcess, names: An
 
 
 def test_backlog_byte_quota_counts_the_unacked_messages_bytes(
-    shared_server: ServerProcess, names: Any
+    shared_server: ServerProcess, clients: Any, names: Any
 ) -> None:
     """20,000 bytes: ten unacked 2,000-byte messages reach it, however many small acked messages
     sit in the log before them (an average over the whole log would let far more through)."""
-    pub, sub = make_publisher(shared_server.endpoint), make_subscriber(shared_server.endpoint)
+    pub, sub = clients
     topic, name = names.topic(), names.subscription()
     pub.create_topic(request={"name": topic, "labels": {"pubsubd-backlog-quota-bytes": "20000"}})
     sub.create_subscription(name=name, topic=topic)
@@ -317,11 +317,7 @@ def test_backlog_byte_quota_counts_the_unacked_messages_bytes(
     small = [{"data": b"s"} for _ in range(1000)]
     for _ in range(3):  # 3,000 small messages, all acked: they stay in the log's segment
         gapic.publish(request={"topic": topic, "messages": small}, timeout=10)
-    acked = 0
-    while acked < 3000:
-        resp = sub.pull(subscription=name, max_messages=1000, timeout=10)
-        sub.acknowledge(subscription=name, ack_ids=[m.ack_id for m in resp.received_messages])
-        acked += len(resp.received_messages)
+    pull_until(sub, name, 3000, ack=True, timeout=60)
     wait_for(lambda: sub_status(shared_server, name)["backlog"] == 0, 10, "acks applied")
     accepted = 0
     with pytest.raises(exceptions.ResourceExhausted) as e:
@@ -336,20 +332,12 @@ def test_backlog_byte_quota_counts_the_unacked_messages_bytes(
     assert "pubsubd-backlog-quota-bytes" in str(e.value)
 
 
-def test_backlog_quota_evicts_oldest(shared_server: ServerProcess, names: Any) -> None:
-    pub, sub = make_publisher(shared_server.endpoint), make_subscriber(shared_server.endpoint)
-    topic, name = names.topic(), names.subscription()
-    pub.create_topic(name=topic)
-    sub.create_subscription(
-        request={
-            "name": name,
-            "topic": topic,
-            "labels": {
-                "pubsubd-backlog-quota-messages": "3",
-                "pubsubd-backlog-policy": "evict_oldest",
-            },
-        }
-    )
+def test_backlog_quota_evicts_oldest(
+    shared_server: ServerProcess, clients: Any, names: Any
+) -> None:
+    pub, sub = clients
+    labels = {"pubsubd-backlog-quota-messages": "3", "pubsubd-backlog-policy": "evict_oldest"}
+    topic, name = setup(clients, names, labels=labels)
     for i in range(10):
         pub.publish(topic, f"m{i}".encode()).result(timeout=30)
     wait_for(lambda: sub_status(shared_server, name)["backlog"] <= 3, 10, "eviction to 3")

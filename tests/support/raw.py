@@ -1,4 +1,5 @@
-"""Lower-level tools for integration tests: raw StreamingPull streams, GAPIC clients, HTTP probes.
+"""Lower-level tools for integration tests: raw StreamingPull streams, GAPIC clients, HTTP probes
+(the /status page: tests/support/status.py).
 
 The hand-written ``PublisherClient`` batches and checks sizes client-side, and ``subscribe()``
 hides the stream; these helpers reach the server the way a misbehaving or minimal client would.
@@ -6,7 +7,6 @@ hides the stream; these helpers reach the server the way a misbehaving or minima
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 import time
@@ -40,12 +40,6 @@ def http_get(server: ServerProcess, path: str, timeout: float = 5.0) -> tuple[in
     url = f"http://{server.host}:{server.http_port}{path}"
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         return resp.status, resp.read()
-
-
-def sub_status(server: ServerProcess, subscription: str) -> dict[str, Any]:
-    """The server's /status entry for one subscription ({} if it has none)."""
-    _, body = http_get(server, "/status")
-    return dict(json.loads(body)["subscriptions"].get(subscription, {}))
 
 
 class RawStream:
