@@ -4,14 +4,15 @@ and retention trimmed what it could (the dedup window pins the log)."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import make_publisher, make_subscriber
+from tests.support.clients import pull_until
 from tests.support.replay_client import ReplayClient
 from tests.support.server import ServerProcess
+from tests.support.status import FAST_TRIM_INTERVAL_S, wait_trim_passes
 
 pytestmark = pytest.mark.crash
 
@@ -38,6 +39,7 @@ def test_dedup_window_survives_kill9(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ack_and_trim: bool, runs: bool
 ) -> None:
     monkeypatch.setenv("PUBSUBD_SEGMENT_BYTES", "4096")
+    monkeypatch.setenv("PUBSUBD_TRIM_INTERVAL_S", FAST_TRIM_INTERVAL_S)
     server = ServerProcess(tmp_path / "data").start()
     try:
         sub = make_subscriber(server.endpoint)
@@ -50,14 +52,8 @@ def test_dedup_window_survives_kill9(
         ]
         assert [m for ids in original for m in ids] == [str(i) for i in range(300)]
         if ack_and_trim:
-            acked = 0
-            while acked < 300:
-                resp = sub.pull(subscription=SUB, max_messages=100, timeout=10)
-                sub.acknowledge(
-                    subscription=SUB, ack_ids=[m.ack_id for m in resp.received_messages]
-                )
-                acked += len(resp.received_messages)
-            time.sleep(4.5)  # two trim passes: only the dedup pin keeps the segments
+            pull_until(sub, SUB, 300, ack=True, max_messages=100, timeout=60)
+            wait_trim_passes(server)  # a whole trim pass: only the dedup pin keeps the segments
             assert replay.GetTopicRanges(topic=TOPIC).sources[0].earliest_offset == 0
         replay.close()
         sub.close()

@@ -13,6 +13,7 @@ import pytest
 from tests.conftest import make_publisher, make_subscriber
 from tests.support.raw import PublishRequest, PubsubMessage, gapic_publisher
 from tests.support.server import ServerProcess
+from tests.support.status import wait_trim_passes
 
 pytestmark = pytest.mark.crash
 
@@ -20,7 +21,6 @@ TOPIC = "projects/crash/topics/delays"
 SUB = "projects/crash/subscriptions/delays-sub"
 DELAYED = 20_000
 DELAY_S = 8.0
-ACK_SETTLE_S = 2.0
 
 
 def _pull_all(
@@ -70,9 +70,11 @@ def test_delayed_messages_survive_kill9_before_and_while_falling_due(tmp_path: P
         assert len(some) >= 5001 and min(times[1:]) >= published + DELAY_S
         some.remove(b"now")
         sub.close()
-        # Acks are journaled by a background flush (every 50 ms plus the fsync): give it time, so
-        # that every ack answered so far is on disk when the process dies.
-        time.sleep(ACK_SETTLE_S)
+        # Acks are journaled by a background flush (every 50 ms plus the fsync), and every trim
+        # pass flushes them first: after a whole pass every ack answered so far is on disk when
+        # the process dies. At the default interval (2 s) a flush already under way when that
+        # pass began has had 2 s to finish.
+        wait_trim_passes(server)
         server.kill()
 
         server.start(port=port)
@@ -81,7 +83,7 @@ def test_delayed_messages_survive_kill9_before_and_while_falling_due(tmp_path: P
         # Pull until every unique message is in (acks lost in the kill come back as extras).
         rest, _ = _pull_all(sub, len(expected - set(some)), 60, unique_of=set(some))
         assert set(some) | set(rest) == expected  # none lost
-        # Every ack answered ACK_SETTLE_S before the kill was durable: none comes back.
+        # Every ack answered before that trim pass was durable: none comes back.
         assert set(some) & set(rest) == set()
         assert sub.pull(subscription=SUB, max_messages=10, timeout=2).received_messages == []
         sub.close()

@@ -16,16 +16,14 @@ from google.cloud import pubsub_v1
 
 from tests.conftest import make_publisher, make_subscriber
 from tests.support.server import ServerProcess
+from tests.support.status import FAST_TRIM_INTERVAL_S, wait_trim_passes
+from tests.support.storage import segments
 
 pytestmark = [pytest.mark.crash, pytest.mark.timeout(180)]
 
 TOPIC = "projects/crash/topics/snap-topic"
 SUB = "projects/crash/subscriptions/snap-sub"
 SNAP = "projects/crash/snapshots/snap"
-
-
-def _segments(data_dir: Path) -> list[Path]:
-    return sorted(data_dir.glob("topics/*/source-*/*.seg"))
 
 
 def _pull_all(sub: pubsub_v1.SubscriberClient, want: set[bytes], timeout: float = 60) -> set[bytes]:
@@ -39,11 +37,12 @@ def _pull_all(sub: pubsub_v1.SubscriberClient, want: set[bytes], timeout: float 
     return got
 
 
-@pytest.mark.parametrize("settle_s", [0.0, 4.5], ids=["kill-at-once", "kill-after-trims"])
+@pytest.mark.parametrize("trims", [False, True], ids=["kill-at-once", "kill-after-trims"])
 def test_kill9_after_snapshot_then_seek_delivers_everything_captured(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settle_s: float
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trims: bool
 ) -> None:
     monkeypatch.setenv("PUBSUBD_SEGMENT_BYTES", "4096")  # tiny segments: trimming really happens
+    monkeypatch.setenv("PUBSUBD_TRIM_INTERVAL_S", FAST_TRIM_INTERVAL_S)  # passes waited for
     server = ServerProcess(tmp_path / "data").start()
     try:
         pub = make_publisher(
@@ -68,16 +67,16 @@ def test_kill9_after_snapshot_then_seek_delivers_everything_captured(
         captured = (first - acked_before) | later
         # The subscription consumes everything: only the snapshot still needs the messages.
         assert captured <= _pull_all(sub, captured)
-        if settle_s:
-            time.sleep(settle_s)  # acks flushed, two trim passes over the tiny segments
-            assert len(_segments(server.data_dir)) > 5
+        if trims:
+            wait_trim_passes(server)  # acks flushed, a whole trim pass over the tiny segments
+            assert len(segments(server.data_dir)) > 5
 
         port = server.port
         server.kill()
         server.start(port=port)
 
         assert sub.get_snapshot(snapshot=SNAP).expire_time == snap.expire_time
-        time.sleep(2.5)  # a trim pass after restart must not drop what the snapshot pins
+        wait_trim_passes(server)  # a trim pass after restart must not drop what it pins
         sub.seek(request={"subscription": SUB, "snapshot": SNAP})
         received = _pull_all(sub, captured)
         missing = captured - received

@@ -14,7 +14,6 @@ import errno
 import json
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from tests.support.drain import drain
 from tests.support.raw import gapic_publisher, http_get
 from tests.support.replay_client import ReplayClient
 from tests.support.server import ServerProcess, wait_for
+from tests.support.status import wait_trim_passes
 
 pytestmark = [pytest.mark.integration]
 
@@ -314,8 +314,9 @@ def test_full_disk_answers_resource_exhausted_and_recovers(
     assert "failed writes" in back
 
     # The acks taken while the disk was full become durable by themselves (the journal is
-    # flushed every 50 ms): after a kill -9 they stay acked.
-    time.sleep(0.5)
+    # flushed every 50 ms, and by every trim pass): after a kill -9 they stay acked. Two passes
+    # at the default interval: a flush already under way has had 2 s to finish.
+    wait_trim_passes(srv)
     srv.kill()
     with _environ(disk.env):
         srv.start()

@@ -62,7 +62,7 @@ class Collector:
 
     def wait(self, n: int, timeout: float = 60) -> list[tuple[str, str, str]]:
         wait_for(lambda: self.count() >= n, timeout, f"{n} deliveries")
-        time.sleep(0.5)  # any duplicate would show up here
+        time.sleep(0.5)  # a negative check, so a fixed wait: any duplicate would show up
         with self.lock:
             return list(self.got)
 
@@ -175,7 +175,7 @@ def test_adding_sources_mid_stream_keeps_key_order_and_loses_nothing(
             with lock:
                 published.extend(batch)
             i += 1
-            time.sleep(0.02)
+            time.sleep(0.02)  # pacing: publishes go on while the sources change
 
     def published_count() -> int:
         with lock:

@@ -3,7 +3,6 @@ messages published by the official client."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import urllib.request
@@ -16,15 +15,12 @@ from google.cloud import pubsub_v1
 from google.protobuf import timestamp_pb2
 
 from tests.conftest import make_publisher, make_subscriber
+from tests.support.clients import instant_between_publishes, pull_until
 from tests.support.replay_client import ReplayClient
 from tests.support.server import ServerProcess, wait_for
+from tests.support.status import FAST_TRIM_INTERVAL_S, status, wait_trim_passes
 
 pytestmark = pytest.mark.integration
-
-
-def _status(server: ServerProcess) -> Any:
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/status", timeout=10) as f:
-        return json.loads(f.read())
 
 
 def _ts(seconds: float) -> timestamp_pb2.Timestamp:
@@ -53,9 +49,7 @@ def test_ranges_lookup_and_paged_reads_return_what_was_published(
 
     first = [pub.publish(topic, f"m{i}".encode(), ordering_key="k1", n=str(i)) for i in range(20)]
     first_ids = [f.result(timeout=30) for f in first]
-    time.sleep(0.05)
-    boundary = time.time()
-    time.sleep(0.05)
+    boundary = instant_between_publishes()
     second = [pub.publish(topic, f"m{i}".encode(), i=str(i)) for i in range(20, 33)]
     ids = first_ids + [f.result(timeout=30) for f in second]
 
@@ -178,7 +172,7 @@ def test_dedup_stores_once_and_answers_original_ids(
         got.extend(m.message for m in resp.received_messages)
     assert sorted(m.message_id for m in got) == sorted(str(i) for i in range(11))
     assert all(dict(m.attributes) in ({}, {"a": m.data.decode()[1:]}) for m in got)
-    assert _status(shared_server)["dedup"]["duplicates"] >= 5
+    assert status(shared_server)["dedup"]["duplicates"] >= 5
     replay.close()
 
 
@@ -193,7 +187,7 @@ def test_cursors_survive_restart_and_show_lag(server: ServerProcess, names: Any)
     assert dict(empty.offsets) == {} and not empty.HasField("commit_time")
     committed = replay.CommitCursor(topic=topic, name="query-1", offsets={0: 4})
     assert dict(committed.offsets) == {0: 4} and committed.HasField("commit_time")
-    assert _status(server)["cursors"][topic]["query-1"]["lag"] == 8
+    assert status(server)["cursors"][topic]["query-1"]["lag"] == 8
     replay.close()
     port = server.port
     server.kill()  # kill -9: a commit that was answered is durable
@@ -201,7 +195,7 @@ def test_cursors_survive_restart_and_show_lag(server: ServerProcess, names: Any)
     replay = ReplayClient(server.endpoint)
     got = replay.GetCursor(topic=topic, name="query-1")
     assert dict(got.offsets) == {0: 4} and got.commit_time == committed.commit_time
-    assert _status(server)["cursors"][topic]["query-1"]["lag_by_source"] == {"0": 8}
+    assert status(server)["cursors"][topic]["query-1"]["lag_by_source"] == {"0": 8}
     with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/metrics") as f:
         metrics = f.read().decode()
     assert f'pubsubd_cursor_lag_messages{{cursor="query-1",topic="{topic}"}} 8.0' in metrics
@@ -212,6 +206,7 @@ def test_read_below_retained_range_fails_and_cursor_pins(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PUBSUBD_SEGMENT_BYTES", "4096")  # tiny segments: trimmed early
+    monkeypatch.setenv("PUBSUBD_TRIM_INTERVAL_S", FAST_TRIM_INTERVAL_S)
     server = ServerProcess(tmp_path / "data").start()
     try:
         topic, sub_name = "projects/trim/topics/replay", "projects/trim/subscriptions/all"
@@ -225,19 +220,13 @@ def test_read_below_retained_range_fails_and_cursor_pins(
         for f in [pub.publish(topic, os.urandom(200)) for _ in range(300)]:
             f.result(timeout=30)
         replay.CommitCursor(topic=topic, name="pipeline", offsets={0: 150})
-        acked = 0
-        while acked < 300:
-            resp = sub.pull(subscription=sub_name, max_messages=100, timeout=10)
-            sub.acknowledge(
-                subscription=sub_name, ack_ids=[m.ack_id for m in resp.received_messages]
-            )
-            acked += len(resp.received_messages)
+        pull_until(sub, sub_name, 300, ack=True, max_messages=100, timeout=60)
 
         def earliest() -> int:
             return int(replay.GetTopicRanges(topic=topic).sources[0].earliest_offset)
 
         wait_for(lambda: earliest() > 0, 15, "acked segments to be trimmed")
-        time.sleep(4.5)  # two more trim passes: the cursor's pin holds
+        wait_trim_passes(server)  # a whole trim pass more: the cursor's pin holds
         low = earliest()
         assert 0 < low <= 150
         with pytest.raises(grpc.RpcError) as e:
@@ -277,7 +266,7 @@ def test_list_and_delete_cursors(shared_server: ServerProcess, names: Any) -> No
 
     assert replay.DeleteCursor(topic=topic, name="b").ByteSize() == 0
     assert [c.name for c in replay.ListCursors(topic=topic).cursors] == ["a", "c"]
-    assert set(_status(shared_server)["cursors"][topic]) == {"a", "c"}
+    assert set(status(shared_server)["cursors"][topic]) == {"a", "c"}
     # GetCursor answers a deleted cursor as one never committed (documented: not NOT_FOUND).
     gone = replay.GetCursor(topic=topic, name="b")
     assert dict(gone.offsets) == {} and not gone.HasField("commit_time")
@@ -341,6 +330,7 @@ def test_deleting_the_only_cursor_lets_retention_trim(
     """A topic without subscriptions keeps only what its cursor pins; once the cursor is
     deleted, the next trim pass deletes the segments it held."""
     monkeypatch.setenv("PUBSUBD_SEGMENT_BYTES", "4096")  # tiny segments: trimmed early
+    monkeypatch.setenv("PUBSUBD_TRIM_INTERVAL_S", FAST_TRIM_INTERVAL_S)
     server = ServerProcess(tmp_path / "data").start()
     try:
         topic = "projects/trim/topics/abandoned"
@@ -357,12 +347,12 @@ def test_deleting_the_only_cursor_lets_retention_trim(
         def earliest() -> int:
             return int(replay.GetTopicRanges(topic=topic).sources[0].earliest_offset)
 
-        time.sleep(2.5)  # at least one trim pass (every 2 s): the cursor's pin holds
+        wait_trim_passes(server)  # a whole trim pass after the publishes: the pin holds
         assert earliest() == 0
-        assert _status(server)["cursors"][topic]["abandoned-query"]["lag"] == 300
+        assert status(server)["cursors"][topic]["abandoned-query"]["lag"] == 300
 
         replay.DeleteCursor(topic=topic, name="abandoned-query")
-        assert topic not in _status(server)["cursors"]
+        assert topic not in status(server)["cursors"]
         wait_for(lambda: earliest() > 0, 15, "the released segments to be trimmed")
         assert list(replay.ListCursors(topic=topic).cursors) == []
         replay.close()

@@ -11,17 +11,17 @@ import pytest
 from google.cloud import pubsub_v1
 
 from tests.conftest import make_publisher, make_subscriber
+from tests.support.clients import pull_until
 from tests.support.server import ServerProcess, wait_for
+from tests.support.status import FAST_TRIM_INTERVAL_S, wait_trim_passes
+from tests.support.storage import segments
 
 pytestmark = pytest.mark.integration
 
 
-def _segments(data_dir: Path) -> list[Path]:
-    return sorted(data_dir.glob("topics/*/source-*/*.seg"))
-
-
 def test_fully_acked_segments_are_deleted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PUBSUBD_SEGMENT_BYTES", "4096")  # tiny segments: many roll-overs
+    monkeypatch.setenv("PUBSUBD_TRIM_INTERVAL_S", FAST_TRIM_INTERVAL_S)
     server = ServerProcess(tmp_path / "data").start()
     try:
         # Small batches: one entry of ~2 KB per 10 messages, two entries per segment.
@@ -39,25 +39,16 @@ def test_fully_acked_segments_are_deleted(tmp_path: Path, monkeypatch: pytest.Mo
         sub.create_subscription(name=slow, topic=topic)
         for f in [pub.publish(topic, os.urandom(200)) for _ in range(300)]:
             f.result(timeout=30)
-        wait_for(lambda: len(_segments(server.data_dir)) > 5, 10, "several segments")
-        before = len(_segments(server.data_dir))
+        wait_for(lambda: len(segments(server.data_dir)) > 5, 10, "several segments")
+        before = len(segments(server.data_dir))
 
-        def ack_all(name: str) -> None:
-            acked = 0
-            while acked < 300:
-                resp = sub.pull(subscription=name, max_messages=100, timeout=10)
-                sub.acknowledge(
-                    subscription=name, ack_ids=[m.ack_id for m in resp.received_messages]
-                )
-                acked += len(resp.received_messages)
-
-        ack_all(fast)
-        # The slow subscription still needs everything: nothing may be deleted, even after
-        # two trim passes (every 2 s).
-        time.sleep(4.5)
-        assert len(_segments(server.data_dir)) == before
-        ack_all(slow)
-        wait_for(lambda: len(_segments(server.data_dir)) <= 2, 15, "acked segments to be deleted")
+        pull_until(sub, fast, 300, ack=True, max_messages=100, timeout=60)
+        # The slow subscription still needs everything: nothing may be deleted, even after a
+        # whole trim pass that began after the acks.
+        wait_trim_passes(server)
+        assert len(segments(server.data_dir)) == before
+        pull_until(sub, slow, 300, ack=True, max_messages=100, timeout=60)
+        wait_for(lambda: len(segments(server.data_dir)) <= 2, 15, "acked segments to be deleted")
         # What is left still works after a restart: new messages flow, old ones do not return.
         port = server.port
         server.stop()
@@ -80,6 +71,7 @@ def test_retention_bytes_keeps_the_newest_acked_segments(
     from tests.support.replay_client import ReplayClient
 
     monkeypatch.setenv("PUBSUBD_SEGMENT_BYTES", "4096")
+    monkeypatch.setenv("PUBSUBD_TRIM_INTERVAL_S", FAST_TRIM_INTERVAL_S)
     server = ServerProcess(tmp_path / "data").start()
     limit = 12288  # about three segments of the ~60 KB published
     try:
@@ -114,7 +106,7 @@ def test_retention_bytes_keeps_the_newest_acked_segments(
             return int(replay.GetTopicRanges(topic=topic).sources[0].earliest_offset)
 
         assert stored() > 4 * limit
-        time.sleep(4.5)  # unacked: two trim passes delete nothing, whatever the limit
+        wait_trim_passes(server)  # unacked: a whole trim pass deletes nothing, whatever the limit
         assert earliest() == 0
         first: dict[int, bytes] = {}
         while len(first) < 300:
@@ -124,7 +116,7 @@ def test_retention_bytes_keeps_the_newest_acked_segments(
                 (int(m.message.message_id), m.message.data) for m in resp.received_messages
             )
         wait_for(lambda: stored() <= limit, 15, "acked segments beyond the limit to be trimmed")
-        time.sleep(4.5)  # two more passes: what is within the limit stays
+        wait_trim_passes(server)  # a whole pass more: what is within the limit stays
         low = earliest()
         assert 0 < low < 280 and stored() <= limit
         # Seek to before the first publish: every retained message comes back, nothing older.

@@ -15,7 +15,10 @@ from google.cloud import pubsub_v1
 from google.protobuf import duration_pb2, field_mask_pb2, timestamp_pb2
 
 from tests.conftest import PROJECT, make_publisher, make_subscriber
+from tests.support.clients import pull_until, setup
 from tests.support.server import ServerProcess, wait_for
+from tests.support.status import FAST_TRIM_INTERVAL_S, wait_trim_passes
+from tests.support.storage import segments
 
 pytestmark = [
     pytest.mark.integration,
@@ -24,14 +27,6 @@ pytestmark = [
 ]
 
 EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
-
-
-@pytest.fixture(scope="module")
-def clients(shared_server: ServerProcess) -> Any:
-    pub = make_publisher(shared_server.endpoint)
-    sub = make_subscriber(shared_server.endpoint)
-    yield pub, sub
-    sub.close()
 
 
 def snapshot_name(names: Any, tag: str = "snap") -> str:
@@ -43,23 +38,11 @@ def _publish_each(pub: pubsub_v1.PublisherClient, topic: str, *datas: bytes) -> 
     return [pub.publish(topic, d).result(timeout=60) for d in datas]
 
 
-def _pull(sub: pubsub_v1.SubscriberClient, name: str, wait_s: float = 2.0) -> list[Any]:
-    resp = sub.pull(request={"subscription": name, "max_messages": 1000}, timeout=wait_s + 1)
-    return list(resp.received_messages)
-
-
 def _drain(
     sub: pubsub_v1.SubscriberClient, name: str, expected: int, ack: bool = True, timeout: float = 20
 ) -> list[Any]:
-    """Pull until ``expected`` messages arrived (acking them unless told not to); then check
-    nothing more comes."""
-    got: list[Any] = []
-    deadline = time.monotonic() + timeout
-    while len(got) < expected and time.monotonic() < deadline:
-        msgs = _pull(sub, name, 2.0)
-        if ack and msgs:
-            sub.acknowledge(subscription=name, ack_ids=[m.ack_id for m in msgs])
-        got.extend(msgs)
+    """Pull until ``expected`` messages arrived (acking them unless told not to), and no more."""
+    got = pull_until(sub, name, expected, ack=ack, timeout=timeout)
     assert len(got) == expected, [m.message.data for m in got]
     return got
 
@@ -76,20 +59,12 @@ def _datas(msgs: list[Any]) -> list[bytes]:
     return sorted(m.message.data for m in msgs)
 
 
-def _setup(clients: Any, names: Any, **sub_fields: Any) -> tuple[str, str]:
-    pub, sub = clients
-    topic, name = names.topic(), names.subscription()
-    pub.create_topic(name=topic)
-    sub.create_subscription(request={"name": name, "topic": topic, **sub_fields})
-    return topic, name
-
-
 # --- Seek to a time ---------------------------------------------------------------------------
 
 
 def test_seek_to_time_replays_acked_messages_with_retain_acked(clients: Any, names: Any) -> None:
     pub, sub = clients
-    topic, name = _setup(clients, names, retain_acked_messages=True)
+    topic, name = setup(clients, names, retain_acked_messages=True)
     _publish_each(pub, topic, b"m0", b"m1", b"m2", b"m3", b"m4")
     got = _drain(sub, name, 5)
     _empty(sub, name)
@@ -105,7 +80,7 @@ def test_seek_to_time_replays_acked_messages_with_retain_acked(clients: Any, nam
 
 def test_seek_back_without_retention_restores_only_unacked(clients: Any, names: Any) -> None:
     pub, sub = clients
-    topic, name = _setup(clients, names)
+    topic, name = setup(clients, names)
     _publish_each(pub, topic, b"a", b"b", b"c", b"d")
     got = _drain(sub, name, 4, ack=False)
     sub.acknowledge(
@@ -123,7 +98,7 @@ def test_seek_back_without_retention_restores_only_unacked(clients: Any, names: 
 
 def test_seek_to_future_time_purges_backlog(clients: Any, names: Any) -> None:
     pub, sub = clients
-    topic, name = _setup(clients, names)
+    topic, name = setup(clients, names)
     _publish_each(pub, topic, b"x", b"y", b"z")
     future = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
     sub.seek(request={"subscription": name, "time": future})
@@ -135,7 +110,7 @@ def test_seek_to_future_time_purges_backlog(clients: Any, names: Any) -> None:
 
 def test_seek_errors(clients: Any, names: Any) -> None:
     _, sub = clients
-    _, name = _setup(clients, names)
+    _, name = setup(clients, names)
     with pytest.raises(exceptions.NotFound):
         sub.seek(request={"subscription": names.subscription("missing"), "time": EPOCH})
     with pytest.raises(exceptions.InvalidArgument):
@@ -183,7 +158,7 @@ def test_topic_retention_lets_a_later_subscription_seek_back(clients: Any, names
 
 def test_snapshot_create_get_list_update_delete(clients: Any, names: Any) -> None:
     pub, sub = clients
-    topic, name = _setup(clients, names)
+    topic, name = setup(clients, names)
     snaps = [snapshot_name(names, f"s{i}") for i in range(3)]
     before = dt.datetime.now(dt.UTC)
     created = sub.create_snapshot(
@@ -271,7 +246,7 @@ def test_nameless_snapshot_gets_a_name_in_the_subscription_project(
     clients: Any, names: Any
 ) -> None:
     _, sub = clients
-    _, name = _setup(clients, names)
+    _, name = setup(clients, names)
     created = sub.create_snapshot(request={"subscription": name})
     assert created.name.startswith(f"projects/{PROJECT}/snapshots/")
     assert sub.get_snapshot(snapshot=created.name).name == created.name
@@ -279,7 +254,7 @@ def test_nameless_snapshot_gets_a_name_in_the_subscription_project(
 
 def test_snapshot_expire_time_follows_oldest_unacked_message(clients: Any, names: Any) -> None:
     pub, sub = clients
-    topic, name = _setup(clients, names)
+    topic, name = setup(clients, names)
     _publish_each(pub, topic, b"first")
     [msg] = _drain(sub, name, 1, ack=False)
     snap = sub.create_snapshot(request={"name": snapshot_name(names), "subscription": name})
@@ -289,7 +264,7 @@ def test_snapshot_expire_time_follows_oldest_unacked_message(clients: Any, names
 
 def test_seek_to_snapshot_restores_backlog(clients: Any, names: Any) -> None:
     pub, sub = clients
-    topic, name = _setup(clients, names)
+    topic, name = setup(clients, names)
     _publish_each(pub, topic, b"s0", b"s1", b"s2")
     # s0 acked before the snapshot: not captured.
     [first] = [m for m in _drain(sub, name, 3, ack=False) if m.message.data == b"s0"]
@@ -309,7 +284,7 @@ def test_seek_to_snapshot_restores_backlog(clients: Any, names: Any) -> None:
 
 def test_seek_to_snapshot_of_another_topic_fails(clients: Any, names: Any) -> None:
     pub, sub = clients
-    _, name = _setup(clients, names)
+    _, name = setup(clients, names)
     other_topic, other_sub = names.topic("other"), names.subscription("other")
     pub.create_topic(name=other_topic)
     sub.create_subscription(request={"name": other_sub, "topic": other_topic})
@@ -322,7 +297,7 @@ def test_seek_to_snapshot_of_another_topic_fails(clients: Any, names: Any) -> No
 
 def test_snapshot_of_deleted_and_recreated_topic_is_another_topic(clients: Any, names: Any) -> None:
     pub, sub = clients
-    topic, name = _setup(clients, names)
+    topic, name = setup(clients, names)
     snap = snapshot_name(names)
     sub.create_snapshot(request={"name": snap, "subscription": name})
     pub.delete_topic(topic=topic)
@@ -341,7 +316,7 @@ def test_snapshot_of_deleted_and_recreated_topic_is_another_topic(clients: Any, 
 
 def test_detach_subscription(clients: Any, names: Any) -> None:
     pub, sub = clients
-    topic, name = _setup(clients, names)
+    topic, name = setup(clients, names)
     keep = names.subscription("keep")
     sub.create_subscription(request={"name": keep, "topic": topic})
     _publish_each(pub, topic, b"d0", b"d1")
@@ -419,14 +394,11 @@ def test_snapshots_seek_and_detach_survive_restart(server: ServerProcess, names:
     assert list(pub.list_topic_subscriptions(topic=topic)) == [name]
 
 
-def _segments(data_dir: Path) -> list[Path]:
-    return sorted(data_dir.glob("topics/*/source-*/*.seg"))
-
-
 def test_snapshot_and_retain_acked_keep_segments_from_trimming(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, names: Any
 ) -> None:
     monkeypatch.setenv("PUBSUBD_SEGMENT_BYTES", "4096")  # tiny segments: trimming really happens
+    monkeypatch.setenv("PUBSUBD_TRIM_INTERVAL_S", FAST_TRIM_INTERVAL_S)
     server = ServerProcess(tmp_path / "data").start()
     try:
         pub = make_publisher(
@@ -440,15 +412,15 @@ def test_snapshot_and_retain_acked_keep_segments_from_trimming(
             f.result(timeout=30)
         snap = snapshot_name(names)
         sub.create_snapshot(request={"name": snap, "subscription": name})
-        before = len(_segments(server.data_dir))
+        before = len(segments(server.data_dir))
         assert before > 5
         _drain(sub, name, 200)
-        time.sleep(4.5)  # two trim passes: the snapshot still needs every segment
-        assert len(_segments(server.data_dir)) == before
+        wait_trim_passes(server)  # a whole trim pass: the snapshot still needs every segment
+        assert len(segments(server.data_dir)) == before
         sub.seek(request={"subscription": name, "snapshot": snap})
         assert len({m.message.data for m in _drain(sub, name, 200)}) == 200
         sub.delete_snapshot(snapshot=snap)
-        wait_for(lambda: len(_segments(server.data_dir)) <= 2, 15, "segments to be trimmed")
+        wait_for(lambda: len(segments(server.data_dir)) <= 2, 15, "segments to be trimmed")
     finally:
         server.kill()
 
@@ -489,8 +461,10 @@ def test_expiration_policy_deletes_idle_subscriptions(
             )
         future = sub.subscribe(streamed, lambda m: m.ack())  # an open stream is activity
         try:
+            # Pulls are activity too. A negative check, so it takes its time: for 3.5 ttls the
+            # polled and streamed subscriptions must not expire.
             deadline = time.monotonic() + 3.5
-            while time.monotonic() < deadline:  # Pulls are activity too
+            while time.monotonic() < deadline:
                 sub.pull(
                     request={"subscription": polled, "max_messages": 1, "return_immediately": True},
                     timeout=10,
@@ -516,7 +490,7 @@ def test_expiration_policy_deletes_idle_subscriptions(
 
 def test_expired_snapshot_is_deleted(clients: Any, names: Any) -> None:
     _, sub = clients
-    _, name = _setup(clients, names)
+    _, name = setup(clients, names)
     snap = snapshot_name(names)
     sub.create_snapshot(request={"name": snap, "subscription": name})
     soon = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)
@@ -533,8 +507,14 @@ def test_expired_snapshot_is_deleted(clients: Any, names: Any) -> None:
                 "update_mask": field_mask_pb2.FieldMask(paths=["expire_time"]),
             }
         )
-    time.sleep(1.5)
-    with pytest.raises(exceptions.NotFound):
-        sub.get_snapshot(snapshot=snap)
+
+    def expired() -> bool:
+        try:
+            sub.get_snapshot(snapshot=snap)
+        except exceptions.NotFound:
+            return True
+        return False
+
+    wait_for(expired, 10, "the snapshot to expire")
     listed = sub.list_snapshots(request={"project": f"projects/{PROJECT}"})
     assert snap not in [s.name for s in listed]

@@ -12,6 +12,7 @@ import pytest
 
 from pubsubd.spark.client import ReplayClient
 from tests.spark.helpers import create_topics, publish
+from tests.support.clients import instant_between_publishes
 from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.spark
@@ -116,13 +117,9 @@ def test_batch_read_by_offsets_and_time(
     endpoint, topic = shared_server.endpoint, names.topic("batch")
     create_topics(endpoint, topic)
     publish(endpoint, topic, 0, 100)
-    time.sleep(0.05)
-    middle = time.time()
-    time.sleep(0.05)
+    middle = instant_between_publishes()
     publish(endpoint, topic, 100, 100)
-    time.sleep(0.05)
-    after = time.time()
-    time.sleep(0.05)
+    after = instant_between_publishes()
     publish(endpoint, topic, 200, 50)
 
     everything = batch(spark, endpoint, topic)
