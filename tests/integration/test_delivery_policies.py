@@ -16,7 +16,10 @@ from tests.conftest import make_publisher
 from tests.support.clients import setup
 from tests.support.server import ServerProcess, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.filterwarnings("ignore:The return_immediately flag is deprecated"),
+]
 
 
 def _pull_one(sub: Any, name: str, timeout: float = 10.0) -> Any:

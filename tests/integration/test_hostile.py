@@ -165,6 +165,7 @@ def test_garbage_on_http_port(shared_server: ServerProcess) -> None:
         with pytest.raises(urllib.error.HTTPError) as e:
             http_get(shared_server, "/no/such/page")
         assert e.value.code == 404
+        e.value.close()  # the error holds the response and its socket
     finally:
         for s in idle:
             s.close()
@@ -410,6 +411,8 @@ def test_streaming_pull_client_vanishes_messages_redelivered(
     finally:
         proc.kill()
         proc.wait(10)
+        assert proc.stdout is not None
+        proc.stdout.close()
     stream.vanish()
     for s in (closed_sub, killed_sub):
         wait_for(lambda s=s: sub_status(shared_server, s).get("consumers") == 0, 10, f"{s} gone")

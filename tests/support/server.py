@@ -32,7 +32,6 @@ class ServerProcess:
 
     def start(self, timeout: float = 30.0, port: int = 0) -> ServerProcess:
         self.log_path = self.data_dir.with_suffix(".log")
-        log = self.log_path.open("ab")
         env = dict(os.environ)
         env.pop("PUBSUB_EMULATOR_HOST", None)
         env.update(self.env)
@@ -49,7 +48,9 @@ class ServerProcess:
             str(self.data_dir),
             *self.args,
         ]
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
+        # The process writes to its own copy of the descriptor; ours is closed at once.
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             text = self.log_path.read_text(errors="replace")
