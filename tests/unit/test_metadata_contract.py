@@ -1,0 +1,295 @@
+"""Contract of the ``MetadataStore`` protocol (storage/metadata.py), run against every
+implementation: the in-memory twin and the embedded SQLite store (a ZooKeeper store will be one
+more entry in ``STORES``).
+
+What the protocol promises, as the catalog, snapshots and named cursors use it:
+- ``put_*`` stores a record under its key (topics, subscriptions and snapshots by name, cursors
+  by topic uid and name); a second put under the same key replaces the first.
+- ``delete_*`` removes the record under a key; deleting a missing key is a no-op.
+- ``load_*`` yields every stored record of its kind, equal to what was put, once each. No order is
+  promised (every caller indexes what it loads by key), so the suite compares by key.
+- Deleting while a ``load_*`` iteration is under way is allowed (Cursors.load drops the cursors
+  of deleted topics that way): the iteration still yields every record once.
+- Kinds are independent: deleting a topic leaves its subscriptions, snapshots and cursors (a
+  deleted topic's data stays while subscriptions still read it, ARCHITECTURE.md).
+- A durable store holds everything after close and reopen, loading the same records in the same
+  order; a put is committed when it returns (another store opened on the same place sees it
+  while the first is still open, as after a kill -9).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pubsubd.storage.metadata import (
+    CursorRecord,
+    MemoryMetadataStore,
+    MetadataStore,
+    SnapshotRecord,
+    SqliteMetadataStore,
+    SubscriptionRecord,
+    TopicRecord,
+)
+
+pytestmark = pytest.mark.unit
+
+
+# --- the implementations ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Store:
+    """One implementation under contract: how to open it on a place (a directory), and whether
+    what it holds survives closing and opening it again there."""
+
+    name: str
+    open: Callable[[Path], MetadataStore]
+    durable: bool
+
+
+STORES = [
+    Store("memory", lambda _place: MemoryMetadataStore(), durable=False),
+    Store("sqlite", SqliteMetadataStore, durable=True),
+]
+DURABLE = [s for s in STORES if s.durable]
+
+
+@pytest.fixture(params=STORES, ids=lambda s: s.name)
+def impl(request: pytest.FixtureRequest) -> Store:
+    return request.param
+
+
+@pytest.fixture(params=DURABLE, ids=lambda s: s.name)
+def durable(request: pytest.FixtureRequest) -> Store:
+    return request.param
+
+
+@pytest.fixture
+def store(impl: Store, tmp_path: Path) -> Iterator[MetadataStore]:
+    opened = impl.open(tmp_path)
+    yield opened
+    opened.close()
+
+
+# --- the four kinds of records ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of record and the protocol's methods for it."""
+
+    name: str
+    make: Callable[[int, str], Any]  # record number i, with a variant tag in its content
+    put: Callable[[MetadataStore, Any], None]
+    delete: Callable[[MetadataStore, Any], None]
+    load: Callable[[MetadataStore], Iterator[Any]]
+    key: Callable[[Any], Hashable]
+
+
+def _topic(i: int, tag: str) -> TopicRecord:
+    return TopicRecord(f"projects/p/topics/t{i}", f"uid-{tag}-{i}", f"topic {tag} {i}".encode())
+
+
+def _subscription(i: int, tag: str) -> SubscriptionRecord:
+    # Sync points: none, one source, several sources with offsets beyond 32 bits.
+    starts = [{}, {0: i}, {0: 5, 1: 0, 7: (1 << 47) + i}][i % 3]
+    return SubscriptionRecord(
+        f"projects/p/subscriptions/s{i}",
+        f"sub-uid-{tag}-{i}",
+        f"uid-{i % 2}",
+        b"\x00\xff" + tag.encode() + bytes([i % 256]),
+        dict(starts),
+    )
+
+
+def _snapshot(i: int, tag: str) -> SnapshotRecord:
+    cursors: list[dict[int, tuple[int, list[tuple[int, int]]]]] = [
+        {},
+        {0: (i, [])},
+        {0: (3, [(5, 9), (12, 13)]), 2: ((1 << 40) + i, [((1 << 40) + i + 2, (1 << 41))])},
+    ]
+    return SnapshotRecord(
+        f"projects/p/snapshots/n{i}", f"uid-{i % 2}", tag.encode() * 3, cursors[i % 3]
+    )
+
+
+def _cursor(i: int, tag: str) -> CursorRecord:
+    # Two topic incarnations share cursor names: the key is (topic uid, name).
+    return CursorRecord(
+        f"uid-{i % 2}",
+        f"cursor-{i // 2}",
+        f"projects/p/topics/t{i % 2}-{tag}",
+        {0: i, 3: 1 << 47} if i % 2 else {},
+        (1 << 62) + i,
+    )
+
+
+KINDS = [
+    Kind(
+        "topics",
+        _topic,
+        lambda s, r: s.put_topic(r),
+        lambda s, r: s.delete_topic(r.name),
+        lambda s: s.load_topics(),
+        lambda r: r.name,
+    ),
+    Kind(
+        "subscriptions",
+        _subscription,
+        lambda s, r: s.put_subscription(r),
+        lambda s, r: s.delete_subscription(r.name),
+        lambda s: s.load_subscriptions(),
+        lambda r: r.name,
+    ),
+    Kind(
+        "snapshots",
+        _snapshot,
+        lambda s, r: s.put_snapshot(r),
+        lambda s, r: s.delete_snapshot(r.name),
+        lambda s: s.load_snapshots(),
+        lambda r: r.name,
+    ),
+    Kind(
+        "cursors",
+        _cursor,
+        lambda s, r: s.put_cursor(r),
+        lambda s, r: s.delete_cursor(r.topic_uid, r.name),
+        lambda s: s.load_cursors(),
+        lambda r: (r.topic_uid, r.name),
+    ),
+]
+
+
+@pytest.fixture(params=KINDS, ids=lambda k: k.name)
+def kind(request: pytest.FixtureRequest) -> Kind:
+    return request.param
+
+
+def _by_key(kind: Kind, store: MetadataStore) -> dict[Hashable, Any]:
+    loaded = list(kind.load(store))
+    by_key = {kind.key(r): r for r in loaded}
+    assert len(by_key) == len(loaded), "a key loaded twice"
+    return by_key
+
+
+def _fill(kind: Kind, store: MetadataStore, count: int = 6, tag: str = "a") -> dict[Hashable, Any]:
+    records = [kind.make(i, tag) for i in range(count)]
+    for record in records:
+        kind.put(store, record)
+    return {kind.key(r): r for r in records}
+
+
+def _all(store: MetadataStore) -> dict[str, list[Any]]:
+    """Everything a store loads, kind by kind, in the order it loads it."""
+    return {k.name: list(k.load(store)) for k in KINDS}
+
+
+# --- the contract -------------------------------------------------------------------------------
+
+
+def test_a_new_store_loads_nothing(store: MetadataStore) -> None:
+    assert _all(store) == {k.name: [] for k in KINDS}
+
+
+def test_put_records_load_back_equal(kind: Kind, store: MetadataStore) -> None:
+    expected = _fill(kind, store)
+    assert len(expected) == 6
+    assert _by_key(kind, store) == expected
+
+
+def test_a_put_under_an_existing_key_replaces_the_record(kind: Kind, store: MetadataStore) -> None:
+    expected = _fill(kind, store, tag="old")
+    for i in (1, 4):
+        new = kind.make(i, "new")  # the same key, other content
+        assert new != expected[kind.key(new)]
+        kind.put(store, new)
+        expected[kind.key(new)] = new
+    assert _by_key(kind, store) == expected
+
+
+def test_delete_removes_only_its_record_and_a_missing_key_is_a_no_op(
+    kind: Kind, store: MetadataStore
+) -> None:
+    expected = _fill(kind, store)
+    gone = kind.make(2, "a")
+    kind.delete(store, gone)
+    del expected[kind.key(gone)]
+    kind.delete(store, gone)  # again: nothing there, no error
+    kind.delete(store, kind.make(99, "a"))  # never stored
+    assert _by_key(kind, store) == expected
+
+
+def test_deleting_during_a_load_visits_every_record_once(kind: Kind, store: MetadataStore) -> None:
+    expected = _fill(kind, store, count=10)
+    seen = []
+    for record in kind.load(store):
+        seen.append(kind.key(record))
+        if len(seen) % 2:
+            kind.delete(store, record)
+    assert sorted(seen, key=repr) == sorted(expected, key=repr)
+    assert _by_key(kind, store) == {key: expected[key] for key in seen[1::2]}
+
+
+def test_kinds_are_independent(store: MetadataStore) -> None:
+    """Deleting a topic leaves what refers to its uid; a name may be used by every kind."""
+    filled = {k.name: _fill(k, store, count=4) for k in KINDS}
+    for topic in filled["topics"].values():
+        store.delete_topic(topic.name)
+    store.delete_subscription("projects/p/topics/t0")  # a topic's name: no subscription has it
+    loaded = {k.name: _by_key(k, store) for k in KINDS}
+    assert loaded == {**filled, "topics": {}}
+
+
+def test_cursor_keys_are_topic_uid_and_name(store: MetadataStore) -> None:
+    first = CursorRecord("uid-1", "reader", "projects/p/topics/t", {0: 1}, 10)
+    second = CursorRecord("uid-2", "reader", "projects/p/topics/t", {0: 2}, 20)
+    store.put_cursor(first)
+    store.put_cursor(second)
+    store.delete_cursor("uid-1", "other")
+    store.delete_cursor("uid-3", "reader")
+    assert sorted(store.load_cursors(), key=lambda r: r.topic_uid) == [first, second]
+    store.delete_cursor("uid-1", "reader")
+    assert list(store.load_cursors()) == [second]
+
+
+# --- durable stores -----------------------------------------------------------------------------
+
+
+def test_a_durable_store_loads_the_same_after_reopen(durable: Store, tmp_path: Path) -> None:
+    store = durable.open(tmp_path)
+    for kind in KINDS:
+        _fill(kind, store, count=8, tag="first")
+        kind.put(store, kind.make(3, "second"))  # replaced
+        kind.delete(store, kind.make(5, "first"))  # deleted
+    before = _all(store)
+    store.close()
+
+    again = durable.open(tmp_path)
+    try:
+        assert _all(again) == before  # same records, in the same order
+        assert all(len(records) == 7 for records in before.values())
+    finally:
+        again.close()
+
+
+def test_a_put_is_committed_when_it_returns(durable: Store, tmp_path: Path) -> None:
+    """Another store opened on the same place sees every put and delete while the first is
+    still open (nothing waits for a close: what a kill -9 leaves is what was answered)."""
+    writer = durable.open(tmp_path)
+    reader = None
+    try:
+        for kind in KINDS:
+            _fill(kind, writer, count=3)
+            kind.delete(writer, kind.make(0, "a"))
+        reader = durable.open(tmp_path)
+        assert _all(reader) == _all(writer)
+        assert all(len(records) == 2 for records in _all(reader).values())
+    finally:
+        if reader is not None:
+            reader.close()
+        writer.close()
