@@ -27,11 +27,13 @@ run: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-## Lint and type-check.
+## Lint, type-check, and check the layering of ARCHITECTURE.md (import-linter contracts in
+## pyproject.toml).
 check: $(VENV)/.installed-test
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 ## Benchmarks against pubsubd and Google's emulator; results printed and saved under bench/results.
 bench: $(VENV)/.installed-test

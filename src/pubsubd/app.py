@@ -10,23 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import signal
 from typing import Any
 
 import grpc
 
+from pubsubd import node
 from pubsubd.api.grpc import admin, publisher, replay, subscriber
 from pubsubd.config import ServerConfig
-from pubsubd.control.catalog import Catalog
-from pubsubd.control.cursors import Cursors
 from pubsubd.control.expiry import Maintenance
-from pubsubd.control.router import Router
 from pubsubd.core import pb
-from pubsubd.data.publish.dedup import Deduplicator
-from pubsubd.data.publish.forwarder import PublishingForwarder
-from pubsubd.data.subscribe.forwarder import SubscribingForwarder
+from pubsubd.core.clock import SYSTEM_CLOCK
+from pubsubd.core.records import DamagedRange
 from pubsubd.observability import background, metrics
 from pubsubd.observability.events import EVENTS_TOPIC, BacklogRotation, EventEmitter
 from pubsubd.observability.http import HttpEndpoint
@@ -63,26 +59,31 @@ class PubsubServer:
         self.disk = DiskSpace(storage.data_dir)
         metrics.DISK_FREE_BYTES.set_function(lambda: float(self.disk.free_bytes() or 0))
         self.store = SqliteMetadataStore(storage.data_dir, self.disk)
-        self.publishing = PublishingForwarder(
+        self.clock = SYSTEM_CLOCK
+        self.node = node.build(
+            self.store,
             storage.data_dir,
+            clock=self.clock,
             fsync=storage.fsync,
             segment_bytes=storage.segment_bytes,
             disk=self.disk,
             trim_interval_s=storage.trim_interval_s,
             ack_flush_interval_s=storage.ack_flush_interval_s,
+            dedup_window_s=config.dedup_window_s,
         )
-        self.subscribing = SubscribingForwarder(self.publishing)
-        self.router = Router(
-            [("publishing-0", self.publishing)], [("subscribing-0", self.subscribing)]
-        )
-        self.catalog = Catalog(self.store, self.publishing, self.subscribing)
-        # The replay API (docs/REPLAY_API.md): named cursors and the dedup window.
-        self.cursors = Cursors(self.catalog)
-        self.dedup = Deduplicator(self.publishing, config.dedup_window_s)
+        self.publishing = self.node.publishing
+        self.subscribing = self.node.subscribing
+        self.routes = self.node.routes
+        self.catalog = self.node.catalog
+        self.snapshots = self.node.snapshots
+        self.cursors = self.node.cursors
         self.maintenance = Maintenance(
             self.catalog,
+            self.snapshots,
+            self.routes,
             check_interval_s=config.expiry_check_s,
             ttl_divisor=config.test_ttl_divisor,
+            clock=self.clock,
         )
         self.grpc_server: grpc.aio.Server | None = None
         self.http = HttpEndpoint(self.status, self.disk.problem)
@@ -93,19 +94,7 @@ class PubsubServer:
         self.sli_events: EventEmitter | None = None
 
     async def start(self) -> None:
-        # Loading 100k topics and subscriptions creates millions of objects that live on;
-        # collecting cycles while they pile up took more than half of the load time.
-        gc.disable()
-        try:
-            self.catalog.load()
-        finally:
-            gc.enable()
-        gc.collect()
-        # Cursor and dedup pins are installed before the first trim can delete what they keep.
-        self.cursors.load()
-        self.dedup.recover(e.record.uid for e in self.catalog.topics.values())
-        self.publishing.start()
-        self.dedup.start()
+        self.node.start()
         self.maintenance.start()
         self._quota_task = asyncio.create_task(self._quota_loop(), name="quota_loop")
         self._start_sli_events()
@@ -113,12 +102,18 @@ class PubsubServer:
         server = grpc.aio.server(options=GRPC_OPTIONS)
         server.add_generic_rpc_handlers(
             [
-                publisher.handlers(publisher.PublisherServicer(self.catalog, self.router)),
-                subscriber.handlers(subscriber.SubscriberServicer(self.catalog, self.router)),
-                replay.handlers(
-                    replay.ReplayServicer(self.catalog, self.router, self.cursors, self.dedup)
+                publisher.handlers(
+                    publisher.PublisherServicer(
+                        self.catalog, self.snapshots, self.routes, self.clock
+                    )
                 ),
-                admin.handlers(admin.AdminServicer(self.catalog, self.router)),
+                subscriber.handlers(
+                    subscriber.SubscriberServicer(self.catalog, self.snapshots, self.routes)
+                ),
+                replay.handlers(
+                    replay.ReplayServicer(self.catalog, self.routes, self.cursors, self.clock)
+                ),
+                admin.handlers(admin.AdminServicer(self.catalog, self.routes)),
             ]
         )
         self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
@@ -143,7 +138,6 @@ class PubsubServer:
         if self.sli_events is not None:
             await self.sli_events.close()
         await self.maintenance.close()
-        await self.dedup.close()
         if self._quota_task is not None:
             self._quota_task.cancel()
         await self.subscribing.close()
@@ -167,12 +161,17 @@ class PubsubServer:
 
         async def sink(raw: bytes, count: int) -> None:
             uid = self.catalog.topic(EVENTS_TOPIC).record.uid
-            await self.router.publishing_forwarder(uid).publish(uid, raw, count)
+            await self.routes.publishing(uid).publish(uid, raw, count)
+
+        def backlog(name: str, now_us: int) -> tuple[str, Any]:
+            entry = self.catalog.subscriptions[name]
+            stats = self.routes.subscribing(entry.record.uid).backlog_stats(name, now_us)
+            return str(entry.subscription.topic), stats
 
         self.sli_events = EventEmitter(
             sink,
             self.config.sli_events_s,
-            backlog=BacklogRotation(lambda: self.subscribing.dispatchers),
+            backlog=BacklogRotation(self.subscribing.subscription_names, backlog),
         )
         self.sli_events.start()
 
@@ -181,25 +180,19 @@ class PubsubServer:
         while True:
             await asyncio.sleep(self.config.quota_check_s)
             try:
-                self.catalog.enforce_eviction()
+                for subscribing in self.routes.all_subscribing():
+                    subscribing.enforce_eviction()
+                    subscribing.refresh_blocks()  # age limits move with time
             except Exception as e:
-                background.report("backlog quota eviction", e)
+                background.report("backlog quotas", e)
 
     def status(self) -> dict[str, Any]:
         return {
             "topics": len(self.catalog.topics),
             "subscriptions": {
-                name: {
-                    "backlog": d.backlog(),
-                    "outstanding": len(d.leases),
-                    "consumers": len(d.consumers),
-                    "delivered": d.delivered,
-                    "acked": d.acked,
-                    "lost": d.lost,
-                    **d.damage_status(),
-                    **self.subscribing.push.stats(name),
-                }
-                for name, d in self.subscribing.dispatchers.items()
+                name: subscribing.status(name)
+                for subscribing in self.routes.all_subscribing()
+                for name in subscribing.subscription_names()
             },
             "storage": self.publishing.stats(),
             # Completed trim passes (every trim_interval_s): "the next pass" for tests and tools
@@ -209,17 +202,22 @@ class PubsubServer:
             "failed_topics": self.publishing.failed_topics,
             # Replay API named cursors: topic -> cursor -> offsets, lag (latest - committed)
             "cursors": self.cursors.status(),
-            "dedup": {
-                "window_s": self.config.dedup_window_s,
-                "remembered_ids": sum(len(w) for w in self.dedup.windows.values()),
-                "duplicates": self.dedup.duplicates,
-            },
+            "dedup": self.publishing.dedup.status(),
             "disk": self.disk.status(),
         }
 
+    def _damage_report(self) -> dict[str, list[tuple[int, DamagedRange]]]:
+        report = {}
+        for publishing in self.routes.all_publishing():
+            for uid in publishing.topic_uids(written_only=True):
+                ranges = publishing.damaged(uid)
+                if ranges:
+                    report[uid] = ranges
+        return report
+
     def damage_status(self) -> list[dict[str, Any]]:
         out = []
-        for uid, ranges in sorted(self.publishing.damage_report().items()):
+        for uid, ranges in sorted(self._damage_report().items()):
             entry = self.catalog.topics_by_uid.get(uid)
             for source, damaged in ranges:
                 out.append(
@@ -235,10 +233,10 @@ class PubsubServer:
 
     def _damage_gauges(self) -> None:
         def ranges() -> float:
-            return sum(len(r) for r in self.publishing.damage_report().values())
+            return sum(len(r) for r in self._damage_report().values())
 
         def messages() -> float:
-            report = self.publishing.damage_report().values()
+            report = self._damage_report().values()
             return sum(d.messages for r in report for _, d in r)
 
         metrics.DAMAGED_RANGES.set_function(ranges)

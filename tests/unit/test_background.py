@@ -10,16 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from pubsubd.control.catalog import Catalog
 from pubsubd.core import pb
 from pubsubd.core.errors import InternalError
-from pubsubd.data.publish.forwarder import PublishingForwarder
-from pubsubd.data.subscribe.consumers import PullWaiter, StreamConsumer
-from pubsubd.data.subscribe.dispatcher import SubscriptionDispatcher
-from pubsubd.data.subscribe.forwarder import SubscribingForwarder
+from pubsubd.data.subscribe.planner import DeliveryPlanner
+from pubsubd.node import Node
 from pubsubd.observability import background, metrics
-from pubsubd.storage.log import FsyncPolicy
-from pubsubd.storage.metadata import MemoryMetadataStore
+from tests.support.inproc import running_node
 
 pytestmark = pytest.mark.unit
 
@@ -68,39 +64,40 @@ async def test_every_goes_on_after_a_failing_step() -> None:
 
 
 @pytest.fixture
-async def catalog(tmp_path: Path) -> AsyncIterator[Catalog]:
-    publishing = PublishingForwarder(tmp_path, fsync=FsyncPolicy.NEVER)
-    subscribing = SubscribingForwarder(publishing)
-    cat = Catalog(MemoryMetadataStore(), publishing, subscribing)
-    cat.load()
-    cat.create_topic(pb.Topic(name=TOPIC))
-    cat.create_subscription(pb.Subscription(name=SUB, topic=TOPIC, ack_deadline_seconds=10))
-    yield cat
-    await subscribing.close()
-    await publishing.close()
+async def node(tmp_path: Path) -> AsyncIterator[Node]:
+    async with running_node(tmp_path) as n:
+        n.catalog.create_topic(pb.Topic(name=TOPIC))
+        n.catalog.create_subscription(
+            pb.Subscription(name=SUB, topic=TOPIC, ack_deadline_seconds=10)
+        )
+        yield n
 
 
 async def test_a_failing_pump_ends_its_consumers_instead_of_stalling_them(
-    catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+    node: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    dispatcher = catalog.subscribing.dispatcher(SUB)
-    stream = StreamConsumer(10, 100, 0, "client")
-    dispatcher.add_consumer(stream)
-    waiter = PullWaiter(10, 5)
-    dispatcher.add_consumer(waiter)
+    subscribing = node.subscribing
+    stream = subscribing.open_stream(SUB, 10, 100, 0, "client")
+    puller = asyncio.create_task(subscribing.pull(SUB, 5, 30.0))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert len(subscribing.dispatchers[SUB].consumers) == 2  # the stream and the waiting Pull
 
-    def broken(*_args: object) -> list[tuple[int, bytes, int]]:
-        raise RuntimeError("a bug in delivery")
+    def broken(self: DeliveryPlanner, now: float) -> None:
+        if self.consumers:  # with nobody to deliver to, delivery does nothing
+            raise RuntimeError("a bug in delivery")
 
-    monkeypatch.setattr(SubscriptionDispatcher, "_take", broken)  # slots: patch the class
+    monkeypatch.setattr(DeliveryPlanner, "plan", broken)  # slots: patch the class
     before = background.failures("subscription pump")
-    uid = catalog.topic(TOPIC).record.uid
+    uid = node.catalog.topic(TOPIC).record.uid
     request = pb.PublishRequest(topic=TOPIC, messages=[pb.PubsubMessage(data=b"x")])
-    await catalog.publishing.publish(uid, request.SerializeToString(), 1)  # schedules a pump
+    await node.routes.publishing(uid).publish(uid, request.SerializeToString(), 1)  # a pump
     for _ in range(10):
         await asyncio.sleep(0)
     assert background.failures("subscription pump") == before + 1
-    ended = stream.queue.get_nowait()
+    ended = await asyncio.wait_for(stream.next_response(), 5)
     assert isinstance(ended, InternalError) and "a bug in delivery" in str(ended)
-    assert isinstance(waiter.future.exception(), InternalError)
-    assert not dispatcher.consumers
+    with pytest.raises(InternalError):
+        await asyncio.wait_for(puller, 5)
+    assert not subscribing.in_use(SUB)
+    assert not subscribing.dispatchers[SUB].consumers

@@ -1,8 +1,9 @@
-"""Named cursors of the replay API: pure checks, and Cursors over a real catalog (persisted,
-pinning the log)."""
+"""Named cursors of the replay API: pure checks, and Cursors in a node over the SQLite store
+(persisted; the publishing forwarder pins the log from their records)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -10,14 +11,13 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from pubsubd.control.catalog import Catalog
-from pubsubd.control.cursors import Cursors, check_offsets, cursor_pin, lag, topic_cursors
+from pubsubd.control.cursors import check_offsets, lag, topic_cursors
 from pubsubd.core import pb
 from pubsubd.core.errors import CursorNotFound, InvalidArgument, NotFound, OutOfRange
-from pubsubd.data.publish.forwarder import PublishingForwarder
-from pubsubd.data.subscribe.forwarder import SubscribingForwarder
-from pubsubd.storage.log import FsyncPolicy
+from pubsubd.data.reconcile import cursor_pin
+from pubsubd.node import Node
 from pubsubd.storage.metadata import CursorRecord, SqliteMetadataStore
+from tests.support.inproc import running_node
 
 pytestmark = pytest.mark.unit
 
@@ -59,80 +59,69 @@ def test_topic_cursors_one_incarnation_by_name() -> None:
     assert topic_cursors(records, "uid-2") == []
 
 
-async def _catalog(data: Path) -> Catalog:
-    publishing = PublishingForwarder(data, fsync=FsyncPolicy.NEVER)
-    catalog = Catalog(SqliteMetadataStore(data), publishing, SubscribingForwarder(publishing))
-    catalog.load()
-    return catalog
+@contextlib.asynccontextmanager
+async def _node(data: Path) -> AsyncIterator[Node]:
+    """A node over the SQLite store in ``data`` (what a restart opens again)."""
+    store = SqliteMetadataStore(data)
+    try:
+        async with running_node(data, store=store) as n:
+            yield n
+    finally:
+        store.close()
 
 
-@pytest.fixture
-async def catalog(tmp_path: Path) -> AsyncIterator[Catalog]:
-    c = await _catalog(tmp_path)
-    yield c
-    await c.publishing.close()
-    c.store.close()
-
-
-async def _topic_with_five_messages(catalog: Catalog) -> tuple[Any, str, Cursors]:
-    catalog.create_topic(pb.Topic(name=TOPIC))
-    entry = catalog.topic(TOPIC)
+async def _topic_with_five_messages(node: Node) -> tuple[Any, str]:
+    node.catalog.create_topic(pb.Topic(name=TOPIC))
+    entry = node.catalog.topic(TOPIC)
     uid = entry.record.uid
     raw = pb.PublishRequest(messages=[pb.PubsubMessage(data=b"x")] * 5).SerializeToString()
-    await catalog.publishing.publish(uid, raw, 5)
-    cursors = Cursors(catalog)
-    cursors.load()
-    return entry, uid, cursors
+    await node.routes.publishing(uid).publish(uid, raw, 5)
+    return entry, uid
 
 
-async def test_commit_get_persist_and_pin(tmp_path: Path, catalog: Catalog) -> None:
-    entry, uid, cursors = await _topic_with_five_messages(catalog)
-    empty = cursors.get(entry, "q")
-    assert empty.offsets == {} and empty.commit_time_us == 0
-    sources = catalog.publishing.open_topic(uid)
-    assert cursor_pin("q") not in sources.pins
-    rec = cursors.commit(entry, "q", {0: 3})
-    assert rec.offsets == {0: 3} and rec.commit_time_us > 0
-    assert sources.pins[cursor_pin("q")] == {0: 3}
-    assert sources.trim_point(0) == 3  # no subscription, yet the cursor keeps [3, 5)
-    # Snapshots' pin refresh leaves the cursor's pin alone.
-    catalog.snapshots.refresh_pins(uid)
-    assert sources.pins[cursor_pin("q")] == {0: 3}
-    assert cursors.status() == {
-        TOPIC: {
-            "q": {
-                "offsets": {"0": 3},
-                "commit_time_us": rec.commit_time_us,
-                "lag": 2,
-                "lag_by_source": {"0": 2},
+async def test_commit_get_persist_and_pin(tmp_path: Path) -> None:
+    async with _node(tmp_path) as node:
+        cursors = node.cursors
+        entry, uid = await _topic_with_five_messages(node)
+        empty = cursors.get(entry, "q")
+        assert empty.offsets == {} and empty.commit_time_us == 0
+        sources = node.publishing.open_topic(uid)
+        assert cursor_pin("q") not in node.publishing.pin_owners(uid)
+        rec = cursors.commit(entry, "q", {0: 3})
+        assert rec.offsets == {0: 3} and rec.commit_time_us > 0
+        assert sources.pins[cursor_pin("q")] == {0: 3}
+        assert sources.trim_point(0) == 3  # no subscription, yet the cursor keeps [3, 5)
+        # Snapshots' pin refresh leaves the cursor's pin alone.
+        node.snapshots.refresh_pins(uid)
+        assert sources.pins[cursor_pin("q")] == {0: 3}
+        assert cursors.status() == {
+            TOPIC: {
+                "q": {
+                    "offsets": {"0": 3},
+                    "commit_time_us": rec.commit_time_us,
+                    "lag": 2,
+                    "lag_by_source": {"0": 2},
+                }
             }
         }
-    }
-    with pytest.raises(InvalidArgument, match="name"):
-        cursors.commit(entry, "", {0: 1})
-    with pytest.raises(OutOfRange):
-        cursors.commit(entry, "q", {0: 6})
+        with pytest.raises(InvalidArgument, match="name"):
+            cursors.commit(entry, "", {0: 1})
+        with pytest.raises(OutOfRange):
+            cursors.commit(entry, "q", {0: 6})
     # Restart: the cursor and its pin come back.
-    await catalog.publishing.close()
-    catalog.store.close()
-    again = await _catalog(tmp_path)
-    try:
-        cursors = Cursors(again)
-        cursors.load()
-        assert cursors.get(again.topic(TOPIC), "q").offsets == {0: 3}
+    async with _node(tmp_path) as again:
+        cursors = again.cursors
+        assert cursors.get(again.catalog.topic(TOPIC), "q").offsets == {0: 3}
         assert again.publishing.open_topic(uid).pins[cursor_pin("q")] == {0: 3}
         # Deleting the topic drops its cursors (rows, records, gauges) at once; a re-created
         # topic is a new incarnation: no cursors.
         assert _lag_gauge("q") == 2
-        await again.delete_topic(TOPIC)
+        await again.catalog.delete_topic(TOPIC)
         assert cursors.records == {} and list(again.store.load_cursors()) == []
         assert _lag_gauge("q") is None
-        again.create_topic(pb.Topic(name=TOPIC))
-        assert cursors.get(again.topic(TOPIC), "q").offsets == {}
+        again.catalog.create_topic(pb.Topic(name=TOPIC))
+        assert cursors.get(again.catalog.topic(TOPIC), "q").offsets == {}
         assert cursors.status() == {}
-    finally:
-        await again.publishing.close()
-        again.store.close()
 
 
 def _lag_gauge(cursor: str) -> float | None:
@@ -141,47 +130,45 @@ def _lag_gauge(cursor: str) -> float | None:
     )
 
 
-async def test_list_and_delete_release_the_pin_durably(tmp_path: Path, catalog: Catalog) -> None:
-    entry, uid, cursors = await _topic_with_five_messages(catalog)
-    assert cursors.for_topic(entry) == []
-    cursors.commit(entry, "z", {0: 4})
-    cursors.commit(entry, "a", {0: 1})
-    assert [(r.name, r.offsets) for r in cursors.for_topic(entry)] == [("a", {0: 1}), ("z", {0: 4})]
-    sources = catalog.publishing.open_topic(uid)
-    assert sources.trim_point(0) == 1
-    assert _lag_gauge("a") == 4
+async def test_list_and_delete_release_the_pin_durably(tmp_path: Path) -> None:
+    async with _node(tmp_path) as node:
+        cursors = node.cursors
+        entry, uid = await _topic_with_five_messages(node)
+        assert cursors.for_topic(entry) == []
+        cursors.commit(entry, "z", {0: 4})
+        cursors.commit(entry, "a", {0: 1})
+        assert [(r.name, r.offsets) for r in cursors.for_topic(entry)] == [
+            ("a", {0: 1}),
+            ("z", {0: 4}),
+        ]
+        sources = node.publishing.open_topic(uid)
+        assert sources.trim_point(0) == 1
+        assert _lag_gauge("a") == 4
 
-    cursors.delete(entry, "a")
-    assert cursor_pin("a") not in sources.pins
-    assert sources.trim_point(0) == 4  # only "z" holds the log now
-    assert [r.name for r in cursors.for_topic(entry)] == ["z"]
-    assert set(cursors.status()[TOPIC]) == {"z"}
-    assert _lag_gauge("a") is None and _lag_gauge("z") == 1
-    assert cursors.get(entry, "a").offsets == {}  # as if never committed
-    with pytest.raises(CursorNotFound, match="name=a") as e:
         cursors.delete(entry, "a")
-    assert isinstance(e.value, NotFound) and TOPIC in str(e.value)
-    with pytest.raises(NotFound):
-        cursors.delete(entry, "never-committed")
-    with pytest.raises(InvalidArgument, match="name"):
-        cursors.delete(entry, "")
-    with pytest.raises(InvalidArgument, match="longer than 256 bytes"):
-        cursors.delete(entry, "x" * 257)
+        assert cursor_pin("a") not in node.publishing.pin_owners(uid)
+        assert sources.trim_point(0) == 4  # only "z" holds the log now
+        assert [r.name for r in cursors.for_topic(entry)] == ["z"]
+        assert set(cursors.status()[TOPIC]) == {"z"}
+        assert _lag_gauge("a") is None and _lag_gauge("z") == 1
+        assert cursors.get(entry, "a").offsets == {}  # as if never committed
+        with pytest.raises(CursorNotFound, match="name=a") as e:
+            cursors.delete(entry, "a")
+        assert isinstance(e.value, NotFound) and TOPIC in str(e.value)
+        with pytest.raises(NotFound):
+            cursors.delete(entry, "never-committed")
+        with pytest.raises(InvalidArgument, match="name"):
+            cursors.delete(entry, "")
+        with pytest.raises(InvalidArgument, match="longer than 256 bytes"):
+            cursors.delete(entry, "x" * 257)
 
-    cursors.delete(entry, "z")
-    assert not any(p.startswith("cursor:") for p in sources.pins)
-    assert sources.trim_point(0) == 5  # no subscription, no cursor: nothing is kept
-    assert cursors.status() == {}
+        cursors.delete(entry, "z")
+        assert not any(p.startswith("cursor:") for p in node.publishing.pin_owners(uid))
+        assert sources.trim_point(0) == 5  # no subscription, no cursor: nothing is kept
+        assert cursors.status() == {}
     # The rows are gone from the store: a restart brings neither cursor nor pin back.
-    await catalog.publishing.close()
-    catalog.store.close()
-    again = await _catalog(tmp_path)
-    try:
-        cursors = Cursors(again)
-        cursors.load()
-        assert cursors.for_topic(again.topic(TOPIC)) == []
+    async with _node(tmp_path) as again:
+        assert again.cursors.for_topic(again.catalog.topic(TOPIC)) == []
         assert list(again.store.load_cursors()) == []
-        assert not any(p.startswith("cursor:") for p in again.publishing.open_topic(uid).pins)
-    finally:
-        await again.publishing.close()
-        again.store.close()
+        pins = again.publishing.open_topic(uid).pins
+        assert not any(p.startswith("cursor:") for p in pins)

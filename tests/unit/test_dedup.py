@@ -13,6 +13,7 @@ import pytest
 from pubsubd.core import ids, pb
 from pubsubd.core.errors import InvalidArgument
 from pubsubd.core.validation import DEDUP_ID_ATTRIBUTE
+from pubsubd.data.decoding import decode
 from pubsubd.data.publish.dedup import (
     DEDUP_PIN,
     Deduplicator,
@@ -24,6 +25,8 @@ from pubsubd.data.publish.forwarder import PublishingForwarder
 from pubsubd.storage.log import FsyncPolicy
 
 pytestmark = pytest.mark.unit
+
+NOW_S = 1_700_000_000.0  # the time delayed-delivery attributes are checked against
 
 S = 1_000_000
 UID = "topic-uid"
@@ -71,28 +74,27 @@ def test_build_batches_splits_runs_of_one_ordering_key() -> None:
 
 
 def test_validate_messages() -> None:
-    validate_messages([("id", _msg())], 10)
+    validate_messages([("id", _msg())], 10, now_s=NOW_S)
     with pytest.raises(InvalidArgument, match="dedup_id: required"):
-        validate_messages([("a", _msg()), ("", _msg())], 10)
+        validate_messages([("a", _msg()), ("", _msg())], 10, now_s=NOW_S)
     with pytest.raises(InvalidArgument, match="longer than 256"):
-        validate_messages([("x" * 257, _msg())], 10)
+        validate_messages([("x" * 257, _msg())], 10, now_s=NOW_S)
     with pytest.raises(InvalidArgument, match="at least one message"):
-        validate_messages([], 10)
+        validate_messages([], 10, now_s=NOW_S)
     with pytest.raises(InvalidArgument, match="request_size"):
-        validate_messages([("a", _msg())], 10_000_001)
+        validate_messages([("a", _msg())], 10_000_001, now_s=NOW_S)
     with pytest.raises(InvalidArgument, match="1001 messages"):
-        validate_messages([(str(i), _msg()) for i in range(1001)], 10)
+        validate_messages([(str(i), _msg()) for i in range(1001)], 10, now_s=NOW_S)
     with pytest.raises(InvalidArgument, match=r"messages\[2\]: a message must contain"):
-        validate_messages([("a", _msg(key="k")), ("b", _msg()), ("c", _msg(b""))], 10)
+        validate_messages([("a", _msg(key="k")), ("b", _msg()), ("c", _msg(b""))], 10, now_s=NOW_S)
     with pytest.raises(InvalidArgument, match="reserved"):
-        validate_messages([("a", _msg(**{DEDUP_ID_ATTRIBUTE: "x"}))], 10)
+        validate_messages([("a", _msg(**{DEDUP_ID_ATTRIBUTE: "x"}))], 10, now_s=NOW_S)
 
 
 async def _stored(publishing: PublishingForwarder) -> list[tuple[str, bytes, dict[str, str]]]:
-    sources = publishing.open_topic(UID)
     out = []
-    for entry in sources.logs[0].read(0, max_entries=1000):
-        d = sources.decoded(0, entry)
+    for entry in publishing.read(UID, 0, 0, 1000, 1 << 30):
+        d = decode(0, entry)  # as subscriptions and the replay API see it
         for m in d.parsed:
             out.append((m.message_id, m.data, dict(m.attributes)))
     return out
@@ -175,7 +177,7 @@ async def test_api_messages_are_stored_as_pubsub_messages(tmp_path: Path) -> Non
             replay_pb2.DeduplicatedMessage(dedup_id="a", data=b"1", attributes={"k": "v"}),
             replay_pb2.DeduplicatedMessage(dedup_id="b", data=b"2", ordering_key="key"),
         ]
-        validate_messages([(m.dedup_id, m) for m in api], 10)
+        validate_messages([(m.dedup_id, m) for m in api], 10, now_s=NOW_S)
         ids_, dups = await dedup.publish(UID, [(m.dedup_id, m) for m in api])
         assert ids_ == ["0", "1"] and dups == 0
         assert await _stored(publishing) == [("0", b"1", {"k": "v"}), ("1", b"2", {})]

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from pubsubd.core import ids, pb
+from pubsubd.data.decoding import decode
 from pubsubd.data.publish import delays as delays_mod
 from pubsubd.data.publish.delays import DueListener
 from pubsubd.data.publish.forwarder import PublishingForwarder
@@ -87,7 +88,7 @@ async def test_delayed_messages_wait_on_disk_and_fall_due_once(tmp_path: Path) -
         await publishing.publish(UID, _request(1, **{"pubsubd.deliver_after": "0.2"}), 1)
         assert tracker.pending_rows() == 4
         # A dispatcher reading them now must skip them: they are above ``done``.
-        at = publishing.open_topic(UID).decoded(0, publishing.read(UID, 0, 0, 1, 1 << 20)[0])
+        at = decode(0, publishing.read(UID, 0, 0, 1, 1 << 20)[0])
         assert at.deliver_at is not None and at.deliver_at[0] is not None
         assert not tracker.is_due(at.deliver_at[0], ids.position(0, 0))
         await _wait(lambda: len(seen.got) == 4)
@@ -198,7 +199,7 @@ async def test_messages_published_due_skip_the_index(tmp_path: Path) -> None:
         await publishing.publish(UID, _request(3, **{"pubsubd.deliver_after": "0"}), 3)
         assert tracker.pending_rows() == 0 and seen.got == [0, 1, 2]
         entry = publishing.read(UID, 0, 0, 1, 1 << 20)[0]
-        at = publishing.open_topic(UID).decoded(0, entry).deliver_at
+        at = decode(0, entry).deliver_at
         assert at is not None and at[0] is not None and tracker.is_due(at[0], 0)
         # While a row is due but not handed out yet, ``done`` stays put.
         await publishing.publish(UID, _request(1, **{"pubsubd.deliver_after": "0.3"}), 1)

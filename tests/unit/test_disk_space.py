@@ -17,6 +17,7 @@ import pytest
 from pubsubd.acks import journal as journal_mod
 from pubsubd.core import pb
 from pubsubd.core.errors import DiskFull, ResourceExhausted
+from pubsubd.core.records import CursorState
 from pubsubd.data.publish import delays as delays_mod
 from pubsubd.data.publish.forwarder import PublishingForwarder
 from pubsubd.observability import metrics
@@ -255,15 +256,16 @@ async def test_ack_journal_keeps_acks_while_full_and_makes_them_durable_later(
     publishing = PublishingForwarder(tmp_path, fsync=FsyncPolicy.ALWAYS)
     try:
         await publishing.publish("t", _request(3), 3)
-        journal = publishing.attach("t", "s", {0: 0})
+        assert publishing.attach("t", "s", {0: 0}) == {0: CursorState(0)}
+        journal = publishing.topics["t"].journals["s"]  # white-box: the publishing side's
         enospc = _Enospc(journal_mod.write_all)
         monkeypatch.setattr(journal_mod, "write_all", enospc)
-        publishing.record_acks(journal, 0, [0, 1])
+        publishing.record_acks("t", "s", 0, [(0, 2)])
         await publishing._flush_acks()  # the background flush: fails, counted, kept dirty
         assert publishing.disk.full and journal in publishing._dirty_journals
-        publishing.record_acks(journal, 0, [2])
+        publishing.record_acks("t", "s", 0, [(2, 3)])
         with pytest.raises(DiskFull) as full:  # an exactly-once ack: refused, not INTERNAL
-            await publishing.flush_journal(journal)
+            await publishing.flush_acks("t", "s")
         assert "ack journal" in str(full.value) and str(tmp_path) in str(full.value)
         assert journal in publishing._dirty_journals
         enospc.on = False

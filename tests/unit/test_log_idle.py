@@ -82,8 +82,8 @@ async def test_unwritten_topic_with_subscriptions_creates_nothing_on_disk(tmp_pa
             sources = forwarder.open_topic(f"topic-{t}")
             assert not sources.on_disk()
             for s in range(3):  # subscriptions attached at their sync point
-                journal = forwarder.attach(f"topic-{t}", f"sub-{t}-{s}", {0: 0})
-                await forwarder.flush_journal(journal)
+                forwarder.attach(f"topic-{t}", f"sub-{t}-{s}", {0: 0})
+                await forwarder.flush_acks(f"topic-{t}", f"sub-{t}-{s}")
             forwarder.add_commit_listener(f"topic-{t}", lambda offset: None)
             assert forwarder.end_offsets(f"topic-{t}") == {0: 0}
             assert forwarder.read(f"topic-{t}", 0, 0, 100, 1 << 20) == []

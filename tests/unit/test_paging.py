@@ -1,4 +1,4 @@
-"""Unit tests for the catalog's name paging (pubsubd.control.catalog._SortedNames.page)."""
+"""Unit tests for the catalog's name paging (pubsubd.control.paging.SortedNames.page)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pubsubd.control.catalog import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, _SortedNames
+from pubsubd.control.paging import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, SortedNames
 from pubsubd.core.errors import InvalidArgument
 
 pytestmark = pytest.mark.unit
@@ -17,14 +17,14 @@ P = "projects/p/topics/"
 Q = "projects/q/topics/"
 
 
-def pager(names: list[str]) -> _SortedNames:
-    s = _SortedNames()
+def pager(names: list[str]) -> SortedNames:
+    s = SortedNames()
     for n in names:
         s.add(n)
     return s
 
 
-def all_pages(s: _SortedNames, prefix: str, page_size: int) -> list[list[str]]:
+def all_pages(s: SortedNames, prefix: str, page_size: int) -> list[list[str]]:
     pages: list[list[str]] = []
     token = ""
     while True:
@@ -44,7 +44,7 @@ def test_add_remove_keep_sorted() -> None:
 
 
 def test_empty() -> None:
-    assert _SortedNames().page(P, 10, "") == ([], "")
+    assert SortedNames().page(P, 10, "") == ([], "")
 
 
 def test_prefix_filters() -> None:

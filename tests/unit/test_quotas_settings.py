@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pubsubd.control import quotas
-from pubsubd.core import delays
+from pubsubd.core import delays, queue_settings, quotas
 from pubsubd.core.errors import InvalidArgument
-from pubsubd.data.subscribe import queue_settings
-from pubsubd.data.subscribe.queue_settings import SubscriptionType
+from pubsubd.core.queue_settings import SubscriptionType
 
 pytestmark = pytest.mark.unit
 

@@ -1,5 +1,5 @@
 """Unit tests of retention, Seek states, snapshot expiry and expiration_policy decisions
-(pubsubd.data.retention, pubsubd.control.expiry) and of the pins in TopicSources.trim_point."""
+(pubsubd.core.retention, pubsubd.control.expiry) and of the pins in TopicSources.trim_point."""
 
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pubsubd.acks.cursor import Cursor, CursorState
-from pubsubd.control import expiry, quotas
-from pubsubd.core import names, pb
+from pubsubd.control import expiry
+from pubsubd.core import names, pb, quotas, retention
 from pubsubd.core.errors import InvalidArgument, InvalidResourceName
-from pubsubd.data import retention
 from pubsubd.data.publish.source import TopicSources
 from pubsubd.storage.log import FsyncPolicy
 from pubsubd.storage.metadata import MemoryMetadataStore, SnapshotRecord, SqliteMetadataStore

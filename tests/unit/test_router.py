@@ -1,12 +1,14 @@
-"""Unit tests for pubsubd.control.router.rank: rendezvous hashing."""
+"""Unit tests for pubsubd.control.router: rendezvous hashing (rank), the router's addresses and
+their resolution to forwarders (Routes)."""
 
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import pytest
 
-from pubsubd.control.router import Router, rank
+from pubsubd.control.router import Router, Routes, rank
 
 pytestmark = pytest.mark.unit
 
@@ -65,18 +67,30 @@ def test_ranking_depends_on_key() -> None:
 
 def test_router_requires_forwarders() -> None:
     with pytest.raises(ValueError):
-        Router([], [("s", object())])  # type: ignore[list-item]
+        Router([], ["s"])
     with pytest.raises(ValueError):
-        Router([("p", object())], [])  # type: ignore[list-item]
+        Router(["p"], [])
 
 
-def test_router_picks_rank_winner() -> None:
-    pubs = [(f"p{i}", f"pub{i}") for i in range(3)]
-    subs = [(f"s{i}", f"sub{i}") for i in range(3)]
-    r = Router(pubs, subs)  # type: ignore[arg-type]
+def test_router_ranks_addresses_best_first() -> None:
+    pubs = [f"p{i}" for i in range(3)]
+    subs = [f"s{i}" for i in range(3)]
+    r = Router(pubs, subs)
     for key in KEYS[:100]:
-        assert r.publishing_forwarder(key) == rank(key, pubs)[0]
-        assert r.subscribing_forwarder(key) == rank(key, subs)[0]
-    single = Router([("p", "P")], [("s", "S")])  # type: ignore[list-item]
-    assert single.publishing_forwarder("anything") == "P"
-    assert single.subscribing_forwarder("anything") == "S"
+        assert r.publishing_for(key) == rank(key, [(a, a) for a in pubs])
+        assert r.subscribing_for(key) == rank(key, [(a, a) for a in subs])
+    single = Router(["p"], ["s"])
+    assert single.publishing_for("anything") == ["p"]
+    assert single.subscribing_for("anything") == ["s"]
+
+
+def test_routes_resolve_the_rank_winner() -> None:
+    pubs: dict[str, Any] = {f"p{i}": object() for i in range(3)}  # stand-ins for forwarders
+    subs: dict[str, Any] = {f"s{i}": object() for i in range(3)}
+    routes = Routes(Router(list(pubs), list(subs)), pubs, subs)
+    for key in KEYS[:100]:
+        assert routes.publishing(key) is rank(key, list(pubs.items()))[0]
+        assert routes.subscribing(key) is rank(key, list(subs.items()))[0]
+    assert {id(routes.publishing(key)) for key in KEYS[:100]} == {id(p) for p in pubs.values()}
+    assert routes.all_publishing() == list(pubs.values())
+    assert routes.all_subscribing() == list(subs.values())

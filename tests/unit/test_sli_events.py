@@ -6,12 +6,13 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from pubsubd.core import pb
+from pubsubd.core import ids, pb
 from pubsubd.observability import events
 from pubsubd.observability.events import EVENTS_TOPIC, BacklogRotation, EventEmitter
 
@@ -106,16 +107,19 @@ async def test_module_hooks_follow_the_running_emitter() -> None:
 
 def test_backlog_rotation_caps_and_resumes() -> None:
     stats = SimpleNamespace(messages=3, bytes=30, oldest_age_s=1.25)
-    dispatchers = {
-        f"projects/p/subscriptions/s{i}": SimpleNamespace(
-            subscription=SimpleNamespace(topic="projects/p/topics/t"),
-            backlog_stats=lambda now_us: stats,
-        )
-        for i in range(5)
-    }
-    rotation = BacklogRotation(lambda: dispatchers, limit=2)
+    served = [f"projects/p/subscriptions/s{i}" for i in range(5)]
+    asked: list[tuple[str, int]] = []
+
+    def backlog(name: str, now_us: int) -> tuple[str, Any]:
+        asked.append((name, now_us))
+        if name not in served:
+            raise KeyError(name)  # gone since the names were listed: skipped
+        return "projects/p/topics/t", stats
+
+    rotation = BacklogRotation(lambda: list(served), backlog, limit=2)
     seen = [b["subscription"] for _ in range(3) for b in rotation()]
-    assert sorted(seen) == sorted(dispatchers)
+    assert sorted(seen) == sorted(served)
+    assert len(asked) == 5 and all(now_us > 0 for _, now_us in asked)  # only those sampled
     first = rotation()[0]
     assert first == {
         "subscription": "projects/p/subscriptions/s0",
@@ -123,6 +127,9 @@ def test_backlog_rotation_caps_and_resumes() -> None:
         "messages": 3,
         "oldest_unacked_age_s": 1.25,
     }
+    # A subscription gone between the listing and the question is skipped.
+    everything = BacklogRotation(lambda: [*served, "projects/p/subscriptions/gone"], backlog)
+    assert [b["subscription"] for b in everything()] == served
 
 
 class _Log:
@@ -137,17 +144,22 @@ class _Log:
         return self.times[offset]
 
 
+def _index(*logs: _Log) -> Callable[[int], int]:
+    """A topic's publish-time lookup by position (source, offset), over its logs' indexes."""
+    return lambda pos: logs[ids.source_of(pos)].publish_time_us(ids.offset_of(pos))
+
+
 def test_delivery_event_per_subscription_samples_publish_to_ack_latency() -> None:
     emitter = EventEmitter(Sink(), 10, max_samples=5)
     now = 1000.0
     log = _Log({i: int((now - 0.001 * (i + 1)) * 1e6) for i in range(100)})  # i+1 ms old
     sub, topic = "projects/p/subscriptions/s", "projects/p/topics/t"
-    emitter.record_acks(sub, topic, [log], [0, 1], now=now)
+    emitter.record_acks(sub, topic, _index(log), [0, 1], now=now)
     assert [round(x) for x in emitter._acks[sub].samples.samples] == [1, 2]
-    emitter.record_acks(sub, topic, [log], list(range(2, 100)), now=now)
-    emitter.record_acks(sub, topic, [log], [500], now=now)  # trimmed: counted, not measured
-    emitter.record_acks("projects/p/subscriptions/other", topic, [log], [9], now=now)
-    emitter.record_acks("projects/p/subscriptions/own", EVENTS_TOPIC, [log], [1], now=now)
+    emitter.record_acks(sub, topic, _index(log), list(range(2, 100)), now=now)
+    emitter.record_acks(sub, topic, _index(log), [500], now=now)  # trimmed: counted, not measured
+    emitter.record_acks("projects/p/subscriptions/other", topic, _index(log), [9], now=now)
+    emitter.record_acks("projects/p/subscriptions/own", EVENTS_TOPIC, _index(log), [1], now=now)
     got = {e["subscription"]: e for e in emitter.drain(now) if e["kind"] == "delivery"}
     assert set(got) == {sub, "projects/p/subscriptions/other"}
     d = got[sub]
@@ -164,7 +176,7 @@ def test_ack_sampling_is_cheap_and_uniform() -> None:
     log = _Log({})
     log.times = dict.fromkeys(range(200_000), 0)
     for start in range(0, 200_000, 1000):
-        emitter.record_acks("s", "t", [log], list(range(start, start + 1000)), now=1.0)
+        emitter.record_acks("s", "t", _index(log), list(range(start, start + 1000)), now=1.0)
     assert emitter._acks["s"].count == 200_000
     # Algorithm L keeps about k * (1 + ln(n / k)) items: ~465 lookups for 200k acks.
     assert log.lookups < 1500
@@ -189,7 +201,7 @@ def test_dispatcher_hook_reads_the_log_index() -> None:
     dispatcher = SimpleNamespace(
         name="projects/p/subscriptions/s",
         subscription=SimpleNamespace(topic="projects/p/topics/t"),
-        sources=SimpleNamespace(logs=[_Log({}), _Log({7: now_us - 250_000})]),
+        publish_time_us=_index(_Log({}), _Log({7: now_us - 250_000})),
     )
     events.record_acks(dispatcher, [(1 << 48) | 7])  # no emitter: ignored
     assert emitter.drain() == []

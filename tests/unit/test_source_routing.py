@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pubsubd.control import publish_sources as ps
 from pubsubd.core import pb
+from pubsubd.core import publish_sources as ps
 from pubsubd.core.errors import FailedPrecondition, InvalidArgument
 from pubsubd.data.publish.forwarder import PublishingForwarder
 from pubsubd.data.publish.routing import Balancer, key_source, route
@@ -138,15 +138,15 @@ async def test_grow_gives_journals_cursors_and_logs_listeners(tmp_path: Path) ->
     fwd = PublishingForwarder(tmp_path, fsync=FsyncPolicy.NEVER)
     try:
         fwd.configure_topic("t", 2, 2)
-        journal = fwd.attach("t", "s", fwd.end_offsets("t"))
-        assert set(journal.cursors) == {0, 1}
+        assert set(fwd.attach("t", "s", fwd.end_offsets("t"))) == {0, 1}
         commits: list[int] = []
         fwd.add_commit_listener("t", commits.append)
         assert fwd.configure_topic("t", 4, 2) == [2, 3]
         assert fwd.configure_topic("t", 3, 2) == []  # never shrinks
         sources = fwd.topics["t"]
         assert len(sources.logs) == 4
-        assert {s: c.mark_delete for s, c in journal.cursors.items()} == {0: 0, 1: 0, 2: 0, 3: 0}
+        cursors = fwd.cursor_states("t", "s")
+        assert {s: c.mark_delete for s, c in cursors.items()} == {0: 0, 1: 0, 2: 0, 3: 0}
         placed = [await fwd.publish("t", _request(), 1) for _ in range(8)]
         assert Counter(s for s, _ in placed) == {0: 2, 1: 2, 2: 2, 3: 2}
         assert len(commits) == 8  # the listener hears the new sources too
@@ -186,8 +186,9 @@ async def test_sources_reopen_from_disk_and_new_subscription_cursors(tmp_path: P
         sources = fwd.open_topic("t")
         assert [log.committed_offset for log in sources.logs] == [2, 2, 2]
         # A subscription whose sync point predates a source reads that source from 0.
-        journal = fwd.attach("t", "old-sub", {0: 1})
-        assert {s: c.mark_delete for s, c in journal.cursors.items()} == {0: 1, 1: 0, 2: 0}
+        cursors = fwd.attach("t", "old-sub", {0: 1})
+        assert {s: c.mark_delete for s, c in cursors.items()} == {0: 1, 1: 0, 2: 0}
+        assert fwd.cursor_states("t", "old-sub") == cursors
     finally:
         await fwd.close()
 
@@ -205,8 +206,7 @@ async def test_a_cursor_opens_its_source_even_without_a_directory(tmp_path: Path
     fwd = PublishingForwarder(tmp_path, fsync=FsyncPolicy.ALWAYS)
     try:
         assert len(fwd.open_topic("t").logs) == 3
-        journal = fwd.attach("t", "s", sync_point)
-        assert set(journal.cursors) == {0, 1, 2, 3}
+        assert set(fwd.attach("t", "s", sync_point)) == {0, 1, 2, 3}
         assert len(fwd.topics["t"].logs) == 4
     finally:
         await fwd.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -24,7 +25,7 @@ def msg(data: bytes = b"x", **kw: Any) -> Any:
 
 
 def check(req: Any, size: int | None = None) -> None:
-    validation.publish_request(req, req.ByteSize() if size is None else size)
+    validation.publish_request(req, req.ByteSize() if size is None else size, now_s=time.time())
 
 
 # --- publish ---------------------------------------------------------------------------------

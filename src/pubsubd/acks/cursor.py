@@ -30,19 +30,11 @@ replay over a newer snapshot safe.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from pubsubd.acks.ranges import RangeSet
+from pubsubd.core.records import CursorState
 
 __all__ = ["Cursor", "CursorState"]
-
-
-@dataclass(frozen=True, slots=True)
-class CursorState:
-    """Immutable copy of a cursor: mark-delete and the sorted acked ranges above it."""
-
-    mark_delete: int
-    ranges: tuple[tuple[int, int], ...] = ()
 
 
 class Cursor:

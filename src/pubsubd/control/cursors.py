@@ -5,14 +5,15 @@ under the same name starts without cursors, as its positions start again at 0. C
 metadata store (``cursors`` table, SQLite ``synchronous=FULL``), so a commit answered to a client
 survives kill -9.
 
-Pinning: a cursor pins its topic's log (``TopicSources.pins``, pin ``cursor:{name}``) at its
-committed positions, so retention never deletes what it has not committed past, even on a topic
-without subscriptions (which otherwise keeps nothing). Kafka consumer groups do not pin; we do
-because our retention is ack-driven, not time-driven. A source the cursor never committed is not
-pinned. An abandoned cursor pins until it is deleted: DeleteCursor (``pubsubd cursors delete
-TOPIC NAME``) removes its row, its pin and its lag gauge, so the next retention pass may trim what
-it held; ListCursors (``pubsubd cursors list TOPIC``) finds them. Committing it to the latest
-positions also releases the data, but keeps the cursor.
+Pinning: a cursor pins its topic's log (pin ``cursor:{name}``, installed by the publishing
+forwarder from the cursor's record, ``data/reconcile.py``) at its committed positions, so
+retention never deletes what it has not committed past, even on a topic without subscriptions
+(which otherwise keeps nothing). Kafka consumer groups do not pin; we do because our retention
+is ack-driven, not time-driven. A source the cursor never committed is not pinned. An abandoned
+cursor pins until it is deleted: DeleteCursor (``pubsubd cursors delete TOPIC NAME``) removes
+its row, its pin and its lag gauge, so the next retention pass may trim what it held;
+ListCursors (``pubsubd cursors list TOPIC``) finds them. Committing it to the latest positions
+also releases the data, but keeps the cursor.
 
 Lag (latest committed position minus the cursor's, per source) is reported in ``/status`` and as
 the ``pubsubd_cursor_lag_messages`` gauge.
@@ -20,23 +21,18 @@ the ``pubsubd_cursor_lag_messages`` gauge.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pubsubd.core.errors import CursorNotFound, InvalidArgument, OutOfRange
+from pubsubd.control.catalog import Catalog, TopicEntry
+from pubsubd.control.router import Routes
+from pubsubd.core.clock import SYSTEM_CLOCK, Clock
+from pubsubd.core.errors import CursorNotFound, DataLoss, InvalidArgument, OutOfRange
+from pubsubd.core.roles import PublishingForwarderApi
 from pubsubd.observability import metrics
 from pubsubd.storage.metadata import CursorRecord
 
-if TYPE_CHECKING:
-    from pubsubd.control.catalog import Catalog, TopicEntry
-    from pubsubd.data.publish.source import TopicSources
-
 MAX_CURSOR_NAME_BYTES = 256
-
-
-def cursor_pin(name: str) -> str:
-    return f"cursor:{name}"
 
 
 def check_name(name: str) -> None:
@@ -82,13 +78,17 @@ def topic_cursors(records: Iterable[CursorRecord], topic_uid: str) -> list[Curso
     return sorted((r for r in records if r.topic_uid == topic_uid), key=lambda r: r.name)
 
 
-def source_ranges(sources: TopicSources) -> dict[int, tuple[int, int]]:
-    return {i: (log.start_offset, log.committed_offset) for i, log in enumerate(sources.logs)}
+def source_ranges(publishing: PublishingForwarderApi, topic_uid: str) -> dict[int, tuple[int, int]]:
+    return {
+        i: (r.start_offset, r.committed_offset) for i, r in enumerate(publishing.ranges(topic_uid))
+    }
 
 
 class Cursors:
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, routes: Routes, clock: Clock = SYSTEM_CLOCK) -> None:
         self.catalog = catalog
+        self.routes = routes
+        self.clock = clock
         self.store = catalog.store
         # (topic uid, name) -> record
         self.records: dict[tuple[str, str], CursorRecord] = {}
@@ -103,27 +103,27 @@ class Cursors:
             if rec.topic_uid not in live:
                 self.store.delete_cursor(rec.topic_uid, rec.name)
                 continue
-            if rec.topic_uid in self.catalog.publishing.failed_topics:
-                continue  # its storage cannot be opened (kept, for when it is repaired)
             self._install(rec)
 
-    def _sources(self, topic_uid: str) -> TopicSources:
-        return self.catalog.publishing.open_topic(topic_uid)
-
     def _install(self, rec: CursorRecord) -> None:
+        """Remember a committed cursor (its pin is the publishing forwarder's, from the
+        record) and report its lag."""
         self.records[(rec.topic_uid, rec.name)] = rec
-        sources = self._sources(rec.topic_uid)
-        if rec.offsets:
-            sources.pins[cursor_pin(rec.name)] = dict(rec.offsets)
         metrics.CURSOR_LAG.labels(rec.topic, rec.name).set_function(
             lambda: float(self._total_lag(rec))
         )
 
+    def _ranges(self, topic_uid: str) -> dict[int, tuple[int, int]] | None:
+        try:
+            return source_ranges(self.routes.publishing(topic_uid), topic_uid)
+        except DataLoss:
+            return None  # the topic's storage cannot be opened
+
     def _total_lag(self, rec: CursorRecord) -> int:
-        sources = self.catalog.publishing.topics.get(rec.topic_uid)
-        if sources is None or self.records.get((rec.topic_uid, rec.name)) is not rec:
-            return 0  # superseded by a later commit, or the topic's storage is gone
-        return sum(lag(rec.offsets, source_ranges(sources)).values())
+        if self.records.get((rec.topic_uid, rec.name)) is not rec:
+            return 0  # superseded by a later commit, or deleted
+        ranges = self._ranges(rec.topic_uid)
+        return sum(lag(rec.offsets, ranges).values()) if ranges is not None else 0
 
     def get(self, topic: TopicEntry, name: str) -> CursorRecord:
         """The cursor, or an empty one (no offsets, commit time 0) if it was never committed."""
@@ -138,12 +138,12 @@ class Cursors:
         returns. Positions may move backwards (a reader rewinding)."""
         check_name(name)
         uid = topic.record.uid
-        check_offsets(offsets, source_ranges(self._sources(uid)))
+        check_offsets(offsets, source_ranges(self.routes.publishing(uid), uid))
         old = self.records.get((uid, name))
         merged = dict(old.offsets) if old is not None else {}
         merged.update(offsets)
-        rec = CursorRecord(uid, name, topic.record.name, merged, time.time_ns() // 1000)
-        self.store.put_cursor(rec)
+        rec = CursorRecord(uid, name, topic.record.name, merged, self.clock.time_us())
+        self.store.put_cursor(rec)  # the publishing forwarder moves its pin
         if old is not None and old.topic != rec.topic:
             metrics.CURSOR_LAG.remove(old.topic, old.name)
         self._install(rec)
@@ -161,11 +161,8 @@ class Cursors:
         rec = self.records.get((uid, name))
         if rec is None:
             raise CursorNotFound(topic.record.name, name)
-        self.store.delete_cursor(uid, name)
+        self.store.delete_cursor(uid, name)  # the publishing forwarder drops its pin
         del self.records[(uid, name)]
-        sources = self.catalog.publishing.topics.get(uid)
-        if sources is not None:
-            sources.pins.pop(cursor_pin(name), None)
         metrics.CURSOR_LAG.remove(rec.topic, rec.name)
 
     def forget_topic(self, topic_uid: str) -> None:
@@ -180,10 +177,10 @@ class Cursors:
         out: dict[str, Any] = {}
         live = {e.record.uid for e in self.catalog.topics.values()}
         for (uid, name), rec in sorted(self.records.items(), key=lambda kv: kv[1].topic):
-            sources = self.catalog.publishing.topics.get(uid)
-            if uid not in live or sources is None:
+            ranges = self._ranges(uid) if uid in live else None
+            if ranges is None:
                 continue
-            by_source = lag(rec.offsets, source_ranges(sources))
+            by_source = lag(rec.offsets, ranges)
             out.setdefault(rec.topic, {})[name] = {
                 "offsets": {str(k): v for k, v in sorted(rec.offsets.items())},
                 "commit_time_us": rec.commit_time_us,

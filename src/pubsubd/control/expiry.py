@@ -20,16 +20,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from pubsubd.control.catalog import Catalog
+from pubsubd.control.router import Routes
+from pubsubd.control.snapshots import Snapshots
+from pubsubd.core.clock import SYSTEM_CLOCK, Clock
 from pubsubd.core.errors import DiskFull
 from pubsubd.core.validation import duration_s
 from pubsubd.observability import background
-
-if TYPE_CHECKING:
-    from pubsubd.control.catalog import Catalog
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +62,16 @@ class Maintenance:
     def __init__(
         self,
         catalog: Catalog,
+        snapshots: Snapshots,
+        routes: Routes,
         *,
         check_interval_s: float = DEFAULT_CHECK_INTERVAL_S,
         ttl_divisor: float = 1.0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.catalog = catalog
+        self.snapshots = snapshots
+        self.routes = routes
         self.check_interval_s = check_interval_s
         self.ttl_divisor = ttl_divisor if ttl_divisor > 0 else 1.0
         self.clock = clock
@@ -100,12 +104,12 @@ class Maintenance:
                 background.report(f"maintenance {getattr(step, '__name__', step)}", e)
 
     def _refresh(self) -> None:
-        self.catalog.snapshots.refresh_pins(stored_only=True)
+        self.snapshots.refresh_pins(stored_only=True)
 
     async def check(self) -> list[str]:
         """One pass: expired snapshots, old unacked messages, expired subscriptions (returned)."""
-        snapshots = self.catalog.snapshots
-        snapshots.delete_expired(time.time_ns() // 1000)
+        snapshots = self.snapshots
+        snapshots.delete_expired(self.clock.time_us())
         snapshots.expire_unacked()
         expired = self.expired_subscriptions()
         for name in expired:
@@ -121,16 +125,14 @@ class Maintenance:
         return expired
 
     def expired_subscriptions(self) -> list[str]:
-        now = self.clock()
+        now = self.clock.monotonic()
         activity = self.catalog.activity
-        dispatchers = self.catalog.subscribing.dispatchers
         out = []
         for name, entry in self.catalog.subscriptions.items():
             ttl = effective_ttl_s(entry.subscription)
             if ttl is None:
                 continue
-            dispatcher = dispatchers.get(name)
-            in_use = dispatcher is not None and bool(dispatcher.consumers)
+            in_use = self.routes.subscribing(entry.record.uid).in_use(name)
             if in_use:
                 activity[name] = now
             last = activity.setdefault(name, now)  # first seen: the clock starts now

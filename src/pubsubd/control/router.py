@@ -1,20 +1,22 @@
 """Router: the control plane's assignment of topics and subscriptions to forwarders.
 
-Given a key (a topic's or subscription's storage identity) it returns an ordered list of
-forwarders, best first, by rendezvous (highest-random-weight) hashing: every key ranks every
-forwarder, adding or removing one forwarder moves only the keys it wins or held. ``pubsubd serve``
-has one publishing and one subscribing forwarder, so every list has one element; the multi-machine
-deployment adds members, load reports, bounded loads and routing constraints behind this interface.
+Given a key (a topic's or a subscription's storage uid) it returns an ordered list of forwarder
+*addresses*, best first, by rendezvous (highest-random-weight) hashing: every key ranks every
+forwarder, and adding or removing one moves only the keys it wins or held. It hands out
+addresses, never objects (DESIGN: "the router hands out addresses"); :class:`Routes` turns an
+address into the ``core.roles`` interface of that forwarder: the in-process forwarder in
+``pubsubd serve``, a network stub in a cluster. ``pubsubd serve`` has one forwarder of each
+kind, so every list has one element; the cluster adds members, load reports, bounded loads and
+routing constraints behind this interface.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
-from pubsubd.data.publish.forwarder import PublishingForwarder
-from pubsubd.data.subscribe.forwarder import SubscribingForwarder
+from pubsubd.core.roles import PublishingForwarderApi, SubscribingForwarderApi
 
 T = TypeVar("T")
 
@@ -29,22 +31,50 @@ def rank(key: str, members: Sequence[tuple[str, T]]) -> list[T]:
 
 
 class Router:
-    def __init__(
-        self,
-        publishing: Sequence[tuple[str, PublishingForwarder]],
-        subscribing: Sequence[tuple[str, SubscribingForwarder]],
-    ) -> None:
+    """Which forwarders serve a key, best first (pure: addresses in, addresses out)."""
+
+    def __init__(self, publishing: Sequence[str], subscribing: Sequence[str]) -> None:
         if not publishing or not subscribing:
             raise ValueError("a router needs at least one forwarder of each kind")
         self.publishing = list(publishing)
         self.subscribing = list(subscribing)
 
-    def publishing_forwarder(self, topic_uid: str) -> PublishingForwarder:
+    def publishing_for(self, topic_uid: str) -> list[str]:
+        """Addresses of the publishing forwarders for a topic, best first."""
         if len(self.publishing) == 1:
-            return self.publishing[0][1]
-        return rank(topic_uid, self.publishing)[0]
+            return list(self.publishing)
+        return rank(topic_uid, [(a, a) for a in self.publishing])
 
-    def subscribing_forwarder(self, subscription_uid: str) -> SubscribingForwarder:
+    def subscribing_for(self, subscription_uid: str) -> list[str]:
+        """Addresses of the subscribing forwarders for a subscription, best first."""
         if len(self.subscribing) == 1:
-            return self.subscribing[0][1]
-        return rank(subscription_uid, self.subscribing)[0]
+            return list(self.subscribing)
+        return rank(subscription_uid, [(a, a) for a in self.subscribing])
+
+
+class Routes:
+    """The router's choices, resolved to the forwarders' interfaces by address."""
+
+    def __init__(
+        self,
+        router: Router,
+        publishing: Mapping[str, PublishingForwarderApi],
+        subscribing: Mapping[str, SubscribingForwarderApi],
+    ) -> None:
+        self.router = router
+        self._publishing = dict(publishing)
+        self._subscribing = dict(subscribing)
+
+    def publishing(self, topic_uid: str) -> PublishingForwarderApi:
+        """The publishing forwarder holding a topic's publish message sources."""
+        return self._publishing[self.router.publishing_for(topic_uid)[0]]
+
+    def subscribing(self, subscription_uid: str) -> SubscribingForwarderApi:
+        """The subscribing forwarder serving a subscription."""
+        return self._subscribing[self.router.subscribing_for(subscription_uid)[0]]
+
+    def all_publishing(self) -> list[PublishingForwarderApi]:
+        return [self._publishing[a] for a in self.router.publishing]
+
+    def all_subscribing(self) -> list[SubscribingForwarderApi]:
+        return [self._subscribing[a] for a in self.router.subscribing]

@@ -1,51 +1,47 @@
 """Snapshots, Seek, DetachSubscription and retention pins: the control plane of replay.
 
 * **Snapshots** capture a subscription's ack state (per source: mark-delete plus acked ranges) and
-  its topic's storage uid. They live in the metadata store, are loaded at start-up and pin what
-  they still need in the topic's logs (``TopicSources.pins``) until they expire: 7 days after the
-  oldest unacked message they capture (docs/GOOGLE_API.md §6).
-* **Seek** replaces a subscription's ack state through ``SubscriptionDispatcher.reset`` (which
-  journals it): to a snapshot's state, or to "acked before a time" (data/retention.py says which
-  messages are still retained and so can come back). Outstanding ack IDs stop leasing anything.
-* **DetachSubscription** marks the subscription detached, ends its streams with
-  FAILED_PRECONDITION and drops its backlog (its ack journal), so it no longer holds messages.
+  its topic's storage uid. They live in the metadata store, and the topic's publishing forwarder
+  pins what they still need from their records (``data/reconcile.py``) until they expire: 7 days
+  after the oldest unacked message they capture (docs/GOOGLE_API.md §6).
+* **Seek** replaces a subscription's ack state through its subscribing forwarder (which has it
+  journaled before Seek answers): to a snapshot's state, or to "acked before a time"
+  (core/retention.py says which messages are still retained and so can come back).
+  Outstanding ack IDs stop leasing anything.
+* **DetachSubscription** marks the subscription detached in its record; its forwarders end its
+  streams with FAILED_PRECONDITION and drop its backlog (its ack journal).
 * **Retention pins**: a topic's ``message_retention_duration`` and ``pubsubd-retention-bytes``
   (one pin: kept while inside both, Pulsar's rule) and each subscription's
   ``retain_acked_messages`` window (not bounded by the topic's size limit) become pins,
-  refreshed on admin changes and periodically (control/expiry.py). Unacked messages older than
-  a subscription's retention leave its backlog.
+  refreshed when a topic or subscription record changes and periodically (control/expiry.py),
+  and set on the publishing forwarders through the router. Unacked messages older than a
+  subscription's retention leave its backlog.
+
+Everything here reaches the forwarders through ``core.roles`` with plain values.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pubsubd.acks.cursor import CursorState
-from pubsubd.control import quotas
-from pubsubd.control.catalog import SubscriptionEntry, TopicEntry, _apply_mask, _SortedNames
-from pubsubd.core import names, pb, validation
+from pubsubd.control.catalog import Catalog, SubscriptionEntry, TopicEntry
+from pubsubd.control.paging import SortedNames, apply_mask
+from pubsubd.control.router import Routes
+from pubsubd.core import names, pb, quotas, retention, validation
+from pubsubd.core.clock import SYSTEM_CLOCK, Clock
 from pubsubd.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from pubsubd.data import retention
+from pubsubd.core.records import CursorState
+from pubsubd.core.roles import PublishingForwarderApi
 from pubsubd.storage.errors import DamagedEntries, OffsetOutOfRange
-from pubsubd.storage.metadata import SnapshotRecord
-
-if TYPE_CHECKING:
-    from pubsubd.control.catalog import Catalog
-    from pubsubd.data.publish.source import TopicSources
-    from pubsubd.data.subscribe.dispatcher import SubscriptionDispatcher
+from pubsubd.storage.metadata import Change, SnapshotRecord, SubscriptionRecord, TopicRecord
 
 log = logging.getLogger(__name__)
 
 SNAPSHOT_UPDATABLE = frozenset({"labels", "expire_time"})
 DEFAULT_SUBSCRIPTION_RETENTION_US = validation.DEFAULT_SUBSCRIPTION_RETENTION_S * retention.US_PER_S
-
-
-def now_us() -> int:
-    return time.time_ns() // 1000
 
 
 @dataclass(slots=True)
@@ -64,52 +60,81 @@ class SnapshotEntry:
         }
 
 
+class LogView:
+    """One source of a topic as retention sees it (``core.retention.SizedLog``), read through
+    the publishing forwarder's interface."""
+
+    __slots__ = ("_publishing", "_source", "_topic")
+
+    def __init__(self, publishing: PublishingForwarderApi, topic_uid: str, source: int) -> None:
+        self._publishing = publishing
+        self._topic = topic_uid
+        self._source = source
+
+    @property
+    def start_offset(self) -> int:
+        return self._publishing.start_offset(self._topic, self._source)
+
+    @property
+    def committed_offset(self) -> int:
+        return self._publishing.committed_offset(self._topic, self._source)
+
+    def offset_for_time(self, publish_time_us: int) -> int:
+        return self._publishing.offset_for_time(self._topic, self._source, publish_time_us)
+
+    def segment_sizes(self) -> list[tuple[int, int]]:
+        return self._publishing.segment_sizes(self._topic, self._source)
+
+
+def log_views(publishing: PublishingForwarderApi, topic_uid: str) -> list[LogView]:
+    return [LogView(publishing, topic_uid, i) for i in range(publishing.source_count(topic_uid))]
+
+
 class Snapshots:
     """Snapshot registry plus Seek, detach and retention pins, over the catalog."""
 
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, routes: Routes, clock: Clock = SYSTEM_CLOCK) -> None:
         self.catalog = catalog
+        self.routes = routes
+        self.clock = clock
         self.entries: dict[str, SnapshotEntry] = {}
-        self._names = _SortedNames()
+        self._names = SortedNames()
+
+    def now_us(self) -> int:
+        return self.clock.time_us()
 
     # --- start-up -----------------------------------------------------------------------------
 
     def load(self) -> None:
-        """Restore snapshots (and their pins) and the retention pins of every topic."""
+        """Restore snapshots (the forwarders pin for them) and the retention pins of every
+        topic; from then on, follow topic and subscription changes."""
         for rec in self.catalog.store.load_snapshots():
             self._add(SnapshotEntry(rec, pb.Snapshot.FromString(rec.body)))
         self.refresh_pins()
+        self.catalog.store.changes.watch(self._on_change)
         if self.entries:
             log.info("loaded %d snapshots", len(self.entries))
+
+    def _on_change(self, change: Change) -> None:
+        """A topic or subscription changed (retention settings, sources): its pins follow.
+
+        The feed calls this while the store write returns, before the writer (the catalog)
+        updates its own view: the changed record stands in for the catalog's entry."""
+        record = change.record
+        if isinstance(record, TopicRecord):
+            self.refresh_pins(record.uid, changed=change)
+        elif isinstance(record, SubscriptionRecord):
+            self.refresh_pins(record.topic_uid, changed=change)
 
     def _add(self, entry: SnapshotEntry) -> None:
         self.entries[entry.record.name] = entry
         self._names.add(entry.record.name)
-        sources = self.catalog.publishing.topics.get(entry.record.topic_uid)
-        if sources is not None:
-            sources.pins[retention.snapshot_pin(entry.record.name)] = _snapshot_pin(
-                entry, len(sources.logs)
-            )
-
-    def sources_added(self, topic_uid: str) -> None:
-        """A topic got new sources: its snapshots pin them whole (all after the snapshot)."""
-        sources = self.catalog.publishing.topics.get(topic_uid)
-        if sources is None:
-            return
-        for entry in self.entries.values():
-            if entry.record.topic_uid == topic_uid:
-                sources.pins[retention.snapshot_pin(entry.record.name)] = _snapshot_pin(
-                    entry, len(sources.logs)
-                )
 
     def _remove(self, entry: SnapshotEntry) -> None:
         name = entry.record.name
-        self.catalog.store.delete_snapshot(name)
+        self.catalog.store.delete_snapshot(name)  # the publishing forwarder drops its pin
         self.entries.pop(name, None)
         self._names.remove(name)
-        sources = self.catalog.publishing.topics.get(entry.record.topic_uid)
-        if sources is not None:
-            sources.pins.pop(retention.snapshot_pin(name), None)
 
     # --- snapshots ----------------------------------------------------------------------------
 
@@ -124,13 +149,14 @@ class Snapshots:
             project = names.parse(request.subscription, "subscriptions").project
             name = f"projects/{project}/snapshots/snapshot-{uuid.uuid4().hex}"
         sub = self.catalog.subscription(request.subscription)
-        now = now_us()
+        now = self.now_us()
         self.delete_expired(now)
         if name in self.entries:
             raise AlreadyExists("snapshot", name)
-        dispatcher = self._dispatcher(sub)
-        states = {s: c.snapshot() for s, c in dispatcher.journal.cursors.items()}
-        oldest = _oldest_unacked_us(dispatcher.sources, states)
+        self._check_attached(sub)
+        topic_uid = sub.record.topic_uid
+        states = self.routes.subscribing(sub.record.uid).cursor_states(sub.record.name)
+        oldest = _oldest_unacked_us(self.routes.publishing(topic_uid), topic_uid, states)
         expire = retention.snapshot_expire_us(oldest, now)
         if expire - now < retention.SNAPSHOT_MIN_LIFETIME_US:
             raise FailedPrecondition(
@@ -141,11 +167,11 @@ class Snapshots:
         _set_timestamp(snapshot.expire_time, expire)
         record = SnapshotRecord(
             name,
-            sub.record.topic_uid,
+            topic_uid,
             snapshot.SerializeToString(),
             {s: (st.mark_delete, list(st.ranges)) for s, st in states.items()},
         )
-        self.catalog.store.put_snapshot(record)
+        self.catalog.store.put_snapshot(record)  # the publishing forwarder pins it
         entry = SnapshotEntry(record, snapshot)
         self._add(entry)
         return self._view(entry)
@@ -153,7 +179,7 @@ class Snapshots:
     def entry(self, name: str) -> SnapshotEntry:
         names.snapshot(name)
         entry = self.entries.get(name)
-        if entry is not None and entry.expire_us <= now_us():
+        if entry is not None and entry.expire_us <= self.now_us():
             self._remove(entry)
             entry = None
         if entry is None:
@@ -175,12 +201,18 @@ class Snapshots:
                 raise InvalidArgument(f"update_mask: {p!r} is not a known updatable snapshot field")
         updated = pb.Snapshot()
         updated.CopyFrom(entry.snapshot)
-        _apply_mask(paths, request.snapshot, updated)
+        apply_mask(paths, request.snapshot, updated)
         validation.labels("labels", updated.labels)
-        if "expire_time" in paths and retention.timestamp_us(updated.expire_time) <= now_us():
+        if "expire_time" in paths and retention.timestamp_us(updated.expire_time) <= self.now_us():
             raise InvalidArgument("expire_time: must be in the future")
-        entry.record.body = updated.SerializeToString()
-        self.catalog.store.put_snapshot(entry.record)
+        record = SnapshotRecord(
+            entry.record.name,
+            entry.record.topic_uid,
+            updated.SerializeToString(),
+            entry.record.cursors,
+        )
+        self.catalog.store.put_snapshot(record)
+        entry.record = record
         entry.snapshot = updated
         return self._view(entry)
 
@@ -189,15 +221,14 @@ class Snapshots:
 
     def list_project(self, project: str, page_size: int, token: str) -> tuple[list[Any], str]:
         names.project(project)
-        self.delete_expired(now_us())
+        self.delete_expired(self.now_us())
         page, next_token = self._names.page(f"{project}/snapshots/", page_size, token)
         return [self._view(self.entries[n]) for n in page], next_token
 
     def list_topic(self, topic: str, page_size: int, token: str) -> tuple[list[str], str]:
         uid = self.catalog.topic(topic).record.uid
-        self.delete_expired(now_us())
-        pager = _SortedNames()
-        pager.names = sorted(n for n, e in self.entries.items() if e.record.topic_uid == uid)
+        self.delete_expired(self.now_us())
+        pager = SortedNames(sorted(n for n, e in self.entries.items() if e.record.topic_uid == uid))
         return pager.page("", page_size, token)
 
     def delete_expired(self, now: int) -> int:
@@ -227,11 +258,12 @@ class Snapshots:
         if target == "snapshot":
             names.snapshot(request.snapshot)
         sub = self.catalog.subscription(request.subscription)
-        dispatcher = self._dispatcher(sub)
-        sources = dispatcher.sources
+        self._check_attached(sub)
+        topic_uid = sub.record.topic_uid
+        publishing = self.routes.publishing(topic_uid)
         if target == "snapshot":
             snap = self.entry(request.snapshot)
-            if snap.record.topic_uid != sub.record.topic_uid:
+            if snap.record.topic_uid != topic_uid:
                 raise FailedPrecondition(
                     f"The subscription's topic ({sub.subscription.topic}) is different from that "
                     f"of the snapshot ({snap.snapshot.topic})."
@@ -239,27 +271,28 @@ class Snapshots:
             # A source added after the snapshot holds only later messages: all unacked.
             captured = snap.states()
             states = {
-                s: retention.seek_state(st, st.mark_delete, None, sources.logs[s].start_offset)
-                for s in range(len(sources.logs))
+                s: retention.seek_state(st, st.mark_delete, None, span.start_offset)
+                for s, span in enumerate(publishing.ranges(topic_uid))
                 for st in [captured.get(s, CursorState(0, ()))]
             }
         else:
-            states = self._seek_time_states(sub, dispatcher, retention.timestamp_us(request.time))
-        dispatcher.reset(states)
+            states = self._seek_time_states(sub, publishing, retention.timestamp_us(request.time))
         # The new state is durable before Seek answers.
-        await self._flush(dispatcher)
+        await self.routes.subscribing(sub.record.uid).reset(sub.record.name, states)
 
     def _seek_time_states(
-        self, sub: SubscriptionEntry, dispatcher: SubscriptionDispatcher, time_us: int
+        self, sub: SubscriptionEntry, publishing: PublishingForwarderApi, time_us: int
     ) -> dict[int, CursorState]:
-        now = now_us()
+        now = self.now_us()
         topic_retention, retain_acked = self._retention_us(sub)
         # The topic's size limit bounds what its retention keeps (topics_by_uid: live topics,
         # so a re-created topic of the same name does not count, as in _retention_us).
         _, topic_bytes = _topic_retention(self.catalog.topics_by_uid.get(sub.record.topic_uid))
+        topic_uid = sub.record.topic_uid
+        current = self.routes.subscribing(sub.record.uid).cursor_states(sub.record.name)
         states: dict[int, CursorState] = {}
-        for source, cursor in dispatcher.journal.cursors.items():
-            log_ = dispatcher.sources.logs[source]
+        for source, state in current.items():
+            log_ = LogView(publishing, topic_uid, source)
             floor = retention.replay_floor(
                 log_,
                 now,
@@ -269,7 +302,7 @@ class Snapshots:
                 topic_retention_bytes=topic_bytes,
             )
             states[source] = retention.seek_state(
-                cursor.snapshot(), log_.offset_for_time(time_us), floor, log_.start_offset
+                state, log_.offset_for_time(time_us), floor, log_.start_offset
             )
         return states
 
@@ -288,13 +321,10 @@ class Snapshots:
             retain_acked = _subscription_retention_us(sub.subscription)
         return topic_retention, retain_acked
 
-    def _dispatcher(self, sub: SubscriptionEntry) -> SubscriptionDispatcher:
+    @staticmethod
+    def _check_attached(sub: SubscriptionEntry) -> None:
         if sub.subscription.detached:
             raise FailedPrecondition(f"subscription {sub.record.name} is detached")
-        return self.catalog.subscribing.dispatcher(sub.record.name)
-
-    async def _flush(self, dispatcher: SubscriptionDispatcher) -> None:
-        await self.catalog.publishing.flush_journal(dispatcher.journal)  # DiskFull if full
 
     # --- detach -------------------------------------------------------------------------------
 
@@ -304,100 +334,121 @@ class Snapshots:
         sub = self.catalog.subscription(name)
         if sub.subscription.detached:
             return
-        sub.subscription.detached = True
-        sub.record.body = sub.subscription.SerializeToString()
-        self.catalog.store.put_subscription(sub.record)
-        self.catalog.subscribing.close_subscription(
-            name, FailedPrecondition(f"subscription {name} is detached")
+        updated = pb.Subscription()
+        updated.CopyFrom(sub.subscription)
+        updated.detached = True
+        record = SubscriptionRecord(
+            sub.record.name,
+            sub.record.uid,
+            sub.record.topic_uid,
+            updated.SerializeToString(),
+            sub.record.start_offsets,
         )
-        await self.catalog.publishing.detach(sub.record.topic_uid, sub.record.uid)
-        self.refresh_pins(sub.record.topic_uid)
+        pending = self.catalog.store.put_subscription(record)  # its forwarders let it go
+        sub.record, sub.subscription = record, updated
+        if pending is not None:
+            await pending
 
     # --- retention ----------------------------------------------------------------------------
 
-    def refresh_pins(self, topic_uid: str | None = None, *, stored_only: bool = False) -> None:
+    def refresh_pins(
+        self,
+        topic_uid: str | None = None,
+        *,
+        stored_only: bool = False,
+        changed: Change | None = None,
+    ) -> None:
         """Recompute the time-based pins (topic retention, retain_acked_messages) of one topic's
         sources, or of every topic's; ``stored_only``: of every topic written to (the periodic
         refresh: a topic never written to keeps the pins of its last refresh, which hold back
-        everything its log will get until the next one)."""
-        publishing = self.catalog.publishing
-        if topic_uid is None and stored_only:
-            targets = {u: publishing.topics[u] for u in publishing.stored if u in publishing.topics}
-        elif topic_uid is None:
-            targets = dict(publishing.topics)
+        everything its log will get until the next one); ``changed``: a topic or subscription
+        record just written, newer than the catalog's entry."""
+        if topic_uid is not None:
+            targets = [(topic_uid, self.routes.publishing(topic_uid))]
         else:
-            found = publishing.topics.get(topic_uid)
-            targets = {topic_uid: found} if found is not None else {}
+            targets = [
+                (uid, publishing)
+                for publishing in self.routes.all_publishing()
+                for uid in publishing.topic_uids(written_only=stored_only)
+            ]
         if not targets:
             return
-        now = now_us()
+        now = self.now_us()
         # Work per target topic only: one topic's refresh (every admin change) and the periodic
         # one (topics written to) must not scan every topic and subscription.
-        for uid, sources in targets.items():
+        for uid, publishing in targets:
+            if not publishing.has_topic(uid):
+                continue  # not open here (dropped, or its storage cannot be opened)
             topic = self.catalog.topics_by_uid.get(uid)
             subs = self.catalog.subscriptions_of(uid)
-            if not sources.pins and not subs and topic is None:
+            if changed is not None:
+                topic, subs = _with_change(uid, topic, subs, changed)
+            owners = publishing.pin_owners(uid)
+            if not owners and not subs and topic is None:
                 continue  # nothing pinned, nothing to pin
             pins: dict[str, dict[int, int]] = {}
             keep_us, keep_bytes = _topic_retention(topic)
-            topic_pins = _topic_pins(sources, keep_us, keep_bytes, now)
+            views = log_views(publishing, uid)
+            topic_pins = _topic_pins(views, keep_us, keep_bytes, now)
             if topic_pins is not None:
                 pins[retention.TOPIC_PIN] = topic_pins
             for sub in subs:
                 if sub.subscription.retain_acked_messages and not sub.subscription.detached:
                     keep = _subscription_retention_us(sub.subscription)
-                    pins[retention.retain_acked_pin(sub.record.uid)] = _time_pins(
-                        sources, keep, now
-                    )
+                    pins[retention.retain_acked_pin(sub.record.uid)] = _time_pins(views, keep, now)
             # Only the pins this method computes are replaced; snapshots, named cursors
-            # (control/cursors.py) and the dedup window (data/publish/dedup.py) own theirs.
-            for name in [
-                n
-                for n in sources.pins
-                if (n == retention.TOPIC_PIN or n.startswith("retain-acked:")) and n not in pins
-            ]:
-                del sources.pins[name]
-            sources.pins.update(pins)
+            # and the dedup window own theirs.
+            for owner in owners:
+                computed = owner == retention.TOPIC_PIN or owner.startswith("retain-acked:")
+                if computed and owner not in pins:
+                    publishing.set_pins(uid, owner, None)
+            for owner, pin in pins.items():
+                publishing.set_pins(uid, owner, pin)
 
     def expire_unacked(self) -> int:
         """Unacked messages older than their subscription's message_retention_duration leave
         its backlog (they become acked). Returns how many subscriptions changed."""
-        now = now_us()
+        now = self.now_us()
         changed = 0
-        publishing = self.catalog.publishing
-        for dispatcher in list(self.catalog.subscribing.dispatchers.values()):
-            if not dispatcher.sources.on_disk():
+        for sub in list(self.catalog.subscriptions.values()):
+            if sub.subscription.detached:
+                continue
+            topic_uid = sub.record.topic_uid
+            publishing = self.routes.publishing(topic_uid)
+            subscribing = self.routes.subscribing(sub.record.uid)
+            name = sub.record.name
+            if not publishing.on_disk(topic_uid) or not subscribing.serves(name):
                 continue  # never written to: no messages
-            journal = dispatcher.journal
             touched = False
-            for source, cursor in journal.cursors.items():
-                if source >= len(dispatcher.sources.logs):
+            keep = _subscription_retention_us(sub.subscription)
+            spans = publishing.ranges(topic_uid)
+            for source, state in subscribing.cursor_states(name).items():
+                if source >= len(spans):
                     continue
-                log_ = dispatcher.sources.logs[source]
-                md = cursor.mark_delete
-                if md >= log_.committed_offset:
+                md = state.mark_delete
+                if md >= spans[source].committed_offset:
                     continue  # no backlog (most subscriptions most of the time)
-                keep = _subscription_retention_us(dispatcher.subscription)
+                log_ = LogView(publishing, topic_uid, source)
                 cut = retention.unacked_expiry_cut(log_, keep, now, md)
-                if cut <= md:
-                    continue
-                journal.record(source, cursor.ack_range(md, cut))
-                read = dispatcher.read_offsets.get(source, md)
-                dispatcher.read_offsets[source] = max(read, cut)
-                touched = True
+                if cut > md and subscribing.ack_below(name, source, cut):
+                    touched = True
             if touched:
-                publishing.mark_dirty(journal)
-                dispatcher.schedule_pump()
                 changed += 1
         return changed
 
 
-def _snapshot_pin(entry: SnapshotEntry, source_count: int) -> dict[int, int]:
-    """What a snapshot keeps: per captured source its mark-delete; a source added to the
-    topic after the snapshot was taken is kept whole (Seek makes all of it unacked)."""
-    pin = dict.fromkeys(range(source_count), 0)
-    pin.update((s, md) for s, (md, _) in entry.record.cursors.items())
-    return pin
+def _with_change(
+    topic_uid: str, topic: TopicEntry | None, subs: list[SubscriptionEntry], change: Change
+) -> tuple[TopicEntry | None, list[SubscriptionEntry]]:
+    """The catalog's view of a topic and its subscriptions, with ``change`` applied."""
+    record = change.record
+    if isinstance(record, TopicRecord) and record.uid == topic_uid:
+        topic = None if change.deleted else TopicEntry(record, pb.Topic.FromString(record.body))
+    elif isinstance(record, SubscriptionRecord) and record.topic_uid == topic_uid:
+        subs = [s for s in subs if s.record.name != record.name]
+        if not change.deleted:
+            subs.append(SubscriptionEntry(record, pb.Subscription.FromString(record.body)))
+    return topic, subs
 
 
 def _subscription_retention_us(subscription: Any) -> int:
@@ -406,8 +457,8 @@ def _subscription_retention_us(subscription: Any) -> int:
     return DEFAULT_SUBSCRIPTION_RETENTION_US
 
 
-def _time_pins(sources: TopicSources, keep_us: int, now: int) -> dict[int, int]:
-    return {i: retention.time_pin(log_, keep_us, now) for i, log_ in enumerate(sources.logs)}
+def _time_pins(views: list[LogView], keep_us: int, now: int) -> dict[int, int]:
+    return {i: retention.time_pin(log_, keep_us, now) for i, log_ in enumerate(views)}
 
 
 def _topic_retention(topic: TopicEntry | None) -> tuple[int | None, int | None]:
@@ -421,11 +472,11 @@ def _topic_retention(topic: TopicEntry | None) -> tuple[int | None, int | None]:
 
 
 def _topic_pins(
-    sources: TopicSources, keep_us: int | None, keep_bytes: int | None, now: int
+    views: list[LogView], keep_us: int | None, keep_bytes: int | None, now: int
 ) -> dict[int, int] | None:
     """The topic-retention pin per source (time and/or size, ``retention.topic_pin``)."""
     pins: dict[int, int] = {}
-    for i, log_ in enumerate(sources.logs):
+    for i, log_ in enumerate(views):
         pin = retention.topic_pin(log_, now, retention_us=keep_us, retention_bytes=keep_bytes)
         if pin is None:
             return None  # no topic retention
@@ -433,18 +484,20 @@ def _topic_pins(
     return pins
 
 
-def _oldest_unacked_us(sources: TopicSources, states: dict[int, CursorState]) -> int | None:
+def _oldest_unacked_us(
+    publishing: PublishingForwarderApi, topic_uid: str, states: dict[int, CursorState]
+) -> int | None:
     """Publish time of the oldest unacked message of an ack state (None: nothing unacked)."""
     oldest: int | None = None
+    spans = publishing.ranges(topic_uid)
     for source, state in states.items():
-        if source >= len(sources.logs):
+        if source >= len(spans):
             continue
-        log_ = sources.logs[source]
-        offset = max(state.mark_delete, log_.start_offset)
-        if offset >= log_.committed_offset:
+        offset = max(state.mark_delete, spans[source].start_offset)
+        if offset >= spans[source].committed_offset:
             continue
         try:
-            t = log_.publish_time_us(offset)
+            t = publishing.publish_time_us(topic_uid, source, offset)
         except (OffsetOutOfRange, DamagedEntries):
             continue
         oldest = t if oldest is None else min(oldest, t)

@@ -6,7 +6,6 @@ domain errors (InvalidArgument, OutOfRange); the API layer maps them to status c
 
 from __future__ import annotations
 
-import time
 import urllib.parse
 from typing import Any
 
@@ -42,11 +41,14 @@ DEDUP_ID_ATTRIBUTE = "pubsubd.dedup_id"
 MAX_DEDUP_ID_BYTES = 256
 
 
-def publish_request(request: Any, request_size: int, raw: bytes | None = None) -> None:
+def publish_request(
+    request: Any, request_size: int, raw: bytes | None = None, *, now_s: float
+) -> None:
     """Validate a PublishRequest (its topic name was checked by the caller).
 
     ``raw``: the request's wire bytes, when the caller has them; they let the attributes be
-    checked on flat views of the wire (core/flat_views.py) instead of map by map."""
+    checked on flat views of the wire (core/flat_views.py) instead of map by map. ``now_s``:
+    the time a delayed-delivery attribute is checked against (epoch seconds)."""
     n = len(request.messages)
     if n == 0:
         raise InvalidArgument("messages: a PublishRequest must contain at least one message")
@@ -91,12 +93,12 @@ def publish_request(request: Any, request_size: int, raw: bytes | None = None) -
             for m in request.messages:
                 attrs = m.attributes
                 if attrs:
-                    _delay_attributes(attrs, delays_checked)
+                    _delay_attributes(attrs, delays_checked, now_s)
         return
     for i, m in enumerate(request.messages):
         attrs = m.attributes
         if attrs:
-            _attributes(i, attrs, delays_checked)
+            _attributes(i, attrs, delays_checked, now_s)
     # No message can exceed MAX_MESSAGE_BYTES: the whole request is already within that size.
 
 
@@ -124,15 +126,19 @@ def _attributes_certainly_valid(raw: bytes) -> bool:
     )
 
 
-def _delay_attributes(attrs: Any, checked: set[tuple[str | None, str | None]]) -> None:
+def _delay_attributes(
+    attrs: Any, checked: set[tuple[str | None, str | None]], now_s: float
+) -> None:
     key = (attrs.get(DELIVER_AT), attrs.get(DELIVER_AFTER))
     if key != (None, None) and key not in checked:
-        delays.deliver_at(attrs, time.time())  # raises InvalidArgument naming the attribute
+        delays.deliver_at(attrs, now_s)  # raises InvalidArgument naming the attribute
         checked.add(key)
 
 
-def _attributes(i: int, attrs: Any, delays_checked: set[tuple[str | None, str | None]]) -> None:
-    _delay_attributes(attrs, delays_checked)
+def _attributes(
+    i: int, attrs: Any, delays_checked: set[tuple[str | None, str | None]], now_s: float
+) -> None:
+    _delay_attributes(attrs, delays_checked, now_s)
     if DEDUP_ID_ATTRIBUTE in attrs:
         raise InvalidArgument(
             f"messages[{i}].attributes: {DEDUP_ID_ATTRIBUTE!r} is reserved (use the "

@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pubsubd.core import ids, pb
+from pubsubd.core import pb
 from pubsubd.core.errors import DiskFull
 from pubsubd.observability import background
 
@@ -169,12 +169,12 @@ class EventEmitter:
         self,
         subscription: str,
         topic: str,
-        logs: Sequence[Any],
+        publish_time_us: Callable[[int], int],
         positions: Sequence[int],
         now: float | None = None,
     ) -> None:
-        """Subscribers acknowledged ``positions`` (of the topic whose source logs are ``logs``):
-        count them and sample their publish-to-ack latency."""
+        """Subscribers acknowledged ``positions`` (``publish_time_us``: a position's publish
+        time, from the log's index): count them and sample their publish-to-ack latency."""
         if topic == self.topic:
             return
         stats = self._acks.get(subscription)
@@ -188,7 +188,7 @@ class EventEmitter:
         def latency_ms(i: int) -> float | None:
             pos = positions[i]
             try:
-                published = int(logs[ids.source_of(pos)].publish_time_us(ids.offset_of(pos)))
+                published = int(publish_time_us(pos))
             except Exception:  # trimmed, unknown source, closed log: not measurable
                 return None
             return round(max(0.0, now_us - published) / 1e3, 3)
@@ -323,21 +323,29 @@ def record_acks(dispatcher: Any, positions: Sequence[int]) -> None:
             emitter.record_acks(
                 dispatcher.name,
                 str(dispatcher.subscription.topic),
-                dispatcher.sources.logs,
+                dispatcher.publish_time_us,
                 positions,
             )
 
 
 class BacklogRotation:
-    """Samples at most ``limit`` dispatchers per call, resuming where the last call stopped."""
+    """Samples the backlog of at most ``limit`` subscriptions per call, resuming where the last
+    call stopped. ``names``: the subscriptions served; ``backlog(name, now_us)``: its topic
+    and backlog (``core.quotas.Backlog``)."""
 
-    def __init__(self, dispatchers: Callable[[], dict[str, Any]], limit: int = MAX_BACKLOG):
-        self.dispatchers = dispatchers
+    def __init__(
+        self,
+        names: Callable[[], list[str]],
+        backlog: Callable[[str, int], tuple[str, Any]],
+        limit: int = MAX_BACKLOG,
+    ):
+        self.names = names
+        self.backlog = backlog
         self.limit = limit
         self._start = 0
 
     def __call__(self) -> list[dict[str, Any]]:
-        names = sorted(self.dispatchers())
+        names = sorted(self.names())
         if not names:
             return []
         if self._start >= len(names):
@@ -346,20 +354,16 @@ class BacklogRotation:
         self._start += len(chosen)
         now_us = time.time_ns() // 1000
         out: list[dict[str, Any]] = []
-        current = self.dispatchers()
         for name in chosen:
-            d = current.get(name)
-            if d is None:
-                continue
             try:
-                stats = d.backlog_stats(now_us)
+                topic, stats = self.backlog(name, now_us)
             except Exception:
                 log.debug("backlog of %s unavailable", name, exc_info=True)
                 continue
             out.append(
                 {
                     "subscription": name,
-                    "topic": str(d.subscription.topic),
+                    "topic": topic,
                     "messages": int(stats.messages),
                     "oldest_unacked_age_s": round(float(stats.oldest_age_s), 3),
                 }

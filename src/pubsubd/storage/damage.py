@@ -21,47 +21,13 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterator
-from dataclasses import dataclass
+
+from pubsubd.core.records import DamagedRange
 
 FOUND_AT_START = "start-up scan"
 FOUND_BY_READ = "read"
 
-
-@dataclass(frozen=True, slots=True)
-class DamagedRange:
-    """Offsets ``[first_offset, end_offset)`` stored at bytes ``[byte_start, byte_stop)`` of
-    ``path``, unreadable because of ``reason``."""
-
-    path: str
-    first_offset: int
-    end_offset: int
-    byte_start: int
-    byte_stop: int
-    reason: str
-    found: str
-    indexed: bool
-
-    @property
-    def messages(self) -> int:
-        return self.end_offset - self.first_offset
-
-    def describe(self) -> str:
-        return (
-            f"offsets [{self.first_offset}, {self.end_offset}) at bytes "
-            f"[{self.byte_start}, {self.byte_stop}) of {self.path} ({self.reason}; found by "
-            f"{self.found})"
-        )
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "file": self.path,
-            "first_offset": self.first_offset,
-            "end_offset": self.end_offset,
-            "byte_start": self.byte_start,
-            "byte_stop": self.byte_stop,
-            "reason": self.reason,
-            "found": self.found,
-        }
+__all__ = ["FOUND_AT_START", "FOUND_BY_READ", "DamageMap", "DamagedRange"]
 
 
 class DamageMap:

@@ -30,7 +30,22 @@ from dataclasses import dataclass
 
 import google_crc32c
 
+from pubsubd.core.records import Entry
 from pubsubd.storage.errors import CorruptEntry
+
+__all__ = [
+    "FRAME_OVERHEAD",
+    "Entry",
+    "FrameInfo",
+    "ScanResult",
+    "decode_entry",
+    "decode_frame_at",
+    "decode_frames",
+    "encode_entry",
+    "find_next_frame",
+    "frame_length",
+    "scan_frames",
+]
 
 _HEADER = struct.Struct("<II")
 _BODY_PREFIX = struct.Struct("<BQIq")
@@ -48,21 +63,6 @@ MAX_PAYLOAD_BYTES = MAX_BODY_BYTES - BODY_PREFIX_SIZE
 
 _MAX_U32 = (1 << 32) - 1
 _MAX_U64 = (1 << 64) - 1
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One appended record: ``count`` messages starting at ``base_offset``."""
-
-    base_offset: int
-    count: int
-    publish_time_us: int
-    payload: bytes
-
-    @property
-    def next_offset(self) -> int:
-        """The first offset after this entry."""
-        return self.base_offset + self.count
 
 
 @dataclass(frozen=True, slots=True)

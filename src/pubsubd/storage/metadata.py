@@ -5,20 +5,31 @@ embedded implementation (SQLite in WAL mode, ``synchronous=FULL``, so a create a
 client survives kill -9) and ``MemoryMetadataStore`` the in-memory twin for tests. A multi-machine
 deployment will put ZooKeeper behind the same interface. Records carry the resource as serialized
 protobuf bytes, so the store never needs to know the API's fields.
+
+State flows one way: a writer (the catalog, snapshots, named cursors) changes a record, and
+every change, once durable, is published on the store's :class:`ChangeFeed`; the forwarders
+reconcile what they own from it (``data/reconcile.py``), as they will from ZooKeeper watches.
+A mutation returns what its listeners still do asynchronously (a future), or None: a writer
+that must answer only once the change is applied (DeleteSubscription) awaits it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import json
+import logging
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 from pubsubd.storage import disk_space
 from pubsubd.storage.disk_space import DiskSpace
+
+logger = logging.getLogger(__name__)
 
 # File name of the embedded store inside the data directory.
 METADATA_FILE = "metadata.sqlite3"
@@ -61,19 +72,80 @@ class CursorRecord:
     commit_time_us: int = 0
 
 
+Record: TypeAlias = TopicRecord | SubscriptionRecord | SnapshotRecord | CursorRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A record written to, or deleted from, the metadata store (durably)."""
+
+    record: Record
+    deleted: bool = False
+
+
+ChangeListener = Callable[[Change], Awaitable[None] | None]
+Applied: TypeAlias = "asyncio.Future[Any] | None"
+
+
+class ChangeFeed:
+    """The store's changes, in-process (the embedded stand-in for ZooKeeper watches).
+
+    Listeners run synchronously, in the order they started watching, after the change is
+    durable; what a listener returns to await (a coroutine) runs as a task. A failing listener
+    is logged and the others still run: the change itself is already durable."""
+
+    __slots__ = ("_listeners",)
+
+    def __init__(self) -> None:
+        self._listeners: list[ChangeListener] = []
+
+    def watch(self, listener: ChangeListener) -> None:
+        self._listeners.append(listener)
+
+    def publish(self, change: Change) -> Applied:
+        """Tell every listener; returns a future of their asynchronous parts, or None."""
+        pending: list[Awaitable[None]] = []
+        for listener in tuple(self._listeners):
+            try:
+                result = listener(change)
+            except Exception:
+                logger.exception("metadata listener %r failed on %r", listener, change)
+                continue
+            if result is not None and inspect.isawaitable(result):
+                pending.append(result)
+        if not pending:
+            return None
+        return asyncio.gather(*(_logged(p, change) for p in pending))
+
+
+async def _logged(awaitable: Awaitable[None], change: Change) -> None:
+    try:
+        await awaitable
+    except Exception:
+        logger.exception("metadata listener failed on %r", change)
+
+
+async def applied(result: Applied) -> None:
+    """Await what a store mutation's listeners still do (None: nothing)."""
+    if result is not None:
+        await result
+
+
 class MetadataStore(Protocol):
+    @property
+    def changes(self) -> ChangeFeed: ...
     def load_topics(self) -> Iterator[TopicRecord]: ...
     def load_subscriptions(self) -> Iterator[SubscriptionRecord]: ...
-    def put_topic(self, record: TopicRecord) -> None: ...
-    def delete_topic(self, name: str) -> None: ...
-    def put_subscription(self, record: SubscriptionRecord) -> None: ...
-    def delete_subscription(self, name: str) -> None: ...
+    def put_topic(self, record: TopicRecord) -> Applied: ...
+    def delete_topic(self, name: str) -> Applied: ...
+    def put_subscription(self, record: SubscriptionRecord) -> Applied: ...
+    def delete_subscription(self, name: str) -> Applied: ...
     def load_snapshots(self) -> Iterator[SnapshotRecord]: ...
-    def put_snapshot(self, record: SnapshotRecord) -> None: ...
-    def delete_snapshot(self, name: str) -> None: ...
+    def put_snapshot(self, record: SnapshotRecord) -> Applied: ...
+    def delete_snapshot(self, name: str) -> Applied: ...
     def load_cursors(self) -> Iterator[CursorRecord]: ...
-    def put_cursor(self, record: CursorRecord) -> None: ...
-    def delete_cursor(self, topic_uid: str, name: str) -> None: ...
+    def put_cursor(self, record: CursorRecord) -> Applied: ...
+    def delete_cursor(self, topic_uid: str, name: str) -> Applied: ...
     def close(self) -> None: ...
 
 
@@ -85,6 +157,11 @@ class MemoryMetadataStore:
         self.subscriptions: dict[str, SubscriptionRecord] = {}
         self.snapshots: dict[str, SnapshotRecord] = {}
         self.cursors: dict[tuple[str, str], CursorRecord] = {}
+        self._changes = ChangeFeed()
+
+    @property
+    def changes(self) -> ChangeFeed:
+        return self._changes
 
     def load_topics(self) -> Iterator[TopicRecord]:
         yield from list(self.topics.values())
@@ -92,38 +169,46 @@ class MemoryMetadataStore:
     def load_subscriptions(self) -> Iterator[SubscriptionRecord]:
         yield from list(self.subscriptions.values())
 
-    def put_topic(self, record: TopicRecord) -> None:
+    def put_topic(self, record: TopicRecord) -> Applied:
         self.topics[record.name] = record
+        return self._changes.publish(Change(record))
 
-    def delete_topic(self, name: str) -> None:
-        self.topics.pop(name, None)
+    def delete_topic(self, name: str) -> Applied:
+        return _deleted(self._changes, self.topics.pop(name, None))
 
-    def put_subscription(self, record: SubscriptionRecord) -> None:
+    def put_subscription(self, record: SubscriptionRecord) -> Applied:
         self.subscriptions[record.name] = record
+        return self._changes.publish(Change(record))
 
-    def delete_subscription(self, name: str) -> None:
-        self.subscriptions.pop(name, None)
+    def delete_subscription(self, name: str) -> Applied:
+        return _deleted(self._changes, self.subscriptions.pop(name, None))
 
     def load_snapshots(self) -> Iterator[SnapshotRecord]:
         yield from list(self.snapshots.values())
 
-    def put_snapshot(self, record: SnapshotRecord) -> None:
+    def put_snapshot(self, record: SnapshotRecord) -> Applied:
         self.snapshots[record.name] = record
+        return self._changes.publish(Change(record))
 
-    def delete_snapshot(self, name: str) -> None:
-        self.snapshots.pop(name, None)
+    def delete_snapshot(self, name: str) -> Applied:
+        return _deleted(self._changes, self.snapshots.pop(name, None))
 
     def load_cursors(self) -> Iterator[CursorRecord]:
         yield from list(self.cursors.values())
 
-    def put_cursor(self, record: CursorRecord) -> None:
+    def put_cursor(self, record: CursorRecord) -> Applied:
         self.cursors[(record.topic_uid, record.name)] = record
+        return self._changes.publish(Change(record))
 
-    def delete_cursor(self, topic_uid: str, name: str) -> None:
-        self.cursors.pop((topic_uid, name), None)
+    def delete_cursor(self, topic_uid: str, name: str) -> Applied:
+        return _deleted(self._changes, self.cursors.pop((topic_uid, name), None))
 
     def close(self) -> None:
         pass
+
+
+def _deleted(changes: ChangeFeed, record: Record | None) -> Applied:
+    return changes.publish(Change(record, deleted=True)) if record is not None else None
 
 
 _SCHEMA = """
@@ -149,6 +234,7 @@ class SqliteMetadataStore:
         directory.mkdir(parents=True, exist_ok=True)
         self.disk = disk or DiskSpace(directory)
         self.path = directory / METADATA_FILE
+        self._changes = ChangeFeed()
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -163,28 +249,39 @@ class SqliteMetadataStore:
                 raise full from e
             raise
 
+    @property
+    def changes(self) -> ChangeFeed:
+        return self._changes
+
     def load_topics(self) -> Iterator[TopicRecord]:
         for name, uid, body in self._db.execute("SELECT name, uid, body FROM topics"):
             yield TopicRecord(name, uid, bytes(body))
 
     def load_subscriptions(self) -> Iterator[SubscriptionRecord]:
+        return self._subscriptions("", ())
+
+    def _subscriptions(self, where: str, params: tuple[Any, ...]) -> Iterator[SubscriptionRecord]:
         rows = self._db.execute(
-            "SELECT name, uid, topic_uid, body, start_offsets FROM subscriptions"
+            f"SELECT name, uid, topic_uid, body, start_offsets FROM subscriptions {where}", params
         )
         for name, uid, topic_uid, body, starts in rows:
             offsets = {int(k): int(v) for k, v in json.loads(starts).items()}
             yield SubscriptionRecord(name, uid, topic_uid, bytes(body), offsets)
 
-    def put_topic(self, record: TopicRecord) -> None:
+    def put_topic(self, record: TopicRecord) -> Applied:
         self._write(
             "INSERT OR REPLACE INTO topics (name, uid, body) VALUES (?, ?, ?)",
             (record.name, record.uid, record.body),
         )
+        return self._changes.publish(Change(record))
 
-    def delete_topic(self, name: str) -> None:
+    def delete_topic(self, name: str) -> Applied:
+        rows = self._db.execute("SELECT name, uid, body FROM topics WHERE name = ?", (name,))
+        found = [TopicRecord(n, u, bytes(b)) for n, u, b in rows]
         self._write("DELETE FROM topics WHERE name = ?", (name,))
+        return _deleted(self._changes, found[0] if found else None)
 
-    def put_subscription(self, record: SubscriptionRecord) -> None:
+    def put_subscription(self, record: SubscriptionRecord) -> Applied:
         self._write(
             "INSERT OR REPLACE INTO subscriptions (name, uid, topic_uid, body, start_offsets) "
             "VALUES (?, ?, ?, ?, ?)",
@@ -196,12 +293,20 @@ class SqliteMetadataStore:
                 json.dumps({str(k): v for k, v in record.start_offsets.items()}),
             ),
         )
+        return self._changes.publish(Change(record))
 
-    def delete_subscription(self, name: str) -> None:
+    def delete_subscription(self, name: str) -> Applied:
+        found = list(self._subscriptions("WHERE name = ?", (name,)))
         self._write("DELETE FROM subscriptions WHERE name = ?", (name,))
+        return _deleted(self._changes, found[0] if found else None)
 
     def load_snapshots(self) -> Iterator[SnapshotRecord]:
-        rows = self._db.execute("SELECT name, topic_uid, body, cursors FROM snapshots")
+        return self._snapshots("", ())
+
+    def _snapshots(self, where: str, params: tuple[Any, ...]) -> Iterator[SnapshotRecord]:
+        rows = self._db.execute(
+            f"SELECT name, topic_uid, body, cursors FROM snapshots {where}", params
+        )
         for name, topic_uid, body, cursors in rows:
             yield SnapshotRecord(
                 name,
@@ -213,7 +318,7 @@ class SqliteMetadataStore:
                 },
             )
 
-    def put_snapshot(self, record: SnapshotRecord) -> None:
+    def put_snapshot(self, record: SnapshotRecord) -> Applied:
         self._write(
             "INSERT OR REPLACE INTO snapshots (name, topic_uid, body, cursors) VALUES (?, ?, ?, ?)",
             (
@@ -223,19 +328,25 @@ class SqliteMetadataStore:
                 json.dumps({str(k): [md, ranges] for k, (md, ranges) in record.cursors.items()}),
             ),
         )
+        return self._changes.publish(Change(record))
 
-    def delete_snapshot(self, name: str) -> None:
+    def delete_snapshot(self, name: str) -> Applied:
+        found = list(self._snapshots("WHERE name = ?", (name,)))
         self._write("DELETE FROM snapshots WHERE name = ?", (name,))
+        return _deleted(self._changes, found[0] if found else None)
 
     def load_cursors(self) -> Iterator[CursorRecord]:
+        return self._cursors("", ())
+
+    def _cursors(self, where: str, params: tuple[Any, ...]) -> Iterator[CursorRecord]:
         rows = self._db.execute(
-            "SELECT topic_uid, name, topic, offsets, commit_time_us FROM cursors"
+            f"SELECT topic_uid, name, topic, offsets, commit_time_us FROM cursors {where}", params
         )
         for topic_uid, name, topic, offsets, commit_time_us in rows:
             parsed = {int(k): int(v) for k, v in json.loads(offsets).items()}
             yield CursorRecord(topic_uid, name, topic, parsed, int(commit_time_us))
 
-    def put_cursor(self, record: CursorRecord) -> None:
+    def put_cursor(self, record: CursorRecord) -> Applied:
         self._write(
             "INSERT OR REPLACE INTO cursors (topic_uid, name, topic, offsets, commit_time_us) "
             "VALUES (?, ?, ?, ?, ?)",
@@ -247,9 +358,13 @@ class SqliteMetadataStore:
                 record.commit_time_us,
             ),
         )
+        return self._changes.publish(Change(record))
 
-    def delete_cursor(self, topic_uid: str, name: str) -> None:
-        self._write("DELETE FROM cursors WHERE topic_uid = ? AND name = ?", (topic_uid, name))
+    def delete_cursor(self, topic_uid: str, name: str) -> Applied:
+        where = "WHERE topic_uid = ? AND name = ?"
+        found = list(self._cursors(where, (topic_uid, name)))
+        self._write(f"DELETE FROM cursors {where}", (topic_uid, name))
+        return _deleted(self._changes, found[0] if found else None)
 
     def _write(self, sql: str, params: tuple[Any, ...]) -> None:
         with self.disk.guard(disk_space.METADATA):

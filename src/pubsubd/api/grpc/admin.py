@@ -14,7 +14,7 @@ import grpc
 from pubsubd._gen.pubsubd.v1 import admin_pb2 as a
 from pubsubd.api.grpc.status import parsing, rpc
 from pubsubd.control.catalog import Catalog
-from pubsubd.control.router import Router
+from pubsubd.control.router import Routes
 from pubsubd.core.errors import InvalidArgument
 from pubsubd.storage.damage import DamagedRange
 
@@ -39,20 +39,23 @@ def damaged_range_pb(topic: str, uid: str, source: int, damaged: DamagedRange) -
 
 
 class AdminServicer:
-    def __init__(self, catalog: Catalog, router: Router) -> None:
+    def __init__(self, catalog: Catalog, routes: Routes) -> None:
         self.catalog = catalog
-        self.router = router
+        self.routes = routes
 
     @rpc
     async def ListDamagedRanges(self, request: Any, context: Context) -> Any:
         response = a.ListDamagedRangesResponse()
         if request.topic:
             uid = self.catalog.topic(request.topic).record.uid
-            found = {uid: self.router.publishing_forwarder(uid).damaged(uid)}
+            found = {uid: self.routes.publishing(uid).damaged(uid)}
         else:
             found = {}
-            for _, forwarder in self.router.publishing:
-                found.update(forwarder.damage_report())
+            for forwarder in self.routes.all_publishing():
+                for topic_uid in forwarder.topic_uids(written_only=True):
+                    ranges = forwarder.damaged(topic_uid)
+                    if ranges:
+                        found[topic_uid] = ranges
         for uid, ranges in sorted(found.items()):
             entry = self.catalog.topics_by_uid.get(uid)
             name = entry.record.name if entry is not None else ""
@@ -64,8 +67,8 @@ class AdminServicer:
         if not request.topic:
             raise InvalidArgument("topic: required")
         uid = self.catalog.topic(request.topic).record.uid
-        damaged = self.router.publishing_forwarder(uid).damaged(uid)
-        lost = sum(f.skip_damaged(uid, damaged) for _, f in self.router.subscribing)
+        damaged = self.routes.publishing(uid).damaged(uid)
+        lost = sum(f.skip_damaged(uid, damaged) for f in self.routes.all_subscribing())
         return a.SkipDamagedRangesResponse(
             skipped=[damaged_range_pb(request.topic, uid, s, d) for s, d in damaged],
             messages_lost=lost,

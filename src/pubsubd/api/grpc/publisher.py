@@ -14,18 +14,24 @@ from google.protobuf.message import DecodeError
 
 from pubsubd.api.grpc.status import parsing, rpc
 from pubsubd.control.catalog import Catalog
-from pubsubd.control.router import Router
+from pubsubd.control.router import Routes
+from pubsubd.control.snapshots import Snapshots
 from pubsubd.core import ids, names, pb, validation
-from pubsubd.core.errors import InvalidArgument
+from pubsubd.core.clock import SYSTEM_CLOCK, Clock
+from pubsubd.core.errors import InvalidArgument, ResourceExhausted
 from pubsubd.observability import events, metrics
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
 
 class PublisherServicer:
-    def __init__(self, catalog: Catalog, router: Router) -> None:
+    def __init__(
+        self, catalog: Catalog, snapshots: Snapshots, routes: Routes, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self.catalog = catalog
-        self.router = router
+        self.clock = clock
+        self.snapshots = snapshots
+        self.routes = routes
 
     @rpc
     async def CreateTopic(self, request: Any, context: Context) -> Any:
@@ -62,14 +68,14 @@ class PublisherServicer:
 
     @rpc
     async def ListTopicSnapshots(self, request: Any, context: Context) -> Any:
-        snaps, token = self.catalog.snapshots.list_topic(
+        snaps, token = self.snapshots.list_topic(
             request.topic, request.page_size, request.page_token
         )
         return pb.ListTopicSnapshotsResponse(snapshots=snaps, next_page_token=token)
 
     @rpc
     async def DetachSubscription(self, request: Any, context: Context) -> Any:
-        await self.catalog.snapshots.detach(request.subscription)
+        await self.snapshots.detach(request.subscription)
         return pb.DetachSubscriptionResponse()
 
     @rpc
@@ -80,17 +86,18 @@ class PublisherServicer:
             raise InvalidArgument("request: not a valid PublishRequest") from None
         names.topic(request.topic)
         entry = self.catalog.topic(request.topic)
-        validation.publish_request(request, len(raw), raw)
-        self.catalog.check_backlog_quota(entry)
-        count = len(request.messages)
+        validation.publish_request(request, len(raw), raw, now_s=self.clock.time_us() / 1e6)
         uid = entry.record.uid
+        publishing = self.routes.publishing(uid)
+        blocked = publishing.publish_blocked(uid)  # a block_publishers backlog quota
+        if blocked is not None:
+            raise ResourceExhausted(blocked)
+        count = len(request.messages)
         started = time.perf_counter()
         try:
             # Validated: every message has the first one's ordering key (one entry, one source).
             key = request.messages[0].ordering_key
-            source, base = await self.router.publishing_forwarder(uid).publish(
-                uid, raw, count, ordering_key=key
-            )
+            source, base = await publishing.publish(uid, raw, count, ordering_key=key)
         except Exception:
             events.record_publish(request.topic, (time.perf_counter() - started) * 1e3, ok=False)
             raise

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_right
+from collections import OrderedDict
 from itertools import accumulate, repeat
 from operator import attrgetter
 from typing import Any, TypeAlias
@@ -20,16 +21,18 @@ from pubsubd._gen.pubsubd.v1 import replay_pb2 as r
 from pubsubd.api.grpc.status import parsing, rpc
 from pubsubd.control.catalog import Catalog, TopicEntry
 from pubsubd.control.cursors import Cursors
-from pubsubd.control.router import Router
+from pubsubd.control.router import Routes
 from pubsubd.core import ids
+from pubsubd.core.clock import SYSTEM_CLOCK, Clock
 from pubsubd.core.damage_policy import DamagePolicy
-from pubsubd.core.errors import DataLoss, InvalidArgument, OutOfRange
-from pubsubd.data.publish.dedup import Deduplicator, validate_messages
-from pubsubd.data.publish.source import DecodedEntry, TopicSources
-from pubsubd.data.retention import timestamp_us
+from pubsubd.core.errors import DataLoss, InvalidArgument, OutOfRange, ResourceExhausted
+from pubsubd.core.records import Entry
+from pubsubd.core.retention import timestamp_us
+from pubsubd.core.roles import PublishingForwarderApi
+from pubsubd.data.decoding import DecodeCache, DecodedEntry
+from pubsubd.data.publish.dedup import validate_messages
 from pubsubd.observability import metrics
 from pubsubd.storage.errors import DamagedEntries, OffsetOutOfRange
-from pubsubd.storage.log import SourceLog
 from pubsubd.storage.metadata import CursorRecord
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
@@ -52,14 +55,37 @@ _data = attrgetter("data")
 _attributes = attrgetter("attributes")
 
 
-def _page(sources: TopicSources, source: int, log: SourceLog, request: Any) -> tuple[Page, int]:
+class TopicLog:
+    """One source of a topic as a Read sees it: reads through the publishing forwarder's
+    interface, entries decoded through this frontend's cache of the topic."""
+
+    __slots__ = ("cache", "publishing", "source", "topic_uid")
+
+    def __init__(
+        self, publishing: PublishingForwarderApi, topic_uid: str, source: int, cache: DecodeCache
+    ) -> None:
+        self.publishing = publishing
+        self.topic_uid = topic_uid
+        self.source = source
+        self.cache = cache
+
+    def read(self, offset: int, max_entries: int, max_bytes: int) -> list[Entry]:
+        return self.publishing.read(self.topic_uid, self.source, offset, max_entries, max_bytes)
+
+    def decoded(self, entry: Entry) -> DecodedEntry:
+        return self.cache.decoded(self.source, entry)
+
+
+def _page(log: TopicLog, request: Any) -> tuple[Page, int]:
     """The rows a Read returns and its ``next_offset``, for both answer forms (rows, columns).
 
     Range checks and limits (docs/REPLAY_API.md): a row is taken while fewer than
     ``max_messages`` are, its offset is below ``end_offset`` and the serialized messages taken
     so far, it included, fit in ``max_bytes`` (the first row always fits); the page ends at the
     first row refused. Work per row is done by C loops (sizes, prefix sums, bisection)."""
-    start, latest = log.start_offset, log.committed_offset
+    span = log.publishing.ranges(log.topic_uid)[log.source]
+    start, latest = span.start_offset, span.committed_offset
+    source = log.source
     offset = request.start_offset
     if offset < 0:
         raise InvalidArgument(f"start_offset: {offset} is negative")
@@ -87,17 +113,17 @@ def _page(sources: TopicSources, source: int, log: SourceLog, request: Any) -> t
     # Synchronous from here on: no trim can run between the range check and the reads.
     while not full and next_offset < end:
         try:
-            entries = log.read(next_offset, max_entries=max_messages, max_bytes=max_bytes)
+            entries = log.read(next_offset, max_messages, max_bytes)
         except OffsetOutOfRange as e:
             raise below_range(next_offset, e.start, e.end) from None
         except DamagedEntries as e:
             if rows:
                 break  # the page ends before the damage; the next Read starts at it
-            if sources.damage_policy is DamagePolicy.SKIP:
+            if log.publishing.damage_policy(log.topic_uid) is DamagePolicy.SKIP:
                 next_offset = e.damaged.end_offset  # lost: the page skips them
                 continue
             raise DataLoss(
-                f"topic storage {sources.topic_uid}, source {source}: {e.damaged.messages} "
+                f"topic storage {log.topic_uid}, source {source}: {e.damaged.messages} "
                 f"messages are damaged, {e.damaged.describe()}; read on from offset "
                 f"{e.damaged.end_offset}, restore the bytes, or set the topic label "
                 f"pubsubd-damaged-entries=skip"
@@ -105,7 +131,7 @@ def _page(sources: TopicSources, source: int, log: SourceLog, request: Any) -> t
         if not entries:
             break
         for entry in entries:
-            decoded = sources.decoded(source, entry)
+            decoded = log.decoded(entry)
             base = entry.base_offset
             count = len(decoded.messages)
             lo = max(next_offset - base, 0)  # rows below the start are skipped
@@ -190,58 +216,69 @@ def _fill_columns(columns: Any, rows: Page) -> None:
     columns.attribute_values.extend(values)
 
 
+# Topics whose decoded entries this frontend keeps (each cache holds up to DECODE_CACHE_BYTES).
+DECODE_CACHE_TOPICS = 16
+
+
 class ReplayServicer:
     def __init__(
-        self, catalog: Catalog, router: Router, cursors: Cursors, dedup: Deduplicator
+        self, catalog: Catalog, routes: Routes, cursors: Cursors, clock: Clock = SYSTEM_CLOCK
     ) -> None:
         self.catalog = catalog
-        self.router = router
+        self.clock = clock
+        self.routes = routes
         self.cursors = cursors
-        self.dedup = dedup
+        self._caches: OrderedDict[str, DecodeCache] = OrderedDict()
 
-    def _sources(self, topic: str) -> tuple[TopicEntry, TopicSources]:
+    def _topic(self, topic: str) -> tuple[TopicEntry, PublishingForwarderApi]:
         entry = self.catalog.topic(topic)  # INVALID_ARGUMENT bad name, NOT_FOUND unknown
         uid = entry.record.uid
-        return entry, self.router.publishing_forwarder(uid).open_topic(uid)
+        return entry, self.routes.publishing(uid)
 
-    @staticmethod
-    def _log(sources: TopicSources, source: int) -> SourceLog:
-        if not 0 <= source < len(sources.logs):
+    def _log(self, publishing: PublishingForwarderApi, topic_uid: str, source: int) -> TopicLog:
+        count = publishing.source_count(topic_uid)
+        if not 0 <= source < count:
             raise InvalidArgument(
-                f"source: {source} is not a source of this topic (it has sources "
-                f"0..{len(sources.logs) - 1})"
+                f"source: {source} is not a source of this topic (it has sources 0..{count - 1})"
             )
-        return sources.logs[source]
+        cache = self._caches.get(topic_uid)
+        if cache is None:
+            cache = self._caches[topic_uid] = DecodeCache()
+            if len(self._caches) > DECODE_CACHE_TOPICS:
+                self._caches.popitem(last=False)
+        else:
+            self._caches.move_to_end(topic_uid)
+        return TopicLog(publishing, topic_uid, source, cache)
 
     @rpc
     async def GetTopicRanges(self, request: Any, context: Context) -> Any:
-        _, sources = self._sources(request.topic)
+        entry, publishing = self._topic(request.topic)
         return r.GetTopicRangesResponse(
             sources=[
                 r.SourceRange(
-                    source=i, earliest_offset=log.start_offset, latest_offset=log.committed_offset
+                    source=i, earliest_offset=span.start_offset, latest_offset=span.committed_offset
                 )
-                for i, log in enumerate(sources.logs)
+                for i, span in enumerate(publishing.ranges(entry.record.uid))
             ]
         )
 
     @rpc
     async def LookupOffsets(self, request: Any, context: Context) -> Any:
-        _, sources = self._sources(request.topic)
+        entry, publishing = self._topic(request.topic)
+        uid = entry.record.uid
         at = timestamp_us(request.time)
         return r.LookupOffsetsResponse(
             offsets={
-                i: max(log.offset_for_time(at), log.start_offset)
-                for i, log in enumerate(sources.logs)
+                i: max(publishing.offset_for_time(uid, i, at), span.start_offset)
+                for i, span in enumerate(publishing.ranges(uid))
             }
         )
 
     @rpc
     async def Read(self, request: Any, context: Context) -> Any:
-        _, sources = self._sources(request.topic)
+        entry, publishing = self._topic(request.topic)
         source = request.source
-        log = self._log(sources, source)
-        rows, next_offset = _page(sources, source, log, request)
+        rows, next_offset = _page(self._log(publishing, entry.record.uid, source), request)
         out = r.ReadResponse(next_offset=next_offset)
         if request.columnar:
             _fill_columns(out.columns, rows)
@@ -284,10 +321,14 @@ class ReplayServicer:
     async def PublishDeduplicated(self, request: Any, context: Context) -> Any:
         entry = self.catalog.topic(request.topic)
         messages = [(m.dedup_id, m) for m in request.messages]  # stored without a copy
-        validate_messages(messages, request.ByteSize())
-        self.catalog.check_backlog_quota(entry)
+        validate_messages(messages, request.ByteSize(), now_s=self.clock.time_us() / 1e6)
+        uid = entry.record.uid
+        publishing = self.routes.publishing(uid)
+        blocked = publishing.publish_blocked(uid)
+        if blocked is not None:
+            raise ResourceExhausted(blocked)
         started = time.perf_counter()
-        message_ids, duplicates = await self.dedup.publish(entry.record.uid, messages)
+        message_ids, duplicates = await publishing.publish_deduplicated(uid, messages)
         metrics.PUBLISH_LATENCY.observe(time.perf_counter() - started)
         stored = len(messages) - duplicates
         metrics.PUBLISHED_MESSAGES.inc(stored)

@@ -21,11 +21,11 @@ from google.protobuf.message import DecodeError
 
 from pubsubd.api.grpc.status import parsing, rpc, to_status
 from pubsubd.control.catalog import Catalog
-from pubsubd.control.router import Router
+from pubsubd.control.router import Routes
+from pubsubd.control.snapshots import Snapshots
 from pubsubd.core import names, pb, validation, wire
 from pubsubd.core.errors import FailedPrecondition, InvalidArgument, PubsubError
-from pubsubd.data.subscribe.consumers import StreamConsumer
-from pubsubd.data.subscribe.forwarder import SubscribingForwarder
+from pubsubd.core.roles import StreamHandle, SubscribingForwarderApi
 from pubsubd.observability import metrics
 
 log = logging.getLogger(__name__)
@@ -42,15 +42,16 @@ class _HalfClosed(Exception):
 
 
 class SubscriberServicer:
-    def __init__(self, catalog: Catalog, router: Router) -> None:
+    def __init__(self, catalog: Catalog, snapshots: Snapshots, routes: Routes) -> None:
         self.catalog = catalog
-        self.router = router
+        self.snapshots = snapshots
+        self.routes = routes
 
-    def _forwarder(self, name: str) -> tuple[SubscribingForwarder, Any]:
+    def _forwarder(self, name: str) -> tuple[SubscribingForwarderApi, Any]:
         entry = self.catalog.subscription(name)
         if entry.subscription.detached:
             raise FailedPrecondition(f"subscription {name} is detached")
-        return self.router.subscribing_forwarder(entry.record.uid), entry
+        return self.routes.subscribing(entry.record.uid), entry
 
     # --- admin --------------------------------------------------------------------------------
 
@@ -84,31 +85,31 @@ class SubscriberServicer:
 
     @rpc
     async def CreateSnapshot(self, request: Any, context: Context) -> Any:
-        return self.catalog.snapshots.create(request)
+        return self.snapshots.create(request)
 
     @rpc
     async def GetSnapshot(self, request: Any, context: Context) -> Any:
-        return self.catalog.snapshots.get(request.snapshot)
+        return self.snapshots.get(request.snapshot)
 
     @rpc
     async def UpdateSnapshot(self, request: Any, context: Context) -> Any:
-        return self.catalog.snapshots.update(request)
+        return self.snapshots.update(request)
 
     @rpc
     async def DeleteSnapshot(self, request: Any, context: Context) -> Any:
-        self.catalog.snapshots.delete(request.snapshot)
+        self.snapshots.delete(request.snapshot)
         return pb.Empty()
 
     @rpc
     async def ListSnapshots(self, request: Any, context: Context) -> Any:
-        snaps, token = self.catalog.snapshots.list_project(
+        snaps, token = self.snapshots.list_project(
             request.project, request.page_size, request.page_token
         )
         return pb.ListSnapshotsResponse(snapshots=snaps, next_page_token=token)
 
     @rpc
     async def Seek(self, request: Any, context: Context) -> Any:
-        await self.catalog.snapshots.seek(request)
+        await self.snapshots.seek(request)
         return pb.SeekResponse()
 
     # --- data ---------------------------------------------------------------------------------
@@ -175,9 +176,8 @@ class SubscriberServicer:
         self, raw_requests: AsyncIterator[Any], context: Context
     ) -> AsyncIterator[Any]:
         requests = _parsed(raw_requests)
-        consumer: StreamConsumer | None = None
+        stream: StreamHandle | None = None
         reader: asyncio.Task[None] | None = None
-        dispatcher: Any = None
         metrics.OPEN_STREAMS.inc()
         try:
             try:
@@ -188,11 +188,10 @@ class SubscriberServicer:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
                 raise  # unreachable: abort raises
             try:
-                forwarder, entry, dispatcher, stream = self._open_stream(first)
+                forwarder, entry, stream = self._open_stream(first)
             except PubsubError as e:
                 await context.abort(to_status(e)[0], str(e))
                 raise  # unreachable: abort raises
-            consumer = stream
             props = wire.subscription_properties(
                 pb.StreamingPullResponse.SubscriptionProperties(
                     message_ordering_enabled=entry.subscription.enable_message_ordering,
@@ -204,7 +203,7 @@ class SubscriberServicer:
                 name="streaming_pull_reader",
             )
             while True:
-                item = await stream.queue.get()
+                item = await stream.next_response()
                 if isinstance(item, _HalfClosed):
                     return
                 if isinstance(item, BaseException):
@@ -216,22 +215,16 @@ class SubscriberServicer:
                 messages.append(props)
                 yield b"".join(messages)  # a serialized StreamingPullResponse (core/wire.py)
         finally:
-            if consumer is not None:
-                log.debug("stream %d closed; %d outstanding", consumer.id, consumer.outstanding)
             metrics.OPEN_STREAMS.dec()
             if reader is not None:
                 reader.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await reader
-            if dispatcher is not None and consumer is not None:
-                dispatcher.remove_consumer(consumer)
-                # Responses still queued were never written: the client cannot have them, so
-                # they go back now. (What was yielded may be in the client's hands: it keeps its
-                # lease, and the official client may still ack it.)
-                consumer.closed = True
-                dispatcher.give_back(consumer.id, consumer.unsent())
+            if stream is not None:
+                log.debug("stream %d closed; %d outstanding", stream.id, stream.outstanding)
+                stream.close()
 
-    def _open_stream(self, first: Any) -> tuple[SubscribingForwarder, Any, Any, StreamConsumer]:
+    def _open_stream(self, first: Any) -> tuple[SubscribingForwarderApi, Any, StreamHandle]:
         if not first.subscription:
             raise InvalidArgument("subscription: the first request of a stream must name it")
         names.subscription(first.subscription)
@@ -244,7 +237,7 @@ class SubscriberServicer:
         validation.ack_deadline("stream_ack_deadline_seconds", deadline)
         # Validate the first request's own acks before the stream opens.
         _check_modacks(first)
-        dispatcher, consumer = forwarder.open_stream(
+        stream = forwarder.open_stream(
             first.subscription,
             deadline,
             first.max_outstanding_messages,
@@ -254,12 +247,12 @@ class SubscriberServicer:
         try:
             self._apply(forwarder, first.subscription, first)
         except PubsubError:
-            dispatcher.remove_consumer(consumer)
+            stream.close()
             raise
-        return forwarder, entry, dispatcher, consumer
+        return forwarder, entry, stream
 
     @staticmethod
-    def _apply(forwarder: SubscribingForwarder, name: str, request: Any) -> None:
+    def _apply(forwarder: SubscribingForwarderApi, name: str, request: Any) -> None:
         if request.ack_ids:
             forwarder.acknowledge(name, list(request.ack_ids))
             metrics.ACKED_MESSAGES.inc(len(request.ack_ids))
@@ -275,9 +268,9 @@ class SubscriberServicer:
     async def _read_stream(
         self,
         requests: AsyncIterator[Any],
-        forwarder: SubscribingForwarder,
+        forwarder: SubscribingForwarderApi,
         name: str,
-        consumer: StreamConsumer,
+        stream: StreamHandle,
     ) -> None:
         """Apply the client's later stream requests until it half-closes or the stream fails."""
         try:
@@ -285,23 +278,23 @@ class SubscriberServicer:
                 if request.subscription and request.subscription != name:
                     raise InvalidArgument("subscription: must not change within a stream")
                 _check_modacks(request)
-                if consumer.stalled:  # any request, even a heartbeat, shows the client reads
-                    consumer.stalled = False
-                    forwarder.dispatcher(name).schedule_pump()
+                stream.alive()  # any request, even a heartbeat, shows the client reads
                 self._apply(forwarder, name, request)
                 if request.stream_ack_deadline_seconds:
-                    consumer.ack_deadline_s = validation.ack_deadline(
-                        "stream_ack_deadline_seconds", request.stream_ack_deadline_seconds
+                    stream.set_ack_deadline(
+                        validation.ack_deadline(
+                            "stream_ack_deadline_seconds", request.stream_ack_deadline_seconds
+                        )
                     )
         except PubsubError as e:
-            consumer.end(e)
+            stream.end(e)
         except asyncio.CancelledError:
             raise
         except Exception:  # the transport failed: the client is gone
             log.debug("stream reader ended", exc_info=True)
-            consumer.end(_HalfClosed())
+            stream.end(_HalfClosed())
         else:
-            consumer.end(_HalfClosed())
+            stream.end(_HalfClosed())
 
 
 async def _parsed(raw: AsyncIterator[bytes]) -> AsyncIterator[Any]:

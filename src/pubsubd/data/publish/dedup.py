@@ -4,8 +4,9 @@
 Persistence (survives kill -9). The dedup ID travels *inside* the stored batch, as the reserved
 attribute ``pubsubd.dedup_id`` of its message (``core.validation.DEDUP_ID_ATTRIBUTE``): the ID is
 durable exactly when the message is, in the same log entry, so no crash point can leave a stored
-message without its ID or an ID without its message. ``TopicSources.decoded`` removes the attribute
-before anything is delivered (subscriptions, the replay Read), and client publishes may not set it.
+message without its ID or an ID without its message. Decoding (``data/decoding.py``) removes the
+attribute before anything is delivered (subscriptions, the replay Read), and client publishes may
+not set it.
 
 At start-up (before the first trim) the window of every topic that ever used dedup (marker file
 ``dedup-used`` in the topic's storage directory) is rebuilt by scanning its log from the first
@@ -32,12 +33,12 @@ import contextlib
 import logging
 import os
 import re
-import time
 from collections.abc import Iterable, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from pubsubd.core import ids, pb, validation
+from pubsubd.core.clock import SYSTEM_CLOCK, Clock
 from pubsubd.core.errors import InvalidArgument
 from pubsubd.core.validation import DEDUP_ID_ATTRIBUTE, MAX_DEDUP_ID_BYTES
 from pubsubd.data.publish.dedup_window import DedupWindow
@@ -79,14 +80,25 @@ def check_dedup_id(i: int, dedup_id: str) -> None:
 class Deduplicator:
     """Dedup windows of every topic, over the publishing forwarder."""
 
-    def __init__(self, publishing: PublishingForwarder, window_s: float) -> None:
+    def __init__(
+        self, publishing: PublishingForwarder, window_s: float, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self.publishing = publishing
+        self.clock = clock
         self.window_us = int(window_s * 1_000_000)
         self.windows: dict[str, DedupWindow] = {}
         # topic -> dedup ID being stored -> (the storing request's future, index in its result)
         self._pending: dict[str, dict[str, tuple[asyncio.Future[list[str]], int]]] = {}
         self._task: asyncio.Task[None] | None = None
         self.duplicates = 0
+
+    def status(self) -> dict[str, Any]:
+        """For /status: the window, how many IDs it remembers, duplicates seen."""
+        return {
+            "window_s": self.window_us / 1_000_000,
+            "remembered_ids": sum(len(w) for w in self.windows.values()),
+            "duplicates": self.duplicates,
+        }
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -98,7 +110,7 @@ class Deduplicator:
             sources = self.publishing.open_topic(uid)
             if not (sources.directory / MARKER_FILE).exists():
                 continue
-            started = time.monotonic()
+            started = self.clock.monotonic()
             window = DedupWindow(self.window_us)
             self._rebuild(sources, window)
             self.windows[uid] = window
@@ -107,7 +119,7 @@ class Deduplicator:
                 "dedup window of topic %s rebuilt: %d ids in %.3fs",
                 uid,
                 len(window),
-                time.monotonic() - started,
+                self.clock.monotonic() - started,
             )
 
     def start(self) -> None:
@@ -132,7 +144,7 @@ class Deduplicator:
         DeduplicatedMessage), without the reserved attribute."""
         sources = self.publishing.open_topic(topic_uid)
         window = self._window(topic_uid, sources)
-        now = time.time_ns() // 1000
+        now = self.clock.time_us()
         window.expire(now)
         result: list[str | None] = [None] * len(messages)
         pending = self._pending.setdefault(topic_uid, {})
@@ -206,7 +218,7 @@ class Deduplicator:
                 window.remember(
                     (dedup_id for dedup_id, _ in stored[start:stop]),
                     first,
-                    time.time_ns() // 1000,
+                    self.clock.time_us(),
                 )
                 message_ids += map(str, range(first, first + count))
             mine.set_result(message_ids)
@@ -243,7 +255,7 @@ class Deduplicator:
         return window
 
     def _rebuild(self, sources: TopicSources, window: DedupWindow) -> None:
-        now = time.time_ns() // 1000
+        now = self.clock.time_us()
         for source, log_ in enumerate(sources.logs):
             offset = max(log_.offset_for_time(now - self.window_us), log_.start_offset)
             end = log_.committed_offset
@@ -279,7 +291,7 @@ class Deduplicator:
 
     def sweep(self, now_us: int | None = None) -> None:
         """Expire IDs and move the pins up; forget windows of topics whose storage is gone."""
-        now = time.time_ns() // 1000 if now_us is None else now_us
+        now = self.clock.time_us() if now_us is None else now_us
         for uid, window in list(self.windows.items()):
             sources = self.publishing.topics.get(uid)
             if sources is None:
@@ -302,9 +314,11 @@ def _retrieve(task: asyncio.Future[None]) -> None:
         task.exception()  # the caller may have gone; its error is logged by the API layer
 
 
-def validate_messages(messages: Sequence[tuple[str, Any]], request_size: int) -> None:
+def validate_messages(
+    messages: Sequence[tuple[str, Any]], request_size: int, *, now_s: float
+) -> None:
     """Google's publish limits for a PublishDeduplicated request (messages without the
-    reserved attribute), plus the dedup IDs."""
+    reserved attribute), plus the dedup IDs; ``now_s``: the time delays are checked against."""
     n = len(messages)
     if n == 0:
         raise InvalidArgument("messages: a request must contain at least one message")
@@ -325,7 +339,7 @@ def validate_messages(messages: Sequence[tuple[str, Any]], request_size: int) ->
         # (The checks read only ``messages``: no copy into a PublishRequest.)
         batch = SimpleNamespace(messages=plain[start:stop])
         try:
-            validation.publish_request(batch, 0)
+            validation.publish_request(batch, 0, now_s=now_s)
         except InvalidArgument as e:
             # Name the message by its index in the whole request.
             raise InvalidArgument(_reindex(str(e), start)) from None

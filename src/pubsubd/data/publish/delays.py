@@ -19,15 +19,14 @@ after the index's recorded progress (a crash) are indexed again from the log.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from pubsubd.core import ids, pb
+from pubsubd.core.clock import SYSTEM_CLOCK, Clock, Timer
 from pubsubd.core.delays import MARKER, due_times
 from pubsubd.core.errors import DiskFull
 from pubsubd.data.publish.source import TopicSources
@@ -53,10 +52,6 @@ MAX_POSITION = (1 << 63) - 1
 Mark = tuple[int, int]  # (at_us, position) in due order
 
 
-def now_us() -> int:
-    return time.time_ns() // 1000
-
-
 @dataclass
 class DueListener:
     """A subscription dispatcher's hooks: take due positions, say how many it still holds."""
@@ -70,17 +65,23 @@ class DelayTracker:
     far is delayed and indexing starts at the committed offsets (recorded at once, before that
     publish is appended, so a crash before its row is written still re-reads it)."""
 
-    def __init__(self, sources: TopicSources, index: DelayIndex, first_delay: bool = False) -> None:
+    def __init__(
+        self,
+        sources: TopicSources,
+        index: DelayIndex,
+        first_delay: bool = False,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.clock = clock
         self.sources = sources
         self.topic = sources.topic_uid
         self.index = index
-        self.done: Mark = (now_us(), MAX_POSITION)
+        self.done: Mark = (self.clock.time_us(), MAX_POSITION)
         self._listeners: dict[int, DueListener] = {}
         self._through: dict[int, int] = {}  # source -> offset below which all is indexed
         self._saved: dict[int, int] = {}  # the part of _through the index has recorded
         self._watched: dict[int, Callable[[int], None]] = {}
-        self._loop = asyncio.get_running_loop()
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None
         self._timer_at: int | None = None
         # A lower bound of the earliest row's due time (None: the index has no row of the topic).
         self._earliest: int | None = None
@@ -132,7 +133,7 @@ class DelayTracker:
         offset = self._through.get(source, log_.start_offset)
         rows: list[Row] = []
         due_now: list[int] = []
-        now = now_us()
+        now = self.clock.time_us()
         if self._earliest is None or self._earliest > now:
             # No row is due yet, so everything up to now has been handed out: messages published
             # already due skip the index.
@@ -204,8 +205,8 @@ class DelayTracker:
         if self._timer is not None:
             self._timer.cancel()
         self._timer_at = at_us
-        delay = max(0.0, (at_us - now_us()) / 1e6)
-        self._timer = self._loop.call_later(delay, self._timer_step)
+        delay = max(0.0, (at_us - self.clock.time_us()) / 1e6)
+        self._timer = self.clock.call_later(delay, self._timer_step)
 
     def _timer_step(self) -> None:
         """The timer callback: a failure is reported (observability/background.py) and the
@@ -214,8 +215,8 @@ class DelayTracker:
             self._on_timer()
         except Exception as e:
             background.report("delay tracker", e)
-            self._timer_at = now_us() + int(FAILURE_RETRY_S * 1e6)
-            self._timer = self._loop.call_later(FAILURE_RETRY_S, self._timer_step)
+            self._timer_at = self.clock.time_us() + int(FAILURE_RETRY_S * 1e6)
+            self._timer = self.clock.call_later(FAILURE_RETRY_S, self._timer_step)
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -225,10 +226,10 @@ class DelayTracker:
         if any(
             lst.pending() >= MAX_PENDING_DUE for lst in self._listeners.values()
         ):  # let the dispatchers deliver what they hold first
-            self._timer_at = now_us() + int(PRESSURE_RETRY_S * 1e6)
-            self._timer = self._loop.call_later(PRESSURE_RETRY_S, self._timer_step)
+            self._timer_at = self.clock.time_us() + int(PRESSURE_RETRY_S * 1e6)
+            self._timer = self.clock.call_later(PRESSURE_RETRY_S, self._timer_step)
             return
-        now = now_us()
+        now = self.clock.time_us()
         rows = self.index.due(self.topic, now, PAGE_ROWS)
         try:
             if len(rows) == PAGE_ROWS:
@@ -241,14 +242,14 @@ class DelayTracker:
                 mark = (now, MAX_POSITION)
         except DiskFull:  # nothing deleted nor handed out: the same rows next time
             self._timer_at = now + int(DISK_FULL_RETRY_S * 1e6)
-            self._timer = self._loop.call_later(DISK_FULL_RETRY_S, self._timer_step)
+            self._timer = self.clock.call_later(DISK_FULL_RETRY_S, self._timer_step)
             return
         self.done = max(self.done, mark)
         if rows:
             self._hand_out([pos for _, first, n in rows for pos in range(first, first + n)])
         if len(rows) == PAGE_ROWS:
             self._timer_at = now
-            self._timer = self._loop.call_later(0, self._timer_step)
+            self._timer = self.clock.call_later(0, self._timer_step)
         else:
             self._earliest = self.index.next_due(self.topic)
             self._arm(self._earliest)

@@ -1,10 +1,12 @@
 """Publishing forwarder: persists published batches and the ack state of every subscription.
 
-It owns the publish message sources of the topics the router assigns to it. Its narrow interface
-(publish a batch, read a range, attach/detach a subscription's ack journal, record acks) is what the
-frontend and the subscribing forwarders call; in ``pubsubd serve`` they call it in-process, and a
-network transport can sit behind the same methods. A publish is acknowledged only after the log
-says the entry is durable (group commit, fsync per policy).
+It owns the publish message sources of the topics the router assigns to it: their logs, every
+subscription's ack journal on them, the topics' delay trackers and dedup windows. Everything
+else reaches it through ``core.roles.PublishingForwarderApi``, with plain values only (publish a
+batch, read a range, attach a subscription and record its acks, pins, commit notifications);
+in ``pubsubd serve`` the calls are in-process, and a network transport can sit behind the same
+methods. A publish is acknowledged only after the log says the entry is durable (group commit,
+fsync per policy).
 """
 
 from __future__ import annotations
@@ -13,17 +15,19 @@ import asyncio
 import contextlib
 import logging
 import shutil
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pubsubd.acks.journal import AckJournal
 from pubsubd.core import pb
+from pubsubd.core.clock import SYSTEM_CLOCK, Clock
 from pubsubd.core.damage_policy import DamagePolicy
 from pubsubd.core.delays import MARKER
-from pubsubd.core.errors import DataLoss, DiskFull, InternalError
-from pubsubd.data.publish.delays import DelayTracker
+from pubsubd.core.errors import DataLoss, DiskFull, InternalError, SubscriptionNotFound
+from pubsubd.core.records import CursorState, SourceRange
+from pubsubd.data.publish.dedup import Deduplicator
+from pubsubd.data.publish.delays import DelayTracker, DueListener
 from pubsubd.data.publish.source import TopicSources
 from pubsubd.observability import background
 from pubsubd.storage import disk_space
@@ -33,13 +37,14 @@ from pubsubd.storage.delay_index import DelayIndex
 from pubsubd.storage.disk_space import DiskSpace
 from pubsubd.storage.errors import StorageError
 from pubsubd.storage.framing import Entry
-from pubsubd.storage.log import FsyncPolicy
+from pubsubd.storage.log import FsyncPolicy, SourceLog
 
 log = logging.getLogger(__name__)
 
 # On-disk layout under the data directory.
 TOPICS_DIR = "topics"  # topics/{topic uid}/source-{n}/  segments of each source
 SUBSCRIPTIONS_DIR = "subscriptions"  # subscriptions/{subscription uid}/  ack journal
+DEFAULT_DEDUP_WINDOW_S = 600.0  # how long PublishDeduplicated remembers a dedup ID
 # Defaults of the settings storage.trim_interval_s (how often ack journals are flushed and
 # fully acked segments deleted) and storage.ack_flush_interval_s (config.py).
 DEFAULT_TRIM_INTERVAL_S = 2.0
@@ -56,8 +61,11 @@ class PublishingForwarder:
         disk: DiskSpace | None = None,
         trim_interval_s: float = DEFAULT_TRIM_INTERVAL_S,
         ack_flush_interval_s: float = DEFAULT_ACK_FLUSH_INTERVAL_S,
+        dedup_window_s: float = DEFAULT_DEDUP_WINDOW_S,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.data_dir = data_dir
+        self.clock = clock
         # Disk-full episodes of the data directory (storage/disk_space.py): every write failing
         # for lack of space is answered RESOURCE_EXHAUSTED and reported there, once per episode.
         self.disk = disk or DiskSpace(data_dir)
@@ -82,16 +90,28 @@ class PublishingForwarder:
         self._dirty_journals: set[AckJournal] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._last_publish_us = 0
+        # Who waits for a topic's delayed messages: topic uid -> watcher key -> listener
+        # (installed in the topic's tracker when it has one, and when it gets one).
+        self._due_watchers: dict[str, dict[int, DueListener]] = {}
+        # block_publishers backlog quotas exceeded: topic uid -> subscription uid -> (why,
+        # from when in epoch microseconds: an age limit is known in advance)
+        self._publish_blocks: dict[str, dict[str, tuple[str, int]]] = {}
+        # PublishDeduplicated's windows, per topic (data/publish/dedup.py)
+        self.dedup = Deduplicator(self, dedup_window_s, clock)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Rebuild the dedup windows (their pins before the first trim), start housekeeping."""
+        self.dedup.recover(list(self.topics))
+        self.dedup.start()
         self._tasks = [
             asyncio.create_task(self._trim_loop(), name="trim_loop"),
             asyncio.create_task(self._ack_flush_loop(), name="ack_flush_loop"),
         ]
 
     async def close(self) -> None:
+        await self.dedup.close()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -160,8 +180,10 @@ class PublishingForwarder:
             if topic_uid in self.delays:  # opening it opened its tracker
                 return self.delays[topic_uid]
             first_delay = first_delay and topic_uid not in self._topics_with_delays()
-            tracker = DelayTracker(sources, self._delay_index(), first_delay)
+            tracker = DelayTracker(sources, self._delay_index(), first_delay, self.clock)
             self.delays[topic_uid] = tracker
+            for key, listener in self._due_watchers.get(topic_uid, {}).items():
+                tracker.add_listener(key, listener)
         return tracker
 
     def _delay_index(self) -> DelayIndex:
@@ -221,8 +243,15 @@ class PublishingForwarder:
     def end_offsets(self, topic_uid: str) -> dict[int, int]:
         return self.open_topic(topic_uid).end_offsets()
 
-    def attach(self, topic_uid: str, sub_uid: str, start_offsets: Mapping[int, int]) -> AckJournal:
-        """Open (or recover) the ack journal of a subscription, starting at its sync point."""
+    def attach(
+        self, topic_uid: str, sub_uid: str, start_offsets: Mapping[int, int]
+    ) -> dict[int, CursorState]:
+        """Open (or recover) the ack journal of a subscription, starting at its sync point;
+        returns its ack state."""
+        journal = self._attach(topic_uid, sub_uid, start_offsets)
+        return {s: c.snapshot() for s, c in journal.cursors.items()}
+
+    def _attach(self, topic_uid: str, sub_uid: str, start_offsets: Mapping[int, int]) -> AckJournal:
         sources = self.open_topic(topic_uid)
         journal = sources.journals.get(sub_uid)
         if journal is None:
@@ -268,7 +297,7 @@ class PublishingForwarder:
             # Indexes this batch when it commits, and nothing committed before it.
             self.delay_tracker(topic_uid, first_delay=True)
         self.stored.add(topic_uid)  # its log creates its files on this first write
-        now_us = time.time_ns() // 1000
+        now_us = self.clock.time_us()
         # Publish times never go backwards within the process, so time lookups can bisect.
         now_us = max(now_us, self._last_publish_us)
         self._last_publish_us = now_us
@@ -284,27 +313,154 @@ class PublishingForwarder:
             self.disk.succeeded()
         return source, base
 
+    async def publish_deduplicated(
+        self, topic_uid: str, messages: Sequence[tuple[str, Any]]
+    ) -> tuple[list[str], int]:
+        """Publish what the topic's dedup window does not know (data/publish/dedup.py)."""
+        return await self.dedup.publish(topic_uid, messages)
+
+    def publish_blocked(self, topic_uid: str) -> str | None:
+        blocks = self._publish_blocks.get(topic_uid)
+        if not blocks:
+            return None
+        now_us = self.clock.time_us()
+        for reason, from_us in blocks.values():
+            if now_us >= from_us:
+                return reason
+        return None
+
+    def set_publish_block(
+        self, topic_uid: str, subscription_uid: str, reason: str | None, from_us: int = 0
+    ) -> None:
+        if reason is None:
+            blocks = self._publish_blocks.get(topic_uid)
+            if blocks is not None:
+                blocks.pop(subscription_uid, None)
+                if not blocks:
+                    del self._publish_blocks[topic_uid]
+        else:
+            self._publish_blocks.setdefault(topic_uid, {})[subscription_uid] = (reason, from_us)
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def _log(self, topic_uid: str, source: int) -> SourceLog:
+        return self.open_topic(topic_uid).logs[source]
+
+    def source_count(self, topic_uid: str) -> int:
+        return len(self.open_topic(topic_uid).logs)
+
+    def ranges(self, topic_uid: str) -> list[SourceRange]:
+        return [
+            SourceRange(log_.start_offset, log_.committed_offset, log_.end_offset)
+            for log_ in self.open_topic(topic_uid).logs
+        ]
+
+    def start_offset(self, topic_uid: str, source: int) -> int:
+        return self._log(topic_uid, source).start_offset
+
+    def committed_offset(self, topic_uid: str, source: int) -> int:
+        return self._log(topic_uid, source).committed_offset
+
     def read(
         self, topic_uid: str, source: int, offset: int, max_entries: int, max_bytes: int
     ) -> list[Entry]:
-        return (
-            self.topics[topic_uid]
-            .logs[source]
-            .read(offset, max_entries=max_entries, max_bytes=max_bytes)
+        return self._log(topic_uid, source).read(
+            offset, max_entries=max_entries, max_bytes=max_bytes
         )
 
-    def record_acks(self, journal: AckJournal, source: int, offsets: list[int]) -> None:
-        """Mark offsets acked in a subscription's cursor; journaled on the next flush."""
-        cursor = journal.cursors[source]
-        ranges = cursor.ack(offsets)
-        if ranges:
-            journal.record(source, ranges)
+    def entry_at(self, topic_uid: str, source: int, offset: int) -> Entry:
+        return self._log(topic_uid, source).entry_at(offset)
+
+    def publish_time_us(self, topic_uid: str, source: int, offset: int) -> int:
+        return self._log(topic_uid, source).publish_time_us(offset)
+
+    def offset_for_time(self, topic_uid: str, source: int, publish_time_us: int) -> int:
+        return self._log(topic_uid, source).offset_for_time(publish_time_us)
+
+    def stored_bytes(self, topic_uid: str, source: int, start: int, stop: int) -> float:
+        return self._log(topic_uid, source).stored_bytes(start, stop)
+
+    def segment_sizes(self, topic_uid: str, source: int) -> list[tuple[int, int]]:
+        return self._log(topic_uid, source).segment_sizes()
+
+    def damage_policy(self, topic_uid: str) -> DamagePolicy:
+        return self.open_topic(topic_uid).damage_policy
+
+    def on_disk(self, topic_uid: str) -> bool:
+        """Whether the topic was ever written to (housekeeping skips the others)."""
+        return topic_uid in self.stored
+
+    # --- delayed delivery ---------------------------------------------------------------------
+
+    def delay_due(self, topic_uid: str, at_us: int, position: int) -> bool:
+        return self.delay_tracker(topic_uid).is_due(at_us, position)
+
+    def watch_due(
+        self,
+        topic_uid: str,
+        key: int,
+        listener: Callable[[list[int]], None],
+        pending: Callable[[], int],
+    ) -> None:
+        """Hand delayed positions to ``listener`` as they fall due; only topics with delayed
+        messages have a tracker, so watching one without costs nothing until its first."""
+        due = DueListener(listener, pending)
+        self._due_watchers.setdefault(topic_uid, {})[key] = due
+        tracker = self.delays.get(topic_uid)
+        if tracker is not None:
+            tracker.add_listener(key, due)
+
+    def unwatch_due(self, topic_uid: str, key: int) -> None:
+        watchers = self._due_watchers.get(topic_uid)
+        if watchers is not None:
+            watchers.pop(key, None)
+            if not watchers:
+                del self._due_watchers[topic_uid]
+        tracker = self.delays.get(topic_uid)
+        if tracker is not None:
+            tracker.remove_listener(key)
+
+    # --- ack state ----------------------------------------------------------------------------
+
+    def _journal(self, topic_uid: str, sub_uid: str) -> AckJournal:
+        sources = self.topics.get(topic_uid)
+        journal = sources.journals.get(sub_uid) if sources is not None else None
+        if journal is None:
+            raise SubscriptionNotFound(f"(storage {sub_uid} of topic storage {topic_uid})")
+        return journal
+
+    def record_acks(
+        self, topic_uid: str, sub_uid: str, source: int, ranges: list[tuple[int, int]]
+    ) -> None:
+        """Mark ranges acked in a subscription's cursor; journaled on the next flush."""
+        journal = self._journal(topic_uid, sub_uid)
+        cursor = journal.cursor(source, 0)
+        new: list[tuple[int, int]] = []
+        for start, end in ranges:
+            new.extend(cursor.ack_range(start, end))
+        if new:
+            journal.record(source, new)
             self._dirty_journals.add(journal)
 
-    async def flush_journal(self, journal: AckJournal) -> None:
+    def reset_cursors(
+        self, topic_uid: str, sub_uid: str, states: Mapping[int, CursorState]
+    ) -> None:
+        journal = self._journal(topic_uid, sub_uid)
+        for source, state in states.items():
+            journal.reset(source, state)
+        self._dirty_journals.add(journal)
+
+    def cursor_states(self, topic_uid: str, sub_uid: str) -> dict[int, CursorState]:
+        journal = self._journal(topic_uid, sub_uid)
+        return {s: c.snapshot() for s, c in journal.cursors.items()}
+
+    async def flush_acks(self, topic_uid: str, sub_uid: str) -> None:
         """Make a subscription's recorded acks durable now (exactly-once acknowledgements,
         Seek). A full disk raises DiskFull; the acks stay recorded (in the cursors) and the
         background flush retries until they are durable."""
+        await self._flush_journal(self._journal(topic_uid, sub_uid))
+
+    async def _flush_journal(self, journal: AckJournal) -> None:
         self._dirty_journals.discard(journal)
         try:
             await journal.flush(sync=self.fsync is not FsyncPolicy.NEVER)
@@ -316,9 +472,32 @@ class PublishingForwarder:
             raise
         self.disk.succeeded()
 
-    def mark_dirty(self, journal: AckJournal) -> None:
-        """The journal has records to flush (e.g. a reset after Seek)."""
-        self._dirty_journals.add(journal)
+    # --- retention ----------------------------------------------------------------------------
+
+    def set_pins(self, topic_uid: str, owner: str, pins: Mapping[int, int] | None) -> None:
+        sources = self.topics.get(topic_uid)
+        if sources is None:
+            if pins is None:
+                return
+            sources = self.open_topic(topic_uid)
+        if pins is None:
+            sources.pins.pop(owner, None)
+        else:
+            sources.pins[owner] = dict(pins)
+
+    def pin_owners(self, topic_uid: str) -> list[str]:
+        sources = self.topics.get(topic_uid)
+        return list(sources.pins) if sources is not None else []
+
+    def has_topic(self, topic_uid: str) -> bool:
+        return topic_uid in self.topics
+
+    def topic_uids(self, written_only: bool = False) -> list[str]:
+        if written_only:
+            return [u for u in self.stored if u in self.topics]
+        return list(self.topics)
+
+    # --- notifications ------------------------------------------------------------------------
 
     def add_commit_listener(self, topic_uid: str, callback: Callable[[int], None]) -> None:
         """Call ``callback`` after each commit of every source, including sources added later."""

@@ -7,9 +7,7 @@ added at runtime (``grow``) but never removed. Which source a publish goes to is
 ``data/publish/routing.py``: ordering keys stay in one source for the topic's life.
 
 Entries hold the serialized PublishRequest exactly as the client sent it, so the publish path
-never re-encodes messages; ``decoded`` turns an entry back into PubsubMessages with their message
-ID and publish time set, serialized and ready to frame into responses, through a bounded cache
-shared by every subscription of the topic.
+never re-encodes messages; readers decode them on their side (``data/decoding.py``).
 """
 
 from __future__ import annotations
@@ -17,35 +15,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pubsubd.acks.journal import AckJournal
-from pubsubd.core import ids, pb
 from pubsubd.core.damage_policy import DamagePolicy
-from pubsubd.core.delays import MARKER, due_times
-from pubsubd.core.validation import DEDUP_ID_ATTRIBUTE
 from pubsubd.data.publish import routing
 from pubsubd.storage.damage import DamagedRange
-from pubsubd.storage.framing import Entry
 from pubsubd.storage.log import FsyncPolicy, SourceLog
-
-# Decoded entries kept per topic for fan-out to several subscriptions and for redelivery,
-# bounded by the stored size of the entries (the decoded form is about twice that).
-DECODE_CACHE_BYTES = 32 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class DecodedEntry:
-    entry: Entry
-    messages: list[bytes]  # serialized PubsubMessage per offset, message_id/publish_time set
-    parsed: Any  # the parsed PubsubMessages (repeated field), for attributes and filters
-    ordering_key: str  # one per entry: every message of a PublishRequest shares it
-    # epoch microseconds before which each message must not be delivered; None if none is delayed
-    deliver_at: list[int | None] | None = None
 
 
 class TopicSources:
@@ -54,8 +31,6 @@ class TopicSources:
     # One per topic: no per-instance __dict__ (BENCHMARKS.md, "Scale of names").
     __slots__ = (
         "_balancer",
-        "_cache",
-        "_cached_bytes",
         "_fsync",
         "_listeners",
         "_segment_bytes",
@@ -93,12 +68,9 @@ class TopicSources:
         self._open_logs(max(source_count, sources_on_disk(directory)))
         # subscription uid -> its ack journal (cursors of every source of this topic)
         self.journals: dict[str, AckJournal] = {}
-        # What retention and snapshots keep: pin name -> source -> lowest offset to keep
-        # (filled in by the control plane, see data/retention.py).
+        # What retention, snapshots, named cursors and dedup windows keep: pin owner -> source
+        # -> lowest offset to keep (PublishingForwarder.set_pins; core/retention.py).
         self.pins: dict[str, dict[int, int]] = {}
-        # Created by the first decode: most topics of a large catalog are never read.
-        self._cache: OrderedDict[tuple[int, int], DecodedEntry] | None = None
-        self._cached_bytes = 0
 
     def _open_logs(self, count: int) -> list[int]:
         added = []
@@ -147,40 +119,6 @@ class TopicSources:
 
     def end_offsets(self) -> dict[int, int]:
         return {i: log.end_offset for i, log in enumerate(self.logs)}
-
-    def decoded(self, source: int, entry: Entry) -> DecodedEntry:
-        """An entry's messages, serialized with message_id and publish_time set (cached)."""
-        key = (source, entry.base_offset)
-        cache = self._cache
-        if cache is None:
-            cache = self._cache = OrderedDict()
-        decoded = cache.get(key)
-        if decoded is not None:
-            cache.move_to_end(key)
-            return decoded
-        request = pb.PublishRequest.FromString(entry.payload)
-        seconds, micros = divmod(entry.publish_time_us, 1_000_000)
-        base = ids.position(source, entry.base_offset)
-        messages = []
-        for i, m in enumerate(request.messages):
-            m.message_id = str(base + i)
-            m.publish_time.seconds = seconds
-            m.publish_time.nanos = micros * 1000
-            attrs = m.attributes
-            if attrs and DEDUP_ID_ATTRIBUTE in attrs:
-                del attrs[DEDUP_ID_ATTRIBUTE]  # stored for the dedup window only, never delivered
-            messages.append(m.SerializeToString())
-        delays = (
-            due_times(request.messages, entry.publish_time_us) if MARKER in entry.payload else None
-        )
-        ordering_key = request.messages[0].ordering_key if request.messages else ""
-        decoded = DecodedEntry(entry, messages, request.messages, ordering_key, delays)
-        cache[key] = decoded
-        self._cached_bytes += len(entry.payload)
-        while self._cached_bytes > DECODE_CACHE_BYTES and len(cache) > 1:
-            _, old = cache.popitem(last=False)
-            self._cached_bytes -= len(old.entry.payload)
-        return decoded
 
     def trim_point(self, source: int) -> int:
         """Offsets below this are acked by every subscription, pinned by no retention window

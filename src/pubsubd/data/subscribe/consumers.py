@@ -1,70 +1,29 @@
-"""Consumers of a subscription: streaming-pull streams and waiting Pull calls, with flow control.
-
-A consumer is anything the dispatcher can hand messages to. It knows how many messages and bytes
-it may still take (the client's max_outstanding_messages/bytes for a stream, max_messages for a
-Pull) and how long the first lease of what it takes lasts.
-"""
+"""The consumers clients hold: StreamingPull streams and waiting Pull calls (asyncio: a queue
+of responses, a future); their flow control is ``consumer.Consumer``'s."""
 
 from __future__ import annotations
 
-import abc
 import asyncio
-import itertools
 
-# Emulator-mode clients cannot receive gRPC messages over 4 MiB (docs/GOOGLE_API.md §8.1), so a
-# response carries at most this much payload unless a single message is bigger.
-MAX_RESPONSE_BYTES = 4_000_000
-# Messages per response: large enough to amortise per-response cost, small enough to share.
-MAX_RESPONSE_MESSAGES = 1000
+from pubsubd.data.subscribe.consumer import (
+    MAX_RESPONSE_BYTES,
+    MAX_RESPONSE_MESSAGES,
+    Consumer,
+)
 
-_ids = itertools.count(1)
-
-
-class Consumer(abc.ABC):
-    def __init__(self, ack_deadline_s: float, max_messages: int, max_bytes: int) -> None:
-        self.id = next(_ids)
-        self.ack_deadline_s = ack_deadline_s
-        self.max_messages = max_messages  # 0 = unlimited
-        self.max_bytes = max_bytes  # 0 = unlimited
-        self.outstanding = 0
-        self.outstanding_bytes = 0
-        self.closed = False
-        # Set when a lease of ours expired unconfirmed: the client is not reading this stream
-        # (e.g. it reopened its stream and abandoned this one). Cleared by any sign of life.
-        self.stalled = False
-
-    def room(self) -> tuple[int, int]:
-        """(messages, bytes) this consumer may take now; (0, 0) when it is full."""
-        if self.closed or self.stalled:
-            return 0, 0
-        msgs = MAX_RESPONSE_MESSAGES
-        if self.max_messages:
-            msgs = min(msgs, self.max_messages - self.outstanding)
-        size = MAX_RESPONSE_BYTES
-        if self.max_bytes:
-            left = self.max_bytes - self.outstanding_bytes
-            # One message is always allowed when nothing is outstanding, however big.
-            size = min(size, left) if self.outstanding else max(min(size, left), 1)
-        if msgs <= 0 or size <= 0:
-            return 0, 0
-        return msgs, size
-
-    def taken(self, count: int, size: int) -> None:
-        self.outstanding += count
-        self.outstanding_bytes += size
-
-    def returned(self, size: int) -> None:
-        self.outstanding -= 1
-        self.outstanding_bytes -= size
-
-    @abc.abstractmethod
-    def deliver(self, messages: list[bytes], positions: list[int]) -> None:
-        """Take framed ReceivedMessages (``core.wire.received_message``) and the positions
-        leased with them (to give back what never reaches the client)."""
+__all__ = [
+    "MAX_RESPONSE_BYTES",
+    "MAX_RESPONSE_MESSAGES",
+    "Consumer",
+    "PullWaiter",
+    "StreamConsumer",
+]
 
 
 class StreamConsumer(Consumer):
     """One StreamingPull stream; responses queue up for the stream's writer."""
+
+    is_stream = True
 
     def __init__(
         self, ack_deadline_s: float, max_messages: int, max_bytes: int, client_id: str = ""
@@ -95,6 +54,8 @@ class StreamConsumer(Consumer):
 
 class PullWaiter(Consumer):
     """One Pull call: takes one response's worth of messages, once."""
+
+    is_pull = True
 
     def __init__(self, ack_deadline_s: float, max_messages: int) -> None:
         super().__init__(ack_deadline_s, max_messages, 0)

@@ -1,8 +1,11 @@
 """Subscribing forwarder: serves Pull, StreamingPull, Acknowledge and ModifyAckDeadline.
 
-It keeps one ``SubscriptionDispatcher`` per subscription assigned to it. Pull waits (long-poll) for
-messages; a StreamingPull stream becomes a ``StreamConsumer`` whose responses the API layer writes;
-acks and deadline changes are routed to the dispatcher that issued the ack IDs.
+It keeps one ``SubscriptionDispatcher`` per subscription assigned to it, each reading its topic
+from the topic's publishing forwarder through ``core.roles.PublishingForwarderApi`` (found with
+the ``route`` it is given: by address, through the router), decoding entries on this side in a
+cache per topic. Pull waits (long-poll) for messages; a StreamingPull stream becomes a
+``StreamConsumer`` whose responses the API layer writes through a :class:`Stream` handle; acks
+and deadline changes are routed to the dispatcher that issued the ack IDs.
 """
 
 from __future__ import annotations
@@ -12,19 +15,24 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from pubsubd.acks.journal import AckJournal
+from pubsubd.core.clock import SYSTEM_CLOCK, Clock
 from pubsubd.core.errors import (
     AckIdsInvalid,
     DataLoss,
     InvalidAckId,
+    PubsubError,
     SubscriptionNotFound,
     Unavailable,
 )
+from pubsubd.core.quotas import Backlog, BacklogQuota, Policy, excess_messages
+from pubsubd.core.records import CursorState
+from pubsubd.core.roles import PublishingForwarderApi
 from pubsubd.core.validation import modify_deadline
-from pubsubd.data.publish.forwarder import PublishingForwarder
+from pubsubd.data.decoding import DecodeCache
 from pubsubd.data.subscribe.consumers import PullWaiter, StreamConsumer
-from pubsubd.data.subscribe.dispatcher import SubscriptionDispatcher
+from pubsubd.data.subscribe.dispatcher import DeadLetterPublish, SubscriptionDispatcher
 from pubsubd.data.subscribe.push import PushManager
+from pubsubd.data.subscribe.reader import TopicReader
 from pubsubd.storage.damage import DamagedRange
 
 log = logging.getLogger(__name__)
@@ -53,41 +61,144 @@ class Pulled:
         return self._dispatcher.give_back(self._waiter.id, self._waiter.positions)
 
 
+class Stream:
+    """What the API layer holds for one StreamingPull (``core.roles.StreamHandle``): the
+    responses to write and the calls that concern the stream; not the dispatcher."""
+
+    __slots__ = ("_consumer", "_dispatcher")
+
+    def __init__(self, dispatcher: SubscriptionDispatcher, consumer: StreamConsumer) -> None:
+        self._dispatcher = dispatcher
+        self._consumer = consumer
+
+    @property
+    def id(self) -> int:
+        return self._consumer.id
+
+    @property
+    def outstanding(self) -> int:
+        return self._consumer.outstanding
+
+    async def next_response(self) -> tuple[list[bytes], list[int]] | BaseException:
+        """The next response to write (framed ReceivedMessages, their positions), or the error
+        that ends the stream."""
+        return await self._consumer.queue.get()
+
+    def end(self, error: BaseException) -> None:
+        """End the stream with ``error`` (its writer answers it after what is queued)."""
+        self._consumer.end(error)
+
+    def set_ack_deadline(self, seconds: int) -> None:
+        """stream_ack_deadline_seconds changed: leases granted from now on last this long."""
+        self._consumer.ack_deadline_s = seconds
+
+    def alive(self) -> None:
+        """A request arrived on the stream: a stalled stream receives again."""
+        if self._consumer.stalled:
+            self._dispatcher.revive(self._consumer)
+
+    def close(self) -> None:
+        """The stream ended: the consumer is removed, and responses never written go back
+        (no delivery attempt counted)."""
+        self._dispatcher.remove_consumer(self._consumer)
+        # What was written may be in the client's hands: it keeps its lease, and the official
+        # client may still ack it.
+        self._consumer.closed = True
+        self._dispatcher.give_back(self._consumer.id, self._consumer.unsent())
+
+
+async def _no_dead_letters(topic: str, payload: bytes) -> None:
+    raise SubscriptionNotFound(f"(no dead-letter publishing wired for {topic})")
+
+
 class SubscribingForwarder:
-    def __init__(self, publishing: PublishingForwarder) -> None:
-        self.publishing = publishing
+    def __init__(
+        self,
+        route: Callable[[str], PublishingForwarderApi],
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        dead_letter_publish: DeadLetterPublish = _no_dead_letters,
+    ) -> None:
+        # topic uid -> the publishing forwarder holding its sources (the router's choice)
+        self.route = route
+        self.clock = clock
+        self.dead_letter_publish = dead_letter_publish
         self.dispatchers: dict[str, SubscriptionDispatcher] = {}  # by subscription name
+        # Decoded entries per topic, shared by this forwarder's dispatchers of the topic.
+        self._readers: dict[str, TopicReader] = {}
         # Subscriptions whose topic's storage could not be opened: name -> DATA_LOSS message.
         self.unavailable: dict[str, str] = {}
         self.closing = False
         self.push = PushManager()  # pushers of push subscriptions (data/subscribe/push.py)
-        # topic name -> storage uid, for dead-letter topics; the catalog installs its lookup
-        self.resolve_topic: Callable[[str], str | None] = lambda _name: None
 
     # --- subscriptions ------------------------------------------------------------------------
 
     def open(
-        self, name: str, subscription: Any, uid: str, topic_uid: str, journal: AckJournal
-    ) -> SubscriptionDispatcher:
+        self,
+        name: str,
+        subscription: Any,
+        uid: str,
+        topic_uid: str,
+        start_offsets: dict[int, int],
+        topic_quota: BacklogQuota | None = None,
+    ) -> None:
+        """Serve a subscription: attach its ack state on its topic's publishing forwarder
+        (from its sync point) and start its dispatcher."""
+        publishing = self.route(topic_uid)
+        cursors: dict[int, CursorState] = publishing.attach(topic_uid, uid, start_offsets)
+        reader = self._readers.get(topic_uid)
+        if reader is None:
+            reader = self._readers[topic_uid] = TopicReader(publishing, topic_uid, DecodeCache())
         dispatcher = SubscriptionDispatcher(
-            subscription, uid, topic_uid, self.publishing, journal, self._resolve_topic
+            subscription,
+            uid,
+            topic_uid,
+            publishing,
+            reader,
+            cursors,
+            clock=self.clock,
+            dead_letter_publish=self.dead_letter_publish,
+            topic_quota=topic_quota,
         )
         self.dispatchers[name] = dispatcher
+        self.unavailable.pop(name, None)
         self.push.sync(name, dispatcher)
-        return dispatcher
 
-    def sync_push(self, name: str) -> None:
-        """The subscription's push config changed: attach, replace or detach its pusher."""
-        self.push.sync(name, self.dispatcher(name))
+    def configure(self, name: str, subscription: Any) -> None:
+        """The subscription was updated: its dispatcher and pusher follow."""
+        dispatcher = self.dispatchers.get(name)
+        if dispatcher is not None:
+            dispatcher.configure(subscription)
+            self.push.sync(name, dispatcher)
 
-    def _resolve_topic(self, name: str) -> str | None:
-        return self.resolve_topic(name)
+    def set_topic_quota(self, topic_uid: str, quota: BacklogQuota | None) -> None:
+        for d in self.dispatchers.values():
+            if d.topic_uid == topic_uid:
+                d.set_topic_quota(quota)
 
-    def close_subscription(self, name: str, error: BaseException) -> None:
+    def mark_unavailable(self, name: str, why: str) -> None:
+        self.unavailable[name] = why
+
+    def serves(self, name: str) -> bool:
+        return name in self.dispatchers
+
+    def subscription_names(self) -> list[str]:
+        return list(self.dispatchers)
+
+    def topic_changed(self, topic_uid: str) -> None:
+        """The topic's storage settings changed (e.g. its damage policy): deliver again."""
+        for d in self.dispatchers.values():
+            if d.topic_uid == topic_uid:
+                d.schedule_pump()
+
+    def close_subscription(self, name: str, error: PubsubError) -> None:
         dispatcher = self.dispatchers.pop(name, None)
         self.push.detach(name, give_back=False)
         if dispatcher is not None:
             dispatcher.close(error)
+            topic = dispatcher.topic_uid
+            if not any(d.topic_uid == topic for d in self.dispatchers.values()):
+                self._readers.pop(topic, None)
 
     def dispatcher(self, name: str) -> SubscriptionDispatcher:
         d = self.dispatchers.get(name)
@@ -111,6 +222,65 @@ class SubscribingForwarder:
         for name in list(self.dispatchers):
             self.close_subscription(name, Unavailable("the server is shutting down"))
         await self.push.close()
+
+    # --- ack state ----------------------------------------------------------------------------
+
+    def cursor_states(self, name: str) -> dict[int, CursorState]:
+        return self.dispatcher(name).cursor_states()
+
+    async def reset(self, name: str, states: dict[int, CursorState]) -> None:
+        """Seek: replace the ack state; durable before returning."""
+        d = self.dispatcher(name)
+        d.reset(states)
+        await d.flush_acks()
+
+    def ack_below(self, name: str, source: int, cut: int) -> bool:
+        return self.dispatcher(name).ack_below(source, cut)
+
+    # --- state and quotas ---------------------------------------------------------------------
+
+    def in_use(self, name: str) -> bool:
+        d = self.dispatchers.get(name)
+        return d is not None and bool(d.consumers)
+
+    def backlog_stats(self, name: str, now_us: int) -> Backlog:
+        return self.dispatcher(name).backlog_stats(now_us)
+
+    def status(self, name: str) -> dict[str, Any]:
+        d = self.dispatcher(name)
+        return {
+            "backlog": d.backlog(),
+            "outstanding": len(d.leases),
+            "consumers": len(d.consumers),
+            "delivered": d.delivered,
+            "acked": d.acked,
+            "lost": d.lost,
+            **d.damage_status(),
+            **self.push.stats(name),
+        }
+
+    def enforce_eviction(self) -> int:
+        """evict_oldest backlog quotas: ack the oldest messages of over-quota subscriptions
+        (every ``quota_check_s``); returns how many were evicted."""
+        evicted = 0
+        now_us = self.clock.time_us()
+        for d in list(self.dispatchers.values()):
+            quota = d.quota
+            if quota is None or quota.policy is not Policy.EVICT_OLDEST:
+                continue
+            backlog = d.backlog_stats(now_us)
+            average = backlog.bytes / backlog.messages if backlog.messages else 0.0
+            count = excess_messages(quota, backlog, average)
+            cutoff = now_us - quota.age_s * 1_000_000 if quota.age_s else None
+            if count or (cutoff is not None and backlog.oldest_age_s > quota.age_s):
+                evicted += d.evict_oldest(count, cutoff)
+        return evicted
+
+    def refresh_blocks(self) -> None:
+        """Re-evaluate block_publishers quotas (the periodic check beside acks and commits)."""
+        for d in list(self.dispatchers.values()):
+            if d.quota is not None:
+                d.refresh_block()
 
     # --- pull ---------------------------------------------------------------------------------
 
@@ -168,14 +338,14 @@ class SubscribingForwarder:
         max_messages: int,
         max_bytes: int,
         client_id: str = "",
-    ) -> tuple[SubscriptionDispatcher, StreamConsumer]:
+    ) -> Stream:
         if self.closing:
             raise Unavailable("the server is shutting down")
         d = self.dispatcher(name)
         d.admit(client_id)
         consumer = StreamConsumer(ack_deadline_s, max_messages, max_bytes, client_id)
         d.add_consumer(consumer)
-        return d, consumer
+        return Stream(d, consumer)
 
     # --- acks ---------------------------------------------------------------------------------
 
@@ -220,7 +390,7 @@ class SubscribingForwarder:
             return
         valid, failures = self._check(d, ack_ids)
         d.acknowledge([pos for pos, _ in valid])
-        await self.publishing.flush_journal(d.journal)
+        await d.flush_acks()
         if failures:
             raise AckIdsInvalid(failures)
 

@@ -72,6 +72,8 @@ class _Push:
 class PushConsumer(Consumer):
     """Pushes one subscription's messages to its HTTP endpoint."""
 
+    has_client = False
+
     def __init__(
         self,
         dispatcher: SubscriptionDispatcher,
@@ -83,6 +85,9 @@ class PushConsumer(Consumer):
         self.dispatcher = dispatcher
         self.endpoint = str(dispatcher.subscription.push_config.push_endpoint)
         self.window = push_wire.AimdWindow(initial_window, 1, max_window)
+        # Window slots taken by deliveries planned but not handed over yet (the planner
+        # hands several responses out at the end of one pass).
+        self._reserved = 0
         self._loop = asyncio.get_running_loop()
         self._tasks: set[asyncio.Task[None]] = set()
         self._holds: dict[int, asyncio.TimerHandle] = {}  # nacks due when backoffs end
@@ -107,12 +112,21 @@ class PushConsumer(Consumer):
         if self._resume is not None:
             return 0, 0
         self.ack_deadline_s = _lease_s(self.dispatcher.subscription)
-        n = min(self.window.available(), MAX_RESPONSE_MESSAGES, MAX_OUTSTANDING - self.outstanding)
+        n = min(
+            self.window.available() - self._reserved,
+            MAX_RESPONSE_MESSAGES,
+            MAX_OUTSTANDING - self.outstanding,
+        )
         if n <= 0:
             return 0, 0
         return n, MAX_RESPONSE_BYTES
 
+    def taken(self, count: int, size: int) -> None:
+        super().taken(count, size)
+        self._reserved += count
+
     def deliver(self, messages: list[bytes], positions: list[int]) -> None:
+        self._reserved = max(0, self._reserved - len(positions))
         if self.closed:  # cannot happen (room() is 0); the leases expire if it does
             return
         response = pb.PullResponse.FromString(b"".join(messages))

@@ -34,7 +34,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pubsubd.control import quotas
+from pubsubd.core import quotas
 from pubsubd.core.errors import InvalidArgument
 
 PREFIX = "pubsubd-"

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from pubsubd.acks.cursor import CursorState
+from pubsubd.core.records import CursorState
 
 US_PER_S = 1_000_000
 # Snapshots live at most this long after the oldest unacked message they capture (Google: 7 d).

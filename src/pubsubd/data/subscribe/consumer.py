@@ -1,0 +1,72 @@
+"""A consumer of a subscription, as the delivery planner sees it: flow control, nothing else
+(pure; the asyncio consumers are in ``consumers.py``, the pusher in ``push.py``).
+
+A consumer is anything the dispatcher can hand messages to. It knows how many messages and bytes
+it may still take (the client's max_outstanding_messages/bytes for a stream, max_messages for a
+Pull) and how long the first lease of what it takes lasts.
+"""
+
+from __future__ import annotations
+
+import abc
+import itertools
+
+# Emulator-mode clients cannot receive gRPC messages over 4 MiB (docs/GOOGLE_API.md §8.1), so a
+# response carries at most this much payload unless a single message is bigger.
+MAX_RESPONSE_BYTES = 4_000_000
+# Messages per response: large enough to amortise per-response cost, small enough to share.
+MAX_RESPONSE_MESSAGES = 1000
+
+_ids = itertools.count(1)
+
+
+class Consumer(abc.ABC):
+    # A client waits on this consumer and must be told why it ends (a stream, a Pull); a
+    # pusher has nobody to tell and retries on its own.
+    has_client = True
+    # A StreamingPull stream (failover, exclusive and key_shared rank streams by client_id).
+    is_stream = False
+    # One Pull call: served first, removed once it got a response.
+    is_pull = False
+    client_id = ""  # a stream's, stable across the client's reconnects
+
+    def __init__(self, ack_deadline_s: float, max_messages: int, max_bytes: int) -> None:
+        self.id = next(_ids)
+        self.ack_deadline_s = ack_deadline_s
+        self.max_messages = max_messages  # 0 = unlimited
+        self.max_bytes = max_bytes  # 0 = unlimited
+        self.outstanding = 0
+        self.outstanding_bytes = 0
+        self.closed = False
+        # Set when a lease of ours expired unconfirmed: the client is not reading this stream
+        # (e.g. it reopened its stream and abandoned this one). Cleared by any sign of life.
+        self.stalled = False
+
+    def room(self) -> tuple[int, int]:
+        """(messages, bytes) this consumer may take now; (0, 0) when it is full."""
+        if self.closed or self.stalled:
+            return 0, 0
+        msgs = MAX_RESPONSE_MESSAGES
+        if self.max_messages:
+            msgs = min(msgs, self.max_messages - self.outstanding)
+        size = MAX_RESPONSE_BYTES
+        if self.max_bytes:
+            left = self.max_bytes - self.outstanding_bytes
+            # One message is always allowed when nothing is outstanding, however big.
+            size = min(size, left) if self.outstanding else max(min(size, left), 1)
+        if msgs <= 0 or size <= 0:
+            return 0, 0
+        return msgs, size
+
+    def taken(self, count: int, size: int) -> None:
+        self.outstanding += count
+        self.outstanding_bytes += size
+
+    def returned(self, size: int) -> None:
+        self.outstanding -= 1
+        self.outstanding_bytes -= size
+
+    @abc.abstractmethod
+    def deliver(self, messages: list[bytes], positions: list[int]) -> None:
+        """Take framed ReceivedMessages (``core.wire.received_message``) and the positions
+        leased with them (to give back what never reaches the client)."""
