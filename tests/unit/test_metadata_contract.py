@@ -2,7 +2,8 @@
 implementation: the in-memory twin and the embedded SQLite store (a ZooKeeper store will be one
 more entry in ``STORES``).
 
-What the protocol promises, as the catalog, snapshots and named cursors use it:
+What the protocol promises, as the catalog, snapshots and named cursors use it (and, for the
+change feed the forwarders follow, the end of this file):
 - ``put_*`` stores a record under its key (topics, subscriptions and snapshots by name, cursors
   by topic uid and name); a second put under the same key replaces the first.
 - ``delete_*`` removes the record under a key; deleting a missing key is a no-op.
@@ -293,3 +294,46 @@ def test_a_put_is_committed_when_it_returns(durable: Store, tmp_path: Path) -> N
         if reader is not None:
             reader.close()
         writer.close()
+
+
+# --- the change feed ----------------------------------------------------------------------------
+# Every change is published on ``store.changes`` once durable, deletes with the record deleted;
+# deleting a missing key publishes nothing; what a listener returns to await is gathered into
+# the mutation's result; a failing listener does not keep the others from hearing.
+
+
+def test_every_change_is_published_once_durable(kind: Kind, impl: Store, tmp_path: Path) -> None:
+    store = impl.open(tmp_path)
+    heard: list[tuple[Any, bool, list[Any]]] = []
+    store.changes.watch(lambda c: heard.append((c.record, c.deleted, list(kind.load(store)))))
+    record = kind.make(1, "a")
+    kind.put(store, record)
+    replaced = kind.make(1, "b")
+    kind.put(store, replaced)
+    kind.delete(store, replaced)
+    kind.delete(store, replaced)  # missing: nothing to tell
+    assert [(r, d) for r, d, _ in heard] == [(record, False), (replaced, False), (replaced, True)]
+    # Each listener ran after the change was in the store.
+    assert [len(seen) for _, _, seen in heard] == [1, 1, 0]
+    store.close()
+
+
+async def test_listeners_awaitables_are_gathered_and_failures_contained(
+    impl: Store, tmp_path: Path
+) -> None:
+    store = impl.open(tmp_path)
+    done: list[str] = []
+
+    def failing(_change: Any) -> None:
+        raise RuntimeError("a broken listener")
+
+    async def slow(change: Any) -> None:
+        done.append(change.record.name)
+
+    store.changes.watch(failing)
+    store.changes.watch(slow)
+    pending = store.put_topic(_topic(1, "a"))
+    assert pending is not None and done == []
+    await pending
+    assert done == ["projects/p/topics/t1"]
+    store.close()
