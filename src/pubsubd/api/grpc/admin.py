@@ -12,7 +12,7 @@ from typing import Any, TypeAlias
 import grpc
 
 from pubsubd._gen.pubsubd.v1 import admin_pb2 as a
-from pubsubd.api.grpc.status import parsing, rpc
+from pubsubd.api.grpc.status import rpc, unary_method
 from pubsubd.control.catalog import Catalog
 from pubsubd.control.router import Routes
 from pubsubd.core.errors import InvalidArgument
@@ -76,11 +76,7 @@ class AdminServicer:
 
 
 def handlers(servicer: AdminServicer) -> grpc.GenericRpcHandler:
-    def unary(fn: Any, req: Any, resp: Any) -> grpc.RpcMethodHandler:
-        return grpc.unary_unary_rpc_method_handler(
-            parsing(fn, req), request_deserializer=None, response_serializer=resp.SerializeToString
-        )
-
+    unary = unary_method
     s = servicer
     return grpc.method_handlers_generic_handler(
         SERVICE,

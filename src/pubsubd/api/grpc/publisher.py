@@ -12,7 +12,7 @@ from typing import Any, TypeAlias
 import grpc
 from google.protobuf.message import DecodeError
 
-from pubsubd.api.grpc.status import parsing, rpc
+from pubsubd.api.grpc.status import rpc, unary_method
 from pubsubd.control.catalog import Catalog
 from pubsubd.control.router import Routes
 from pubsubd.control.snapshots import Snapshots
@@ -111,13 +111,7 @@ class PublisherServicer:
 
 
 def handlers(servicer: PublisherServicer) -> grpc.GenericRpcHandler:
-    def unary(fn: Any, req: Any, resp: Any) -> grpc.RpcMethodHandler:
-        return grpc.unary_unary_rpc_method_handler(
-            parsing(fn, req) if req is not None else fn,
-            request_deserializer=None,
-            response_serializer=resp.SerializeToString,
-        )
-
+    unary = unary_method
     s = servicer
     return grpc.method_handlers_generic_handler(
         "google.pubsub.v1.Publisher",

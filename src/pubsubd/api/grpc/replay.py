@@ -18,7 +18,7 @@ from typing import Any, TypeAlias
 import grpc
 
 from pubsubd._gen.pubsubd.v1 import replay_pb2 as r
-from pubsubd.api.grpc.status import parsing, rpc
+from pubsubd.api.grpc.status import rpc, unary_method
 from pubsubd.control.catalog import Catalog, TopicEntry
 from pubsubd.control.cursors import Cursors
 from pubsubd.control.router import Routes
@@ -337,11 +337,7 @@ class ReplayServicer:
 
 
 def handlers(servicer: ReplayServicer) -> grpc.GenericRpcHandler:
-    def unary(fn: Any, req: Any, resp: Any) -> grpc.RpcMethodHandler:
-        return grpc.unary_unary_rpc_method_handler(
-            parsing(fn, req), request_deserializer=None, response_serializer=resp.SerializeToString
-        )
-
+    unary = unary_method
     s = servicer
     return grpc.method_handlers_generic_handler(
         SERVICE,

@@ -110,3 +110,13 @@ def parsing(fn: Any, cls: Any) -> Any:
         return await fn(request, context)
 
     return handler
+
+
+def unary_method(fn: Any, request_type: Any, response_type: Any) -> grpc.RpcMethodHandler:
+    """A unary method over raw bytes: the request parsed with :func:`parsing` (``None``: the
+    handler takes the bytes), the response serialized (``None``: the handler returns bytes)."""
+    return grpc.unary_unary_rpc_method_handler(
+        parsing(fn, request_type) if request_type is not None else fn,
+        request_deserializer=None,
+        response_serializer=response_type.SerializeToString if response_type is not None else None,
+    )

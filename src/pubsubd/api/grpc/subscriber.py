@@ -19,7 +19,7 @@ from typing import Any, TypeAlias
 import grpc
 from google.protobuf.message import DecodeError
 
-from pubsubd.api.grpc.status import parsing, rpc, to_status
+from pubsubd.api.grpc.status import parsing, rpc, to_status, unary_method
 from pubsubd.control.catalog import Catalog
 from pubsubd.control.router import Routes
 from pubsubd.control.snapshots import Snapshots
@@ -315,13 +315,7 @@ def _check_modacks(request: Any) -> None:
 
 
 def handlers(servicer: SubscriberServicer) -> grpc.GenericRpcHandler:
-    def unary(fn: Any, req: Any, resp: Any) -> grpc.RpcMethodHandler:
-        return grpc.unary_unary_rpc_method_handler(
-            parsing(fn, req),
-            request_deserializer=None,
-            response_serializer=resp.SerializeToString if resp is not None else None,
-        )
-
+    unary = unary_method
     s = servicer
     return grpc.method_handlers_generic_handler(
         "google.pubsub.v1.Subscriber",
