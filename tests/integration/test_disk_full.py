@@ -193,6 +193,10 @@ def test_full_disk_answers_resource_exhausted_and_recovers(
     # An exactly-once lease to ack while the disk is full (its journal is not on disk yet).
     leased = subscriber.pull(subscription=eod, max_messages=1, timeout=10).received_messages
     assert leased
+    # Long enough for the client to retry the ack once space is back.
+    subscriber.modify_ack_deadline(
+        subscription=eod, ack_ids=[leased[0].ack_id], ack_deadline_seconds=600, timeout=10
+    )
 
     disk.fill()
 
@@ -260,7 +264,8 @@ def test_full_disk_answers_resource_exhausted_and_recovers(
     assert cursor_error is not None, "CommitCursor never failed on a full disk"
     _assert_grpc_disk_full(cursor_error, disk.data_dir)
 
-    # Exactly-once acks are durable before they are answered: refused too.
+    # Exactly-once acks are durable before they are answered: refused too, before they change
+    # anything, so the same ack ID still works when the client retries later.
     with pytest.raises(exceptions.GoogleAPICallError) as eod_ack:
         subscriber.acknowledge(subscription=eod, ack_ids=[leased[0].ack_id], retry=None, timeout=5)
     _assert_disk_full(eod_ack.value, disk.data_dir)
@@ -306,6 +311,8 @@ def test_full_disk_answers_resource_exhausted_and_recovers(
     acknowledged.add(dedup_message["data"])
     replay.CommitCursor(topic=topic, name="after", offsets={0: 1})
     replay.close()
+    # The client's retry of the refused exactly-once ack succeeds: its lease was left alone.
+    subscriber.acknowledge(subscription=eod, ack_ids=[leased[0].ack_id], retry=None, timeout=10)
     wait_for(lambda: http_get(srv, "/healthz")[1] == b"ok\n", 10, "/healthz ok again")
     assert _metric(_metrics(srv), "pubsubd_disk_full ") == 0.0
     log = srv.log()

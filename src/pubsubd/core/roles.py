@@ -175,6 +175,11 @@ class PublishingForwarderApi(Protocol):
         """Make the subscription's recorded acks durable now (exactly-once acks, Seek)."""
         ...
 
+    def ensure_writable(self) -> None:
+        """Raise DiskFull while the data directory is known to be full (an exactly-once ack is
+        refused before it changes anything, so the client's retry works once space returns)."""
+        ...
+
     def cursor_states(self, topic_uid: str, subscription_uid: str) -> dict[int, CursorState]: ...
 
     # --- retention ------------------------------------------------------------------------

@@ -214,6 +214,15 @@ class DiskSpace:
             self._clock() - self._since,
         )
 
+    def refusal(self, what: str) -> DiskFull | None:
+        """While an episode is under way (and space has not come back), the error to answer a
+        write that must not even start, such as an exactly-once ack: applied in memory first,
+        it could not be retried by the client once the journal failed. None otherwise."""
+        if not self.check():
+            return None
+        reason = self._first_error or "no space left on device"
+        return DiskFull(str(self.directory), self.free_bytes(), what, reason)
+
     def guard(self, what: str) -> _Guard:
         """``with disk.guard(what): write()``: a disk-full failure becomes DiskFull (recorded),
         a success may end the episode; other errors pass unchanged."""

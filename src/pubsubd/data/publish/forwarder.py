@@ -460,6 +460,11 @@ class PublishingForwarder:
         background flush retries until they are durable."""
         await self._flush_journal(self._journal(topic_uid, sub_uid))
 
+    def ensure_writable(self) -> None:
+        refusal = self.disk.refusal(disk_space.ACKS)
+        if refusal is not None:
+            raise refusal
+
     async def _flush_journal(self, journal: AckJournal) -> None:
         self._dirty_journals.discard(journal)
         try:

@@ -388,6 +388,7 @@ class SubscribingForwarder:
         if not d.subscription.enable_exactly_once_delivery:
             self.acknowledge(name, ack_ids)
             return
+        d.publishing.ensure_writable()  # a full disk: refused before anything is acked
         valid, failures = self._check(d, ack_ids)
         d.acknowledge([pos for pos, _ in valid])
         await d.flush_acks()
