@@ -1,7 +1,10 @@
 """Running a benchmark session: start the targets, warm them up, measure each workload.
 
 Every measurement runs in a fresh ``bench.worker`` process (killed by PID if it overruns its
-bound); the order of targets rotates between runs so no target always goes first. Progress goes
+bound); the order of targets rotates between runs so no target always goes first. Runs are
+interleaved: run 1 of a workload on every target, then run 2 on every target, and so on, so a
+drift of the machine's state (other load, page cache, the data directories growing) affects
+every target alike; that is what makes a ``--baseline`` comparison fair. Progress goes
 to stderr, one line per measurement.
 """
 
@@ -18,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.registry import WARMUP, Workload
-from bench.targets import REPO_ROOT, Target, TargetError, make_target
+from bench.targets import REPO_ROOT, Revision, Target, TargetError, make_target
 from bench.worker import RESULT_PREFIX
 
 WORKER_GRACE_S = 60.0  # added to a workload's own time bound before its worker is killed
@@ -73,12 +76,13 @@ def run_worker(
 
 
 @contextlib.contextmanager
-def started(keys: list[str]) -> Iterator[dict[str, Target]]:
-    """Start the targets; stop every one that started, whatever happens."""
+def started(keys: list[str], baseline: Revision | None = None) -> Iterator[dict[str, Target]]:
+    """Start the targets (``baseline``: the code of the pubsubd-baseline target); stop every
+    one that started, whatever happens."""
     targets: dict[str, Target] = {}
     try:
         for key in keys:
-            target = make_target(key)
+            target = make_target(key, baseline)
             t0 = time.monotonic()
             target.start()
             targets[key] = target

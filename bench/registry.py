@@ -2,8 +2,10 @@
 
 A target is a server the workloads run against (``bench/targets.py`` starts them): pubsubd with
 ``--fsync always`` and ``--fsync interval``, Google's emulator, and the null server (the official
-client's own ceiling). A :class:`Workload` names a function of ``bench/workloads.py``, its
-parameters at full and quick size, the targets it runs on and how it is reported.
+client's own ceiling); with ``--baseline REV`` also ``pubsubd-baseline``, the ``pubsubd`` target
+running another revision's code, which runs every workload ``pubsubd`` runs. A
+:class:`Workload` names a function of ``bench/workloads.py``, its parameters at full and quick
+size, the targets it runs on and how it is reported.
 """
 
 from __future__ import annotations
@@ -14,6 +16,15 @@ from typing import Any
 ALL_TARGETS = ("pubsubd", "pubsubd-interval", "emulator", "null")
 CORE_TARGETS = ("pubsubd", "emulator", "null")  # fsync=interval only matters for publishing
 BASE = "pubsubd"  # the target the ratios are about
+# pubsubd as of another revision (bench.run --baseline REV), beside BASE in every workload.
+BASELINE = "pubsubd-baseline"
+KNOWN_TARGETS = (*ALL_TARGETS, BASELINE)
+
+
+def with_baseline(targets: tuple[str, ...]) -> tuple[str, ...]:
+    """``targets`` plus the baseline target wherever pubsubd runs (a session has the baseline
+    target only when it was asked for)."""
+    return (*targets, BASELINE) if BASE in targets and BASELINE not in targets else targets
 
 
 @dataclass(frozen=True)
@@ -38,7 +49,7 @@ class Workload:
     fresh_target: bool = False
 
     def targets_for(self, quick: bool) -> tuple[str, ...]:
-        return self.full_targets if self.full_targets and not quick else self.targets
+        return with_baseline(self.full_targets if self.full_targets and not quick else self.targets)
 
     def params(self, quick: bool) -> dict[str, Any]:
         return self.quick if quick else self.full

@@ -1,7 +1,8 @@
 """Reporting a benchmark session: medians and ratios, markdown tables, the machine it ran on.
 
 ``summarise`` reduces the measurements to median/min/max per workload and target and the ratios
-of pubsubd's medians to the emulator's and the null server's; ``markdown`` renders the tables
+of pubsubd's medians to the emulator's, the null server's and (``--baseline``) the baseline
+revision's; ``markdown`` renders the tables
 that ``bench.run`` prints and saves; ``machine_info`` records the machine, package versions and
 source state saved with the raw results under ``bench/results/``.
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.orchestration import Measurement
-from bench.registry import BASE, Workload
+from bench.registry import BASE, BASELINE, Workload, with_baseline
 from bench.targets import REPO_ROOT, EmulatorTarget
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -33,6 +34,7 @@ THROUGHPUT_KEYS = (
     "other_cpu_pct",
     "order_violations",
     "duplicates",
+    "server_us_per_msg",  # derived: server CPU time per message (see _figures)
 )
 LATENCY_KEYS = (
     "p50_ms",
@@ -48,19 +50,30 @@ LATENCY_KEYS = (
 )
 
 
+def _figures(m: Measurement) -> dict[str, Any]:
+    """A measurement's figures plus derived ones: ``server_us_per_msg``, the server's CPU time
+    per message (less sensitive than the rate to the client's share of a 2-CPU machine)."""
+    figures = dict(m.result)
+    cpu, rate = figures.get("server_cpu_pct"), figures.get("msgs_per_s")
+    if cpu is not None and rate:
+        figures["server_us_per_msg"] = cpu / 100 * 1e6 / rate
+    return figures
+
+
 def summarise(workloads: list[Workload], measurements: list[Measurement]) -> dict[str, Any]:
     """Per workload and target: median/min/max of each figure; ratios of pubsubd's medians."""
     summary: dict[str, Any] = {}
     for w in workloads:
         keys = w.report or (LATENCY_KEYS if w.latency else THROUGHPUT_KEYS)
         per_target: dict[str, Any] = {}
-        for target in w.targets:
+        for target in with_baseline(w.targets):
             ok = [m for m in measurements if m.workload == w.name and m.target == target and m.ok]
             if not ok:
                 continue
             stats: dict[str, Any] = {"runs": len(ok)}
+            figures = [_figures(m) for m in ok]
             for key in keys:
-                values = [m.result[key] for m in ok if key in m.result]
+                values = [f[key] for f in figures if key in f]
                 if values:
                     stats[key] = {
                         "median": statistics.median(values),
@@ -73,29 +86,33 @@ def summarise(workloads: list[Workload], measurements: list[Measurement]) -> dic
             per_target[target] = stats
         ratios: dict[str, Any] = {}
         metrics = ("p50_ms", "p99_ms") if w.latency else ("msgs_per_s",)
-        for other in ("emulator", "null"):
+        for other in ("emulator", "null", BASELINE):
             if BASE in per_target and other in per_target:
-                for metric in metrics:
+                extra = ("server_us_per_msg",) if other == BASELINE and not w.latency else ()
+                for metric in (*metrics, *extra):
                     a = per_target[BASE].get(metric, {}).get("median")
                     b = per_target[other].get(metric, {}).get("median")
                     if a and b:
+                        per_run = _per_run_ratios(measurements, w, other, metric)
                         ratios[f"{BASE}/{other} {metric}"] = {
                             "of_medians": a / b,
-                            "per_run_median": _per_run_ratio(measurements, w, other, metric),
+                            "per_run_median": statistics.median(per_run) if per_run else None,
+                            "per_run": per_run,
                         }
         summary[w.name] = {"title": w.title, "targets": per_target, "ratios": ratios}
     return summary
 
 
-def _per_run_ratio(
+def _per_run_ratios(
     measurements: list[Measurement], w: Workload, other: str, metric: str
-) -> float | None:
+) -> list[float]:
+    """pubsubd's figure ÷ ``other``'s in each run (the two measured one after the other)."""
     by_run: dict[int, dict[str, float]] = {}
     for m in measurements:
-        if m.workload == w.name and m.ok and metric in m.result:
-            by_run.setdefault(m.run, {})[m.target] = m.result[metric]
-    ratios = [r[BASE] / r[other] for r in by_run.values() if BASE in r and r.get(other)]
-    return statistics.median(ratios) if ratios else None
+        figures = _figures(m)
+        if m.workload == w.name and m.ok and metric in figures:
+            by_run.setdefault(m.run, {})[m.target] = figures[metric]
+    return [r[BASE] / r[other] for _, r in sorted(by_run.items()) if BASE in r and r.get(other)]
 
 
 LABELS = {
@@ -103,6 +120,7 @@ LABELS = {
     "pubsubd-interval": "pubsubd (fsync=interval)",
     "emulator": "Google emulator",
     "null": "null server",
+    BASELINE: "pubsubd baseline (fsync=always)",
 }
 
 
@@ -181,7 +199,7 @@ def markdown(summary: dict[str, Any], workloads: list[Workload], targets: list[s
                 + " | ".join(f"{c:.0f}%" if c is not None else "-" for c in cpu)
                 + " |"
             )
-        for other in ("emulator", "null"):
+        for other in ("emulator", "null", BASELINE):
             if not summary[w.name]["ratios"].get(f"{BASE}/{other} p50_ms"):
                 continue
             lines.append(
@@ -189,6 +207,8 @@ def markdown(summary: dict[str, Any], workloads: list[Workload], targets: list[s
                 f"| {_ratio(summary, w.name, other, 'p99_ms')} | | | | | |"
             )
         lines += [""]
+    if BASELINE in targets:
+        lines += _before_after_table(summary, rate)
     lines += _feature_table(summary, [w for w in rate if w.baselines])
     for w in workloads:
         if w.report and w.name in summary:
@@ -219,6 +239,52 @@ def markdown(summary: dict[str, Any], workloads: list[Workload], targets: list[s
             lines.append(f"| {w.name} | " + " | ".join(cells) + " |")
         lines += [""]
     return "\n".join(lines)
+
+
+def _before_after_table(summary: dict[str, Any], rate: list[Workload]) -> list[str]:
+    """``--baseline``: each rate workload before (the baseline revision) and after (this tree)."""
+    shown = [
+        w for w in rate if {BASE, BASELINE} <= set(summary[w.name]["targets"])
+    ]  # workloads both ran
+    if not shown:
+        return []
+
+    def spread(stats: dict[str, Any]) -> str:
+        return f"{(stats['max'] - stats['min']) / stats['median']:.0%}" if stats["median"] else "-"
+
+    lines = [
+        f"Before/after: {LABELS[BASELINE]} (before: the --baseline revision) and {LABELS[BASE]} "
+        "(after: this tree), same session, runs interleaved. msgs/s median (min-max); after ÷ "
+        "before of the medians, and of each run's pair (the two measured one after the other); "
+        "spread = (max - min) ÷ median of one target's runs; server CPU µs per message, medians",
+        "",
+        "| Workload | before msgs/s | after msgs/s | after ÷ before | per-run after ÷ before "
+        "| spread before / after | server µs/msg before → after |",
+        "|---|---:|---:|---:|---|---:|---:|",
+    ]
+    for w in shown:
+        before = summary[w.name]["targets"][BASELINE]
+        after = summary[w.name]["targets"][BASE]
+        ratio = summary[w.name]["ratios"].get(f"{BASE}/{BASELINE} msgs_per_s")
+        if "msgs_per_s" not in before or "msgs_per_s" not in after or not ratio:
+            continue
+        b, a = before["msgs_per_s"], after["msgs_per_s"]
+        per_run = ratio["per_run"]
+        runs = (
+            f"{statistics.median(per_run):.3f} ({min(per_run):.3f}-{max(per_run):.3f})"
+            if per_run
+            else "-"
+        )
+        us_b, us_a = _med(before, "server_us_per_msg"), _med(after, "server_us_per_msg")
+        us = f"{us_b:.1f} → {us_a:.1f}" if us_b is not None and us_a is not None else "-"
+        mark_b = "" if before["complete"] else " †"
+        mark_a = "" if after["complete"] else " †"
+        lines.append(
+            f"| {w.name} | {b['median']:,.0f} ({b['min']:,.0f}-{b['max']:,.0f}){mark_b} "
+            f"| {a['median']:,.0f} ({a['min']:,.0f}-{a['max']:,.0f}){mark_a} "
+            f"| {ratio['of_medians']:.3f} | {runs} | {spread(b)} / {spread(a)} | {us} |"
+        )
+    return [*lines, ""]
 
 
 def _feature_table(summary: dict[str, Any], features: list[Workload]) -> list[str]:

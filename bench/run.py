@@ -12,6 +12,14 @@ Examples::
     python -m bench.run --quick               # 1 run, small counts, ~2-3 minutes
     python -m bench.run --only publish-raw --targets pubsubd,null --runs 5
     python -m bench.run --only names --targets pubsubd   # 100k topics + 100k subscriptions
+    python -m bench.run --only =publish-raw-100B,=drain-raw --targets pubsubd --baseline HEAD~5
+
+``--baseline REV`` adds the target ``pubsubd-baseline``: the same pubsubd server (same command
+line and settings as ``pubsubd``) running the code of git revision REV, exported with ``git
+archive`` into a temporary directory and put first on its ``PYTHONPATH``. It runs every workload
+``pubsubd`` runs, interleaved with it run by run, and the tables gain a before/after table
+(``pubsubd`` ÷ ``pubsubd-baseline``, medians and per-run ratios). Only the server's code differs:
+the clients, the runner and the interpreter are this checkout's.
 
 The feature workloads (``drain-raw-*``, ``publish-raw-attrs``/``-delay``) run on pubsubd only and
 are reported against plainer baselines of the same session. The ``names`` workloads take many
@@ -25,6 +33,7 @@ markdown tables, machine info); this module is the command line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -32,9 +41,9 @@ import sys
 import time
 
 from bench.orchestration import log, run_session, started
-from bench.registry import ALL_TARGETS, WORKLOADS, select
+from bench.registry import ALL_TARGETS, BASELINE, KNOWN_TARGETS, WORKLOADS, select
 from bench.report import RESULTS_DIR, machine_info, markdown, summarise
-from bench.targets import REPO_ROOT, TargetError
+from bench.targets import REPO_ROOT, Revision, TargetError, exported
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,6 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--targets", default=",".join(ALL_TARGETS), help=f"subset of {','.join(ALL_TARGETS)}"
     )
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help=f"also run pubsubd as of git revision REV (target {BASELINE}) beside the current "
+        "code, interleaved run by run, and report after/before",
+    )
     parser.add_argument("--no-warmup", action="store_true", help="skip the per-target warm-up")
     parser.add_argument("--list", action="store_true", help="list the workloads and exit")
     args = parser.parse_args(argv)
@@ -62,19 +77,28 @@ def main(argv: list[str] | None = None) -> int:
     runs = args.runs or (1 if args.quick else 3)
     workloads = select(args.only)
     requested = {k.strip() for k in args.targets.split(",") if k.strip()}
-    for k in requested - set(ALL_TARGETS):
-        raise SystemExit(f"unknown target {k!r}; choose from {','.join(ALL_TARGETS)}")
+    for k in requested - set(KNOWN_TARGETS):
+        raise SystemExit(f"unknown target {k!r}; choose from {','.join(KNOWN_TARGETS)}")
+    if args.baseline:
+        requested.add(BASELINE)
+    elif BASELINE in requested:
+        raise SystemExit(f"the {BASELINE} target needs --baseline REV")
     keys = [
         k
-        for k in ALL_TARGETS
+        for k in KNOWN_TARGETS
         if k in requested and any(k in w.targets_for(args.quick) for w in workloads)
     ]
 
     info = machine_info()
     started_at = dt.datetime.now(dt.UTC)
     t0 = time.monotonic()
+    baseline: Revision | None = None
     try:
-        with started(keys) as targets:
+        with contextlib.ExitStack() as stack:
+            if args.baseline:
+                baseline = stack.enter_context(exported(args.baseline))
+                log(f"{BASELINE}: {baseline.name} = {baseline.commit}, exported to {baseline.src}")
+            targets = stack.enter_context(started(keys, baseline))
             measurements = run_session(workloads, targets, runs, args.quick, not args.no_warmup)
     except TargetError as e:
         log(f"error: {e}")
@@ -92,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
             "targets": keys,
             "workloads": {w.name: {"kind": w.kind, **w.params(args.quick)} for w in workloads},
             "warmup": not args.no_warmup,
+            "baseline": (
+                {"rev": baseline.name, "commit": baseline.commit} if baseline is not None else None
+            ),
         },
         "summary": summary,
         "measurements": [m.__dict__ for m in measurements],
@@ -113,6 +140,17 @@ def main(argv: list[str] | None = None) -> int:
         f"{info['packages']['google-cloud-pubsub']}, emulator {info['emulator']}; load average "
         f"{info['loadavg_start'][0]:.2f} → {info['loadavg_end'][0]:.2f}\n"
     )
+    if baseline is not None:
+        print(
+            f"{BASELINE} ran commit {baseline.commit[:10]} ({baseline.name}); pubsubd ran the "
+            f"working tree at {info['git_commit']}"
+            + (
+                f" plus uncommitted {', '.join(info['src_uncommitted'])}"
+                if info["src_uncommitted"]
+                else ""
+            )
+            + "\n"
+        )
     print(table)
     failed = [m for m in measurements if not m.ok]
     for m in failed:

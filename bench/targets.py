@@ -3,11 +3,19 @@
 Each target is started once per session on 127.0.0.1 with an ephemeral port, logs to a file in
 its own temporary directory, and is stopped by its own PID (SIGTERM, then SIGKILL), after which
 the directory is removed.
+
+``pubsubd-baseline`` is pubsubd as of another git revision (``bench.run --baseline REV``): the
+revision's ``src/`` is exported with ``git archive`` into a temporary directory (:func:`exported`)
+and put first on the server's ``PYTHONPATH``, ahead of the venv's editable install of this
+checkout's ``src/``; the command line is the ``pubsubd`` target's. Before it starts, the target
+checks that an interpreter with the same environment imports ``pubsubd`` from the export.
 """
 
 from __future__ import annotations
 
 import abc
+import contextlib
+import io
 import os
 import re
 import shutil
@@ -15,9 +23,14 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+
+from bench.registry import BASELINE
 
 HOST = "127.0.0.1"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -151,6 +164,90 @@ class PubsubdTarget(Target):
         return int(m.group(2)) if m else None
 
 
+@dataclass(frozen=True)
+class Revision:
+    """Another revision's source tree, exported for the baseline target."""
+
+    name: str  # as given on the command line ("b0e8685", "HEAD~3", a tag)
+    commit: str  # the full hash it resolved to
+    root: Path  # the export: holds src/ only
+
+    @property
+    def src(self) -> Path:
+        return self.root / "src"
+
+    @property
+    def short(self) -> str:
+        return self.commit[:7]
+
+
+@contextlib.contextmanager
+def exported(rev: str) -> Iterator[Revision]:
+    """``git archive`` of ``rev``'s ``src/`` in a temporary directory, removed afterwards."""
+    resolved = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        check=False,
+    )
+    if resolved.returncode != 0:
+        raise TargetError(f"--baseline {rev!r} is not a commit of {REPO_ROOT}")
+    commit = resolved.stdout.strip()
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", commit, "src"],
+        capture_output=True,
+        cwd=REPO_ROOT,
+        check=False,
+    )
+    if archive.returncode != 0:
+        raise TargetError(f"git archive {commit} src failed: {archive.stderr.decode()[-2000:]}")
+    root = Path(tempfile.mkdtemp(prefix=f"bench-baseline-{commit[:7]}-"))
+    try:
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+            tar.extractall(root, filter="data")
+        yield Revision(rev, commit, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+class BaselinePubsubdTarget(PubsubdTarget):
+    """The ``pubsubd`` target's server (same command line, fsync=always) running the code of
+    another revision: its exported ``src/`` comes first on ``PYTHONPATH``."""
+
+    def __init__(self, revision: Revision) -> None:
+        super().__init__("always")
+        self.revision = revision
+        self.key = BASELINE
+        self.label = f"pubsubd {revision.short} (fsync=always)"
+
+    def env(self) -> dict[str, str]:
+        env = super().env()
+        env["PYTHONPATH"] = os.pathsep.join((str(self.revision.src), env["PYTHONPATH"]))
+        return env
+
+    def imported_from(self) -> Path:
+        """Where an interpreter with this target's environment finds ``pubsubd``."""
+        probe = subprocess.run(
+            [sys.executable, "-c", "import pubsubd; print(pubsubd.__file__)"],
+            capture_output=True,
+            text=True,
+            env=self.env(),
+            cwd=self.revision.root,  # like the server's cwd: no package of that name in it
+            check=False,
+        )
+        if probe.returncode != 0:
+            raise TargetError(f"{self.label}: importing pubsubd failed:\n{probe.stderr[-2000:]}")
+        return Path(probe.stdout.strip()).resolve()
+
+    def start(self) -> Target:
+        found = self.imported_from()
+        expected = (self.revision.src / "pubsubd" / "__init__.py").resolve()
+        if found != expected:
+            raise TargetError(f"{self.label} would import pubsubd from {found}, not {expected}")
+        return super().start()
+
+
 class EmulatorTarget(Target):
     """Google's Java emulator (in memory). It cannot pick its own port: we pick a free one."""
 
@@ -191,9 +288,13 @@ class NullTarget(Target):
         return int(m.group(2)) if m else None
 
 
-def make_target(key: str) -> Target:
+def make_target(key: str, baseline: Revision | None = None) -> Target:
     if key == "pubsubd":
         return PubsubdTarget("always")
+    if key == BASELINE:
+        if baseline is None:
+            raise ValueError("the pubsubd-baseline target needs a revision (--baseline REV)")
+        return BaselinePubsubdTarget(baseline)
     if key.startswith("pubsubd-"):
         return PubsubdTarget(key.removeprefix("pubsubd-"))
     if key == "emulator":
