@@ -288,7 +288,8 @@ class SubscriptionDispatcher:
     # --- acks and deadlines -------------------------------------------------------------------
 
     def decode(self, ack_id: str) -> tuple[int, int]:
-        return self.planner.decode(ack_id)
+        # Once per ack ID: the planner's decode without its call layer.
+        return ids.decode_ack_id(ack_id, self.planner.incarnation)
 
     def acknowledge(self, positions: list[int]) -> None:
         events.record_acks(self, positions)  # delivery-latency SLI; O(1) per batch

@@ -513,12 +513,14 @@ class DeliveryPlanner:
         return self._dead_lettering is not None and pos in self._dead_lettering
 
     def _release(self, pos: int) -> bool:
+        # Runs once per acked message: _returned's work inlined, one consumer lookup.
         lease = self.leases.release(pos)
         if lease is None:
             return False
-        self._returned(lease)
-        consumer = self.consumers.get(lease.consumer)
+        self._outstanding_bytes -= lease.size
+        consumer = self.roster.consumers.get(lease.consumer)
         if consumer is not None:
+            consumer.returned(lease.size)
             consumer.stalled = False
         return True
 
