@@ -659,11 +659,12 @@ class DeliveryPlanner:
             if failed:
                 self._effects.pump = True
             return
+        leases, consumers = self.leases, self.roster.consumers  # once per message below
         for pos, generation in positions:
-            lease = self.leases.get(pos)
+            lease = leases.get(pos)
             if lease is not None and lease.generation == generation:
-                self.leases.extend(pos, now, seconds)
-                consumer = self.consumers.get(lease.consumer)
+                leases.extend(pos, now, seconds)
+                consumer = consumers.get(lease.consumer)
                 if consumer is not None and consumer.stalled:
                     consumer.stalled = False
                     self._effects.pump = True
