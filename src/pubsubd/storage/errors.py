@@ -38,3 +38,15 @@ class LogClosed(StorageError):
 
 class ReplicationFailed(StorageError):
     """A write did not reach a majority of the replicas."""
+
+
+class Fenced(ReplicationFailed):
+    """A storage node refused an append: the ledger was fenced by a newer owner."""
+
+
+class LostOwnership(ReplicationFailed):
+    """This process no longer writes the source (fenced, or its ZooKeeper session ended)."""
+
+
+class ListConflict(StorageError):
+    """A source's ledger list changed since it was read (compare-and-set failed)."""

@@ -44,6 +44,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from pubsubd.storage import segment_index
 from pubsubd.storage.damage import FOUND_AT_START, FOUND_BY_READ, DamagedRange, DamageMap
@@ -83,6 +84,14 @@ MAX_GROUP_BYTES = 16 << 20  # bytes written per group; a bigger backlog forms se
 MAX_OPEN_READ_FDS = 16  # read-only segment fds kept open per log (LRU)
 DEFAULT_READ_MAX_ENTRIES = 1000
 DEFAULT_READ_MAX_BYTES = 4 << 20
+
+
+class RemoteLog(Protocol):
+    """The durable copy of a log on other machines (storage/ledgers/writer.py)."""
+
+    async def append(self, first_offset: int, frames: bytes, end_offset: int) -> None: ...
+    async def trim(self, before_offset: int) -> int: ...
+    async def close(self) -> None: ...
 
 
 class FsyncPolicy(enum.Enum):
@@ -393,6 +402,8 @@ class SourceLog:
         "_policy",
         "_read_fds",
         "_release_requested",
+        "_remote",
+        "_remote_tasks",
         "_replica",
         "_segment_bytes",
         "_segment_lock",
@@ -416,8 +427,14 @@ class SourceLog:
         fsync_interval_s: float,
         cache_bytes: int,
         damaged: Iterable[DamagedRange] = (),
+        remote: RemoteLog | None = None,
     ) -> None:
         self._directory = directory
+        # In a cluster the source's ledgers on the storage nodes are the durable copy and
+        # this directory a local copy to read from (storage/ledgers/): an append is
+        # committed once the remote quorum has it, and the local write is not fsynced.
+        self._remote = remote
+        self._remote_tasks: set[asyncio.Task[int]] = set()
         self._segments = segments
         # Damaged ranges (storage/damage.py); None while there are none, the usual case.
         self._damage: DamageMap | None = None
@@ -460,6 +477,7 @@ class SourceLog:
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         fsync_interval_s: float = DEFAULT_FSYNC_INTERVAL_S,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
+        remote: RemoteLog | None = None,
     ) -> SourceLog:
         """Open (creating if needed) and recover the log in ``directory``; blocking, no tasks."""
         if segment_bytes < 1:
@@ -480,6 +498,7 @@ class SourceLog:
             fsync_interval_s=fsync_interval_s,
             cache_bytes=cache_bytes,
             damaged=damaged,
+            remote=remote,
         )
         log._on_disk = on_disk
         return log
@@ -609,7 +628,7 @@ class SourceLog:
                 self._fail(group, exc)
                 return
             self._on_disk = True
-        sync = self._policy is FsyncPolicy.ALWAYS
+        sync = self._policy is FsyncPolicy.ALWAYS and self._remote is None
         start = 0
         while start < len(group):
             active = self._segments[-1]
@@ -628,6 +647,9 @@ class SourceLog:
             chunk = group[start:stop]
             data = chunk[0].frame if len(chunk) == 1 else b"".join(p.frame for p in chunk)
             try:
+                if self._remote is not None:  # durable once the remote quorum has it
+                    first, end = chunk[0].entry.base_offset, chunk[-1].entry.next_offset
+                    await self._remote.append(first, data, end)
                 await self._writer.append(active.base, data, sync)
             except StorageError as exc:
                 self._fail(group[start:], exc)
@@ -785,6 +807,10 @@ class SourceLog:
             except StorageError:
                 logger.exception("log %s: final fsync failed", self._directory)
         await self._writer.close()
+        if self._remote_tasks:
+            await asyncio.gather(*self._remote_tasks, return_exceptions=True)
+        if self._remote is not None:
+            await self._remote.close()
         self._close_files()
 
     def _close_files(self) -> None:
@@ -1077,10 +1103,21 @@ class SourceLog:
             self._writer.delete_segment(segment.base)
             segment_index.delete(self._directory, segment.base)
             logger.debug("log %s: deleted segment %d", self._directory, segment.base)
+        if self._remote is not None and not self._remote_tasks:
+            task = asyncio.get_running_loop().create_task(self._remote.trim(self.start_offset))
+            self._remote_tasks.add(task)
+            task.add_done_callback(self._remote_trimmed)
         self._cache.drop_below(self.start_offset)
         if self._damage:
             self._damage.drop_below(self.start_offset)
         return self.start_offset
+
+    def _remote_trimmed(self, task: asyncio.Task[int]) -> None:
+        self._remote_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.warning(
+                "log %s: deleting trimmed ledgers failed: %s", self._directory, task.exception()
+            )
 
     def stats(self) -> dict[str, int]:
         """Counters for metrics and tests."""

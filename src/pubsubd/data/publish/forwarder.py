@@ -24,7 +24,13 @@ from pubsubd.core import pb
 from pubsubd.core.clock import SYSTEM_CLOCK, Clock
 from pubsubd.core.damage_policy import DamagePolicy
 from pubsubd.core.delays import MARKER
-from pubsubd.core.errors import DataLoss, DiskFull, InternalError, SubscriptionNotFound
+from pubsubd.core.errors import (
+    DataLoss,
+    DiskFull,
+    InternalError,
+    SubscriptionNotFound,
+    Unavailable,
+)
 from pubsubd.core.records import CursorState, SourceRange
 from pubsubd.data.publish.dedup import Deduplicator
 from pubsubd.data.publish.delays import DelayTracker, DueListener
@@ -35,7 +41,7 @@ from pubsubd.storage.damage import DamagedRange
 from pubsubd.storage.delay_index import FILE_NAME as DELAY_INDEX_FILE
 from pubsubd.storage.delay_index import DelayIndex
 from pubsubd.storage.disk_space import DiskSpace
-from pubsubd.storage.errors import StorageError
+from pubsubd.storage.errors import ReplicationFailed, StorageError
 from pubsubd.storage.framing import Entry
 from pubsubd.storage.log import FsyncPolicy, SourceLog
 
@@ -307,6 +313,8 @@ class PublishingForwarder:
             full = self.disk.error(e, disk_space.LOG)
             if full is not None:
                 raise full from e
+            if isinstance(e.__cause__, ReplicationFailed):  # storage nodes: retry later
+                raise Unavailable(f"storage unavailable: {e.__cause__}") from e
             log.exception("append to topic %s failed", topic_uid)
             raise InternalError(f"storage write failed: {e}") from e
         if self.disk.full:

@@ -1,0 +1,449 @@
+"""Replicated appends of one publish message source: the ledger writer behind a ``SourceLog``.
+
+The source's owner is the only writer (``LedgerDirectory.acquire`` gives its epoch). Each
+append goes to every node of the source's open ledger in parallel, in order per node, and
+returns once ``ack_quorum`` nodes have it durable (SCALE_OUT.md §2, step 5). When a node fails,
+the ledger is closed at the last confirmed entry and the source rolls to a new ledger on other
+nodes, as Pulsar does instead of changing ensembles; the append that failed is sent again to
+the new ledger. The closed ledger keeps its copies on the nodes that answered and is repaired
+in the background. A node that refuses an append because the ledger was fenced means another
+owner took over: the source stops (every later append fails) and never writes again.
+
+Takeover (``SourceLedgers.take_over``): the owner marks an unclosed last ledger IN_RECOVERY,
+fences it on its nodes, copies the entries some nodes lack (``recovery.plan_recovery``) and
+closes it by compare-and-set, so exactly one ledger per source is ever OPEN.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from pubsubd.storage.errors import (
+    Fenced,
+    ListConflict,
+    LostOwnership,
+    ReplicationFailed,
+    StorageError,
+)
+from pubsubd.storage.ledgers.meta import LedgerList, LedgerMeta, LedgerState, StoragePolicy
+from pubsubd.storage.ledgers.placement import NodeInfo, NotEnoughNodes, choose_nodes
+from pubsubd.storage.ledgers.recovery import FenceReply, NotEnoughReplies, plan_recovery
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# A ledger rolls over after this many bytes, so retention deletes whole ledgers.
+DEFAULT_LEDGER_BYTES = 64 << 20
+# How long one storage node call may take before the node counts as failed for it.
+NODE_CALL_TIMEOUT_S = 10.0
+# Bytes per Read when copying entries (recovery, materialization).
+COPY_PAGE_BYTES = 4 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFence:
+    exists: bool
+    first_offset: int
+    end_offset: int
+
+
+class StorageNodes(Protocol):
+    """The storage nodes' API as the writer needs it (``storage/node_client.py`` over gRPC)."""
+
+    async def append(
+        self, node: NodeInfo, ledger_id: int, epoch: int, first_offset: int, frames: bytes, lac: int
+    ) -> int: ...
+    async def fence(self, node: NodeInfo, ledger_id: int, epoch: int) -> NodeFence: ...
+    async def read(
+        self, node: NodeInfo, ledger_id: int, start_offset: int, end_offset: int, max_bytes: int
+    ) -> tuple[bytes, int]: ...
+    async def delete(self, node: NodeInfo, ledger_id: int) -> None: ...
+    def is_fenced(self, error: BaseException) -> bool: ...
+
+
+class LedgerDirectory(Protocol):
+    """The ZooKeeper side (``ledgers/directory.py``): ledger lists, IDs, ownership, nodes."""
+
+    async def read(self, topic_uid: str, source: int) -> LedgerList: ...
+    async def write(self, topic_uid: str, source: int, ledgers: LedgerList) -> LedgerList:
+        """Compare-and-set on ``ledgers.version``; raises ListConflict; returns the new
+        version's list."""
+        ...
+
+    async def new_ledger_id(self) -> int: ...
+    async def acquire(self, topic_uid: str, source: int) -> int:
+        """Become the source's owner; returns the epoch. Raises LostOwnership if another
+        live process owns it."""
+        ...
+
+    async def release(self, topic_uid: str, source: int) -> None: ...
+    def nodes(self) -> list[NodeInfo]: ...
+    def node(self, node_id: str) -> NodeInfo | None: ...
+    def owns(self) -> bool:
+        """False once the ZooKeeper session is lost: stop writing."""
+        ...
+
+
+async def _timed(awaitable: Awaitable[T]) -> T:
+    return await asyncio.wait_for(awaitable, NODE_CALL_TIMEOUT_S)
+
+
+class SourceLedgers:
+    """The replicated log of one source, as its owner sees it."""
+
+    def __init__(
+        self,
+        topic_uid: str,
+        source: int,
+        directory: LedgerDirectory,
+        nodes: StorageNodes,
+        policy: StoragePolicy,
+        *,
+        ledger_bytes: int = DEFAULT_LEDGER_BYTES,
+    ) -> None:
+        self.topic_uid = topic_uid
+        self.source = source
+        self._directory = directory
+        self._nodes = nodes
+        self._policy = policy
+        self._ledger_bytes = ledger_bytes
+        self.epoch: int | None = None
+        self.ledgers = LedgerList()
+        self._open: LedgerMeta | None = None  # the ledger this process writes
+        self._open_bytes = 0
+        self._roll_next = False
+        self._confirmed_end = 0  # every offset below is on ack_quorum nodes
+        self._tails: dict[str, asyncio.Future[int]] = {}  # per node: last append in flight
+        self._failed: set[str] = set()  # nodes that failed an append of the open ledger
+        self._stopped: str | None = None
+        self._lock = asyncio.Lock()
+        self.appends_refused = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic_uid}/{self.source}"
+
+    # -- takeover ------------------------------------------------------------------------
+
+    async def take_over(self) -> LedgerList:
+        """Own the source: epoch, ledger list, recovery of an unclosed last ledger. Returns
+        the list with every ledger closed; the end is where this owner appends next."""
+        self.epoch = await self._directory.acquire(self.topic_uid, self.source)
+        while True:
+            ledgers = await self._directory.read(self.topic_uid, self.source)
+            try:
+                if ledgers.needs_recovery():
+                    ledgers = await self._recover(ledgers)
+                break
+            except ListConflict:
+                continue  # someone changed the list meanwhile: read it again
+        self.ledgers = ledgers
+        end = ledgers.end_offset
+        assert end is not None
+        self._confirmed_end = end
+        return ledgers
+
+    async def _recover(self, ledgers: LedgerList) -> LedgerList:
+        last = ledgers.last
+        assert last is not None and self.epoch is not None
+        if last.state is LedgerState.OPEN:
+            ledgers = await self._directory.write(
+                self.topic_uid, self.source, ledgers.replaced_last(last.recovering())
+            )
+        replies = await self._fence(last)
+        try:
+            plan = plan_recovery(last.first_offset, replies, last.write_quorum, last.ack_quorum)
+        except NotEnoughReplies as e:
+            raise ReplicationFailed(f"source {self.name}: ledger {last.ledger_id}: {e}") from e
+        for node_id, start in plan.copies:
+            await self._copy(last, plan.source, node_id, start, plan.end_offset)
+        logger.info(
+            "source %s: recovered ledger %d: closed at %d (epoch %d, %d copies)",
+            self.name,
+            last.ledger_id,
+            plan.end_offset,
+            self.epoch,
+            len(plan.copies),
+        )
+        last = ledgers.last
+        assert last is not None
+        return await self._directory.write(
+            self.topic_uid, self.source, ledgers.replaced_last(last.closed(plan.end_offset))
+        )
+
+    async def _fence(self, ledger: LedgerMeta) -> list[FenceReply]:
+        assert self.epoch is not None
+        nodes = [self._directory.node(n) for n in ledger.nodes]
+        calls = [
+            _timed(self._nodes.fence(node, ledger.ledger_id, self.epoch))
+            for node in nodes
+            if node is not None
+        ]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        replies = []
+        for node, result in zip([n for n in nodes if n is not None], results, strict=True):
+            if isinstance(result, BaseException):
+                logger.warning(
+                    "source %s: fence of ledger %d on %s failed: %s",
+                    self.name,
+                    ledger.ledger_id,
+                    node.node_id,
+                    result,
+                )
+                continue
+            end = result.end_offset if result.exists else ledger.first_offset
+            replies.append(FenceReply(node.node_id, end))
+        return replies
+
+    async def _copy(
+        self, ledger: LedgerMeta, source_id: str, target_id: str, start: int, end: int
+    ) -> None:
+        """Copy entries [start, end) of ``ledger`` from one node to another (epoch: ours)."""
+        source = self._directory.node(source_id)
+        target = self._directory.node(target_id)
+        if source is None or target is None:
+            raise ReplicationFailed(f"ledger {ledger.ledger_id}: node gone during recovery")
+        assert self.epoch is not None
+        offset = start
+        while offset < end:
+            frames, _ = await _timed(
+                self._nodes.read(source, ledger.ledger_id, offset, end, COPY_PAGE_BYTES)
+            )
+            if not frames:
+                raise ReplicationFailed(
+                    f"ledger {ledger.ledger_id}: {source_id} returned nothing at {offset}"
+                )
+            offset = await _timed(
+                self._nodes.append(
+                    target, ledger.ledger_id, self.epoch, ledger.first_offset, frames, -1
+                )
+            )
+
+    # -- appends -------------------------------------------------------------------------
+
+    async def append(self, first_offset: int, frames: bytes, end_offset: int) -> None:
+        """Make the entries ``[first_offset, end_offset)`` (``frames``) durable on
+        ``ack_quorum`` nodes. Raises ReplicationFailed (the caller fails the publishes and
+        reuses the offsets) or LostOwnership."""
+        async with self._lock:
+            if self._stopped is not None:
+                raise LostOwnership(self._stopped)
+            if not self._directory.owns():
+                self._stop("its ZooKeeper session ended")
+            if first_offset != self._confirmed_end:
+                raise ReplicationFailed(
+                    f"source {self.name}: append at {first_offset}, "
+                    f"but the replicated log ends at {self._confirmed_end}"
+                )
+            for attempt in range(3):
+                if self._open is None or self._roll_next:
+                    await self._roll(first_offset)
+                assert self._open is not None
+                try:
+                    await self._append_to(self._open, frames)
+                except Fenced as e:
+                    self._stop(str(e))
+                except ReplicationFailed as e:
+                    if attempt == 2:
+                        raise
+                    logger.warning("source %s: %s; rolling to a new ledger", self.name, e)
+                    self._roll_next = True
+                    continue
+                self._confirmed_end = end_offset
+                self._open_bytes += len(frames)
+                if self._failed or self._open_bytes >= self._ledger_bytes:
+                    self._roll_next = True
+                return
+
+    def _stop(self, why: str) -> None:
+        self._stopped = f"source {self.name} is no longer written by this process: {why}"
+        self.appends_refused += 1
+        logger.error("%s", self._stopped)
+        raise LostOwnership(self._stopped)
+
+    async def _append_to(self, ledger: LedgerMeta, frames: bytes) -> None:
+        assert self.epoch is not None
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        live = [n for n in ledger.nodes if n not in self._failed]
+        needed = ledger.ack_quorum
+        state = {"ok": 0, "failed": 0}
+        if len(live) < needed:
+            raise ReplicationFailed(f"ledger {ledger.ledger_id}: too few healthy nodes")
+
+        def settle(node_id: str, task: asyncio.Future[int]) -> None:
+            error: BaseException | None = (
+                asyncio.CancelledError() if task.cancelled() else task.exception()
+            )
+            if error is not None:
+                self._failed.add(node_id)
+                state["failed"] += 1
+                if done.done():
+                    return
+                if self._nodes.is_fenced(error):
+                    done.set_exception(Fenced(f"ledger {ledger.ledger_id} fenced on {node_id}"))
+                elif len(live) - state["failed"] < needed:
+                    done.set_exception(
+                        ReplicationFailed(
+                            f"ledger {ledger.ledger_id}: append failed on "
+                            f"{state['failed']} of {len(live)} nodes (last: {node_id}: {error})"
+                        )
+                    )
+                return
+            state["ok"] += 1
+            if state["ok"] >= needed and not done.done():
+                done.set_result(None)
+
+        for node_id in live:
+            previous = self._tails.get(node_id)
+            task = asyncio.ensure_future(
+                self._chained(previous, node_id, ledger, frames, self._confirmed_end)
+            )
+            self._tails[node_id] = task
+            task.add_done_callback(functools.partial(settle, node_id))
+        await done
+
+    async def _chained(
+        self,
+        previous: asyncio.Future[int] | None,
+        node_id: str,
+        ledger: LedgerMeta,
+        frames: bytes,
+        lac: int,
+    ) -> int:
+        if previous is not None and not previous.done():
+            await asyncio.wait([previous])
+        if node_id in self._failed:
+            raise ReplicationFailed(f"{node_id} failed an earlier append")
+        node = self._directory.node(node_id)
+        if node is None:
+            raise ReplicationFailed(f"storage node {node_id} is not registered")
+        assert self.epoch is not None
+        return await _timed(
+            self._nodes.append(node, ledger.ledger_id, self.epoch, ledger.first_offset, frames, lac)
+        )
+
+    async def _roll(self, first_offset: int) -> None:
+        """Close the open ledger at ``first_offset`` (every entry below is confirmed) and
+        open a new one starting there, on nodes that did not fail."""
+        ledgers = self.ledgers
+        if self._open is not None:
+            closed = self._open.closed(first_offset)
+            ledgers = await self._write(ledgers.replaced_last(closed))
+            self._open = None
+        # The policy's copies; fewer while nodes are missing (repair adds the rest later),
+        # but never fewer than its ack quorum: below a majority, publishing stops.
+        nodes = self._directory.nodes()
+        count, ack_quorum = self._policy.replicas, self._policy.ack_quorum
+        exclude = frozenset(self._failed)
+        usable = [n for n in nodes if n.node_id not in exclude]
+        ledger_id = await self._directory.new_ledger_id()
+        try:
+            chosen = choose_nodes(
+                nodes,
+                self._policy,
+                count=max(ack_quorum, min(count, len(usable))),
+                exclude=exclude,
+                spread=ledger_id,
+            )
+        except NotEnoughNodes as e:
+            self._failed = set()  # the next attempt tries every node again
+            raise ReplicationFailed(f"source {self.name}: {e}") from e
+        meta = LedgerMeta(ledger_id, first_offset, chosen, ack_quorum, epoch=self.epoch or 0)
+        self.ledgers = await self._write(ledgers.appended(meta))
+        self._open = meta
+        self._open_bytes = 0
+        self._roll_next = False
+        self._failed = set()
+        self._tails = {}
+        logger.info(
+            "source %s: ledger %d open at %d on %s", self.name, ledger_id, first_offset, chosen
+        )
+
+    async def _write(self, ledgers: LedgerList) -> LedgerList:
+        try:
+            self.ledgers = await self._directory.write(self.topic_uid, self.source, ledgers)
+        except ListConflict as e:
+            self._stop(f"its ledger list was changed by another process ({e})")
+        return self.ledgers
+
+    # -- trim and close ------------------------------------------------------------------
+
+    async def trim(self, before_offset: int) -> int:
+        """Delete the closed ledgers wholly below ``before_offset``; returns how many."""
+        async with self._lock:
+            if self._stopped is not None:
+                return 0
+            kept, dropped = self.ledgers.trimmed(before_offset)
+            if not dropped:
+                return 0
+            await self._write(kept)
+        for ledger in dropped:
+            for node_id in ledger.nodes:
+                node = self._directory.node(node_id)
+                if node is None:
+                    continue  # the auditor deletes what it finds unlisted later
+                try:
+                    await _timed(self._nodes.delete(node, ledger.ledger_id))
+                except Exception as e:
+                    logger.warning(
+                        "ledger %d: delete on %s failed: %s", ledger.ledger_id, node_id, e
+                    )
+        return len(dropped)
+
+    async def close(self) -> None:
+        """Close the open ledger at the confirmed end and let the source go (a clean stop:
+        the next owner has nothing to recover)."""
+        async with self._lock:
+            if self._open is not None and self._stopped is None:
+                try:
+                    await self._write(
+                        self.ledgers.replaced_last(self._open.closed(self._confirmed_end))
+                    )
+                except (StorageError, Exception) as e:
+                    logger.warning("source %s: closing ledger failed: %s", self.name, e)
+                self._open = None
+            if self._stopped is None and self.epoch is not None:
+                try:
+                    await self._directory.release(self.topic_uid, self.source)
+                except Exception as e:
+                    logger.warning("source %s: release failed: %s", self.name, e)
+            self._stopped = self._stopped or "closed"
+
+    # -- reading (materialization, repair) -------------------------------------------------
+
+    async def read_frames(self, start: int, end: int) -> bytes:
+        """Frames from ``start`` (an entry's base offset) up to ``end`` at most, from any
+        node holding the ledger; at least one entry when ``start < end``."""
+        ledger = self.ledgers.ledger_at(start)
+        if ledger is None:
+            raise ReplicationFailed(f"source {self.name}: no ledger holds offset {start}")
+        stop = end if ledger.end_offset is None else min(end, ledger.end_offset)
+        errors = []
+        for node_id in ledger.nodes:
+            node = self._directory.node(node_id)
+            if node is None:
+                errors.append(f"{node_id}: not registered")
+                continue
+            try:
+                frames, _ = await _timed(
+                    self._nodes.read(node, ledger.ledger_id, start, stop, COPY_PAGE_BYTES)
+                )
+            except Exception as e:
+                errors.append(f"{node_id}: {e}")
+                continue
+            if frames:
+                return frames
+            errors.append(f"{node_id}: no entry at {start}")
+        raise ReplicationFailed(
+            f"source {self.name}: ledger {ledger.ledger_id} unreadable at {start}: "
+            + "; ".join(errors)
+        )
+
+
+RemoteFactory = Callable[[str, int], SourceLedgers]

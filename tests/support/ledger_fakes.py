@@ -1,0 +1,161 @@
+"""In-memory storage nodes and ledger directory with the real ones' rules, for unit tests of
+the ledger writer (storage/ledgers/writer.py) without processes."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from pubsubd.storage.errors import ListConflict, LostOwnership
+from pubsubd.storage.framing import decode_frames
+from pubsubd.storage.ledgers.meta import LedgerList
+from pubsubd.storage.ledgers.placement import NodeInfo
+from pubsubd.storage.ledgers.writer import NodeFence
+
+
+class NodeDown(ConnectionError):
+    pass
+
+
+class FencedAppend(Exception):
+    pass
+
+
+@dataclass
+class FakeLedger:
+    first: int
+    entries: list[tuple[int, int, bytes]] = field(default_factory=list)  # base, next, frame
+    fence: int = 0
+
+    @property
+    def end(self) -> int:
+        return self.entries[-1][1] if self.entries else self.first
+
+
+class FakeNodes:
+    """Storage nodes: per node and ledger the frames held, fences, nodes that are down."""
+
+    def __init__(self) -> None:
+        self.held: dict[tuple[str, int], FakeLedger] = {}
+        self.down: set[str] = set()
+        self.refused = 0
+
+    def ledger(self, node: str, ledger_id: int) -> FakeLedger | None:
+        return self.held.get((node, ledger_id))
+
+    async def append(
+        self, node: NodeInfo, ledger_id: int, epoch: int, first_offset: int, frames: bytes, lac: int
+    ) -> int:
+        if node.node_id in self.down:
+            raise NodeDown(node.node_id)
+        ledger = self.held.setdefault((node.node_id, ledger_id), FakeLedger(first_offset))
+        if epoch < ledger.fence:
+            self.refused += 1
+            raise FencedAppend(f"fenced at {ledger.fence}")
+        decoded, _ = decode_frames(frames)
+        for entry, pos, length in decoded:
+            frame = frames[pos : pos + length]
+            if entry.base_offset < ledger.end:
+                stored = [f for b, _, f in ledger.entries if b == entry.base_offset]
+                assert stored == [frame], "differing overlap"
+            elif entry.base_offset == ledger.end:
+                ledger.entries.append((entry.base_offset, entry.next_offset, frame))
+            else:
+                raise ValueError(f"gap: node ends at {ledger.end}")
+        return ledger.end
+
+    async def fence(self, node: NodeInfo, ledger_id: int, epoch: int) -> NodeFence:
+        if node.node_id in self.down:
+            raise NodeDown(node.node_id)
+        ledger = self.held.get((node.node_id, ledger_id))
+        if ledger is None:
+            ledger = self.held[(node.node_id, ledger_id)] = FakeLedger(0)
+            ledger.fence = epoch
+            return NodeFence(False, 0, 0)
+        ledger.fence = max(ledger.fence, epoch)
+        return NodeFence(True, ledger.first, ledger.end)
+
+    async def read(
+        self, node: NodeInfo, ledger_id: int, start_offset: int, end_offset: int, max_bytes: int
+    ) -> tuple[bytes, int]:
+        if node.node_id in self.down:
+            raise NodeDown(node.node_id)
+        ledger = self.held.get((node.node_id, ledger_id))
+        if ledger is None:
+            raise KeyError(ledger_id)
+        out = [f for b, _, f in ledger.entries if start_offset <= b < (end_offset or 1 << 62)]
+        return b"".join(out[:50]), ledger.end
+
+    async def delete(self, node: NodeInfo, ledger_id: int) -> None:
+        self.held.pop((node.node_id, ledger_id), None)
+
+    def is_fenced(self, error: BaseException) -> bool:
+        return isinstance(error, FencedAppend)
+
+
+@dataclass
+class DirectoryState:
+    """What ZooKeeper would hold: ledger lists with versions, owners with epochs, nodes."""
+
+    lists: dict[tuple[str, int], tuple[bytes, int]] = field(default_factory=dict)
+    owners: dict[tuple[str, int], str] = field(default_factory=dict)
+    nodes: dict[str, NodeInfo] = field(default_factory=dict)
+    zxid: itertools.count[int] = field(default_factory=lambda: itertools.count(100))
+    ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+
+class FakeDirectory:
+    """One process's session with the directory (``expire`` ends it, as a lost session)."""
+
+    def __init__(self, state: DirectoryState, session: str) -> None:
+        self.state = state
+        self.session = session
+        self.alive = True
+
+    def expire(self) -> None:
+        self.alive = False
+        for key, owner in list(self.state.owners.items()):
+            if owner == self.session:
+                del self.state.owners[key]
+
+    async def read(self, topic_uid: str, source: int) -> LedgerList:
+        data, version = self.state.lists.get((topic_uid, source), (b"", -1))
+        return LedgerList.decode(data, version)
+
+    async def write(self, topic_uid: str, source: int, ledgers: LedgerList) -> LedgerList:
+        _, version = self.state.lists.get((topic_uid, source), (b"", -1))
+        if version != ledgers.version:
+            raise ListConflict(f"version {ledgers.version}, now {version}")
+        data = ledgers.encode()
+        self.state.lists[(topic_uid, source)] = (data, version + 1)
+        return LedgerList.decode(data, version + 1)
+
+    async def new_ledger_id(self) -> int:
+        return next(self.state.ids)
+
+    async def acquire(self, topic_uid: str, source: int) -> int:
+        owner = self.state.owners.get((topic_uid, source))
+        if owner is not None and owner != self.session:
+            raise LostOwnership(f"owned by {owner}")
+        self.state.owners[(topic_uid, source)] = self.session
+        return next(self.state.zxid)
+
+    async def release(self, topic_uid: str, source: int) -> None:
+        if self.state.owners.get((topic_uid, source)) == self.session:
+            del self.state.owners[(topic_uid, source)]
+
+    def nodes(self) -> list[NodeInfo]:
+        return list(self.state.nodes.values())
+
+    def node(self, node_id: str) -> NodeInfo | None:
+        return self.state.nodes.get(node_id)
+
+    def owns(self) -> bool:
+        return self.alive
+
+
+def cluster(node_count: int = 3, zones: int = 3) -> tuple[DirectoryState, FakeNodes]:
+    state = DirectoryState()
+    for i in range(node_count):
+        state.nodes[f"n{i}"] = NodeInfo(f"n{i}", f"fake:{i}", f"z{i % zones}")
+    return state, FakeNodes()
