@@ -27,7 +27,7 @@ from pubsubd.data.publish.forwarder import (
 from pubsubd.data.reconcile import PublishingReconciler, SubscribingReconciler
 from pubsubd.data.subscribe.forwarder import SubscribingForwarder
 from pubsubd.storage.disk_space import DiskSpace
-from pubsubd.storage.log import FsyncPolicy
+from pubsubd.storage.log import FsyncPolicy, RemoteLogs
 from pubsubd.storage.metadata import MetadataStore
 
 # The in-process addresses of the one forwarder of each kind (control/router.py).
@@ -89,6 +89,7 @@ def build(
     trim_interval_s: float = DEFAULT_TRIM_INTERVAL_S,
     ack_flush_interval_s: float = DEFAULT_ACK_FLUSH_INTERVAL_S,
     dedup_window_s: float = DEFAULT_DEDUP_WINDOW_S,
+    remote_logs: RemoteLogs | None = None,
 ) -> Node:
     """Wire the roles of one process (call :meth:`Node.start` on the event loop)."""
     publishing = PublishingForwarder(
@@ -100,6 +101,7 @@ def build(
         ack_flush_interval_s=ack_flush_interval_s,
         dedup_window_s=dedup_window_s,
         clock=clock,
+        remote_logs=remote_logs,
     )
     router = Router([PUBLISHING], [SUBSCRIBING])
     routes_cell: list[Routes] = []

@@ -144,6 +144,10 @@ class FakeDirectory:
         if self.state.owners.get((topic_uid, source)) == self.session:
             del self.state.owners[(topic_uid, source)]
 
+    async def remove(self, topic_uid: str, source: int) -> None:
+        self.state.lists.pop((topic_uid, source), None)
+        self.state.owners.pop((topic_uid, source), None)
+
     def nodes(self) -> list[NodeInfo]:
         return list(self.state.nodes.values())
 

@@ -92,6 +92,13 @@ class RemoteLog(Protocol):
     async def append(self, first_offset: int, frames: bytes, end_offset: int) -> None: ...
     async def trim(self, before_offset: int) -> int: ...
     async def close(self) -> None: ...
+    async def destroy(self) -> None:
+        """Delete every ledger of the source and its metadata (the topic is gone)."""
+        ...
+
+
+# Where the remote copy of a topic's source comes from: (topic uid, source) -> its ledgers.
+RemoteLogs = Callable[[str, int], RemoteLog]
 
 
 class FsyncPolicy(enum.Enum):

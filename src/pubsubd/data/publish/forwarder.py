@@ -43,7 +43,7 @@ from pubsubd.storage.delay_index import DelayIndex
 from pubsubd.storage.disk_space import DiskSpace
 from pubsubd.storage.errors import ReplicationFailed, StorageError
 from pubsubd.storage.framing import Entry
-from pubsubd.storage.log import FsyncPolicy, SourceLog
+from pubsubd.storage.log import FsyncPolicy, RemoteLogs, SourceLog
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +69,12 @@ class PublishingForwarder:
         ack_flush_interval_s: float = DEFAULT_ACK_FLUSH_INTERVAL_S,
         dedup_window_s: float = DEFAULT_DEDUP_WINDOW_S,
         clock: Clock = SYSTEM_CLOCK,
+        remote_logs: RemoteLogs | None = None,
     ) -> None:
         self.data_dir = data_dir
+        # In a cluster: where each source's durable copy lives (storage/ledgers/); None keeps
+        # every source on this machine's disk only.
+        self.remote_logs = remote_logs
         self.clock = clock
         # Disk-full episodes of the data directory (storage/disk_space.py): every write failing
         # for lack of space is answered RESOURCE_EXHAUSTED and reported there, once per episode.
@@ -152,6 +156,7 @@ class PublishingForwarder:
                     fsync=self.fsync,
                     segment_bytes=self.segment_bytes,
                     source_count=source_count,
+                    remote_logs=self.remote_logs,
                 )
             except (OSError, StorageError) as e:
                 # Damaged entries never get here (the log records them and opens); this is a

@@ -22,7 +22,7 @@ from pubsubd.acks.journal import AckJournal
 from pubsubd.core.damage_policy import DamagePolicy
 from pubsubd.data.publish import routing
 from pubsubd.storage.damage import DamagedRange
-from pubsubd.storage.log import FsyncPolicy, SourceLog
+from pubsubd.storage.log import FsyncPolicy, RemoteLog, RemoteLogs, SourceLog
 
 
 class TopicSources:
@@ -33,6 +33,8 @@ class TopicSources:
         "_balancer",
         "_fsync",
         "_listeners",
+        "_remote_logs",
+        "_remotes",
         "_segment_bytes",
         "damage_policy",
         "directory",
@@ -51,8 +53,12 @@ class TopicSources:
         fsync: FsyncPolicy,
         segment_bytes: int,
         source_count: int = 1,
+        remote_logs: RemoteLogs | None = None,
     ) -> None:
         self.topic_uid = topic_uid
+        # In a cluster: each source's ledgers on the storage nodes (storage/ledgers/).
+        self._remote_logs = remote_logs
+        self._remotes: list[RemoteLog] = []
         self.directory = directory
         self._fsync = fsync
         self._segment_bytes = segment_bytes
@@ -76,11 +82,16 @@ class TopicSources:
         added = []
         while len(self.logs) < count:
             i = len(self.logs)
+            remote = None
+            if self._remote_logs is not None:
+                remote = self._remote_logs(self.topic_uid, i)
+                self._remotes.append(remote)
             self.logs.append(
                 SourceLog.open(
                     self.directory / f"source-{i}",
                     fsync=self._fsync,
                     segment_bytes=self._segment_bytes,
+                    remote=remote,
                 )
             )
             added.append(i)
@@ -165,6 +176,8 @@ class TopicSources:
 
     async def destroy(self) -> None:
         await self.close()
+        for remote in self._remotes:
+            await remote.destroy()
         # Deleting gigabytes of segments must not stall the event loop.
         await asyncio.to_thread(shutil.rmtree, self.directory, True)
 

@@ -83,6 +83,10 @@ class LedgerDirectory(Protocol):
         ...
 
     async def release(self, topic_uid: str, source: int) -> None: ...
+    async def remove(self, topic_uid: str, source: int) -> None:
+        """Delete the source's ledger list and ownership (its topic is gone)."""
+        ...
+
     def nodes(self) -> list[NodeInfo]: ...
     def node(self, node_id: str) -> NodeInfo | None: ...
     def owns(self) -> bool:
@@ -236,6 +240,8 @@ class SourceLedgers:
                 raise LostOwnership(self._stopped)
             if not self._directory.owns():
                 self._stop("its ZooKeeper session ended")
+            if self.epoch is None:  # a source created after start-up: owned on first write
+                await self.take_over()
             if first_offset != self._confirmed_end:
                 raise ReplicationFailed(
                     f"source {self.name}: append at {first_offset}, "
@@ -384,16 +390,7 @@ class SourceLedgers:
                 return 0
             await self._write(kept)
         for ledger in dropped:
-            for node_id in ledger.nodes:
-                node = self._directory.node(node_id)
-                if node is None:
-                    continue  # the auditor deletes what it finds unlisted later
-                try:
-                    await _timed(self._nodes.delete(node, ledger.ledger_id))
-                except Exception as e:
-                    logger.warning(
-                        "ledger %d: delete on %s failed: %s", ledger.ledger_id, node_id, e
-                    )
+            await self._delete_everywhere(ledger)
         return len(dropped)
 
     async def close(self) -> None:
@@ -414,6 +411,24 @@ class SourceLedgers:
                 except Exception as e:
                     logger.warning("source %s: release failed: %s", self.name, e)
             self._stopped = self._stopped or "closed"
+
+    async def destroy(self) -> None:
+        """Delete every ledger of the source from its nodes, then the source's znode."""
+        await self.close()
+        ledgers = await self._directory.read(self.topic_uid, self.source)
+        for ledger in ledgers.ledgers:
+            await self._delete_everywhere(ledger)
+        await self._directory.remove(self.topic_uid, self.source)
+
+    async def _delete_everywhere(self, ledger: LedgerMeta) -> None:
+        for node_id in ledger.nodes:
+            node = self._directory.node(node_id)
+            if node is None:
+                continue  # the auditor deletes what it finds unlisted later
+            try:
+                await _timed(self._nodes.delete(node, ledger.ledger_id))
+            except Exception as e:
+                logger.warning("ledger %d: delete on %s failed: %s", ledger.ledger_id, node_id, e)
 
     # -- reading (materialization, repair) -------------------------------------------------
 
