@@ -1,0 +1,353 @@
+"""Start, inspect and stop a local cluster: ZooKeeper, storage nodes, the serving process.
+
+Layout under the cluster's directory::
+
+    DIR/cluster.json            every process: role, PID, address, zone, log, data dirs
+    DIR/zookeeper/              the ensemble (coordination/ensemble.py; ensemble.json)
+    DIR/storage-N/disk-K/       storage node N's disks
+    DIR/storage-N.log           its log
+    DIR/serve/                  the serving process's data (its local copies, ack journals)
+    DIR/serve.log
+
+Every process runs in its own session (it outlives the CLI that started it) and is signalled
+only by its recorded PID, after checking that the PID still runs a command naming this
+cluster's directory: never by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pubsubd.coordination.ensemble import Ensemble, require_zookeeper
+
+STATE_FILE = "cluster.json"
+STORAGE_READY = re.compile(r"pubsubd storage ready grpc=(\S+) node_id=(\S+) zone=(\S+)")
+SERVE_READY = re.compile(r"pubsubd ready grpc=(\S+):(\d+) http=(\S+):(\d+)")
+ZK_ROOT = "/pubsubd"
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not be started or found."""
+
+
+@dataclass
+class Process:
+    role: str  # zookeeper | storage | serve
+    pid: int | None
+    address: str
+    zone: str = ""
+    log: str = ""
+    name: str = ""
+    args: list[str] = field(default_factory=list)  # how to start it again
+
+    def running(self, directory: Path) -> bool:
+        return self.pid is not None and _runs(self.pid, str(directory))
+
+
+def _runs(pid: int, marker: str) -> bool:
+    """Whether ``pid`` is alive and its command line names ``marker`` (not a reused PID)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read().decode(errors="replace")
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().decode(errors="replace").rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z" and marker in cmdline
+
+
+def _start(
+    args: list[str], log: Path, ready: re.Pattern[str], timeout: float
+) -> tuple[int, re.Match[str]]:
+    """Spawn ``args`` logging to ``log`` (appended across restarts) and wait for this start's
+    ready line."""
+    before = len(ready.findall(log.read_text(errors="replace"))) if log.exists() else 0
+    pid = _spawn(args, log)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        found = list(ready.finditer(text))
+        if len(found) > before:
+            return pid, found[-1]
+        if not _alive(pid):
+            raise ClusterError(f"process {pid} exited before it was ready; {log}:\n{text[-3000:]}")
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    raise ClusterError(f"process {pid} not ready after {timeout:.0f} s; see {log}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    return True
+
+
+def _spawn(args: list[str], log: Path) -> int:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+        )
+    return proc.pid
+
+
+class LocalCluster:
+    """A cluster recorded in ``directory/cluster.json``."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory.resolve()
+        self.processes: list[Process] = []
+        self.grpc = ""
+        self.http = ""
+        self.zk = ""
+
+    @property
+    def state_path(self) -> Path:
+        return self.directory / STATE_FILE
+
+    # -- state -----------------------------------------------------------------------------
+
+    def save(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        state = {
+            "grpc": self.grpc,
+            "http": self.http,
+            "zookeeper": self.zk,
+            "processes": [asdict(p) for p in self.processes],
+        }
+        temporary = self.state_path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(state, indent=2) + "\n")
+        os.replace(temporary, self.state_path)
+
+    @classmethod
+    def load(cls, directory: Path) -> LocalCluster:
+        cluster = cls(directory)
+        try:
+            state = json.loads(cluster.state_path.read_text())
+        except FileNotFoundError:
+            raise ClusterError(
+                f"no cluster in {cluster.directory} ({STATE_FILE} missing)"
+            ) from None
+        cluster.grpc, cluster.http, cluster.zk = state["grpc"], state["http"], state["zookeeper"]
+        cluster.processes = [Process(**p) for p in state["processes"]]
+        return cluster
+
+    def described(self) -> dict[str, Any]:
+        """What ``up --json`` prints."""
+        return {
+            "grpc": self.grpc,
+            "http": self.http,
+            "zookeeper": self.zk,
+            "processes": [
+                {
+                    "role": p.role,
+                    "name": p.name,
+                    "pid": p.pid if p.running(self._marker(p)) else None,
+                    "address": p.address,
+                    "zone": p.zone,
+                    "log": p.log,
+                }
+                for p in self.processes
+            ],
+        }
+
+    def _marker(self, process: Process) -> Path:
+        return self.directory / "zookeeper" if process.role == "zookeeper" else self.directory
+
+    # -- up --------------------------------------------------------------------------------
+
+    def up(
+        self,
+        *,
+        zk_nodes: int = 3,
+        storage_nodes: int = 3,
+        zones: int = 3,
+        disks: int = 1,
+        replicas: int = 3,
+        timeout: float = 60.0,
+        serve_args: list[str] | None = None,
+    ) -> LocalCluster:
+        """Start ZooKeeper, the storage nodes and the serving process; wait until all are
+        ready. Whatever started is stopped again if a later step fails."""
+        if self.state_path.exists():
+            existing = LocalCluster.load(self.directory)
+            if any(p.running(existing._marker(p)) for p in existing.processes):
+                raise ClusterError(f"a cluster is already running in {self.directory}")
+        require_zookeeper()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            ensemble = Ensemble(self.directory / "zookeeper", zk_nodes).start(timeout)
+            self.zk = ensemble.connect_string
+            for i, pid in enumerate(ensemble.pids):
+                self.processes.append(
+                    Process(
+                        "zookeeper",
+                        pid,
+                        f"127.0.0.1:{ensemble.ports[i].client}",
+                        log=str(ensemble.log_path(i)),
+                        name=f"zookeeper-{i + 1}",
+                    )
+                )
+            self.save()
+            for i in range(storage_nodes):
+                self.processes.append(self._start_storage(i, zones, disks, timeout))
+                self.save()
+            self.processes.append(self._start_serve(replicas, serve_args or [], timeout))
+            self.save()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _storage_args(self, i: int, zones: int, disks: int, port: int = 0) -> list[str]:
+        args = [
+            sys.executable,
+            "-m",
+            "pubsubd",
+            "storage",
+            "--port",
+            str(port),
+            "--http-port",
+            "-1",
+            "--zone",
+            f"zone-{i % zones + 1}",
+            "--node-id",
+            f"storage-{i + 1}",
+            "--zk",
+            self.zk,
+            "--zk-root",
+            ZK_ROOT,
+        ]
+        for k in range(disks):
+            args += ["--data-dir", str(self.directory / f"storage-{i + 1}" / f"disk-{k + 1}")]
+        return args
+
+    def _start_storage(self, i: int, zones: int, disks: int, timeout: float) -> Process:
+        args = self._storage_args(i, zones, disks)
+        log = self.directory / f"storage-{i + 1}.log"
+        pid, ready = _start(args, log, STORAGE_READY, timeout)
+        address, node_id, zone = ready.groups()
+        # Restarts keep the node's port, so the address registered before stays right.
+        port = address.rsplit(":", 1)[1]
+        args[args.index("--port") + 1] = port
+        return Process("storage", pid, address, zone, str(log), node_id, args)
+
+    def _start_serve(self, replicas: int, extra: list[str], timeout: float) -> Process:
+        args = [
+            sys.executable,
+            "-m",
+            "pubsubd",
+            "serve",
+            "--port",
+            "0",
+            "--http-port",
+            "0",
+            "--data-dir",
+            str(self.directory / "serve"),
+            "--cluster",
+            self.zk,
+            "--zk-root",
+            ZK_ROOT,
+            "--replicas",
+            str(replicas),
+            *extra,
+        ]
+        log = self.directory / "serve.log"
+        pid, ready = _start(args, log, SERVE_READY, timeout)
+        host, port, http_host, http_port = ready.groups()
+        self.grpc, self.http = f"{host}:{port}", f"{http_host}:{http_port}"
+        args[args.index("--port") + 1] = port
+        args[args.index("--http-port") + 1] = http_port
+        return Process("serve", pid, self.grpc, log=str(log), name="serve", args=args)
+
+    # -- one process at a time (fault tests, rolling restarts) -------------------------------
+
+    def process(self, name: str) -> Process:
+        for p in self.processes:
+            if p.name == name:
+                return p
+        raise ClusterError(f"no process named {name} in {self.directory}")
+
+    def signal(self, name: str, signum: signal.Signals) -> None:
+        p = self.process(name)
+        if p.pid is not None and p.running(self._marker(p)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signum)
+
+    def kill(self, name: str) -> None:
+        """kill -9 one process and wait until it is gone."""
+        p = self.process(name)
+        self.signal(name, signal.SIGKILL)
+        self._wait_gone(p, 10.0)
+        p.pid = None
+        self.save()
+
+    def restart(self, name: str, timeout: float = 60.0) -> None:
+        """Start a stopped storage or serve process again with the same arguments."""
+        p = self.process(name)
+        if p.pid is not None and p.running(self._marker(p)):
+            raise ClusterError(f"{name} is running")
+        if p.role == "zookeeper":
+            ensemble = Ensemble.attach(self.directory / "zookeeper")
+            index = int(name.rsplit("-", 1)[1]) - 1
+            ensemble.start_node(index, timeout)
+            p.pid = ensemble.pids[index]
+        else:
+            ready = STORAGE_READY if p.role == "storage" else SERVE_READY
+            p.pid, _ = _start(p.args, Path(p.log), ready, timeout)
+        self.save()
+
+    # -- down ------------------------------------------------------------------------------
+
+    def down(self, timeout: float = 20.0) -> list[str]:
+        """Stop every recorded process (SIGTERM, SIGKILL after ``timeout``); the serving process
+        first, ZooKeeper last. Returns the names of the processes stopped."""
+        order = {"serve": 0, "storage": 1, "zookeeper": 2}
+        stopped = []
+        for role in sorted(order, key=order.__getitem__):
+            group = [p for p in self.processes if p.role == role and p.pid is not None]
+            group = [p for p in group if p.running(self._marker(p))]
+            for p in group:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGTERM)  # type: ignore[arg-type]
+            for p in group:
+                if not self._wait_gone(p, timeout):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(p.pid, signal.SIGKILL)  # type: ignore[arg-type]
+                    self._wait_gone(p, 10.0)
+                stopped.append(p.name)
+                p.pid = None
+        if (self.directory / "zookeeper" / "ensemble.json").exists():
+            Ensemble.attach(self.directory / "zookeeper").stop()
+        if self.processes:
+            self.save()
+        return stopped
+
+    def _wait_gone(self, p: Process, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if p.pid is None or not p.running(self._marker(p)) or not _alive(p.pid):
+                return True
+            time.sleep(0.05)
+        return False

@@ -1,0 +1,119 @@
+"""The cluster's storage as one serving process uses it: every source on storage nodes.
+
+``ClusterStorage.prepare`` runs at start-up, before the forwarders open any log: for every
+source of every topic it takes the source over (fencing a crashed owner's last ledger and
+recovering it) and brings the local copy up to the ledgers (``materialize``), so the logs open
+on complete directories. ``remote_log`` then hands each ``SourceLog`` its ``SourceLedgers``
+(sources created later are taken over on their first write).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+from pubsubd.coordination.zk import Coordinator
+from pubsubd.storage.ledgers.directory import ZooKeeperLedgerDirectory
+from pubsubd.storage.ledgers.materialize import materialize
+from pubsubd.storage.ledgers.meta import StoragePolicy
+from pubsubd.storage.ledgers.placement import NodeInfo
+from pubsubd.storage.ledgers.writer import DEFAULT_LEDGER_BYTES, NodeFence, SourceLedgers
+from pubsubd.storage.node_client import LedgerFenced, StorageNodePool
+
+logger = logging.getLogger(__name__)
+
+
+class PooledNodes:
+    """``writer.StorageNodes`` over gRPC, one channel per node address."""
+
+    def __init__(self, pool: StorageNodePool) -> None:
+        self._pool = pool
+
+    async def append(
+        self, node: NodeInfo, ledger_id: int, epoch: int, first_offset: int, frames: bytes, lac: int
+    ) -> int:
+        client = self._pool.client(node.address)
+        return await client.append(ledger_id, epoch, first_offset, frames, lac)
+
+    async def fence(self, node: NodeInfo, ledger_id: int, epoch: int) -> NodeFence:
+        result = await self._pool.client(node.address).fence(ledger_id, epoch)
+        return NodeFence(result.exists, result.first_offset, result.end_offset)
+
+    async def read(
+        self, node: NodeInfo, ledger_id: int, start_offset: int, end_offset: int, max_bytes: int
+    ) -> tuple[bytes, int]:
+        client = self._pool.client(node.address)
+        result = await client.read(ledger_id, start_offset, end_offset, max_bytes)
+        return result.frames, result.node_end_offset
+
+    async def delete(self, node: NodeInfo, ledger_id: int) -> None:
+        await self._pool.client(node.address).delete_ledger(ledger_id)
+
+    def is_fenced(self, error: BaseException) -> bool:
+        return isinstance(error, LedgerFenced)
+
+
+class ClusterStorage:
+    """Ledger directory, node clients and the sources this process owns."""
+
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        *,
+        replicas: int = 3,
+        ledger_bytes: int = DEFAULT_LEDGER_BYTES,
+    ) -> None:
+        self.coordinator = coordinator
+        self.directory = ZooKeeperLedgerDirectory(coordinator)
+        self.pool = StorageNodePool()
+        self.nodes = PooledNodes(self.pool)
+        self.policy = StoragePolicy(replicas=replicas)
+        self.ledger_bytes = ledger_bytes
+        self.sources: dict[tuple[str, int], SourceLedgers] = {}
+
+    async def start(self, *, wait_for_nodes: int = 1, wait_s: float = 30.0) -> None:
+        await self.directory.start()
+        await self.directory.wait_for_nodes(wait_for_nodes, wait_s)
+
+    def _ledgers(self, topic_uid: str, source: int) -> SourceLedgers:
+        found = self.sources.get((topic_uid, source))
+        if found is None:
+            found = SourceLedgers(
+                topic_uid,
+                source,
+                self.directory,
+                self.nodes,
+                self.policy,
+                ledger_bytes=self.ledger_bytes,
+            )
+            self.sources[(topic_uid, source)] = found
+        return found
+
+    async def prepare(self, topics_dir: Path, topic_uids: Iterable[str]) -> int:
+        """Take over every source of ``topic_uids`` and bring its local copy under
+        ``topics_dir`` up to its ledgers; returns the entries copied."""
+        copied = 0
+        for uid in topic_uids:
+            for source in await self.directory.sources(uid):
+                ledgers = self._ledgers(uid, source)
+                await ledgers.take_over()
+                copied += await materialize(topics_dir / uid / f"source-{source}", ledgers)
+        return copied
+
+    def remote_log(self, topic_uid: str, source: int) -> SourceLedgers:
+        return self._ledgers(topic_uid, source)
+
+    def status(self) -> dict[str, object]:
+        return {
+            "storage_nodes": sorted(n.node_id for n in self.directory.nodes()),
+            "sources": len(self.sources),
+            "ledgers": sum(len(s.ledgers.ledgers) for s in self.sources.values()),
+            "appends_refused": sum(s.appends_refused for s in self.sources.values()),
+        }
+
+    async def close(self) -> None:
+        await asyncio.gather(*(s.close() for s in self.sources.values()), return_exceptions=True)
+        await self.directory.close()
+        await self.pool.close()
