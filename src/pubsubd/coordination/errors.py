@@ -1,0 +1,53 @@
+"""Errors of the coordination service, as pubsubd names them (callers never import kazoo).
+
+``zk.Coordinator`` translates kazoo's exceptions into these: a missing znode (``NoNode``), a
+create that found one (``NodeExists``), a compare-and-set that lost (``BadVersion``), a delete
+of a znode that still has children (``NotEmpty``), and ZooKeeper being out of reach
+(``CoordinationUnavailable``: connection lost, session expired, client stopped, no answer in
+time). The last is also a domain ``Unavailable``, so a control-plane call that cannot reach
+ZooKeeper answers UNAVAILABLE and the client retries.
+"""
+
+from __future__ import annotations
+
+from pubsubd.core.errors import Unavailable
+
+
+class CoordinationError(Exception):
+    """Base of what a coordination call can raise; ``path`` is the znode it was about."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        # In a failed transaction: the index of the operation that failed.
+        self.op_index: int | None = None
+
+
+class NoNode(CoordinationError):
+    """The znode (or, for a create, its parent) does not exist."""
+
+
+class NodeExists(CoordinationError):
+    """A create found the znode already there (an ephemeral owner, a name taken)."""
+
+
+class BadVersion(CoordinationError):
+    """A compare-and-set or versioned delete lost: the znode changed since it was read."""
+
+
+class NotEmpty(CoordinationError):
+    """A non-recursive delete of a znode that has children."""
+
+
+class CoordinationUnavailable(Unavailable, CoordinationError):
+    """ZooKeeper cannot be reached now (connection lost, session expired, client stopped, or no
+    answer within the request timeout). The outcome of a write that raised this is unknown:
+    read before retrying it."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        CoordinationError.__init__(self, message, path)
+
+
+class SessionExpired(CoordinationUnavailable):
+    """The ZooKeeper session ended: its ephemeral znodes are gone, and with them any ownership
+    this process held. The client reconnects with a new session."""

@@ -1,0 +1,133 @@
+"""A local 3-node ZooKeeper ensemble (coordination/ensemble.py), as ``pubsubd cluster up``
+starts it: it forms a quorum, a write acknowledged through the Coordinator survives kill -9 of
+the leader while another node is elected, the killed node rejoins, and stopping it (also from
+another process's view, through the state file, as ``cluster down`` does) leaves no process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from pubsubd.coordination.ensemble import STATE_FILE, Ensemble, require_zookeeper
+from pubsubd.coordination.zk import Coordinator, SessionState
+
+pytestmark = pytest.mark.integration
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return not stat[stat.rfind(")") + 2 :].startswith("Z")
+
+
+async def _until_leader(ensemble: Ensemble, within: float = 10.0) -> int:
+    deadline = time.monotonic() + within
+    while (leader := ensemble.leader()) is None:
+        assert time.monotonic() < deadline, "no leader elected in time"
+        await asyncio.sleep(0.02)
+    return leader
+
+
+@pytest.fixture
+def ensemble(tmp_path: Path) -> Ensemble:
+    return Ensemble(tmp_path / "zk", nodes=3, install=require_zookeeper())
+
+
+async def test_a_write_survives_kill_9_of_the_leader(ensemble: Ensemble) -> None:
+    started = time.monotonic()
+    ensemble.start()
+    try:
+        pids = ensemble.pids
+        assert all(pid is not None and _alive(pid) for pid in pids)
+        modes = sorted(str(ensemble.mode(i)) for i in range(3))
+        assert modes == ["follower", "follower", "leader"], modes
+        assert time.monotonic() - started < 15
+        addresses = ensemble.connect_string.split(",")
+        assert len(addresses) == 3 and all(a.startswith("127.0.0.1:") for a in addresses)
+        assert all(ensemble.log_path(i).stat().st_size > 0 for i in range(3))
+
+        client = Coordinator(ensemble.connect_string, "/cluster", session_timeout=6.0)
+        states: list[SessionState] = []
+        client.on_state(states.append)
+        await client.start()
+        try:
+            await client.create("/cluster/acknowledged", b"kept")
+
+            old_leader = await _until_leader(ensemble)
+            killed_at = time.monotonic()
+            ensemble.kill(old_leader)
+            assert ensemble.pids[old_leader] is None and not _alive(pids[old_leader] or 0)
+            new_leader = await _until_leader(ensemble)
+            elected_in = time.monotonic() - killed_at
+            assert new_leader != old_leader
+            assert elected_in < 10, elected_in
+
+            await client.wait_connected(within=10)
+            assert (await client.get("/cluster/acknowledged"))[0] == b"kept"
+            await client.create("/cluster/after", b"written under the new leader")
+            assert not client.session_lost  # the session moved to another node, alive
+
+            ensemble.start_node(old_leader)  # rejoins with its data, as a follower
+            assert ensemble.mode(old_leader) == "follower"
+            assert await _until_leader(ensemble) == new_leader
+        finally:
+            await client.stop()
+        assert states[0] is SessionState.CONNECTED and states[-1] is SessionState.LOST
+    finally:
+        ensemble.stop()
+    assert ensemble.pids == [None, None, None]
+    assert not any(_alive(pid or 0) for pid in pids)
+
+
+def test_stop_through_the_state_file_leaves_no_process(ensemble: Ensemble) -> None:
+    """What ``cluster down`` does: another process reads the recorded PIDs and stops them."""
+    ensemble.start()
+    try:
+        state = json.loads((ensemble.directory / STATE_FILE).read_text())
+        recorded = [node["pid"] for node in state["nodes"]]
+        assert recorded == ensemble.pids and all(_alive(pid) for pid in recorded)
+        assert state["connect_string"] == ensemble.connect_string
+
+        attached = Ensemble.attach(ensemble.directory)
+        assert attached.connect_string == ensemble.connect_string
+        assert attached.leader() is not None
+        attached.stop()
+        assert not any(_alive(pid) for pid in recorded)
+        assert attached.pids == [None, None, None]
+        saved = json.loads((ensemble.directory / STATE_FILE).read_text())
+        assert [node["pid"] for node in saved["nodes"]] == [None, None, None]
+    finally:
+        ensemble.stop()  # nothing left: a no-op
+    assert ensemble.pids == [None, None, None]
+
+
+def test_a_reused_pid_is_never_signalled(ensemble: Ensemble, tmp_path: Path) -> None:
+    """A state file whose PID now belongs to another process (here: this test) is not obeyed."""
+    ensemble.directory.mkdir(parents=True)
+    (ensemble.directory / STATE_FILE).write_text(
+        json.dumps(
+            {
+                "connect_string": "127.0.0.1:1",
+                "nodes": [
+                    {
+                        "id": 1,
+                        "pid": os.getpid(),
+                        "client_port": 1,
+                        "peer_port": 2,
+                        "election_port": 3,
+                    }
+                ],
+            }
+        )
+    )
+    attached = Ensemble.attach(ensemble.directory)
+    assert attached.pids == [None]
+    attached.stop()  # would SIGTERM pytest itself if it trusted the PID
+    assert _alive(os.getpid())
