@@ -1,0 +1,142 @@
+"""``pubsubd cluster up|down|status|kill|restart``: a local cluster for tests and trials."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+cluster_app = typer.Typer(
+    no_args_is_help=True,
+    help="Run a cluster on this machine: ZooKeeper, storage nodes and a serving process.",
+)
+console = Console() if sys.stdout.isatty() else Console(width=100_000)
+err_console = Console(stderr=True)
+
+DataDir = Annotated[
+    Path, typer.Option("--data-dir", help="the cluster's directory (state, data, logs)")
+]
+AsJson = Annotated[bool, typer.Option("--json", help="print JSON")]
+
+
+def _fail(e: Exception) -> None:
+    from rich.markup import escape
+
+    err_console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)
+    raise typer.Exit(1)
+
+
+def _print_processes(described: dict[str, Any]) -> None:
+    table = Table("role", "name", "pid", "address", "zone", "log")
+    for p in described["processes"]:
+        table.add_row(p["role"], p["name"], str(p["pid"] or "-"), p["address"], p["zone"], p["log"])
+    console.print(table)
+
+
+@cluster_app.command()
+def up(
+    data_dir: DataDir,
+    zk_nodes: Annotated[int, typer.Option(help="ZooKeeper nodes (1 or 3)")] = 3,
+    storage_nodes: Annotated[int, typer.Option(help="storage nodes")] = 3,
+    zones: Annotated[int, typer.Option(help="zones the storage nodes are spread over")] = 3,
+    disks: Annotated[int, typer.Option(help="data directories (disks) per storage node")] = 1,
+    replicas: Annotated[int, typer.Option(help="storage nodes per ledger")] = 3,
+    as_json: AsJson = False,
+) -> None:
+    """Start a cluster on loopback and print where clients connect."""
+    from pubsubd.cluster.launcher import ClusterError, LocalCluster
+    from pubsubd.coordination.ensemble import EnsembleError, ZooKeeperMissing
+
+    try:
+        cluster = LocalCluster(data_dir).up(
+            zk_nodes=zk_nodes,
+            storage_nodes=storage_nodes,
+            zones=zones,
+            disks=disks,
+            replicas=replicas,
+        )
+    except (ClusterError, EnsembleError, ZooKeeperMissing, OSError) as e:
+        _fail(e)
+        return
+    described = cluster.described()
+    if as_json:
+        sys.stdout.write(json.dumps(described) + "\n")
+        return
+    _print_processes(described)
+    console.print(f"clients: export PUBSUB_EMULATOR_HOST={described['grpc']}")
+
+
+@cluster_app.command()
+def down(data_dir: DataDir, as_json: AsJson = False) -> None:
+    """Stop exactly the processes the cluster in DATA_DIR recorded."""
+    from pubsubd.cluster.launcher import ClusterError, LocalCluster
+
+    try:
+        stopped = LocalCluster.load(data_dir).down()
+    except ClusterError as e:
+        _fail(e)
+        return
+    if as_json:
+        sys.stdout.write(json.dumps({"stopped": stopped}) + "\n")
+    else:
+        console.print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+
+
+@cluster_app.command()
+def status(data_dir: DataDir, as_json: AsJson = False) -> None:
+    """Processes, zones, ledgers and the under-replicated count of the cluster in DATA_DIR."""
+    from pubsubd.cluster.launcher import ClusterError, LocalCluster
+    from pubsubd.cluster.status import cluster_status
+
+    try:
+        cluster = LocalCluster.load(data_dir)
+        described = cluster.described()
+        described["storage"] = cluster_status(cluster.zk) if cluster.zk else {}
+    except ClusterError as e:
+        _fail(e)
+        return
+    if as_json:
+        sys.stdout.write(json.dumps(described) + "\n")
+        return
+    _print_processes(described)
+    storage = described["storage"]
+    if storage.get("error"):
+        console.print(f"ZooKeeper: {storage['error']}")
+        return
+    console.print(
+        f"storage nodes: {len(storage['nodes'])}, ledgers: {storage['ledgers']}, "
+        f"under-replicated: {storage['under_replicated']}"
+    )
+
+
+@cluster_app.command()
+def kill(
+    data_dir: DataDir,
+    name: Annotated[str, typer.Argument(help="process name, e.g. storage-2 or serve")],
+) -> None:
+    """kill -9 one process of the cluster (fault trials)."""
+    from pubsubd.cluster.launcher import ClusterError, LocalCluster
+
+    try:
+        LocalCluster.load(data_dir).kill(name)
+    except ClusterError as e:
+        _fail(e)
+
+
+@cluster_app.command()
+def restart(
+    data_dir: DataDir,
+    name: Annotated[str, typer.Argument(help="process name, e.g. storage-2 or serve")],
+) -> None:
+    """Start a stopped process of the cluster again with its recorded arguments."""
+    from pubsubd.cluster.launcher import ClusterError, LocalCluster
+
+    try:
+        LocalCluster.load(data_dir).restart(name)
+    except ClusterError as e:
+        _fail(e)

@@ -1,0 +1,83 @@
+"""What ``pubsubd cluster status`` reports from ZooKeeper: nodes, zones, ledgers, copies.
+
+A ledger counts as under-replicated when one of the nodes its metadata lists is not registered
+now (down, or gone), or when it has fewer nodes than the largest write quorum in use (a ledger
+opened while nodes were missing). Background repair is what brings the count back to zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from pubsubd.coordination.errors import CoordinationError, NoNode
+from pubsubd.coordination.zk import Coordinator
+from pubsubd.storage.ledgers.meta import LedgerList, LedgerState
+
+
+async def _collect(zk: str, root: str) -> dict[str, Any]:
+    coordinator = Coordinator(zk, root, session_timeout=5.0)
+    await coordinator.start(connect_timeout=5.0)
+    try:
+        layout = coordinator.layout
+        nodes: dict[str, dict[str, Any]] = {}
+        try:
+            children = await coordinator.children(layout.storage_nodes)
+        except NoNode:
+            children = []
+        for child in children:
+            try:
+                data, _ = await coordinator.get(f"{layout.storage_nodes}/{child}")
+            except NoNode:
+                continue
+            info = json.loads(data)
+            nodes[str(info["node_id"])] = info
+        ledgers: list[tuple[str, LedgerList]] = []
+        try:
+            buckets = await coordinator.children(layout.sources)
+        except NoNode:
+            buckets = []
+        for bucket in buckets:
+            for uid in await coordinator.children(f"{layout.sources}/{bucket}"):
+                for source in await coordinator.children(f"{layout.sources}/{bucket}/{uid}"):
+                    if not source.isdigit():
+                        continue
+                    data, stat = await coordinator.get(f"{layout.sources}/{bucket}/{uid}/{source}")
+                    ledgers.append((f"{uid}/{source}", LedgerList.decode(data, stat.version)))
+    finally:
+        await coordinator.stop()
+    widest = max((m.write_quorum for _, lst in ledgers for m in lst.ledgers), default=0)
+    under = [
+        {"source": name, "ledger": m.ledger_id, "nodes": list(m.nodes)}
+        for name, lst in ledgers
+        for m in lst.ledgers
+        if any(n not in nodes for n in m.nodes) or m.write_quorum < widest
+    ]
+    return {
+        "nodes": [
+            {
+                "node_id": node_id,
+                "address": info.get("address"),
+                "zone": info.get("zone"),
+                "free_bytes": info.get("free_bytes"),
+            }
+            for node_id, info in sorted(nodes.items())
+        ],
+        "zones": sorted({str(info.get("zone")) for info in nodes.values()}),
+        "sources": len(ledgers),
+        "ledgers": sum(len(lst.ledgers) for _, lst in ledgers),
+        "open_ledgers": sum(
+            1 for _, lst in ledgers for m in lst.ledgers if m.state is not LedgerState.CLOSED
+        ),
+        "under_replicated": len(under),
+        "under_replicated_ledgers": under[:100],
+    }
+
+
+def cluster_status(zk: str, root: str = "/pubsubd") -> dict[str, Any]:
+    """The storage side of a cluster; ``{"error": ...}`` when ZooKeeper cannot be reached."""
+    try:
+        return asyncio.run(_collect(zk, root))
+    except (CoordinationError, TimeoutError, OSError) as e:
+        return {"error": f"ZooKeeper at {zk}: {e}"}
