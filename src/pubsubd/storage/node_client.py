@@ -1,0 +1,420 @@
+"""The storage node's internal API as its callers see it: protocol constants, the async client,
+typed errors and a channel pool (proto/pubsubd/internal/v1/storage.proto).
+
+A caller (the ledger writer, a recovering owner, the repair auditor) never parses a status
+string: the node sends what an error is about in trailing metadata (``pubsubd-reason`` and the
+numbers that go with it), and :class:`StorageNodeClient` raises the matching
+:class:`StorageNodeError` subclass carrying them (the fence in force, the node's end offset).
+
+This module belongs to the storage layer so the forwarders can import it; the node itself
+(``pubsubd.storagenode``) imports the constants from here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from pubsubd._gen.pubsubd.internal.v1 import storage_pb2 as pb
+from pubsubd.storage.errors import StorageError
+
+__all__ = [
+    "MIN_PROTOCOL_VERSION",
+    "PROTOCOL_VERSION",
+    "AppendGap",
+    "DiskHealth",
+    "FenceResult",
+    "InvalidFrames",
+    "LedgerFenced",
+    "LedgerNotFound",
+    "LedgerSummary",
+    "NodeHealth",
+    "NodeResourceExhausted",
+    "NodeUnavailable",
+    "OverlapMismatch",
+    "ProtocolMismatch",
+    "ReadResult",
+    "StorageNodeClient",
+    "StorageNodeError",
+    "StorageNodePool",
+]
+
+# The newest version this code speaks, and the oldest a node still serves (fields are only
+# ever added to the proto; a node refuses a request outside its range with FAILED_PRECONDITION).
+PROTOCOL_VERSION = 1
+MIN_PROTOCOL_VERSION = 1
+
+SERVICE = "pubsubd.internal.v1.StorageNode"
+APPEND = f"/{SERVICE}/Append"
+FENCE = f"/{SERVICE}/Fence"
+READ = f"/{SERVICE}/Read"
+LIST_LEDGERS = f"/{SERVICE}/ListLedgers"
+DELETE_LEDGER = f"/{SERVICE}/DeleteLedger"
+HEALTH = f"/{SERVICE}/Health"
+
+# Trailing metadata of a refusal: what it is about, and its numbers (decimal strings).
+MD_REASON = "pubsubd-reason"
+MD_END_OFFSET = "pubsubd-end-offset"
+MD_FENCED_EPOCH = "pubsubd-fenced-epoch"
+MD_MIN_VERSION = "pubsubd-min-version"
+MD_MAX_VERSION = "pubsubd-max-version"
+REASON_FENCED = "fenced"
+REASON_GAP = "gap"
+REASON_MISMATCH = "mismatch"
+REASON_PROTOCOL = "protocol"
+REASON_DISK_FULL = "disk-full"
+REASON_TOO_FEW_DISKS = "too-few-disks"
+REASON_STOPPING = "stopping"
+
+# Frames are up to 64 MiB each (storage/framing.py) and a Read answers at least one whole frame.
+MAX_MESSAGE_BYTES = 160 << 20
+CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+DEFAULT_TIMEOUT_S = 10.0
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+class StorageNodeError(StorageError):
+    """A storage node refused a call or could not be reached. ``retriable``: the same call may
+    succeed later on the same node (it was unreachable or stopping)."""
+
+    retriable = False
+
+    def __init__(self, address: str, code: grpc.StatusCode | None, message: str) -> None:
+        super().__init__(f"storage node {address}: {message}")
+        self.address = address
+        self.code = code
+        self.message = message
+
+
+class NodeUnavailable(StorageNodeError):
+    """Unreachable, past the call's deadline, stopping, or too few of its disks are healthy."""
+
+    retriable = True
+
+
+class NodeResourceExhausted(StorageNodeError):
+    """Its disks are full: too few could take the write. The writer moves on to other nodes."""
+
+
+class InvalidFrames(StorageNodeError):
+    """INVALID_ARGUMENT: a frame failed its CRC or framing, or offsets were not consecutive."""
+
+
+class LedgerNotFound(StorageNodeError):
+    """The node holds no such ledger (Read)."""
+
+
+class LedgerFenced(StorageNodeError):
+    """An append from an epoch below the ledger's fence: another owner took over."""
+
+    def __init__(self, address: str, code: grpc.StatusCode | None, message: str, fenced_epoch: int):
+        super().__init__(address, code, message)
+        self.fenced_epoch = fenced_epoch
+
+
+class AppendGap(StorageNodeError):
+    """The append would leave a gap after what the node holds; resend from ``node_end_offset``."""
+
+    def __init__(
+        self, address: str, code: grpc.StatusCode | None, message: str, node_end_offset: int
+    ) -> None:
+        super().__init__(address, code, message)
+        self.node_end_offset = node_end_offset
+
+
+class OverlapMismatch(StorageNodeError):
+    """The append overlaps stored entries with different bytes (or a different first offset)."""
+
+    def __init__(
+        self, address: str, code: grpc.StatusCode | None, message: str, node_end_offset: int
+    ) -> None:
+        super().__init__(address, code, message)
+        self.node_end_offset = node_end_offset
+
+
+class ProtocolMismatch(StorageNodeError):
+    """The node does not serve this client's protocol version."""
+
+    def __init__(
+        self, address: str, code: grpc.StatusCode | None, message: str, node_min: int, node_max: int
+    ) -> None:
+        super().__init__(address, code, message)
+        self.node_min = node_min
+        self.node_max = node_max
+
+
+def _int(metadata: dict[str, str], key: str, default: int = -1) -> int:
+    try:
+        return int(metadata[key])
+    except (KeyError, ValueError):
+        return default
+
+
+def error_from_rpc(address: str, e: grpc.RpcError) -> StorageNodeError:
+    """The typed error for a failed call, from its code and trailing metadata."""
+    code = e.code() if hasattr(e, "code") else None
+    message = (e.details() if hasattr(e, "details") else None) or str(code)
+    raw = e.trailing_metadata() if hasattr(e, "trailing_metadata") else None
+    md = {str(k): v if isinstance(v, str) else v.decode() for k, v in (raw or ())}
+    reason = md.get(MD_REASON, "")
+    if reason == REASON_FENCED:
+        return LedgerFenced(address, code, message, _int(md, MD_FENCED_EPOCH))
+    if reason == REASON_GAP:
+        return AppendGap(address, code, message, _int(md, MD_END_OFFSET))
+    if reason == REASON_MISMATCH:
+        return OverlapMismatch(address, code, message, _int(md, MD_END_OFFSET))
+    if reason == REASON_PROTOCOL:
+        return ProtocolMismatch(
+            address, code, message, _int(md, MD_MIN_VERSION), _int(md, MD_MAX_VERSION)
+        )
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return NodeUnavailable(address, code, message)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return NodeResourceExhausted(address, code, message)
+    if code == grpc.StatusCode.NOT_FOUND:
+        return LedgerNotFound(address, code, message)
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidFrames(address, code, message)
+    return StorageNodeError(address, code, message)
+
+
+# --- answers as plain values -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FenceResult:
+    exists: bool  # False: the node never received an entry of the ledger (the fence holds)
+    first_offset: int
+    end_offset: int  # one past the last offset held durable (first_offset if none)
+    last_add_confirmed: int  # the highest LAC a writer sent; -1 if none
+    fenced_epoch: int  # the fence now in force
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    frames: bytes  # whole frames from the start offset on
+    node_end_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerSummary:
+    ledger_id: int
+    first_offset: int
+    end_offset: int
+    last_add_confirmed: int
+    fenced_epoch: int
+    bytes: int
+    digest: int  # CRC32C of the frames' CRC fields in order: equal entries, equal digests
+    healthy_disks: int
+
+
+@dataclass(frozen=True, slots=True)
+class DiskHealth:
+    path: str
+    healthy: bool
+    free_bytes: int
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeHealth:
+    node_id: str
+    zone: str
+    protocol_version: int
+    min_protocol_version: int
+    disks: tuple[DiskHealth, ...]
+    free_bytes: int
+    ledgers: int
+    serving: bool
+
+
+# --- the client ------------------------------------------------------------------------------
+
+
+def new_channel(address: str) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+class StorageNodeClient:
+    """Async stub of one storage node; one method per RPC, answers as plain values, refusals
+    as :class:`StorageNodeError` subclasses. Built on a channel it owns, or on one a
+    :class:`StorageNodePool` shares (then :meth:`close` leaves the channel open)."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        channel: grpc.aio.Channel | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        protocol_version: int = PROTOCOL_VERSION,
+    ) -> None:
+        self.address = address
+        self.timeout = timeout
+        self.protocol_version = protocol_version
+        self._owns_channel = channel is None
+        self._channel = channel if channel is not None else new_channel(address)
+        ch = self._channel
+
+        def method(path: str, request: Any, response: Any) -> Any:
+            return ch.unary_unary(
+                path,
+                request_serializer=request.SerializeToString,
+                response_deserializer=response.FromString,
+            )
+
+        self._append = method(APPEND, pb.AppendRequest, pb.AppendResponse)
+        self._fence = method(FENCE, pb.FenceRequest, pb.FenceResponse)
+        self._read = method(READ, pb.ReadRequest, pb.ReadResponse)
+        self._list = method(LIST_LEDGERS, pb.ListLedgersRequest, pb.ListLedgersResponse)
+        self._delete = method(DELETE_LEDGER, pb.DeleteLedgerRequest, pb.DeleteLedgerResponse)
+        self._health = method(HEALTH, pb.HealthRequest, pb.HealthResponse)
+
+    async def _call(self, stub: Any, request: Any, deadline_s: float | None) -> Any:
+        try:
+            timeout = self.timeout if deadline_s is None else deadline_s
+            return await stub(request, timeout=timeout)
+        except grpc.RpcError as e:
+            raise error_from_rpc(self.address, e) from None
+
+    async def append(
+        self,
+        ledger_id: int,
+        epoch: int,
+        first_offset: int,
+        frames: bytes,
+        last_add_confirmed: int = -1,
+        *,
+        deadline_s: float | None = None,
+    ) -> int:
+        """Append frames (consecutive offsets, from the node's end; a retry of stored bytes is
+        fine); returns the node's durable end offset."""
+        request = pb.AppendRequest(
+            protocol_version=self.protocol_version,
+            ledger_id=ledger_id,
+            epoch=epoch,
+            first_offset=first_offset,
+            frames=frames,
+            last_add_confirmed=last_add_confirmed,
+        )
+        response = await self._call(self._append, request, deadline_s)
+        return int(response.end_offset)
+
+    async def fence(
+        self, ledger_id: int, epoch: int, *, deadline_s: float | None = None
+    ) -> FenceResult:
+        """Raise the ledger's fence to ``epoch`` (durable before it answers)."""
+        request = pb.FenceRequest(
+            protocol_version=self.protocol_version, ledger_id=ledger_id, epoch=epoch
+        )
+        r = await self._call(self._fence, request, deadline_s)
+        return FenceResult(
+            r.exists, r.first_offset, r.end_offset, r.last_add_confirmed, r.fenced_epoch
+        )
+
+    async def read(
+        self,
+        ledger_id: int,
+        start_offset: int,
+        end_offset: int = 0,
+        max_bytes: int = 0,
+        *,
+        deadline_s: float | None = None,
+    ) -> ReadResult:
+        """Whole frames from ``start_offset`` (an entry's base offset), below ``end_offset``
+        (0: to the node's end), about ``max_bytes`` (0: 4 MiB; at least one frame)."""
+        request = pb.ReadRequest(
+            protocol_version=self.protocol_version,
+            ledger_id=ledger_id,
+            start_offset=start_offset,
+            end_offset=end_offset,
+            max_bytes=max_bytes,
+        )
+        r = await self._call(self._read, request, deadline_s)
+        return ReadResult(r.frames, r.node_end_offset)
+
+    async def list_ledgers(self, *, deadline_s: float | None = None) -> list[LedgerSummary]:
+        request = pb.ListLedgersRequest(protocol_version=self.protocol_version)
+        r = await self._call(self._list, request, deadline_s)
+        return [
+            LedgerSummary(
+                i.ledger_id,
+                i.first_offset,
+                i.end_offset,
+                i.last_add_confirmed,
+                i.fenced_epoch,
+                i.bytes,
+                i.digest,
+                i.healthy_disks,
+            )
+            for i in r.ledgers
+        ]
+
+    async def delete_ledger(self, ledger_id: int, *, deadline_s: float | None = None) -> bool:
+        """Delete the ledger's files; False if the node did not hold it."""
+        request = pb.DeleteLedgerRequest(
+            protocol_version=self.protocol_version, ledger_id=ledger_id
+        )
+        r = await self._call(self._delete, request, deadline_s)
+        return bool(r.deleted)
+
+    async def health(self, *, deadline_s: float | None = None) -> NodeHealth:
+        request = pb.HealthRequest(protocol_version=self.protocol_version)
+        r = await self._call(self._health, request, deadline_s)
+        disks = tuple(DiskHealth(d.path, d.healthy, d.free_bytes, d.error) for d in r.disks)
+        return NodeHealth(
+            r.node_id,
+            r.zone,
+            r.protocol_version,
+            r.min_protocol_version,
+            disks,
+            r.free_bytes,
+            r.ledgers,
+            r.serving,
+        )
+
+    async def close(self) -> None:
+        if self._owns_channel:
+            await self._channel.close()
+
+
+class StorageNodePool:
+    """One channel (and client) per node address, made on first use. Call from one event loop;
+    :meth:`close` closes every channel."""
+
+    def __init__(self, *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self.timeout = timeout
+        self._clients: dict[str, tuple[grpc.aio.Channel, StorageNodeClient]] = {}
+
+    def client(self, address: str) -> StorageNodeClient:
+        found = self._clients.get(address)
+        if found is None:
+            channel = new_channel(address)
+            found = (channel, StorageNodeClient(address, channel=channel, timeout=self.timeout))
+            self._clients[address] = found
+        return found[1]
+
+    def addresses(self) -> Sequence[str]:
+        return list(self._clients)
+
+    async def discard(self, address: str) -> None:
+        """Close the channel to a node that left (its address may come back as another node)."""
+        found = self._clients.pop(address, None)
+        if found is not None:
+            await found[0].close()
+
+    async def close(self) -> None:
+        channels = [channel for channel, _ in self._clients.values()]
+        self._clients.clear()
+        for channel in channels:
+            await channel.close()

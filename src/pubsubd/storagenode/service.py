@@ -1,0 +1,211 @@
+"""The gRPC servicer of ``pubsubd.internal.v1.StorageNode`` over a :class:`LedgerStore`.
+
+:func:`refusal` is THE map from the node's domain errors to a gRPC status and the trailing
+metadata a caller reads instead of the message (``storage/node_client.py`` turns it back into
+typed errors). Requests arrive as raw bytes and are parsed here, so an unparsable request is
+INVALID_ARGUMENT; every request's ``protocol_version`` is checked first.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeAlias
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from pubsubd._gen.pubsubd.internal.v1 import storage_pb2 as pb
+from pubsubd.core.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PubsubError,
+    ResourceExhausted,
+    Unavailable,
+)
+from pubsubd.storage import node_client as nc
+from pubsubd.storagenode.errors import (
+    AppendGap,
+    DisksFull,
+    FencedAppend,
+    NodeStopping,
+    OverlapMismatch,
+    TooFewDisks,
+    UnsupportedVersion,
+)
+from pubsubd.storagenode.ledger_store import LedgerStore
+from pubsubd.storagenode.protocol import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, SERVICE
+
+log = logging.getLogger(__name__)
+
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+Metadata: TypeAlias = tuple[tuple[str, str], ...]
+
+
+def refusal(exc: PubsubError) -> tuple[grpc.StatusCode, Metadata]:
+    """The status and trailing metadata that tell a caller what ``exc`` is."""
+    md: list[tuple[str, str]] = []
+    if isinstance(exc, UnsupportedVersion):
+        code, reason = grpc.StatusCode.FAILED_PRECONDITION, nc.REASON_PROTOCOL
+        md += [(nc.MD_MIN_VERSION, str(exc.min_version)), (nc.MD_MAX_VERSION, str(exc.max_version))]
+    elif isinstance(exc, FencedAppend):
+        code, reason = grpc.StatusCode.FAILED_PRECONDITION, nc.REASON_FENCED
+        md.append((nc.MD_FENCED_EPOCH, str(exc.fenced_epoch)))
+    elif isinstance(exc, AppendGap):
+        code, reason = grpc.StatusCode.FAILED_PRECONDITION, nc.REASON_GAP
+        md.append((nc.MD_END_OFFSET, str(exc.node_end)))
+    elif isinstance(exc, OverlapMismatch):
+        code, reason = grpc.StatusCode.FAILED_PRECONDITION, nc.REASON_MISMATCH
+        md.append((nc.MD_END_OFFSET, str(exc.node_end)))
+    elif isinstance(exc, DisksFull):
+        code, reason = grpc.StatusCode.RESOURCE_EXHAUSTED, nc.REASON_DISK_FULL
+    elif isinstance(exc, TooFewDisks):
+        code, reason = grpc.StatusCode.UNAVAILABLE, nc.REASON_TOO_FEW_DISKS
+    elif isinstance(exc, NodeStopping):
+        code, reason = grpc.StatusCode.UNAVAILABLE, nc.REASON_STOPPING
+    elif isinstance(exc, InvalidArgument):
+        code, reason = grpc.StatusCode.INVALID_ARGUMENT, ""
+    elif isinstance(exc, NotFound):
+        code, reason = grpc.StatusCode.NOT_FOUND, ""
+    elif isinstance(exc, FailedPrecondition):
+        code, reason = grpc.StatusCode.FAILED_PRECONDITION, ""
+    elif isinstance(exc, ResourceExhausted):
+        code, reason = grpc.StatusCode.RESOURCE_EXHAUSTED, ""
+    elif isinstance(exc, Unavailable):
+        code, reason = grpc.StatusCode.UNAVAILABLE, ""
+    else:
+        code, reason = grpc.StatusCode.INTERNAL, ""
+    if reason:
+        md.insert(0, (nc.MD_REASON, reason))
+    return code, tuple(md)
+
+
+def check_version(version: int) -> None:
+    if not MIN_PROTOCOL_VERSION <= version <= PROTOCOL_VERSION:
+        raise UnsupportedVersion(version, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION)
+
+
+Handler: TypeAlias = Callable[[Any, Context], Awaitable[Any]]
+
+
+def _method(fn: Handler, request_type: Any, response_type: Any) -> grpc.RpcMethodHandler:
+    """A unary handler over raw bytes: parse, check the version, map refusals."""
+    name = request_type.DESCRIPTOR.name.removesuffix("Request")
+
+    @functools.wraps(fn)
+    async def handler(raw: bytes, context: Context) -> Any:
+        try:
+            request = request_type.FromString(raw)
+        except DecodeError:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"request: not a valid {request_type.DESCRIPTOR.full_name}",
+            )
+        try:
+            check_version(request.protocol_version)
+            return await fn(request, context)
+        except PubsubError as exc:
+            code, md = refusal(exc)
+            await context.abort(code, str(exc), trailing_metadata=md)
+        except Exception as exc:
+            if isinstance(exc, grpc.aio.AbortError):
+                raise
+            log.exception("%s failed", name)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+        raise AssertionError("unreachable: context.abort raises")
+
+    return grpc.unary_unary_rpc_method_handler(
+        handler, request_deserializer=None, response_serializer=response_type.SerializeToString
+    )
+
+
+class StorageNodeServicer:
+    def __init__(self, store: LedgerStore, node_id: str, zone: str) -> None:
+        self.store = store
+        self.node_id = node_id
+        self.zone = zone
+
+    async def Append(self, request: pb.AppendRequest, context: Context) -> pb.AppendResponse:
+        end = await self.store.append(
+            request.ledger_id,
+            request.epoch,
+            request.first_offset,
+            request.frames,
+            request.last_add_confirmed,
+        )
+        return pb.AppendResponse(end_offset=end)
+
+    async def Fence(self, request: pb.FenceRequest, context: Context) -> pb.FenceResponse:
+        r = await self.store.fence(request.ledger_id, request.epoch)
+        return pb.FenceResponse(
+            exists=r.exists,
+            first_offset=r.first_offset,
+            end_offset=r.end_offset,
+            last_add_confirmed=r.last_add_confirmed,
+            fenced_epoch=r.fenced_epoch,
+        )
+
+    async def Read(self, request: pb.ReadRequest, context: Context) -> pb.ReadResponse:
+        frames, end = await self.store.read(
+            request.ledger_id, request.start_offset, request.end_offset, request.max_bytes
+        )
+        return pb.ReadResponse(frames=frames, node_end_offset=end)
+
+    async def ListLedgers(
+        self, request: pb.ListLedgersRequest, context: Context
+    ) -> pb.ListLedgersResponse:
+        return pb.ListLedgersResponse(
+            ledgers=[
+                pb.LedgerInfo(
+                    ledger_id=s.ledger_id,
+                    first_offset=s.first_offset,
+                    end_offset=s.end_offset,
+                    last_add_confirmed=s.last_add_confirmed,
+                    fenced_epoch=s.fenced_epoch,
+                    bytes=s.bytes,
+                    digest=s.digest,
+                    healthy_disks=s.healthy_disks,
+                )
+                for s in self.store.summaries()
+            ]
+        )
+
+    async def DeleteLedger(
+        self, request: pb.DeleteLedgerRequest, context: Context
+    ) -> pb.DeleteLedgerResponse:
+        return pb.DeleteLedgerResponse(deleted=await self.store.delete(request.ledger_id))
+
+    async def Health(self, request: pb.HealthRequest, context: Context) -> pb.HealthResponse:
+        store = self.store
+        return pb.HealthResponse(
+            node_id=self.node_id,
+            zone=self.zone,
+            protocol_version=PROTOCOL_VERSION,
+            min_protocol_version=MIN_PROTOCOL_VERSION,
+            disks=[
+                pb.Disk(path=d.path, healthy=d.healthy, free_bytes=d.free_bytes, error=d.error)
+                for d in store.disk_health()
+            ],
+            free_bytes=store.free_bytes(),
+            ledgers=store.ledger_count,
+            serving=store.opened and not store.stopping,
+        )
+
+
+def handlers(servicer: StorageNodeServicer) -> grpc.GenericRpcHandler:
+    s = servicer
+    return grpc.method_handlers_generic_handler(
+        SERVICE,
+        {
+            "Append": _method(s.Append, pb.AppendRequest, pb.AppendResponse),
+            "Fence": _method(s.Fence, pb.FenceRequest, pb.FenceResponse),
+            "Read": _method(s.Read, pb.ReadRequest, pb.ReadResponse),
+            "ListLedgers": _method(s.ListLedgers, pb.ListLedgersRequest, pb.ListLedgersResponse),
+            "DeleteLedger": _method(
+                s.DeleteLedger, pb.DeleteLedgerRequest, pb.DeleteLedgerResponse
+            ),
+            "Health": _method(s.Health, pb.HealthRequest, pb.HealthResponse),
+        },
+    )
