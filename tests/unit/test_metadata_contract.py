@@ -1,6 +1,6 @@
 """Contract of the ``MetadataStore`` protocol (storage/metadata.py), run against every
-implementation: the in-memory twin and the embedded SQLite store (a ZooKeeper store will be one
-more entry in ``STORES``).
+implementation: the in-memory twin, the embedded SQLite store and the ZooKeeper store
+(storage/zk_metadata.py, on one standalone ZooKeeper node for the session; a place is a root).
 
 What the protocol promises, as the catalog, snapshots and named cursors use it (and, for the
 change feed the forwarders follow, the end of this file):
@@ -20,6 +20,8 @@ change feed the forwarders follow, the end of this file):
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from pubsubd.coordination.ensemble import Ensemble
 from pubsubd.storage.metadata import (
     CursorRecord,
     MemoryMetadataStore,
@@ -36,7 +39,9 @@ from pubsubd.storage.metadata import (
     SubscriptionRecord,
     TopicRecord,
 )
+from pubsubd.storage.zk_metadata import ZooKeeperMetadataStore
 
+pytest_plugins = ["tests.support.zookeeper"]
 pytestmark = pytest.mark.unit
 
 
@@ -51,23 +56,50 @@ class Store:
     name: str
     open: Callable[[Path], MetadataStore]
     durable: bool
+    # A store on a service that a session fixture runs: the fixture's name, and how to open the
+    # store on a place given the fixture's value (``open`` is then that, see ``_ready``).
+    service: str | None = None
+    on_service: Callable[[Any], Callable[[Path], MetadataStore]] | None = None
+
+
+def _needs_service(_place: Path) -> MetadataStore:
+    raise RuntimeError("this store runs on a service: open it through the impl fixture")
+
+
+def _on_zookeeper(ensemble: Ensemble) -> Callable[[Path], MetadataStore]:
+    """The place is a root named after the test's directory: opening the same place again
+    finds the same records, and no two tests share a root."""
+
+    def open_store(place: Path) -> MetadataStore:
+        root = "/t-" + hashlib.sha1(str(place).encode()).hexdigest()[:16]
+        return ZooKeeperMetadataStore.connect(ensemble.connect_string, root, session_timeout=4.0)
+
+    return open_store
 
 
 STORES = [
     Store("memory", lambda _place: MemoryMetadataStore(), durable=False),
     Store("sqlite", SqliteMetadataStore, durable=True),
+    Store("zookeeper", _needs_service, True, service="zookeeper", on_service=_on_zookeeper),
 ]
 DURABLE = [s for s in STORES if s.durable]
 
 
+def _ready(store: Store, request: pytest.FixtureRequest) -> Store:
+    if store.service is None or store.on_service is None:
+        return store
+    service = request.getfixturevalue(store.service)
+    return dataclasses.replace(store, open=store.on_service(service))
+
+
 @pytest.fixture(params=STORES, ids=lambda s: s.name)
 def impl(request: pytest.FixtureRequest) -> Store:
-    return request.param
+    return _ready(request.param, request)
 
 
 @pytest.fixture(params=DURABLE, ids=lambda s: s.name)
 def durable(request: pytest.FixtureRequest) -> Store:
-    return request.param
+    return _ready(request.param, request)
 
 
 @pytest.fixture

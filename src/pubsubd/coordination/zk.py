@@ -404,6 +404,19 @@ class Coordinator:
             lambda: self._client.get_async(path, watch=watcher), path, _data_and_stat
         )
 
+    async def get_many(
+        self, paths: Sequence[str], *, watch: Callable[[WatchEvent], None] | None = None
+    ) -> list[tuple[bytes, ZnodeStat] | None]:
+        """Read many znodes at once (pipelined on the session); None for a missing one."""
+
+        async def one(path: str) -> tuple[bytes, ZnodeStat] | None:
+            try:
+                return await self.get(path, watch=watch)
+            except NoNode:
+                return None
+
+        return list(await asyncio.gather(*(one(p) for p in paths)))
+
     async def exists(
         self, path: str, *, watch: Callable[[WatchEvent], None] | None = None
     ) -> ZnodeStat | None:
@@ -630,8 +643,22 @@ class BlockingCoordinator:
         self._coordinator._stop_client()
 
     def _run(self, start: Callable[[], Any], path: str | None) -> Any:
+        return self._wait(self._started(lambda _: start(), path), path)
+
+    @staticmethod
+    def _started(start: Callable[[Any], Any], path: Any) -> Any:
+        """kazoo's async result of ``start(path)`` (its argument checks raise as ours)."""
         try:
-            return start().get(timeout=self._coordinator.request_timeout)
+            return start(path)
+        except Exception as e:
+            mapped = _translate(e, path)
+            if mapped is e:
+                raise
+            raise mapped from e
+
+    def _wait(self, result: Any, path: str | None) -> Any:
+        try:
+            return result.get(timeout=self._coordinator.request_timeout)
         except Exception as e:
             mapped = _translate(e, path)
             if mapped is e:
@@ -640,6 +667,30 @@ class BlockingCoordinator:
 
     def get(self, path: str) -> tuple[bytes, ZnodeStat]:
         return _data_and_stat(self._run(lambda: self._client.get_async(path), path))
+
+    def get_many(self, paths: Sequence[str]) -> list[tuple[bytes, ZnodeStat] | None]:
+        """Read many znodes in one pipelined round trip; None for a missing one."""
+        return [
+            None if r is None else _data_and_stat(r)
+            for r in self._many(paths, lambda p: self._client.get_async(p))
+        ]
+
+    def children_many(self, paths: Sequence[str]) -> list[list[str] | None]:
+        """List many znodes' children in one pipelined round trip; None for a missing one."""
+        return [
+            None if r is None else list(r)
+            for r in self._many(paths, lambda p: self._client.get_children_async(p))
+        ]
+
+    def _many(self, paths: Sequence[str], start: Callable[[str], Any]) -> list[Any]:
+        pending = [(path, self._started(start, path)) for path in paths]
+        results = []
+        for path, result in pending:
+            try:
+                results.append(self._wait(result, path))
+            except NoNode:
+                results.append(None)
+        return results
 
     def exists(self, path: str) -> ZnodeStat | None:
         return _optional_stat(self._run(lambda: self._client.exists_async(path), path))
