@@ -23,8 +23,17 @@ $(VENV)/.installed-test: $(BIN)/python pyproject.toml
 run: $(VENV)/.installed
 	$(BIN)/pubsubd serve $(ARGS)
 
+## ZooKeeper from Debian when it is missing (cluster coordination; the tests start their own
+## nodes from its jars). The package `zookeeper` starts nothing; never `zookeeperd`.
+ZOOKEEPER_JAR ?= /usr/share/java/zookeeper.jar
+ZOOKEEPER_INSTALL := apt-get update && apt-get install -y --no-install-recommends zookeeper
+$(ZOOKEEPER_JAR):
+	@if [ "$$(id -u)" != 0 ]; then echo "ZooKeeper is not installed ($@ missing). Install it as root: $(ZOOKEEPER_INSTALL)" >&2; exit 1; fi
+	export DEBIAN_FRONTEND=noninteractive && $(ZOOKEEPER_INSTALL)
+	@test -f $@ || { echo "ZooKeeper installed, but $@ is still missing" >&2; exit 1; }
+
 ## Run the whole suite (unit, property, integration, crash).
-test: $(VENV)/.installed-test
+test: $(VENV)/.installed-test $(ZOOKEEPER_JAR)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## Lint, type-check, and check the layering of ARCHITECTURE.md (import-linter contracts in
