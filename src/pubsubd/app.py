@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -20,14 +21,19 @@ from pubsubd import node
 from pubsubd.api.grpc import admin, publisher, replay, subscriber
 from pubsubd.config import ServerConfig
 from pubsubd.control.expiry import Maintenance
+from pubsubd.coordination.zk import Coordinator
 from pubsubd.core import pb
 from pubsubd.core.clock import SYSTEM_CLOCK
 from pubsubd.core.records import DamagedRange
+from pubsubd.data.publish.forwarder import TOPICS_DIR
 from pubsubd.observability import background, metrics
 from pubsubd.observability.events import EVENTS_TOPIC, BacklogRotation, EventEmitter
 from pubsubd.observability.http import HttpEndpoint
 from pubsubd.storage.disk_space import DiskSpace
-from pubsubd.storage.metadata import SqliteMetadataStore
+from pubsubd.storage.ledgers.cluster import ClusterStorage
+from pubsubd.storage.ledgers.meta import StoragePolicy
+from pubsubd.storage.metadata import MetadataStore, SqliteMetadataStore
+from pubsubd.storage.zk_metadata import ZooKeeperMetadataStore
 
 log = logging.getLogger(__name__)
 
@@ -50,15 +56,24 @@ GRPC_OPTIONS = [
 
 
 class PubsubServer:
-    """Every role of the service in one process."""
+    """Every role of the service in one process.
 
-    def __init__(self, config: ServerConfig) -> None:
+    On one machine the metadata store is embedded and the logs live on the local disk. In a
+    cluster (``ClusterParts``, made by :func:`connect_cluster` before this is built) the store
+    is ZooKeeper and every source's durable copy is its ledgers on the storage nodes."""
+
+    def __init__(self, config: ServerConfig, cluster: ClusterParts | None = None) -> None:
         self.config = config
         storage = config.storage
         # One watcher of disk-full episodes for every write to the data directory.
         self.disk = DiskSpace(storage.data_dir)
         metrics.DISK_FREE_BYTES.set_function(lambda: float(self.disk.free_bytes() or 0))
-        self.store = SqliteMetadataStore(storage.data_dir, self.disk)
+        self.cluster = cluster
+        self.store: MetadataStore = (
+            cluster.store
+            if cluster is not None
+            else SqliteMetadataStore(storage.data_dir, self.disk)
+        )
         self.clock = SYSTEM_CLOCK
         self.node = node.build(
             self.store,
@@ -70,6 +85,7 @@ class PubsubServer:
             trim_interval_s=storage.trim_interval_s,
             ack_flush_interval_s=storage.ack_flush_interval_s,
             dedup_window_s=config.dedup_window_s,
+            remote_logs=cluster.storage.remote_log if cluster is not None else None,
         )
         self.publishing = self.node.publishing
         self.subscribing = self.node.subscribing
@@ -124,13 +140,14 @@ class PubsubServer:
         if self.config.http_port >= 0:
             self.http_port = await self.http.start(self.config.host, self.config.http_port)
         log.info(
-            "pubsubd ready grpc=%s:%d http=%s:%d data_dir=%s fsync=%s",
+            "pubsubd ready grpc=%s:%d http=%s:%d data_dir=%s fsync=%s%s",
             self.config.host,
             self.port,
             self.config.host,
             self.http_port,
             self.config.storage.data_dir,
             self.config.storage.fsync.value,
+            "" if self.cluster is None else f" cluster={self.cluster.coordinator.hosts}",
         )
 
     async def stop(self) -> None:
@@ -146,6 +163,8 @@ class PubsubServer:
         await self.http.close()
         await self.publishing.close()
         self.store.close()
+        if self.cluster is not None:
+            await self.cluster.close()
         self._stopped.set()
 
     def _start_sli_events(self) -> None:
@@ -204,6 +223,7 @@ class PubsubServer:
             "cursors": self.cursors.status(),
             "dedup": self.publishing.dedup.status(),
             "disk": self.disk.status(),
+            "cluster": None if self.cluster is None else self.cluster.storage.status(),
         }
 
     def _damage_report(self) -> dict[str, list[tuple[int, DamagedRange]]]:
@@ -243,8 +263,67 @@ class PubsubServer:
         metrics.DAMAGED_MESSAGES.set_function(messages)
 
 
+@dataclass
+class ClusterParts:
+    """What a clustered server gets from ZooKeeper before its roles are built."""
+
+    coordinator: Coordinator
+    store: MetadataStore
+    storage: ClusterStorage
+
+    async def close(self) -> None:
+        await self.storage.close()
+        await self.coordinator.stop()
+
+
+# How long a clustered server waits at start-up for the storage nodes its ledgers need.
+STORAGE_NODES_WAIT_S = 30.0
+
+
+async def connect_cluster(config: ServerConfig) -> ClusterParts:
+    """Connect to ZooKeeper, wait for storage nodes, take over every source of every topic
+    and bring the local copies up to their ledgers (storage/ledgers/cluster.py)."""
+    cluster = config.cluster
+    assert cluster is not None
+    coordinator = Coordinator(
+        cluster.zookeeper, cluster.root, session_timeout=cluster.session_timeout_s
+    )
+    await coordinator.start()
+    try:
+        storage = ClusterStorage(coordinator, replicas=cluster.replicas)
+        await storage.start(wait_for_nodes=1, wait_s=STORAGE_NODES_WAIT_S)
+        # Every node there is at start-up up to the replica count (issue: "at most the
+        # number of nodes"); a short grace lets the others of a starting cluster register.
+        deadline = asyncio.get_running_loop().time() + 3.0
+        while len(storage.directory.nodes()) < cluster.replicas:
+            if asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        replicas = min(cluster.replicas, len(storage.directory.nodes()))
+        storage.policy = StoragePolicy(replicas=replicas)
+        store = ZooKeeperMetadataStore(coordinator)
+        await store.follow()  # other processes' changes reach the reconcilers too
+        uids = {t.uid for t in store.load_topics()} | {
+            s.topic_uid for s in store.load_subscriptions()
+        }
+        copied = await storage.prepare(config.storage.data_dir / TOPICS_DIR, sorted(uids))
+        log.info(
+            "cluster: %d storage nodes, %d copies per ledger, %d sources taken over, "
+            "%d entries copied to local copies",
+            len(storage.directory.nodes()),
+            replicas,
+            len(storage.sources),
+            copied,
+        )
+    except BaseException:
+        await coordinator.stop()
+        raise
+    return ClusterParts(coordinator, store, storage)
+
+
 async def serve(config: ServerConfig) -> None:
-    server = PubsubServer(config)
+    cluster = await connect_cluster(config) if config.cluster is not None else None
+    server = PubsubServer(config, cluster)
     await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

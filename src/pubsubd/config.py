@@ -29,6 +29,16 @@ class StorageConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    """Where a clustered server finds ZooKeeper, and how many copies its ledgers get."""
+
+    zookeeper: str  # connect string: host:port[,host:port...]
+    root: str = "/pubsubd"  # every znode of the cluster is under it
+    replicas: int = 3  # storage nodes per ledger (at most the nodes registered at start-up)
+    session_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT  # 0 = pick a free port
@@ -47,13 +57,17 @@ class ServerConfig:
     # How often SLI monitoring events are published to the internal topic (0 = off;
     # observability/events.py).
     sli_events_s: float = 10.0
+    # None: one machine (embedded metadata, local disks). Set: metadata in ZooKeeper and every
+    # publish message source replicated on storage nodes (storage/ledgers/).
+    cluster: ClusterConfig | None = None
 
 
 def from_env(env: dict[str, str] | None = None) -> ServerConfig:
     """Defaults overridden by PUBSUBD_HOST, PUBSUBD_PORT, PUBSUBD_HTTP_PORT, PUBSUBD_DATA_DIR,
     PUBSUBD_FSYNC, PUBSUBD_SEGMENT_BYTES, PUBSUBD_TRIM_INTERVAL_S, PUBSUBD_ACK_FLUSH_INTERVAL_S,
-    PUBSUBD_QUOTA_CHECK_S, PUBSUBD_EXPIRY_CHECK_S, PUBSUBD_DEDUP_WINDOW_S and
-    PUBSUBD_SLI_EVENTS_S
+    PUBSUBD_QUOTA_CHECK_S, PUBSUBD_EXPIRY_CHECK_S, PUBSUBD_DEDUP_WINDOW_S,
+    PUBSUBD_SLI_EVENTS_S, PUBSUBD_CLUSTER (ZooKeeper connect string), PUBSUBD_ZK_ROOT,
+    PUBSUBD_REPLICAS and PUBSUBD_ZK_SESSION_TIMEOUT_S
     (PUBSUBD_TEST_TTL_DIVISOR is for tests only). An interval that is not a positive number
     raises ValueError here, not when its loop first runs."""
     e = os.environ if env is None else env
@@ -72,8 +86,17 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
             e, "PUBSUBD_ACK_FLUSH_INTERVAL_S", storage.ack_flush_interval_s
         ),
     )
+    cluster = None
+    if e.get("PUBSUBD_CLUSTER"):
+        cluster = ClusterConfig(
+            e["PUBSUBD_CLUSTER"],
+            root=e.get("PUBSUBD_ZK_ROOT", "/pubsubd"),
+            replicas=_replicas(e.get("PUBSUBD_REPLICAS", "3")),
+            session_timeout_s=float(e.get("PUBSUBD_ZK_SESSION_TIMEOUT_S", "10")),
+        )
     return replace(
         cfg,
+        cluster=cluster,
         host=e.get("PUBSUBD_HOST", cfg.host),
         port=int(e.get("PUBSUBD_PORT", cfg.port)),
         http_port=int(e.get("PUBSUBD_HTTP_PORT", cfg.http_port)),
@@ -94,3 +117,10 @@ def _interval(env: Mapping[str, str], name: str, default: float) -> float:
     if not value > 0:  # also NaN
         raise ValueError(f"{name} must be a positive number of seconds, not {env[name]!r}")
     return value
+
+
+def _replicas(value: str) -> int:
+    replicas = int(value)
+    if not 1 <= replicas <= 15:
+        raise ValueError(f"replicas must be between 1 and 15, not {value!r}")
+    return replicas

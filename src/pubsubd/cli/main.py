@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pubsubd import config as config_mod
+from pubsubd.cli.cluster import cluster_app
 from pubsubd.storage.log import FsyncPolicy
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="pubsubd: pub/sub and queues.")
@@ -32,6 +33,7 @@ cursors_app = typer.Typer(
 app.add_typer(topics_app, name="topics")
 app.add_typer(subs_app, name="subscriptions")
 app.add_typer(cursors_app, name="cursors")
+app.add_typer(cluster_app, name="cluster")
 
 # Piped output is not cut to 80 columns: names must stay whole for grep and scripts.
 console = Console() if sys.stdout.isatty() else Console(width=100_000)
@@ -58,8 +60,19 @@ def serve(
         typer.Option(help="always: fsync before each publish ack (default); interval; never"),
     ] = None,
     log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
+    cluster: Annotated[
+        str | None,
+        typer.Option(
+            help="ZooKeeper connect string: metadata in ZooKeeper, messages on storage nodes"
+        ),
+    ] = None,
+    zk_root: Annotated[str | None, typer.Option(help="the cluster's ZooKeeper root")] = None,
+    replicas: Annotated[
+        int | None, typer.Option(help="storage nodes per ledger (cluster; default 3)")
+    ] = None,
 ) -> None:
-    """Run every role of the service in one process, with embedded storage."""
+    """Run every role of the service in one process: with embedded storage, or (--cluster)
+    over ZooKeeper and storage nodes."""
     from pubsubd import app as server_app
     from pubsubd.observability.logging import setup
 
@@ -77,7 +90,62 @@ def serve(
         http_port=http_port if http_port is not None else cfg.http_port,
         storage=storage,
     )
+    if cluster is not None:  # the flag over PUBSUBD_CLUSTER, with the other PUBSUBD_ settings
+        cfg = replace(
+            cfg, cluster=config_mod.from_env({**os.environ, "PUBSUBD_CLUSTER": cluster}).cluster
+        )
+    if cfg.cluster is not None:
+        base = cfg.cluster
+        cfg = replace(
+            cfg,
+            cluster=replace(
+                base,
+                root=zk_root if zk_root is not None else base.root,
+                replicas=replicas if replicas is not None else base.replicas,
+            ),
+        )
     server_app.run(cfg)
+
+
+@app.command()
+def storage(
+    data_dir: Annotated[
+        list[Path],
+        typer.Option(help="a data directory (one per disk; repeat it: M disks, majority writes)"),
+    ],
+    port: Annotated[int, typer.Option(help="gRPC port (0 = any free port)")] = 0,
+    zone: Annotated[str, typer.Option(help="the node's failure domain")] = "default",
+    node_id: Annotated[
+        str | None,
+        typer.Option(help="default: the ID kept in the first data dir, else hostname-port"),
+    ] = None,
+    zk: Annotated[
+        str | None, typer.Option(help="ZooKeeper connect string: register in the cluster")
+    ] = None,
+    zk_root: Annotated[str, typer.Option(help="the cluster's ZooKeeper root")] = "/pubsubd",
+    http_port: Annotated[
+        int, typer.Option(help="HTTP port for /healthz, /metrics, /status (0 = any, -1 = off)")
+    ] = -1,
+    log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
+) -> None:
+    """Run a storage node: ledgers on its data directories, served to the cluster over gRPC."""
+    from pubsubd.observability.logging import setup
+    from pubsubd.storagenode.main import StartupError, StorageNodeConfig, run
+
+    setup(log_level)
+    config = StorageNodeConfig(
+        data_dirs=data_dir,
+        port=port,
+        http_port=http_port,
+        zone=zone,
+        node_id=node_id,
+        zk=zk,
+        zk_root=zk_root,
+    )
+    try:
+        run(config)
+    except (StartupError, ValueError) as e:
+        _fail(e)
 
 
 # --- client commands -------------------------------------------------------------------------

@@ -87,15 +87,22 @@ def _start(
     raise ClusterError(f"process {pid} not ready after {timeout:.0f} s; see {log}")
 
 
+# Processes this process started, kept so they are reaped (and never garbage collected while
+# they run, which would warn): PID -> Popen.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
 def _alive(pid: int) -> bool:
+    child = _CHILDREN.get(pid)
+    if child is not None:
+        if child.poll() is None:
+            return True
+        del _CHILDREN[pid]
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    with contextlib.suppress(ChildProcessError):
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
     return True
 
 
@@ -109,6 +116,7 @@ def _spawn(args: list[str], log: Path) -> int:
             stderr=out,
             start_new_session=True,
         )
+    _CHILDREN[proc.pid] = proc
     return proc.pid
 
 
@@ -347,7 +355,9 @@ class LocalCluster:
     def _wait_gone(self, p: Process, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if p.pid is None or not p.running(self._marker(p)) or not _alive(p.pid):
+            if p.pid is None or not _alive(p.pid) or not p.running(self._marker(p)):
+                if p.pid is not None and p.pid in _CHILDREN:
+                    _CHILDREN.pop(p.pid).wait()  # a zombie of ours: reap it
                 return True
             time.sleep(0.05)
         return False
