@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test check bench bench-quick clean spark-demo spark-bench proto
+.PHONY: run test check bench bench-quick clean spark-demo spark-bench proto cluster cluster-down
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,15 @@ $(ZOOKEEPER_JAR):
 	@if [ "$$(id -u)" != 0 ]; then echo "ZooKeeper is not installed ($@ missing). Install it as root: $(ZOOKEEPER_INSTALL)" >&2; exit 1; fi
 	export DEBIAN_FRONTEND=noninteractive && $(ZOOKEEPER_INSTALL)
 	@test -f $@ || { echo "ZooKeeper installed, but $@ is still missing" >&2; exit 1; }
+
+## A local cluster under ./cluster (ZooKeeper x3, 3 storage nodes in 3 zones, one `pubsubd serve
+## --cluster`); it prints PUBSUB_EMULATOR_HOST. `make cluster-down` stops exactly its processes.
+CLUSTER_DIR ?= cluster
+cluster: $(VENV)/.installed $(ZOOKEEPER_JAR)
+	$(BIN)/pubsubd cluster up --data-dir $(CLUSTER_DIR) $(ARGS)
+
+cluster-down: $(VENV)/.installed
+	$(BIN)/pubsubd cluster down --data-dir $(CLUSTER_DIR)
 
 ## Run the whole suite (unit, property, integration, crash).
 test: $(VENV)/.installed-test $(ZOOKEEPER_JAR)
