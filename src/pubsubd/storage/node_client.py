@@ -98,7 +98,8 @@ class StorageNodeError(StorageError):
 
 
 class NodeUnavailable(StorageNodeError):
-    """Unreachable, past the call's deadline, stopping, or too few of its disks are healthy."""
+    """Unreachable (or the connection dropped), past the call's deadline, stopping, or too few
+    of its disks are healthy."""
 
     retriable = True
 
@@ -154,6 +155,11 @@ class ProtocolMismatch(StorageNodeError):
         self.node_max = node_max
 
 
+_UNREACHABLE = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+)
+
+
 def _int(metadata: dict[str, str], key: str, default: int = -1) -> int:
     try:
         return int(metadata[key])
@@ -178,7 +184,9 @@ def error_from_rpc(address: str, e: grpc.RpcError) -> StorageNodeError:
         return ProtocolMismatch(
             address, code, message, _int(md, MD_MIN_VERSION), _int(md, MD_MAX_VERSION)
         )
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+    # CANCELLED reaches us only from the transport (a caller's own cancellation raises
+    # asyncio.CancelledError instead): the connection went away.
+    if code in _UNREACHABLE:
         return NodeUnavailable(address, code, message)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return NodeResourceExhausted(address, code, message)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import mmap
 import os
@@ -633,10 +634,8 @@ class LedgerStore:
         parts: list[Frames] = []
         chunks: list[bytes] = []
         size = 0
-        group_first = 0
-        staged_end = 0
         ops = ledger.ops
-        while ops and isinstance(ops[0], _Append) and size < GROUP_MAX_BYTES:
+        while ops and isinstance(ops[0], _Append):
             op = ops[0]
             if op.future.done():  # the caller went away
                 ops.popleft()
@@ -648,18 +647,6 @@ class LedgerStore:
             if not op.frames.frames:  # only a last-add-confirmed
                 ops.popleft()
                 ready.append(op)
-                continue
-            if chunks:
-                # Behind staged bytes only a plain continuation joins; anything else is
-                # checked against the durable copy in the next group.
-                if op.first_offset != group_first or op.frames.first_offset != staged_end:
-                    break
-                ops.popleft()
-                chunks.append(op.data)
-                parts.append(op.frames)
-                size += len(op.data)
-                staged_end = op.frames.end_offset
-                writers.append(op)
                 continue
             try:
                 plan = plan_append(ledger.ledger_id, ledger.index, op.first_offset, op.frames)
@@ -689,15 +676,57 @@ class LedgerStore:
             tail = op.data[plan.tail_start :] if plan.tail_start else op.data
             chunks.append(tail)
             parts.append(plan.tail)
-            size += len(tail)
-            group_first = op.first_offset
-            staged_end = plan.tail.end_offset
+            size = len(tail)
             writers.append(op)
-        if chunks:
+            # Behind staged bytes only plain continuations join, in offset order, whatever
+            # order they arrived in; anything else is checked against the durable copy in
+            # the next group.
+            more = self._continuations(ledger, op.first_offset, plan.tail.end_offset, size)
+            writers += more
+            chunks += [op.data for op in more]
+            parts += [op.frames for op in more]
+            break
+        if writers:
             await self._write_group(ledger, b"".join(chunks), _concat(parts), writers)
         for op in ready:
             ledger.lac = max(ledger.lac, op.lac)
             _answer(op.future, ledger.end_offset if ledger.index is not None else op.first_offset)
+
+    def _continuations(
+        self, ledger: Ledger, first_offset: int, end: int, size: int
+    ) -> list[_Append]:
+        """Take the queued (up to the next fence or delete) and parked appends that continue
+        the staged bytes from ``end`` on, in offset order, while the group stays below
+        GROUP_MAX_BYTES (``size`` is staged already)."""
+        limit = next(
+            (i for i, op in enumerate(ledger.ops) if not isinstance(op, _Append)), len(ledger.ops)
+        )
+        candidates: dict[int, _Append] = {}
+        for op in (*itertools.islice(ledger.ops, limit), *ledger.parked):
+            if (
+                isinstance(op, _Append)
+                and op.frames.frames
+                and op.first_offset == first_offset
+                and op.epoch >= ledger.fence
+                and not op.future.done()
+            ):
+                candidates.setdefault(op.frames.first_offset, op)
+        taken: list[_Append] = []
+        added = 0
+        while size + added < GROUP_MAX_BYTES and end in candidates:
+            op = candidates.pop(end)
+            taken.append(op)
+            added += len(op.data)
+            end = op.frames.end_offset
+        if taken:
+            chosen = set(taken)
+            ledger.ops = deque(op for op in ledger.ops if op not in chosen)
+            if ledger.parked:
+                for op in ledger.parked:
+                    if op in chosen:
+                        self._unpark_timer(op)
+                ledger.parked = [op for op in ledger.parked if op not in chosen]
+        return taken
 
     async def _write_group(
         self, ledger: Ledger, data: bytes, frames: Frames, writers: list[_Append]
@@ -829,19 +858,30 @@ class LedgerStore:
 
     def _unpark(self, ledger: Ledger) -> None:
         """After a commit: parked appends the entries now reach go back to the queue's head."""
+        if not ledger.parked:
+            return
         end = ledger.end_offset
         back = [op for op in ledger.parked if op.frames.first_offset <= end]
-        if not back:
-            return
         ledger.parked = [op for op in ledger.parked if op.frames.first_offset > end]
         back.sort(key=lambda op: op.frames.first_offset)
         for op in reversed(back):
             self._unpark_timer(op)
             ledger.ops.appendleft(op)
+        # The ledger moves on: the others wait gap_wait_s from now (a deep pipeline of appends
+        # arriving out of order fills its gaps as long as it makes progress).
+        deadline = self._clock() + self.gap_wait_s
+        for op in ledger.parked:
+            op.parked_until = deadline
 
     def _expire(self, ledger: Ledger, op: _Append) -> None:
         op.timer = None
         if op not in ledger.parked:
+            return
+        now = self._clock()
+        if op.parked_until is not None and now < op.parked_until:  # progress since it parked
+            op.timer = asyncio.get_running_loop().call_later(
+                op.parked_until - now, self._expire, ledger, op
+            )
             return
         ledger.parked.remove(op)
         end = ledger.end_offset if ledger.index is not None else op.first_offset

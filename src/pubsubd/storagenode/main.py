@@ -1,0 +1,234 @@
+"""``pubsubd storage``: the storage node process (composition root).
+
+Recovers the ledger store from its data directories, serves the internal gRPC API on
+127.0.0.1, optionally /healthz, /metrics and /status over HTTP, and with ``--zk`` registers in
+the cluster's ZooKeeper registry. When ready it prints one line for scripts::
+
+    pubsubd storage ready grpc=127.0.0.1:P node_id=ID zone=Z disks=N
+
+SIGTERM (or SIGINT) stops it cleanly: the registry entry goes, new calls are refused with
+UNAVAILABLE, calls in flight finish, last-add-confirmed values are saved, files are closed.
+
+The node's ID is ``--node-id``, else the one persisted in the first data directory
+(``node_id``), else ``{hostname}-{port}`` (persisted then). A data directory keeps its ID:
+starting it under another ``--node-id`` is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from pubsubd.coordination.paths import DEFAULT_ROOT
+from pubsubd.observability.http import HttpEndpoint
+from pubsubd.storage.files import fdatasync, fsync_directory, make_dirs, write_all
+from pubsubd.storage.node_client import MAX_MESSAGE_BYTES
+from pubsubd.storagenode.ledger_store import LedgerStore
+from pubsubd.storagenode.protocol import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION
+from pubsubd.storagenode.registration import Registration
+from pubsubd.storagenode.service import StorageNodeServicer, handlers
+
+log = logging.getLogger(__name__)
+
+NODE_ID_FILE = "node_id"
+STOP_GRACE_S = 5.0
+
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+
+
+class StartupError(Exception):
+    """The node cannot start as configured (the message says why)."""
+
+
+@dataclass(frozen=True)
+class StorageNodeConfig:
+    data_dirs: list[Path]
+    host: str = "127.0.0.1"
+    port: int = 0
+    http_port: int = -1
+    zone: str = "default"
+    node_id: str | None = None
+    zk: str | None = None
+    zk_root: str = DEFAULT_ROOT
+
+
+def _version() -> str:
+    try:
+        return metadata.version("pubsubd")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def resolve_node_id(first_dir: Path, given: str | None, port: int) -> str:
+    """The node's ID (see the module docstring); persisted in ``first_dir``."""
+    path = first_dir / NODE_ID_FILE
+    stored = path.read_text().strip() if path.exists() else None
+    if stored and given and stored != given:
+        raise StartupError(
+            f"data directory {first_dir} belongs to storage node {stored!r}, not {given!r}"
+            f" (remove {path} to rename the node)"
+        )
+    node_id = given or stored or f"{socket.gethostname()}-{port}"
+    if not node_id.strip() or "/" in node_id or any(c.isspace() for c in node_id):
+        raise StartupError(f"invalid node id {node_id!r}: no spaces or '/'")
+    if stored != node_id:
+        make_dirs(first_dir)
+        tmp = path.with_name(NODE_ID_FILE + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            write_all(fd, (node_id + "\n").encode())
+            fdatasync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        fsync_directory(first_dir)
+    return node_id
+
+
+class StorageNode:
+    """One storage node: store, gRPC server, HTTP endpoint, registration."""
+
+    def __init__(self, config: StorageNodeConfig) -> None:
+        self.config = config
+        self.store = LedgerStore(config.data_dirs)
+        self.node_id = config.node_id or ""
+        self.port = 0
+        self.http_port = 0
+        self.grpc_server: grpc.aio.Server | None = None
+        self.http = HttpEndpoint(self.status, self.problem)
+        self.registration: Registration | None = None
+        self._coordinator: Any = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.config.host}:{self.port}"
+
+    def registry_info(self) -> dict[str, Any]:
+        disks = self.store.disk_health()
+        return {
+            "node_id": self.node_id,
+            "address": self.address,
+            "zone": self.config.zone,
+            "disks": len(disks),
+            "healthy_disks": sum(d.healthy for d in disks),
+            "free_bytes": self.store.free_bytes(),
+            "protocol_version": PROTOCOL_VERSION,
+            "min_protocol_version": MIN_PROTOCOL_VERSION,
+            "version": _version(),
+        }
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "node_id": self.node_id,
+            "address": self.address,
+            "zone": self.config.zone,
+            "serving": self.store.opened and not self.store.stopping,
+            "registered": self.registration is not None,
+            **self.store.status(),
+        }
+
+    def problem(self) -> str | None:
+        """A degraded condition for /healthz (it stays 200: a restart would not cure it)."""
+        healthy = sum(d.healthy for d in self.store.disks)
+        if healthy < self.store.majority:
+            return f"only {healthy} of {len(self.store.disks)} disks are healthy: writes refused"
+        bad = [f"{d.path}: {d.error}" for d in self.store.disks if not d.healthy]
+        full = [str(d.path) for d in self.store.disks if d.space.full]
+        parts = []
+        if bad:
+            parts.append("unhealthy disks: " + "; ".join(bad))
+        if full:
+            parts.append("full disks: " + ", ".join(full))
+        return " / ".join(parts) or None
+
+    async def start(self) -> None:
+        config = self.config
+        await self.store.open()
+        server = grpc.aio.server(options=GRPC_OPTIONS)
+        self.port = server.add_insecure_port(f"{config.host}:{config.port}")
+        if self.port == 0:
+            raise OSError(f"cannot bind gRPC port {config.host}:{config.port}")
+        self.node_id = await asyncio.to_thread(
+            resolve_node_id, config.data_dirs[0], config.node_id, self.port
+        )
+        server.add_generic_rpc_handlers(
+            [handlers(StorageNodeServicer(self.store, self.node_id, config.zone))]
+        )
+        await server.start()
+        self.grpc_server = server
+        if config.http_port >= 0:
+            self.http_port = await self.http.start(config.host, config.http_port)
+        if config.zk:
+            await self._register(config.zk, config.zk_root)
+        http = f" http={config.host}:{self.http_port}" if config.http_port >= 0 else ""
+        line = (
+            f"pubsubd storage ready grpc={self.address} node_id={self.node_id}"
+            f" zone={config.zone} disks={len(config.data_dirs)}{http}"
+        )
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+    async def _register(self, hosts: str, root: str) -> None:
+        from pubsubd.coordination.zk import Coordinator
+
+        coordinator = Coordinator(hosts, root)
+        await coordinator.start()
+        self._coordinator = coordinator
+        registration = Registration(coordinator, self.node_id, self.registry_info)
+        await registration.start()
+        self.registration = registration
+
+    async def stop(self) -> None:
+        if self.registration is not None:
+            await self.registration.stop()
+        if self._coordinator is not None:
+            await self._coordinator.stop()
+        self.store.stopping = True  # new calls: UNAVAILABLE; calls in flight finish
+        if self.grpc_server is not None:
+            await self.grpc_server.stop(STOP_GRACE_S)
+        await self.http.close()
+        await self.store.close()
+
+
+async def serve(config: StorageNodeConfig) -> None:
+    node = StorageNode(config)
+    try:
+        await node.start()
+    except BaseException:
+        await node.stop()
+        raise
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("pubsubd storage stopping")
+    await node.stop()
+    log.info("pubsubd storage stopped")
+
+
+def run(config: StorageNodeConfig) -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        asyncio.run(serve(config))
+    else:
+        uvloop.run(serve(config))

@@ -1,0 +1,129 @@
+"""A storage node's entry in the cluster's registry: an ephemeral znode at
+``Layout.storage_node(node_id)`` whose data is JSON ``{"node_id", "address", "zone", "disks",
+"healthy_disks", "free_bytes", "protocol_version", "version"}``.
+
+The znode lives as long as the node's ZooKeeper session. Every ``interval_s`` the node checks
+it: it is created again when it is gone (the session expired and a new one began) and its data
+is replaced when what it says changed (healthy disks, or free bytes by at least
+``FREE_BYTES_STEP`` or 1 %), so a filling disk is seen by placement without a write per append.
+An entry left by this node's previous process (killed before its session expired) is replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from pubsubd.coordination.errors import CoordinationError, NodeExists, NoNode
+from pubsubd.coordination.zk import Coordinator, SessionState
+
+log = logging.getLogger(__name__)
+
+REFRESH_S = 3.0
+FREE_BYTES_STEP = 64 << 20
+
+
+def changed(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
+    """Whether the registry should be told: anything but free bytes differs, or free bytes
+    moved by at least FREE_BYTES_STEP or 1 %."""
+    if old is None:
+        return True
+    if {k: v for k, v in old.items() if k != "free_bytes"} != {
+        k: v for k, v in new.items() if k != "free_bytes"
+    }:
+        return True
+    before, after = int(old.get("free_bytes", 0)), int(new.get("free_bytes", 0))
+    return abs(after - before) >= min(FREE_BYTES_STEP, max(1, before // 100))
+
+
+class Registration:
+    """Keeps this node's registry entry current; :meth:`start` registers once (raises if
+    ZooKeeper cannot be reached), then a background task follows."""
+
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        node_id: str,
+        info: Callable[[], dict[str, Any]],
+        *,
+        interval_s: float = REFRESH_S,
+    ) -> None:
+        self._zk = coordinator
+        self.path = coordinator.layout.storage_node(node_id)
+        self._info = info
+        self._interval_s = interval_s
+        self._published: dict[str, Any] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._remove_listener: Callable[[], None] | None = None
+        self.refreshes = 0
+
+    async def start(self) -> None:
+        await self._register()
+        self._remove_listener = self._zk.on_state(self._state_changed)
+        self._task = asyncio.create_task(self._follow(), name="storage-registration")
+
+    async def stop(self) -> None:
+        """Stop refreshing and remove the entry (the session's end would remove it too)."""
+        if self._remove_listener is not None:
+            self._remove_listener()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with contextlib.suppress(CoordinationError):
+            await self._zk.delete(self.path)
+
+    def _state_changed(self, state: SessionState) -> None:
+        if state is SessionState.CONNECTED:
+            self._wake.set()  # a new session may have lost the ephemeral znode: check now
+
+    def _data(self, info: dict[str, Any]) -> bytes:
+        return json.dumps(info, sort_keys=True).encode()
+
+    async def _register(self) -> None:
+        info = self._info()
+        data = self._data(info)
+        try:
+            await self._zk.create(self.path, data, ephemeral=True)
+        except NodeExists:
+            stat = await self._zk.exists(self.path)
+            if stat is not None and stat.ephemeral_owner != self._zk.session_id:
+                # Left by this node's previous process, whose session has not expired yet.
+                log.info("replacing the registry entry %s of an earlier session", self.path)
+                with contextlib.suppress(NoNode):
+                    await self._zk.delete(self.path)
+                await self._zk.create(self.path, data, ephemeral=True)
+            else:
+                await self._zk.set(self.path, data)
+        self._published = info
+        log.info("registered in ZooKeeper at %s", self.path)
+
+    async def refresh(self) -> None:
+        """One check: re-create the entry if it is gone, update it if it changed."""
+        stat = await self._zk.exists(self.path)
+        if stat is None or stat.ephemeral_owner != self._zk.session_id:
+            await self._register()
+            self.refreshes += 1
+            return
+        info = self._info()
+        if changed(self._published, info):
+            await self._zk.set(self.path, self._data(info))
+            self._published = info
+            self.refreshes += 1
+
+    async def _follow(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._interval_s)
+            self._wake.clear()
+            try:
+                await self.refresh()
+            except CoordinationError as e:
+                log.warning("storage node registration: %s (retrying)", e)
+            except Exception:
+                log.exception("storage node registration failed (retrying)")
