@@ -27,7 +27,7 @@ from pubsubd.storagenode.errors import (
     TooFewDisks,
     UnknownLedger,
 )
-from pubsubd.storagenode.ledger_store import Disk, LedgerStore
+from pubsubd.storagenode.ledger_store import Disk, LedgerFile, LedgerStore
 
 pytestmark = pytest.mark.unit
 
@@ -437,3 +437,42 @@ async def test_idle_ledgers_close_their_files(tmp_path: Path) -> None:
         assert offsets(data) == [0]
     finally:
         await store.close()
+
+
+async def test_a_disk_unusable_at_start_leaves_a_majority(tmp_path: Path) -> None:
+    paths = dirs(tmp_path)
+    store = await opened(paths)
+    await store.append(60, 1, 0, frames(0, 2))
+    await store.close()
+    ledgers = paths[2] / "ledgers"
+    for f in ledgers.iterdir():
+        f.unlink()
+    ledgers.rmdir()
+    ledgers.write_bytes(b"not a directory")
+    store = await opened(paths)
+    try:
+        assert [d.healthy for d in store.disks] == [True, True, False]
+        assert store.summaries()[0].healthy_disks == 2
+        assert await store.append(60, 1, 0, frames(2, 1)) == 3
+        assert offsets(await read_all(store, 60)) == [0, 1, 2]
+    finally:
+        await store.close()
+
+
+async def test_delete_then_append_starts_the_ledger_again(store: LedgerStore) -> None:
+    await store.append(61, 1, 0, frames(0, 3))
+    deleted = asyncio.create_task(store.delete(61))
+    again = asyncio.create_task(store.append(61, 1, 5, frames(5, 1)))
+    assert await deleted is True
+    assert await again == 6
+    assert [(s.first_offset, s.end_offset) for s in store.summaries()] == [(5, 6)]
+
+
+def test_a_file_closed_while_in_use_closes_after_its_last_user(tmp_path: Path) -> None:
+    file = LedgerFile(tmp_path / "f")
+    with file.use(create=True) as fd:
+        file.close()
+        os.pwrite(fd, b"still mine", 0)  # the descriptor stays valid for this user
+        assert file.fd == fd
+    assert file.fd is None
+    assert (tmp_path / "f").read_bytes() == b"still mine"

@@ -43,7 +43,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,28 +144,50 @@ def _is_full(exc: BaseException, disk: Disk) -> bool:
 
 
 class LedgerFile:
-    """One disk's file of one ledger: opened on first use, closed when the ledger is idle."""
+    """One disk's file of one ledger: opened on first use, closed when the ledger is idle.
 
-    __slots__ = ("dir_synced", "fd", "lock", "path")
+    Blocking work holds the descriptor through :meth:`use`; a :meth:`close` while it is in use
+    (a write that outlived the straggler timeout) is carried out by its last user, so a
+    descriptor number is never closed under a thread still writing through it."""
+
+    __slots__ = ("_close_pending", "_users", "dir_synced", "fd", "lock", "path")
 
     def __init__(self, path: Path, *, exists: bool = False) -> None:
         self.path = path
         self.fd: int | None = None
         self.lock = threading.Lock()
         self.dir_synced = exists  # its directory entry is durable
+        self._users = 0
+        self._close_pending = False
 
-    def open(self, create: bool) -> int:
+    @contextlib.contextmanager
+    def use(self, create: bool) -> Iterator[int]:
         with self.lock:
             if self.fd is None:
                 flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
                 self.fd = os.open(self.path, flags, FILE_MODE)
-            return self.fd
+            self._users += 1
+            fd = self.fd
+        try:
+            yield fd
+        finally:
+            with self.lock:
+                self._users -= 1
+                if self._close_pending and not self._users:
+                    self._close_locked()
 
     def close(self) -> None:
         with self.lock:
-            if self.fd is not None:
-                os.close(self.fd)
-                self.fd = None
+            if self._users:
+                self._close_pending = True
+            else:
+                self._close_locked()
+
+    def _close_locked(self) -> None:
+        self._close_pending = False
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def _pwrite_all(fd: int, data: bytes | memoryview, position: int) -> None:
@@ -224,28 +246,29 @@ class Disk:
         """Write ``data`` at ``position`` and make it durable; on failure cut the file back to
         ``position``. Returns the seconds it took."""
         started = time.perf_counter()
-        fd = file.open(create=True)
-        try:
-            _pwrite_all(fd, data, position)
-            fdatasync(fd)
-            if not file.dir_synced:
-                fsync_directory(self.dir)
-                file.dir_synced = True
-        except OSError as exc:
+        with file.use(create=True) as fd:
             try:
-                os.ftruncate(fd, position)
-            except OSError as cut:
-                raise CopyDamaged(f"could not cut a failed write: {cut}") from exc
-            raise
+                _pwrite_all(fd, data, position)
+                fdatasync(fd)
+                if not file.dir_synced:
+                    fsync_directory(self.dir)
+                    file.dir_synced = True
+            except OSError as exc:
+                try:
+                    os.ftruncate(fd, position)
+                except OSError as cut:
+                    raise CopyDamaged(f"could not cut a failed write: {cut}") from exc
+                raise
         return time.perf_counter() - started
 
     def truncate(self, file: LedgerFile, size: int) -> None:
-        fd = file.open(create=False)
-        os.ftruncate(fd, size)
-        fdatasync(fd)
+        with file.use(create=False) as fd:
+            os.ftruncate(fd, size)
+            fdatasync(fd)
 
     def read_at(self, file: LedgerFile, position: int, n: int) -> bytes:
-        return _pread_exact(file.open(create=False), n, position)
+        with file.use(create=False) as fd:
+            return _pread_exact(fd, n, position)
 
     def write_fence(self, ledger_id: int, record: bytes) -> None:
         path = self.fence_path(ledger_id)
