@@ -187,18 +187,20 @@ def _free_ports(count: int) -> list[int]:
         return [sock.getsockname()[1] for sock in sockets]
 
 
-def _reaped(pid: int) -> bool:
-    """Reap ``pid`` if it is our exited child; True if it was (it no longer exists)."""
+def _reaped(pid: int) -> bool | None:
+    """Reap ``pid`` if it is our exited child: True if it was (it no longer exists), False if
+    it is our running child, None if it is not our child (attached, or already reaped)."""
     try:
         done, _ = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
-        return False  # not our child (attached, or already reaped)
+        return None
     return done == pid
 
 
 def _runs(pid: int, config: Path) -> bool:
     """Whether ``pid`` is alive and still the ZooKeeper node of ``config`` (not a reused PID)."""
-    if _reaped(pid):
+    reaped = _reaped(pid)
+    if reaped:
         return False
     proc = Path(f"/proc/{pid}")
     try:
@@ -208,6 +210,10 @@ def _runs(pid: int, config: Path) -> bool:
         return False
     if stat[stat.rfind(")") + 2 :].startswith("Z"):
         return False  # exited, waiting for a parent that is not us to reap it
+    if args == [b""]:
+        # Just spawned: the kernel shows no command line until the exec is done. Only our
+        # own child can be in that state for us.
+        return reaped is False
     return MAIN_CLASS.encode() in args and str(config).encode() in args
 
 
