@@ -30,6 +30,7 @@ from typing import Any
 
 import grpc
 
+from pubsubd.coordination.errors import CoordinationError
 from pubsubd.coordination.paths import DEFAULT_ROOT
 from pubsubd.observability.http import HttpEndpoint
 from pubsubd.storage.files import fdatasync, fsync_directory, make_dirs, write_all
@@ -189,10 +190,13 @@ class StorageNode:
         from pubsubd.coordination.zk import Coordinator
 
         coordinator = Coordinator(hosts, root)
-        await coordinator.start()
         self._coordinator = coordinator
-        registration = Registration(coordinator, self.node_id, self.registry_info)
-        await registration.start()
+        try:
+            await coordinator.start()
+            registration = Registration(coordinator, self.node_id, self.registry_info)
+            await registration.start()
+        except CoordinationError as e:
+            raise StartupError(f"cannot register in ZooKeeper at {hosts} ({root}): {e}") from e
         self.registration = registration
 
     async def stop(self) -> None:
