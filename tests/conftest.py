@@ -14,6 +14,8 @@ import pytest
 from google.cloud import pubsub_v1
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 
+from pubsubd.cluster.launcher import LocalCluster
+from tests.support.cluster import ClusterServer, running_cluster
 from tests.support.server import ServerProcess
 
 PROJECT = "test-project"
@@ -27,9 +29,27 @@ def server(tmp_path: Path) -> Iterator[ServerProcess]:
     srv.kill()
 
 
-@pytest.fixture(scope="module")
-def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """One pubsubd for a whole module (tests use unique names)."""
+# The deployments the google.pubsub.v1 feature tests run against: one process with embedded
+# storage, and a cluster (ZooKeeper, 3 storage nodes, serve --cluster). PUBSUBD_TEST_DEPLOYMENTS
+# narrows it (e.g. "embedded" for a quick run).
+DEPLOYMENTS = os.environ.get("PUBSUBD_TEST_DEPLOYMENTS", "embedded,cluster").split(",")
+
+
+@pytest.fixture(scope="session")
+def test_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """One local cluster for the whole session (started by the first test that needs it)."""
+    with running_cluster(tmp_path_factory.mktemp("cluster")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module", params=DEPLOYMENTS)
+def shared_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess | ClusterServer]:
+    """One pubsubd for a whole module (tests use unique names), in each deployment."""
+    if request.param == "cluster":
+        yield ClusterServer(request.getfixturevalue("test_cluster"))
+        return
     srv = ServerProcess(tmp_path_factory.mktemp("shared") / "data").start()
     yield srv
     srv.kill()
@@ -37,7 +57,7 @@ def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPr
 
 @pytest.fixture(scope="module")
 def clients(
-    shared_server: ServerProcess,
+    shared_server: ServerProcess | ClusterServer,
 ) -> Iterator[tuple[pubsub_v1.PublisherClient, pubsub_v1.SubscriberClient]]:
     """An official publisher and subscriber on the module's shared server, for the module."""
     pub = make_publisher(shared_server.endpoint)

@@ -46,6 +46,9 @@ class ClusterServer:
     def data_dir(self) -> Path:
         return self.cluster.directory / "serve"
 
+    def alive(self) -> bool:
+        return self.cluster.process("serve").running(self.cluster.directory)
+
     def log(self) -> str:
         return Path(self.cluster.process("serve").log).read_text(errors="replace")
 
