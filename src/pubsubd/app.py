@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 
 from pubsubd import node
+from pubsubd.acks.replicated import cursor_source, restore_journal
 from pubsubd.api.grpc import admin, publisher, replay, subscriber
 from pubsubd.config import ServerConfig
 from pubsubd.control.expiry import Maintenance
@@ -25,7 +26,7 @@ from pubsubd.coordination.zk import Coordinator
 from pubsubd.core import pb
 from pubsubd.core.clock import SYSTEM_CLOCK
 from pubsubd.core.records import DamagedRange
-from pubsubd.data.publish.forwarder import TOPICS_DIR
+from pubsubd.data.publish.forwarder import SUBSCRIPTIONS_DIR, TOPICS_DIR
 from pubsubd.observability import background, metrics
 from pubsubd.observability.events import EVENTS_TOPIC, BacklogRotation, EventEmitter
 from pubsubd.observability.http import HttpEndpoint
@@ -307,13 +308,22 @@ async def connect_cluster(config: ServerConfig) -> ClusterParts:
             s.topic_uid for s in store.load_subscriptions()
         }
         copied = await storage.prepare(config.storage.data_dir / TOPICS_DIR, sorted(uids))
+        restored = 0
+        for record in store.load_subscriptions():
+            source = cursor_source(record.uid)
+            if await storage.directory.sources(source):  # it flushed acks at least once
+                ledgers = storage.remote_log(source, 0)
+                await ledgers.take_over()
+                directory = config.storage.data_dir / SUBSCRIPTIONS_DIR / record.uid
+                restored += await restore_journal(directory, ledgers)
         log.info(
             "cluster: %d storage nodes, %d copies per ledger, %d sources taken over, "
-            "%d entries copied to local copies",
+            "%d entries copied to local copies, %d ack journals restored",
             len(storage.directory.nodes()),
             replicas,
             len(storage.sources),
             copied,
+            restored,
         )
     except BaseException:
         await coordinator.stop()

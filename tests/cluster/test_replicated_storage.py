@@ -20,10 +20,12 @@ from pubsubd.cluster.launcher import LocalCluster
 from pubsubd.cluster.status import cluster_status
 from pubsubd.storage.node_client import LedgerSummary, StorageNodeClient
 from tests.conftest import emulator_host, make_publisher, make_subscriber
+from tests.support.clients import pull_until
 from tests.support.cluster import ClusterServer, running_cluster
 from tests.support.drain import drain
 from tests.support.flood import Flood
 from tests.support.server import wait_for
+from tests.support.status import wait_trim_passes
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -164,3 +166,28 @@ def test_a_lost_disk_on_the_serving_machine_is_rebuilt_from_the_storage_nodes(
     cluster.restart("serve")
     received = drain(server.endpoint, subscription, payloads)
     assert payloads <= received
+
+
+def test_acks_survive_the_loss_of_the_serving_machine(cluster: LocalCluster, names: Any) -> None:
+    """The subscription's ack journal is on the storage nodes too: after the serving machine's
+    whole data directory is lost, what was acknowledged (and flushed) is not redelivered."""
+    server = ClusterServer(cluster)
+    topic, subscription = _create(server.endpoint, names)
+    pub = make_publisher(server.endpoint)
+    payloads = [b"p-%04d" % i for i in range(600)]
+    for f in [pub.publish(topic, p) for p in payloads]:
+        f.result(60)
+    sub = make_subscriber(server.endpoint)
+    got = pull_until(sub, subscription, 600)
+    acked = {m.message.data for m in got if int(m.message.data[2:]) % 3 != 0}
+    ack_ids = [m.ack_id for m in got if m.message.data in acked]
+    for i in range(0, len(ack_ids), 500):
+        sub.acknowledge(subscription=subscription, ack_ids=ack_ids[i : i + 500])
+    sub.close()
+    wait_trim_passes(server, 2)  # the acks are flushed (to the storage nodes first)
+    cluster.kill("serve")
+    shutil.rmtree(server.data_dir)  # local copies, ack journals: the machine is gone
+    cluster.restart("serve")
+    unacked = set(payloads) - acked
+    received = drain(server.endpoint, subscription, unacked)
+    assert not received & acked, f"{len(received & acked)} acknowledged messages redelivered"

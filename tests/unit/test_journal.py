@@ -434,7 +434,7 @@ async def test_write_failure_is_healed_by_the_next_flush(
     assert states(crashed) == durable
     await crashed.close()
     # The disk still fails: the heal fails too and is retried later.
-    monkeypatch.setattr(journal_mod, "_install_file", _failing_install)
+    monkeypatch.setattr(journal_mod, "install_file", _failing_install)
     ack(j, 1, [4])
     with pytest.raises(OSError):
         await j.flush()

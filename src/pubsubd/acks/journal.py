@@ -102,7 +102,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Final, TypeVar
+from typing import Final, Protocol, TypeVar
 
 import google_crc32c
 
@@ -116,6 +116,7 @@ __all__ = [
     "AckJournal",
     "AckJournalCorruptError",
     "AckJournalError",
+    "JournalMirror",
 ]
 
 logger = logging.getLogger(__name__)
@@ -321,7 +322,7 @@ def apply_record(cursors: dict[int, Cursor], record: Record) -> None:
 # ---------------------------------------------------------------------------
 
 
-def _install_file(directory: Path, name: str, data: bytes) -> None:
+def install_file(directory: Path, name: str, data: bytes) -> None:
     """Atomically replace ``directory/name`` with ``data`` (temp, fsync, rename, fsync dir)."""
     tmp = directory / (name + TMP_SUFFIX)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
@@ -372,6 +373,25 @@ async def _run_in_thread(fn: Callable[[], _T]) -> _T:
 # ---------------------------------------------------------------------------
 
 
+class JournalMirror(Protocol):
+    """A copy of the journal on other machines (``acks/replicated.py``: the subscription's
+    cursor ledgers on the storage nodes). Written before the local files, so it holds at least
+    what they hold; a new machine rebuilds the local files from it."""
+
+    async def append_records(self, data: bytes) -> None:
+        """Make encoded journal records durable, in order."""
+        ...
+
+    async def append_snapshot(self, snapshot: bytes) -> None:
+        """Make an encoded snapshot durable; what came before it may be dropped."""
+        ...
+
+    async def close(self) -> None: ...
+    async def destroy(self) -> None:
+        """Delete the copy (the subscription is gone)."""
+        ...
+
+
 class AckJournal:
     """Durable ack cursors of one subscription, keyed by message source id.
 
@@ -392,6 +412,7 @@ class AckJournal:
         "_generation",
         "_journal_size",
         "_lock",
+        "_mirror",
         "_on_disk",
         "_snapshot_size",
         "_unsynced",
@@ -406,8 +427,10 @@ class AckJournal:
         journal_size: int,
         snapshot_size: int,
         compact_bytes: int,
+        mirror: JournalMirror | None = None,
     ) -> None:
         self._directory = directory
+        self._mirror = mirror
         self._cursors = cursors
         self._on_disk = on_disk  # the directory and the journal file exist
         # Only records restating ``initial`` are buffered and nothing is on disk: no need to write.
@@ -432,8 +455,12 @@ class AckJournal:
         initial: Mapping[int, int] | None = None,
         *,
         compact_bytes: int = DEFAULT_COMPACT_BYTES,
+        mirror: JournalMirror | None = None,
     ) -> AckJournal:
-        """Open and recover the journal in ``directory`` (created on the first write). Blocking."""
+        """Open and recover the journal in ``directory`` (created on the first write). Blocking.
+
+        With a ``mirror`` every flush and compaction is written to it first (a cluster: the
+        local files are then a copy, rebuilt from the mirror on a new machine)."""
         existed = directory.is_dir()
         for name in (SNAPSHOT_FILENAME, JOURNAL_FILENAME):
             (directory / (name + TMP_SUFFIX)).unlink(missing_ok=True)
@@ -453,7 +480,7 @@ class AckJournal:
         journal_size = cls._recover_journal(journal_path, generation, cursors)
         if journal_size is None:
             if existed:
-                _install_file(directory, JOURNAL_FILENAME, encode_journal_header(generation))
+                install_file(directory, JOURNAL_FILENAME, encode_journal_header(generation))
             journal_size = JOURNAL_HEADER_SIZE
 
         journal = cls(
@@ -464,11 +491,12 @@ class AckJournal:
             journal_size,
             snapshot_size,
             compact_bytes,
+            mirror,
         )
         for source_id, start in (initial or {}).items():
             journal.cursor(source_id, start)
         journal._deferred = not existed  # set after the initial cursors: any later record clears it
-        if journal._should_compact():
+        if journal._should_compact() and mirror is None:  # a mirror compacts on the first flush
             journal._compact_sync(generation + 1, journal._snapshot_states())
         return journal
 
@@ -514,6 +542,10 @@ class AckJournal:
     @property
     def directory(self) -> Path:
         return self._directory
+
+    @property
+    def mirror(self) -> JournalMirror | None:
+        return self._mirror
 
     @property
     def buffered_bytes(self) -> int:
@@ -592,6 +624,13 @@ class AckJournal:
             data = b"".join(self._buffer)
             self._buffer.clear()
             self._buffered_bytes = 0
+            if data and self._mirror is not None:
+                try:
+                    await self._mirror.append_records(data)
+                except BaseException:
+                    self._buffer.insert(0, data)  # kept for the next flush
+                    self._buffered_bytes += len(data)
+                    raise
             if data or (sync and self._unsynced):
                 try:
                     await _run_in_thread(partial(self._write_sync, data, sync))
@@ -619,6 +658,8 @@ class AckJournal:
         finally:
             async with self._lock:
                 self._closed = True
+            if self._mirror is not None:
+                await self._mirror.close()
 
     def delete(self) -> None:
         """Remove the on-disk state (subscription deleted). Unflushed records are dropped.
@@ -653,6 +694,8 @@ class AckJournal:
         # States are captured on the event loop, consistent with every record already
         # written; records buffered meanwhile go to the new journal (replay is idempotent).
         states = self._snapshot_states()
+        if self._mirror is not None:
+            await self._mirror.append_snapshot(encode_snapshot(self._generation + 1, states))
         await _run_in_thread(partial(self._compact_sync, self._generation + 1, states))
 
     # -- blocking parts (worker thread, or open()) ----------------------------------
@@ -660,7 +703,7 @@ class AckJournal:
     def _create_files(self) -> None:
         """Create the directory (fsyncing each new entry) and an empty journal."""
         make_dirs(self._directory)
-        _install_file(self._directory, JOURNAL_FILENAME, encode_journal_header(self._generation))
+        install_file(self._directory, JOURNAL_FILENAME, encode_journal_header(self._generation))
         self._on_disk = True
 
     def _write_sync(self, data: bytes, sync: bool) -> None:
@@ -692,9 +735,9 @@ class AckJournal:
             if not self._on_disk:
                 self._create_files()
             snapshot = encode_snapshot(generation, states)
-            _install_file(self._directory, SNAPSHOT_FILENAME, snapshot)
+            install_file(self._directory, SNAPSHOT_FILENAME, snapshot)
             # Crash here: snapshot(G+1) + journal(G) -> journal ignored, same state.
-            _install_file(self._directory, JOURNAL_FILENAME, encode_journal_header(generation))
+            install_file(self._directory, JOURNAL_FILENAME, encode_journal_header(generation))
         except BaseException as exc:
             self._broken = exc
             raise

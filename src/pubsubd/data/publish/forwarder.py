@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pubsubd.acks.journal import AckJournal
+from pubsubd.acks.replicated import JournalLedgers, cursor_source
 from pubsubd.core import pb
 from pubsubd.core.clock import SYSTEM_CLOCK, Clock
 from pubsubd.core.damage_policy import DamagePolicy
@@ -43,6 +44,7 @@ from pubsubd.storage.delay_index import DelayIndex
 from pubsubd.storage.disk_space import DiskSpace
 from pubsubd.storage.errors import ReplicationFailed, StorageError
 from pubsubd.storage.framing import Entry
+from pubsubd.storage.ledgers.writer import SourceLedgers
 from pubsubd.storage.log import FsyncPolicy, RemoteLogs, SourceLog
 
 log = logging.getLogger(__name__)
@@ -270,7 +272,14 @@ class PublishingForwarder:
             # created: everything in it is after the sync point.
             initial = {s: start_offsets.get(s, 0) for s in range(len(sources.logs))}
             initial.update(start_offsets)
-            journal = AckJournal.open(self.data_dir / SUBSCRIPTIONS_DIR / sub_uid, initial=initial)
+            mirror = None
+            if self.remote_logs is not None:  # a cluster: the journal is on the storage nodes
+                ledgers = self.remote_logs(cursor_source(sub_uid), 0)
+                assert isinstance(ledgers, SourceLedgers)
+                mirror = JournalLedgers(ledgers)
+            journal = AckJournal.open(
+                self.data_dir / SUBSCRIPTIONS_DIR / sub_uid, initial=initial, mirror=mirror
+            )
             sources.journals[sub_uid] = journal
             # A cursor means its source existed (a deleted topic's storage has no labels, and
             # a source never written to has no directory): open it, so logs cover every cursor.
@@ -287,6 +296,8 @@ class PublishingForwarder:
             self._dirty_journals.discard(journal)
             await journal.close()
             journal.delete()
+            if journal.mirror is not None:
+                await journal.mirror.destroy()
 
     # --- data path ----------------------------------------------------------------------------
 

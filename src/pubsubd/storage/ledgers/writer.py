@@ -133,6 +133,21 @@ class SourceLedgers:
     def name(self) -> str:
         return f"{self.topic_uid}/{self.source}"
 
+    @property
+    def end_offset(self) -> int:
+        """Where the next append goes: every offset below is on ``ack_quorum`` nodes."""
+        return self._confirmed_end
+
+    @property
+    def taken_over(self) -> bool:
+        return self.epoch is not None
+
+    def roll_next(self) -> None:
+        """Start a new ledger with the next append (so what precedes it can be trimmed
+        whole, e.g. before a snapshot that replaces it)."""
+        if self._open is not None:
+            self._roll_next = True
+
     # -- takeover ------------------------------------------------------------------------
 
     async def take_over(self) -> LedgerList:
