@@ -41,8 +41,15 @@ cluster: $(VENV)/.installed $(ZOOKEEPER_JAR)
 cluster-down: $(VENV)/.installed
 	$(BIN)/pubsubd cluster down --data-dir $(CLUSTER_DIR)
 
-## Run the whole suite (unit, property, integration, crash).
-test: $(VENV)/.installed-test $(ZOOKEEPER_JAR)
+## nftables from Debian when it is missing: the partition test cuts a storage node off with it,
+## inside a network namespace the test creates.
+NFT ?= /usr/sbin/nft
+$(NFT):
+	@if [ "$$(id -u)" != 0 ]; then echo "nftables is not installed ($@ missing). Install it as root: apt-get update && apt-get install -y --no-install-recommends nftables" >&2; exit 1; fi
+	export DEBIAN_FRONTEND=noninteractive && apt-get update && apt-get install -y --no-install-recommends nftables
+
+## Run the whole suite (unit, property, integration, crash, cluster).
+test: $(VENV)/.installed-test $(ZOOKEEPER_JAR) $(NFT)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## Lint, type-check, and check the layering of ARCHITECTURE.md (import-linter contracts in
