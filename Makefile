@@ -41,15 +41,17 @@ cluster: $(VENV)/.installed $(ZOOKEEPER_JAR)
 cluster-down: $(VENV)/.installed
 	$(BIN)/pubsubd cluster down --data-dir $(CLUSTER_DIR)
 
-## nftables from Debian when it is missing: the partition test cuts a storage node off with it,
-## inside a network namespace the test creates.
+## nftables and iproute2 from Debian when missing: the partition test cuts a storage node off
+## with nft inside a network namespace it creates with ip.
 NFT ?= /usr/sbin/nft
-$(NFT):
-	@if [ "$$(id -u)" != 0 ]; then echo "nftables is not installed ($@ missing). Install it as root: apt-get update && apt-get install -y --no-install-recommends nftables" >&2; exit 1; fi
-	export DEBIAN_FRONTEND=noninteractive && apt-get update && apt-get install -y --no-install-recommends nftables
+IP ?= /usr/sbin/ip
+NET_INSTALL := apt-get update && apt-get install -y --no-install-recommends nftables iproute2
+$(NFT) $(IP):
+	@if [ "$$(id -u)" != 0 ]; then echo "$@ is missing. Install it as root: $(NET_INSTALL)" >&2; exit 1; fi
+	export DEBIAN_FRONTEND=noninteractive && $(NET_INSTALL)
 
 ## Run the whole suite (unit, property, integration, crash, cluster).
-test: $(VENV)/.installed-test $(ZOOKEEPER_JAR) $(NFT)
+test: $(VENV)/.installed-test $(ZOOKEEPER_JAR) $(NFT) $(IP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## Lint, type-check, and check the layering of ARCHITECTURE.md (import-linter contracts in
