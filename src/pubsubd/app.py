@@ -31,6 +31,7 @@ from pubsubd.observability import background, metrics
 from pubsubd.observability.events import EVENTS_TOPIC, BacklogRotation, EventEmitter
 from pubsubd.observability.http import HttpEndpoint
 from pubsubd.storage.disk_space import DiskSpace
+from pubsubd.storage.ledgers.auditor import Auditor
 from pubsubd.storage.ledgers.cluster import ClusterStorage
 from pubsubd.storage.ledgers.meta import StoragePolicy
 from pubsubd.storage.metadata import MetadataStore, SqliteMetadataStore
@@ -109,6 +110,10 @@ class PubsubServer:
         self._stopped = asyncio.Event()
         self._quota_task: asyncio.Task[None] | None = None
         self.sli_events: EventEmitter | None = None
+        # The cluster's repair auditor, when this process is elected (storage/ledgers/auditor.py).
+        self.auditor: Auditor | None = None
+        if cluster is not None and config.cluster is not None:
+            self.auditor = Auditor(cluster.storage, config.cluster.repair)
 
     async def start(self) -> None:
         self.node.start()
@@ -150,9 +155,13 @@ class PubsubServer:
             self.config.storage.fsync.value,
             "" if self.cluster is None else f" cluster={self.cluster.coordinator.hosts}",
         )
+        if self.auditor is not None:
+            self.auditor.start()
 
     async def stop(self) -> None:
         """End streams with UNAVAILABLE, finish in-flight RPCs, then close storage cleanly."""
+        if self.auditor is not None:
+            await self.auditor.close()
         if self.sli_events is not None:
             await self.sli_events.close()
         await self.maintenance.close()
@@ -224,8 +233,16 @@ class PubsubServer:
             "cursors": self.cursors.status(),
             "dedup": self.publishing.dedup.status(),
             "disk": self.disk.status(),
-            "cluster": None if self.cluster is None else self.cluster.storage.status(),
+            "cluster": self.cluster_status(),
         }
+
+    def cluster_status(self) -> dict[str, Any] | None:
+        if self.cluster is None:
+            return None
+        status = self.cluster.storage.status()
+        if self.auditor is not None:
+            status["auditor"] = self.auditor.status()
+        return status
 
     def _damage_report(self) -> dict[str, list[tuple[int, DamagedRange]]]:
         report = {}
@@ -304,6 +321,7 @@ async def connect_cluster(config: ServerConfig) -> ClusterParts:
         storage.policy = StoragePolicy(replicas=replicas)
         store = ZooKeeperMetadataStore(coordinator)
         await store.follow()  # other processes' changes reach the reconcilers too
+        storage.follow_topics(store)  # message_storage_policy and pubsubd-storage-replicas
         uids = {t.uid for t in store.load_topics()} | {
             s.topic_uid for s in store.load_subscriptions()
         }

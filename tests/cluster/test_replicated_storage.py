@@ -191,3 +191,56 @@ def test_acks_survive_the_loss_of_the_serving_machine(cluster: LocalCluster, nam
     unacked = set(payloads) - acked
     received = drain(server.endpoint, subscription, unacked)
     assert not received & acked, f"{len(received & acked)} acknowledged messages redelivered"
+
+
+def test_a_topic_storage_policy_places_its_ledgers(cluster: LocalCluster, names: Any) -> None:
+    """message_storage_policy's regions are zones and pubsubd-storage-replicas the copies: the
+    topic's ledgers go only there; a bad count is INVALID_ARGUMENT."""
+    server = ClusterServer(cluster)
+    pub, sub = make_publisher(server.endpoint), make_subscriber(server.endpoint)
+    topic, subscription = names.topic(), names.subscription()
+    with pytest.raises(exceptions.InvalidArgument, match="pubsubd-storage-replicas"):
+        pub.create_topic(request={"name": topic, "labels": {"pubsubd-storage-replicas": "0"}})
+    created = pub.create_topic(
+        request={
+            "name": topic,
+            "labels": {"pubsubd-storage-replicas": "1"},
+            "message_storage_policy": {"allowed_persistence_regions": ["zone-2"]},
+        }
+    )
+    assert list(created.message_storage_policy.allowed_persistence_regions) == ["zone-2"]
+    sub.create_subscription(name=subscription, topic=topic)
+    sub.close()
+    for f in [pub.publish(topic, b"z-%d" % i) for i in range(20)]:
+        f.result(60)
+    zone_of = {n["node_id"]: n["zone"] for n in cluster_status(cluster.zk)["nodes"]}
+    placed = _ledger_nodes_of_topic(cluster, topic)
+    assert placed and all(len(nodes) == 1 and zone_of[nodes[0]] == "zone-2" for nodes in placed)
+    assert drain(server.endpoint, subscription, {b"z-%d" % i for i in range(20)})
+
+
+def _ledger_nodes_of_topic(cluster: LocalCluster, topic: str) -> list[tuple[str, ...]]:
+    """The node lists of every ledger of ``topic``'s sources, read from ZooKeeper."""
+    from pubsubd.coordination.zk import Coordinator
+    from pubsubd.storage.ledgers.meta import LedgerList
+    from pubsubd.storage.zk_metadata import ZooKeeperMetadataStore
+
+    async def read() -> list[tuple[str, ...]]:
+        coordinator = Coordinator(cluster.zk)
+        await coordinator.start()
+        try:
+            store = ZooKeeperMetadataStore(coordinator)
+            uid = next(t.uid for t in store.load_topics() if t.name == topic)
+            out = []
+            for source in await coordinator.children(
+                coordinator.layout.source(uid, 0).rsplit("/", 1)[0]
+            ):
+                if source.isdigit():
+                    data, stat = await coordinator.get(coordinator.layout.source(uid, int(source)))
+                    out += [m.nodes for m in LedgerList.decode(data, stat.version).ledgers]
+            store.close()
+            return out
+        finally:
+            await coordinator.stop()
+
+    return asyncio.run(read())

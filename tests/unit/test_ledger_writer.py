@@ -169,3 +169,15 @@ async def test_the_log_fails_publishes_when_the_remote_fails_and_reuses_offsets(
     assert await log.append(b"c", 1, 3) == 1
     assert [e.payload for e in log.read(0, max_entries=2)] == [b"a", b"c"]
     await log.close()
+
+
+async def test_a_new_policy_moves_the_next_ledger_to_the_allowed_zones() -> None:
+    state, nodes = cluster(node_count=4, zones=2)  # n0, n2 in z0; n1, n3 in z1
+    writer = _writer(state, nodes)
+    await writer.take_over()
+    end = await _append(writer, 0, 2)
+    writer.set_policy(StoragePolicy(replicas=2, allowed_zones=frozenset({"z1"})))
+    await _append(writer, end, 1)
+    last = writer.ledgers.last
+    assert last is not None and set(last.nodes) == {"n1", "n3"} and last.ack_quorum == 2
+    assert writer.ledgers.ledgers[0].end_offset == 2  # the earlier ledger closed where it was

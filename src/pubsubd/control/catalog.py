@@ -25,6 +25,7 @@ from pubsubd.core import (
     publish_sources,
     queue_settings,
     quotas,
+    storage_policy,
     validation,
 )
 from pubsubd.core.clock import SYSTEM_CLOCK, Clock
@@ -147,6 +148,7 @@ class Catalog:
         quotas.retention_bytes(topic.labels)  # validate; control/snapshots.py reads it
         publish_sources.parse(topic.labels)  # validate
         damage_policy.parse(topic.labels)  # validate
+        storage_policy.parse(topic)  # validate; a cluster's ledgers follow it
         if topic.name in self.topics:
             raise AlreadyExists("topic", topic.name)
         stored = pb.Topic()
@@ -179,6 +181,7 @@ class Catalog:
         quota = quotas.parse(updated.labels)
         quotas.retention_bytes(updated.labels)
         damage_policy.parse(updated.labels)
+        storage_policy.parse(updated)
         record = replace(entry.record, body=updated.SerializeToString())
         # Durable before any new source takes a message; the forwarders follow the record.
         self.store.put_topic(record)

@@ -15,11 +15,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from pubsubd.coordination.zk import Coordinator
+from pubsubd.core import pb, storage_policy
+from pubsubd.core.errors import PubsubError
 from pubsubd.storage.ledgers.directory import ZooKeeperLedgerDirectory
 from pubsubd.storage.ledgers.materialize import materialize
 from pubsubd.storage.ledgers.meta import StoragePolicy
 from pubsubd.storage.ledgers.placement import NodeInfo
 from pubsubd.storage.ledgers.writer import DEFAULT_LEDGER_BYTES, NodeFence, SourceLedgers
+from pubsubd.storage.metadata import Change, MetadataStore, TopicRecord
 from pubsubd.storage.node_client import LedgerFenced, StorageNodePool
 
 logger = logging.getLogger(__name__)
@@ -69,9 +72,11 @@ class ClusterStorage:
         self.directory = ZooKeeperLedgerDirectory(coordinator)
         self.pool = StorageNodePool()
         self.nodes = PooledNodes(self.pool)
-        self.policy = StoragePolicy(replicas=replicas)
+        self.policy = StoragePolicy(replicas=replicas)  # the default of every topic
         self.ledger_bytes = ledger_bytes
         self.sources: dict[tuple[str, int], SourceLedgers] = {}
+        # Topics whose Topic says otherwise (core/storage_policy.py): topic uid -> policy.
+        self._topic_policies: dict[str, StoragePolicy] = {}
 
     async def start(self, *, wait_for_nodes: int = 1, wait_s: float = 30.0) -> None:
         await self.directory.start()
@@ -85,7 +90,7 @@ class ClusterStorage:
                 source,
                 self.directory,
                 self.nodes,
-                self.policy,
+                self._topic_policies.get(topic_uid, self.policy),
                 ledger_bytes=self.ledger_bytes,
             )
             self.sources[(topic_uid, source)] = found
@@ -101,6 +106,42 @@ class ClusterStorage:
                 await ledgers.take_over()
                 copied += await materialize(topics_dir / uid / f"source-{source}", ledgers)
         return copied
+
+    def follow_topics(self, store: MetadataStore) -> None:
+        """Take every topic's storage policy from the store, now and on every change (its
+        next ledger follows it: ledgers already written stay where they are)."""
+        for record in store.load_topics():
+            self._topic_changed(record)
+        store.changes.watch(self._on_change)
+
+    def _on_change(self, change: Change) -> None:
+        if isinstance(change.record, TopicRecord) and not change.deleted:
+            self._topic_changed(change.record)
+
+    def _topic_changed(self, record: TopicRecord) -> None:
+        try:
+            wanted = storage_policy.parse(pb.Topic.FromString(record.body))
+        except PubsubError as e:  # validated when written; never refuse to start over it
+            logger.warning("topic %s: storage policy ignored: %s", record.name, e)
+            return
+        if wanted.replicas is None and not wanted.zones:
+            policy = self.policy
+        else:
+            policy = StoragePolicy(
+                replicas=min(wanted.replicas or self.policy.replicas, self.policy_ceiling),
+                allowed_zones=wanted.zones,
+            )
+        if policy == self._topic_policies.get(record.uid, self.policy):
+            return
+        self._topic_policies[record.uid] = policy
+        for (uid, _), ledgers in self.sources.items():
+            if uid == record.uid:
+                ledgers.set_policy(policy)
+
+    @property
+    def policy_ceiling(self) -> int:
+        """At most as many copies as there are storage nodes (at least one)."""
+        return max(1, len(self.directory.nodes()))
 
     def remote_log(self, topic_uid: str, source: int) -> SourceLedgers:
         return self._ledgers(topic_uid, source)

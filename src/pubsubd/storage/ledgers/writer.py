@@ -142,6 +142,13 @@ class SourceLedgers:
     def taken_over(self) -> bool:
         return self.epoch is not None
 
+    def set_policy(self, policy: StoragePolicy) -> None:
+        """Where the next ledgers go (the topic's storage policy changed); the open ledger
+        rolls with the next append so new messages follow it at once."""
+        if policy != self._policy:
+            self._policy = policy
+            self.roll_next()
+
     def roll_next(self) -> None:
         """Start a new ledger with the next append (so what precedes it can be trimmed
         whole, e.g. before a snapshot that replaces it)."""
