@@ -2,17 +2,21 @@
 
 A ledger counts as under-replicated when one of the nodes its metadata lists is not registered
 now (down, or gone), or when it has fewer nodes than the largest write quorum in use (a ledger
-opened while nodes were missing). Background repair is what brings the count back to zero.
+opened while nodes were missing). Background repair is what brings the count back to zero:
+``repair`` shows the elected auditor and what its last pass found and did (the znode
+``Layout.auditor/status`` it writes after every pass, storage/ledgers/auditor.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
 from pubsubd.coordination.errors import CoordinationError, NoNode
 from pubsubd.coordination.zk import Coordinator
+from pubsubd.storage.ledgers.auditor import CANDIDATE_PREFIX, STATUS_NODE
 from pubsubd.storage.ledgers.meta import LedgerList, LedgerState
 
 
@@ -45,6 +49,7 @@ async def _collect(zk: str, root: str) -> dict[str, Any]:
                         continue
                     data, stat = await coordinator.get(f"{layout.sources}/{bucket}/{uid}/{source}")
                     ledgers.append((f"{uid}/{source}", LedgerList.decode(data, stat.version)))
+        repair = await _repair(coordinator)
     finally:
         await coordinator.stop()
     widest = max((m.write_quorum for _, lst in ledgers for m in lst.ledgers), default=0)
@@ -72,7 +77,32 @@ async def _collect(zk: str, root: str) -> dict[str, Any]:
         ),
         "under_replicated": len(under),
         "under_replicated_ledgers": under[:100],
+        "repair": repair,
     }
+
+
+async def _repair(coordinator: Coordinator) -> dict[str, Any]:
+    """The auditor now (the lowest candidate) and its last published pass."""
+    parent = coordinator.layout.auditor
+    try:
+        children = await coordinator.children(parent)
+    except NoNode:
+        return {"auditor": None, "candidates": 0}
+    candidates = sorted(
+        (c for c in children if c.startswith(CANDIDATE_PREFIX)),
+        key=lambda c: int(c.rsplit("-", 1)[1]) if c.rsplit("-", 1)[1].isdigit() else -1,
+    )
+    out: dict[str, Any] = {"auditor": None, "candidates": len(candidates)}
+    if candidates:
+        with contextlib.suppress(NoNode, ValueError):
+            data, _ = await coordinator.get(f"{parent}/{candidates[0]}")
+            out["auditor"] = json.loads(data)
+    with contextlib.suppress(NoNode, ValueError):
+        data, _ = await coordinator.get(f"{parent}/{STATUS_NODE}")
+        published = json.loads(data)
+        out["last_published_by"] = published.pop("auditor", None)
+        out.update(published)
+    return out
 
 
 def cluster_status(zk: str, root: str = "/pubsubd") -> dict[str, Any]:

@@ -1,0 +1,656 @@
+"""The repair auditor: one per cluster, elected through ZooKeeper, runs in every serve process.
+
+SCALE_OUT.md §2, step 7 (issue 10, part 5). Election: every ``pubsubd serve --cluster``
+creates an ephemeral sequential znode ``Layout.auditor/candidate-N``; the lowest is the auditor,
+each other watches the one just before its own and looks again when it goes. The auditor acts
+only while its session is connected and is the one its candidate was made in: a suspended
+connection pauses it before the next change, a lost session ends its turn (its candidate is
+gone with the session) and it stands again.
+
+Every ``interval_s`` the auditor makes one pass:
+
+1. every registered storage node's copies (``ListLedgers``: offsets, digest, fence), then
+   every source's ledger list (so a ledger a node holds was in a list before it was read);
+2. per CLOSED ledger, ``repair.plan_ledger`` says what is wrong and what to copy;
+3. copies, at most ``rate_bytes`` per second: delete a damaged copy first where the plan says
+   so, fence the target at the plan's epoch (the ledger is CLOSED: harmless), then read pages
+   from a healthy copy and append them; a full copy's digest is checked against the ledger's
+   before it counts. A copy to a new node is then made part of the ledger by compare-and-set of
+   its node list (``LedgerMeta.with_nodes``, ``LedgerList.replaced``); when this process owns
+   the source, under its writer's lock, and the writer's list follows the change, so the
+   writer's own next change does not conflict. A conflict or a ledger that changed meanwhile
+   leaves it to the next pass, and the copy is deleted again;
+4. orphans (copies no list gives to their node) seen for ``grace_s`` are deleted.
+
+What it found and did is counted in ``pubsubd_repair_*`` metrics, in ``/status`` (``cluster``
+→ ``auditor``) and in the znode ``Layout.auditor/status`` that ``pubsubd cluster status``
+reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import replace
+from typing import Any
+
+from prometheus_client import Counter, Gauge
+
+from pubsubd.coordination.errors import CoordinationError, NoNode
+from pubsubd.coordination.zk import Coordinator, SessionState, WatchEvent
+from pubsubd.storage.errors import ListConflict, StorageError
+from pubsubd.storage.ledgers.cluster import ClusterStorage
+from pubsubd.storage.ledgers.meta import LedgerList, LedgerMeta, StoragePolicy
+from pubsubd.storage.ledgers.placement import NodeInfo
+from pubsubd.storage.ledgers.repair import (
+    CopyInfo,
+    CopyTask,
+    Issue,
+    LedgerPlan,
+    RateLimiter,
+    RepairSettings,
+    Sightings,
+    extend_digest,
+    find_orphans,
+    plan_ledger,
+)
+from pubsubd.storage.ledgers.writer import COPY_PAGE_BYTES
+from pubsubd.storage.node_client import NodeUnavailable, StorageNodeError
+
+logger = logging.getLogger(__name__)
+
+CANDIDATE_PREFIX = "candidate-"
+STATUS_NODE = "status"
+
+PASSES = Counter("pubsubd_repair_passes", "Repair auditor passes completed")
+LEDGERS_REPAIRED = Counter(
+    "pubsubd_repair_ledgers_repaired", "Ledgers whose missing or damaged copies were made again"
+)
+BYTES_COPIED = Counter("pubsubd_repair_bytes_copied", "Bytes copied between storage nodes")
+ORPHANS_DELETED = Counter(
+    "pubsubd_repair_orphans_deleted", "Ledger copies no ledger list gives to their node, deleted"
+)
+FAILURES = Counter("pubsubd_repair_failures", "Repair copies or passes that failed")
+UNDER_REPLICATED = Gauge(
+    "pubsubd_repair_under_replicated",
+    "CLOSED ledgers with a copy missing, short, damaged or on a node gone (last pass)",
+)
+LEADER = Gauge("pubsubd_repair_leader", "1 while this process is the cluster's repair auditor")
+
+
+class LeadershipLost(Exception):
+    """This process is no longer (certainly) the auditor: stop changing anything."""
+
+
+class RepairFailed(StorageError):
+    """A copy could not be made (what the source sent or the target holds is not right)."""
+
+
+def _lock_of(owner: Any) -> AbstractAsyncContextManager[Any]:
+    # The writer's lock serializes its own ledger-list changes (roll, trim, close); holding it
+    # while the auditor changes a node list keeps the two compare-and-sets from crossing.
+    lock = getattr(owner, "_lock", None)
+    return lock if isinstance(lock, asyncio.Lock) else contextlib.nullcontext()
+
+
+class Auditor:
+    """The repair auditor's election and passes over one ``ClusterStorage``."""
+
+    def __init__(
+        self,
+        storage: ClusterStorage,
+        settings: RepairSettings | None = None,
+        *,
+        policy_for: Callable[[str], StoragePolicy] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        """``policy_for(topic_uid)``: the storage policy a source's ledgers follow (copies,
+        zones); by default the server's (``storage.policy``)."""
+        self._storage = storage
+        self._policy_for = policy_for or (lambda _uid: storage.policy)
+        self._zk: Coordinator = storage.coordinator
+        self._layout = self._zk.layout
+        self.settings = settings or RepairSettings()
+        self._clock = clock
+        self._wall = wall
+        self._limiter = RateLimiter(float(self.settings.rate_bytes))
+        self._absent: Sightings[str] = Sightings()
+        self._orphans: Sightings[tuple[str, int]] = Sightings()
+        self._blocked: set[str] = set()
+        self._unanswered: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._remove_listener: Callable[[], None] | None = None
+        self._candidate: str | None = None
+        self._session: int | None = None
+        self._leading = False
+        self.identity = json.dumps({"host": socket.gethostname(), "pid": os.getpid()})
+        # What /status and the status znode show.
+        self.role = "starting"
+        self.passes = 0
+        self.ledgers_repaired = 0
+        self.bytes_copied = 0
+        self.orphans_deleted = 0
+        self.failures = 0
+        self.last_pass: dict[str, Any] = {}
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._wake = asyncio.Event()
+        self._remove_listener = self._zk.on_state(self._state_changed)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="repair auditor")
+
+    async def close(self) -> None:
+        if self._remove_listener is not None:
+            self._remove_listener()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._leading = False
+        LEADER.set(0)
+        if self._candidate is not None and self._zk.connected:
+            with contextlib.suppress(CoordinationError, TimeoutError):
+                await self._zk.delete(self._candidate)  # the next one takes over at once
+        self._candidate = None
+        self.role = "stopped"
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "role": self.role,
+            "passes": self.passes,
+            "ledgers_repaired": self.ledgers_repaired,
+            "bytes_copied": self.bytes_copied,
+            "orphans_deleted": self.orphans_deleted,
+            "failures": self.failures,
+            "last_pass": self.last_pass,
+            "interval_s": self.settings.interval_s,
+            "grace_s": self.settings.grace_s,
+            "rate_bytes": self.settings.rate_bytes,
+        }
+
+    # -- election --------------------------------------------------------------------------
+
+    def _state_changed(self, state: SessionState) -> None:
+        if state is not SessionState.CONNECTED:
+            self._leading = False  # pause before the next change
+        if self._wake is not None:
+            self._wake.set()
+
+    def _watch_fired(self, _event: WatchEvent) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._stand()
+            except asyncio.CancelledError:
+                raise
+            except (CoordinationError, TimeoutError) as e:
+                logger.info("repair auditor: election interrupted: %s", e)
+            except Exception:
+                logger.exception("repair auditor: election failed")
+            self._leading = False
+            self.role = "standby"
+            LEADER.set(0)
+            await asyncio.sleep(1.0)
+
+    async def _stand(self) -> None:
+        """Stand for election once (one candidate znode, in one session) and lead when it is
+        the lowest; returns when that session is gone."""
+        await self._zk.wait_connected(within=max(30.0, 3 * self._zk.session_timeout))
+        parent = self._layout.auditor
+        await self._zk.ensure_path(parent)
+        session = self._zk.session_id
+        path = self._candidate
+        if path is None or self._session != session or await self._zk.exists(path) is None:
+            # One candidate per session: a second one of ours would wait for the first.
+            path = await self._zk.create(
+                f"{parent}/{CANDIDATE_PREFIX}",
+                self.identity.encode(),
+                ephemeral=True,
+                sequence=True,
+            )
+        self._candidate, self._session = path, session
+        mine = path.rsplit("/", 1)[1]
+        self.role = "standby"
+        assert self._wake is not None
+        while self._zk.session_id == session:
+            if not self._zk.connected:
+                self._wake.clear()
+                await self._wait_wake(5.0)
+                continue
+            self._wake.clear()
+            names = sorted(
+                (c for c in await self._zk.children(parent) if c.startswith(CANDIDATE_PREFIX)),
+                key=_sequence,
+            )
+            if mine not in names:
+                return  # the session that made it expired: stand again
+            i = names.index(mine)
+            if i == 0:
+                await self._lead(session)
+                continue
+            previous = f"{parent}/{names[i - 1]}"
+            if await self._zk.exists(previous, watch=self._watch_fired) is None:
+                continue
+            await self._wait_wake(30.0)
+
+    async def _wait_wake(self, within: float) -> None:
+        assert self._wake is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), within)
+
+    async def _lead(self, session: int | None) -> None:
+        logger.info("repair auditor: this process is the auditor (%s)", self._candidate)
+        self.role = "auditor"
+        LEADER.set(1)
+        try:
+            while self._zk.session_id == session:
+                if not self._zk.connected:
+                    assert self._wake is not None
+                    self._wake.clear()
+                    await self._wait_wake(5.0)
+                    continue
+                self._leading = True
+                try:
+                    await self.run_pass()
+                except LeadershipLost:
+                    logger.info("repair auditor: pass stopped, ZooKeeper connection lost")
+                except (CoordinationError, StorageError, TimeoutError) as e:
+                    self.failures += 1
+                    FAILURES.inc()
+                    logger.warning("repair auditor: pass failed: %s", e)
+                except Exception:
+                    self.failures += 1
+                    FAILURES.inc()
+                    logger.exception("repair auditor: pass failed")
+                await asyncio.sleep(self.settings.interval_s)
+        finally:
+            self._leading = False
+            LEADER.set(0)
+            self.role = "standby"
+
+    def _check(self) -> None:
+        if not self._leading or not self._zk.connected or self._zk.session_id != self._session:
+            raise LeadershipLost()
+
+    # -- one pass ----------------------------------------------------------------------------
+
+    async def run_pass(self) -> dict[str, Any]:
+        """One audit and repair of every CLOSED ledger; returns what it found and did."""
+        self._check()
+        started, started_wall = self._clock(), self._wall()
+        registered = {n.node_id: n for n in self._storage.directory.nodes()}
+        copies, unanswered = await self._list_copies(registered)
+        sources, complete = await self._read_lists()
+        now = self._clock()
+        listed_nodes = {n for _, _, lst in sources for m in lst.ledgers for n in m.nodes}
+        self._absent.update((n for n in listed_nodes if n not in registered), now)
+        lost = frozenset(self._absent.due(now, self.settings.grace_s))
+        plans = [
+            (
+                uid,
+                source,
+                plan_ledger(
+                    m,
+                    registered=registered,
+                    copies=copies,
+                    lost=lost,
+                    policy=self._policy_for(uid),
+                ),
+            )
+            for uid, source, lst in sources
+            for m in lst.ledgers
+        ]
+        under = sum(1 for *_, p in plans if p.under_replicated)
+        UNDER_REPLICATED.set(under)
+        found: dict[str, int] = {}
+        for *_, plan in plans:
+            for finding in plan.findings:
+                found[finding.issue.value] = found.get(finding.issue.value, 0) + 1
+        repaired = failed = 0
+        copied_before = self.bytes_copied
+        blocked = []
+        for uid, source, plan in plans:
+            if plan.blocked:
+                blocked.append(f"ledger {plan.ledger.ledger_id}: {plan.blocked}")
+            if not plan.tasks:
+                continue
+            if await self._repair(uid, source, plan):
+                repaired += 1
+                under -= 1
+                UNDER_REPLICATED.set(under)
+            else:
+                failed += 1
+        for line in sorted(set(blocked) - self._blocked)[:20]:
+            logger.warning("repair auditor: cannot repair %s", line)
+        self._blocked = set(blocked)
+        orphans_deleted = await self._delete_orphans(copies, sources, complete)
+        self.passes += 1
+        PASSES.inc()
+        self.last_pass = {
+            "at": started_wall,
+            "seconds": round(self._clock() - started, 3),
+            "nodes": len(registered),
+            "nodes_unanswered": sorted(unanswered),
+            "nodes_absent": sorted(self._absent.since),
+            "sources": len(sources),
+            "ledgers": sum(len(lst.ledgers) for _, _, lst in sources),
+            "under_replicated": under,
+            "waiting_grace": sum(1 for *_, p in plans if p.waiting),
+            "findings": found,
+            "blocked": len(blocked),
+            "repaired": repaired,
+            "failed": failed,
+            "bytes_copied": self.bytes_copied - copied_before,
+            "orphans_deleted": orphans_deleted,
+        }
+        await self._publish()
+        return self.last_pass
+
+    async def _list_copies(
+        self, registered: dict[str, NodeInfo]
+    ) -> tuple[dict[str, dict[int, CopyInfo]], set[str]]:
+        nodes = sorted(registered.values(), key=lambda n: n.node_id)
+        results = await asyncio.gather(
+            *(self._storage.pool.client(n.address).list_ledgers() for n in nodes),
+            return_exceptions=True,
+        )
+        copies: dict[str, dict[int, CopyInfo]] = {}
+        unanswered = set()
+        for node, result in zip(nodes, results, strict=True):
+            if isinstance(result, BaseException):
+                if isinstance(result, asyncio.CancelledError):
+                    raise result
+                if node.node_id not in self._unanswered:  # once per episode
+                    logger.info(
+                        "repair auditor: %s did not list its ledgers: %s", node.node_id, result
+                    )
+                unanswered.add(node.node_id)
+                continue
+            copies[node.node_id] = {
+                s.ledger_id: CopyInfo(
+                    s.first_offset, s.end_offset, s.digest, s.fenced_epoch, s.bytes
+                )
+                for s in result
+            }
+        self._unanswered = unanswered
+        return copies, unanswered
+
+    async def _read_lists(self) -> tuple[list[tuple[str, int, LedgerList]], bool]:
+        """Every source's ledger list (``Layout.sources/{bucket}/{uid}/{source}``, cursor
+        ledgers ``acks-*`` included) and whether every one could be decoded."""
+        root = self._layout.sources
+        out: list[tuple[str, int, LedgerList]] = []
+        complete = True
+        try:
+            buckets = await self._zk.children(root)
+        except NoNode:
+            return out, True
+        for bucket in sorted(buckets):
+            try:
+                uids = await self._zk.children(f"{root}/{bucket}")
+            except NoNode:
+                continue
+            for uid in sorted(uids):
+                try:
+                    names = await self._zk.children(f"{root}/{bucket}/{uid}")
+                except NoNode:
+                    continue
+                numbered = sorted(int(n) for n in names if n.isdigit())
+                paths = [f"{root}/{bucket}/{uid}/{n}" for n in numbered]
+                for source, got in zip(numbered, await self._zk.get_many(paths), strict=True):
+                    if got is None:
+                        continue  # removed meanwhile, with its ledgers
+                    data, stat = got
+                    try:
+                        out.append((uid, source, LedgerList.decode(data, stat.version)))
+                    except (ValueError, KeyError, TypeError) as e:
+                        complete = False
+                        logger.error("repair auditor: ledger list of %s/%d: %s", uid, source, e)
+        return out, complete
+
+    # -- repairs -----------------------------------------------------------------------------
+
+    async def _repair(self, uid: str, source: int, plan: LedgerPlan) -> bool:
+        """Carry out a ledger's copies, then change its node list if some went to new nodes.
+        True when every copy (and the list change) succeeded."""
+        ledger = plan.ledger
+        joined: list[CopyTask] = []
+        ok = True
+        for task in plan.tasks:
+            self._check()
+            try:
+                await self._copy_with_fallback(task)
+            except LeadershipLost:
+                raise
+            except (StorageError, CoordinationError, TimeoutError) as e:
+                ok = False
+                self.failures += 1
+                FAILURES.inc()
+                logger.warning(
+                    "repair auditor: ledger %d (%s/%d): copy to %s failed: %s",
+                    ledger.ledger_id,
+                    uid,
+                    source,
+                    task.target,
+                    e,
+                )
+                continue
+            if task.changes_list:
+                joined.append(task)
+            else:
+                logger.info(
+                    "repair auditor: ledger %d (%s/%d): %s copy on %s repaired from %s",
+                    ledger.ledger_id,
+                    uid,
+                    source,
+                    task.reason.value,
+                    task.target,
+                    task.source,
+                )
+        if joined:
+            nodes = list(ledger.nodes)
+            for task in joined:
+                if task.replaces is not None:
+                    nodes[nodes.index(task.replaces)] = task.target
+                else:
+                    nodes.append(task.target)
+            if await self._update_nodes(uid, source, ledger, tuple(nodes)):
+                logger.info(
+                    "repair auditor: ledger %d (%s/%d) now on %s (was %s)",
+                    ledger.ledger_id,
+                    uid,
+                    source,
+                    ",".join(nodes),
+                    ",".join(ledger.nodes),
+                )
+            else:
+                ok = False
+                for task in joined:
+                    await self._discard(task)
+        if ok:
+            self.ledgers_repaired += 1
+            LEDGERS_REPAIRED.inc()
+        return ok
+
+    async def _copy_with_fallback(self, task: CopyTask) -> None:
+        try:
+            await self._copy(task)
+        except StorageNodeError as e:
+            # A short copy whose entries do not line up with the healthy one's: copy it whole.
+            if task.reason is not Issue.SHORT or isinstance(e, NodeUnavailable):
+                raise
+            logger.info(
+                "repair auditor: ledger %d on %s: %s; copying it whole",
+                task.ledger.ledger_id,
+                task.target,
+                e,
+            )
+            await self._copy(_whole(task))
+        except RepairFailed:
+            if task.reason is not Issue.SHORT:
+                raise
+            await self._copy(_whole(task))
+
+    def _node(self, node_id: str) -> NodeInfo:
+        node = self._storage.directory.node(node_id)
+        if node is None:
+            raise RepairFailed(f"storage node {node_id} is not registered")
+        return node
+
+    async def _copy(self, task: CopyTask) -> int:
+        """Make ``task.target`` hold entries ``[task.start, task.end)`` of the ledger."""
+        ledger = task.ledger
+        target = self._storage.pool.client(self._node(task.target).address)
+        if task.delete_first:
+            self._check()
+            await target.delete_ledger(ledger.ledger_id)
+        if not task.source or task.start >= task.end:
+            return 0
+        self._check()
+        fence = await target.fence(ledger.ledger_id, task.epoch)
+        epoch = max(task.epoch, fence.fenced_epoch)
+        source = self._storage.pool.client(self._node(task.source).address)
+        offset, digest, copied = task.start, 0, 0
+        while offset < task.end:
+            self._check()
+            read = await source.read(ledger.ledger_id, offset, task.end, COPY_PAGE_BYTES)
+            frames = read.frames
+            digest, next_offset, valid = extend_digest(digest, frames)
+            if next_offset is None or valid != len(frames) or next_offset > task.end:
+                raise RepairFailed(
+                    f"ledger {ledger.ledger_id}: {task.source} sent {len(frames)} bytes at "
+                    f"{offset} that are not whole entries below {task.end}"
+                )
+            delay = self._limiter.take(len(frames), self._clock())
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self._check()
+            node_end = await target.append(ledger.ledger_id, epoch, ledger.first_offset, frames, -1)
+            if node_end != next_offset:
+                raise RepairFailed(
+                    f"ledger {ledger.ledger_id}: {task.target} ends at {node_end} after an "
+                    f"append up to {next_offset}"
+                )
+            copied += len(frames)
+            self.bytes_copied += len(frames)
+            BYTES_COPIED.inc(len(frames))
+            offset = next_offset
+        whole = task.start == ledger.first_offset
+        if whole and task.expected_digest is not None and digest != task.expected_digest:
+            raise RepairFailed(
+                f"ledger {ledger.ledger_id}: the copy on {task.target} has digest "
+                f"{digest:08x}, the ledger's is {task.expected_digest:08x}"
+            )
+        return copied
+
+    async def _update_nodes(
+        self, uid: str, source: int, planned: LedgerMeta, nodes: tuple[str, ...]
+    ) -> bool:
+        """Compare-and-set the ledger's node list, if the ledger is still what was planned."""
+        directory = self._storage.directory
+        owner = self._storage.sources.get((uid, source))
+        async with _lock_of(owner):
+            self._check()
+            fresh = await directory.read(uid, source)
+            current = next((m for m in fresh.ledgers if m.ledger_id == planned.ledger_id), None)
+            if current != planned:
+                logger.info(
+                    "repair auditor: ledger %d (%s/%d) changed meanwhile; next pass",
+                    planned.ledger_id,
+                    uid,
+                    source,
+                )
+                return False
+            assert current is not None
+            try:
+                written = await directory.write(
+                    uid, source, fresh.replaced(current.with_nodes(nodes))
+                )
+            except ListConflict as e:
+                logger.info("repair auditor: %s; next pass", e)
+                return False
+            if owner is not None and owner.ledgers.version == fresh.version:
+                owner.ledgers = written  # the writer's next change builds on this version
+        return True
+
+    async def _discard(self, task: CopyTask) -> None:
+        """Delete a copy that did not become part of its ledger (else an orphan later)."""
+        with contextlib.suppress(StorageError, CoordinationError, TimeoutError):
+            node = self._node(task.target)
+            await self._storage.pool.client(node.address).delete_ledger(task.ledger.ledger_id)
+
+    # -- orphans -----------------------------------------------------------------------------
+
+    async def _delete_orphans(
+        self,
+        copies: dict[str, dict[int, CopyInfo]],
+        sources: list[tuple[str, int, LedgerList]],
+        complete: bool,
+    ) -> int:
+        if not complete:
+            return 0  # a list that could not be read must not make its ledgers look orphaned
+        now = self._clock()
+        orphans = find_orphans(
+            {node: held.keys() for node, held in copies.items()},
+            (m for _, _, lst in sources for m in lst.ledgers),
+        )
+        self._orphans.update(orphans, now)
+        deleted = 0
+        for node_id, ledger_id in sorted(self._orphans.due(now, self.settings.grace_s)):
+            self._check()
+            node = self._storage.directory.node(node_id)
+            if node is None:
+                continue
+            try:
+                await self._storage.pool.client(node.address).delete_ledger(ledger_id)
+            except StorageError as e:
+                logger.warning(
+                    "repair auditor: deleting orphan %d on %s: %s", ledger_id, node_id, e
+                )
+                continue
+            logger.info(
+                "repair auditor: deleted ledger %d on %s (no list gives it to it)",
+                ledger_id,
+                node_id,
+            )
+            deleted += 1
+            self.orphans_deleted += 1
+            ORPHANS_DELETED.inc()
+        return deleted
+
+    async def _publish(self) -> None:
+        """The last pass in ``Layout.auditor/status`` for ``pubsubd cluster status``."""
+        data = json.dumps(
+            {"auditor": json.loads(self.identity), **self.status()}, separators=(",", ":")
+        ).encode()
+        path = f"{self._layout.auditor}/{STATUS_NODE}"
+        try:
+            await self._zk.set(path, data)
+        except NoNode:
+            with contextlib.suppress(CoordinationError):
+                await self._zk.create(path, data)
+        except CoordinationError as e:
+            logger.info("repair auditor: status not published: %s", e)
+
+
+def _sequence(name: str) -> int:
+    tail = name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
+
+
+def _whole(task: CopyTask) -> CopyTask:
+    """The same repair as a full copy onto an emptied target."""
+    return replace(task, start=task.ledger.first_offset, delete_first=True, reason=Issue.DIVERGENT)
