@@ -113,9 +113,9 @@ class Auditor:
         wall: Callable[[], float] = time.time,
     ) -> None:
         """``policy_for(topic_uid)``: the storage policy a source's ledgers follow (copies,
-        zones); by default the server's (``storage.policy``)."""
+        zones); by default the topic's, as the writers follow it."""
         self._storage = storage
-        self._policy_for = policy_for or (lambda _uid: storage.policy)
+        self._policy_for = policy_for or (lambda uid: _topic_policy(storage, uid))
         self._zk: Coordinator = storage.coordinator
         self._layout = self._zk.layout
         self.settings = settings or RepairSettings()
@@ -644,6 +644,14 @@ class Auditor:
                 await self._zk.create(path, data)
         except CoordinationError as e:
             logger.info("repair auditor: status not published: %s", e)
+
+
+def _topic_policy(storage: ClusterStorage, topic_uid: str) -> StoragePolicy:
+    """The topic's storage policy, as ``ClusterStorage`` keeps it from the metadata store for
+    its writers (``follow_topics``); the server's default for cursor ledgers and topics that
+    say nothing. (A public accessor on ClusterStorage would be better than this lookup.)"""
+    policies: dict[str, StoragePolicy] = getattr(storage, "_topic_policies", {})
+    return policies.get(topic_uid, storage.policy)
 
 
 def _sequence(name: str) -> int:
