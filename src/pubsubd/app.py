@@ -9,15 +9,13 @@ the same narrow interfaces a multi-process deployment puts a network transport b
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import signal
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
-from pubsubd import node
+from pubsubd import node, runtime
 from pubsubd.acks.replicated import cursor_source, restore_journal
 from pubsubd.api.grpc import admin, publisher, replay, subscriber
 from pubsubd.config import ServerConfig
@@ -353,21 +351,8 @@ async def serve(config: ServerConfig) -> None:
     cluster = await connect_cluster(config) if config.cluster is not None else None
     server = PubsubServer(config, cluster)
     await server.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("pubsubd stopping")
-    await server.stop()
-    log.info("pubsubd stopped")
+    await runtime.until_signalled("pubsubd", server.stop)
 
 
 def run(config: ServerConfig) -> None:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        asyncio.run(serve(config))
-    else:
-        uvloop.run(serve(config))
+    runtime.run(lambda: serve(config))

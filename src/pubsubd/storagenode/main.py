@@ -17,10 +17,8 @@ starting it under another ``--node-id`` is refused.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import signal
 import socket
 import sys
 from dataclasses import dataclass
@@ -30,6 +28,7 @@ from typing import Any
 
 import grpc
 
+from pubsubd import runtime
 from pubsubd.coordination.errors import CoordinationError
 from pubsubd.coordination.paths import DEFAULT_ROOT
 from pubsubd.observability.http import HttpEndpoint
@@ -218,21 +217,8 @@ async def serve(config: StorageNodeConfig) -> None:
     except BaseException:
         await node.stop()
         raise
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("pubsubd storage stopping")
-    await node.stop()
-    log.info("pubsubd storage stopped")
+    await runtime.until_signalled("pubsubd storage", node.stop)
 
 
 def run(config: StorageNodeConfig) -> None:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        asyncio.run(serve(config))
-    else:
-        uvloop.run(serve(config))
+    runtime.run(lambda: serve(config))

@@ -1,0 +1,38 @@
+"""How a pubsubd process runs: on uvloop, until SIGTERM or SIGINT, then stopped cleanly.
+
+Shared by the processes' composition roots (``app.py`` for ``serve``, ``storagenode/main.py``
+for ``storage``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+async def until_signalled(name: str, stop: Callable[[], Awaitable[None]]) -> None:
+    """Wait for SIGTERM or SIGINT, then await ``stop()``, logging both ends."""
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stopping.set)
+    await stopping.wait()
+    log.info("%s stopping", name)
+    await stop()
+    log.info("%s stopped", name)
+
+
+def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run ``main()`` to completion on uvloop (asyncio's own loop where uvloop is missing)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        asyncio.run(main())
+    else:
+        uvloop.run(main())
