@@ -62,7 +62,7 @@ from pubsubd.storage.ledgers.repair import (
     plan_ledger,
 )
 from pubsubd.storage.ledgers.writer import COPY_PAGE_BYTES
-from pubsubd.storage.node_client import NodeUnavailable, StorageNodeError
+from pubsubd.storage.node_client import NodeUnavailable, ReadResult, StorageNodeError
 
 logger = logging.getLogger(__name__)
 
@@ -431,8 +431,9 @@ class Auditor:
         ok = True
         for task in plan.tasks:
             self._check()
+            started = self._clock()
             try:
-                await self._copy_with_fallback(task)
+                copied = await self._copy_with_fallback(task)
             except LeadershipLost:
                 raise
             except (StorageError, CoordinationError, TimeoutError) as e:
@@ -448,18 +449,20 @@ class Auditor:
                     e,
                 )
                 continue
+            seconds = self._clock() - started
+            logger.info(
+                "repair auditor: ledger %d (%s/%d): %s copy on %s: %d bytes from %s in %.2f s",
+                ledger.ledger_id,
+                uid,
+                source,
+                task.reason.value,
+                task.target,
+                copied,
+                task.source or "-",
+                seconds,
+            )
             if task.changes_list:
                 joined.append(task)
-            else:
-                logger.info(
-                    "repair auditor: ledger %d (%s/%d): %s copy on %s repaired from %s",
-                    ledger.ledger_id,
-                    uid,
-                    source,
-                    task.reason.value,
-                    task.target,
-                    task.source,
-                )
         if joined:
             nodes = list(ledger.nodes)
             for task in joined:
@@ -485,9 +488,9 @@ class Auditor:
             LEDGERS_REPAIRED.inc()
         return ok
 
-    async def _copy_with_fallback(self, task: CopyTask) -> None:
+    async def _copy_with_fallback(self, task: CopyTask) -> int:
         try:
-            await self._copy(task)
+            return await self._copy(task)
         except StorageNodeError as e:
             # A short copy whose entries do not line up with the healthy one's: copy it whole.
             if task.reason is not Issue.SHORT or isinstance(e, NodeUnavailable):
@@ -498,11 +501,11 @@ class Auditor:
                 task.target,
                 e,
             )
-            await self._copy(_whole(task))
+            return await self._copy(_whole(task))
         except RepairFailed:
             if task.reason is not Issue.SHORT:
                 raise
-            await self._copy(_whole(task))
+            return await self._copy(_whole(task))
 
     def _node(self, node_id: str) -> NodeInfo:
         node = self._storage.directory.node(node_id)
@@ -523,31 +526,48 @@ class Auditor:
         fence = await target.fence(ledger.ledger_id, task.epoch)
         epoch = max(task.epoch, fence.fenced_epoch)
         source = self._storage.pool.client(self._node(task.source).address)
+
+        def read(start: int) -> asyncio.Future[ReadResult]:
+            return asyncio.ensure_future(
+                source.read(ledger.ledger_id, start, task.end, COPY_PAGE_BYTES)
+            )
+
         offset, digest, copied = task.start, 0, 0
-        while offset < task.end:
-            self._check()
-            read = await source.read(ledger.ledger_id, offset, task.end, COPY_PAGE_BYTES)
-            frames = read.frames
-            digest, next_offset, valid = extend_digest(digest, frames)
-            if next_offset is None or valid != len(frames) or next_offset > task.end:
-                raise RepairFailed(
-                    f"ledger {ledger.ledger_id}: {task.source} sent {len(frames)} bytes at "
-                    f"{offset} that are not whole entries below {task.end}"
+        # The next page is read while the current one is appended (and made durable).
+        pending: asyncio.Future[ReadResult] | None = read(offset)
+        try:
+            while pending is not None:
+                self._check()
+                frames = (await pending).frames
+                pending = None
+                digest, next_offset, valid = extend_digest(digest, frames)
+                if next_offset is None or valid != len(frames) or next_offset > task.end:
+                    raise RepairFailed(
+                        f"ledger {ledger.ledger_id}: {task.source} sent {len(frames)} bytes at "
+                        f"{offset} that are not whole entries below {task.end}"
+                    )
+                delay = self._limiter.take(len(frames), self._clock())
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if next_offset < task.end:
+                    pending = read(next_offset)
+                self._check()
+                node_end = await target.append(
+                    ledger.ledger_id, epoch, ledger.first_offset, frames, -1
                 )
-            delay = self._limiter.take(len(frames), self._clock())
-            if delay > 0:
-                await asyncio.sleep(delay)
-            self._check()
-            node_end = await target.append(ledger.ledger_id, epoch, ledger.first_offset, frames, -1)
-            if node_end != next_offset:
-                raise RepairFailed(
-                    f"ledger {ledger.ledger_id}: {task.target} ends at {node_end} after an "
-                    f"append up to {next_offset}"
-                )
-            copied += len(frames)
-            self.bytes_copied += len(frames)
-            BYTES_COPIED.inc(len(frames))
-            offset = next_offset
+                if node_end != next_offset:
+                    raise RepairFailed(
+                        f"ledger {ledger.ledger_id}: {task.target} ends at {node_end} after an "
+                        f"append up to {next_offset}"
+                    )
+                copied += len(frames)
+                self.bytes_copied += len(frames)
+                BYTES_COPIED.inc(len(frames))
+                offset = next_offset
+        finally:
+            if pending is not None:
+                pending.cancel()
+                pending.add_done_callback(_retrieve)
         whole = task.start == ledger.first_offset
         if whole and task.expected_digest is not None and digest != task.expected_digest:
             raise RepairFailed(
@@ -652,6 +672,11 @@ def _topic_policy(storage: ClusterStorage, topic_uid: str) -> StoragePolicy:
     say nothing. (A public accessor on ClusterStorage would be better than this lookup.)"""
     policies: dict[str, StoragePolicy] = getattr(storage, "_topic_policies", {})
     return policies.get(topic_uid, storage.policy)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()  # a read nobody waits for any more: its error is not news
 
 
 def _sequence(name: str) -> int:
