@@ -319,6 +319,9 @@ class _NoStorage:
     def nodes(self) -> list[Any]:
         return []
 
+    def policy_for(self, _topic_uid: str) -> StoragePolicy:
+        return self.policy
+
     def node(self, _node_id: str) -> None:
         return None
 

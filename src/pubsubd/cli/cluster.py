@@ -112,6 +112,13 @@ def status(data_dir: DataDir, as_json: AsJson = False) -> None:
         f"storage nodes: {len(storage['nodes'])}, ledgers: {storage['ledgers']}, "
         f"under-replicated: {storage['under_replicated']}"
     )
+    repair = storage.get("repair") or {}
+    if repair.get("candidates"):
+        console.print(
+            f"repair auditor: {repair.get('auditor')}; passes {repair.get('passes', 0)}, "
+            f"ledgers repaired {repair.get('ledgers_repaired', 0)}, "
+            f"bytes copied {repair.get('bytes_copied', 0)}"
+        )
 
 
 @cluster_app.command()

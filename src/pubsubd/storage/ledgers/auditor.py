@@ -37,7 +37,6 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from typing import Any
 
@@ -93,13 +92,6 @@ class RepairFailed(StorageError):
     """A copy could not be made (what the source sent or the target holds is not right)."""
 
 
-def _lock_of(owner: Any) -> AbstractAsyncContextManager[Any]:
-    # The writer's lock serializes its own ledger-list changes (roll, trim, close); holding it
-    # while the auditor changes a node list keeps the two compare-and-sets from crossing.
-    lock = getattr(owner, "_lock", None)
-    return lock if isinstance(lock, asyncio.Lock) else contextlib.nullcontext()
-
-
 class Auditor:
     """The repair auditor's election and passes over one ``ClusterStorage``."""
 
@@ -115,7 +107,7 @@ class Auditor:
         """``policy_for(topic_uid)``: the storage policy a source's ledgers follow (copies,
         zones); by default the topic's, as the writers follow it."""
         self._storage = storage
-        self._policy_for = policy_for or (lambda uid: _topic_policy(storage, uid))
+        self._policy_for = policy_for or storage.policy_for
         self._zk: Coordinator = storage.coordinator
         self._layout = self._zk.layout
         self.settings = settings or RepairSettings()
@@ -582,7 +574,8 @@ class Auditor:
         """Compare-and-set the ledger's node list, if the ledger is still what was planned."""
         directory = self._storage.directory
         owner = self._storage.sources.get((uid, source))
-        async with _lock_of(owner):
+        lock = owner.list_lock if owner is not None else contextlib.nullcontext()
+        async with lock:
             self._check()
             fresh = await directory.read(uid, source)
             current = next((m for m in fresh.ledgers if m.ledger_id == planned.ledger_id), None)
@@ -602,8 +595,8 @@ class Auditor:
             except ListConflict as e:
                 logger.info("repair auditor: %s; next pass", e)
                 return False
-            if owner is not None and owner.ledgers.version == fresh.version:
-                owner.ledgers = written  # the writer's next change builds on this version
+            if owner is not None:
+                owner.adopt(written, fresh.version)  # its next change builds on this version
         return True
 
     async def _discard(self, task: CopyTask) -> None:
@@ -664,14 +657,6 @@ class Auditor:
                 await self._zk.create(path, data)
         except CoordinationError as e:
             logger.info("repair auditor: status not published: %s", e)
-
-
-def _topic_policy(storage: ClusterStorage, topic_uid: str) -> StoragePolicy:
-    """The topic's storage policy, as ``ClusterStorage`` keeps it from the metadata store for
-    its writers (``follow_topics``); the server's default for cursor ledgers and topics that
-    say nothing. (A public accessor on ClusterStorage would be better than this lookup.)"""
-    policies: dict[str, StoragePolicy] = getattr(storage, "_topic_policies", {})
-    return policies.get(topic_uid, storage.policy)
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

@@ -77,10 +77,24 @@ class ClusterStorage:
         self.sources: dict[tuple[str, int], SourceLedgers] = {}
         # Topics whose Topic says otherwise (core/storage_policy.py): topic uid -> policy.
         self._topic_policies: dict[str, StoragePolicy] = {}
+        self._registered: set[str] = set()  # node addresses registered at the last change
+        self._discards: set[asyncio.Task[None]] = set()
 
     async def start(self, *, wait_for_nodes: int = 1, wait_s: float = 30.0) -> None:
+        self.directory.on_nodes_changed(self._nodes_changed)
         await self.directory.start()
         await self.directory.wait_for_nodes(wait_for_nodes, wait_s)
+
+    def _nodes_changed(self) -> None:
+        """A node that (re)registers gets a fresh channel: the old one may still be backing
+        off from the node's restart (seconds of UNAVAILABLE for writers and repair)."""
+        registered = {n.address for n in self.directory.nodes()}
+        for address in registered - self._registered:
+            if address in self.pool.addresses():
+                task = asyncio.get_running_loop().create_task(self.pool.discard(address))
+                self._discards.add(task)
+                task.add_done_callback(self._discards.discard)
+        self._registered = registered
 
     def _ledgers(self, topic_uid: str, source: int) -> SourceLedgers:
         found = self.sources.get((topic_uid, source))
@@ -90,7 +104,7 @@ class ClusterStorage:
                 source,
                 self.directory,
                 self.nodes,
-                self._topic_policies.get(topic_uid, self.policy),
+                self.policy_for(topic_uid),
                 ledger_bytes=self.ledger_bytes,
             )
             self.sources[(topic_uid, source)] = found
@@ -137,6 +151,11 @@ class ClusterStorage:
         for (uid, _), ledgers in self.sources.items():
             if uid == record.uid:
                 ledgers.set_policy(policy)
+
+    def policy_for(self, topic_uid: str) -> StoragePolicy:
+        """A topic's storage policy (the server's default for topics that say nothing and
+        for cursor ledgers)."""
+        return self._topic_policies.get(topic_uid, self.policy)
 
     @property
     def policy_ceiling(self) -> int:

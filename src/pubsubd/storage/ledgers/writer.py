@@ -142,6 +142,18 @@ class SourceLedgers:
     def taken_over(self) -> bool:
         return self.epoch is not None
 
+    @property
+    def list_lock(self) -> asyncio.Lock:
+        """Held while this writer changes its ledger list; another process part that changes
+        it (the repair auditor) holds it too, so their compare-and-sets never cross."""
+        return self._lock
+
+    def adopt(self, written: LedgerList, read_version: int) -> None:
+        """Take a list someone else wrote (under ``list_lock``) from the version this writer
+        holds, so its next change builds on it."""
+        if self.ledgers.version == read_version:
+            self.ledgers = written
+
     def set_policy(self, policy: StoragePolicy) -> None:
         """Where the next ledgers go (the topic's storage policy changed); the open ledger
         rolls with the next append so new messages follow it at once."""
