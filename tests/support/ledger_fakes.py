@@ -3,6 +3,7 @@ the ledger writer (storage/ledgers/writer.py) without processes."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from dataclasses import dataclass, field
 
@@ -39,6 +40,8 @@ class FakeNodes:
         self.held: dict[tuple[str, int], FakeLedger] = {}
         self.down: set[str] = set()
         self.refused = 0
+        # Node -> a future its next appends wait for (a slow node); its exception fails them.
+        self.gates: dict[str, asyncio.Future[None]] = {}
 
     def ledger(self, node: str, ledger_id: int) -> FakeLedger | None:
         return self.held.get((node, ledger_id))
@@ -48,6 +51,9 @@ class FakeNodes:
     ) -> int:
         if node.node_id in self.down:
             raise NodeDown(node.node_id)
+        gate = self.gates.get(node.node_id)
+        if gate is not None:
+            await gate
         ledger = self.held.setdefault((node.node_id, ledger_id), FakeLedger(first_offset))
         if epoch < ledger.fence:
             self.refused += 1

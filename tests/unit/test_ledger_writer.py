@@ -3,6 +3,7 @@ in-memory storage nodes and directory with the real ones' rules (tests/support/l
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -181,3 +182,21 @@ async def test_a_new_policy_moves_the_next_ledger_to_the_allowed_zones() -> None
     last = writer.ledgers.last
     assert last is not None and set(last.nodes) == {"n1", "n3"} and last.ack_quorum == 2
     assert writer.ledgers.ledgers[0].end_offset == 2  # the earlier ledger closed where it was
+
+
+async def test_a_straggler_of_a_closed_ledger_does_not_fail_the_node_in_the_next() -> None:
+    state, nodes = cluster()
+    writer = _writer(state, nodes)
+    await writer.take_over()
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    nodes.gates["n0"] = gate
+    end = await _append(writer, 0, 1)  # n1 and n2 answer; n0's call hangs
+    del nodes.gates["n0"]
+    writer.roll_next()
+    end = await _append(writer, end, 1)  # a new ledger, n0 answering again
+    assert len(writer.ledgers.ledgers) == 2
+    gate.set_exception(ConnectionError("the old call to n0 finally fails"))
+    await asyncio.sleep(0)
+    for _ in range(3):
+        end = await _append(writer, end, 1)
+    assert len(writer.ledgers.ledgers) == 2  # no roll: n0 is healthy in the open ledger

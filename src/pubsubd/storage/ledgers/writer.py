@@ -321,7 +321,8 @@ class SourceLedgers:
                 asyncio.CancelledError() if task.cancelled() else task.exception()
             )
             if error is not None:
-                self._failed.add(node_id)
+                if self._open is not None and self._open.ledger_id == ledger.ledger_id:
+                    self._failed.add(node_id)  # (a straggler of a closed ledger says nothing)
                 state["failed"] += 1
                 if done.done():
                     return
