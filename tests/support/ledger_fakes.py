@@ -105,6 +105,7 @@ class DirectoryState:
 
     lists: dict[tuple[str, int], tuple[bytes, int]] = field(default_factory=dict)
     owners: dict[tuple[str, int], str] = field(default_factory=dict)
+    epochs: dict[tuple[str, int], int] = field(default_factory=dict)  # the owner's epoch
     nodes: dict[str, NodeInfo] = field(default_factory=dict)
     zxid: itertools.count[int] = field(default_factory=lambda: itertools.count(100))
     ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -140,11 +141,15 @@ class FakeDirectory:
         return next(self.state.ids)
 
     async def acquire(self, topic_uid: str, source: int) -> int:
-        owner = self.state.owners.get((topic_uid, source))
-        if owner is not None and owner != self.session:
+        key = (topic_uid, source)
+        owner = self.state.owners.get(key)
+        if owner == self.session:
+            return self.state.epochs[key]
+        if owner is not None:
             raise LostOwnership(f"owned by {owner}")
-        self.state.owners[(topic_uid, source)] = self.session
-        return next(self.state.zxid)
+        self.state.owners[key] = self.session
+        self.state.epochs[key] = next(self.state.zxid)
+        return self.state.epochs[key]
 
     async def release(self, topic_uid: str, source: int) -> None:
         if self.state.owners.get((topic_uid, source)) == self.session:
