@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pubsubd.core.records import Entry
-from pubsubd.storage.errors import LostOwnership, ReplicationFailed, StorageError
+from pubsubd.storage.errors import DamagedEntries, LostOwnership, ReplicationFailed, StorageError
 from pubsubd.storage.framing import encode_entry
 from pubsubd.storage.ledgers.materialize import materialize
 from pubsubd.storage.ledgers.meta import LedgerState, StoragePolicy
@@ -200,3 +200,31 @@ async def test_a_straggler_of_a_closed_ledger_does_not_fail_the_node_in_the_next
     for _ in range(3):
         end = await _append(writer, end, 1)
     assert len(writer.ledgers.ledgers) == 2  # no roll: n0 is healthy in the open ledger
+
+
+async def test_a_damaged_range_of_the_local_copy_is_re_read_from_the_nodes(
+    tmp_path: Path,
+) -> None:
+    state, nodes = cluster()
+    writer = _writer(state, nodes)
+    await writer.take_over()
+    log = SourceLog.open(tmp_path / "s", segment_bytes=400, remote=writer)
+    for i in range(40):
+        await log.append(b"message %02d" % i, 1, 1000 + i)
+    await log.close()
+    sealed = sorted((tmp_path / "s").glob("*.seg"))[0]
+    data = bytearray(sealed.read_bytes())
+    data[60] ^= 0xFF  # one flipped byte in the second entry of the first segment
+    sealed.write_bytes(bytes(data))
+    writer = _writer(state, nodes, "p2")
+    await writer.take_over()
+    log = SourceLog.open(tmp_path / "s", segment_bytes=400, remote=writer)
+    with pytest.raises(DamagedEntries):
+        log.read(1)
+    assert len(log.damaged_ranges()) == 1
+    assert await log.restore_damage() == 1
+    assert len(log.recheck_damage()) == 1 and not log.damaged_ranges()
+    assert [e.payload for e in log.read(0, max_entries=40)] == [
+        b"message %02d" % i for i in range(40)
+    ]
+    await log.close()

@@ -61,6 +61,7 @@ from pubsubd.storage.framing import (
     FRAME_OVERHEAD,
     Entry,
     decode_frame_at,
+    decode_frames,
     encode_entry,
     find_next_frame,
     scan_frames,
@@ -90,6 +91,11 @@ class RemoteLog(Protocol):
     """The durable copy of a log on other machines (storage/ledgers/writer.py)."""
 
     async def append(self, first_offset: int, frames: bytes, end_offset: int) -> None: ...
+    async def read_frames(self, start: int, end: int) -> bytes:
+        """Frames of the durable copy from ``start`` (an entry's base offset), at least one
+        entry when ``start < end``, none at or past ``end``."""
+        ...
+
     async def trim(self, before_offset: int) -> int: ...
     async def close(self) -> None: ...
     async def destroy(self) -> None:
@@ -1025,6 +1031,45 @@ class SourceLog:
             self._notify()
         return restored
 
+    async def restore_damage(self, remote: RemoteLog | None = None) -> int:
+        """In a cluster: overwrite each damaged range of this local copy with the same
+        entries read from the storage nodes (``remote``, else the log's own; the frames are
+        byte for byte the ones written here), so the next :meth:`recheck_damage` finds them
+        readable. A range whose bytes would not fit exactly is left for an operator. Returns
+        the ranges rewritten."""
+        remote = remote or self._remote
+        if remote is None or not self._damage:
+            return 0
+        rewritten = 0
+        for damaged in list(self._damage):
+            segment = self._segment_of(damaged)
+            size = damaged.byte_stop - damaged.byte_start
+            if segment is None or damaged.end_offset <= damaged.first_offset or size <= 0:
+                continue
+            try:
+                data = await _remote_range(remote, damaged.first_offset, damaged.end_offset)
+            except StorageError as e:
+                logger.warning("log %s: damaged range not re-read: %s", self._directory, e)
+                continue
+            if len(data) != size:
+                logger.warning(
+                    "log %s: the storage nodes' copy of %s is %d bytes, the damaged range %d: "
+                    "left as it is",
+                    self._directory,
+                    damaged.describe(),
+                    len(data),
+                    size,
+                )
+                continue
+            await asyncio.to_thread(_overwrite, segment.path, damaged.byte_start, data)
+            rewritten += 1
+            logger.warning(
+                "log %s: damaged range re-read from the storage nodes: %s",
+                self._directory,
+                damaged.describe(),
+            )
+        return rewritten
+
     def _segment_of(self, damaged: DamagedRange) -> _Segment | None:
         for segment in self._segments:
             if str(segment.path) == damaged.path:
@@ -1141,6 +1186,32 @@ class SourceLog:
             "pending_appends": len(self._pending or ()),
             "damaged_ranges": len(self._damage or ()),
         }
+
+
+async def _remote_range(remote: RemoteLog, start: int, end: int) -> bytes:
+    """The frames of entries ``[start, end)`` from the durable copy, whole."""
+    parts, offset = [], start
+    while offset < end:
+        frames = await remote.read_frames(offset, end)
+        decoded, valid_end = decode_frames(frames)
+        kept = [(e, pos, n) for e, pos, n in decoded if e.base_offset < end]
+        if valid_end != len(frames) or not kept:
+            raise CorruptEntry(f"the storage nodes sent invalid frames at {offset}")
+        last, pos, length = kept[-1]
+        parts.append(frames[: pos + length])
+        offset = last.next_offset
+    return b"".join(parts)
+
+
+def _overwrite(path: Path, position: int, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        written = 0
+        while written < len(data):
+            written += os.pwrite(fd, data[written:], position + written)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _check_frame(buf: bytes, at: int, expected_offset: int) -> str | None:

@@ -596,6 +596,8 @@ class PublishingForwarder:
             try:
                 sources.trim()
                 sources.release_idle()
+                if self.remote_logs is not None and sources.damaged():
+                    await sources.restore_damage()  # from the storage nodes' copies
                 sources.recheck_damage()  # restored bytes: readers at the damage go on
             except Exception as e:  # one topic's failure must not stop the others' trim
                 background.report("trim", e)

@@ -155,6 +155,13 @@ class TopicSources:
         """(source, range) of every damaged range of the topic's logs."""
         return [(i, d) for i, log in enumerate(self.logs) for d in log.damaged_ranges()]
 
+    async def restore_damage(self) -> int:
+        """In a cluster: re-read damaged ranges from the storage nodes (see SourceLog)."""
+        restored = 0
+        for log in self.logs:
+            restored += await log.restore_damage()
+        return restored
+
     def recheck_damage(self) -> list[tuple[int, DamagedRange]]:
         """Re-read the damaged ranges; return those readable again (see SourceLog)."""
         return [(i, d) for i, log in enumerate(self.logs) for d in log.recheck_damage()]

@@ -7,7 +7,8 @@ of the ledgers' content: after a crash it lacks at most a tail, on a new machine
 ``materialize`` copies what is missing (read from the nodes, appended through ``SourceLog``, so
 the local files are ordinary segments) and starts a fresh directory at the ledgers' first
 offset. A local log that is *not* a prefix (longer than the ledgers, or ending before they
-start) is moved aside, never deleted, and copied anew.
+start) is moved aside, never deleted, and copied anew; damaged entries in a local log that is
+one are overwritten with the nodes' copies (``SourceLog.restore_damage``).
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ def _create(directory: Path, start: int) -> None:
 async def _fill(log: SourceLog, ledgers: SourceLedgers, end: int) -> int:
     copied = 0
     try:
+        # Damage the start-up scan found in the local copy is re-read from the nodes now,
+        # before any reader meets it.
+        if await log.restore_damage(ledgers):
+            log.recheck_damage()
         while log.end_offset < end:
             frames = await ledgers.read_frames(log.end_offset, end)
             decoded, valid_end = decode_frames(frames)
