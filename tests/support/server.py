@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.support.process import LoggedProcess
 
 READY = re.compile(r"pubsubd ready grpc=(\S+):(\d+) http=(\S+):(\d+)")
 
@@ -20,21 +20,27 @@ class ServerProcess:
     data_dir: Path
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # extra environment (PUBSUBD_* settings)
-    proc: subprocess.Popen[bytes] | None = None
     host: str = "127.0.0.1"
     port: int = 0
     http_port: int = 0
-    log_path: Path | None = None
+    process: LoggedProcess | None = None
 
     @property
     def endpoint(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir.with_suffix(".log")
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.process.proc if self.process is not None else None
+
     def start(self, timeout: float = 30.0, port: int = 0) -> ServerProcess:
-        self.log_path = self.data_dir.with_suffix(".log")
-        env = dict(os.environ)
-        env.pop("PUBSUB_EMULATOR_HOST", None)
-        env.update(self.env)
+        if self.process is None:
+            self.process = LoggedProcess(self.log_path)
+        env = dict(self.env)
         cmd = [
             sys.executable,
             "-m",
@@ -48,49 +54,28 @@ class ServerProcess:
             str(self.data_dir),
             *self.args,
         ]
-        # The process writes to its own copy of the descriptor; ours is closed at once.
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            text = self.log_path.read_text(errors="replace")
-            matches = READY.findall(text)
-            # The log is appended across restarts: take the ready line of this start.
-            if matches and len(matches) > self._starts:
-                self._starts = len(matches)
-                host, p, _, hp = matches[-1]
-                self.host, self.port, self.http_port = host, int(p), int(hp)
-                return self
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"pubsubd exited with {self.proc.returncode}:\n{text}")
-            time.sleep(0.05)
-        self.kill()
-        raise TimeoutError(f"pubsubd not ready after {timeout}s:\n{self.log()}")
-
-    _starts: int = 0
+        # PUBSUB_EMULATOR_HOST is the clients' setting, never the server's.
+        ready = self.process.launch(
+            cmd, READY, env, timeout, "pubsubd", unset=("PUBSUB_EMULATOR_HOST",)
+        )
+        host, p, _, hp = ready.groups()
+        self.host, self.port, self.http_port = host, int(p), int(hp)
+        return self
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path else ""
+        return self.process.log() if self.process is not None else ""
 
     def stop(self, timeout: float = 20.0) -> int | None:
         """Graceful stop (SIGTERM), then SIGKILL if it hangs; returns the exit code."""
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return None
+        return self.process.stop(timeout) if self.process is not None else None
 
     def kill(self) -> None:
         """kill -9, as a crash."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+        if self.process is not None:
+            self.process.kill()
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.process is not None and self.process.alive()
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:

@@ -13,14 +13,13 @@ a client (or the registry) holds stays right.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.support.process import LoggedProcess
 
 READY = re.compile(
     r"pubsubd storage ready grpc=(\S+) node_id=(\S+) zone=(\S+) disks=(\d+)(?: http=(\S+))?"
@@ -38,11 +37,10 @@ class StorageNodeProcess:
     http: bool = False
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
-    proc: subprocess.Popen[bytes] | None = None
+    process: LoggedProcess | None = None
     address: str = ""
     http_address: str = ""
     port: int = 0
-    _starts: int = 0
 
     @property
     def data_dirs(self) -> list[Path]:
@@ -67,45 +65,31 @@ class StorageNodeProcess:
 
     def start(self, timeout: float = 30.0) -> StorageNodeProcess:
         self.root.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        env.update(self.env)
-        with self.log_path.open("ab") as log:  # the child keeps its own copy
-            self.proc = subprocess.Popen(self.command(self.port), stdout=log, stderr=log, env=env)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            text = self.log()
-            matches = READY.findall(text)
-            if len(matches) > self._starts:  # the log is appended across restarts
-                self._starts = len(matches)
-                address, node_id, _, _, http = matches[-1]
-                self.address, self.node_id, self.http_address = address, node_id, http
-                self.port = int(address.rsplit(":", 1)[1])
-                return self
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"pubsubd storage exited with {self.proc.returncode}:\n{text}")
-            time.sleep(0.05)
-        self.kill()
-        raise TimeoutError(f"pubsubd storage not ready after {timeout}s:\n{self.log()}")
+        if self.process is None:
+            self.process = LoggedProcess(self.log_path)
+        ready = self.process.launch(
+            self.command(self.port), READY, self.env, timeout, "pubsubd storage"
+        )
+        address, node_id, _, _, http = ready.groups()
+        self.address, self.node_id, self.http_address = address, node_id, http or ""
+        self.port = int(address.rsplit(":", 1)[1])
+        return self
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.process.proc if self.process is not None else None
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return self.process.log() if self.process is not None else ""
 
     def stop(self, timeout: float = 20.0) -> int | None:
         """SIGTERM, then SIGKILL if it hangs; returns the exit code (None if killed)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return None
+        return self.process.stop(timeout) if self.process is not None else None
 
     def kill(self) -> None:
         """kill -9, as a crash."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+        if self.process is not None:
+            self.process.kill()
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.process is not None and self.process.alive()
