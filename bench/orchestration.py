@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from bench.registry import WARMUP, Workload
 from bench.targets import REPO_ROOT, Revision, Target, TargetError, make_target
@@ -38,15 +38,31 @@ class Measurement:
     wall_s: float = 0.0
 
 
+class Server(Protocol):
+    """What a measurement needs of a target: its address and the serving process's PID."""
+
+    @property
+    def endpoint(self) -> str: ...
+
+    @property
+    def pid(self) -> int | None: ...
+
+
 def run_worker(
-    kind: str, params: dict[str, Any], target: Target, timeout_s: float
+    kind: str,
+    params: dict[str, Any],
+    target: Server,
+    timeout_s: float,
+    watch: dict[str, int] | None = None,
 ) -> tuple[dict[str, Any] | None, str]:
-    """One measurement in a fresh process; (result, "") or (None, error text)."""
+    """One measurement in a fresh process; (result, "") or (None, error text). ``watch``: more
+    processes of the target (name -> PID) whose CPU time the measurement records."""
     spec = {
         "workload": kind,
         "endpoint": target.endpoint,
         "server_pid": target.pid,
         "params": params,
+        "watch": watch or {},
     }
     env = dict(os.environ)
     env.update(

@@ -176,6 +176,17 @@ WORKLOADS: tuple[Workload, ...] = (
         latency=True,
     ),
     Workload(
+        "publish-latency-1000",
+        "publish_latency",
+        "Publish acknowledgement latency at 1000 msg/s, 100 B: a raw Publish RPC of 10 messages "
+        "every 10 ms (what the official client's 10 ms batch timer sends at this rate), open loop",
+        {"rate": 1000, "batch": 10, "duration_s": 10.0, "warmup_s": 1.0, "size": 100},
+        {"rate": 1000, "batch": 10, "duration_s": 3.0, "warmup_s": 1.0, "size": 100},
+        targets=CORE_TARGETS,
+        latency=True,
+        in_default=False,  # python -m bench.cluster runs it; bench.run only when asked for
+    ),
+    Workload(
         "drain-client",
         "drain_client",
         "Drain a backlog of 100 B messages, official subscribe() + ack (FlowControl 5000)",

@@ -37,6 +37,9 @@ CHANNEL_OPTIONS = [
 ADMIN_TIMEOUT_S = 30.0
 RPC_TIMEOUT_S = 60.0
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
+# More processes of the target whose CPU every Meter reads, by name (a cluster's storage nodes
+# and ZooKeeper; ``bench.worker`` fills it from the spec's ``watch``). They are not "other".
+WATCHED: dict[str, int] = {}
 
 Result = dict[str, Any]
 
@@ -73,14 +76,17 @@ class Meter:
     client_cpu_s: float = 0.0
     server_cpu_s: float | None = None
     machine_cpu_s: float = 0.0
+    watched_cpu_s: dict[str, float] = field(default_factory=dict)
     _client0: float = 0.0
     _server0: float | None = None
     _machine0: float = 0.0
+    _watched0: dict[str, float] = field(default_factory=dict)
 
     def begin(self) -> None:
         self._machine0 = machine_busy_s()
         self._client0 = _self_cpu_s()
         self._server0 = process_cpu_s(self.server_pid) if self.server_pid else None
+        self._watched0 = _watched_cpu_s()
         self.start = time.perf_counter()
 
     def end(self) -> None:
@@ -90,6 +96,10 @@ class Meter:
             server1 = process_cpu_s(self.server_pid)
             if server1 is not None:
                 self.server_cpu_s = server1 - self._server0
+        watched1 = _watched_cpu_s()
+        self.watched_cpu_s = {
+            k: watched1[k] - v for k, v in self._watched0.items() if k in watched1
+        }
         self.machine_cpu_s = machine_busy_s() - self._machine0
 
     def cpu(self) -> Result:
@@ -103,6 +113,11 @@ class Meter:
         if self.server_cpu_s is not None:
             out["server_cpu_pct"] = 100.0 * self.server_cpu_s / elapsed
             other -= self.server_cpu_s
+        if self.watched_cpu_s:
+            out["watched_cpu_pct"] = {
+                k: 100.0 * v / elapsed for k, v in sorted(self.watched_cpu_s.items())
+            }
+            other -= sum(self.watched_cpu_s.values())
         out["other_cpu_pct"] = max(0.0, 100.0 * other / elapsed)
         return out
 
@@ -119,6 +134,15 @@ class Meter:
 def _self_cpu_s() -> float:
     t = os.times()
     return t.user + t.system
+
+
+def _watched_cpu_s() -> dict[str, float]:
+    out = {}
+    for name, pid in WATCHED.items():
+        cpu = process_cpu_s(pid)
+        if cpu is not None:
+            out[name] = cpu
+    return out
 
 
 # --- topics and subscriptions ------------------------------------------------------------------
@@ -427,6 +451,91 @@ def latency(
             "mean_ms": statistics.fmean(measured) if measured else float("nan"),
             **meter.cpu(),
         }
+
+
+def publish_latency(
+    endpoint: str,
+    server_pid: int | None,
+    *,
+    rate: int,
+    batch: int,
+    duration_s: float,
+    warmup_s: float,
+    size: int,
+) -> Result:
+    """The publish acknowledgement alone: raw Publish RPCs of ``batch`` messages of ``size``
+    bytes, ``rate`` messages per second, sent open loop from one ``grpc.aio`` channel (each RPC
+    its own task, so a slow answer does not hold the next send back). Latency = answer time -
+    call time, both ``perf_counter`` in this process: the server's durable write (in a cluster,
+    the replication to the ack quorum) plus one loopback round trip, without the official
+    client's batch timer and subscriber. RPCs sent during the first ``warmup_s`` s are excluded."""
+
+    async def run(topic: str) -> Result:
+        async with grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS) as channel:
+            publish = channel.unary_unary(
+                pb.PUBLISH,
+                request_serializer=None,
+                response_deserializer=pb.PublishResponse.FromString,
+            )
+            request = pb.publish_request(topic, batch, size)
+            rpcs_per_s = rate / batch
+            for _ in range(20):  # connection and first-RPC costs are not part of the figure
+                await publish(request, timeout=RPC_TIMEOUT_S)
+            total = int(rpcs_per_s * (warmup_s + duration_s))
+            first_measured = int(rpcs_per_s * warmup_s)
+            samples: list[float] = []
+            failures = 0
+            behind = 0
+            pending: set[asyncio.Task[None]] = set()
+
+            async def one(i: int) -> None:
+                nonlocal failures
+                sent = time.perf_counter()
+                try:
+                    await publish(request, timeout=RPC_TIMEOUT_S)
+                except grpc.aio.AioRpcError:
+                    failures += 1
+                    return
+                if i >= first_measured:
+                    samples.append((time.perf_counter() - sent) * 1e3)
+
+            meter = Meter(server_pid)
+            meter.begin()
+            t0 = meter.start
+            for i in range(total):
+                delay = t0 + i / rpcs_per_s - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                elif delay < -0.005:
+                    behind += 1
+                task = asyncio.ensure_future(one(i))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+            send_elapsed = time.perf_counter() - t0
+            if pending:
+                await asyncio.wait(list(pending), timeout=RPC_TIMEOUT_S)
+            meter.end()
+            measured = sorted(samples)
+            return {
+                "sent_rpcs": total,
+                "messages": total * batch,
+                "failed": failures,
+                # measured-window RPCs that failed or got no answer within the wait
+                "lost": total - first_measured - len(measured),
+                "measured": len(measured),
+                "send_rate": total / send_elapsed,
+                "late_sends": behind,
+                "p50_ms": _percentile(measured, 50),
+                "p90_ms": _percentile(measured, 90),
+                "p99_ms": _percentile(measured, 99),
+                "p999_ms": _percentile(measured, 99.9),
+                "max_ms": measured[-1] if measured else float("nan"),
+                "mean_ms": statistics.fmean(measured) if measured else float("nan"),
+                **meter.cpu(),
+            }
+
+    with resources("publat") as res:
+        return _run_async(run(res.topic))
 
 
 # --- 3. backlog drain --------------------------------------------------------------------------
@@ -824,6 +933,7 @@ WORKLOADS: dict[str, Callable[..., Result]] = {
     "publish_client": publish_client,
     "publish_raw": publish_raw,
     "latency": latency,
+    "publish_latency": publish_latency,
     "drain_client": drain_client,
     "drain_raw": drain_raw,
     "names": names,
