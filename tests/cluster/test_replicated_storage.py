@@ -22,7 +22,7 @@ from pubsubd.cluster.status import cluster_status
 from pubsubd.storage.node_client import LedgerSummary, StorageNodeClient
 from tests.conftest import emulator_host, make_publisher, make_subscriber
 from tests.support.clients import pull_until
-from tests.support.cluster import ClusterServer, running_cluster
+from tests.support.cluster import ClusterServer, ledger_nodes, running_cluster, topic_uid
 from tests.support.drain import drain
 from tests.support.flood import Flood
 from tests.support.server import wait_for
@@ -215,36 +215,9 @@ def test_a_topic_storage_policy_places_its_ledgers(cluster: LocalCluster, names:
     for f in [pub.publish(topic, b"z-%d" % i) for i in range(20)]:
         f.result(60)
     zone_of = {n["node_id"]: n["zone"] for n in cluster_status(cluster.zk)["nodes"]}
-    placed = _ledger_nodes_of_topic(cluster, topic)
+    placed = ledger_nodes(cluster, topic_uid(cluster, topic))
     assert placed and all(len(nodes) == 1 and zone_of[nodes[0]] == "zone-2" for nodes in placed)
     assert drain(server.endpoint, subscription, {b"z-%d" % i for i in range(20)})
-
-
-def _ledger_nodes_of_topic(cluster: LocalCluster, topic: str) -> list[tuple[str, ...]]:
-    """The node lists of every ledger of ``topic``'s sources, read from ZooKeeper."""
-    from pubsubd.coordination.zk import Coordinator
-    from pubsubd.storage.ledgers.meta import LedgerList
-    from pubsubd.storage.zk_metadata import ZooKeeperMetadataStore
-
-    async def read() -> list[tuple[str, ...]]:
-        coordinator = Coordinator(cluster.zk)
-        await coordinator.start()
-        try:
-            store = ZooKeeperMetadataStore(coordinator)
-            uid = next(t.uid for t in store.load_topics() if t.name == topic)
-            out = []
-            for source in await coordinator.children(
-                coordinator.layout.source(uid, 0).rsplit("/", 1)[0]
-            ):
-                if source.isdigit():
-                    data, stat = await coordinator.get(coordinator.layout.source(uid, int(source)))
-                    out += [m.nodes for m in LedgerList.decode(data, stat.version).ledgers]
-            store.close()
-            return out
-        finally:
-            await coordinator.stop()
-
-    return asyncio.run(read())
 
 
 def test_delayed_messages_survive_the_loss_of_the_serving_machine(
@@ -282,7 +255,7 @@ def test_a_damaged_local_copy_is_re_read_from_the_storage_nodes(
     payloads = {b"d-%03d" % i for i in range(300)}
     for f in [pub.publish(topic, p) for p in sorted(payloads)]:
         f.result(60)
-    uid = _topic_uid(cluster, topic)
+    uid = topic_uid(cluster, topic)
     cluster.kill("serve")
     segment = sorted((server.data_dir / "topics" / uid / "source-0").glob("*.seg"))[-1]
     data = bytearray(segment.read_bytes())
@@ -292,21 +265,3 @@ def test_a_damaged_local_copy_is_re_read_from_the_storage_nodes(
     received = drain(server.endpoint, subscription, payloads, timeout=60)
     assert payloads <= received
     wait_for(lambda: not server.status()["damaged"], 30, "the damaged range to be gone")
-
-
-def _topic_uid(cluster: LocalCluster, topic: str) -> str:
-    from pubsubd.coordination.zk import Coordinator
-    from pubsubd.storage.zk_metadata import ZooKeeperMetadataStore
-
-    async def read() -> str:
-        coordinator = Coordinator(cluster.zk)
-        await coordinator.start()
-        try:
-            store = ZooKeeperMetadataStore(coordinator)
-            uid = next(t.uid for t in store.load_topics() if t.name == topic)
-            store.close()
-            return uid
-        finally:
-            await coordinator.stop()
-
-    return asyncio.run(read())

@@ -7,6 +7,7 @@ cluster unchanged.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import urllib.request
@@ -17,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from pubsubd.cluster.launcher import LocalCluster
+from pubsubd.coordination.zk import Coordinator
+from pubsubd.storage.ledgers.meta import LedgerList
+from pubsubd.storage.zk_metadata import ZooKeeperMetadataStore
 
 # Short ZooKeeper sessions: a killed serving process's ownership expires in seconds.
 CLUSTER_ENV = {"PUBSUBD_ZK_SESSION_TIMEOUT_S": "4"}
@@ -75,3 +79,42 @@ def running_cluster(
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def topic_uid(cluster: LocalCluster, topic: str) -> str:
+    """The storage uid of ``topic``, from the cluster's metadata in ZooKeeper."""
+
+    async def read() -> str:
+        coordinator = Coordinator(cluster.zk)
+        await coordinator.start()
+        try:
+            store = ZooKeeperMetadataStore(coordinator)
+            try:
+                return next(t.uid for t in store.load_topics() if t.name == topic)
+            finally:
+                store.close()
+        finally:
+            await coordinator.stop()
+
+    return asyncio.run(read())
+
+
+def ledger_nodes(cluster: LocalCluster, uid: str) -> list[tuple[str, ...]]:
+    """The node list of every ledger of every source of the topic with storage ``uid``."""
+
+    async def read() -> list[tuple[str, ...]]:
+        coordinator = Coordinator(cluster.zk)
+        await coordinator.start()
+        try:
+            layout = coordinator.layout
+            parent = layout.source(uid, 0).rsplit("/", 1)[0]
+            out: list[tuple[str, ...]] = []
+            for source in await coordinator.children(parent):
+                if source.isdigit():
+                    data, stat = await coordinator.get(layout.source(uid, int(source)))
+                    out += [m.nodes for m in LedgerList.decode(data, stat.version).ledgers]
+            return out
+        finally:
+            await coordinator.stop()
+
+    return asyncio.run(read())
