@@ -228,3 +228,17 @@ async def test_a_damaged_range_of_the_local_copy_is_re_read_from_the_nodes(
         b"message %02d" % i for i in range(40)
     ]
     await log.close()
+
+
+async def test_an_idle_source_closes_its_ledger_when_one_of_its_nodes_leaves() -> None:
+    state, nodes = cluster()
+    writer = _writer(state, nodes)
+    await writer.take_over()
+    end = await _append(writer, 0, 3)
+    assert not await writer.seal_if_on({"n9"})  # not one of its nodes
+    assert await writer.seal_if_on({"n1"})
+    assert [m.state for m in writer.ledgers.ledgers] == [LedgerState.CLOSED]
+    assert writer.ledgers.ledgers[0].end_offset == 3  # closed where it was confirmed
+    del state.nodes["n1"]
+    assert await _append(writer, end, 1) == 4  # the next append opens a new one
+    assert "n1" not in writer.ledgers.ledgers[-1].nodes

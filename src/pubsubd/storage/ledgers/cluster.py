@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from pathlib import Path
+from typing import Any
 
 from pubsubd.coordination.zk import Coordinator
 from pubsubd.core import pb, storage_policy
@@ -78,7 +79,8 @@ class ClusterStorage:
         # Topics whose Topic says otherwise (core/storage_policy.py): topic uid -> policy.
         self._topic_policies: dict[str, StoragePolicy] = {}
         self._registered: set[str] = set()  # node addresses registered at the last change
-        self._discards: set[asyncio.Task[None]] = set()
+        self._registered_ids: set[str] = set()
+        self._discards: set[asyncio.Task[Any]] = set()
 
     async def start(self, *, wait_for_nodes: int = 1, wait_s: float = 30.0) -> None:
         self.directory.on_nodes_changed(self._nodes_changed)
@@ -87,14 +89,25 @@ class ClusterStorage:
 
     def _nodes_changed(self) -> None:
         """A node that (re)registers gets a fresh channel: the old one may still be backing
-        off from the node's restart (seconds of UNAVAILABLE for writers and repair)."""
-        registered = {n.address for n in self.directory.nodes()}
+        off from the node's restart (seconds of UNAVAILABLE for writers and repair). Open
+        ledgers on a node that left are closed, so repair can copy them elsewhere."""
+        nodes = self.directory.nodes()
+        registered = {n.address for n in nodes}
         for address in registered - self._registered:
             if address in self.pool.addresses():
-                task = asyncio.get_running_loop().create_task(self.pool.discard(address))
-                self._discards.add(task)
-                task.add_done_callback(self._discards.discard)
+                self._background(self.pool.discard(address))
         self._registered = registered
+        ids = {n.node_id for n in nodes}
+        left = self._registered_ids - ids
+        self._registered_ids = ids
+        if left:
+            for ledgers in list(self.sources.values()):
+                self._background(ledgers.seal_if_on(left))
+
+    def _background(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._discards.add(task)
+        task.add_done_callback(self._discards.discard)
 
     def _ledgers(self, topic_uid: str, source: int) -> SourceLedgers:
         found = self.sources.get((topic_uid, source))

@@ -428,6 +428,34 @@ class SourceLedgers:
             await self._delete_everywhere(ledger)
         return len(dropped)
 
+    async def seal_if_on(self, node_ids: set[str]) -> bool:
+        """Close the open ledger at the confirmed end if it lives on one of ``node_ids`` (they
+        left the cluster): a source nobody publishes to would otherwise keep a ledger listing
+        a dead node, which repair never touches (it repairs closed ledgers). The next append
+        opens a new ledger. Returns whether it closed one."""
+        async with self._lock:
+            if self._open is None or self._stopped is not None:
+                return False
+            if not node_ids & set(self._open.nodes):
+                return False
+            try:
+                await self._write(
+                    self.ledgers.replaced_last(self._open.closed(self._confirmed_end))
+                )
+            except LostOwnership:
+                return False
+            logger.info(
+                "source %s: ledger %d closed at %d: its node %s left",
+                self.name,
+                self._open.ledger_id,
+                self._confirmed_end,
+                ", ".join(sorted(node_ids & set(self._open.nodes))),
+            )
+            self._open = None
+            self._failed = set()
+            self._tails = {}
+            return True
+
     async def close(self) -> None:
         """Close the open ledger at the confirmed end and let the source go (a clean stop:
         the next owner has nothing to recover)."""
