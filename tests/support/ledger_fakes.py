@@ -70,6 +70,16 @@ class FakeNodes:
                 raise ValueError(f"gap: node ends at {ledger.end}")
         return ledger.end
 
+    def encode_append(
+        self, ledger_id: int, epoch: int, first_offset: int, frames: bytes, lac: int
+    ) -> tuple[int, int, int, bytes, int]:
+        return (ledger_id, epoch, first_offset, frames, lac)
+
+    async def append_encoded(
+        self, node: NodeInfo, request: tuple[int, int, int, bytes, int]
+    ) -> int:
+        return await self.append(node, *request)
+
     async def fence(self, node: NodeInfo, ledger_id: int, epoch: int) -> NodeFence:
         if node.node_id in self.down:
             raise NodeDown(node.node_id)

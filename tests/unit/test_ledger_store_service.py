@@ -3,6 +3,7 @@ reaches the caller as its typed error with its numbers, answers as plain values.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -47,11 +48,14 @@ async def node(tmp_path: Path) -> AsyncIterator[tuple[str, LedgerStore]]:
     await store.close()
 
 
-async def test_calls_and_typed_refusals(node: tuple[str, LedgerStore]) -> None:
+@pytest.mark.parametrize("stream", [True, False], ids=["AppendStream", "Append"])
+async def test_calls_and_typed_refusals(node: tuple[str, LedgerStore], stream: bool) -> None:
     address, _ = node
     pool = StorageNodePool()
     client = pool.client(address)
     assert pool.client(address) is client
+    if not stream:
+        client = StorageNodeClient(address, append_stream=False)
     try:
         assert await client.append(5, 2, 0, frames(0, 3), 1) == 3
         read = await client.read(5, 1)
@@ -86,8 +90,117 @@ async def test_calls_and_typed_refusals(node: tuple[str, LedgerStore]) -> None:
         assert health.protocol_version == nc.PROTOCOL_VERSION and health.ledgers == 2
         assert await client.delete_ledger(5) is True
         assert await client.delete_ledger(5) is False
+        assert client.streaming is stream
     finally:
+        await client.close()
         await pool.close()
+
+
+async def test_stream_pipelines_appends_in_order(node: tuple[str, LedgerStore]) -> None:
+    """Appends sent one after another without waiting land in order, each answered with its
+    answer; the node groups them (fewer fsyncs than appends)."""
+    address, store = node
+    client = StorageNodeClient(address)
+    try:
+        commits = store.group_commits
+        ends = await asyncio.gather(*(client.append(7, 1, 0, frames(i * 2, 2)) for i in range(50)))
+        # Each answer is the node's durable end: at least the append's own end, never falling.
+        assert all(end >= 2 * (i + 1) for i, end in enumerate(ends)) and ends[-1] == 100
+        assert ends == sorted(ends)
+        assert (await client.read(7, 0, max_bytes=1 << 20)).frames == frames(0, 100)
+        assert store.group_commits - commits < 50
+        # A refusal answers only its own append; the stream goes on.
+        results = await asyncio.gather(
+            client.append(7, 1, 0, frames(100, 1)),
+            client.append(7, 1, 0, frames(500, 1)),  # a gap
+            client.append(7, 1, 0, frames(101, 1)),
+            return_exceptions=True,
+        )
+        assert results[0] == 101 and results[2] == 102, results
+        assert isinstance(results[1], AppendGap) and results[1].node_end_offset >= 101
+    finally:
+        await client.close()
+
+
+async def test_stream_reopens_after_the_node_restarts(tmp_path: Path) -> None:
+    store = LedgerStore([tmp_path / "d"], gap_wait_s=0.0)
+    await store.open()
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers([handlers(StorageNodeServicer(store, "n1", "z1"))])
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    client = StorageNodeClient(f"127.0.0.1:{port}", timeout=3.0)
+    try:
+        assert await client.append(1, 1, 0, frames(0, 1)) == 1
+        await server.stop(None)
+        with pytest.raises(NodeUnavailable):
+            await client.append(1, 1, 0, frames(1, 1))
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers([handlers(StorageNodeServicer(store, "n1", "z1"))])
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        for _ in range(50):  # the channel reconnects with backoff
+            try:
+                assert await client.append(1, 1, 0, frames(1, 1)) == 2
+                break
+            except NodeUnavailable:
+                await asyncio.sleep(0.1)
+        else:
+            pytest.fail("the append stream never came back")
+        assert client.streaming
+    finally:
+        await client.close()
+        await server.stop(None)
+        await store.close()
+
+
+async def test_node_without_append_stream_gets_unary_appends(tmp_path: Path) -> None:
+    """A node of protocol version 1 (no AppendStream) answers UNIMPLEMENTED; the client moves
+    to Append for good without failing the append."""
+    store = LedgerStore([tmp_path / "d"], gap_wait_s=0.0)
+    await store.open()
+    servicer = StorageNodeServicer(store, "n1", "z1")
+    full = handlers(servicer)
+    old = grpc.method_handlers_generic_handler(
+        nc.SERVICE,
+        {"Append": full.service(_details(nc.APPEND))},  # type: ignore[arg-type,dict-item]
+    )
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers([old])
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    client = StorageNodeClient(f"127.0.0.1:{port}")
+    try:
+        assert await client.append(1, 1, 0, frames(0, 2)) == 2
+        assert not client.streaming
+        assert await client.append(1, 1, 0, frames(2, 1)) == 3
+    finally:
+        await client.close()
+        await server.stop(None)
+        await store.close()
+
+
+class _details:
+    """What a server hands a generic handler to look a method up."""
+
+    def __init__(self, method: str) -> None:
+        self.method = method
+        self.invocation_metadata = ()
+
+
+async def test_stream_request_that_does_not_parse(node: tuple[str, LedgerStore]) -> None:
+    address, _ = node
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = channel.stream_stream(nc.APPEND_STREAM)()
+        await call.write(b"\xff\xff\xff")
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await call.read()
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    client = StorageNodeClient(address)  # the node is fine
+    try:
+        assert await client.append(3, 1, 0, frames(0, 1)) == 1
+    finally:
+        await client.close()
 
 
 async def test_bad_protocol_version_and_bad_request(node: tuple[str, LedgerStore]) -> None:

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from pubsubd.core.records import Entry
+from pubsubd.storage import log as log_module
 from pubsubd.storage.errors import DamagedEntries, LostOwnership, ReplicationFailed, StorageError
-from pubsubd.storage.framing import encode_entry
+from pubsubd.storage.framing import decode_frames, encode_entry
 from pubsubd.storage.ledgers.materialize import materialize
 from pubsubd.storage.ledgers.meta import LedgerState, StoragePolicy
 from pubsubd.storage.ledgers.writer import SourceLedgers
@@ -242,3 +243,145 @@ async def test_an_idle_source_closes_its_ledger_when_one_of_its_nodes_leaves() -
     del state.nodes["n1"]
     assert await _append(writer, end, 1) == 4  # the next append opens a new one
     assert "n1" not in writer.ledgers.ledgers[-1].nodes
+
+
+# -- pipelining ------------------------------------------------------------------------------
+
+
+async def test_appends_sent_without_waiting_complete_in_order() -> None:
+    """Appends go out before earlier ones are answered and complete in order; a slow node
+    gets every append in order once it catches up."""
+    state, nodes = cluster()
+    writer = _writer(state, nodes)
+    await writer.take_over()
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    nodes.gates["n0"] = gate
+    completed: list[int] = []
+
+    async def one(i: int) -> None:
+        await _append(writer, 2 * i, 2)
+        completed.append(i)
+
+    await asyncio.gather(*(one(i) for i in range(20)))
+    assert completed == list(range(20)) and writer.end_offset == 40
+    ledger = writer.ledgers.last
+    assert ledger is not None and len(writer.ledgers.ledgers) == 1
+    assert [nodes.ledger(n, ledger.ledger_id).end for n in ("n1", "n2")] == [40, 40]
+    del nodes.gates["n0"]
+    gate.set_result(None)
+    for _ in range(100):
+        await asyncio.sleep(0)
+    slow = nodes.ledger("n0", ledger.ledger_id)
+    assert slow is not None and slow.end == 40
+
+
+async def test_when_an_append_in_the_pipeline_fails_the_later_ones_follow_it_in_order() -> None:
+    """Two of three nodes fail while five appends are on their way: none of them can reach a
+    quorum on that ledger, so all five are sent again, in order, to a new ledger; every
+    entry is then held once, in order, and the old ledger closes where the quorum ended."""
+    state, nodes = cluster(node_count=5)
+    writer = _writer(state, nodes)
+    await writer.take_over()
+    await _append(writer, 0, 1)
+    first = writer.ledgers.last
+    assert first is not None
+    loop = asyncio.get_running_loop()
+    gates = {n: loop.create_future() for n in first.nodes[:2]}
+    nodes.gates.update(gates)
+    appends = [asyncio.ensure_future(_append(writer, 1 + i, 1)) for i in range(5)]
+    await asyncio.sleep(0.01)
+    assert not any(a.done() for a in appends)  # all five sent, none answered by a quorum
+    for node_id, gate in gates.items():
+        del nodes.gates[node_id]
+        nodes.down.add(node_id)
+        gate.set_exception(ConnectionError(f"{node_id} went away"))
+    assert await asyncio.gather(*appends) == [2, 3, 4, 5, 6]
+    closed, last = writer.ledgers.ledgers[0], writer.ledgers.last
+    assert closed.state is LedgerState.CLOSED and closed.end_offset == 1
+    assert last is not None and not set(last.nodes) & set(gates)
+    held, offset = [], 0
+    while offset < 6:  # a read answers from one ledger at a time
+        entries = decode_frames(await writer.read_frames(offset, 6))[0]
+        held += [e.base_offset for e, _, _ in entries]
+        offset = entries[-1][0].next_offset
+    assert held == [0, 1, 2, 3, 4, 5]
+
+
+class _SlowRemote:
+    """A RemoteLog whose appends take a while and can be made to fail at an offset."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.fail_at: int | None = None
+        self.appended: list[tuple[int, int]] = []
+
+    async def append(self, first_offset: int, frames: bytes, end_offset: int) -> None:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(0.02)
+            if self.fail_at is not None and first_offset <= self.fail_at < end_offset:
+                raise ReplicationFailed(f"no quorum for {first_offset}")
+            self.appended.append((first_offset, end_offset))
+        finally:
+            self.in_flight -= 1
+
+    async def read_frames(self, start: int, end: int) -> bytes:
+        return b""
+
+    async def trim(self, before_offset: int) -> int:
+        return 0
+
+    async def close(self) -> None:
+        pass
+
+    async def destroy(self) -> None:
+        pass
+
+
+async def test_a_replicated_log_keeps_several_groups_in_flight_and_commits_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(log_module, "REMOTE_PIPELINE_BYTES", 1)  # pipeline even tiny groups
+    remote = _SlowRemote()
+    log = SourceLog.open(tmp_path / "s", remote=remote)
+    appends = []
+    for i in range(12):
+        appends.append(asyncio.ensure_future(log.append(b"m%d" % i, 1, i)))
+        await asyncio.sleep(0.002)  # one group each: the remote is slower than this
+    assert await asyncio.gather(*appends) == list(range(12))
+    assert remote.most_in_flight > 1
+    assert [e.payload for e in log.read(0, max_entries=12)] == [b"m%d" % i for i in range(12)]
+    # A group that fails fails every group sent after it, whatever the remote answered for
+    # them; their offsets are handed out again.
+    remote.fail_at = 13
+    appends = []
+    for i in range(12, 16):
+        appends.append(asyncio.ensure_future(log.append(b"n%d" % i, 1, i)))
+        await asyncio.sleep(0.002)
+    results = await asyncio.gather(*appends, return_exceptions=True)
+    assert results[0] == 12
+    assert all(isinstance(r, StorageError) for r in results[1:])
+    await asyncio.sleep(0.05)  # the remote answers the groups it still had
+    assert remote.in_flight == 0
+    assert (12, 13) in remote.appended and any(first > 13 for first, _ in remote.appended)
+    remote.fail_at = None
+    assert await log.append(b"again", 1, 20) == 13
+    assert [e.payload for e in log.read(12, max_entries=5)] == [b"n12", b"again"]
+    await log.close()
+
+
+async def test_a_replicated_log_waits_for_the_round_trip_while_little_is_pending(
+    tmp_path: Path,
+) -> None:
+    """Below REMOTE_PIPELINE_BYTES the next group waits for the one on its way (and grows)."""
+    remote = _SlowRemote()
+    log = SourceLog.open(tmp_path / "s", remote=remote)
+    appends = []
+    for i in range(12):
+        appends.append(asyncio.ensure_future(log.append(b"m%d" % i, 1, i)))
+        await asyncio.sleep(0.002)
+    assert await asyncio.gather(*appends) == list(range(12))
+    assert remote.most_in_flight == 1 and len(remote.appended) < 12
+    await log.close()

@@ -82,6 +82,13 @@ DEFAULT_SEGMENT_BYTES = 64 << 20  # roll to a new segment past this size
 DEFAULT_FSYNC_INTERVAL_S = 0.05  # background fsync period for FsyncPolicy.INTERVAL
 DEFAULT_CACHE_BYTES = 32 << 20  # payload bytes of recent entries kept in memory
 MAX_GROUP_BYTES = 16 << 20  # bytes written per group; a bigger backlog forms several groups
+# A replicated log sends its next group while earlier ones are on their way to the storage
+# nodes only when this many bytes wait: below that, waiting for the round trip gathers the
+# next group (fewer, larger appends; on one 2-CPU machine pipelining small groups cost a
+# sixth of the throughput, BENCHMARKS.md); above it the groups are large anyway and the
+# round trip would leave the nodes idle. At most REMOTE_PIPELINE groups are on their way.
+REMOTE_PIPELINE = 4
+REMOTE_PIPELINE_BYTES = 4 << 20
 MAX_OPEN_READ_FDS = 16  # read-only segment fds kept open per log (LRU)
 DEFAULT_READ_MAX_ENTRIES = 1000
 DEFAULT_READ_MAX_BYTES = 4 << 20
@@ -379,6 +386,12 @@ def _index_of(segment: _Segment) -> segment_index.SegmentIndex:
     )
 
 
+def _retrieve(task: asyncio.Future[None]) -> None:
+    """Mark a discarded task's outcome as seen (no "exception never retrieved" warning)."""
+    if not task.cancelled():
+        task.exception()
+
+
 def _create_log_files(directory: Path, first_segment: Path) -> None:
     """Create a new log's directory (and missing parents) and first segment, durably."""
     make_dirs(directory)
@@ -412,6 +425,7 @@ class SourceLog:
         "_listeners",
         "_on_disk",
         "_pending",
+        "_pending_bytes",
         "_policy",
         "_read_fds",
         "_release_requested",
@@ -461,6 +475,7 @@ class SourceLog:
         self._end_offset = segments[-1].end_offset
         self._committed_offset = self._end_offset
         self._pending: deque[_Pending] | None = None  # created by the first append
+        self._pending_bytes = 0  # frame bytes in _pending
         self._listeners: list[Listener] = []
         self._cache = _EntryCache(cache_bytes)
         self._read_fds: OrderedDict[int, int] = OrderedDict()
@@ -586,6 +601,7 @@ class SourceLog:
         if self._pending is None:
             self._pending = deque()
         self._pending.append(_Pending(entry, frame, future))
+        self._pending_bytes += len(frame)
         self._active = self._write_fd_open = True
         self._start_tasks().set()
         return await future
@@ -603,6 +619,9 @@ class SourceLog:
 
     async def _run_writer(self) -> None:
         assert self._wakeup is not None
+        if self._remote is not None:
+            await self._run_replicated_writer(self._remote)
+            return
         while True:
             if not self._pending:
                 if self._closing:
@@ -621,6 +640,52 @@ class SourceLog:
                 logger.exception("log %s: writer failed", self._directory)
                 self._fail(group, exc)
 
+    async def _run_replicated_writer(self, remote: RemoteLog) -> None:
+        """The writer of a replicated log: up to REMOTE_PIPELINE groups travel to the storage
+        nodes at once (their round trip is most of an append's time); as each one's quorum
+        answers, in order, it is written to the local copy, made readable and acknowledged.
+        A group that fails fails every group behind it (the remote log fails them too)."""
+        assert self._wakeup is not None
+        wakeup = self._wakeup
+        flights: deque[tuple[list[_Pending], asyncio.Task[None]]] = deque()
+
+        def woken(_: object) -> None:
+            wakeup.set()
+
+        while True:
+            while flights and flights[0][1].done():
+                group, sent = flights.popleft()
+                error = StorageError("cancelled") if sent.cancelled() else sent.exception()
+                if error is None and await self._write_group(group):
+                    continue
+                behind = [p for g, _ in flights for p in g]
+                for _, later in flights:
+                    later.add_done_callback(_retrieve)  # they fail too; nobody waits
+                flights.clear()
+                if error is None:  # the local write failed (and failed the group's appends)
+                    error = StorageError("an earlier write of the log failed")
+                self._fail([*group, *behind], error)
+            if self._pending and (
+                not flights
+                or (len(flights) < REMOTE_PIPELINE and self._pending_bytes >= REMOTE_PIPELINE_BYTES)
+            ):
+                group = self._take_group()
+                first, end = group[0].entry.base_offset, group[-1].entry.next_offset
+                data = group[0].frame if len(group) == 1 else b"".join(p.frame for p in group)
+                sent = asyncio.ensure_future(remote.append(first, data, end))
+                sent.add_done_callback(woken)
+                flights.append((group, sent))
+                continue
+            if not self._pending and not flights:
+                if self._closing:
+                    return
+                if self._release_requested:
+                    self._release_requested = False
+                    await self._release_write_fd()
+                    continue
+            await wakeup.wait()
+            wakeup.clear()
+
     def _take_group(self) -> list[_Pending]:
         pending = self._pending
         assert pending is not None  # only called while appends are pending
@@ -630,17 +695,22 @@ class SourceLog:
             item = pending.popleft()
             size += len(item.frame)
             group.append(item)
+        self._pending_bytes -= size
         return group
 
-    async def _write_group(self, group: list[_Pending]) -> None:
+    async def _write_group(self, group: list[_Pending]) -> bool:
+        """Write ``group`` (fsynced unless replicated), commit and resolve it; False if the
+        write failed (then the group and everything queued behind it failed)."""
         self._write_groups += 1
         if not self._on_disk:
             try:
                 await asyncio.to_thread(_create_log_files, self._directory, self._segments[0].path)
             except OSError as exc:
                 self._fail(group, exc)
-                return
+                return False
             self._on_disk = True
+        # A replicated log's groups reach here once the storage nodes' quorum has them: the
+        # local copy is not fsynced.
         sync = self._policy is FsyncPolicy.ALWAYS and self._remote is None
         start = 0
         while start < len(group):
@@ -650,7 +720,7 @@ class SourceLog:
                     await self._roll()
                 except StorageError as exc:
                     self._fail(group[start:], exc)
-                    return
+                    return False
                 active = self._segments[-1]
             room = self._segment_bytes - active.size
             stop, size = start + 1, len(group[start].frame)
@@ -660,13 +730,10 @@ class SourceLog:
             chunk = group[start:stop]
             data = chunk[0].frame if len(chunk) == 1 else b"".join(p.frame for p in chunk)
             try:
-                if self._remote is not None:  # durable once the remote quorum has it
-                    first, end = chunk[0].entry.base_offset, chunk[-1].entry.next_offset
-                    await self._remote.append(first, data, end)
                 await self._writer.append(active.base, data, sync)
             except StorageError as exc:
                 self._fail(group[start:], exc)
-                return
+                return False
             if sync:
                 self._fsyncs += 1
             else:
@@ -689,6 +756,7 @@ class SourceLog:
             finally:
                 self._resolve(chunk)
             start = stop
+        return True
 
     def _commit(self, segment: _Segment, chunk: list[_Pending]) -> None:
         for item in chunk:
@@ -709,6 +777,7 @@ class SourceLog:
         doomed = [*failed, *(self._pending or ())]
         if self._pending is not None:
             self._pending.clear()
+        self._pending_bytes = 0
         self._end_offset = self._segments[-1].end_offset
         logger.log(
             logging.DEBUG if disk_full_reason(cause) else logging.ERROR,  # see above

@@ -12,6 +12,8 @@ This module belongs to the storage layer so the forwarders can import it; the no
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,15 +42,17 @@ __all__ = [
     "StorageNodeClient",
     "StorageNodeError",
     "StorageNodePool",
+    "encode_append",
 ]
 
 # The newest version this code speaks, and the oldest a node still serves (fields are only
 # ever added to the proto; a node refuses a request outside its range with FAILED_PRECONDITION).
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2 added AppendStream
 MIN_PROTOCOL_VERSION = 1
 
 SERVICE = "pubsubd.internal.v1.StorageNode"
 APPEND = f"/{SERVICE}/Append"
+APPEND_STREAM = f"/{SERVICE}/AppendStream"
 FENCE = f"/{SERVICE}/Fence"
 READ = f"/{SERVICE}/Read"
 LIST_LEDGERS = f"/{SERVICE}/ListLedgers"
@@ -77,6 +81,9 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
+    # Connections of their own: a channel closed while a node restarts on the same address
+    # must not hand its dying connection to the next channel made for that address.
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -173,6 +180,17 @@ def error_from_rpc(address: str, e: grpc.RpcError) -> StorageNodeError:
     message = (e.details() if hasattr(e, "details") else None) or str(code)
     raw = e.trailing_metadata() if hasattr(e, "trailing_metadata") else None
     md = {str(k): v if isinstance(v, str) else v.decode() for k, v in (raw or ())}
+    return error_from_status(address, code, message, md)
+
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def error_from_status(
+    address: str, code: grpc.StatusCode | None, message: str, md: dict[str, str]
+) -> StorageNodeError:
+    """The typed error for a refusal: its code, message and metadata (the trailing metadata of
+    a unary call, or the ``metadata`` of an AppendStream answer)."""
     reason = md.get(MD_REASON, "")
     if reason == REASON_FENCED:
         return LedgerFenced(address, code, message, _int(md, MD_FENCED_EPOCH))
@@ -254,10 +272,155 @@ def new_channel(address: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
 
 
+def encode_append(
+    ledger_id: int,
+    epoch: int,
+    first_offset: int,
+    frames: bytes,
+    last_add_confirmed: int = -1,
+    protocol_version: int = PROTOCOL_VERSION,
+) -> bytes:
+    """A serialized AppendRequest: a writer encodes an entry once for all of a ledger's nodes."""
+    request = pb.AppendRequest(
+        protocol_version=protocol_version,
+        ledger_id=ledger_id,
+        epoch=epoch,
+        first_offset=first_offset,
+        frames=frames,
+        last_add_confirmed=last_add_confirmed,
+    )
+    return bytes(request.SerializeToString())
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _stream_request(request_id: int, append: bytes) -> bytes:
+    """AppendStreamRequest{request_id, append} around an already serialized AppendRequest (a
+    message is the concatenation of its fields: no second serialization of the frames)."""
+    return b"\x08" + _varint(request_id) + b"\x12" + _varint(len(append)) + append
+
+
+class _StreamEnded(NodeUnavailable):
+    """The append's stream ended (the connection dropped, the node stopped) before its answer
+    came. Sending it again is safe: a node accepts a retry of what it stores."""
+
+
+class _AppendStream:
+    """One AppendStream call: appends written in call order without waiting for earlier
+    answers; answers matched to their callers by request ID. Once the stream ends every
+    waiting append fails with the reason (``broken``); the client then opens a new one."""
+
+    def __init__(self, address: str, channel: grpc.aio.Channel) -> None:
+        self.address = address
+        self._call = channel.stream_stream(
+            APPEND_STREAM,
+            request_serializer=None,
+            response_deserializer=pb.AppendStreamResponse.FromString,
+        )()
+        self._pending: dict[int, asyncio.Future[int]] = {}
+        self._next_id = 1
+        self._write_lock = asyncio.Lock()
+        self.broken: StorageNodeError | None = None
+        self.unimplemented = False  # the node predates AppendStream: use Append
+        self._reader = asyncio.ensure_future(self._read())
+
+    async def append(self, request: bytes, deadline_s: float) -> int:
+        if self.broken is not None:
+            raise self.broken
+        loop = asyncio.get_running_loop()
+        request_id = self._next_id
+        self._next_id += 1
+        future: asyncio.Future[int] = loop.create_future()
+        self._pending[request_id] = future
+        expiry = loop.call_later(deadline_s, self._expire, future, deadline_s)
+        try:
+            # Shielded: a caller that gives up must not cut a message in half for the others.
+            await asyncio.shield(self._write(request_id, request, future))
+            return await future
+        finally:
+            expiry.cancel()
+            self._pending.pop(request_id, None)
+
+    async def _write(self, request_id: int, request: bytes, future: asyncio.Future[int]) -> None:
+        try:
+            async with self._write_lock:
+                if self.broken is None:
+                    await self._call.write(_stream_request(request_id, request))
+        except (grpc.RpcError, asyncio.InvalidStateError) as e:
+            # The stream had ended (the node restarted, the connection dropped) before the
+            # reader saw it.
+            self.broken = self.broken or _StreamEnded(self.address, None, f"append stream: {e}")
+            if not future.done():
+                future.set_exception(_StreamEnded(self.address, None, f"append stream: {e}"))
+        if self.broken is not None and not future.done():
+            future.set_exception(self.broken)
+
+    def _expire(self, future: asyncio.Future[int], timeout: float) -> None:
+        if not future.done():
+            future.set_exception(
+                NodeUnavailable(
+                    self.address,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"append: no answer within {timeout:g} s",
+                )
+            )
+
+    async def _read(self) -> None:
+        broken: StorageNodeError | None = None
+        try:
+            while True:
+                answer = await self._call.read()
+                if answer is grpc.aio.EOF:
+                    break
+                future = self._pending.get(answer.request_id)
+                if future is None or future.done():
+                    continue  # its caller gave up
+                if answer.code == 0:
+                    future.set_result(answer.end_offset)
+                else:
+                    future.set_exception(
+                        error_from_status(
+                            self.address,
+                            _CODES.get(answer.code),
+                            answer.message,
+                            dict(answer.metadata),
+                        )
+                    )
+        except grpc.RpcError as e:
+            broken = error_from_rpc(self.address, e)
+            self.unimplemented = broken.code == grpc.StatusCode.UNIMPLEMENTED
+            if isinstance(broken, NodeUnavailable):
+                broken = _StreamEnded(self.address, broken.code, broken.message)
+        except asyncio.CancelledError:
+            broken = _StreamEnded(self.address, None, "append stream closed")
+            raise
+        finally:
+            self.broken = broken or _StreamEnded(self.address, None, "append stream ended")
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(self.broken)
+
+    async def close(self) -> None:
+        self._call.cancel()
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+
+
 class StorageNodeClient:
     """Async stub of one storage node; one method per RPC, answers as plain values, refusals
     as :class:`StorageNodeError` subclasses. Built on a channel it owns, or on one a
-    :class:`StorageNodePool` shares (then :meth:`close` leaves the channel open)."""
+    :class:`StorageNodePool` shares (then :meth:`close` leaves the channel open).
+
+    Appends go over one AppendStream (opened on first use, again after it ends), or over the
+    unary Append when ``append_stream`` is False or the node does not serve the stream."""
 
     def __init__(
         self,
@@ -266,27 +429,35 @@ class StorageNodeClient:
         channel: grpc.aio.Channel | None = None,
         timeout: float = DEFAULT_TIMEOUT_S,
         protocol_version: int = PROTOCOL_VERSION,
+        append_stream: bool = True,
     ) -> None:
         self.address = address
         self.timeout = timeout
         self.protocol_version = protocol_version
         self._owns_channel = channel is None
         self._channel = channel if channel is not None else new_channel(address)
+        self._use_stream = append_stream and protocol_version >= 2
+        self._stream: _AppendStream | None = None
         ch = self._channel
 
         def method(path: str, request: Any, response: Any) -> Any:
             return ch.unary_unary(
                 path,
-                request_serializer=request.SerializeToString,
+                request_serializer=request.SerializeToString if request is not None else None,
                 response_deserializer=response.FromString,
             )
 
-        self._append = method(APPEND, pb.AppendRequest, pb.AppendResponse)
+        self._append = method(APPEND, None, pb.AppendResponse)  # serialized requests
         self._fence = method(FENCE, pb.FenceRequest, pb.FenceResponse)
         self._read = method(READ, pb.ReadRequest, pb.ReadResponse)
         self._list = method(LIST_LEDGERS, pb.ListLedgersRequest, pb.ListLedgersResponse)
         self._delete = method(DELETE_LEDGER, pb.DeleteLedgerRequest, pb.DeleteLedgerResponse)
         self._health = method(HEALTH, pb.HealthRequest, pb.HealthResponse)
+
+    @property
+    def streaming(self) -> bool:
+        """Whether appends go over AppendStream (False once the node turned out not to serve it)."""
+        return self._use_stream
 
     async def _call(self, stub: Any, request: Any, deadline_s: float | None) -> Any:
         try:
@@ -307,14 +478,27 @@ class StorageNodeClient:
     ) -> int:
         """Append frames (consecutive offsets, from the node's end; a retry of stored bytes is
         fine); returns the node's durable end offset."""
-        request = pb.AppendRequest(
-            protocol_version=self.protocol_version,
-            ledger_id=ledger_id,
-            epoch=epoch,
-            first_offset=first_offset,
-            frames=frames,
-            last_add_confirmed=last_add_confirmed,
+        request = encode_append(
+            ledger_id, epoch, first_offset, frames, last_add_confirmed, self.protocol_version
         )
+        return await self.append_encoded(request, deadline_s=deadline_s)
+
+    async def append_encoded(self, request: bytes, *, deadline_s: float | None = None) -> int:
+        """:meth:`append` of a request :func:`encode_append` made."""
+        timeout = self.timeout if deadline_s is None else deadline_s
+        if self._use_stream:
+            stream = self._stream
+            if stream is None or stream.broken is not None:
+                stream = self._stream = _AppendStream(self.address, self._channel)
+            try:
+                return await stream.append(request, timeout)
+            except _StreamEnded:
+                pass  # once more as a unary call (a new connection if need be); the next
+                # append opens a new stream
+            except StorageNodeError:
+                if not stream.unimplemented:
+                    raise
+                self._use_stream = False  # an older node: Append from now on
         response = await self._call(self._append, request, deadline_s)
         return int(response.end_offset)
 
@@ -392,6 +576,9 @@ class StorageNodeClient:
         )
 
     async def close(self) -> None:
+        if self._stream is not None:
+            await self._stream.close()
+            self._stream = None
         if self._owns_channel:
             await self._channel.close()
 
@@ -419,10 +606,12 @@ class StorageNodePool:
         """Close the channel to a node that left (its address may come back as another node)."""
         found = self._clients.pop(address, None)
         if found is not None:
+            await found[1].close()
             await found[0].close()
 
     async def close(self) -> None:
-        channels = [channel for channel, _ in self._clients.values()]
+        found = list(self._clients.values())
         self._clients.clear()
-        for channel in channels:
+        for channel, client in found:
+            await client.close()
             await channel.close()

@@ -8,6 +8,7 @@ INVALID_ARGUMENT; every request's ``protocol_version`` is checked first.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -137,6 +138,9 @@ class StorageNodeServicer:
         )
         return pb.AppendResponse(end_offset=end)
 
+    async def AppendStream(self, requests: Any, context: Context) -> None:
+        await _AppendStreamHandler(self.store, context).run()
+
     async def Fence(self, request: pb.FenceRequest, context: Context) -> pb.FenceResponse:
         r = await self.store.fence(request.ledger_id, request.epoch)
         return pb.FenceResponse(
@@ -194,12 +198,90 @@ class StorageNodeServicer:
         )
 
 
+class _AppendStreamHandler:
+    """One AppendStream call: every request read is started at once (in arrival order, so a
+    ledger's appends reach the store in the order the writer sent them); answers are written
+    as they complete, by one writer."""
+
+    def __init__(self, store: LedgerStore, context: Context) -> None:
+        self.store = store
+        self.context = context
+        self.answers: asyncio.Queue[pb.AppendStreamResponse | None] = asyncio.Queue()
+        self.in_flight = 0
+        self.reading = True
+
+    async def run(self) -> None:
+        reader = asyncio.ensure_future(self._read())
+        try:
+            while True:
+                answer = await self.answers.get()
+                if answer is None:
+                    break
+                await self.context.write(answer)
+        finally:
+            reader.cancel()
+        await reader  # re-raises the reader's abort (a request that does not parse)
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                raw = await self.context.read()
+                if raw is grpc.aio.EOF:
+                    break
+                try:
+                    request = pb.AppendStreamRequest.FromString(raw)
+                except DecodeError:
+                    await self.context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        "request: not a valid pubsubd.internal.v1.AppendStreamRequest",
+                    )
+                self.in_flight += 1
+                task = asyncio.ensure_future(self._append(request))
+                task.add_done_callback(self._done)
+        except asyncio.CancelledError:
+            raise
+        finally:
+            self.reading = False
+            if self.in_flight == 0:
+                self.answers.put_nowait(None)
+
+    async def _append(self, request: pb.AppendStreamRequest) -> pb.AppendStreamResponse:
+        a = request.append
+        answer = pb.AppendStreamResponse(request_id=request.request_id)
+        try:
+            check_version(a.protocol_version)
+            answer.end_offset = await self.store.append(
+                a.ledger_id, a.epoch, a.first_offset, a.frames, a.last_add_confirmed
+            )
+        except PubsubError as exc:
+            code, md = refusal(exc)
+            answer.code, answer.message = code.value[0], str(exc)
+            answer.metadata.update(md)
+        except Exception as exc:
+            log.exception("AppendStream failed")
+            answer.code = grpc.StatusCode.INTERNAL.value[0]
+            answer.message = f"internal error: {type(exc).__name__}"
+        return answer
+
+    def _done(self, task: asyncio.Future[pb.AppendStreamResponse]) -> None:
+        self.in_flight -= 1
+        if not task.cancelled():
+            self.answers.put_nowait(task.result())
+        if not self.reading and self.in_flight == 0:
+            self.answers.put_nowait(None)
+
+
 def handlers(servicer: StorageNodeServicer) -> grpc.GenericRpcHandler:
     s = servicer
     return grpc.method_handlers_generic_handler(
         SERVICE,
         {
             "Append": _method(s.Append, pb.AppendRequest, pb.AppendResponse),
+            "AppendStream": grpc.stream_stream_rpc_method_handler(
+                s.AppendStream,
+                request_deserializer=None,
+                response_serializer=pb.AppendStreamResponse.SerializeToString,
+            ),
             "Fence": _method(s.Fence, pb.FenceRequest, pb.FenceResponse),
             "Read": _method(s.Read, pb.ReadRequest, pb.ReadResponse),
             "ListLedgers": _method(s.ListLedgers, pb.ListLedgersRequest, pb.ListLedgersResponse),

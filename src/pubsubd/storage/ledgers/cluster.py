@@ -24,7 +24,7 @@ from pubsubd.storage.ledgers.meta import StoragePolicy
 from pubsubd.storage.ledgers.placement import NodeInfo
 from pubsubd.storage.ledgers.writer import DEFAULT_LEDGER_BYTES, NodeFence, SourceLedgers
 from pubsubd.storage.metadata import Change, MetadataStore, TopicRecord
-from pubsubd.storage.node_client import LedgerFenced, StorageNodePool
+from pubsubd.storage.node_client import LedgerFenced, StorageNodePool, encode_append
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +40,14 @@ class PooledNodes:
     ) -> int:
         client = self._pool.client(node.address)
         return await client.append(ledger_id, epoch, first_offset, frames, lac)
+
+    def encode_append(
+        self, ledger_id: int, epoch: int, first_offset: int, frames: bytes, lac: int
+    ) -> bytes:
+        return encode_append(ledger_id, epoch, first_offset, frames, lac)
+
+    async def append_encoded(self, node: NodeInfo, request: bytes) -> int:
+        return await self._pool.client(node.address).append_encoded(request)
 
     async def fence(self, node: NodeInfo, ledger_id: int, epoch: int) -> NodeFence:
         result = await self._pool.client(node.address).fence(ledger_id, epoch)

@@ -1,13 +1,15 @@
 """Replicated appends of one publish message source: the ledger writer behind a ``SourceLog``.
 
-The source's owner is the only writer (``LedgerDirectory.acquire`` gives its epoch). Each
-append goes to every node of the source's open ledger in parallel, in order per node, and
-returns once ``ack_quorum`` nodes have it durable (SCALE_OUT.md §2, step 5). When a node fails,
-the ledger is closed at the last confirmed entry and the source rolls to a new ledger on other
-nodes, as Pulsar does instead of changing ensembles; the append that failed is sent again to
-the new ledger. The closed ledger keeps its copies on the nodes that answered and is repaired
-in the background. A node that refuses an append because the ledger was fenced means another
-owner took over: the source stops (every later append fails) and never writes again.
+The source's owner is the only writer (``LedgerDirectory.acquire`` gives its epoch). Each append
+goes to every node of the source's open ledger in parallel, in order per node, and returns once
+``ack_quorum`` nodes have it durable (SCALE_OUT.md §2, step 5). Appends may be pipelined (the
+next one sent before the last is answered; ``SourceLog`` does so only with a large backlog);
+they complete in order. When a node fails, the ledger is closed at the last confirmed entry and
+the source rolls to a new ledger on other nodes, as Pulsar does instead of changing ensembles;
+the append that failed and every one sent after it go again, in order, to the new ledger. The
+closed ledger keeps its copies on the nodes that answered and is repaired in the background. A
+node that refuses an append because the ledger was fenced means another owner took over: the
+source stops (every later append fails) and never writes again.
 
 Takeover (``SourceLedgers.take_over``): the owner marks an unclosed last ledger IN_RECOVERY,
 fences it on its nodes, copies the entries some nodes lack (``recovery.plan_recovery``) and
@@ -19,9 +21,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from pubsubd.storage.errors import (
     Fenced,
@@ -59,6 +62,14 @@ class StorageNodes(Protocol):
     async def append(
         self, node: NodeInfo, ledger_id: int, epoch: int, first_offset: int, frames: bytes, lac: int
     ) -> int: ...
+    def encode_append(
+        self, ledger_id: int, epoch: int, first_offset: int, frames: bytes, lac: int
+    ) -> Any:
+        """The append as :meth:`append_encoded` sends it: made once for all of a ledger's
+        nodes (the serialized request), not once per node."""
+        ...
+
+    async def append_encoded(self, node: NodeInfo, request: Any) -> int: ...
     async def fence(self, node: NodeInfo, ledger_id: int, epoch: int) -> NodeFence: ...
     async def read(
         self, node: NodeInfo, ledger_id: int, start_offset: int, end_offset: int, max_bytes: int
@@ -94,6 +105,25 @@ class LedgerDirectory(Protocol):
         ...
 
 
+@dataclass(eq=False, slots=True)
+class _Flight:
+    """One append on its way to the open ledger's nodes."""
+
+    ledger_id: int
+    end_offset: int
+    size: int
+    needed: int  # the ledger's ack quorum
+    live: int  # nodes it was sent to
+    outcome: asyncio.Future[None]  # completed in order by SourceLedgers._advance
+    ok: int = 0
+    failed: int = 0
+    settled: bool = False  # enough answers to know (error: why it failed)
+    error: BaseException | None = None
+
+    def settle(self, error: BaseException | None) -> None:
+        self.settled, self.error = True, error
+
+
 async def _timed(awaitable: Awaitable[T]) -> T:
     return await asyncio.wait_for(awaitable, NODE_CALL_TIMEOUT_S)
 
@@ -123,7 +153,8 @@ class SourceLedgers:
         self._open_bytes = 0
         self._roll_next = False
         self._confirmed_end = 0  # every offset below is on ack_quorum nodes
-        self._tails: dict[str, asyncio.Future[int]] = {}  # per node: last append in flight
+        self._sent_end = 0  # where the next append goes: the end of the last one sent
+        self._in_flight: deque[_Flight] = deque()  # sent, not yet completed, in order
         self._failed: set[str] = set()  # nodes that failed an append of the open ledger
         self._stopped: str | None = None
         self._lock = asyncio.Lock()
@@ -184,7 +215,7 @@ class SourceLedgers:
         self.ledgers = ledgers
         end = ledgers.end_offset
         assert end is not None
-        self._confirmed_end = end
+        self._confirmed_end = self._sent_end = end
         return ledgers
 
     async def _recover(self, ledgers: LedgerList) -> LedgerList:
@@ -268,38 +299,49 @@ class SourceLedgers:
     async def append(self, first_offset: int, frames: bytes, end_offset: int) -> None:
         """Make the entries ``[first_offset, end_offset)`` (``frames``) durable on
         ``ack_quorum`` nodes. Raises ReplicationFailed (the caller fails the publishes and
-        reuses the offsets) or LostOwnership."""
-        async with self._lock:
-            if self._stopped is not None:
-                raise LostOwnership(self._stopped)
-            if not self._directory.owns():
-                self._stop("its ZooKeeper session ended")
-            if self.epoch is None:  # a source created after start-up: owned on first write
-                await self.take_over()
-            if first_offset != self._confirmed_end:
-                raise ReplicationFailed(
-                    f"source {self.name}: append at {first_offset}, "
-                    f"but the replicated log ends at {self._confirmed_end}"
-                )
-            for attempt in range(3):
+        reuses the offsets) or LostOwnership.
+
+        Appends are pipelined: each is sent as soon as the one before it was sent, and they
+        complete in order. When one fails, every append sent after it fails too (a node keeps a
+        ledger's entries in order, so none of them can reach a quorum without it); each is then
+        sent again, in the same order, to a new ledger, up to three times."""
+        for attempt in range(3):
+            async with self._lock:
+                if self._stopped is not None:
+                    raise LostOwnership(self._stopped)
+                if not self._directory.owns():
+                    self._stop("its ZooKeeper session ended")
+                if self.epoch is None:  # a source created after start-up: owned on first write
+                    await self.take_over()
+                if self._open is None or self._roll_next:
+                    await self._drain()  # the open ledger closes at the last confirmed entry
+                    if self._stopped is not None:
+                        raise LostOwnership(self._stopped)
+                if first_offset != self._sent_end:
+                    raise ReplicationFailed(
+                        f"source {self.name}: append at {first_offset}, "
+                        f"but the replicated log ends at {self._sent_end}"
+                    )
                 if self._open is None or self._roll_next:
                     await self._roll(first_offset)
                 assert self._open is not None
                 try:
-                    await self._append_to(self._open, frames)
-                except Fenced as e:
-                    self._stop(str(e))
+                    flight = self._send(self._open, frames, end_offset)
                 except ReplicationFailed as e:
                     if attempt == 2:
                         raise
                     logger.warning("source %s: %s; rolling to a new ledger", self.name, e)
                     self._roll_next = True
                     continue
-                self._confirmed_end = end_offset
-                self._open_bytes += len(frames)
-                if self._failed or self._open_bytes >= self._ledger_bytes:
-                    self._roll_next = True
+            try:
+                await flight.outcome
                 return
+            except Fenced as e:
+                self._stop(str(e))
+            except ReplicationFailed as e:
+                if attempt == 2:
+                    raise
+                logger.warning("source %s: %s; sending it to a new ledger", self.name, e)
 
     def _stop(self, why: str) -> None:
         self._stopped = f"source {self.name} is no longer written by this process: {why}"
@@ -307,67 +349,96 @@ class SourceLedgers:
         logger.error("%s", self._stopped)
         raise LostOwnership(self._stopped)
 
-    async def _append_to(self, ledger: LedgerMeta, frames: bytes) -> None:
+    def _send(self, ledger: LedgerMeta, frames: bytes, end_offset: int) -> _Flight:
+        """Send an append to every healthy node of ``ledger``; the caller awaits its outcome."""
         assert self.epoch is not None
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         live = [n for n in ledger.nodes if n not in self._failed]
-        needed = ledger.ack_quorum
-        state = {"ok": 0, "failed": 0}
-        if len(live) < needed:
+        if len(live) < ledger.ack_quorum:
             raise ReplicationFailed(f"ledger {ledger.ledger_id}: too few healthy nodes")
-
-        def settle(node_id: str, task: asyncio.Future[int]) -> None:
-            error: BaseException | None = (
-                asyncio.CancelledError() if task.cancelled() else task.exception()
-            )
-            if error is not None:
-                if self._open is not None and self._open.ledger_id == ledger.ledger_id:
-                    self._failed.add(node_id)  # (a straggler of a closed ledger says nothing)
-                state["failed"] += 1
-                if done.done():
-                    return
-                if self._nodes.is_fenced(error):
-                    done.set_exception(Fenced(f"ledger {ledger.ledger_id} fenced on {node_id}"))
-                elif len(live) - state["failed"] < needed:
-                    done.set_exception(
-                        ReplicationFailed(
-                            f"ledger {ledger.ledger_id}: append failed on "
-                            f"{state['failed']} of {len(live)} nodes (last: {node_id}: {error})"
-                        )
-                    )
-                return
-            state["ok"] += 1
-            if state["ok"] >= needed and not done.done():
-                done.set_result(None)
-
+        flight = _Flight(
+            ledger.ledger_id,
+            end_offset,
+            len(frames),
+            ledger.ack_quorum,
+            len(live),
+            asyncio.get_running_loop().create_future(),
+        )
+        request = self._nodes.encode_append(
+            ledger.ledger_id, self.epoch, ledger.first_offset, frames, self._confirmed_end
+        )
         for node_id in live:
-            previous = self._tails.get(node_id)
-            task = asyncio.ensure_future(
-                self._chained(previous, node_id, ledger, frames, self._confirmed_end)
-            )
-            self._tails[node_id] = task
-            task.add_done_callback(functools.partial(settle, node_id))
-        await done
+            # Tasks start in creation order, so each node receives the appends in order.
+            task = asyncio.ensure_future(self._send_to(node_id, request))
+            task.add_done_callback(functools.partial(self._settle, flight, node_id))
+        self._in_flight.append(flight)
+        self._sent_end = end_offset
+        return flight
 
-    async def _chained(
-        self,
-        previous: asyncio.Future[int] | None,
-        node_id: str,
-        ledger: LedgerMeta,
-        frames: bytes,
-        lac: int,
-    ) -> int:
-        if previous is not None and not previous.done():
-            await asyncio.wait([previous])
+    async def _send_to(self, node_id: str, request: Any) -> int:
         if node_id in self._failed:
             raise ReplicationFailed(f"{node_id} failed an earlier append")
         node = self._directory.node(node_id)
         if node is None:
             raise ReplicationFailed(f"storage node {node_id} is not registered")
-        assert self.epoch is not None
-        return await _timed(
-            self._nodes.append(node, ledger.ledger_id, self.epoch, ledger.first_offset, frames, lac)
+        return await _timed(self._nodes.append_encoded(node, request))
+
+    def _settle(self, flight: _Flight, node_id: str, task: asyncio.Future[int]) -> None:
+        """One node answered ``flight``."""
+        error: BaseException | None = (
+            asyncio.CancelledError() if task.cancelled() else task.exception()
         )
+        if error is not None:
+            if self._open is not None and self._open.ledger_id == flight.ledger_id:
+                self._failed.add(node_id)  # (a straggler of a closed ledger says nothing)
+                self._roll_next = True
+            flight.failed += 1
+            if flight.settled:
+                return
+            if self._nodes.is_fenced(error):
+                flight.settle(Fenced(f"ledger {flight.ledger_id} fenced on {node_id}"))
+            elif flight.live - flight.failed < flight.needed:
+                flight.settle(
+                    ReplicationFailed(
+                        f"ledger {flight.ledger_id}: append failed on {flight.failed} of "
+                        f"{flight.live} nodes (last: {node_id}: {error})"
+                    )
+                )
+            else:
+                return
+        else:
+            flight.ok += 1
+            if flight.settled or flight.ok < flight.needed:
+                return
+            flight.settle(None)
+        self._advance()
+
+    def _advance(self) -> None:
+        """Complete the settled appends at the head of the pipeline, in order."""
+        in_flight = self._in_flight
+        while in_flight and in_flight[0].settled:
+            head = in_flight.popleft()
+            if head.error is None:
+                self._confirmed_end = head.end_offset
+                self._open_bytes += head.size
+                if self._open_bytes >= self._ledger_bytes:
+                    self._roll_next = True
+                head.outcome.set_result(None)
+                continue
+            head.outcome.set_exception(head.error)
+            for later in in_flight:  # cannot reach a quorum without the one that failed
+                later.outcome.set_exception(
+                    Fenced(str(head.error))
+                    if isinstance(head.error, Fenced)
+                    else ReplicationFailed(f"an earlier append failed: {head.error}")
+                )
+            in_flight.clear()
+            self._sent_end = self._confirmed_end
+            self._roll_next = True
+
+    async def _drain(self) -> None:
+        """Wait until every append sent has completed (the lock keeps new ones out)."""
+        while self._in_flight:
+            await asyncio.wait([self._in_flight[-1].outcome])
 
     async def _roll(self, first_offset: int) -> None:
         """Close the open ledger at ``first_offset`` (every entry below is confirmed) and
@@ -401,7 +472,6 @@ class SourceLedgers:
         self._open_bytes = 0
         self._roll_next = False
         self._failed = set()
-        self._tails = {}
         logger.info(
             "source %s: ledger %d open at %d on %s", self.name, ledger_id, first_offset, chosen
         )
@@ -438,6 +508,9 @@ class SourceLedgers:
                 return False
             if not node_ids & set(self._open.nodes):
                 return False
+            await self._drain()
+            if self._open is None or self._stopped is not None:
+                return False
             try:
                 await self._write(
                     self.ledgers.replaced_last(self._open.closed(self._confirmed_end))
@@ -453,13 +526,13 @@ class SourceLedgers:
             )
             self._open = None
             self._failed = set()
-            self._tails = {}
             return True
 
     async def close(self) -> None:
         """Close the open ledger at the confirmed end and let the source go (a clean stop:
         the next owner has nothing to recover)."""
         async with self._lock:
+            await self._drain()
             if self._open is not None and self._stopped is None:
                 try:
                     await self._write(

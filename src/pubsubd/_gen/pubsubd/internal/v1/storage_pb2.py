@@ -15,41 +15,49 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!pubsubd/internal/v1/storage.proto\x12\x13pubsubd.internal.v1\"\x8d\x01\n\rAppendRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tledger_id\x18\x02 \x01(\x04\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x14\n\x0c\x66irst_offset\x18\x04 \x01(\x03\x12\x0e\n\x06\x66rames\x18\x05 \x01(\x0c\x12\x1a\n\x12last_add_confirmed\x18\x06 \x01(\x03\"$\n\x0e\x41ppendResponse\x12\x12\n\nend_offset\x18\x01 \x01(\x03\"J\n\x0c\x46\x65nceRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tledger_id\x18\x02 \x01(\x04\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"{\n\rFenceResponse\x12\x0e\n\x06\x65xists\x18\x01 \x01(\x08\x12\x14\n\x0c\x66irst_offset\x18\x02 \x01(\x03\x12\x12\n\nend_offset\x18\x03 \x01(\x03\x12\x1a\n\x12last_add_confirmed\x18\x04 \x01(\x03\x12\x14\n\x0c\x66\x65nced_epoch\x18\x05 \x01(\x04\"w\n\x0bReadRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tledger_id\x18\x02 \x01(\x04\x12\x14\n\x0cstart_offset\x18\x03 \x01(\x03\x12\x12\n\nend_offset\x18\x04 \x01(\x03\x12\x11\n\tmax_bytes\x18\x05 \x01(\x03\"7\n\x0cReadResponse\x12\x0e\n\x06\x66rames\x18\x01 \x01(\x0c\x12\x17\n\x0fnode_end_offset\x18\x02 \x01(\x03\"\xb1\x01\n\nLedgerInfo\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x14\n\x0c\x66irst_offset\x18\x02 \x01(\x03\x12\x12\n\nend_offset\x18\x03 \x01(\x03\x12\x1a\n\x12last_add_confirmed\x18\x04 \x01(\x03\x12\x14\n\x0c\x66\x65nced_epoch\x18\x05 \x01(\x04\x12\r\n\x05\x62ytes\x18\x06 \x01(\x03\x12\x0e\n\x06\x64igest\x18\x07 \x01(\r\x12\x15\n\rhealthy_disks\x18\x08 \x01(\r\".\n\x12ListLedgersRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\"G\n\x13ListLedgersResponse\x12\x30\n\x07ledgers\x18\x01 \x03(\x0b\x32\x1f.pubsubd.internal.v1.LedgerInfo\"B\n\x13\x44\x65leteLedgerRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tledger_id\x18\x02 \x01(\x04\"\'\n\x14\x44\x65leteLedgerResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\")\n\rHealthRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\"H\n\x04\x44isk\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07healthy\x18\x02 \x01(\x08\x12\x12\n\nfree_bytes\x18\x03 \x01(\x03\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\xc7\x01\n\x0eHealthResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04zone\x18\x02 \x01(\t\x12\x18\n\x10protocol_version\x18\x03 \x01(\r\x12\x1c\n\x14min_protocol_version\x18\x04 \x01(\r\x12(\n\x05\x64isks\x18\x05 \x03(\x0b\x32\x19.pubsubd.internal.v1.Disk\x12\x12\n\nfree_bytes\x18\x06 \x01(\x03\x12\x0f\n\x07ledgers\x18\x07 \x01(\x03\x12\x0f\n\x07serving\x18\x08 \x01(\x08\x32\x97\x04\n\x0bStorageNode\x12Q\n\x06\x41ppend\x12\".pubsubd.internal.v1.AppendRequest\x1a#.pubsubd.internal.v1.AppendResponse\x12N\n\x05\x46\x65nce\x12!.pubsubd.internal.v1.FenceRequest\x1a\".pubsubd.internal.v1.FenceResponse\x12K\n\x04Read\x12 .pubsubd.internal.v1.ReadRequest\x1a!.pubsubd.internal.v1.ReadResponse\x12`\n\x0bListLedgers\x12\'.pubsubd.internal.v1.ListLedgersRequest\x1a(.pubsubd.internal.v1.ListLedgersResponse\x12\x63\n\x0c\x44\x65leteLedger\x12(.pubsubd.internal.v1.DeleteLedgerRequest\x1a).pubsubd.internal.v1.DeleteLedgerResponse\x12Q\n\x06Health\x12\".pubsubd.internal.v1.HealthRequest\x1a#.pubsubd.internal.v1.HealthResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!pubsubd/internal/v1/storage.proto\x12\x13pubsubd.internal.v1\"\x8d\x01\n\rAppendRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tledger_id\x18\x02 \x01(\x04\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x14\n\x0c\x66irst_offset\x18\x04 \x01(\x03\x12\x0e\n\x06\x66rames\x18\x05 \x01(\x0c\x12\x1a\n\x12last_add_confirmed\x18\x06 \x01(\x03\"$\n\x0e\x41ppendResponse\x12\x12\n\nend_offset\x18\x01 \x01(\x03\"]\n\x13\x41ppendStreamRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x32\n\x06\x61ppend\x18\x02 \x01(\x0b\x32\".pubsubd.internal.v1.AppendRequest\"\xd9\x01\n\x14\x41ppendStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x12\n\nend_offset\x18\x02 \x01(\x03\x12\x0c\n\x04\x63ode\x18\x03 \x01(\r\x12\x0f\n\x07message\x18\x04 \x01(\t\x12I\n\x08metadata\x18\x05 \x03(\x0b\x32\x37.pubsubd.internal.v1.AppendStreamResponse.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"J\n\x0c\x46\x65nceRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tledger_id\x18\x02 \x01(\x04\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"{\n\rFenceResponse\x12\x0e\n\x06\x65xists\x18\x01 \x01(\x08\x12\x14\n\x0c\x66irst_offset\x18\x02 \x01(\x03\x12\x12\n\nend_offset\x18\x03 \x01(\x03\x12\x1a\n\x12last_add_confirmed\x18\x04 \x01(\x03\x12\x14\n\x0c\x66\x65nced_epoch\x18\x05 \x01(\x04\"w\n\x0bReadRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tledger_id\x18\x02 \x01(\x04\x12\x14\n\x0cstart_offset\x18\x03 \x01(\x03\x12\x12\n\nend_offset\x18\x04 \x01(\x03\x12\x11\n\tmax_bytes\x18\x05 \x01(\x03\"7\n\x0cReadResponse\x12\x0e\n\x06\x66rames\x18\x01 \x01(\x0c\x12\x17\n\x0fnode_end_offset\x18\x02 \x01(\x03\"\xb1\x01\n\nLedgerInfo\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x14\n\x0c\x66irst_offset\x18\x02 \x01(\x03\x12\x12\n\nend_offset\x18\x03 \x01(\x03\x12\x1a\n\x12last_add_confirmed\x18\x04 \x01(\x03\x12\x14\n\x0c\x66\x65nced_epoch\x18\x05 \x01(\x04\x12\r\n\x05\x62ytes\x18\x06 \x01(\x03\x12\x0e\n\x06\x64igest\x18\x07 \x01(\r\x12\x15\n\rhealthy_disks\x18\x08 \x01(\r\".\n\x12ListLedgersRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\"G\n\x13ListLedgersResponse\x12\x30\n\x07ledgers\x18\x01 \x03(\x0b\x32\x1f.pubsubd.internal.v1.LedgerInfo\"B\n\x13\x44\x65leteLedgerRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tledger_id\x18\x02 \x01(\x04\"\'\n\x14\x44\x65leteLedgerResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\")\n\rHealthRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\"H\n\x04\x44isk\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07healthy\x18\x02 \x01(\x08\x12\x12\n\nfree_bytes\x18\x03 \x01(\x03\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\xc7\x01\n\x0eHealthResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04zone\x18\x02 \x01(\t\x12\x18\n\x10protocol_version\x18\x03 \x01(\r\x12\x1c\n\x14min_protocol_version\x18\x04 \x01(\r\x12(\n\x05\x64isks\x18\x05 \x03(\x0b\x32\x19.pubsubd.internal.v1.Disk\x12\x12\n\nfree_bytes\x18\x06 \x01(\x03\x12\x0f\n\x07ledgers\x18\x07 \x01(\x03\x12\x0f\n\x07serving\x18\x08 \x01(\x08\x32\x80\x05\n\x0bStorageNode\x12Q\n\x06\x41ppend\x12\".pubsubd.internal.v1.AppendRequest\x1a#.pubsubd.internal.v1.AppendResponse\x12g\n\x0c\x41ppendStream\x12(.pubsubd.internal.v1.AppendStreamRequest\x1a).pubsubd.internal.v1.AppendStreamResponse(\x01\x30\x01\x12N\n\x05\x46\x65nce\x12!.pubsubd.internal.v1.FenceRequest\x1a\".pubsubd.internal.v1.FenceResponse\x12K\n\x04Read\x12 .pubsubd.internal.v1.ReadRequest\x1a!.pubsubd.internal.v1.ReadResponse\x12`\n\x0bListLedgers\x12\'.pubsubd.internal.v1.ListLedgersRequest\x1a(.pubsubd.internal.v1.ListLedgersResponse\x12\x63\n\x0c\x44\x65leteLedger\x12(.pubsubd.internal.v1.DeleteLedgerRequest\x1a).pubsubd.internal.v1.DeleteLedgerResponse\x12Q\n\x06Health\x12\".pubsubd.internal.v1.HealthRequest\x1a#.pubsubd.internal.v1.HealthResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pubsubd._gen.pubsubd.internal.v1.storage_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_APPENDSTREAMRESPONSE_METADATAENTRY']._loaded_options = None
+  _globals['_APPENDSTREAMRESPONSE_METADATAENTRY']._serialized_options = b'8\001'
   _globals['_APPENDREQUEST']._serialized_start=59
   _globals['_APPENDREQUEST']._serialized_end=200
   _globals['_APPENDRESPONSE']._serialized_start=202
   _globals['_APPENDRESPONSE']._serialized_end=238
-  _globals['_FENCEREQUEST']._serialized_start=240
-  _globals['_FENCEREQUEST']._serialized_end=314
-  _globals['_FENCERESPONSE']._serialized_start=316
-  _globals['_FENCERESPONSE']._serialized_end=439
-  _globals['_READREQUEST']._serialized_start=441
-  _globals['_READREQUEST']._serialized_end=560
-  _globals['_READRESPONSE']._serialized_start=562
-  _globals['_READRESPONSE']._serialized_end=617
-  _globals['_LEDGERINFO']._serialized_start=620
-  _globals['_LEDGERINFO']._serialized_end=797
-  _globals['_LISTLEDGERSREQUEST']._serialized_start=799
-  _globals['_LISTLEDGERSREQUEST']._serialized_end=845
-  _globals['_LISTLEDGERSRESPONSE']._serialized_start=847
-  _globals['_LISTLEDGERSRESPONSE']._serialized_end=918
-  _globals['_DELETELEDGERREQUEST']._serialized_start=920
-  _globals['_DELETELEDGERREQUEST']._serialized_end=986
-  _globals['_DELETELEDGERRESPONSE']._serialized_start=988
-  _globals['_DELETELEDGERRESPONSE']._serialized_end=1027
-  _globals['_HEALTHREQUEST']._serialized_start=1029
-  _globals['_HEALTHREQUEST']._serialized_end=1070
-  _globals['_DISK']._serialized_start=1072
-  _globals['_DISK']._serialized_end=1144
-  _globals['_HEALTHRESPONSE']._serialized_start=1147
-  _globals['_HEALTHRESPONSE']._serialized_end=1346
-  _globals['_STORAGENODE']._serialized_start=1349
-  _globals['_STORAGENODE']._serialized_end=1884
+  _globals['_APPENDSTREAMREQUEST']._serialized_start=240
+  _globals['_APPENDSTREAMREQUEST']._serialized_end=333
+  _globals['_APPENDSTREAMRESPONSE']._serialized_start=336
+  _globals['_APPENDSTREAMRESPONSE']._serialized_end=553
+  _globals['_APPENDSTREAMRESPONSE_METADATAENTRY']._serialized_start=506
+  _globals['_APPENDSTREAMRESPONSE_METADATAENTRY']._serialized_end=553
+  _globals['_FENCEREQUEST']._serialized_start=555
+  _globals['_FENCEREQUEST']._serialized_end=629
+  _globals['_FENCERESPONSE']._serialized_start=631
+  _globals['_FENCERESPONSE']._serialized_end=754
+  _globals['_READREQUEST']._serialized_start=756
+  _globals['_READREQUEST']._serialized_end=875
+  _globals['_READRESPONSE']._serialized_start=877
+  _globals['_READRESPONSE']._serialized_end=932
+  _globals['_LEDGERINFO']._serialized_start=935
+  _globals['_LEDGERINFO']._serialized_end=1112
+  _globals['_LISTLEDGERSREQUEST']._serialized_start=1114
+  _globals['_LISTLEDGERSREQUEST']._serialized_end=1160
+  _globals['_LISTLEDGERSRESPONSE']._serialized_start=1162
+  _globals['_LISTLEDGERSRESPONSE']._serialized_end=1233
+  _globals['_DELETELEDGERREQUEST']._serialized_start=1235
+  _globals['_DELETELEDGERREQUEST']._serialized_end=1301
+  _globals['_DELETELEDGERRESPONSE']._serialized_start=1303
+  _globals['_DELETELEDGERRESPONSE']._serialized_end=1342
+  _globals['_HEALTHREQUEST']._serialized_start=1344
+  _globals['_HEALTHREQUEST']._serialized_end=1385
+  _globals['_DISK']._serialized_start=1387
+  _globals['_DISK']._serialized_end=1459
+  _globals['_HEALTHRESPONSE']._serialized_start=1462
+  _globals['_HEALTHRESPONSE']._serialized_end=1661
+  _globals['_STORAGENODE']._serialized_start=1664
+  _globals['_STORAGENODE']._serialized_end=2304
 # @@protoc_insertion_point(module_scope)

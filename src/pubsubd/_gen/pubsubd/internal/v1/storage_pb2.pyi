@@ -28,6 +28,35 @@ class AppendResponse(_message.Message):
     end_offset: int
     def __init__(self, end_offset: _Optional[int] = ...) -> None: ...
 
+class AppendStreamRequest(_message.Message):
+    __slots__ = ("request_id", "append")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    APPEND_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    append: AppendRequest
+    def __init__(self, request_id: _Optional[int] = ..., append: _Optional[_Union[AppendRequest, _Mapping]] = ...) -> None: ...
+
+class AppendStreamResponse(_message.Message):
+    __slots__ = ("request_id", "end_offset", "code", "message", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    end_offset: int
+    code: int
+    message: str
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, request_id: _Optional[int] = ..., end_offset: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
 class FenceRequest(_message.Message):
     __slots__ = ("protocol_version", "ledger_id", "epoch")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
