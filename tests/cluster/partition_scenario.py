@@ -42,13 +42,14 @@ def main(directory: Path) -> None:
         counts: dict[str, object] = {}
         try:
             wait_for(lambda: flood.acked_count() >= 1000, 60, "1000 acknowledged publishes")
-            port = cluster.process("storage-2").address.rsplit(":", 1)[1]
-            # Every packet to storage-2's port is dropped: the serving process's calls to it
-            # hang (no reset, no refusal), as behind a partition.
+            node = cluster.process("storage-2")
+            ports = {a.rsplit(":", 1)[1] for a in (node.address, node.append_address) if a}
+            # Every packet to storage-2's ports (gRPC and append port) is dropped: the serving
+            # process's calls to it hang (no reset, no refusal), as behind a partition.
             nft(
                 f"add table inet {TABLE}",
                 f"add chain inet {TABLE} out {{ type filter hook output priority 0 ; }}",
-                f"add rule inet {TABLE} out tcp dport {port} drop",
+                *(f"add rule inet {TABLE} out tcp dport {port} drop" for port in sorted(ports)),
             )
             cut_at = flood.acked_count()
             t0 = time.monotonic()

@@ -5,8 +5,10 @@ restart and counts refused appends, versions, deletes, health, clean stops."""
 from __future__ import annotations
 
 import asyncio
+import json
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,9 +55,11 @@ def metric(node: StorageNodeProcess, name: str) -> float:
     raise AssertionError(f"{name} not in /metrics")
 
 
-async def test_answered_appends_survive_kill_9(tmp_path: Path) -> None:
+@pytest.mark.parametrize("port", [True, False], ids=["append port", "AppendStream"])
+async def test_answered_appends_survive_kill_9(tmp_path: Path, port: bool) -> None:
     node = StorageNodeProcess(tmp_path / "node").start()
-    client = StorageNodeClient(node.address, timeout=5.0)
+    append_address = node.append_address if port else ""
+    client = StorageNodeClient(node.address, timeout=5.0, append_address=append_address)
     answered = dict.fromkeys(range(4), 0)  # ledger -> end offset the node answered
     enough = asyncio.Event()
 
@@ -147,3 +151,27 @@ async def test_versions_delete_health(tmp_path: Path) -> None:
         await future.close()
         await client.close()
         node.stop()
+
+
+async def test_append_port_is_registered_used_and_can_be_turned_off(tmp_path: Path) -> None:
+    node = StorageNodeProcess(tmp_path / "node", http=True).start()
+    client = StorageNodeClient(node.address, append_address=node.append_address)
+    try:
+        assert node.append_address.startswith("127.0.0.1:")
+        assert await client.append(1, 1, 0, frames(1, 0, 3)) == 3
+        port = status(node)["append_port"]
+        assert port["address"] == node.append_address and port["connections"] == 1
+    finally:
+        await client.close()
+        node.stop()
+    off = StorageNodeProcess(tmp_path / "off", http=True, args=["--append-port", "-1"]).start()
+    try:
+        assert off.append_address == "" and status(off)["append_port"] is None
+    finally:
+        off.stop()
+
+
+def status(node: StorageNodeProcess) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://{node.http_address}/status", timeout=5) as r:
+        found: dict[str, Any] = json.loads(r.read())
+        return found

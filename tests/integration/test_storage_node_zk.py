@@ -3,6 +3,7 @@ disks and free bytes; replaced after a kill -9 and restart, removed by a clean s
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -36,6 +37,7 @@ async def test_registration(tmp_path: Path, zookeeper: Ensemble, zk_root: str) -
         assert info["node_id"] == "storage-7" and info["address"] == node.address
         assert info["zone"] == "zone-c" and info["disks"] == 3 and info["healthy_disks"] == 3
         assert info["free_bytes"] > 0 and info["protocol_version"] == PROTOCOL_VERSION
+        assert info["append_address"] == node.append_address and node.append_address
         assert "version" in info
         # kill -9: the old session's znode outlives the process until it expires; the
         # restarted node replaces it at once with its own session's.
@@ -45,6 +47,37 @@ async def test_registration(tmp_path: Path, zookeeper: Ensemble, zk_root: str) -
         assert restarted.ephemeral_owner != stat.ephemeral_owner
         assert node.stop() == 0
         assert await zk.exists(path) is None
+    finally:
+        node.stop()
+        await zk.stop()
+
+
+async def test_a_vanished_node_leaves_after_its_session_timeout(
+    tmp_path: Path, zookeeper: Ensemble, zk_root: str
+) -> None:
+    """PUBSUBD_ZK_SESSION_TIMEOUT_S sets how long a node killed with -9 stays registered (the
+    default is 10 s; the cluster notices a dead node no sooner)."""
+    node = StorageNodeProcess(
+        tmp_path / "node",
+        node_id="storage-8",
+        zk=zookeeper.connect_string,
+        zk_root=zk_root,
+        env={"PUBSUBD_ZK_SESSION_TIMEOUT_S": "2"},
+    ).start()
+    zk = Coordinator(zookeeper.connect_string, zk_root)
+    await zk.start()
+    path = Layout(zk_root).storage_node("storage-8")
+    try:
+        assert await zk.exists(path) is not None
+        node.kill()
+        loop = asyncio.get_running_loop()
+        killed = loop.time()
+        for _ in range(160):
+            if await zk.exists(path) is None:
+                break
+            await asyncio.sleep(0.05)
+        gone_after = loop.time() - killed
+        assert await zk.exists(path) is None and gone_after < 7.0, gone_after
     finally:
         node.stop()
         await zk.stop()

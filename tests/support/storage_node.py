@@ -23,6 +23,7 @@ from tests.support.process import LoggedProcess
 
 READY = re.compile(
     r"pubsubd storage ready grpc=(\S+) node_id=(\S+) zone=(\S+) disks=(\d+)(?: http=(\S+))?"
+    r"(?: append=(\S+))?"
 )
 
 
@@ -40,6 +41,7 @@ class StorageNodeProcess:
     process: LoggedProcess | None = None
     address: str = ""
     http_address: str = ""
+    append_address: str = ""  # its append port ("" with --append-port -1)
     port: int = 0
 
     @property
@@ -70,8 +72,9 @@ class StorageNodeProcess:
         ready = self.process.launch(
             self.command(self.port), READY, self.env, timeout, "pubsubd storage"
         )
-        address, node_id, _, _, http = ready.groups()
+        address, node_id, _, _, http, append = ready.groups()
         self.address, self.node_id, self.http_address = address, node_id, http or ""
+        self.append_address = append or ""
         self.port = int(address.rsplit(":", 1)[1])
         return self
 

@@ -25,6 +25,7 @@ from pubsubd.storage.node_client import (
     StorageNodeClient,
     StorageNodePool,
 )
+from pubsubd.storagenode.append_port import AppendPort
 from pubsubd.storagenode.ledger_store import LedgerStore
 from pubsubd.storagenode.service import StorageNodeServicer, handlers
 
@@ -37,24 +38,43 @@ def frames(start: int, n: int, tag: bytes = b"m") -> bytes:
 
 @pytest.fixture
 async def node(tmp_path: Path) -> AsyncIterator[tuple[str, LedgerStore]]:
+    async for found in _node(tmp_path):
+        yield found[0], found[1]
+
+
+@pytest.fixture
+async def node_with_port(tmp_path: Path) -> AsyncIterator[tuple[str, LedgerStore, AppendPort]]:
+    async for found in _node(tmp_path):
+        yield found
+
+
+async def _node(tmp_path: Path) -> AsyncIterator[tuple[str, LedgerStore, AppendPort]]:
     store = LedgerStore([tmp_path / f"d{i}" for i in range(3)], gap_wait_s=0.0)
     await store.open()
     server = grpc.aio.server()
     server.add_generic_rpc_handlers([handlers(StorageNodeServicer(store, "n1", "z1"))])
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    yield f"127.0.0.1:{port}", store
+    append_port = AppendPort(store, "127.0.0.1")
+    await append_port.start()
+    yield f"127.0.0.1:{port}", store, append_port
+    await append_port.stop()
     await server.stop(None)
     await store.close()
 
 
-@pytest.mark.parametrize("stream", [True, False], ids=["AppendStream", "Append"])
-async def test_calls_and_typed_refusals(node: tuple[str, LedgerStore], stream: bool) -> None:
-    address, _ = node
+@pytest.mark.parametrize("appends", ["AppendPort", "AppendStream", "Append"])
+async def test_calls_and_typed_refusals(
+    node_with_port: tuple[str, LedgerStore, AppendPort], appends: str
+) -> None:
+    address, _, append_port = node_with_port
     pool = StorageNodePool()
     client = pool.client(address)
     assert pool.client(address) is client
-    if not stream:
+    if appends == "AppendPort":
+        client = pool.client(address, f"127.0.0.1:{append_port.port}")
+        assert client.append_address
+    elif appends == "Append":
         client = StorageNodeClient(address, append_stream=False)
     try:
         assert await client.append(5, 2, 0, frames(0, 3), 1) == 3
@@ -90,7 +110,7 @@ async def test_calls_and_typed_refusals(node: tuple[str, LedgerStore], stream: b
         assert health.protocol_version == nc.PROTOCOL_VERSION and health.ledgers == 2
         assert await client.delete_ledger(5) is True
         assert await client.delete_ledger(5) is False
-        assert client.streaming is stream
+        assert client.streaming is (appends != "Append")
     finally:
         await client.close()
         await pool.close()
@@ -235,5 +255,77 @@ async def test_unreachable_node_is_unavailable() -> None:
         with pytest.raises(NodeUnavailable) as e:
             await client.health()
         assert e.value.retriable
+    finally:
+        await client.close()
+
+
+# -- the append port ---------------------------------------------------------------------------
+
+
+async def test_append_port_pipelines_and_answers_refusals(
+    node_with_port: tuple[str, LedgerStore, AppendPort],
+) -> None:
+    address, store, append_port = node_with_port
+    client = StorageNodeClient(address, append_address=f"127.0.0.1:{append_port.port}")
+    try:
+        commits = store.group_commits
+        ends = await asyncio.gather(*(client.append(9, 1, 0, frames(i * 2, 2)) for i in range(50)))
+        assert all(end >= 2 * (i + 1) for i, end in enumerate(ends)) and ends[-1] == 100
+        assert store.group_commits - commits < 50
+        assert (await client.read(9, 0, max_bytes=1 << 20)).frames == frames(0, 100)
+        await client.fence(9, 5)
+        with pytest.raises(LedgerFenced) as e:
+            await client.append(9, 1, 0, frames(100, 1))
+        assert e.value.fenced_epoch == 5
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"GET / HTTP/1.1\r\n\r\n" + b"x" * 40,
+        nc.APPEND_PORT_MAGIC + b"\xff\xff\xff\xff",
+        nc.APPEND_PORT_MAGIC + b"\x00\x00\x00\x03\xff\xff\xff",
+    ],
+    ids=["no preamble", "oversized frame", "not a message"],
+)
+async def test_append_port_closes_a_connection_that_sends_garbage(
+    node_with_port: tuple[str, LedgerStore, AppendPort], garbage: bytes
+) -> None:
+    address, _, append_port = node_with_port
+    reader, writer = await asyncio.open_connection("127.0.0.1", append_port.port)
+    writer.write(garbage)
+    assert await asyncio.wait_for(reader.read(), 5) == b""  # closed, nothing answered
+    writer.close()
+    assert append_port.refused_connections == 1
+    client = StorageNodeClient(address, append_address=f"127.0.0.1:{append_port.port}")
+    try:  # the port still serves everyone else
+        assert await client.append(3, 1, 0, frames(0, 1)) == 1
+    finally:
+        await client.close()
+
+
+async def test_append_port_gone_falls_back_to_grpc_and_reconnects(
+    node_with_port: tuple[str, LedgerStore, AppendPort],
+) -> None:
+    """The port closes (the node restarts it, or it is cut): the append in flight and the next
+    ones still get through (once more over gRPC); a port that comes back is used again."""
+    address, store, append_port = node_with_port
+    client = StorageNodeClient(address, append_address=f"127.0.0.1:{append_port.port}", timeout=3)
+    try:
+        assert await client.append(4, 1, 0, frames(0, 1)) == 1
+        await append_port.stop()
+        assert await client.append(4, 1, 0, frames(1, 1)) == 2  # over gRPC
+        assert await client.append(4, 1, 0, frames(2, 1)) == 3
+        again = AppendPort(store, "127.0.0.1")
+        await again.start()
+        client.append_address = f"127.0.0.1:{again.port}"  # as the node re-registers it
+        try:
+            assert await client.append(4, 1, 0, frames(3, 1)) == 4
+            link = client._link
+            assert link is not None and link.broken is None
+        finally:
+            await again.stop()
     finally:
         await client.close()

@@ -123,9 +123,23 @@ def storage(
         str | None, typer.Option(help="ZooKeeper connect string: register in the cluster")
     ] = None,
     zk_root: Annotated[str, typer.Option(help="the cluster's ZooKeeper root")] = "/pubsubd",
+    zk_session_timeout: Annotated[
+        float,
+        typer.Option(
+            envvar="PUBSUBD_ZK_SESSION_TIMEOUT_S",
+            help="ZooKeeper session timeout, s: how long a vanished node stays registered",
+        ),
+    ] = 10.0,
     http_port: Annotated[
         int, typer.Option(help="HTTP port for /healthz, /metrics, /status (0 = any, -1 = off)")
     ] = -1,
+    append_port: Annotated[
+        int,
+        typer.Option(
+            help="TCP port of the append port, the writers' fast path (0 = any, -1 = off: "
+            "appends over gRPC only)"
+        ),
+    ] = 0,
     log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
 ) -> None:
     """Run a storage node: ledgers on its data directories, served to the cluster over gRPC."""
@@ -141,6 +155,8 @@ def storage(
         node_id=node_id,
         zk=zk,
         zk_root=zk_root,
+        zk_session_timeout_s=zk_session_timeout,
+        append_port=append_port,
     )
     try:
         run(config)

@@ -31,7 +31,9 @@ from typing import Any
 from pubsubd.coordination.ensemble import Ensemble, require_zookeeper
 
 STATE_FILE = "cluster.json"
-STORAGE_READY = re.compile(r"pubsubd storage ready grpc=(\S+) node_id=(\S+) zone=(\S+)")
+STORAGE_READY = re.compile(
+    r"pubsubd storage ready grpc=(\S+) node_id=(\S+) zone=(\S+)(?:.*? append=(\S+))?"
+)
 SERVE_READY = re.compile(r"pubsubd ready grpc=(\S+):(\d+) http=(\S+):(\d+)")
 ZK_ROOT = "/pubsubd"
 
@@ -49,6 +51,7 @@ class Process:
     log: str = ""
     name: str = ""
     args: list[str] = field(default_factory=list)  # how to start it again
+    append_address: str = ""  # a storage node's append port
 
     def running(self, directory: Path) -> bool:
         return self.pid is not None and _runs(self.pid, str(directory))
@@ -255,11 +258,12 @@ class LocalCluster:
         args = self._storage_args(i, zones, disks)
         log = self.directory / f"storage-{i + 1}.log"
         pid, ready = _start(args, log, STORAGE_READY, timeout)
-        address, node_id, zone = ready.groups()
-        # Restarts keep the node's port, so the address registered before stays right.
-        port = address.rsplit(":", 1)[1]
-        args[args.index("--port") + 1] = port
-        return Process("storage", pid, address, zone, str(log), node_id, args)
+        address, node_id, zone, append = ready.groups()
+        # Restarts keep the node's ports, so the addresses registered before stay right.
+        args[args.index("--port") + 1] = address.rsplit(":", 1)[1]
+        if append:
+            args += ["--append-port", append.rsplit(":", 1)[1]]
+        return Process("storage", pid, address, zone, str(log), node_id, args, append or "")
 
     def _start_serve(self, replicas: int, extra: list[str], timeout: float) -> Process:
         args = [

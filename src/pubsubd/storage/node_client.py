@@ -16,14 +16,19 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from pubsubd._gen.pubsubd.internal.v1 import storage_pb2 as pb
 from pubsubd.storage.errors import StorageError
 
+if TYPE_CHECKING:
+    from pubsubd.storage.append_link import AppendLink
+
 __all__ = [
+    "APPEND_PORT_MAGIC",
+    "CODES",
     "MIN_PROTOCOL_VERSION",
     "PROTOCOL_VERSION",
     "AppendGap",
@@ -43,6 +48,8 @@ __all__ = [
     "StorageNodeError",
     "StorageNodePool",
     "encode_append",
+    "error_from_status",
+    "stream_request",
 ]
 
 # The newest version this code speaks, and the oldest a node still serves (fields are only
@@ -72,6 +79,9 @@ REASON_PROTOCOL = "protocol"
 REASON_DISK_FULL = "disk-full"
 REASON_TOO_FEW_DISKS = "too-few-disks"
 REASON_STOPPING = "stopping"
+
+# A connection to a node's append port (storagenode/append_port.py) starts with these bytes.
+APPEND_PORT_MAGIC = b"pubsubd-append-port\n"
 
 # Frames are up to 64 MiB each (storage/framing.py) and a Read answers at least one whole frame.
 MAX_MESSAGE_BYTES = 160 << 20
@@ -183,7 +193,7 @@ def error_from_rpc(address: str, e: grpc.RpcError) -> StorageNodeError:
     return error_from_status(address, code, message, md)
 
 
-_CODES = {code.value[0]: code for code in grpc.StatusCode}
+CODES = {code.value[0]: code for code in grpc.StatusCode}  # google.rpc.Code -> status
 
 
 def error_from_status(
@@ -301,7 +311,7 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-def _stream_request(request_id: int, append: bytes) -> bytes:
+def stream_request(request_id: int, append: bytes) -> bytes:
     """AppendStreamRequest{request_id, append} around an already serialized AppendRequest (a
     message is the concatenation of its fields: no second serialization of the frames)."""
     return b"\x08" + _varint(request_id) + b"\x12" + _varint(len(append)) + append
@@ -352,7 +362,7 @@ class _AppendStream:
         try:
             async with self._write_lock:
                 if self.broken is None:
-                    await self._call.write(_stream_request(request_id, request))
+                    await self._call.write(stream_request(request_id, request))
         except (grpc.RpcError, asyncio.InvalidStateError) as e:
             # The stream had ended (the node restarted, the connection dropped) before the
             # reader saw it.
@@ -388,7 +398,7 @@ class _AppendStream:
                     future.set_exception(
                         error_from_status(
                             self.address,
-                            _CODES.get(answer.code),
+                            CODES.get(answer.code),
                             answer.message,
                             dict(answer.metadata),
                         )
@@ -419,8 +429,11 @@ class StorageNodeClient:
     as :class:`StorageNodeError` subclasses. Built on a channel it owns, or on one a
     :class:`StorageNodePool` shares (then :meth:`close` leaves the channel open).
 
-    Appends go over one AppendStream (opened on first use, again after it ends), or over the
-    unary Append when ``append_stream`` is False or the node does not serve the stream."""
+    Appends go over the node's append port when ``append_address`` is given (a plain TCP
+    connection, ``storage/append_link.py``), else over one AppendStream (opened on first use,
+    again after it ends), or over the unary Append when ``append_stream`` is False or the node
+    does not serve the stream. An append whose connection or stream ended before its answer is
+    sent once more as a unary call (a node accepts a retry of what it stores)."""
 
     def __init__(
         self,
@@ -430,6 +443,7 @@ class StorageNodeClient:
         timeout: float = DEFAULT_TIMEOUT_S,
         protocol_version: int = PROTOCOL_VERSION,
         append_stream: bool = True,
+        append_address: str = "",
     ) -> None:
         self.address = address
         self.timeout = timeout
@@ -438,6 +452,8 @@ class StorageNodeClient:
         self._channel = channel if channel is not None else new_channel(address)
         self._use_stream = append_stream and protocol_version >= 2
         self._stream: _AppendStream | None = None
+        self.append_address = append_address
+        self._link: AppendLink | None = None
         ch = self._channel
 
         def method(path: str, request: Any, response: Any) -> Any:
@@ -486,7 +502,20 @@ class StorageNodeClient:
     async def append_encoded(self, request: bytes, *, deadline_s: float | None = None) -> int:
         """:meth:`append` of a request :func:`encode_append` made."""
         timeout = self.timeout if deadline_s is None else deadline_s
-        if self._use_stream:
+        if self.append_address:
+            from pubsubd.storage.append_link import AppendLink, LinkEnded
+
+            link = self._link
+            stale = link is not None and link.append_address != self.append_address
+            if link is None or link.broken is not None or stale:
+                if link is not None:
+                    await link.close()
+                link = self._link = AppendLink(self.address, self.append_address)
+            try:
+                return await link.append(request, timeout)
+            except LinkEnded:
+                pass  # once more as a unary call; the next append connects again
+        elif self._use_stream:
             stream = self._stream
             if stream is None or stream.broken is not None:
                 stream = self._stream = _AppendStream(self.address, self._channel)
@@ -576,6 +605,9 @@ class StorageNodeClient:
         )
 
     async def close(self) -> None:
+        if self._link is not None:
+            await self._link.close()
+            self._link = None
         if self._stream is not None:
             await self._stream.close()
             self._stream = None
@@ -591,12 +623,16 @@ class StorageNodePool:
         self.timeout = timeout
         self._clients: dict[str, tuple[grpc.aio.Channel, StorageNodeClient]] = {}
 
-    def client(self, address: str) -> StorageNodeClient:
+    def client(self, address: str, append_address: str = "") -> StorageNodeClient:
+        """The node's client; ``append_address``: its append port, as the node registered it
+        (it changes when the node restarts; "" = append over gRPC)."""
         found = self._clients.get(address)
         if found is None:
             channel = new_channel(address)
             found = (channel, StorageNodeClient(address, channel=channel, timeout=self.timeout))
             self._clients[address] = found
+        if append_address:
+            found[1].append_address = append_address
         return found[1]
 
     def addresses(self) -> Sequence[str]:

@@ -34,6 +34,7 @@ from pubsubd.coordination.paths import DEFAULT_ROOT
 from pubsubd.observability.http import HttpEndpoint
 from pubsubd.storage.files import fdatasync, fsync_directory, make_dirs, write_all
 from pubsubd.storage.node_client import MAX_MESSAGE_BYTES
+from pubsubd.storagenode.append_port import AppendPort
 from pubsubd.storagenode.ledger_store import LedgerStore
 from pubsubd.storagenode.protocol import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION
 from pubsubd.storagenode.registration import Registration
@@ -67,6 +68,14 @@ class StorageNodeConfig:
     node_id: str | None = None
     zk: str | None = None
     zk_root: str = DEFAULT_ROOT
+    zk_session_timeout_s: float = 10.0
+    append_port: int = 0  # the append port (append_port.py); -1 = none, appends over gRPC only
+
+    def __post_init__(self) -> None:
+        if not self.zk_session_timeout_s > 0:
+            raise ValueError(
+                f"the ZooKeeper session timeout must be positive, got {self.zk_session_timeout_s}"
+            )
 
 
 def _version() -> str:
@@ -112,6 +121,7 @@ class StorageNode:
         self.port = 0
         self.http_port = 0
         self.grpc_server: grpc.aio.Server | None = None
+        self.append_port: AppendPort | None = None
         self.http = HttpEndpoint(self.status, self.problem)
         self.registration: Registration | None = None
         self._coordinator: Any = None
@@ -120,11 +130,17 @@ class StorageNode:
     def address(self) -> str:
         return f"{self.config.host}:{self.port}"
 
+    @property
+    def append_address(self) -> str:
+        port = self.append_port
+        return f"{self.config.host}:{port.port}" if port is not None else ""
+
     def registry_info(self) -> dict[str, Any]:
         disks = self.store.disk_health()
         return {
             "node_id": self.node_id,
             "address": self.address,
+            "append_address": self.append_address,
             "zone": self.config.zone,
             "disks": len(disks),
             "healthy_disks": sum(d.healthy for d in disks),
@@ -141,6 +157,15 @@ class StorageNode:
             "zone": self.config.zone,
             "serving": self.store.opened and not self.store.stopping,
             "registered": self.registration is not None,
+            "append_port": (
+                None
+                if self.append_port is None
+                else {
+                    "address": self.append_address,
+                    "connections": self.append_port.connections,
+                    "refused_connections": self.append_port.refused_connections,
+                }
+            ),
             **self.store.status(),
         }
 
@@ -173,6 +198,9 @@ class StorageNode:
         )
         await server.start()
         self.grpc_server = server
+        if config.append_port >= 0:
+            self.append_port = AppendPort(self.store, config.host, config.append_port)
+            await self.append_port.start()
         if config.http_port >= 0:
             self.http_port = await self.http.start(config.host, config.http_port)
         if config.zk:
@@ -181,6 +209,7 @@ class StorageNode:
         line = (
             f"pubsubd storage ready grpc={self.address} node_id={self.node_id}"
             f" zone={config.zone} disks={len(config.data_dirs)}{http}"
+            + (f" append={self.append_address}" if self.append_port is not None else "")
         )
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
@@ -188,7 +217,7 @@ class StorageNode:
     async def _register(self, hosts: str, root: str) -> None:
         from pubsubd.coordination.zk import Coordinator
 
-        coordinator = Coordinator(hosts, root)
+        coordinator = Coordinator(hosts, root, session_timeout=self.config.zk_session_timeout_s)
         self._coordinator = coordinator
         try:
             await coordinator.start()
@@ -204,6 +233,8 @@ class StorageNode:
         if self._coordinator is not None:
             await self._coordinator.stop()
         self.store.stopping = True  # new calls: UNAVAILABLE; calls in flight finish
+        if self.append_port is not None:
+            await self.append_port.stop()
         if self.grpc_server is not None:
             await self.grpc_server.stop(STOP_GRACE_S)
         await self.http.close()

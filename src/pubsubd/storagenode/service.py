@@ -1,9 +1,10 @@
 """The gRPC servicer of ``pubsubd.internal.v1.StorageNode`` over a :class:`LedgerStore`.
 
-:func:`refusal` is THE map from the node's domain errors to a gRPC status and the trailing
-metadata a caller reads instead of the message (``storage/node_client.py`` turns it back into
-typed errors). Requests arrive as raw bytes and are parsed here, so an unparsable request is
-INVALID_ARGUMENT; every request's ``protocol_version`` is checked first.
+Refusals become a status and trailing metadata through ``refusals.refusal`` (THE map from the
+node's domain errors; ``storage/node_client.py`` turns them back into typed errors). Requests
+arrive as raw bytes and are parsed here, so an unparsable request is INVALID_ARGUMENT; every
+request's ``protocol_version`` is checked first. Streamed appends are answered by
+``appends.answer_append``, as on the append port (``append_port.py``).
 """
 
 from __future__ import annotations
@@ -18,74 +19,15 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from pubsubd._gen.pubsubd.internal.v1 import storage_pb2 as pb
-from pubsubd.core.errors import (
-    FailedPrecondition,
-    InvalidArgument,
-    NotFound,
-    PubsubError,
-    ResourceExhausted,
-    Unavailable,
-)
-from pubsubd.storage import node_client as nc
-from pubsubd.storagenode.errors import (
-    AppendGap,
-    DisksFull,
-    FencedAppend,
-    NodeStopping,
-    OverlapMismatch,
-    TooFewDisks,
-    UnsupportedVersion,
-)
+from pubsubd.core.errors import PubsubError
+from pubsubd.storagenode.appends import answer_append, check_version
 from pubsubd.storagenode.ledger_store import LedgerStore
 from pubsubd.storagenode.protocol import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, SERVICE
+from pubsubd.storagenode.refusals import refusal
 
 log = logging.getLogger(__name__)
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
-Metadata: TypeAlias = tuple[tuple[str, str], ...]
-
-
-def refusal(exc: PubsubError) -> tuple[grpc.StatusCode, Metadata]:
-    """The status and trailing metadata that tell a caller what ``exc`` is."""
-    md: list[tuple[str, str]] = []
-    if isinstance(exc, UnsupportedVersion):
-        code, reason = grpc.StatusCode.FAILED_PRECONDITION, nc.REASON_PROTOCOL
-        md += [(nc.MD_MIN_VERSION, str(exc.min_version)), (nc.MD_MAX_VERSION, str(exc.max_version))]
-    elif isinstance(exc, FencedAppend):
-        code, reason = grpc.StatusCode.FAILED_PRECONDITION, nc.REASON_FENCED
-        md.append((nc.MD_FENCED_EPOCH, str(exc.fenced_epoch)))
-    elif isinstance(exc, AppendGap):
-        code, reason = grpc.StatusCode.FAILED_PRECONDITION, nc.REASON_GAP
-        md.append((nc.MD_END_OFFSET, str(exc.node_end)))
-    elif isinstance(exc, OverlapMismatch):
-        code, reason = grpc.StatusCode.FAILED_PRECONDITION, nc.REASON_MISMATCH
-        md.append((nc.MD_END_OFFSET, str(exc.node_end)))
-    elif isinstance(exc, DisksFull):
-        code, reason = grpc.StatusCode.RESOURCE_EXHAUSTED, nc.REASON_DISK_FULL
-    elif isinstance(exc, TooFewDisks):
-        code, reason = grpc.StatusCode.UNAVAILABLE, nc.REASON_TOO_FEW_DISKS
-    elif isinstance(exc, NodeStopping):
-        code, reason = grpc.StatusCode.UNAVAILABLE, nc.REASON_STOPPING
-    elif isinstance(exc, InvalidArgument):
-        code, reason = grpc.StatusCode.INVALID_ARGUMENT, ""
-    elif isinstance(exc, NotFound):
-        code, reason = grpc.StatusCode.NOT_FOUND, ""
-    elif isinstance(exc, FailedPrecondition):
-        code, reason = grpc.StatusCode.FAILED_PRECONDITION, ""
-    elif isinstance(exc, ResourceExhausted):
-        code, reason = grpc.StatusCode.RESOURCE_EXHAUSTED, ""
-    elif isinstance(exc, Unavailable):
-        code, reason = grpc.StatusCode.UNAVAILABLE, ""
-    else:
-        code, reason = grpc.StatusCode.INTERNAL, ""
-    if reason:
-        md.insert(0, (nc.MD_REASON, reason))
-    return code, tuple(md)
-
-
-def check_version(version: int) -> None:
-    if not MIN_PROTOCOL_VERSION <= version <= PROTOCOL_VERSION:
-        raise UnsupportedVersion(version, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION)
 
 
 Handler: TypeAlias = Callable[[Any, Context], Awaitable[Any]]
@@ -236,7 +178,7 @@ class _AppendStreamHandler:
                         "request: not a valid pubsubd.internal.v1.AppendStreamRequest",
                     )
                 self.in_flight += 1
-                task = asyncio.ensure_future(self._append(request))
+                task = asyncio.ensure_future(answer_append(self.store, request))
                 task.add_done_callback(self._done)
         except asyncio.CancelledError:
             raise
@@ -244,24 +186,6 @@ class _AppendStreamHandler:
             self.reading = False
             if self.in_flight == 0:
                 self.answers.put_nowait(None)
-
-    async def _append(self, request: pb.AppendStreamRequest) -> pb.AppendStreamResponse:
-        a = request.append
-        answer = pb.AppendStreamResponse(request_id=request.request_id)
-        try:
-            check_version(a.protocol_version)
-            answer.end_offset = await self.store.append(
-                a.ledger_id, a.epoch, a.first_offset, a.frames, a.last_add_confirmed
-            )
-        except PubsubError as exc:
-            code, md = refusal(exc)
-            answer.code, answer.message = code.value[0], str(exc)
-            answer.metadata.update(md)
-        except Exception as exc:
-            log.exception("AppendStream failed")
-            answer.code = grpc.StatusCode.INTERNAL.value[0]
-            answer.message = f"internal error: {type(exc).__name__}"
-        return answer
 
     def _done(self, task: asyncio.Future[pb.AppendStreamResponse]) -> None:
         self.in_flight -= 1

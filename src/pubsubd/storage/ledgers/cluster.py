@@ -38,7 +38,7 @@ class PooledNodes:
     async def append(
         self, node: NodeInfo, ledger_id: int, epoch: int, first_offset: int, frames: bytes, lac: int
     ) -> int:
-        client = self._pool.client(node.address)
+        client = self._pool.client(node.address, node.append_address)
         return await client.append(ledger_id, epoch, first_offset, frames, lac)
 
     def encode_append(
@@ -47,7 +47,8 @@ class PooledNodes:
         return encode_append(ledger_id, epoch, first_offset, frames, lac)
 
     async def append_encoded(self, node: NodeInfo, request: bytes) -> int:
-        return await self._pool.client(node.address).append_encoded(request)
+        client = self._pool.client(node.address, node.append_address)
+        return await client.append_encoded(request)
 
     async def fence(self, node: NodeInfo, ledger_id: int, epoch: int) -> NodeFence:
         result = await self._pool.client(node.address).fence(ledger_id, epoch)

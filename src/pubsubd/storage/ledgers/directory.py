@@ -73,6 +73,7 @@ class ZooKeeperLedgerDirectory:
                     str(info["address"]),
                     str(info.get("zone", "")),
                     int(info.get("free_bytes", 0)),
+                    str(info.get("append_address", "")),
                 )
             except (NoNode, ValueError, KeyError) as e:
                 logger.debug("storage node %s skipped: %s", child, e)

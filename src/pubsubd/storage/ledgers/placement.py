@@ -24,6 +24,7 @@ class NodeInfo:
     address: str
     zone: str
     free_bytes: int = 0
+    append_address: str = ""  # the node's append port ("" = appends over gRPC)
 
 
 def replica_count(policy: StoragePolicy, available: int) -> int:

@@ -1,0 +1,150 @@
+"""The writer's side of a storage node's append port (``storagenode/append_port.py``): one TCP
+connection per node carrying ``AppendStreamRequest`` frames, answered by ``AppendStreamResponse``
+frames matched by request ID, as on the gRPC ``AppendStream``.
+
+Appends are written in call order (the node starts them in arrival order, so a ledger's
+appends stay in order per node). When the connection ends every waiting append fails with
+:class:`LinkEnded`; the client sends it again (a node accepts a retry of what it stores) and
+the next append connects anew.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from pubsubd._gen.pubsubd.internal.v1 import storage_pb2 as pb
+from pubsubd.storage.node_client import (
+    APPEND_PORT_MAGIC,
+    CODES,
+    MAX_MESSAGE_BYTES,
+    NodeUnavailable,
+    StorageNodeError,
+    error_from_status,
+    stream_request,
+)
+
+__all__ = ["AppendLink", "LinkEnded"]
+
+CONNECT_TIMEOUT_S = 5.0
+
+
+class LinkEnded(NodeUnavailable):
+    """The connection ended (or never came up) before the append's answer came."""
+
+
+class AppendLink:
+    """One connection to a node's append port, opened by the first append."""
+
+    def __init__(self, address: str, append_address: str) -> None:
+        self.address = address  # the node's gRPC address: how errors name it
+        self.append_address = append_address
+        self._pending: dict[int, asyncio.Future[int]] = {}
+        self._next_id = 1
+        self._writer: asyncio.StreamWriter | None = None
+        self._connecting: asyncio.Future[asyncio.StreamWriter] | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self.broken: StorageNodeError | None = None
+
+    async def append(self, request: bytes, deadline_s: float) -> int:
+        """Send a serialized AppendRequest; its answer's end offset, or its refusal."""
+        if self.broken is not None:
+            raise self.broken
+        loop = asyncio.get_running_loop()
+        request_id = self._next_id
+        self._next_id += 1
+        future: asyncio.Future[int] = loop.create_future()
+        self._pending[request_id] = future
+        expiry = loop.call_later(deadline_s, _expire, self.address, future, deadline_s)
+        try:
+            writer = self._writer
+            if writer is None:
+                # Every append waiting here resumes in call order, so they are written in it.
+                if self._connecting is None:
+                    self._connecting = asyncio.ensure_future(self._connect())
+                writer = await asyncio.shield(self._connecting)
+            if self.broken is not None:
+                raise self.broken
+            body = stream_request(request_id, request)
+            writer.writelines((len(body).to_bytes(4, "big"), body))
+            return await future
+        finally:
+            expiry.cancel()
+            self._pending.pop(request_id, None)
+
+    async def _connect(self) -> asyncio.StreamWriter:
+        host, _, port = self.append_address.rpartition(":")
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, int(port)), CONNECT_TIMEOUT_S
+            )
+        except (OSError, TimeoutError, ValueError) as e:
+            self._end(LinkEnded(self.address, grpc.StatusCode.UNAVAILABLE, f"append port: {e}"))
+            assert self.broken is not None
+            raise self.broken from None
+        writer.write(APPEND_PORT_MAGIC)
+        self._writer = writer
+        self._reader = asyncio.ensure_future(self._read(reader))
+        return writer
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        why = "the node closed the connection"
+        try:
+            while True:
+                size = int.from_bytes(await reader.readexactly(4), "big")
+                if size > MAX_MESSAGE_BYTES:
+                    why = f"an answer of {size} bytes"
+                    break
+                answer = pb.AppendStreamResponse.FromString(await reader.readexactly(size))
+                future = self._pending.get(answer.request_id)
+                if future is None or future.done():
+                    continue  # its caller gave up
+                if answer.code == 0:
+                    future.set_result(answer.end_offset)
+                else:
+                    future.set_exception(
+                        error_from_status(
+                            self.address,
+                            CODES.get(answer.code),
+                            answer.message,
+                            dict(answer.metadata),
+                        )
+                    )
+        except (asyncio.IncompleteReadError, OSError, DecodeError) as e:
+            why = str(e) or type(e).__name__
+        except asyncio.CancelledError:
+            why = "closed"
+            raise
+        finally:
+            self._end(LinkEnded(self.address, grpc.StatusCode.UNAVAILABLE, f"append port: {why}"))
+
+    def _end(self, error: StorageNodeError) -> None:
+        self.broken = self.broken or error
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(self.broken)
+        if self._writer is not None:
+            self._writer.close()
+
+    async def close(self) -> None:
+        self._end(LinkEnded(self.address, None, "append port: closed"))
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        if self._connecting is not None and not self._connecting.done():
+            self._connecting.cancel()
+
+
+def _expire(address: str, future: asyncio.Future[int], deadline_s: float) -> None:
+    if not future.done():
+        future.set_exception(
+            NodeUnavailable(
+                address,
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"append: no answer within {deadline_s:g} s",
+            )
+        )

@@ -1,0 +1,106 @@
+"""The storage node's append port: AppendStream's messages over a plain TCP connection.
+
+Appends are the one call a writer makes thousands of times a second, and a gRPC message costs
+each side of it several times what the append's own work does here (BENCHMARKS.md, "Replicated
+storage"). So a node also serves them the way BookKeeper serves its entries: the same versioned
+messages of ``proto/pubsubd/internal/v1/storage.proto``, length-prefixed on a connection of
+their own. A connection starts with :data:`~pubsubd.storage.node_client.APPEND_PORT_MAGIC`;
+then every frame is 4 bytes of length (big-endian) and an ``AppendStreamRequest``, answered by
+frames of ``AppendStreamResponse`` in completion order, exactly as on ``AppendStream``. A frame
+that is too long or does not parse closes that connection (and only that one); every other
+refusal is an answer. The node registers the port's address in ZooKeeper (``append_address``);
+writers that do not know it use gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from google.protobuf.message import DecodeError
+
+from pubsubd._gen.pubsubd.internal.v1 import storage_pb2 as pb
+from pubsubd.storage.node_client import APPEND_PORT_MAGIC, MAX_MESSAGE_BYTES
+from pubsubd.storagenode.appends import answer_append
+from pubsubd.storagenode.ledger_store import LedgerStore
+
+log = logging.getLogger(__name__)
+
+__all__ = ["AppendPort"]
+
+
+class AppendPort:
+    """A TCP listener taking appends for ``store``; :meth:`start` returns its port."""
+
+    def __init__(self, store: LedgerStore, host: str, port: int = 0) -> None:
+        self.store = store
+        self.host = host
+        self.port = port
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self.refused_connections = 0
+
+    @property
+    def connections(self) -> int:
+        """Connections open now."""
+        return len(self._connections)
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._accept, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def stop(self) -> None:
+        """Stop listening and drop every connection (writers see them end and go elsewhere)."""
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        for task in list(self._connections):
+            task.cancel()
+        for task in list(self._connections):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        try:
+            await self._serve(reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the writer went away
+        finally:
+            self._connections.discard(task)
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        if await reader.readexactly(len(APPEND_PORT_MAGIC)) != APPEND_PORT_MAGIC:
+            self._refuse(peer, "it did not start with the append port's preamble")
+            return
+
+        def answered(task: asyncio.Future[pb.AppendStreamResponse]) -> None:
+            if task.cancelled() or writer.is_closing():
+                return
+            body = task.result().SerializeToString()
+            writer.write(len(body).to_bytes(4, "big") + body)
+
+        while True:
+            size = int.from_bytes(await reader.readexactly(4), "big")
+            if size > MAX_MESSAGE_BYTES:
+                self._refuse(peer, f"a frame of {size} bytes (at most {MAX_MESSAGE_BYTES})")
+                return
+            body = await reader.readexactly(size)
+            try:
+                request = pb.AppendStreamRequest.FromString(body)
+            except DecodeError:
+                self._refuse(peer, "a frame that is not an AppendStreamRequest")
+                return
+            # Started in arrival order: a ledger's appends reach the store in the order sent.
+            asyncio.ensure_future(answer_append(self.store, request)).add_done_callback(answered)
+
+    def _refuse(self, peer: object, why: str) -> None:
+        self.refused_connections += 1
+        log.warning("append port: closing the connection from %s: %s", peer, why)
