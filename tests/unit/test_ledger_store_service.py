@@ -329,3 +329,27 @@ async def test_append_port_gone_falls_back_to_grpc_and_reconnects(
             await again.stop()
     finally:
         await client.close()
+
+
+@pytest.mark.parametrize(
+    ("ledger_id", "epoch", "first", "lac"),
+    [(1, 1, 0, -1), (2**63 + 5, 2**40, 123_456_789_012, 99), (7, 0, 0, 0), (3, 9, -2, -(2**63))],
+)
+def test_encoded_append_is_the_message_protobuf_would_make(
+    ledger_id: int, epoch: int, first: int, lac: int
+) -> None:
+    data = frames(0, 3)
+    encoded = nc.encode_append(ledger_id, epoch, first, data, lac)
+    parsed = pb.AppendRequest.FromString(encoded.joined())
+    assert parsed == pb.AppendRequest(
+        protocol_version=nc.PROTOCOL_VERSION,
+        ledger_id=ledger_id,
+        epoch=epoch,
+        first_offset=first,
+        frames=data,
+        last_add_confirmed=lac,
+    )
+    assert len(encoded) == len(encoded.joined()) and encoded.frames is data
+    prefix, rest = nc.stream_request(2**35, encoded)
+    wrapped = pb.AppendStreamRequest.FromString(prefix + rest)
+    assert wrapped.request_id == 2**35 and wrapped.append == parsed

@@ -21,6 +21,7 @@ from pubsubd.storage.node_client import (
     APPEND_PORT_MAGIC,
     CODES,
     MAX_MESSAGE_BYTES,
+    EncodedAppend,
     NodeUnavailable,
     StorageNodeError,
     error_from_status,
@@ -49,8 +50,8 @@ class AppendLink:
         self._reader: asyncio.Task[None] | None = None
         self.broken: StorageNodeError | None = None
 
-    async def append(self, request: bytes, deadline_s: float) -> int:
-        """Send a serialized AppendRequest; its answer's end offset, or its refusal."""
+    async def append(self, request: EncodedAppend, deadline_s: float) -> int:
+        """Send an encoded AppendRequest; its answer's end offset, or its refusal."""
         if self.broken is not None:
             raise self.broken
         loop = asyncio.get_running_loop()
@@ -68,8 +69,9 @@ class AppendLink:
                 writer = await asyncio.shield(self._connecting)
             if self.broken is not None:
                 raise self.broken
-            body = stream_request(request_id, request)
-            writer.writelines((len(body).to_bytes(4, "big"), body))
+            prefix, frames = stream_request(request_id, request)
+            size = len(prefix) + len(frames)
+            writer.writelines((size.to_bytes(4, "big") + prefix, frames))
             return await future
         finally:
             expiry.cancel()

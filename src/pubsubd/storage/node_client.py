@@ -33,6 +33,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "AppendGap",
     "DiskHealth",
+    "EncodedAppend",
     "FenceResult",
     "InvalidFrames",
     "LedgerFenced",
@@ -282,24 +283,7 @@ def new_channel(address: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
 
 
-def encode_append(
-    ledger_id: int,
-    epoch: int,
-    first_offset: int,
-    frames: bytes,
-    last_add_confirmed: int = -1,
-    protocol_version: int = PROTOCOL_VERSION,
-) -> bytes:
-    """A serialized AppendRequest: a writer encodes an entry once for all of a ledger's nodes."""
-    request = pb.AppendRequest(
-        protocol_version=protocol_version,
-        ledger_id=ledger_id,
-        epoch=epoch,
-        first_offset=first_offset,
-        frames=frames,
-        last_add_confirmed=last_add_confirmed,
-    )
-    return bytes(request.SerializeToString())
+_U64 = (1 << 64) - 1
 
 
 def _varint(n: int) -> bytes:
@@ -311,10 +295,58 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-def stream_request(request_id: int, append: bytes) -> bytes:
-    """AppendStreamRequest{request_id, append} around an already serialized AppendRequest (a
-    message is the concatenation of its fields: no second serialization of the frames)."""
-    return b"\x08" + _varint(request_id) + b"\x12" + _varint(len(append)) + append
+@dataclass(frozen=True, slots=True)
+class EncodedAppend:
+    """A serialized AppendRequest in two pieces: ``head``, every field but the frames' bytes
+    (frames last, so ``head`` ends with their tag and length), and ``frames`` itself. A writer
+    encodes an entry once for all of a ledger's nodes, and the append port sends the frames
+    without copying them into a message first."""
+
+    head: bytes
+    frames: bytes
+
+    def __len__(self) -> int:
+        return len(self.head) + len(self.frames)
+
+    def joined(self) -> bytes:
+        return self.head + self.frames
+
+
+def encode_append(
+    ledger_id: int,
+    epoch: int,
+    first_offset: int,
+    frames: bytes,
+    last_add_confirmed: int = -1,
+    protocol_version: int = PROTOCOL_VERSION,
+) -> EncodedAppend:
+    """The AppendRequest's wire encoding (protocol buffers' rules; fields in any order parse
+    the same): versions, IDs and offsets as varints (an int64 below 0 as its 64-bit two's
+    complement), then the frames as a length-delimited field."""
+    head = b"".join(
+        (
+            b"\x08",  # 1: protocol_version
+            _varint(protocol_version),
+            b"\x10",  # 2: ledger_id
+            _varint(ledger_id),
+            b"\x18",  # 3: epoch
+            _varint(epoch),
+            b"\x20",  # 4: first_offset
+            _varint(first_offset & _U64),
+            b"\x30",  # 6: last_add_confirmed
+            _varint(last_add_confirmed & _U64),
+            b"\x2a",  # 5: frames
+            _varint(len(frames)),
+        )
+    )
+    return EncodedAppend(head, frames)
+
+
+def stream_request(request_id: int, append: EncodedAppend) -> tuple[bytes, bytes]:
+    """AppendStreamRequest{request_id, append} around an encoded AppendRequest, as its head
+    and the frames (a message is the concatenation of its fields: the frames are not copied)."""
+    prefix = b"\x08" + _varint(request_id) + b"\x12" + _varint(len(append)) + append.head
+    return prefix, append.frames
 
 
 class _StreamEnded(NodeUnavailable):
@@ -341,7 +373,7 @@ class _AppendStream:
         self.unimplemented = False  # the node predates AppendStream: use Append
         self._reader = asyncio.ensure_future(self._read())
 
-    async def append(self, request: bytes, deadline_s: float) -> int:
+    async def append(self, request: EncodedAppend, deadline_s: float) -> int:
         if self.broken is not None:
             raise self.broken
         loop = asyncio.get_running_loop()
@@ -358,11 +390,13 @@ class _AppendStream:
             expiry.cancel()
             self._pending.pop(request_id, None)
 
-    async def _write(self, request_id: int, request: bytes, future: asyncio.Future[int]) -> None:
+    async def _write(
+        self, request_id: int, request: EncodedAppend, future: asyncio.Future[int]
+    ) -> None:
         try:
             async with self._write_lock:
                 if self.broken is None:
-                    await self._call.write(stream_request(request_id, request))
+                    await self._call.write(b"".join(stream_request(request_id, request)))
         except (grpc.RpcError, asyncio.InvalidStateError) as e:
             # The stream had ended (the node restarted, the connection dropped) before the
             # reader saw it.
@@ -499,7 +533,9 @@ class StorageNodeClient:
         )
         return await self.append_encoded(request, deadline_s=deadline_s)
 
-    async def append_encoded(self, request: bytes, *, deadline_s: float | None = None) -> int:
+    async def append_encoded(
+        self, request: EncodedAppend, *, deadline_s: float | None = None
+    ) -> int:
         """:meth:`append` of a request :func:`encode_append` made."""
         timeout = self.timeout if deadline_s is None else deadline_s
         if self.append_address:
@@ -528,7 +564,7 @@ class StorageNodeClient:
                 if not stream.unimplemented:
                     raise
                 self._use_stream = False  # an older node: Append from now on
-        response = await self._call(self._append, request, deadline_s)
+        response = await self._call(self._append, request.joined(), deadline_s)
         return int(response.end_offset)
 
     async def fence(

@@ -24,7 +24,12 @@ from pubsubd.storage.ledgers.meta import StoragePolicy
 from pubsubd.storage.ledgers.placement import NodeInfo
 from pubsubd.storage.ledgers.writer import DEFAULT_LEDGER_BYTES, NodeFence, SourceLedgers
 from pubsubd.storage.metadata import Change, MetadataStore, TopicRecord
-from pubsubd.storage.node_client import LedgerFenced, StorageNodePool, encode_append
+from pubsubd.storage.node_client import (
+    EncodedAppend,
+    LedgerFenced,
+    StorageNodePool,
+    encode_append,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -43,10 +48,10 @@ class PooledNodes:
 
     def encode_append(
         self, ledger_id: int, epoch: int, first_offset: int, frames: bytes, lac: int
-    ) -> bytes:
+    ) -> EncodedAppend:
         return encode_append(ledger_id, epoch, first_offset, frames, lac)
 
-    async def append_encoded(self, node: NodeInfo, request: bytes) -> int:
+    async def append_encoded(self, node: NodeInfo, request: EncodedAppend) -> int:
         client = self._pool.client(node.address, node.append_address)
         return await client.append_encoded(request)
 

@@ -69,7 +69,9 @@ class StorageNodes(Protocol):
         nodes (the serialized request), not once per node."""
         ...
 
-    async def append_encoded(self, node: NodeInfo, request: Any) -> int: ...
+    async def append_encoded(self, node: NodeInfo, request: Any) -> int:
+        """Answers, or fails, within NODE_CALL_TIMEOUT_S (the node client's deadline)."""
+        ...
     async def fence(self, node: NodeInfo, ledger_id: int, epoch: int) -> NodeFence: ...
     async def read(
         self, node: NodeInfo, ledger_id: int, start_offset: int, end_offset: int, max_bytes: int
@@ -380,7 +382,7 @@ class SourceLedgers:
         node = self._directory.node(node_id)
         if node is None:
             raise ReplicationFailed(f"storage node {node_id} is not registered")
-        return await _timed(self._nodes.append_encoded(node, request))
+        return await self._nodes.append_encoded(node, request)  # it has its own deadline
 
     def _settle(self, flight: _Flight, node_id: str, task: asyncio.Future[int]) -> None:
         """One node answered ``flight``."""
