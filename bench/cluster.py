@@ -1034,8 +1034,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [
             "Repair after kill -9 of the storage node holding the most bytes (kept down) while "
             "100 x 1 KiB are published to each topic every 0.5 s, "
-            "4 storage nodes, replicas 3; the auditor looks every 1 s, grace 3 s; serve's "
-            "ZooKeeper session 4 s, the storage nodes' 10 s (their default). Copy rate = bytes "
+            "4 storage nodes, replicas 3; the auditor looks every 1 s, grace 3 s; ZooKeeper "
+            "sessions of 4 s (serve and, from ffc53ba on, the storage nodes). Copy rate = bytes "
             "copied ÷ (last copy's end - first copy's start); busy = ÷ the sum of each copy's own "
             "time; all repaired = the auditor's pass and `pubsubd cluster status` count 0 "
             "under-replicated. One row per run, then the medians per rate limit",

@@ -72,6 +72,7 @@ class StorageNodes(Protocol):
     async def append_encoded(self, node: NodeInfo, request: Any) -> int:
         """Answers, or fails, within NODE_CALL_TIMEOUT_S (the node client's deadline)."""
         ...
+
     async def fence(self, node: NodeInfo, ledger_id: int, epoch: int) -> NodeFence: ...
     async def read(
         self, node: NodeInfo, ledger_id: int, start_offset: int, end_offset: int, max_bytes: int
