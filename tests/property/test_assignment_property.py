@@ -1,0 +1,147 @@
+"""Consistent hashing with bounded loads (control/assignment.py), as issue 11 states it: the
+busiest member holds at most ceil((1+eps)*average); a member leaving moves only its own units;
+a member joining moves only the excess over the new capacity; nothing moves twice within the
+hysteresis window unless its owner went away."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pubsubd.control.assignment import Assignment, Member
+
+pytestmark = pytest.mark.property
+
+EPSILONS = st.sampled_from([0.1, 0.25, 0.5, 1.0])
+
+
+def _members(n: int, zones: int = 2) -> list[Member]:
+    return [Member(f"f{i}", zone=f"z{i % zones}") for i in range(n)]
+
+
+def _units(n: int) -> list[str]:
+    return [f"projects/p/topics/t{i // 4}/{i % 4}" for i in range(n)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(units=st.integers(0, 400), members=st.integers(1, 9), epsilon=EPSILONS)
+def test_every_unit_has_an_owner_and_no_member_holds_more_than_the_bound(
+    units: int, members: int, epsilon: float
+) -> None:
+    a = Assignment(epsilon=epsilon)
+    a.update(_members(members), _units(units), now=0.0)
+    loads = a.loads()
+    assert sorted(a.owners) == sorted(_units(units))
+    assert max(loads.values()) <= math.ceil((1 + epsilon) * units / members)
+    assert sum(loads.values()) == units
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    units=st.integers(1, 400),
+    members=st.integers(2, 9),
+    epsilon=EPSILONS,
+    leaving=st.integers(0, 8),
+)
+def test_a_member_leaving_moves_only_its_own_units(
+    units: int, members: int, epsilon: float, leaving: int
+) -> None:
+    a = Assignment(epsilon=epsilon)
+    everyone = _members(members)
+    a.update(everyone, _units(units), now=0.0)
+    gone = everyone[leaving % members].member_id
+    held = {u for u, owner in a.owners.items() if owner == gone}
+    moves = a.update([m for m in everyone if m.member_id != gone], _units(units), now=1.0)
+    assert {m.unit for m in moves} == held
+    assert all(m.forced and m.source == gone for m in moves)
+    assert max(a.loads().values()) <= a.capacity
+
+
+@settings(max_examples=60, deadline=None)
+@given(units=st.integers(1, 400), members=st.integers(1, 8), epsilon=EPSILONS)
+def test_a_member_joining_moves_only_the_excess_over_the_new_capacity(
+    units: int, members: int, epsilon: float
+) -> None:
+    a = Assignment(epsilon=epsilon)
+    before = _members(members)
+    a.update(before, _units(units), now=0.0)
+    loads = a.loads()
+    after = [*before, Member("new", zone="z9")]
+    capacity = math.ceil((1 + epsilon) * units / len(after))
+    excess = sum(max(0, n - capacity) for n in loads.values())
+    moves = a.update(after, _units(units), now=1000.0)
+    assert len(moves) == excess
+    assert not any(m.forced for m in moves)
+    assert max(a.loads().values()) <= capacity
+
+
+def test_with_four_forwarders_the_busiest_holds_at_most_the_bound() -> None:
+    a = Assignment(epsilon=0.25)
+    a.update(_members(4), _units(1000), now=0.0)
+    assert a.capacity == math.ceil(1.25 * 1000 / 4) == 313
+    assert max(a.loads().values()) <= 313
+
+
+def test_nothing_moves_twice_within_the_hysteresis_window_unless_forced() -> None:
+    a = Assignment(epsilon=0.1, hysteresis_s=60.0)
+    units = _units(400)
+    members = _members(3)
+    a.update(members, units, now=0.0)
+    first = a.update([*members, Member("f3")], units, now=100.0)
+    moved = {m.unit for m in first}
+    assert moved
+    # Another member joins 10 s later: what moved at t=100 stays put (its new owner may stay
+    # over the capacity until the window passes); the others even out.
+    second = a.update([*members, Member("f3"), Member("f4")], units, now=110.0)
+    assert not moved & {m.unit for m in second}
+    # Once the window has passed every member is within the bound again.
+    a.update([*members, Member("f3"), Member("f4")], units, now=200.0)
+    assert max(a.loads().values()) <= a.capacity
+    # A forced move ignores the window: f3 leaves at once.
+    held = {u for u, o in a.owners.items() if o == "f3"}
+    third = a.update([*members, Member("f4")], units, now=201.0)
+    assert held <= {m.unit for m in third}
+
+
+def test_drained_members_own_nothing_and_come_last() -> None:
+    a = Assignment()
+    units = _units(200)
+    members = _members(4)
+    a.update(members, units, now=0.0)
+    drained = [Member(m.member_id, m.zone, drained=m.member_id == "f1") for m in members]
+    moves = a.update(drained, units, now=1.0)
+    assert "f1" not in a.loads() or a.loads()["f1"] == 0
+    assert all(m.forced for m in moves if m.source == "f1")
+    unit = units[0]
+    assert a.ranked(unit)[-1] == "f1"
+    assert a.ranked(unit)[0] == a.owners[unit]
+
+
+def test_pins_and_zones() -> None:
+    a = Assignment()
+    units = _units(100)
+    members = _members(4)  # f0, f2 in z0; f1, f3 in z1
+    a.update(members, units, now=0.0, pins={units[5]: "f3"})
+    assert a.owners[units[5]] == "f3"
+    ranked = a.ranked(units[7], zone="z1")
+    owner = a.owners[units[7]]
+    rest = ranked[1:]
+    assert ranked[0] == owner and sorted(ranked) == sorted(m.member_id for m in members)
+    in_zone = [m for m in rest if m in {"f1", "f3"}]
+    assert rest[: len(in_zone)] == in_zone  # the caller's zone first
+    # A pin to a member that is not there is ignored; every unit still has an owner.
+    a.update(members, units, now=1.0, pins={units[5]: "gone"})
+    assert set(a.owners) == set(units)
+
+
+def test_no_members_no_owners_and_bad_settings() -> None:
+    a = Assignment()
+    assert a.update([], _units(10), now=0.0) == []
+    assert a.owners == {}
+    with pytest.raises(ValueError):
+        Assignment(epsilon=0)
+    with pytest.raises(ValueError):
+        Assignment(hysteresis_s=-1)
