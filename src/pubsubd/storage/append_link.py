@@ -19,12 +19,11 @@ from google.protobuf.message import DecodeError
 from pubsubd._gen.pubsubd.internal.v1 import storage_pb2 as pb
 from pubsubd.storage.node_client import (
     APPEND_PORT_MAGIC,
-    CODES,
     MAX_MESSAGE_BYTES,
     EncodedAppend,
     NodeUnavailable,
     StorageNodeError,
-    error_from_status,
+    settle_answer,
     stream_request,
 )
 
@@ -101,20 +100,7 @@ class AppendLink:
                     why = f"an answer of {size} bytes"
                     break
                 answer = pb.AppendStreamResponse.FromString(await reader.readexactly(size))
-                future = self._pending.get(answer.request_id)
-                if future is None or future.done():
-                    continue  # its caller gave up
-                if answer.code == 0:
-                    future.set_result(answer.end_offset)
-                else:
-                    future.set_exception(
-                        error_from_status(
-                            self.address,
-                            CODES.get(answer.code),
-                            answer.message,
-                            dict(answer.metadata),
-                        )
-                    )
+                settle_answer(self._pending, self.address, answer)
         except (asyncio.IncompleteReadError, OSError, DecodeError) as e:
             why = str(e) or type(e).__name__
         except asyncio.CancelledError:

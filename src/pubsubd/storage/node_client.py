@@ -50,6 +50,7 @@ __all__ = [
     "StorageNodePool",
     "encode_append",
     "error_from_status",
+    "settle_answer",
     "stream_request",
 ]
 
@@ -349,6 +350,23 @@ def stream_request(request_id: int, append: EncodedAppend) -> tuple[bytes, bytes
     return prefix, append.frames
 
 
+def settle_answer(
+    pending: dict[int, asyncio.Future[int]], address: str, answer: pb.AppendStreamResponse
+) -> None:
+    """Hand a streamed append's answer to the append waiting for it: its end offset, or its
+    refusal as the typed error (nobody waits if its caller gave up)."""
+    future = pending.get(answer.request_id)
+    if future is None or future.done():
+        return
+    if answer.code == 0:
+        future.set_result(answer.end_offset)
+    else:
+        code = CODES.get(answer.code)
+        future.set_exception(
+            error_from_status(address, code, answer.message, dict(answer.metadata))
+        )
+
+
 class _StreamEnded(NodeUnavailable):
     """The append's stream ended (the connection dropped, the node stopped) before its answer
     came. Sending it again is safe: a node accepts a retry of what it stores."""
@@ -423,20 +441,7 @@ class _AppendStream:
                 answer = await self._call.read()
                 if answer is grpc.aio.EOF:
                     break
-                future = self._pending.get(answer.request_id)
-                if future is None or future.done():
-                    continue  # its caller gave up
-                if answer.code == 0:
-                    future.set_result(answer.end_offset)
-                else:
-                    future.set_exception(
-                        error_from_status(
-                            self.address,
-                            CODES.get(answer.code),
-                            answer.message,
-                            dict(answer.metadata),
-                        )
-                    )
+                settle_answer(self._pending, self.address, answer)
         except grpc.RpcError as e:
             broken = error_from_rpc(self.address, e)
             self.unimplemented = broken.code == grpc.StatusCode.UNIMPLEMENTED
