@@ -45,7 +45,8 @@ class AppendLink:
         self._pending: dict[int, asyncio.Future[int]] = {}
         self._next_id = 1
         self._writer: asyncio.StreamWriter | None = None
-        self._connecting: asyncio.Future[asyncio.StreamWriter] | None = None
+        self._connecting: asyncio.Future[None] | None = None
+        self._backlog: list[tuple[bytes, bytes]] = []  # appends made before the connection
         self._reader: asyncio.Task[None] | None = None
         self.broken: StorageNodeError | None = None
 
@@ -60,36 +61,36 @@ class AppendLink:
         self._pending[request_id] = future
         expiry = loop.call_later(deadline_s, _expire, self.address, future, deadline_s)
         try:
-            writer = self._writer
-            if writer is None:
-                # Every append waiting here resumes in call order, so they are written in it.
-                if self._connecting is None:
-                    self._connecting = asyncio.ensure_future(self._connect())
-                writer = await asyncio.shield(self._connecting)
-            if self.broken is not None:
-                raise self.broken
             prefix, frames = stream_request(request_id, request)
             size = len(prefix) + len(frames)
-            writer.writelines((size.to_bytes(4, "big") + prefix, frames))
+            buffers = (size.to_bytes(4, "big") + prefix, frames)
+            if self._writer is not None:
+                self._writer.writelines(buffers)
+            else:  # written, in call order, as soon as the connection is up
+                self._backlog.append(buffers)
+                if self._connecting is None:
+                    self._connecting = asyncio.ensure_future(self._connect())
             return await future
         finally:
             expiry.cancel()
             self._pending.pop(request_id, None)
 
-    async def _connect(self) -> asyncio.StreamWriter:
+    async def _connect(self) -> None:
         host, _, port = self.append_address.rpartition(":")
         try:
             reader, writer = await asyncio.wait_for(
                 asyncio.open_connection(host, int(port)), CONNECT_TIMEOUT_S
             )
         except (OSError, TimeoutError, ValueError) as e:
+            self._backlog.clear()
             self._end(LinkEnded(self.address, grpc.StatusCode.UNAVAILABLE, f"append port: {e}"))
-            assert self.broken is not None
-            raise self.broken from None
+            return
         writer.write(APPEND_PORT_MAGIC)
+        for buffers in self._backlog:  # no await from here on: nothing can overtake them
+            writer.writelines(buffers)
+        self._backlog.clear()
         self._writer = writer
         self._reader = asyncio.ensure_future(self._read(reader))
-        return writer
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         why = "the node closed the connection"
