@@ -20,10 +20,10 @@ from pubsubd._gen.pubsubd.internal.v1 import storage_pb2 as pb
 from pubsubd.storage.node_client import (
     APPEND_PORT_MAGIC,
     MAX_MESSAGE_BYTES,
+    AnswerWaiters,
     EncodedAppend,
     NodeUnavailable,
     StorageNodeError,
-    settle_answer,
     stream_request,
 )
 
@@ -42,8 +42,7 @@ class AppendLink:
     def __init__(self, address: str, append_address: str) -> None:
         self.address = address  # the node's gRPC address: how errors name it
         self.append_address = append_address
-        self._pending: dict[int, asyncio.Future[int]] = {}
-        self._next_id = 1
+        self._waiters = AnswerWaiters(address)
         self._writer: asyncio.StreamWriter | None = None
         self._connecting: asyncio.Future[None] | None = None
         self._backlog: list[tuple[bytes, bytes]] = []  # appends made before the connection
@@ -54,12 +53,7 @@ class AppendLink:
         """Send an encoded AppendRequest; its answer's end offset, or its refusal."""
         if self.broken is not None:
             raise self.broken
-        loop = asyncio.get_running_loop()
-        request_id = self._next_id
-        self._next_id += 1
-        future: asyncio.Future[int] = loop.create_future()
-        self._pending[request_id] = future
-        expiry = loop.call_later(deadline_s, _expire, self.address, future, deadline_s)
+        request_id, future = self._waiters.add(deadline_s)
         try:
             prefix, frames = stream_request(request_id, request)
             size = len(prefix) + len(frames)
@@ -72,8 +66,7 @@ class AppendLink:
                     self._connecting = asyncio.ensure_future(self._connect())
             return await future
         finally:
-            expiry.cancel()
-            self._pending.pop(request_id, None)
+            self._waiters.remove(request_id)
 
     async def _connect(self) -> None:
         host, _, port = self.append_address.rpartition(":")
@@ -101,7 +94,7 @@ class AppendLink:
                     why = f"an answer of {size} bytes"
                     break
                 answer = pb.AppendStreamResponse.FromString(await reader.readexactly(size))
-                settle_answer(self._pending, self.address, answer)
+                self._waiters.settle(answer)
         except (asyncio.IncompleteReadError, OSError, DecodeError) as e:
             why = str(e) or type(e).__name__
         except asyncio.CancelledError:
@@ -112,9 +105,7 @@ class AppendLink:
 
     def _end(self, error: StorageNodeError) -> None:
         self.broken = self.broken or error
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(self.broken)
+        self._waiters.fail_all(self.broken)
         if self._writer is not None:
             self._writer.close()
 
@@ -126,14 +117,3 @@ class AppendLink:
                 await self._reader
         if self._connecting is not None and not self._connecting.done():
             self._connecting.cancel()
-
-
-def _expire(address: str, future: asyncio.Future[int], deadline_s: float) -> None:
-    if not future.done():
-        future.set_exception(
-            NodeUnavailable(
-                address,
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"append: no answer within {deadline_s:g} s",
-            )
-        )

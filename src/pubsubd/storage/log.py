@@ -624,14 +624,8 @@ class SourceLog:
             return
         while True:
             if not self._pending:
-                if self._closing:
+                if not await self._idle():
                     return
-                if self._release_requested:
-                    self._release_requested = False
-                    await self._release_write_fd()
-                    continue
-                await self._wakeup.wait()
-                self._wakeup.clear()
                 continue
             group = self._take_group()
             try:
@@ -677,14 +671,25 @@ class SourceLog:
                 flights.append((group, sent))
                 continue
             if not self._pending and not flights:
-                if self._closing:
+                if not await self._idle():
                     return
-                if self._release_requested:
-                    self._release_requested = False
-                    await self._release_write_fd()
-                    continue
+                continue
             await wakeup.wait()
             wakeup.clear()
+
+    async def _idle(self) -> bool:
+        """The writer has nothing to do: False when it should end (the log is closing);
+        else close the idle segment if asked, or wait for the next append."""
+        assert self._wakeup is not None
+        if self._closing:
+            return False
+        if self._release_requested:
+            self._release_requested = False
+            await self._release_write_fd()
+            return True
+        await self._wakeup.wait()
+        self._wakeup.clear()
+        return True
 
     def _take_group(self) -> list[_Pending]:
         pending = self._pending

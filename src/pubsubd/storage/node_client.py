@@ -31,6 +31,7 @@ __all__ = [
     "CODES",
     "MIN_PROTOCOL_VERSION",
     "PROTOCOL_VERSION",
+    "AnswerWaiters",
     "AppendGap",
     "DiskHealth",
     "EncodedAppend",
@@ -50,7 +51,6 @@ __all__ = [
     "StorageNodePool",
     "encode_append",
     "error_from_status",
-    "settle_answer",
     "stream_request",
 ]
 
@@ -350,21 +350,59 @@ def stream_request(request_id: int, append: EncodedAppend) -> tuple[bytes, bytes
     return prefix, append.frames
 
 
-def settle_answer(
-    pending: dict[int, asyncio.Future[int]], address: str, answer: pb.AppendStreamResponse
-) -> None:
-    """Hand a streamed append's answer to the append waiting for it: its end offset, or its
-    refusal as the typed error (nobody waits if its caller gave up)."""
-    future = pending.get(answer.request_id)
-    if future is None or future.done():
-        return
-    if answer.code == 0:
-        future.set_result(answer.end_offset)
-    else:
-        code = CODES.get(answer.code)
-        future.set_exception(
-            error_from_status(address, code, answer.message, dict(answer.metadata))
-        )
+class AnswerWaiters:
+    """The appends of one stream or connection that wait for their answers, by request ID.
+    Each is settled by its answer (:meth:`settle`), its deadline, or the end of the stream
+    (:meth:`fail_all`); the AppendStream client and the append port's link share it."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._waiting: dict[int, tuple[asyncio.Future[int], asyncio.TimerHandle]] = {}
+        self._next_id = 1
+
+    def add(self, deadline_s: float) -> tuple[int, asyncio.Future[int]]:
+        """A new request ID and the future its answer settles; call :meth:`remove` after."""
+        loop = asyncio.get_running_loop()
+        request_id = self._next_id
+        self._next_id += 1
+        future: asyncio.Future[int] = loop.create_future()
+        expiry = loop.call_later(deadline_s, self._expire, future, deadline_s)
+        self._waiting[request_id] = (future, expiry)
+        return request_id, future
+
+    def remove(self, request_id: int) -> None:
+        found = self._waiting.pop(request_id, None)
+        if found is not None:
+            found[1].cancel()
+
+    def settle(self, answer: pb.AppendStreamResponse) -> None:
+        """Hand an answer to its append: the end offset, or the refusal as its typed error
+        (nobody waits if its caller gave up)."""
+        found = self._waiting.get(answer.request_id)
+        if found is None or found[0].done():
+            return
+        if answer.code == 0:
+            found[0].set_result(answer.end_offset)
+        else:
+            code = CODES.get(answer.code)
+            found[0].set_exception(
+                error_from_status(self.address, code, answer.message, dict(answer.metadata))
+            )
+
+    def fail_all(self, error: StorageNodeError) -> None:
+        for future, _ in self._waiting.values():
+            if not future.done():
+                future.set_exception(error)
+
+    def _expire(self, future: asyncio.Future[int], deadline_s: float) -> None:
+        if not future.done():
+            future.set_exception(
+                NodeUnavailable(
+                    self.address,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"append: no answer within {deadline_s:g} s",
+                )
+            )
 
 
 class _StreamEnded(NodeUnavailable):
@@ -384,8 +422,7 @@ class _AppendStream:
             request_serializer=None,
             response_deserializer=pb.AppendStreamResponse.FromString,
         )()
-        self._pending: dict[int, asyncio.Future[int]] = {}
-        self._next_id = 1
+        self._waiters = AnswerWaiters(address)
         self._write_lock = asyncio.Lock()
         self.broken: StorageNodeError | None = None
         self.unimplemented = False  # the node predates AppendStream: use Append
@@ -394,19 +431,13 @@ class _AppendStream:
     async def append(self, request: EncodedAppend, deadline_s: float) -> int:
         if self.broken is not None:
             raise self.broken
-        loop = asyncio.get_running_loop()
-        request_id = self._next_id
-        self._next_id += 1
-        future: asyncio.Future[int] = loop.create_future()
-        self._pending[request_id] = future
-        expiry = loop.call_later(deadline_s, self._expire, future, deadline_s)
+        request_id, future = self._waiters.add(deadline_s)
         try:
             # Shielded: a caller that gives up must not cut a message in half for the others.
             await asyncio.shield(self._write(request_id, request, future))
             return await future
         finally:
-            expiry.cancel()
-            self._pending.pop(request_id, None)
+            self._waiters.remove(request_id)
 
     async def _write(
         self, request_id: int, request: EncodedAppend, future: asyncio.Future[int]
@@ -424,16 +455,6 @@ class _AppendStream:
         if self.broken is not None and not future.done():
             future.set_exception(self.broken)
 
-    def _expire(self, future: asyncio.Future[int], timeout: float) -> None:
-        if not future.done():
-            future.set_exception(
-                NodeUnavailable(
-                    self.address,
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                    f"append: no answer within {timeout:g} s",
-                )
-            )
-
     async def _read(self) -> None:
         broken: StorageNodeError | None = None
         try:
@@ -441,7 +462,7 @@ class _AppendStream:
                 answer = await self._call.read()
                 if answer is grpc.aio.EOF:
                     break
-                settle_answer(self._pending, self.address, answer)
+                self._waiters.settle(answer)
         except grpc.RpcError as e:
             broken = error_from_rpc(self.address, e)
             self.unimplemented = broken.code == grpc.StatusCode.UNIMPLEMENTED
@@ -452,9 +473,7 @@ class _AppendStream:
             raise
         finally:
             self.broken = broken or _StreamEnded(self.address, None, "append stream ended")
-            for future in self._pending.values():
-                if not future.done():
-                    future.set_exception(self.broken)
+            self._waiters.fail_all(self.broken)
 
     async def close(self) -> None:
         self._call.cancel()
