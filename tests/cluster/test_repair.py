@@ -28,7 +28,7 @@ from pubsubd.storage.ledgers.meta import LedgerList, LedgerMeta, LedgerState, St
 from pubsubd.storage.ledgers.repair import RepairSettings
 from pubsubd.storage.node_client import LedgerSummary, StorageNodeClient, StorageNodePool
 from tests.conftest import make_publisher, make_subscriber
-from tests.support.cluster import ClusterServer, running_cluster
+from tests.support.cluster import ClusterServer, running_cluster, topic_uid
 from tests.support.drain import drain
 from tests.support.flood import Flood
 from tests.support.server import wait_for
@@ -231,6 +231,104 @@ def test_a_node_gone_past_the_grace_period_has_its_ledgers_copied_to_another(
     wait_for(lambda: not orphans(), 20, "the victim's orphaned copies deleted")
     assert held_before, "the victim held ledgers when it came back"
     assert _auditor(server)["orphans_deleted"] >= 1
+
+
+def test_closed_ledgers_move_out_of_a_zone_the_topic_no_longer_allows(
+    cluster: LocalCluster, names: Any
+) -> None:
+    """The topic's message_storage_policy changes from zone-2 to zone-1: new messages go to
+    zone-1 at once (the writer rolls), the closed ledgers' copies are made again in zone-1 and
+    take the old copies' place, the old copies are deleted, and every message is delivered."""
+    server = ClusterServer(cluster)
+    wait_for(lambda: _auditor(server)["role"] == "auditor", 10, "the auditor elected")
+    zone_of = {n["node_id"]: n["zone"] for n in cluster_status(cluster.zk)["nodes"]}
+    assert {"zone-1", "zone-2"} <= set(zone_of.values())
+    pub, sub = make_publisher(server.endpoint), make_subscriber(server.endpoint)
+    topic, subscription = names.topic("moved"), names.subscription("moved")
+    pub.create_topic(
+        request={
+            "name": topic,
+            "labels": {"pubsubd-storage-replicas": "1"},
+            "message_storage_policy": {"allowed_persistence_regions": ["zone-2"]},
+        }
+    )
+    sub.create_subscription(name=subscription, topic=topic)
+    sub.close()
+    before = {b"before-%03d" % i for i in range(100)}
+    for f in [pub.publish(topic, d) for d in sorted(before)]:
+        f.result(60)
+    uid = topic_uid(cluster, topic)
+
+    def ledgers() -> list[LedgerMeta]:
+        return [m for k, lst in _lists(cluster).items() if k.startswith(uid) for m in lst.ledgers]
+
+    old = [m for m in ledgers() if m.end_offset != m.first_offset]
+    assert old and all(zone_of[n] == "zone-2" for m in old for n in m.nodes)
+    pub.update_topic(
+        request={
+            "topic": {
+                "name": topic,
+                "message_storage_policy": {"allowed_persistence_regions": ["zone-1"]},
+            },
+            "update_mask": {"paths": ["message_storage_policy"]},
+        }
+    )
+    after = {b"after-%03d" % i for i in range(20)}
+    for f in [pub.publish(topic, d) for d in sorted(after)]:
+        f.result(60)
+
+    def outside_zone_1() -> list[str]:
+        return [
+            f"ledger {m.ledger_id} ({m.state.value}) on {n}"
+            for m in ledgers()
+            if m.end_offset != m.first_offset
+            for n in m.nodes
+            if zone_of[n] != "zone-1"
+        ]
+
+    wait_for(lambda: not outside_zone_1(), 30, "every ledger's copies in zone-1")
+    assert not _problems(cluster)
+    old_nodes = {(n, m.ledger_id) for m in old for n in m.nodes}
+    wait_for(
+        lambda: not {(n, i) for n, held in _copies(cluster).items() for i in held} & old_nodes,
+        30,
+        "the copies left in zone-2 deleted",
+    )
+    assert before | after <= drain(server.endpoint, subscription, before | after)
+
+
+def test_a_fence_no_list_needs_is_deleted_after_the_grace_period(cluster: LocalCluster) -> None:
+    """A node fenced for a ledger it never got an entry of (a takeover, a repair) holds a small
+    fence record; once no ledger list gives that ledger to the node, the auditor deletes it
+    like an orphaned copy (else such records would pile up for ever)."""
+    server = ClusterServer(cluster)
+    wait_for(lambda: _auditor(server)["role"] == "auditor", 10, "the auditor elected")
+    node = next(
+        p for p in cluster.processes if p.role == "storage" and p.running(cluster.directory)
+    )
+    ledger_id = 9_000_000_000 + uuid.uuid4().int % 1_000_000  # in no list
+
+    async def fence() -> None:
+        client = StorageNodeClient(node.address)
+        try:
+            assert (await client.fence(ledger_id, 7)).exists is False
+        finally:
+            await client.close()
+
+    async def fenced_only() -> list[int]:
+        client = StorageNodeClient(node.address)
+        try:
+            return (await client.list_held())[1]
+        finally:
+            await client.close()
+
+    deleted = _auditor(server)["orphans_deleted"]
+    asyncio.run(fence())
+    assert ledger_id in asyncio.run(fenced_only())
+    wait_for(lambda: ledger_id not in asyncio.run(fenced_only()), 30, "the unneeded fence deleted")
+    assert _auditor(server)["orphans_deleted"] > deleted
+    fence_file = f"{ledger_id:020d}.fence"
+    assert not list((cluster.directory / node.name).glob(f"disk-*/ledgers/{fence_file}"))
 
 
 def _ledger_file(cluster: LocalCluster, node: str, ledger_id: int) -> Path:

@@ -25,6 +25,7 @@ class MemoryTopic:
     sources: list[list[Entry]] = field(default_factory=lambda: [[]])
     damaged: dict[int, list[DamagedRange]] = field(default_factory=dict)
     policy: DamagePolicy = DamagePolicy.STOP
+    restoring: bool = False  # the damage is being read back from the storage nodes
     cache: DecodeCache = field(default_factory=DecodeCache)
     time_us: int = 1_700_000_000_000_000
 
@@ -66,7 +67,7 @@ class MemoryTopic:
             raise OffsetOutOfRange(offset, self.start_offset(source), self.committed_offset(source))
         hit = self._damage_at(source, offset)
         if hit is not None:
-            raise DamagedEntries(hit)
+            raise DamagedEntries(hit, restoring=self.restoring)
         out: list[Entry] = []
         for entry in self.sources[source]:
             if entry.next_offset <= offset:
@@ -79,7 +80,7 @@ class MemoryTopic:
     def entry_at(self, source: int, offset: int) -> Entry:
         hit = self._damage_at(source, offset)
         if hit is not None:
-            raise DamagedEntries(hit)
+            raise DamagedEntries(hit, restoring=self.restoring)
         for entry in self.sources[source]:
             if entry.base_offset <= offset < entry.next_offset:
                 return entry

@@ -115,6 +115,35 @@ def test_the_replacement_stays_in_the_allowed_zones() -> None:
     assert [t.target for t in plan.tasks] == ["d"]
 
 
+def test_copies_in_a_zone_the_policy_no_longer_allows_move_to_an_allowed_one() -> None:
+    """The topic's storage policy changed: a closed ledger's copy in a zone it no longer
+    allows is made again in an allowed zone, which takes its place (the old copy becomes an
+    orphan); a missing copy there is not repaired in place first."""
+    policy = StoragePolicy(replicas=3, allowed_zones=frozenset({"z1", "z2"}))
+    registered = {
+        "a": NodeInfo("a", "x", "z1"),
+        "b": NodeInfo("b", "x", "z2"),
+        "c": NodeInfo("c", "x", "z3"),
+        "d": NodeInfo("d", "x", "z1"),
+        "f": NodeInfo("f", "x", "z3"),
+    }
+    for held_by_c in (_copy(), None):
+        copies = _held(a=_copy(), b=_copy(), c=held_by_c, d=None, f=None)
+        plan = _plan(_closed(), copies, registered, policy=policy)
+        assert Finding("c", Issue.MISPLACED) in plan.findings and plan.under_replicated
+        (task,) = plan.tasks
+        assert (task.target, task.replaces, task.reason) == ("d", "c", Issue.MISPLACED)
+        assert task.source in {"a", "b"} and task.expected_digest == 0xD1
+    # Nowhere allowed to go: reported, the copy stays where it is.
+    del registered["d"]
+    plan = _plan(
+        _closed(), _held(a=_copy(), b=_copy(), c=_copy(), f=None), registered, policy=policy
+    )
+    assert not plan.tasks and "allowed zone" in plan.blocked
+    # Without zone restrictions nothing is misplaced.
+    assert not _plan(_closed(), _held(a=_copy(), b=_copy(), c=_copy()), registered).findings
+
+
 def test_without_a_node_to_take_its_place_a_lost_copy_is_reported() -> None:
     plan = _plan(_closed(), _held(a=_copy(), b=_copy()), lost=frozenset({"c"}))
     assert plan.under_replicated and not plan.tasks and "replace c" in plan.blocked

@@ -100,6 +100,8 @@ async def test_calls_and_typed_refusals(
             await client.read(6, 0)
         [summary] = await client.list_ledgers()
         assert (summary.ledger_id, summary.end_offset, summary.healthy_disks) == (5, 3, 3)
+        # Ledger 6 was only fenced: not a copy, but listed so that it can be deleted.
+        assert await client.list_held() == ([summary], [6])
         health = await client.health()
         assert (health.node_id, health.zone, health.serving, len(health.disks)) == (
             "n1",
@@ -110,6 +112,8 @@ async def test_calls_and_typed_refusals(
         assert health.protocol_version == nc.PROTOCOL_VERSION and health.ledgers == 2
         assert await client.delete_ledger(5) is True
         assert await client.delete_ledger(5) is False
+        assert await client.delete_ledger(6) is True
+        assert await client.list_held() == ([], [])
         assert client.streaming is (appends != "Append")
     finally:
         await client.close()

@@ -220,14 +220,60 @@ async def test_a_damaged_range_of_the_local_copy_is_re_read_from_the_nodes(
     writer = _writer(state, nodes, "p2")
     await writer.take_over()
     log = SourceLog.open(tmp_path / "s", segment_bytes=400, remote=writer)
-    with pytest.raises(DamagedEntries):
+    commits: list[int] = []
+    log.add_listener(commits.append)
+    with pytest.raises(DamagedEntries) as found:
         log.read(1)
+    # Found while running: re-read from the nodes at once, and meanwhile readers are told to
+    # wait (not to skip the messages or report them lost).
+    assert found.value.restoring
     assert len(log.damaged_ranges()) == 1
-    assert await log.restore_damage() == 1
-    assert len(log.recheck_damage()) == 1 and not log.damaged_ranges()
+    for _ in range(200):
+        if not log.damaged_ranges():
+            break
+        await asyncio.sleep(0.01)
+    assert not log.damaged_ranges() and commits  # restored; readers waiting at it are woken
     assert [e.payload for e in log.read(0, max_entries=40)] == [
         b"message %02d" % i for i in range(40)
     ]
+    await log.close()
+
+
+async def test_damage_the_nodes_cannot_restore_falls_back_to_the_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state, nodes = cluster()
+    writer = _writer(state, nodes)
+    await writer.take_over()
+    log = SourceLog.open(tmp_path / "s", segment_bytes=400, remote=writer)
+    for i in range(40):
+        await log.append(b"message %02d" % i, 1, 1000 + i)
+    await log.close()
+    sealed = sorted((tmp_path / "s").glob("*.seg"))[0]
+    data = bytearray(sealed.read_bytes())
+    data[60] ^= 0xFF
+    sealed.write_bytes(bytes(data))
+    writer = _writer(state, nodes, "p2")
+    await writer.take_over()
+
+    async def unreadable(start: int, end: int) -> bytes:
+        raise ReplicationFailed("no node holds the range")
+
+    monkeypatch.setattr(writer, "read_frames", unreadable)
+    log = SourceLog.open(tmp_path / "s", segment_bytes=400, remote=writer)
+    commits: list[int] = []
+    log.add_listener(commits.append)
+    with pytest.raises(DamagedEntries) as found:
+        log.read(1)
+    assert found.value.restoring
+    for _ in range(200):
+        if commits:
+            break
+        await asyncio.sleep(0.01)
+    assert commits  # the failed restore wakes the readers waiting at the damage...
+    with pytest.raises(DamagedEntries) as found:
+        log.read(1)
+    assert not found.value.restoring  # ...which now apply the topic's damage policy
     await log.close()
 
 

@@ -248,6 +248,52 @@ def test_skip_policy_acks_damaged_messages_as_lost() -> None:
     assert fx.acks == {0: [(1, 2)]}
 
 
+@pytest.mark.parametrize("policy", [DamagePolicy.STOP, DamagePolicy.SKIP])
+def test_damage_being_restored_is_waited_for_whatever_the_policy(policy: DamagePolicy) -> None:
+    """A cluster's local copy re-reads damage from the storage nodes: nothing is lost, so the
+    planner neither skips it nor ends the consumer; once restored, delivery goes on; if the
+    restore fails, the policy applies."""
+    topic = MemoryTopic(policy=policy, restoring=True)
+    p = planner(topic)
+    c = Recorder()
+    p.add_consumer(c)
+    first = topic.publish(b"a")
+    topic.publish(b"b")  # damaged, being restored
+    topic.publish(b"c")
+    topic.damaged[0] = [_damaged(1, 2)]
+    fx = run(p, 0.0)
+    assert c.positions() == first and not fx.ended and not fx.lost and p.lost == 0
+    p.acknowledge(first)
+    fx = run(p, 0.0)
+    assert not fx.ended and not fx.lost  # waits at the damage
+    topic.restoring = False
+    fx = run(p, 0.0)
+    if policy is DamagePolicy.SKIP:
+        assert fx.lost == [1] and c.positions()[-1] == 2
+    else:
+        [(ended, error)] = fx.ended
+        assert ended is c and isinstance(error, DataLoss)
+
+
+def test_a_redelivery_found_damaged_while_restoring_is_delivered_once_restored() -> None:
+    topic = MemoryTopic(policy=DamagePolicy.SKIP)
+    p = planner(topic)
+    c = Recorder()
+    p.add_consumer(c)
+    topic.publish(b"a", b"b")
+    run(p, 0.0)
+    assert c.positions() == [0, 1]
+    topic.damaged[0] = [_damaged(0, 2)]  # found damaged when read again
+    topic.restoring = True
+    p.modify_deadline(ack_ids(p, c), 0, 1.0)  # nack
+    fx = run(p, 1.0)
+    assert not fx.lost and c.positions() == [0, 1]  # waits, not acked as lost
+    topic.damaged[0] = []
+    topic.restoring = False
+    run(p, 2.0)
+    assert c.positions() == [0, 1, 0, 1]  # restored: redelivered
+
+
 def test_reset_forgets_leases_and_old_ack_ids_stop_working() -> None:
     topic = MemoryTopic()
     p = planner(topic)

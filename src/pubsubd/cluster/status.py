@@ -14,9 +14,10 @@ import contextlib
 import json
 from typing import Any
 
+from pubsubd.coordination.election import CANDIDATE_PREFIX
 from pubsubd.coordination.errors import CoordinationError, NoNode
 from pubsubd.coordination.zk import Coordinator
-from pubsubd.storage.ledgers.auditor import CANDIDATE_PREFIX, STATUS_NODE
+from pubsubd.storage.ledgers.auditor import STATUS_NODE
 from pubsubd.storage.ledgers.meta import LedgerList, LedgerState
 
 
@@ -52,13 +53,15 @@ async def _collect(zk: str, root: str) -> dict[str, Any]:
         repair = await _repair(coordinator)
     finally:
         await coordinator.stop()
-    widest = max((m.write_quorum for _, lst in ledgers for m in lst.ledgers), default=0)
+    # ZooKeeper alone shows ledgers listing a node that is not registered; the auditor's last
+    # pass also knows each topic's policy (copies, zones) and what the nodes hold.
     under = [
         {"source": name, "ledger": m.ledger_id, "nodes": list(m.nodes)}
         for name, lst in ledgers
         for m in lst.ledgers
-        if any(n not in nodes for n in m.nodes) or m.write_quorum < widest
+        if any(n not in nodes for n in m.nodes)
     ]
+    audited = repair.get("last_pass", {}).get("under_replicated")
     return {
         "nodes": [
             {
@@ -75,8 +78,9 @@ async def _collect(zk: str, root: str) -> dict[str, Any]:
         "open_ledgers": sum(
             1 for _, lst in ledgers for m in lst.ledgers if m.state is not LedgerState.CLOSED
         ),
-        "under_replicated": len(under),
-        "under_replicated_ledgers": under[:100],
+        "under_replicated": audited if isinstance(audited, int) else len(under),
+        "under_replicated_by": "auditor" if isinstance(audited, int) else "registry",
+        "ledgers_on_absent_nodes": under[:100],
         "repair": repair,
     }
 

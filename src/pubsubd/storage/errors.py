@@ -15,11 +15,15 @@ class CorruptEntry(StorageError):
 
 class DamagedEntries(CorruptEntry):
     """The requested offset lies in a damaged range of the log (storage/damage.py); the
-    entries after it are readable from ``damaged.end_offset`` on."""
+    entries after it are readable from ``damaged.end_offset`` on. ``restoring``: a copy is
+    being read back from the storage nodes (a cluster's local copy): wait for it, do not
+    skip or report the messages as lost."""
 
-    def __init__(self, damaged: DamagedRange) -> None:
-        super().__init__(f"damaged entries: {damaged.describe()}")
+    def __init__(self, damaged: DamagedRange, *, restoring: bool = False) -> None:
+        state = " (being restored from the storage nodes)" if restoring else ""
+        super().__init__(f"damaged entries{state}: {damaged.describe()}")
         self.damaged = damaged
+        self.restoring = restoring
 
 
 class OffsetOutOfRange(StorageError):

@@ -432,6 +432,7 @@ class SourceLog:
         "_remote",
         "_remote_tasks",
         "_replica",
+        "_restoring",
         "_segment_bytes",
         "_segment_lock",
         "_segments",
@@ -462,6 +463,9 @@ class SourceLog:
         # committed once the remote quorum has it, and the local write is not fsynced.
         self._remote = remote
         self._remote_tasks: set[asyncio.Task[int]] = set()
+        # Damage found while running is re-read from the storage nodes at once; until that
+        # finishes, readers wait at it instead of applying the damage policy (it is not lost).
+        self._restoring = False
         self._segments = segments
         # Damaged ranges (storage/damage.py); None while there are none, the usual case.
         self._damage: DamageMap | None = None
@@ -920,7 +924,7 @@ class SourceLog:
         if self._damage:
             damaged = self._damage.at(offset)
             if damaged is not None:
-                raise DamagedEntries(damaged)
+                raise DamagedEntries(damaged, restoring=self._restoring)
         seg_index = bisect_right(self._segments, offset, key=lambda s: s.base) - 1
         segment = self._segments[seg_index]
         return seg_index, bisect_right(segment.offsets, offset) - 1
@@ -985,6 +989,41 @@ class SourceLog:
         )
         recorded = self._damage_map().add(damaged)
         logger.error("log %s: damaged entries: %s", self._directory, recorded.describe())
+        self._restore_soon()
+
+    def _restore_soon(self) -> None:
+        """In a cluster: re-read the damaged ranges from the storage nodes now (a task);
+        readers meeting them meanwhile are told to wait (``DamagedEntries.restoring``)."""
+        if self._remote is None or self._restoring or self._closing:
+            return
+        try:
+            task = asyncio.get_running_loop().create_task(self._restore_now())
+        except RuntimeError:  # no loop (a synchronous read): the next trim pass restores
+            return
+        self._restoring = True
+        self._remote_tasks.add(task)
+        task.add_done_callback(self._remote_tasks.discard)
+
+    async def _restore_now(self) -> int:
+        try:
+            rewritten = await self.restore_damage()
+            restored = len(self.recheck_damage())
+        except Exception:
+            logger.exception("log %s: restoring damaged entries failed", self._directory)
+            restored = 0
+        finally:
+            self._restoring = False
+        if self._damage:
+            # What could not be restored is damage again: readers apply the policy now
+            # (the trim pass keeps trying to restore it).
+            logger.error(
+                "log %s: %d damaged range(s) not restored from the storage nodes (%d rewritten)",
+                self._directory,
+                len(self._damage),
+                rewritten,
+            )
+            self._notify()
+        return restored
 
     def _damage_map(self) -> DamageMap:
         if self._damage is None:

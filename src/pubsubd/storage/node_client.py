@@ -625,6 +625,13 @@ class StorageNodeClient:
         return ReadResult(r.frames, r.node_end_offset)
 
     async def list_ledgers(self, *, deadline_s: float | None = None) -> list[LedgerSummary]:
+        """The node's copies (ledgers holding entries)."""
+        return (await self.list_held(deadline_s=deadline_s))[0]
+
+    async def list_held(
+        self, *, deadline_s: float | None = None
+    ) -> tuple[list[LedgerSummary], list[int]]:
+        """The node's copies, and the ledgers it holds only a fence record of."""
         request = pb.ListLedgersRequest(protocol_version=self.protocol_version)
         r = await self._call(self._list, request, deadline_s)
         return [
@@ -639,7 +646,7 @@ class StorageNodeClient:
                 i.healthy_disks,
             )
             for i in r.ledgers
-        ]
+        ], list(r.fenced_only)
 
     async def delete_ledger(self, ledger_id: int, *, deadline_s: float | None = None) -> bool:
         """Delete the ledger's files; False if the node did not hold it."""

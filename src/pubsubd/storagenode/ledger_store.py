@@ -552,6 +552,14 @@ class LedgerStore:
             )
         return out
 
+    def fenced_only(self) -> list[int]:
+        """The ledgers holding a fence record and no entry, by ID."""
+        return sorted(
+            ledger_id
+            for ledger_id, ledger in self._ledgers.items()
+            if ledger.index is None and ledger.fence > 0
+        )
+
     def disk_health(self) -> list[DiskHealth]:
         return [DiskHealth(str(d.path), d.healthy, d.free_bytes(), d.error) for d in self.disks]
 

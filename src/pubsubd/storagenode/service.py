@@ -115,7 +115,8 @@ class StorageNodeServicer:
                     healthy_disks=s.healthy_disks,
                 )
                 for s in self.store.summaries()
-            ]
+            ],
+            fenced_only=self.store.fenced_only(),
         )
 
     async def DeleteLedger(

@@ -25,7 +25,13 @@ from pubsubd.control.router import Routes
 from pubsubd.core import ids
 from pubsubd.core.clock import SYSTEM_CLOCK, Clock
 from pubsubd.core.damage_policy import DamagePolicy
-from pubsubd.core.errors import DataLoss, InvalidArgument, OutOfRange, ResourceExhausted
+from pubsubd.core.errors import (
+    DataLoss,
+    InvalidArgument,
+    OutOfRange,
+    ResourceExhausted,
+    Unavailable,
+)
 from pubsubd.core.records import Entry
 from pubsubd.core.retention import timestamp_us
 from pubsubd.core.roles import PublishingForwarderApi
@@ -119,6 +125,11 @@ def _page(log: TopicLog, request: Any) -> tuple[Page, int]:
         except DamagedEntries as e:
             if rows:
                 break  # the page ends before the damage; the next Read starts at it
+            if e.restoring:
+                raise Unavailable(
+                    f"topic storage {log.topic_uid}, source {source}: entries from offset "
+                    f"{e.damaged.first_offset} are being restored from the storage nodes; retry"
+                ) from None
             if log.publishing.damage_policy(log.topic_uid) is DamagePolicy.SKIP:
                 next_offset = e.damaged.end_offset  # lost: the page skips them
                 continue

@@ -381,6 +381,8 @@ class DeliveryPlanner:
                     offset = max(offset, reader.start_offset(source))
                     continue
                 except DamagedEntries as e:
+                    if e.restoring:
+                        break  # read back from the storage nodes: delivery goes on after
                     if not self._past_damage(source, e.damaged, lost):
                         self._stuck = (source, e.damaged)
                         break
@@ -462,7 +464,7 @@ class DeliveryPlanner:
             return None
         except DamagedEntries as e:
             lost: list[int] = []
-            if self._past_damage(source, e.damaged, lost):
+            if not e.restoring and self._past_damage(source, e.damaged, lost):
                 if lost:
                     self._ack_lost(lost)
             else:
@@ -785,15 +787,11 @@ class DeliveryPlanner:
         bytes) go back for delivery."""
         assert self._damaged_positions is not None
         for pos in list(self._damaged_positions):
-            try:
-                self.reader.entry_at(ids.source_of(pos), ids.offset_of(pos))
-            except DamagedEntries:
-                continue
-            except OffsetOutOfRange:
-                pass
-            else:
-                self._requeue(pos)
             self._damaged_positions.discard(pos)
+            # Still damaged: remembered again, or lost if the policy skips it (a restore from
+            # the storage nodes that was under way when it was found may have failed since).
+            if self.locate(pos) is not None:
+                self._requeue(pos)
 
     # --- backlog ------------------------------------------------------------------------------
 

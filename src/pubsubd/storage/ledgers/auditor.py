@@ -1,11 +1,10 @@
 """The repair auditor: one per cluster, elected through ZooKeeper, runs in every serve process.
 
-SCALE_OUT.md §2, step 7 (issue 10, part 5). Election: every ``pubsubd serve --cluster``
-creates an ephemeral sequential znode ``Layout.auditor/candidate-N``; the lowest is the auditor,
-each other watches the one just before its own and looks again when it goes. The auditor acts
-only while its session is connected and is the one its candidate was made in: a suspended
-connection pauses it before the next change, a lost session ends its turn (its candidate is
-gone with the session) and it stands again.
+SCALE_OUT.md §2, step 7 (issue 10, part 5). Election (``coordination/election.py``): every
+``pubsubd serve --cluster`` stands under ``Layout.auditor``; the lowest candidate is the auditor.
+It acts only while its session is connected and is the one its candidate was made in: a
+suspended connection pauses it before the next change, a lost session ends its turn and it
+stands again.
 
 Every ``interval_s`` the auditor makes one pass:
 
@@ -20,7 +19,8 @@ Every ``interval_s`` the auditor makes one pass:
    the source, under its writer's lock, and the writer's list follows the change, so the
    writer's own next change does not conflict. A conflict or a ledger that changed meanwhile
    leaves it to the next pass, and the copy is deleted again;
-4. orphans (copies no list gives to their node) seen for ``grace_s`` are deleted.
+4. orphans (copies, and fence records of ledgers the node holds no entry of, that no list
+   gives to their node) seen for ``grace_s`` are deleted.
 
 What it found and did is counted in ``pubsubd_repair_*`` metrics, in ``/status`` (``cluster``
 → ``auditor``) and in the znode ``Layout.auditor/status`` that ``pubsubd cluster status``
@@ -42,8 +42,9 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
+from pubsubd.coordination.election import Election, LeadershipLost
 from pubsubd.coordination.errors import CoordinationError, NoNode
-from pubsubd.coordination.zk import Coordinator, SessionState, WatchEvent
+from pubsubd.coordination.zk import Coordinator
 from pubsubd.storage.errors import ListConflict, StorageError
 from pubsubd.storage.ledgers.cluster import ClusterStorage
 from pubsubd.storage.ledgers.meta import LedgerList, LedgerMeta, StoragePolicy
@@ -65,7 +66,6 @@ from pubsubd.storage.node_client import NodeUnavailable, ReadResult, StorageNode
 
 logger = logging.getLogger(__name__)
 
-CANDIDATE_PREFIX = "candidate-"
 STATUS_NODE = "status"
 
 PASSES = Counter("pubsubd_repair_passes", "Repair auditor passes completed")
@@ -82,10 +82,6 @@ UNDER_REPLICATED = Gauge(
     "CLOSED ledgers with a copy missing, short, damaged or on a node gone (last pass)",
 )
 LEADER = Gauge("pubsubd_repair_leader", "1 while this process is the cluster's repair auditor")
-
-
-class LeadershipLost(Exception):
-    """This process is no longer (certainly) the auditor: stop changing anything."""
 
 
 class RepairFailed(StorageError):
@@ -118,15 +114,17 @@ class Auditor:
         self._orphans: Sightings[tuple[str, int]] = Sightings()
         self._blocked: set[str] = set()
         self._unanswered: set[str] = set()
-        self._task: asyncio.Task[None] | None = None
-        self._wake: asyncio.Event | None = None
-        self._remove_listener: Callable[[], None] | None = None
-        self._candidate: str | None = None
-        self._session: int | None = None
-        self._leading = False
         self.identity = json.dumps({"host": socket.gethostname(), "pid": os.getpid()})
+        self._election = Election(
+            self._zk,
+            self._layout.auditor,
+            self.identity.encode(),
+            self._step,
+            name="repair auditor",
+            interval_s=self.settings.interval_s,
+            on_leading=lambda leading: LEADER.set(1 if leading else 0),
+        )
         # What /status and the status znode show.
-        self.role = "starting"
         self.passes = 0
         self.ledgers_repaired = 0
         self.bytes_copied = 0
@@ -136,25 +134,17 @@ class Auditor:
 
     # -- life cycle ------------------------------------------------------------------------
 
+    @property
+    def role(self) -> str:
+        """What /status and the status znode show: standby, auditor, stopped, ..."""
+        role = self._election.role
+        return "auditor" if role == "leader" else role
+
     def start(self) -> None:
-        self._wake = asyncio.Event()
-        self._remove_listener = self._zk.on_state(self._state_changed)
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="repair auditor")
+        self._election.start()
 
     async def close(self) -> None:
-        if self._remove_listener is not None:
-            self._remove_listener()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        self._leading = False
-        LEADER.set(0)
-        if self._candidate is not None and self._zk.connected:
-            with contextlib.suppress(CoordinationError, TimeoutError):
-                await self._zk.delete(self._candidate)  # the next one takes over at once
-        self._candidate = None
-        self.role = "stopped"
+        await self._election.close()
 
     def status(self) -> dict[str, Any]:
         return {
@@ -170,112 +160,22 @@ class Auditor:
             "rate_bytes": self.settings.rate_bytes,
         }
 
-    # -- election --------------------------------------------------------------------------
-
-    def _state_changed(self, state: SessionState) -> None:
-        if state is not SessionState.CONNECTED:
-            self._leading = False  # pause before the next change
-        if self._wake is not None:
-            self._wake.set()
-
-    def _watch_fired(self, _event: WatchEvent) -> None:
-        if self._wake is not None:
-            self._wake.set()
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self._stand()
-            except asyncio.CancelledError:
-                raise
-            except (CoordinationError, TimeoutError) as e:
-                logger.info("repair auditor: election interrupted: %s", e)
-            except Exception:
-                logger.exception("repair auditor: election failed")
-            self._leading = False
-            self.role = "standby"
-            LEADER.set(0)
-            await asyncio.sleep(1.0)
-
-    async def _stand(self) -> None:
-        """Stand for election once (one candidate znode, in one session) and lead when it is
-        the lowest; returns when that session is gone."""
-        await self._zk.wait_connected(within=max(30.0, 3 * self._zk.session_timeout))
-        parent = self._layout.auditor
-        await self._zk.ensure_path(parent)
-        session = self._zk.session_id
-        path = self._candidate
-        if path is None or self._session != session or await self._zk.exists(path) is None:
-            # One candidate per session: a second one of ours would wait for the first.
-            path = await self._zk.create(
-                f"{parent}/{CANDIDATE_PREFIX}",
-                self.identity.encode(),
-                ephemeral=True,
-                sequence=True,
-            )
-        self._candidate, self._session = path, session
-        mine = path.rsplit("/", 1)[1]
-        self.role = "standby"
-        assert self._wake is not None
-        while self._zk.session_id == session:
-            if not self._zk.connected:
-                self._wake.clear()
-                await self._wait_wake(5.0)
-                continue
-            self._wake.clear()
-            names = sorted(
-                (c for c in await self._zk.children(parent) if c.startswith(CANDIDATE_PREFIX)),
-                key=_sequence,
-            )
-            if mine not in names:
-                return  # the session that made it expired: stand again
-            i = names.index(mine)
-            if i == 0:
-                await self._lead(session)
-                continue
-            previous = f"{parent}/{names[i - 1]}"
-            if await self._zk.exists(previous, watch=self._watch_fired) is None:
-                continue
-            await self._wait_wake(30.0)
-
-    async def _wait_wake(self, within: float) -> None:
-        assert self._wake is not None
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), within)
-
-    async def _lead(self, session: int | None) -> None:
-        logger.info("repair auditor: this process is the auditor (%s)", self._candidate)
-        self.role = "auditor"
-        LEADER.set(1)
+    async def _step(self) -> None:
         try:
-            while self._zk.session_id == session:
-                if not self._zk.connected:
-                    assert self._wake is not None
-                    self._wake.clear()
-                    await self._wait_wake(5.0)
-                    continue
-                self._leading = True
-                try:
-                    await self.run_pass()
-                except LeadershipLost:
-                    logger.info("repair auditor: pass stopped, ZooKeeper connection lost")
-                except (CoordinationError, StorageError, TimeoutError) as e:
-                    self.failures += 1
-                    FAILURES.inc()
-                    logger.warning("repair auditor: pass failed: %s", e)
-                except Exception:
-                    self.failures += 1
-                    FAILURES.inc()
-                    logger.exception("repair auditor: pass failed")
-                await asyncio.sleep(self.settings.interval_s)
-        finally:
-            self._leading = False
-            LEADER.set(0)
-            self.role = "standby"
+            await self.run_pass()
+        except LeadershipLost:
+            raise
+        except (CoordinationError, StorageError, TimeoutError) as e:
+            self.failures += 1
+            FAILURES.inc()
+            logger.warning("repair auditor: pass failed: %s", e)
+        except Exception:
+            self.failures += 1
+            FAILURES.inc()
+            logger.exception("repair auditor: pass failed")
 
     def _check(self) -> None:
-        if not self._leading or not self._zk.connected or self._zk.session_id != self._session:
-            raise LeadershipLost()
+        self._election.check()
 
     # -- one pass ----------------------------------------------------------------------------
 
@@ -284,7 +184,7 @@ class Auditor:
         self._check()
         started, started_wall = self._clock(), self._wall()
         registered = {n.node_id: n for n in self._storage.directory.nodes()}
-        copies, unanswered = await self._list_copies(registered)
+        copies, fenced_only, unanswered = await self._list_copies(registered)
         sources, complete = await self._read_lists()
         now = self._clock()
         listed_nodes = {n for _, _, lst in sources for m in lst.ledgers for n in m.nodes}
@@ -328,7 +228,8 @@ class Auditor:
         for line in sorted(set(blocked) - self._blocked)[:20]:
             logger.warning("repair auditor: cannot repair %s", line)
         self._blocked = set(blocked)
-        orphans_deleted = await self._delete_orphans(copies, sources, complete)
+        held = {node: [*copies[node], *fenced_only.get(node, ())] for node in copies}
+        orphans_deleted = await self._delete_orphans(held, sources, complete)
         self.passes += 1
         PASSES.inc()
         self.last_pass = {
@@ -353,13 +254,16 @@ class Auditor:
 
     async def _list_copies(
         self, registered: dict[str, NodeInfo]
-    ) -> tuple[dict[str, dict[int, CopyInfo]], set[str]]:
+    ) -> tuple[dict[str, dict[int, CopyInfo]], dict[str, list[int]], set[str]]:
+        """Per node that answered: its copies, and the ledgers it holds only a fence of; the
+        nodes that did not answer."""
         nodes = sorted(registered.values(), key=lambda n: n.node_id)
         results = await asyncio.gather(
-            *(self._storage.pool.client(n.address).list_ledgers() for n in nodes),
+            *(self._storage.pool.client(n.address).list_held() for n in nodes),
             return_exceptions=True,
         )
         copies: dict[str, dict[int, CopyInfo]] = {}
+        fenced_only: dict[str, list[int]] = {}
         unanswered = set()
         for node, result in zip(nodes, results, strict=True):
             if isinstance(result, BaseException):
@@ -371,14 +275,15 @@ class Auditor:
                     )
                 unanswered.add(node.node_id)
                 continue
+            summaries, fenced_only[node.node_id] = result
             copies[node.node_id] = {
                 s.ledger_id: CopyInfo(
                     s.first_offset, s.end_offset, s.digest, s.fenced_epoch, s.bytes
                 )
-                for s in result
+                for s in summaries
             }
         self._unanswered = unanswered
-        return copies, unanswered
+        return copies, fenced_only, unanswered
 
     async def _read_lists(self) -> tuple[list[tuple[str, int, LedgerList]], bool]:
         """Every source's ledger list (``Layout.sources/{bucket}/{uid}/{source}``, cursor
@@ -609,17 +514,16 @@ class Auditor:
 
     async def _delete_orphans(
         self,
-        copies: dict[str, dict[int, CopyInfo]],
+        held: dict[str, list[int]],
         sources: list[tuple[str, int, LedgerList]],
         complete: bool,
     ) -> int:
+        """Delete what nodes hold (copies and fence-only records, by node) that no list
+        gives them, once seen so for the grace period."""
         if not complete:
             return 0  # a list that could not be read must not make its ledgers look orphaned
         now = self._clock()
-        orphans = find_orphans(
-            {node: held.keys() for node, held in copies.items()},
-            (m for _, _, lst in sources for m in lst.ledgers),
-        )
+        orphans = find_orphans(held, (m for _, _, lst in sources for m in lst.ledgers))
         self._orphans.update(orphans, now)
         deleted = 0
         for node_id, ledger_id in sorted(self._orphans.due(now, self.settings.grace_s)):
@@ -662,11 +566,6 @@ class Auditor:
 def _retrieve(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()  # a read nobody waits for any more: its error is not news
-
-
-def _sequence(name: str) -> int:
-    tail = name.rsplit("-", 1)[-1]
-    return int(tail) if tail.isdigit() else -1
 
 
 def _whole(task: CopyTask) -> CopyTask:

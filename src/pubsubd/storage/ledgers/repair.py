@@ -30,7 +30,10 @@ A listed node's copy is judged against the ledger's closed range:
   ledger is left alone and reported.
 
 A ledger with fewer nodes than the policy's copies (opened while nodes were missing) gets
-``TOO_FEW`` and more nodes. Copies go out with an epoch at least the ledger's fence on every
+``TOO_FEW`` and more nodes. A copy on a node whose zone the topic's storage policy no longer
+allows (the policy changed; the writer's open ledger rolls at once, closed ones stay) is
+``MISPLACED``: made again on a node of an allowed zone, which takes its place in the list (the
+old copy is then an orphan, below). Copies go out with an epoch at least the ledger's fence on every
 copy seen (the ledger is CLOSED, so raising its fence on the target is harmless).
 
 Ledgers a node holds that no ledger list mentions, or that a CLOSED ledger's list does not give
@@ -107,6 +110,7 @@ class Issue(enum.Enum):
     DIVERGENT = "divergent"
     TOO_FEW = "too-few"  # fewer nodes than the policy's copies
     CONFLICT = "conflict"  # full copies disagree and no digest has a majority
+    MISPLACED = "misplaced"  # on a node of a zone the topic's storage policy no longer allows
 
 
 # Findings that do not (yet) make a ledger under-replicated.
@@ -180,6 +184,7 @@ def plan_ledger(
     repair_same: dict[str, tuple[Issue, CopyInfo | None]] = {}
     long_copies: dict[str, CopyInfo] = {}
     gone: list[str] = []
+    misplaced: list[str] = []
     fences = [ledger.epoch]
     for node in ledger.nodes:
         if node not in registered:
@@ -198,6 +203,9 @@ def plan_ledger(
             fences.append(copy.fenced_epoch)
         if empty:
             continue  # nothing was ever written: no node has (or needs) an entry
+        if policy.allowed_zones and registered[node].zone not in policy.allowed_zones:
+            findings.append(Finding(node, Issue.MISPLACED))
+            misplaced.append(node)
         if copy is None:
             findings.append(Finding(node, Issue.MISSING))
             repair_same[node] = (Issue.MISSING, None)
@@ -248,14 +256,18 @@ def plan_ledger(
     kept_zones = [registered[n].zone for n in ledger.nodes if n in registered]
     tasks: list[CopyTask] = []
     replacements: list[tuple[str, str | None]] = []  # (new node, replaced node or None)
-    for node in gone:
+    for node in [*gone, *misplaced]:
         choice = _choose(targets, kept_zones, ledger.ledger_id)
         if choice is None:
-            blocked = blocked or f"no storage node can replace {node}"
+            if node in misplaced:
+                blocked = blocked or f"no storage node in an allowed zone can take {node}'s copy"
+            else:
+                blocked = blocked or f"no storage node can replace {node}"
             continue
         targets.remove(choice)
         kept_zones.append(choice.zone)
         replacements.append((choice.node_id, node))
+        repair_same.pop(node, None)  # it leaves the list: not worth repairing in place
     listed = len(ledger.nodes)
     if listed < policy.replicas:
         findings.append(Finding("", Issue.TOO_FEW))
@@ -313,7 +325,13 @@ def plan_ledger(
                 old,
                 adds=old is None,
                 expected_digest=expected,
-                reason=Issue.LOST if old is not None else Issue.TOO_FEW,
+                reason=(
+                    Issue.TOO_FEW
+                    if old is None
+                    else Issue.MISPLACED
+                    if old in misplaced
+                    else Issue.LOST
+                ),
             )
         )
     return LedgerPlan(ledger, tuple(findings), tuple(tasks), blocked, digest, healthy)

@@ -130,10 +130,12 @@ class ListLedgersRequest(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ...) -> None: ...
 
 class ListLedgersResponse(_message.Message):
-    __slots__ = ("ledgers",)
+    __slots__ = ("ledgers", "fenced_only")
     LEDGERS_FIELD_NUMBER: _ClassVar[int]
+    FENCED_ONLY_FIELD_NUMBER: _ClassVar[int]
     ledgers: _containers.RepeatedCompositeFieldContainer[LedgerInfo]
-    def __init__(self, ledgers: _Optional[_Iterable[_Union[LedgerInfo, _Mapping]]] = ...) -> None: ...
+    fenced_only: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ledgers: _Optional[_Iterable[_Union[LedgerInfo, _Mapping]]] = ..., fenced_only: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DeleteLedgerRequest(_message.Message):
     __slots__ = ("protocol_version", "ledger_id")
