@@ -1,7 +1,7 @@
 """How a pubsubd process runs: on uvloop, until SIGTERM or SIGINT, then stopped cleanly.
 
 Shared by the processes' composition roots (``app.py`` for ``serve``, ``storagenode/main.py``
-for ``storage``)."""
+for ``storage``, ``router/main.py`` for ``router``)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,18 @@ async def until_signalled(name: str, stop: Callable[[], Awaitable[None]]) -> Non
     log.info("%s stopping", name)
     await stop()
     log.info("%s stopped", name)
+
+
+async def serve_until_signalled(
+    name: str, start: Callable[[], Awaitable[None]], stop: Callable[[], Awaitable[None]]
+) -> None:
+    """``start()`` (stopping what it started if it fails), then :func:`until_signalled`."""
+    try:
+        await start()
+    except BaseException:
+        await stop()
+        raise
+    await until_signalled(name, stop)
 
 
 def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:

@@ -22,6 +22,7 @@ from rich.table import Table
 
 from pubsubd import config as config_mod
 from pubsubd.cli.cluster import cluster_app
+from pubsubd.cli.routing import routing_app
 from pubsubd.storage.log import FsyncPolicy
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="pubsubd: pub/sub and queues.")
@@ -34,6 +35,7 @@ app.add_typer(topics_app, name="topics")
 app.add_typer(subs_app, name="subscriptions")
 app.add_typer(cursors_app, name="cursors")
 app.add_typer(cluster_app, name="cluster")
+app.add_typer(routing_app, name="routing")
 
 # Piped output is not cut to 80 columns: names must stay whole for grep and scripts.
 console = Console() if sys.stdout.isatty() else Console(width=100_000)
@@ -159,6 +161,52 @@ def storage(
         append_port=append_port,
     )
     try:
+        run(config)
+    except (StartupError, ValueError) as e:
+        _fail(e)
+
+
+@app.command()
+def router(
+    cluster: Annotated[
+        str, typer.Option("--cluster", envvar="PUBSUBD_CLUSTER", help="ZooKeeper connect string")
+    ],
+    zk_root: Annotated[str, typer.Option(help="the cluster's ZooKeeper root")] = "/pubsubd",
+    router_id: Annotated[str | None, typer.Option(help="default: hostname-pid")] = None,
+    zone: Annotated[str, typer.Option(help="the router's zone")] = "default",
+    http_port: Annotated[
+        int, typer.Option(help="HTTP port for /healthz, /metrics, /status (0 = any, -1 = off)")
+    ] = -1,
+    epsilon: Annotated[
+        float, typer.Option(help="bounded loads: a forwarder owns at most (1+eps) x the mean")
+    ] = 0.25,
+    hysteresis: Annotated[
+        float, typer.Option(help="s a unit stays put after a move before loads move it again")
+    ] = 60.0,
+    interval: Annotated[float, typer.Option(help="s between routing passes at most")] = 2.0,
+    zk_session_timeout: Annotated[
+        float, typer.Option(envvar="PUBSUBD_ZK_SESSION_TIMEOUT_S", help="ZooKeeper session, s")
+    ] = 10.0,
+    log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
+) -> None:
+    """Run a router: active/standby, it assigns publish message sources and subscriptions to
+    forwarders (bounded-load consistent hashing) and publishes the lists in ZooKeeper."""
+    from pubsubd.observability.logging import setup
+    from pubsubd.router.main import RouterConfig, StartupError, run
+
+    setup(log_level)
+    try:
+        config = RouterConfig(
+            zk=cluster,
+            zk_root=zk_root,
+            router_id=router_id,
+            zone=zone,
+            http_port=http_port,
+            epsilon=epsilon,
+            hysteresis_s=hysteresis,
+            interval_s=interval,
+            zk_session_timeout_s=zk_session_timeout,
+        )
         run(config)
     except (StartupError, ValueError) as e:
         _fail(e)

@@ -84,6 +84,39 @@ class Layout:
         """Parent of the serve/forwarder processes' ephemeral registrations."""
         return f"{self.root}/servers"
 
+    # -- routing (issue 11) ----------------------------------------------------------------
+
+    @property
+    def forwarders(self) -> str:
+        """Parent of the forwarders' ephemeral registrations (ForwarderInfo protos)."""
+        return f"{self.root}/routing/forwarders"
+
+    def forwarder(self, forwarder_id: str) -> str:
+        return f"{self.forwarders}/{escape(forwarder_id)}"
+
+    @property
+    def routing_constraints(self) -> str:
+        """Drains and pins (a RoutingConstraints proto), changed by compare-and-set."""
+        return f"{self.root}/routing/constraints"
+
+    @property
+    def routers(self) -> str:
+        """Election of the leading router."""
+        return f"{self.root}/routing/routers"
+
+    @property
+    def routing_shards(self) -> str:
+        """Parent of the assignment's shards, one per bucket (AssignmentShard protos)."""
+        return f"{self.root}/routing/assignment"
+
+    def routing_shard(self, shard: str) -> str:
+        return f"{self.routing_shards}/{shard}"
+
+    @property
+    def routing_summary(self) -> str:
+        """The leading router's last pass (a RoutingSummary proto)."""
+        return f"{self.root}/routing/summary"
+
     # -- metadata (topics, subscriptions, snapshots, cursors) -------------------------------
 
     @property

@@ -243,12 +243,7 @@ class StorageNode:
 
 async def serve(config: StorageNodeConfig) -> None:
     node = StorageNode(config)
-    try:
-        await node.start()
-    except BaseException:
-        await node.stop()
-        raise
-    await runtime.until_signalled("pubsubd storage", node.stop)
+    await runtime.serve_until_signalled("pubsubd storage", node.start, node.stop)
 
 
 def run(config: StorageNodeConfig) -> None:

@@ -1,0 +1,218 @@
+"""The routing tier's records in ZooKeeper (issue 11): forwarders' registrations, routing
+constraints, the assignment's shards and the leading router's summary.
+
+Every record is a protobuf of ``proto/pubsubd/internal/v1/routing.proto`` carrying the protocol
+version of the process that wrote it. A record of a newer version is still read (fields are
+only ever added; unknown ones are skipped by protobuf), so a canary of the next release and the
+fleet read each other's records. Layout (``coordination/paths.py``)::
+
+    routing/forwarders/<id>      ephemeral, one per forwarder process (ForwarderInfo)
+    routing/constraints          drains and pins (RoutingConstraints), compare-and-set
+    routing/routers/candidate-N  the routers' election
+    routing/assignment/<bucket>  one AssignmentShard per bucket of units (256 at most)
+    routing/summary              the leading router's last pass (RoutingSummary)
+
+A shard holds the units whose ``paths.bucket`` it is named by: a million units make shards of
+a few thousand routes, well within ZooKeeper's 1 MB per znode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+
+from pubsubd._gen.pubsubd.internal.v1 import routing_pb2 as pb
+from pubsubd.control.routing_table import Constraints, Forwarder
+from pubsubd.coordination.errors import BadVersion, NodeExists, NoNode
+from pubsubd.coordination.paths import unescape
+from pubsubd.coordination.zk import Coordinator
+
+log = logging.getLogger(__name__)
+
+# 1: the first routing records.
+PROTOCOL_VERSION = 1
+
+__all__ = ["PROTOCOL_VERSION", "RoutingStore", "decode_constraints", "encode_constraints"]
+
+
+def encode_forwarder(forwarder: Forwarder) -> bytes:
+    info = pb.ForwarderInfo(
+        protocol_version=PROTOCOL_VERSION,
+        forwarder_id=forwarder.forwarder_id,
+        address=forwarder.address,
+        zone=forwarder.zone,
+        version=forwarder.version,
+        publishing=forwarder.publishing,
+        subscribing=forwarder.subscribing,
+    )
+    return bytes(info.SerializeToString())
+
+
+def decode_forwarder(data: bytes) -> Forwarder:
+    info = pb.ForwarderInfo.FromString(data)
+    return Forwarder(
+        info.forwarder_id,
+        info.address,
+        info.zone,
+        info.version,
+        info.publishing,
+        info.subscribing,
+    )
+
+
+def encode_constraints(constraints: Constraints) -> bytes:
+    msg = pb.RoutingConstraints(
+        protocol_version=PROTOCOL_VERSION,
+        drained_forwarders=sorted(constraints.drained),
+        drained_zones=sorted(constraints.drained_zones),
+        pinned_topics=dict(constraints.pinned_topics),
+    )
+    return bytes(msg.SerializeToString())
+
+
+def decode_constraints(data: bytes) -> Constraints:
+    if not data:
+        return Constraints()
+    msg = pb.RoutingConstraints.FromString(data)
+    return Constraints(
+        frozenset(msg.drained_forwarders),
+        frozenset(msg.drained_zones),
+        dict(msg.pinned_topics),
+    )
+
+
+class RoutingStore:
+    """Reads and writes the routing records of one cluster."""
+
+    def __init__(self, zk: Coordinator) -> None:
+        self._zk = zk
+        self._layout = zk.layout
+
+    # -- forwarders ------------------------------------------------------------------------
+
+    async def register(self, forwarder: Forwarder) -> str:
+        """Register this process as a forwarder (ephemeral: gone with its session)."""
+        path = self._layout.forwarder(forwarder.forwarder_id)
+        data = encode_forwarder(forwarder)
+        while True:
+            try:
+                return await self._zk.create(path, data, ephemeral=True)
+            except NodeExists:
+                # Our own registration from a session that has not expired yet (a restart
+                # with the same ID; it would vanish with that session): replace it.
+                log.warning(
+                    "forwarder %s: replacing a registration left by an earlier session",
+                    forwarder.forwarder_id,
+                )
+                with contextlib.suppress(NoNode):
+                    await self._zk.delete(path)
+
+    async def forwarders(self) -> list[Forwarder]:
+        """The registered forwarders, by ID."""
+        try:
+            names = await self._zk.children(self._layout.forwarders)
+        except NoNode:
+            return []
+        paths = [f"{self._layout.forwarders}/{n}" for n in sorted(names)]
+        out = []
+        for name, got in zip(sorted(names), await self._zk.get_many(paths), strict=True):
+            if got is None:
+                continue  # gone between the two reads
+            try:
+                out.append(decode_forwarder(got[0]))
+            except Exception as e:  # a record we cannot read must not stop routing
+                log.warning("forwarder registration %s unreadable: %s", unescape(name), e)
+        return out
+
+    # -- constraints -----------------------------------------------------------------------
+
+    async def constraints(self) -> tuple[Constraints, int]:
+        """The constraints and their znode version (-1: none written yet)."""
+        try:
+            data, stat = await self._zk.get(self._layout.routing_constraints)
+        except NoNode:
+            return Constraints(), -1
+        return decode_constraints(data), stat.version
+
+    async def change_constraints(self, change: Callable[[Constraints], Constraints]) -> Constraints:
+        """Apply ``change`` by compare-and-set, again on a conflict; returns the result."""
+        path = self._layout.routing_constraints
+        while True:
+            current, version = await self.constraints()
+            wanted = change(current)
+            data = encode_constraints(wanted)
+            try:
+                if version < 0:
+                    await self._zk.create(path, data)
+                else:
+                    await self._zk.set(path, data, version)
+            except (BadVersion, NodeExists):
+                continue  # someone else changed them meanwhile
+            return wanted
+
+    # -- the assignment --------------------------------------------------------------------
+
+    async def write_shards(
+        self,
+        shards: Mapping[str, Mapping[str, tuple[str, ...]]],
+        changed: frozenset[str],
+        generation: int,
+        router_id: str,
+        check: Callable[[], None],
+    ) -> int:
+        """Write the ``changed`` shards (an empty one is deleted); ``check()`` before each
+        write (it raises when this router stopped leading). Returns the shards written."""
+        written = 0
+        for shard in sorted(changed):
+            check()
+            path = self._layout.routing_shard(shard)
+            routes = shards.get(shard)
+            if not routes:
+                with contextlib.suppress(NoNode):
+                    await self._zk.delete(path)
+                written += 1
+                continue
+            data = pb.AssignmentShard(
+                protocol_version=PROTOCOL_VERSION,
+                generation=generation,
+                router_id=router_id,
+                routes=[pb.Route(unit=u, forwarders=r) for u, r in sorted(routes.items())],
+            ).SerializeToString()
+            try:
+                await self._zk.set(path, data)
+            except NoNode:
+                await self._zk.create(path, data)
+            written += 1
+        return written
+
+    async def routes(self) -> dict[str, tuple[str, ...]]:
+        """Every unit's ordered list of forwarders, as the leading router last wrote them."""
+        try:
+            names = await self._zk.children(self._layout.routing_shards)
+        except NoNode:
+            return {}
+        out: dict[str, tuple[str, ...]] = {}
+        paths = [self._layout.routing_shard(n) for n in sorted(names)]
+        for got in await self._zk.get_many(paths):
+            if got is None:
+                continue
+            for route in pb.AssignmentShard.FromString(got[0]).routes:
+                out[route.unit] = tuple(route.forwarders)
+        return out
+
+    async def write_summary(self, summary: pb.RoutingSummary) -> None:
+        summary.protocol_version = PROTOCOL_VERSION
+        data = summary.SerializeToString()
+        try:
+            await self._zk.set(self._layout.routing_summary, data)
+        except NoNode:
+            await self._zk.create(self._layout.routing_summary, data)
+
+    async def summary(self) -> pb.RoutingSummary | None:
+        try:
+            data, _ = await self._zk.get(self._layout.routing_summary)
+        except NoNode:
+            return None
+        summary: pb.RoutingSummary = pb.RoutingSummary.FromString(data)
+        return summary

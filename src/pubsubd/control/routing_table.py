@@ -1,0 +1,191 @@
+"""The router's routing table (pure): forwarders, constraints, topics and subscriptions in,
+an ordered list of forwarders per unit out, in shards for ZooKeeper.
+
+Units (SCALE_OUT.md §3, issue 11): every publish message source of a topic,
+``p/{topic uid}/{source}``, is owned by one publishing forwarder (its ledger writer); every
+source of a subscription's topic, ``s/{subscription uid}/{source}``, by one subscribing
+forwarder. Two :class:`~pubsubd.control.assignment.Assignment` state machines place them
+(bounded loads, stickiness, hysteresis); this module turns the cluster's state into their
+members, units and pins, and their owners into the lists frontends use: the owner first, then
+the other forwarders of that kind in rendezvous order (drained ones last). A frontend moves
+the fallbacks of its own zone to the front; the owner stays first, since a source has one
+writer wherever the caller is.
+
+Routing constraints (the seeds' rules saying which forwarders may be sent work): a drained
+forwarder, or every forwarder of a drained zone, owns nothing and stays a last fallback; a
+pinned topic's publish message sources go to the pinned forwarder while it is registered and
+not drained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from pubsubd.control.assignment import (
+    DEFAULT_EPSILON,
+    DEFAULT_HYSTERESIS_S,
+    Assignment,
+    Member,
+    Move,
+)
+from pubsubd.coordination.paths import bucket
+
+__all__ = [
+    "Constraints",
+    "Forwarder",
+    "RoutingTable",
+    "SubscriptionUnits",
+    "TopicUnits",
+    "publishing_unit",
+    "subscribing_unit",
+    "unit_kind",
+]
+
+PUBLISHING = "p"
+SUBSCRIBING = "s"
+
+
+def publishing_unit(topic_uid: str, source: int) -> str:
+    return f"{PUBLISHING}/{topic_uid}/{source}"
+
+
+def subscribing_unit(subscription_uid: str, source: int) -> str:
+    return f"{SUBSCRIBING}/{subscription_uid}/{source}"
+
+
+def unit_kind(unit: str) -> str:
+    """``"publishing"`` or ``"subscribing"``."""
+    return "publishing" if unit.startswith(PUBLISHING + "/") else "subscribing"
+
+
+@dataclass(frozen=True, slots=True)
+class Forwarder:
+    """A registered forwarder process."""
+
+    forwarder_id: str
+    address: str
+    zone: str = ""
+    version: str = ""
+    publishing: bool = True
+    subscribing: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Constraints:
+    """Routing constraints; every change returns a new value (stored by compare-and-set)."""
+
+    drained: frozenset[str] = frozenset()
+    drained_zones: frozenset[str] = frozenset()
+    pinned_topics: Mapping[str, str] = field(default_factory=dict)  # topic name -> forwarder
+
+    def drains(self, forwarder: Forwarder) -> bool:
+        return forwarder.forwarder_id in self.drained or forwarder.zone in self.drained_zones
+
+    def drain(self, forwarder_id: str) -> Constraints:
+        return replace(self, drained=self.drained | {forwarder_id})
+
+    def undrain(self, forwarder_id: str) -> Constraints:
+        return replace(self, drained=self.drained - {forwarder_id})
+
+    def drain_zone(self, zone: str) -> Constraints:
+        return replace(self, drained_zones=self.drained_zones | {zone})
+
+    def undrain_zone(self, zone: str) -> Constraints:
+        return replace(self, drained_zones=self.drained_zones - {zone})
+
+    def pin(self, topic: str, forwarder_id: str) -> Constraints:
+        return replace(self, pinned_topics={**self.pinned_topics, topic: forwarder_id})
+
+    def unpin(self, topic: str) -> Constraints:
+        return replace(
+            self, pinned_topics={t: f for t, f in self.pinned_topics.items() if t != topic}
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TopicUnits:
+    name: str
+    uid: str
+    sources: int
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionUnits:
+    uid: str
+    topic_uid: str
+
+
+@dataclass(frozen=True, slots=True)
+class Pass:
+    """What one :meth:`RoutingTable.update` did."""
+
+    moves: tuple[Move, ...]
+    changed_shards: frozenset[str]  # buckets whose routes differ from before
+
+
+class RoutingTable:
+    """Both assignments and the routes they give, by shard."""
+
+    def __init__(
+        self, *, epsilon: float = DEFAULT_EPSILON, hysteresis_s: float = DEFAULT_HYSTERESIS_S
+    ) -> None:
+        self.publishing = Assignment(epsilon=epsilon, hysteresis_s=hysteresis_s)
+        self.subscribing = Assignment(epsilon=epsilon, hysteresis_s=hysteresis_s)
+        self.forwarders: dict[str, Forwarder] = {}
+        self.shards: dict[str, dict[str, tuple[str, ...]]] = {}  # bucket -> unit -> route
+
+    def update(
+        self,
+        forwarders: Iterable[Forwarder],
+        constraints: Constraints,
+        topics: Iterable[TopicUnits],
+        subscriptions: Iterable[SubscriptionUnits],
+        now: float,
+    ) -> Pass:
+        """Place every unit among the registered forwarders at time ``now``."""
+        self.forwarders = {f.forwarder_id: f for f in forwarders}
+        topics = list(topics)
+        sources = {t.uid: t.sources for t in topics}
+        publishing_units = [publishing_unit(t.uid, s) for t in topics for s in range(t.sources)]
+        # A subscription of a deleted topic (detached) has no messages to serve.
+        subscribing_units = [
+            subscribing_unit(s.uid, i)
+            for s in subscriptions
+            if s.topic_uid in sources
+            for i in range(sources[s.topic_uid])
+        ]
+        pins = {
+            publishing_unit(t.uid, s): constraints.pinned_topics[t.name]
+            for t in topics
+            if t.name in constraints.pinned_topics
+            for s in range(t.sources)
+        }
+        moves = [
+            *self.publishing.update(
+                self._members(constraints, publishing=True), publishing_units, now, pins
+            ),
+            *self.subscribing.update(
+                self._members(constraints, publishing=False), subscribing_units, now
+            ),
+        ]
+        shards: dict[str, dict[str, tuple[str, ...]]] = {}
+        for assignment in (self.publishing, self.subscribing):
+            for unit in assignment.owners:
+                shards.setdefault(bucket(unit), {})[unit] = tuple(assignment.ranked(unit))
+        changed = frozenset(
+            b for b in set(shards) | set(self.shards) if shards.get(b) != self.shards.get(b)
+        )
+        self.shards = shards
+        return Pass(tuple(moves), changed)
+
+    def _members(self, constraints: Constraints, *, publishing: bool) -> list[Member]:
+        return [
+            Member(f.forwarder_id, f.zone, constraints.drains(f))
+            for f in self.forwarders.values()
+            if (f.publishing if publishing else f.subscribing)
+        ]
+
+    def route(self, unit: str) -> tuple[str, ...]:
+        """The unit's ordered list of forwarder IDs (empty: no forwarder can take it)."""
+        return self.shards.get(bucket(unit), {}).get(unit, ())

@@ -1,0 +1,1 @@
+"""The router process (issue 11): see main.py."""

@@ -1,0 +1,290 @@
+"""``pubsubd router``: the control plane's router as a process (composition root, issue 11).
+
+Routers run active/standby: each stands in the election under ``Layout.routers``; the leader
+keeps the routing table (``control/routing_table.py``) and publishes it in ZooKeeper
+(``control/routing_store.py``), the others wait ready to take over. Every router follows the
+cluster's metadata (topics and subscriptions, ``storage/zk_metadata.py``), the forwarders'
+registrations and the routing constraints through watches, so a change is routed within one
+step (``--interval``, default 2 s, the most a change waits; a watch wakes the leader at once).
+
+Frontends and forwarders read the published assignment, never the router, so a router that is
+killed or restarted stops nothing: the last assignment stays in ZooKeeper and the next leader
+starts from it (units keep their owners: the table is seeded with the published routes).
+
+When ready it prints one line for scripts::
+
+    pubsubd router ready router_id=ID zone=Z http=127.0.0.1:P
+
+SIGTERM (or SIGINT) stops it cleanly: its candidate znode is deleted, so a standby leads at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+from prometheus_client import Counter, Gauge
+
+from pubsubd import runtime
+from pubsubd._gen.pubsubd.internal.v1 import routing_pb2 as pb
+from pubsubd.control.assignment import DEFAULT_EPSILON, DEFAULT_HYSTERESIS_S
+from pubsubd.control.routing_store import RoutingStore
+from pubsubd.control.routing_table import (
+    Constraints,
+    Forwarder,
+    RoutingTable,
+    SubscriptionUnits,
+    TopicUnits,
+)
+from pubsubd.coordination.election import Election
+from pubsubd.coordination.errors import CoordinationError
+from pubsubd.coordination.paths import DEFAULT_ROOT
+from pubsubd.coordination.zk import Coordinator
+from pubsubd.core import pb as api_pb
+from pubsubd.core import publish_sources
+from pubsubd.observability.http import HttpEndpoint
+from pubsubd.storage.metadata import Change, SubscriptionRecord, TopicRecord
+from pubsubd.storage.zk_metadata import ZooKeeperMetadataStore
+
+log = logging.getLogger(__name__)
+
+LEADER = Gauge("pubsubd_router_leader", "1 while this process is the leading router")
+PASSES = Counter("pubsubd_router_passes", "Routing passes made while leading")
+MOVES = Counter("pubsubd_router_moves", "Units that changed owner", ["kind", "forced"])
+UNITS = Gauge("pubsubd_router_units", "Units placed in the last pass", ["kind"])
+CAPACITY = Gauge("pubsubd_router_capacity", "Units a forwarder may own (last pass)", ["kind"])
+PASS_SECONDS = Gauge("pubsubd_router_pass_seconds", "Wall time of the last routing pass")
+
+
+class StartupError(Exception):
+    """The router cannot start as configured (the message says why)."""
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    zk: str
+    zk_root: str = DEFAULT_ROOT
+    router_id: str | None = None
+    zone: str = "default"
+    host: str = "127.0.0.1"
+    http_port: int = -1
+    epsilon: float = DEFAULT_EPSILON
+    hysteresis_s: float = DEFAULT_HYSTERESIS_S
+    interval_s: float = 2.0
+    zk_session_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not self.epsilon > 0:
+            raise ValueError(f"epsilon must be positive, got {self.epsilon}")
+        if not self.interval_s > 0:
+            raise ValueError(f"the interval must be positive, got {self.interval_s}")
+        if not self.zk_session_timeout_s > 0:
+            raise ValueError(
+                f"the ZooKeeper session timeout must be positive, got {self.zk_session_timeout_s}"
+            )
+
+
+def _version() -> str:
+    try:
+        return metadata.version("pubsubd")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class Router:
+    """One router process: metadata follower, election, routing table, HTTP endpoint."""
+
+    def __init__(self, config: RouterConfig) -> None:
+        self.config = config
+        self.router_id = config.router_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.zk = Coordinator(
+            config.zk, config.zk_root, session_timeout=config.zk_session_timeout_s
+        )
+        self.store = RoutingStore(self.zk)
+        self.table = RoutingTable(epsilon=config.epsilon, hysteresis_s=config.hysteresis_s)
+        self.metadata: ZooKeeperMetadataStore | None = None
+        self.topics: dict[str, TopicUnits] = {}  # by name
+        self.subscriptions: dict[str, SubscriptionUnits] = {}  # by name
+        self.election = Election(
+            self.zk,
+            self.zk.layout.routers,
+            json.dumps({"router_id": self.router_id, "pid": os.getpid()}).encode(),
+            self._step,
+            name="router",
+            interval_s=config.interval_s,
+            on_leading=lambda leading: LEADER.set(1 if leading else 0),
+        )
+        self.http = HttpEndpoint(self.status)
+        self.http_port = 0
+        self.generation = 0
+        self.total_moves = 0
+        self.last_pass: dict[str, Any] = {}
+        self._seeded = False
+        self._follows: list[Any] = []
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        try:
+            await self.zk.start()
+            store = ZooKeeperMetadataStore(self.zk)
+            self.metadata = store
+            await store.follow()  # before the loads: nothing changed after them is missed
+            store.changes.watch(self._metadata_changed)
+            for topic in await asyncio.to_thread(lambda: list(store.load_topics())):
+                self._put_topic(topic)
+            for sub in await asyncio.to_thread(lambda: list(store.load_subscriptions())):
+                self._put_subscription(sub)
+        except CoordinationError as e:
+            raise StartupError(f"cannot reach ZooKeeper at {self.config.zk}: {e}") from e
+        layout = self.zk.layout
+        self._follows = [
+            self.zk.watch_children(layout.forwarders, lambda _: self.election.poke()),
+            self.zk.watch_data(layout.routing_constraints, lambda _: self.election.poke()),
+        ]
+        self.election.start()
+        if self.config.http_port >= 0:
+            self.http_port = await self.http.start(self.config.host, self.config.http_port)
+        http = f" http={self.config.host}:{self.http_port}" if self.config.http_port >= 0 else ""
+        sys.stdout.write(
+            f"pubsubd router ready router_id={self.router_id} zone={self.config.zone}{http}\n"
+        )
+        sys.stdout.flush()
+
+    async def stop(self) -> None:
+        await self.election.close()
+        for follow in self._follows:
+            follow.cancel()
+        if self.metadata is not None:
+            self.metadata.close()
+        await self.http.close()
+        await self.zk.stop()
+
+    # -- what the router follows ----------------------------------------------------------------
+
+    def _put_topic(self, record: TopicRecord) -> None:
+        topic = api_pb.Topic.FromString(record.body)
+        sources = publish_sources.parse(topic.labels).sources
+        self.topics[record.name] = TopicUnits(record.name, record.uid, sources)
+
+    def _put_subscription(self, record: SubscriptionRecord) -> None:
+        self.subscriptions[record.name] = SubscriptionUnits(record.uid, record.topic_uid)
+
+    def _metadata_changed(self, change: Change) -> None:
+        record = change.record
+        if isinstance(record, TopicRecord):
+            if change.deleted:
+                self.topics.pop(record.name, None)
+            else:
+                self._put_topic(record)
+        elif isinstance(record, SubscriptionRecord):
+            if change.deleted:
+                self.subscriptions.pop(record.name, None)
+            else:
+                self._put_subscription(record)
+        else:
+            return
+        self.election.poke()
+
+    # -- one routing pass (the leader) ---------------------------------------------------------
+
+    async def _seed(self) -> None:
+        """Start from the published assignment, so units keep their owners across routers."""
+        routes = await self.store.routes()
+        for unit, forwarders in routes.items():
+            if forwarders:
+                kind = self.table.publishing if unit.startswith("p/") else self.table.subscribing
+                kind.owners[unit] = forwarders[0]
+        self._seeded = True
+
+    async def _step(self) -> None:
+        started = time.monotonic()
+        check = self.election.check
+        if not self._seeded:
+            await self._seed()
+        forwarders: list[Forwarder] = await self.store.forwarders()
+        constraints: Constraints = (await self.store.constraints())[0]
+        check()
+        done = self.table.update(
+            forwarders,
+            constraints,
+            self.topics.values(),
+            self.subscriptions.values(),
+            time.monotonic(),
+        )
+        self.generation += 1
+        written = await self.store.write_shards(
+            self.table.shards, done.changed_shards, self.generation, self.router_id, check
+        )
+        for move in done.moves:
+            if move.source is not None:
+                kind = "publishing" if move.unit.startswith("p/") else "subscribing"
+                MOVES.labels(kind, str(move.forced).lower()).inc()
+        moved = sum(1 for m in done.moves if m.source is not None)
+        self.total_moves += moved
+        pub, sub = self.table.publishing, self.table.subscribing
+        UNITS.labels("publishing").set(len(pub.owners))
+        UNITS.labels("subscribing").set(len(sub.owners))
+        CAPACITY.labels("publishing").set(pub.capacity)
+        CAPACITY.labels("subscribing").set(sub.capacity)
+        check()
+        await self.store.write_summary(
+            pb.RoutingSummary(
+                generation=self.generation,
+                router_id=self.router_id,
+                at_unix_s=time.time(),
+                publishing_units=len(pub.owners),
+                subscribing_units=len(sub.owners),
+                publishing_capacity=pub.capacity,
+                subscribing_capacity=sub.capacity,
+                publishing_loads=pub.loads(),
+                subscribing_loads=sub.loads(),
+                moves=moved,
+                total_moves=self.total_moves,
+            )
+        )
+        PASSES.inc()
+        elapsed = time.monotonic() - started
+        PASS_SECONDS.set(elapsed)
+        self.last_pass = {
+            "generation": self.generation,
+            "forwarders": len(forwarders),
+            "publishing_units": len(pub.owners),
+            "subscribing_units": len(sub.owners),
+            "moves": moved,
+            "shards_written": written,
+            "seconds": round(elapsed, 4),
+        }
+        if moved or written:
+            log.info("router: pass %d: %s", self.generation, self.last_pass)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "router_id": self.router_id,
+            "zone": self.config.zone,
+            "role": self.election.role,
+            "version": _version(),
+            "topics": len(self.topics),
+            "subscriptions": len(self.subscriptions),
+            "total_moves": self.total_moves,
+            "last_pass": self.last_pass,
+            "epsilon": self.config.epsilon,
+            "hysteresis_s": self.config.hysteresis_s,
+        }
+
+
+async def serve(config: RouterConfig) -> None:
+    router = Router(config)
+    await runtime.serve_until_signalled("pubsubd router", router.start, router.stop)
+
+
+def run(config: RouterConfig) -> None:
+    runtime.run(lambda: serve(config))

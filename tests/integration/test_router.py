@@ -1,0 +1,197 @@
+"""``pubsubd router`` as real processes over a real ZooKeeper (issue 11, part 2): two routers run
+active/standby, the leader places every publish message source and subscription source on the
+registered forwarders within the bounded load and publishes the ordered lists; ``pubsubd
+routing drain|pin|show`` change and show the constraints; a forwarder that goes away moves only
+its own units; kill -9 of the leader hands over to the standby, which keeps every owner."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pubsubd.control.routing_store import RoutingStore
+from pubsubd.control.routing_table import Forwarder, publishing_unit
+from pubsubd.coordination.ensemble import Ensemble
+from pubsubd.coordination.zk import Coordinator
+from pubsubd.core import pb
+from pubsubd.storage.metadata import SubscriptionRecord, TopicRecord
+from pubsubd.storage.zk_metadata import ZooKeeperMetadataStore
+from tests.support.process import LoggedProcess
+
+pytestmark = pytest.mark.integration
+pytest_plugins = ["tests.support.zookeeper"]
+
+READY = re.compile(r"pubsubd router ready router_id=(\S+) zone=(\S+) http=(\S+)")
+EPSILON = 0.25
+
+
+class RouterProcess:
+    def __init__(self, root: Path, name: str, zk: str, zk_root: str) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        self.name = name
+        self.process = LoggedProcess(root / f"{name}.log")
+        self.command = [
+            sys.executable, "-m", "pubsubd", "router", "--cluster", zk, "--zk-root", zk_root,
+            "--router-id", name, "--http-port", "0", "--interval", "0.3",
+            "--epsilon", str(EPSILON), "--hysteresis", "600",
+        ]  # fmt: skip
+        self.http = ""
+
+    def start(self) -> RouterProcess:
+        env = {"PUBSUBD_ZK_SESSION_TIMEOUT_S": "2"}
+        ready = self.process.launch(self.command, READY, env, 30.0, f"router {self.name}")
+        self.http = ready.group(3)
+        return self
+
+    def status(self) -> dict[str, Any]:
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://{self.http}/status", timeout=5) as r:
+            return json.loads(r.read())  # type: ignore[no-any-return]
+
+
+def _routing(zk: str, zk_root: str, *args: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "pubsubd", "routing", *args, "--cluster", zk, "--zk-root", zk_root,
+         "--json"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+async def _until(condition: Callable[[], Any], within: float, what: str) -> Any:
+    deadline = time.monotonic() + within
+    while True:
+        value = await condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"not in {within} s: {what}"
+        await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+async def sessions(zookeeper: Ensemble, zk_root: str) -> AsyncIterator[list[Coordinator]]:
+    """One ZooKeeper session per forwarder (ending one is the forwarder going away), and one
+    for the test's own reads and writes (the last)."""
+    made = [Coordinator(zookeeper.connect_string, zk_root, session_timeout=4.0) for _ in range(5)]
+    for zk in made:
+        await zk.start()
+    yield made
+    for zk in made:
+        await zk.stop()
+
+
+def _topic(name: str, sources: int) -> TopicRecord:
+    labels = {"pubsubd-publish-sources": str(sources)} if sources > 1 else {}
+    body = pb.Topic(name=name, labels=labels).SerializeToString()
+    return TopicRecord(name, uuid.uuid4().hex, body)
+
+
+async def test_routers_assign_within_the_bound_follow_constraints_and_hand_over(
+    tmp_path: Path, zookeeper: Ensemble, zk_root: str, sessions: list[Coordinator]
+) -> None:
+    zk_string = zookeeper.connect_string
+    mine = sessions[-1]
+    store = RoutingStore(mine)
+    for i, zk in enumerate(sessions[:4]):
+        zone = "z1" if i < 2 else "z2"
+        await RoutingStore(zk).register(Forwarder(f"f{i}", f"127.0.0.1:{9000 + i}", zone, "test"))
+    metadata = ZooKeeperMetadataStore(mine)
+    topics = [_topic(f"projects/p/topics/t{i}", 1 + i % 3) for i in range(30)]
+    for t in topics:
+        await asyncio.to_thread(metadata.put_topic, t)
+    for i in range(20):
+        t = topics[i]
+        sub = pb.Subscription(name=f"projects/p/subscriptions/s{i}", topic=t.name)
+        record = SubscriptionRecord(sub.name, uuid.uuid4().hex, t.uid, sub.SerializeToString())
+        await asyncio.to_thread(metadata.put_subscription, record)
+    publishing = sum(1 + i % 3 for i in range(30))
+    subscribing = sum(1 + i % 3 for i in range(20))
+
+    routers = [RouterProcess(tmp_path, f"router-{k}", zk_string, zk_root).start() for k in (1, 2)]
+    try:
+
+        async def complete() -> dict[str, tuple[str, ...]] | None:
+            routes = await store.routes()
+            return routes if len(routes) == publishing + subscribing else None
+
+        routes = await _until(complete, 20, "every unit routed")
+        roles = sorted(r.status()["role"] for r in routers)
+        assert roles == ["leader", "standby"]
+        for prefix, units in (("p/", publishing), ("s/", subscribing)):
+            loads: dict[str, int] = {}
+            for unit, route in routes.items():
+                if unit.startswith(prefix):
+                    assert sorted(route) == ["f0", "f1", "f2", "f3"]
+                    loads[route[0]] = loads.get(route[0], 0) + 1
+            assert max(loads.values()) <= math.ceil((1 + EPSILON) * units / 4), loads
+
+        # Drain f0 with the CLI: within a pass it owns nothing and is every list's last.
+        assert _routing(zk_string, zk_root, "drain", "f0")["drained_forwarders"] == ["f0"]
+
+        async def f0_empty() -> dict[str, tuple[str, ...]] | None:
+            routes = await store.routes()
+            return routes if all(r[0] != "f0" and r[-1] == "f0" for r in routes.values()) else None
+
+        drained = await _until(f0_empty, 10, "f0 drained")
+        moved = {u for u in routes if routes[u][0] != drained[u][0]}
+        assert moved == {u for u in routes if routes[u][0] == "f0"}  # only f0's units moved
+        shown = _routing(zk_string, zk_root, "show")
+        by_id = {f["forwarder_id"]: f for f in shown["forwarders"]}
+        assert by_id["f0"]["drained"] and by_id["f0"]["publishing_units"] == 0
+        assert by_id["f2"]["zone"] == "z2" and shown["router"]["total_moves"] >= len(moved)
+
+        # Pin a topic of three sources to f3.
+        pinned = topics[2]
+        _routing(zk_string, zk_root, "pin", pinned.name, "f3")
+
+        async def on_f3() -> bool:
+            routes = await store.routes()
+            return all(routes[publishing_unit(pinned.uid, s)][0] == "f3" for s in range(3))
+
+        await _until(on_f3, 10, "the pinned topic's sources on f3")
+
+        # A forwarder goes away (its session ends): only its units move.
+        before = await store.routes()
+        await sessions[1].stop()
+
+        async def f1_gone() -> dict[str, tuple[str, ...]] | None:
+            routes = await store.routes()
+            return routes if all("f1" not in r for r in routes.values()) else None
+
+        after = await _until(f1_gone, 15, "f1's units moved")
+        assert {u for u in before if before[u][0] != after[u][0]} == {
+            u for u in before if before[u][0] == "f1"
+        }
+
+        # kill -9 of the leading router: the standby leads, keeps every owner, routes what
+        # is new (a topic created while no router leads).
+        leader = next(r for r in routers if r.status()["role"] == "leader")
+        standby = next(r for r in routers if r is not leader)
+        leader.process.kill()
+        added = _topic("projects/p/topics/added", 1)
+        await asyncio.to_thread(metadata.put_topic, added)
+
+        async def routed_by_standby() -> dict[str, tuple[str, ...]] | None:
+            routes = await store.routes()
+            return routes if publishing_unit(added.uid, 0) in routes else None
+
+        handed = await _until(routed_by_standby, 20, "the standby routes the new topic")
+        assert standby.status()["role"] == "leader"
+        assert all(handed[u][0] == after[u][0] for u in after)  # no owner changed
+        assert standby.process.stop() == 0  # SIGTERM: a clean exit
+    finally:
+        for r in routers:
+            r.process.stop()
+        metadata.close()

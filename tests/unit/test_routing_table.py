@@ -1,0 +1,128 @@
+"""The router's routing table (control/routing_table.py, pure): units from topics and
+subscriptions, drains and pins, ordered lists, shards that change only where routes did."""
+
+from __future__ import annotations
+
+import pytest
+
+from pubsubd.control.routing_store import decode_constraints, encode_constraints
+from pubsubd.control.routing_table import (
+    Constraints,
+    Forwarder,
+    RoutingTable,
+    SubscriptionUnits,
+    TopicUnits,
+    publishing_unit,
+    subscribing_unit,
+    unit_kind,
+)
+from pubsubd.coordination.paths import bucket
+
+pytestmark = pytest.mark.unit
+
+FORWARDERS = [
+    Forwarder("f1", "127.0.0.1:1", "z1"),
+    Forwarder("f2", "127.0.0.1:2", "z1"),
+    Forwarder("f3", "127.0.0.1:3", "z2"),
+    Forwarder("f4", "127.0.0.1:4", "z2"),
+]
+TOPICS = [TopicUnits(f"projects/p/topics/t{i}", f"uid{i}", 1 + i % 3) for i in range(40)]
+SUBS = [SubscriptionUnits(f"sub{i}", f"uid{i % 40}") for i in range(60)]
+
+
+def _table() -> RoutingTable:
+    return RoutingTable(epsilon=0.25, hysteresis_s=30.0)
+
+
+def test_every_source_of_every_topic_and_subscription_is_a_unit_with_an_ordered_list() -> None:
+    table = _table()
+    done = table.update(FORWARDERS, Constraints(), TOPICS, SUBS, 0.0)
+    sources = sum(t.sources for t in TOPICS)
+    assert len(table.publishing.owners) == sources
+    by_uid = {t.uid: t.sources for t in TOPICS}
+    assert len(table.subscribing.owners) == sum(by_uid[s.topic_uid] for s in SUBS)
+    route = table.route(publishing_unit("uid5", 2))
+    assert route[0] == table.publishing.owners[publishing_unit("uid5", 2)]
+    assert sorted(route) == ["f1", "f2", "f3", "f4"]  # the owner, then every fallback
+    assert unit_kind(publishing_unit("uid5", 0)) == "publishing"
+    assert unit_kind(subscribing_unit("sub1", 0)) == "subscribing"
+    # The first pass writes every shard; bounded loads hold.
+    assert done.changed_shards == frozenset(table.shards)
+    assert max(table.publishing.loads().values()) <= table.publishing.capacity
+
+
+def test_a_pass_with_nothing_changed_rewrites_no_shard() -> None:
+    table = _table()
+    table.update(FORWARDERS, Constraints(), TOPICS, SUBS, 0.0)
+    again = table.update(FORWARDERS, Constraints(), TOPICS, SUBS, 1.0)
+    assert not again.moves and not again.changed_shards
+
+
+def test_a_new_topic_changes_only_its_shards() -> None:
+    table = _table()
+    table.update(FORWARDERS, Constraints(), TOPICS, SUBS, 0.0)
+    new = TopicUnits("projects/p/topics/new", "uid-new", 1)
+    done = table.update(FORWARDERS, Constraints(), [*TOPICS, new], SUBS, 1.0)
+    assert [m.unit for m in done.moves] == [publishing_unit("uid-new", 0)]
+    assert done.moves[0].source is None  # a first placement, not a move
+    # Other routes may gain nothing, but the new unit's shard changes.
+    assert bucket(publishing_unit("uid-new", 0)) in done.changed_shards
+
+
+def test_a_drained_forwarder_or_zone_owns_nothing_but_stays_a_last_fallback() -> None:
+    table = _table()
+    table.update(FORWARDERS, Constraints(), TOPICS, SUBS, 0.0)
+    drained = Constraints().drain("f1")
+    done = table.update(FORWARDERS, drained, TOPICS, SUBS, 1.0)
+    assert all(m.forced for m in done.moves if m.source == "f1")
+    assert "f1" not in table.publishing.owners.values()
+    assert "f1" not in table.subscribing.owners.values()
+    for unit in table.publishing.owners:
+        assert table.route(unit)[-1] == "f1"
+    zone = Constraints().drain_zone("z2")
+    table.update(FORWARDERS, zone, TOPICS, SUBS, 2.0)
+    assert set(table.publishing.owners.values()) <= {"f1", "f2"}
+
+
+def test_a_pinned_topic_goes_to_its_forwarder_while_that_one_may_own() -> None:
+    table = _table()
+    table.update(FORWARDERS, Constraints(), TOPICS, SUBS, 0.0)
+    topic = TOPICS[2]  # 3 sources
+    pinned = Constraints().pin(topic.name, "f4")
+    table.update(FORWARDERS, pinned, TOPICS, SUBS, 1.0)
+    assert {table.publishing.owners[publishing_unit(topic.uid, s)] for s in range(3)} == {"f4"}
+    # Pinned to a drained forwarder: the pin waits, the units go elsewhere.
+    table.update(FORWARDERS, pinned.drain("f4"), TOPICS, SUBS, 2.0)
+    assert "f4" not in {table.publishing.owners[publishing_unit(topic.uid, s)] for s in range(3)}
+
+
+def test_forwarders_take_only_the_kinds_they_serve() -> None:
+    forwarders = [
+        Forwarder("pub", "127.0.0.1:1", subscribing=False),
+        Forwarder("sub", "127.0.0.1:2", publishing=False),
+    ]
+    table = _table()
+    table.update(forwarders, Constraints(), TOPICS, SUBS, 0.0)
+    assert set(table.publishing.owners.values()) == {"pub"}
+    assert set(table.subscribing.owners.values()) == {"sub"}
+
+
+def test_a_subscription_of_a_deleted_topic_has_no_units() -> None:
+    table = _table()
+    table.update(FORWARDERS, Constraints(), TOPICS[:1], [SubscriptionUnits("s", "gone")], 0.0)
+    assert not table.subscribing.owners
+
+
+def test_without_forwarders_nothing_is_routed() -> None:
+    table = _table()
+    table.update([], Constraints(), TOPICS, SUBS, 0.0)
+    assert not table.shards and table.route(publishing_unit("uid1", 0)) == ()
+
+
+def test_constraints_change_by_value_and_survive_their_encoding() -> None:
+    c = Constraints().drain("a").drain_zone("z").pin("projects/p/topics/t", "b")
+    assert decode_constraints(encode_constraints(c)) == c
+    assert c.undrain("a").undrain_zone("z").unpin("projects/p/topics/t") == Constraints()
+    assert decode_constraints(b"") == Constraints()
+    assert c.drains(Forwarder("x", "", "z")) and c.drains(Forwarder("a", "", "y"))
+    assert not c.drains(Forwarder("x", "", "y"))
