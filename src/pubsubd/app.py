@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,12 +19,16 @@ import grpc
 from pubsubd import node, runtime
 from pubsubd.acks.replicated import cursor_source, restore_journal
 from pubsubd.api.grpc import admin, publisher, replay, subscriber
-from pubsubd.config import ServerConfig
+from pubsubd.config import ClusterConfig, ServerConfig
 from pubsubd.control.expiry import Maintenance
+from pubsubd.control.routing_store import encode_forwarder
+from pubsubd.control.routing_table import Forwarder
+from pubsubd.coordination.registration import Registration
 from pubsubd.coordination.zk import Coordinator
 from pubsubd.core import pb
 from pubsubd.core.clock import SYSTEM_CLOCK
 from pubsubd.core.records import DamagedRange
+from pubsubd.core.release import version
 from pubsubd.data.publish.forwarder import SUBSCRIPTIONS_DIR, TOPICS_DIR
 from pubsubd.observability import background, metrics
 from pubsubd.observability.events import EVENTS_TOPIC, BacklogRotation, EventEmitter
@@ -112,6 +117,9 @@ class PubsubServer:
         self.auditor: Auditor | None = None
         if cluster is not None and config.cluster is not None:
             self.auditor = Auditor(cluster.storage, config.cluster.repair)
+        # In a cluster: this process's entry among the forwarders the routers assign work to.
+        self.forwarder: Forwarder | None = None
+        self.registration: Registration[Forwarder] | None = None
 
     async def start(self) -> None:
         self.node.start()
@@ -155,9 +163,31 @@ class PubsubServer:
         )
         if self.auditor is not None:
             self.auditor.start()
+        if self.cluster is not None and self.config.cluster is not None:
+            await self._register_forwarder(self.cluster.coordinator, self.config.cluster)
+
+    async def _register_forwarder(self, coordinator: Coordinator, cluster: ClusterConfig) -> None:
+        """Register as a publishing and subscribing forwarder (routing/forwarders/<id>)."""
+        forwarder = Forwarder(
+            cluster.forwarder_id or f"{socket.gethostname()}-{self.port}",
+            f"{self.config.host}:{self.port}",
+            cluster.zone,
+            version(),
+        )
+        self.forwarder = forwarder
+        self.registration = Registration(
+            coordinator,
+            coordinator.layout.forwarder(forwarder.forwarder_id),
+            lambda: forwarder,
+            encode_forwarder,
+            lambda published, now: published != now,
+        )
+        await self.registration.start()
 
     async def stop(self) -> None:
         """End streams with UNAVAILABLE, finish in-flight RPCs, then close storage cleanly."""
+        if self.registration is not None:
+            await self.registration.stop()  # routers move its units before it goes
         if self.auditor is not None:
             await self.auditor.close()
         if self.sli_events is not None:
@@ -240,6 +270,8 @@ class PubsubServer:
         status = self.cluster.storage.status()
         if self.auditor is not None:
             status["auditor"] = self.auditor.status()
+        if self.forwarder is not None:
+            status["forwarder"] = {"id": self.forwarder.forwarder_id, "zone": self.forwarder.zone}
         return status
 
     def _damage_report(self) -> dict[str, list[tuple[int, DamagedRange]]]:

@@ -37,6 +37,10 @@ class ClusterConfig:
     root: str = "/pubsubd"  # every znode of the cluster is under it
     replicas: int = 3  # storage nodes per ledger (at most the nodes registered at start-up)
     session_timeout_s: float = 10.0
+    # How the server registers as a forwarder (the routing tier): its zone, and its ID
+    # (None: hostname-port).
+    zone: str = "default"
+    forwarder_id: str | None = None
     # The repair auditor (storage/ledgers/auditor.py): pass interval, grace period, copy rate.
     repair: RepairSettings = field(default_factory=RepairSettings)
 
@@ -70,8 +74,8 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
     PUBSUBD_FSYNC, PUBSUBD_SEGMENT_BYTES, PUBSUBD_TRIM_INTERVAL_S, PUBSUBD_ACK_FLUSH_INTERVAL_S,
     PUBSUBD_QUOTA_CHECK_S, PUBSUBD_EXPIRY_CHECK_S, PUBSUBD_DEDUP_WINDOW_S,
     PUBSUBD_SLI_EVENTS_S, PUBSUBD_CLUSTER (ZooKeeper connect string), PUBSUBD_ZK_ROOT,
-    PUBSUBD_REPLICAS, PUBSUBD_ZK_SESSION_TIMEOUT_S and PUBSUBD_REPAIR_INTERVAL_S, _GRACE_S,
-    _RATE_BYTES
+    PUBSUBD_REPLICAS, PUBSUBD_ZK_SESSION_TIMEOUT_S, PUBSUBD_ZONE, PUBSUBD_FORWARDER_ID and
+    PUBSUBD_REPAIR_INTERVAL_S, _GRACE_S, _RATE_BYTES
     (PUBSUBD_TEST_TTL_DIVISOR is for tests only). An interval that is not a positive number
     raises ValueError here, not when its loop first runs."""
     e = os.environ if env is None else env
@@ -98,6 +102,8 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
             root=e.get("PUBSUBD_ZK_ROOT", "/pubsubd"),
             replicas=_replicas(e.get("PUBSUBD_REPLICAS", "3")),
             session_timeout_s=float(e.get("PUBSUBD_ZK_SESSION_TIMEOUT_S", "10")),
+            zone=e.get("PUBSUBD_ZONE", "default"),
+            forwarder_id=e.get("PUBSUBD_FORWARDER_ID") or None,
             repair=RepairSettings(
                 interval_s=_interval(e, "PUBSUBD_REPAIR_INTERVAL_S", repair.interval_s),
                 grace_s=float(e.get("PUBSUBD_REPAIR_GRACE_S", repair.grace_s)),

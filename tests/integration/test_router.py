@@ -20,9 +20,10 @@ from typing import Any
 
 import pytest
 
-from pubsubd.control.routing_store import RoutingStore
+from pubsubd.control.routing_store import RoutingStore, encode_forwarder
 from pubsubd.control.routing_table import Forwarder, publishing_unit
 from pubsubd.coordination.ensemble import Ensemble
+from pubsubd.coordination.registration import Registration
 from pubsubd.coordination.zk import Coordinator
 from pubsubd.core import pb
 from pubsubd.storage.metadata import SubscriptionRecord, TopicRecord
@@ -106,7 +107,15 @@ async def test_routers_assign_within_the_bound_follow_constraints_and_hand_over(
     store = RoutingStore(mine)
     for i, zk in enumerate(sessions[:4]):
         zone = "z1" if i < 2 else "z2"
-        await RoutingStore(zk).register(Forwarder(f"f{i}", f"127.0.0.1:{9000 + i}", zone, "test"))
+        forwarder = Forwarder(f"f{i}", f"127.0.0.1:{9000 + i}", zone, "test")
+        entry = Registration(
+            zk,
+            zk.layout.forwarder(forwarder.forwarder_id),
+            lambda f=forwarder: f,
+            encode_forwarder,
+            lambda old, new: old != new,
+        )
+        await entry.start()  # ends with the session
     metadata = ZooKeeperMetadataStore(mine)
     topics = [_topic(f"projects/p/topics/t{i}", 1 + i % 3) for i in range(30)]
     for t in topics:

@@ -46,6 +46,7 @@ def up(
     zones: Annotated[int, typer.Option(help="zones the storage nodes are spread over")] = 3,
     disks: Annotated[int, typer.Option(help="data directories (disks) per storage node")] = 1,
     replicas: Annotated[int, typer.Option(help="storage nodes per ledger")] = 3,
+    routers: Annotated[int, typer.Option(help="routers (active/standby)")] = 2,
     as_json: AsJson = False,
 ) -> None:
     """Start a cluster on loopback and print where clients connect."""
@@ -59,6 +60,7 @@ def up(
             zones=zones,
             disks=disks,
             replicas=replicas,
+            routers=routers,
         )
     except (ClusterError, EnsembleError, ZooKeeperMissing, OSError) as e:
         _fail(e)
@@ -119,6 +121,17 @@ def status(data_dir: DataDir, as_json: AsJson = False) -> None:
             f"ledgers repaired {repair.get('ledgers_repaired', 0)}, "
             f"bytes copied {repair.get('bytes_copied', 0)}"
         )
+    routing = storage.get("routing") or {}
+    router = routing.get("router")
+    console.print(
+        f"forwarders: {len(routing.get('forwarders', []))}; "
+        + (
+            "no router has published an assignment"
+            if router is None
+            else f"router {router['router_id']}: {router['publishing_units']} publishing and "
+            f"{router['subscribing_units']} subscribing units, {router['total_moves']} moves"
+        )
+    )
 
 
 @cluster_app.command()

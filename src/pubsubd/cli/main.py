@@ -72,6 +72,9 @@ def serve(
     replicas: Annotated[
         int | None, typer.Option(help="storage nodes per ledger (cluster; default 3)")
     ] = None,
+    zone: Annotated[
+        str | None, typer.Option(help="this server's zone as a forwarder (cluster)")
+    ] = None,
 ) -> None:
     """Run every role of the service in one process: with embedded storage, or (--cluster)
     over ZooKeeper and storage nodes."""
@@ -104,6 +107,7 @@ def serve(
                 base,
                 root=zk_root if zk_root is not None else base.root,
                 replicas=replicas if replicas is not None else base.replicas,
+                zone=zone if zone is not None else base.zone,
             ),
         )
     server_app.run(cfg)
@@ -187,6 +191,7 @@ def router(
     zk_session_timeout: Annotated[
         float, typer.Option(envvar="PUBSUBD_ZK_SESSION_TIMEOUT_S", help="ZooKeeper session, s")
     ] = 10.0,
+    pid_file: Annotated[Path | None, typer.Option(help="write the PID here when ready")] = None,
     log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
 ) -> None:
     """Run a router: active/standby, it assigns publish message sources and subscriptions to
@@ -206,6 +211,7 @@ def router(
             hysteresis_s=hysteresis,
             interval_s=interval,
             zk_session_timeout_s=zk_session_timeout,
+            pid_file=pid_file,
         )
         run(config)
     except (StartupError, ValueError) as e:

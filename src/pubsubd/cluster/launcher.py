@@ -1,4 +1,5 @@
-"""Start, inspect and stop a local cluster: ZooKeeper, storage nodes, the serving process.
+"""Start, inspect and stop a local cluster: ZooKeeper, storage nodes, the serving process and
+routers.
 
 Layout under the cluster's directory::
 
@@ -8,6 +9,7 @@ Layout under the cluster's directory::
     DIR/storage-N.log           its log
     DIR/serve/                  the serving process's data (its local copies, ack journals)
     DIR/serve.log
+    DIR/router-N.log, .pid      router N (pubsubd router)
 
 Every process runs in its own session (it outlives the CLI that started it) and is signalled
 only by its recorded PID, after checking that the PID still runs a command naming this
@@ -35,6 +37,8 @@ STORAGE_READY = re.compile(
     r"pubsubd storage ready grpc=(\S+) node_id=(\S+) zone=(\S+)(?:.*? append=(\S+))?"
 )
 SERVE_READY = re.compile(r"pubsubd ready grpc=(\S+):(\d+) http=(\S+):(\d+)")
+ROUTER_READY = re.compile(r"pubsubd router ready router_id=(\S+) zone=(\S+) http=(\S+)")
+READY = {"storage": STORAGE_READY, "serve": SERVE_READY, "router": ROUTER_READY}
 ZK_ROOT = "/pubsubd"
 
 
@@ -44,7 +48,7 @@ class ClusterError(RuntimeError):
 
 @dataclass
 class Process:
-    role: str  # zookeeper | storage | serve
+    role: str  # zookeeper | storage | serve | router
     pid: int | None
     address: str
     zone: str = ""
@@ -196,11 +200,12 @@ class LocalCluster:
         zones: int = 3,
         disks: int = 1,
         replicas: int = 3,
+        routers: int = 0,
         timeout: float = 60.0,
         serve_args: list[str] | None = None,
     ) -> LocalCluster:
-        """Start ZooKeeper, the storage nodes and the serving process; wait until all are
-        ready. Whatever started is stopped again if a later step fails."""
+        """Start ZooKeeper, the storage nodes, the serving process and ``routers`` routers;
+        wait until all are ready. Whatever started is stopped again if a later step fails."""
         if self.state_path.exists():
             existing = LocalCluster.load(self.directory)
             if any(p.running(existing._marker(p)) for p in existing.processes):
@@ -226,6 +231,9 @@ class LocalCluster:
                 self.save()
             self.processes.append(self._start_serve(replicas, serve_args or [], timeout))
             self.save()
+            for i in range(routers):
+                self.processes.append(self._start_router(i, zones, timeout))
+                self.save()
         except BaseException:
             self.down()
             raise
@@ -283,6 +291,8 @@ class LocalCluster:
             ZK_ROOT,
             "--replicas",
             str(replicas),
+            "--zone",
+            "zone-1",
             *extra,
         ]
         log = self.directory / "serve.log"
@@ -292,6 +302,32 @@ class LocalCluster:
         args[args.index("--port") + 1] = port
         args[args.index("--http-port") + 1] = http_port
         return Process("serve", pid, self.grpc, log=str(log), name="serve", args=args)
+
+    def _start_router(self, i: int, zones: int, timeout: float) -> Process:
+        name = f"router-{i + 1}"
+        args = [
+            sys.executable,
+            "-m",
+            "pubsubd",
+            "router",
+            "--cluster",
+            self.zk,
+            "--zk-root",
+            ZK_ROOT,
+            "--router-id",
+            name,
+            "--zone",
+            f"zone-{i % zones + 1}",
+            "--http-port",
+            "0",
+            "--pid-file",
+            str(self.directory / f"{name}.pid"),  # also marks the process as this cluster's
+        ]
+        log = self.directory / f"{name}.log"
+        pid, ready = _start(args, log, ROUTER_READY, timeout)
+        _, zone, http = ready.groups()
+        args[args.index("--http-port") + 1] = http.rsplit(":", 1)[1]
+        return Process("router", pid, http, zone, str(log), name, args)
 
     # -- one process at a time (fault tests, rolling restarts) -------------------------------
 
@@ -326,16 +362,15 @@ class LocalCluster:
             ensemble.start_node(index, timeout)
             p.pid = ensemble.pids[index]
         else:
-            ready = STORAGE_READY if p.role == "storage" else SERVE_READY
-            p.pid, _ = _start(p.args, Path(p.log), ready, timeout)
+            p.pid, _ = _start(p.args, Path(p.log), READY[p.role], timeout)
         self.save()
 
     # -- down ------------------------------------------------------------------------------
 
     def down(self, timeout: float = 20.0) -> list[str]:
-        """Stop every recorded process (SIGTERM, SIGKILL after ``timeout``); the serving process
-        first, ZooKeeper last. Returns the names of the processes stopped."""
-        order = {"serve": 0, "storage": 1, "zookeeper": 2}
+        """Stop every recorded process (SIGTERM, SIGKILL after ``timeout``); routers and the
+        serving process first, ZooKeeper last. Returns the names of the processes stopped."""
+        order = {"router": 0, "serve": 1, "storage": 2, "zookeeper": 3}
         stopped = []
         for role in sorted(order, key=order.__getitem__):
             group = [p for p in self.processes if p.role == role and p.pid is not None]

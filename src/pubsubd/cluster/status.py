@@ -14,6 +14,7 @@ import contextlib
 import json
 from typing import Any
 
+from pubsubd.control.routing_store import RoutingStore
 from pubsubd.coordination.election import CANDIDATE_PREFIX
 from pubsubd.coordination.errors import CoordinationError, NoNode
 from pubsubd.coordination.zk import Coordinator
@@ -51,6 +52,7 @@ async def _collect(zk: str, root: str) -> dict[str, Any]:
                     data, stat = await coordinator.get(f"{layout.sources}/{bucket}/{uid}/{source}")
                     ledgers.append((f"{uid}/{source}", LedgerList.decode(data, stat.version)))
         repair = await _repair(coordinator)
+        routing = await _routing(coordinator)
     finally:
         await coordinator.stop()
     # ZooKeeper alone shows ledgers listing a node that is not registered; the auditor's last
@@ -82,6 +84,28 @@ async def _collect(zk: str, root: str) -> dict[str, Any]:
         "under_replicated_by": "auditor" if isinstance(audited, int) else "registry",
         "ledgers_on_absent_nodes": under[:100],
         "repair": repair,
+        "routing": routing,
+    }
+
+
+async def _routing(coordinator: Coordinator) -> dict[str, Any]:
+    """The registered forwarders and the leading router's last pass (issue 11)."""
+    store = RoutingStore(coordinator)
+    summary = await store.summary()
+    return {
+        "forwarders": [
+            {"forwarder_id": f.forwarder_id, "address": f.address, "zone": f.zone}
+            for f in await store.forwarders()
+        ],
+        "router": None
+        if summary is None
+        else {
+            "router_id": summary.router_id,
+            "generation": summary.generation,
+            "publishing_units": summary.publishing_units,
+            "subscribing_units": summary.subscribing_units,
+            "total_moves": summary.total_moves,
+        },
     }
 
 

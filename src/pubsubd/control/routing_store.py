@@ -91,23 +91,6 @@ class RoutingStore:
 
     # -- forwarders ------------------------------------------------------------------------
 
-    async def register(self, forwarder: Forwarder) -> str:
-        """Register this process as a forwarder (ephemeral: gone with its session)."""
-        path = self._layout.forwarder(forwarder.forwarder_id)
-        data = encode_forwarder(forwarder)
-        while True:
-            try:
-                return await self._zk.create(path, data, ephemeral=True)
-            except NodeExists:
-                # Our own registration from a session that has not expired yet (a restart
-                # with the same ID; it would vanish with that session): replace it.
-                log.warning(
-                    "forwarder %s: replacing a registration left by an earlier session",
-                    forwarder.forwarder_id,
-                )
-                with contextlib.suppress(NoNode):
-                    await self._zk.delete(path)
-
     async def forwarders(self) -> list[Forwarder]:
         """The registered forwarders, by ID."""
         try:

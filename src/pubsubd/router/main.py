@@ -28,7 +28,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import Counter, Gauge
@@ -50,6 +50,7 @@ from pubsubd.coordination.paths import DEFAULT_ROOT
 from pubsubd.coordination.zk import Coordinator
 from pubsubd.core import pb as api_pb
 from pubsubd.core import publish_sources
+from pubsubd.core.release import version
 from pubsubd.observability.http import HttpEndpoint
 from pubsubd.storage.metadata import Change, SubscriptionRecord, TopicRecord
 from pubsubd.storage.zk_metadata import ZooKeeperMetadataStore
@@ -80,6 +81,7 @@ class RouterConfig:
     hysteresis_s: float = DEFAULT_HYSTERESIS_S
     interval_s: float = 2.0
     zk_session_timeout_s: float = 10.0
+    pid_file: Path | None = None  # written when ready, removed on a clean stop
 
     def __post_init__(self) -> None:
         if not self.epsilon > 0:
@@ -90,13 +92,6 @@ class RouterConfig:
             raise ValueError(
                 f"the ZooKeeper session timeout must be positive, got {self.zk_session_timeout_s}"
             )
-
-
-def _version() -> str:
-    try:
-        return metadata.version("pubsubd")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 class Router:
@@ -153,6 +148,8 @@ class Router:
         self.election.start()
         if self.config.http_port >= 0:
             self.http_port = await self.http.start(self.config.host, self.config.http_port)
+        if self.config.pid_file is not None:
+            self.config.pid_file.write_text(f"{os.getpid()}\n")
         http = f" http={self.config.host}:{self.http_port}" if self.config.http_port >= 0 else ""
         sys.stdout.write(
             f"pubsubd router ready router_id={self.router_id} zone={self.config.zone}{http}\n"
@@ -167,6 +164,8 @@ class Router:
             self.metadata.close()
         await self.http.close()
         await self.zk.stop()
+        if self.config.pid_file is not None:
+            self.config.pid_file.unlink(missing_ok=True)
 
     # -- what the router follows ----------------------------------------------------------------
 
@@ -271,7 +270,7 @@ class Router:
             "router_id": self.router_id,
             "zone": self.config.zone,
             "role": self.election.role,
-            "version": _version(),
+            "version": version(),
             "topics": len(self.topics),
             "subscriptions": len(self.subscriptions),
             "total_moves": self.total_moves,

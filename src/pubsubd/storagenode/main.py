@@ -22,7 +22,6 @@ import os
 import socket
 import sys
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +30,14 @@ import grpc
 from pubsubd import runtime
 from pubsubd.coordination.errors import CoordinationError
 from pubsubd.coordination.paths import DEFAULT_ROOT
+from pubsubd.coordination.registration import Registration, as_json, storage_info_changed
+from pubsubd.core.release import version
 from pubsubd.observability.http import HttpEndpoint
 from pubsubd.storage.files import fdatasync, fsync_directory, make_dirs, write_all
 from pubsubd.storage.node_client import MAX_MESSAGE_BYTES
 from pubsubd.storagenode.append_port import AppendPort
 from pubsubd.storagenode.ledger_store import LedgerStore
 from pubsubd.storagenode.protocol import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION
-from pubsubd.storagenode.registration import Registration
 from pubsubd.storagenode.service import StorageNodeServicer, handlers
 
 log = logging.getLogger(__name__)
@@ -78,13 +78,6 @@ class StorageNodeConfig:
             )
 
 
-def _version() -> str:
-    try:
-        return metadata.version("pubsubd")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
 def resolve_node_id(first_dir: Path, given: str | None, port: int) -> str:
     """The node's ID (see the module docstring); persisted in ``first_dir``."""
     path = first_dir / NODE_ID_FILE
@@ -123,7 +116,7 @@ class StorageNode:
         self.grpc_server: grpc.aio.Server | None = None
         self.append_port: AppendPort | None = None
         self.http = HttpEndpoint(self.status, self.problem)
-        self.registration: Registration | None = None
+        self.registration: Registration[dict[str, Any]] | None = None
         self._coordinator: Any = None
 
     @property
@@ -147,7 +140,7 @@ class StorageNode:
             "free_bytes": self.store.free_bytes(),
             "protocol_version": PROTOCOL_VERSION,
             "min_protocol_version": MIN_PROTOCOL_VERSION,
-            "version": _version(),
+            "version": version(),
         }
 
     def status(self) -> dict[str, Any]:
@@ -221,7 +214,13 @@ class StorageNode:
         self._coordinator = coordinator
         try:
             await coordinator.start()
-            registration = Registration(coordinator, self.node_id, self.registry_info)
+            registration = Registration(
+                coordinator,
+                coordinator.layout.storage_node(self.node_id),
+                self.registry_info,
+                as_json,
+                storage_info_changed,
+            )
             await registration.start()
         except CoordinationError as e:
             raise StartupError(f"cannot register in ZooKeeper at {hosts} ({root}): {e}") from e

@@ -1,12 +1,14 @@
-"""A storage node's entry in the cluster's registry: an ephemeral znode at
-``Layout.storage_node(node_id)`` whose data is JSON ``{"node_id", "address", "zone", "disks",
-"healthy_disks", "free_bytes", "protocol_version", "version"}``.
+"""A process's entry in a cluster registry: an ephemeral znode that lives as long as the
+process's ZooKeeper session. Storage nodes register at ``Layout.storage_node(node_id)`` (JSON
+``{"node_id", "address", "zone", "disks", "healthy_disks", "free_bytes", "protocol_version",
+"version"}``), forwarders at ``Layout.forwarder(id)`` (a ``ForwarderInfo`` proto).
 
-The znode lives as long as the node's ZooKeeper session. Every ``interval_s`` the node checks
-it: it is created again when it is gone (the session expired and a new one began) and its data
-is replaced when what it says changed (healthy disks, or free bytes by at least
-``FREE_BYTES_STEP`` or 1 %), so a filling disk is seen by placement without a write per append.
-An entry left by this node's previous process (killed before its session expired) is replaced.
+Every ``interval_s`` the process checks its entry: it is created again when it is gone (the
+session expired and a new one began) and its data is replaced when what it says changed
+enough (``changed``: for a storage node, healthy disks, or free bytes by at least
+``FREE_BYTES_STEP`` or 1 %, so a filling disk is seen by placement without a write per
+append). An entry left by this process's previous incarnation (killed before its session
+expired) is replaced.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from pubsubd.coordination.errors import CoordinationError, NodeExists, NoNode
 from pubsubd.coordination.zk import Coordinator, SessionState
@@ -26,8 +28,10 @@ log = logging.getLogger(__name__)
 REFRESH_S = 3.0
 FREE_BYTES_STEP = 64 << 20
 
+T = TypeVar("T")
 
-def changed(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
+
+def storage_info_changed(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
     """Whether the registry should be told: anything but free bytes differs, or free bytes
     moved by at least FREE_BYTES_STEP or 1 %."""
     if old is None:
@@ -40,23 +44,33 @@ def changed(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
     return abs(after - before) >= min(FREE_BYTES_STEP, max(1, before // 100))
 
 
-class Registration:
-    """Keeps this node's registry entry current; :meth:`start` registers once (raises if
-    ZooKeeper cannot be reached), then a background task follows."""
+def as_json(info: dict[str, Any]) -> bytes:
+    return json.dumps(info, sort_keys=True).encode()
+
+
+class Registration(Generic[T]):
+    """Keeps this process's registry entry at ``path`` current: ``info()`` says what it is,
+    ``encode`` makes the znode's data, ``changed(published, now)`` whether to rewrite it.
+    :meth:`start` registers once (raises if ZooKeeper cannot be reached), then a background
+    task follows."""
 
     def __init__(
         self,
         coordinator: Coordinator,
-        node_id: str,
-        info: Callable[[], dict[str, Any]],
+        path: str,
+        info: Callable[[], T],
+        encode: Callable[[T], bytes],
+        changed: Callable[[T | None, T], bool],
         *,
         interval_s: float = REFRESH_S,
     ) -> None:
         self._zk = coordinator
-        self.path = coordinator.layout.storage_node(node_id)
+        self.path = path
         self._info = info
+        self._encode = encode
+        self._changed = changed
         self._interval_s = interval_s
-        self._published: dict[str, Any] | None = None
+        self._published: T | None = None
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._remove_listener: Callable[[], None] | None = None
@@ -65,7 +79,7 @@ class Registration:
     async def start(self) -> None:
         await self._register()
         self._remove_listener = self._zk.on_state(self._state_changed)
-        self._task = asyncio.create_task(self._follow(), name="storage-registration")
+        self._task = asyncio.create_task(self._follow(), name=f"registration {self.path}")
 
     async def stop(self) -> None:
         """Stop refreshing and remove the entry (the session's end would remove it too)."""
@@ -82,12 +96,9 @@ class Registration:
         if state is SessionState.CONNECTED:
             self._wake.set()  # a new session may have lost the ephemeral znode: check now
 
-    def _data(self, info: dict[str, Any]) -> bytes:
-        return json.dumps(info, sort_keys=True).encode()
-
     async def _register(self) -> None:
         info = self._info()
-        data = self._data(info)
+        data = self._encode(info)
         try:
             await self._zk.create(self.path, data, ephemeral=True)
         except NodeExists:
@@ -111,8 +122,8 @@ class Registration:
             self.refreshes += 1
             return
         info = self._info()
-        if changed(self._published, info):
-            await self._zk.set(self.path, self._data(info))
+        if self._changed(self._published, info):
+            await self._zk.set(self.path, self._encode(info))
             self._published = info
             self.refreshes += 1
 
@@ -124,6 +135,6 @@ class Registration:
             try:
                 await self.refresh()
             except CoordinationError as e:
-                log.warning("storage node registration: %s (retrying)", e)
+                log.warning("registration %s: %s (retrying)", self.path, e)
             except Exception:
-                log.exception("storage node registration failed (retrying)")
+                log.exception("registration %s failed (retrying)", self.path)
