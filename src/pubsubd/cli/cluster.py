@@ -47,6 +47,9 @@ def up(
     disks: Annotated[int, typer.Option(help="data directories (disks) per storage node")] = 1,
     replicas: Annotated[int, typer.Option(help="storage nodes per ledger")] = 3,
     routers: Annotated[int, typer.Option(help="routers (active/standby)")] = 2,
+    frontends: Annotated[
+        int, typer.Option(help="frontends clients connect to (0: the serving process itself)")
+    ] = 2,
     as_json: AsJson = False,
 ) -> None:
     """Start a cluster on loopback and print where clients connect."""
@@ -61,6 +64,7 @@ def up(
             disks=disks,
             replicas=replicas,
             routers=routers,
+            frontends=frontends,
         )
     except (ClusterError, EnsembleError, ZooKeeperMissing, OSError) as e:
         _fail(e)
@@ -70,7 +74,9 @@ def up(
         sys.stdout.write(json.dumps(described) + "\n")
         return
     _print_processes(described)
-    console.print(f"clients: export PUBSUB_EMULATOR_HOST={described['grpc']}")
+    listed: list[str] = described["frontends"]
+    host = f"ipv4:{','.join(listed)}" if len(listed) > 1 else described["grpc"]
+    console.print(f"clients: export PUBSUB_EMULATOR_HOST={host}")
 
 
 @cluster_app.command()

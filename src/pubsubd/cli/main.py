@@ -47,6 +47,12 @@ Endpoint = Annotated[
 ]
 Project = Annotated[str, typer.Option(envvar="PUBSUB_PROJECT_ID", help="project ID")]
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+ClusterOption = Annotated[
+    str, typer.Option("--cluster", envvar="PUBSUBD_CLUSTER", help="ZooKeeper connect string")
+]
+ZkSessionOption = Annotated[
+    float, typer.Option(envvar="PUBSUBD_ZK_SESSION_TIMEOUT_S", help="ZooKeeper session, s")
+]
 
 
 @app.command()
@@ -172,9 +178,7 @@ def storage(
 
 @app.command()
 def router(
-    cluster: Annotated[
-        str, typer.Option("--cluster", envvar="PUBSUBD_CLUSTER", help="ZooKeeper connect string")
-    ],
+    cluster: ClusterOption,
     zk_root: Annotated[str, typer.Option(help="the cluster's ZooKeeper root")] = "/pubsubd",
     router_id: Annotated[str | None, typer.Option(help="default: hostname-pid")] = None,
     zone: Annotated[str, typer.Option(help="the router's zone")] = "default",
@@ -188,9 +192,7 @@ def router(
         float, typer.Option(help="s a unit stays put after a move before loads move it again")
     ] = 60.0,
     interval: Annotated[float, typer.Option(help="s between routing passes at most")] = 2.0,
-    zk_session_timeout: Annotated[
-        float, typer.Option(envvar="PUBSUBD_ZK_SESSION_TIMEOUT_S", help="ZooKeeper session, s")
-    ] = 10.0,
+    zk_session_timeout: ZkSessionOption = 10.0,
     pid_file: Annotated[Path | None, typer.Option(help="write the PID here when ready")] = None,
     log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
 ) -> None:
@@ -215,6 +217,45 @@ def router(
         )
         run(config)
     except (StartupError, ValueError) as e:
+        _fail(e)
+
+
+@app.command()
+def frontend(
+    cluster: ClusterOption,
+    port: Annotated[int, typer.Option(help="gRPC port clients connect to (0 = any)")] = 8085,
+    host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
+    zk_root: Annotated[str, typer.Option(help="the cluster's ZooKeeper root")] = "/pubsubd",
+    frontend_id: Annotated[str | None, typer.Option(help="default: hostname-port")] = None,
+    zone: Annotated[str, typer.Option(help="the frontend's zone")] = "default",
+    http_port: Annotated[
+        int, typer.Option(help="HTTP port for /healthz, /metrics, /status (0 = any, -1 = off)")
+    ] = -1,
+    zk_session_timeout: ZkSessionOption = 10.0,
+    pid_file: Annotated[Path | None, typer.Option(help="write the PID here when ready")] = None,
+    log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
+) -> None:
+    """Run a frontend: a stateless proxy that sends each client call to the forwarder the
+    routers assigned its topic or subscription to."""
+    from pubsubd.frontend.main import FrontendConfig, StartupError, run
+    from pubsubd.observability.logging import setup
+
+    setup(log_level)
+    try:
+        run(
+            FrontendConfig(
+                zk=cluster,
+                zk_root=zk_root,
+                frontend_id=frontend_id,
+                zone=zone,
+                host=host,
+                port=port,
+                http_port=http_port,
+                zk_session_timeout_s=zk_session_timeout,
+                pid_file=pid_file,
+            )
+        )
+    except StartupError as e:
         _fail(e)
 
 

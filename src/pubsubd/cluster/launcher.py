@@ -10,6 +10,7 @@ Layout under the cluster's directory::
     DIR/serve/                  the serving process's data (its local copies, ack journals)
     DIR/serve.log
     DIR/router-N.log, .pid      router N (pubsubd router)
+    DIR/frontend-N.log, .pid    frontend N (pubsubd frontend); clients connect to these
 
 Every process runs in its own session (it outlives the CLI that started it) and is signalled
 only by its recorded PID, after checking that the PID still runs a command naming this
@@ -38,7 +39,15 @@ STORAGE_READY = re.compile(
 )
 SERVE_READY = re.compile(r"pubsubd ready grpc=(\S+):(\d+) http=(\S+):(\d+)")
 ROUTER_READY = re.compile(r"pubsubd router ready router_id=(\S+) zone=(\S+) http=(\S+)")
-READY = {"storage": STORAGE_READY, "serve": SERVE_READY, "router": ROUTER_READY}
+FRONTEND_READY = re.compile(
+    r"pubsubd frontend ready grpc=(\S+) http=(\S+) frontend_id=(\S+) zone=(\S+)"
+)
+READY = {
+    "storage": STORAGE_READY,
+    "serve": SERVE_READY,
+    "router": ROUTER_READY,
+    "frontend": FRONTEND_READY,
+}
 ZK_ROOT = "/pubsubd"
 
 
@@ -48,7 +57,7 @@ class ClusterError(RuntimeError):
 
 @dataclass
 class Process:
-    role: str  # zookeeper | storage | serve | router
+    role: str  # zookeeper | storage | serve | router | frontend
     pid: int | None
     address: str
     zone: str = ""
@@ -174,6 +183,7 @@ class LocalCluster:
             "grpc": self.grpc,
             "http": self.http,
             "zookeeper": self.zk,
+            "frontends": self.frontends,
             "processes": [
                 {
                     "role": p.role,
@@ -201,10 +211,12 @@ class LocalCluster:
         disks: int = 1,
         replicas: int = 3,
         routers: int = 0,
+        frontends: int = 0,
         timeout: float = 60.0,
         serve_args: list[str] | None = None,
     ) -> LocalCluster:
-        """Start ZooKeeper, the storage nodes, the serving process and ``routers`` routers;
+        """Start ZooKeeper, the storage nodes, the serving process, ``routers`` routers and
+        ``frontends`` frontends (then clients connect to the frontends: ``grpc`` is the first);
         wait until all are ready. Whatever started is stopped again if a later step fails."""
         if self.state_path.exists():
             existing = LocalCluster.load(self.directory)
@@ -233,6 +245,12 @@ class LocalCluster:
             self.save()
             for i in range(routers):
                 self.processes.append(self._start_router(i, zones, timeout))
+                self.save()
+            for i in range(frontends):
+                self.processes.append(self._start_frontend(i, zones, timeout))
+                self.save()
+            if frontends:
+                self.grpc = self.frontends[0]
                 self.save()
         except BaseException:
             self.down()
@@ -303,31 +321,40 @@ class LocalCluster:
         args[args.index("--http-port") + 1] = http_port
         return Process("serve", pid, self.grpc, log=str(log), name="serve", args=args)
 
+    def _control_args(self, role: str, name: str, zone: str) -> list[str]:
+        """A router's or a frontend's command line: ZooKeeper, its ID and zone, any HTTP port,
+        and a PID file (which also marks the process as this cluster's)."""
+        return [
+            sys.executable, "-m", "pubsubd", role,
+            "--cluster", self.zk, "--zk-root", ZK_ROOT,
+            f"--{role}-id", name, "--zone", zone, "--http-port", "0",
+            "--pid-file", str(self.directory / f"{name}.pid"),
+        ]  # fmt: skip
+
     def _start_router(self, i: int, zones: int, timeout: float) -> Process:
         name = f"router-{i + 1}"
-        args = [
-            sys.executable,
-            "-m",
-            "pubsubd",
-            "router",
-            "--cluster",
-            self.zk,
-            "--zk-root",
-            ZK_ROOT,
-            "--router-id",
-            name,
-            "--zone",
-            f"zone-{i % zones + 1}",
-            "--http-port",
-            "0",
-            "--pid-file",
-            str(self.directory / f"{name}.pid"),  # also marks the process as this cluster's
-        ]
+        args = self._control_args("router", name, f"zone-{i % zones + 1}")
         log = self.directory / f"{name}.log"
         pid, ready = _start(args, log, ROUTER_READY, timeout)
         _, zone, http = ready.groups()
         args[args.index("--http-port") + 1] = http.rsplit(":", 1)[1]
         return Process("router", pid, http, zone, str(log), name, args)
+
+    def _start_frontend(self, i: int, zones: int, timeout: float) -> Process:
+        name = f"frontend-{i + 1}"
+        args = [*self._control_args("frontend", name, f"zone-{i % zones + 1}"), "--port", "0"]
+        log = self.directory / f"{name}.log"
+        pid, ready = _start(args, log, FRONTEND_READY, timeout)
+        grpc, http, _, zone = ready.groups()
+        # Restarts keep the ports, so the address clients were given stays right.
+        args[args.index("--port") + 1] = grpc.rsplit(":", 1)[1]
+        args[args.index("--http-port") + 1] = http.rsplit(":", 1)[1]
+        return Process("frontend", pid, grpc, zone, str(log), name, args)
+
+    @property
+    def frontends(self) -> list[str]:
+        """The frontends' gRPC addresses (empty: clients connect to the serving process)."""
+        return [p.address for p in self.processes if p.role == "frontend"]
 
     # -- one process at a time (fault tests, rolling restarts) -------------------------------
 
@@ -368,9 +395,10 @@ class LocalCluster:
     # -- down ------------------------------------------------------------------------------
 
     def down(self, timeout: float = 20.0) -> list[str]:
-        """Stop every recorded process (SIGTERM, SIGKILL after ``timeout``); routers and the
-        serving process first, ZooKeeper last. Returns the names of the processes stopped."""
-        order = {"router": 0, "serve": 1, "storage": 2, "zookeeper": 3}
+        """Stop every recorded process (SIGTERM, SIGKILL after ``timeout``); frontends, routers
+        and the serving process first, ZooKeeper last. Returns the names of the processes
+        stopped."""
+        order = {"frontend": 0, "router": 0, "serve": 1, "storage": 2, "zookeeper": 3}
         stopped = []
         for role in sorted(order, key=order.__getitem__):
             group = [p for p in self.processes if p.role == role and p.pid is not None]

@@ -95,6 +95,14 @@ class Layout:
         return f"{self.forwarders}/{escape(forwarder_id)}"
 
     @property
+    def frontends(self) -> str:
+        """Parent of the frontends' ephemeral registrations (JSON: id, address, zone, ...)."""
+        return f"{self.root}/routing/frontends"
+
+    def frontend(self, frontend_id: str) -> str:
+        return f"{self.frontends}/{escape(frontend_id)}"
+
+    @property
     def routing_constraints(self) -> str:
         """Drains and pins (a RoutingConstraints proto), changed by compare-and-set."""
         return f"{self.root}/routing/constraints"

@@ -20,7 +20,6 @@ SIGTERM (or SIGINT) stops it cleanly: its candidate znode is deleted, so a stand
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -41,19 +40,14 @@ from pubsubd.control.routing_table import (
     Constraints,
     Forwarder,
     RoutingTable,
-    SubscriptionUnits,
-    TopicUnits,
 )
+from pubsubd.control.routing_views import NamesView
 from pubsubd.coordination.election import Election
 from pubsubd.coordination.errors import CoordinationError
 from pubsubd.coordination.paths import DEFAULT_ROOT
 from pubsubd.coordination.zk import Coordinator
-from pubsubd.core import pb as api_pb
-from pubsubd.core import publish_sources
 from pubsubd.core.release import version
 from pubsubd.observability.http import HttpEndpoint
-from pubsubd.storage.metadata import Change, SubscriptionRecord, TopicRecord
-from pubsubd.storage.zk_metadata import ZooKeeperMetadataStore
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +99,6 @@ class Router:
         )
         self.store = RoutingStore(self.zk)
         self.table = RoutingTable(epsilon=config.epsilon, hysteresis_s=config.hysteresis_s)
-        self.metadata: ZooKeeperMetadataStore | None = None
-        self.topics: dict[str, TopicUnits] = {}  # by name
-        self.subscriptions: dict[str, SubscriptionUnits] = {}  # by name
         self.election = Election(
             self.zk,
             self.zk.layout.routers,
@@ -117,6 +108,7 @@ class Router:
             interval_s=config.interval_s,
             on_leading=lambda leading: LEADER.set(1 if leading else 0),
         )
+        self.names = NamesView(self.zk, self.election.poke)
         self.http = HttpEndpoint(self.status)
         self.http_port = 0
         self.generation = 0
@@ -130,14 +122,7 @@ class Router:
     async def start(self) -> None:
         try:
             await self.zk.start()
-            store = ZooKeeperMetadataStore(self.zk)
-            self.metadata = store
-            await store.follow()  # before the loads: nothing changed after them is missed
-            store.changes.watch(self._metadata_changed)
-            for topic in await asyncio.to_thread(lambda: list(store.load_topics())):
-                self._put_topic(topic)
-            for sub in await asyncio.to_thread(lambda: list(store.load_subscriptions())):
-                self._put_subscription(sub)
+            await self.names.start()
         except CoordinationError as e:
             raise StartupError(f"cannot reach ZooKeeper at {self.config.zk}: {e}") from e
         layout = self.zk.layout
@@ -160,38 +145,11 @@ class Router:
         await self.election.close()
         for follow in self._follows:
             follow.cancel()
-        if self.metadata is not None:
-            self.metadata.close()
+        self.names.close()
         await self.http.close()
         await self.zk.stop()
         if self.config.pid_file is not None:
             self.config.pid_file.unlink(missing_ok=True)
-
-    # -- what the router follows ----------------------------------------------------------------
-
-    def _put_topic(self, record: TopicRecord) -> None:
-        topic = api_pb.Topic.FromString(record.body)
-        sources = publish_sources.parse(topic.labels).sources
-        self.topics[record.name] = TopicUnits(record.name, record.uid, sources)
-
-    def _put_subscription(self, record: SubscriptionRecord) -> None:
-        self.subscriptions[record.name] = SubscriptionUnits(record.uid, record.topic_uid)
-
-    def _metadata_changed(self, change: Change) -> None:
-        record = change.record
-        if isinstance(record, TopicRecord):
-            if change.deleted:
-                self.topics.pop(record.name, None)
-            else:
-                self._put_topic(record)
-        elif isinstance(record, SubscriptionRecord):
-            if change.deleted:
-                self.subscriptions.pop(record.name, None)
-            else:
-                self._put_subscription(record)
-        else:
-            return
-        self.election.poke()
 
     # -- one routing pass (the leader) ---------------------------------------------------------
 
@@ -215,8 +173,8 @@ class Router:
         done = self.table.update(
             forwarders,
             constraints,
-            self.topics.values(),
-            self.subscriptions.values(),
+            self.names.topics.values(),
+            self.names.subscriptions.values(),
             time.monotonic(),
         )
         self.generation += 1
@@ -271,8 +229,8 @@ class Router:
             "zone": self.config.zone,
             "role": self.election.role,
             "version": version(),
-            "topics": len(self.topics),
-            "subscriptions": len(self.subscriptions),
+            "topics": len(self.names.topics),
+            "subscriptions": len(self.names.subscriptions),
             "total_moves": self.total_moves,
             "last_pass": self.last_pass,
             "epsilon": self.config.epsilon,

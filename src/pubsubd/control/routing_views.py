@@ -1,0 +1,160 @@
+"""What routers and frontends follow in ZooKeeper, kept in memory and current through watches.
+
+* :class:`NamesView`: every topic (name -> uid and publish message sources) and subscription
+  (name -> uid and topic uid), from the metadata store (``storage/zk_metadata.py``).
+* :class:`RoutingView`: the registered forwarders and the assignment's routes, as the leading
+  router published them (``control/routing_store.py``). A frontend sends each call by it.
+
+Both call ``on_change()`` (on the event loop) after what they hold changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from pubsubd._gen.pubsubd.internal.v1 import routing_pb2 as pb
+from pubsubd.control.routing_store import RoutingStore
+from pubsubd.control.routing_table import Forwarder, SubscriptionUnits, TopicUnits
+from pubsubd.coordination.errors import CoordinationError
+from pubsubd.coordination.paths import bucket
+from pubsubd.coordination.zk import Coordinator, Follow, ZnodeStat
+from pubsubd.core import pb as api_pb
+from pubsubd.core import publish_sources
+from pubsubd.storage.metadata import Change, SubscriptionRecord, TopicRecord
+from pubsubd.storage.zk_metadata import ZooKeeperMetadataStore
+
+log = logging.getLogger(__name__)
+
+__all__ = ["NamesView", "RoutingView"]
+
+
+def _nothing() -> None:
+    pass
+
+
+class NamesView:
+    """Topics and subscriptions by name, followed from the cluster's metadata store."""
+
+    def __init__(self, zk: Coordinator, on_change: Callable[[], None] = _nothing) -> None:
+        self._zk = zk
+        self._store: ZooKeeperMetadataStore | None = None
+        self._on_change = on_change
+        self.topics: dict[str, TopicUnits] = {}
+        self.subscriptions: dict[str, SubscriptionUnits] = {}
+
+    async def start(self) -> None:
+        """Follow the store (the coordinator must be started)."""
+        store = self._store = await asyncio.to_thread(ZooKeeperMetadataStore, self._zk)
+        await store.follow()  # before the loads: nothing changed after them is missed
+        store.changes.watch(self._changed)
+        for topic in await asyncio.to_thread(lambda: list(store.load_topics())):
+            self._put_topic(topic)
+        for sub in await asyncio.to_thread(lambda: list(store.load_subscriptions())):
+            self._put_subscription(sub)
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+    def topic_uids(self) -> dict[str, str]:
+        return {name: t.uid for name, t in self.topics.items()}
+
+    def subscription_uids(self) -> dict[str, str]:
+        return {name: s.uid for name, s in self.subscriptions.items()}
+
+    def _put_topic(self, record: TopicRecord) -> None:
+        topic = api_pb.Topic.FromString(record.body)
+        sources = publish_sources.parse(topic.labels).sources
+        self.topics[record.name] = TopicUnits(record.name, record.uid, sources)
+
+    def _put_subscription(self, record: SubscriptionRecord) -> None:
+        self.subscriptions[record.name] = SubscriptionUnits(record.uid, record.topic_uid)
+
+    def _changed(self, change: Change) -> None:
+        record = change.record
+        if isinstance(record, TopicRecord):
+            if change.deleted:
+                self.topics.pop(record.name, None)
+            else:
+                self._put_topic(record)
+        elif isinstance(record, SubscriptionRecord):
+            if change.deleted:
+                self.subscriptions.pop(record.name, None)
+            else:
+                self._put_subscription(record)
+        else:
+            return
+        self._on_change()
+
+
+class RoutingView:
+    """The registered forwarders and the published routes, followed through watches."""
+
+    def __init__(self, zk: Coordinator, on_change: Callable[[], None] = _nothing) -> None:
+        self._zk = zk
+        self._store = RoutingStore(zk)
+        self._on_change = on_change
+        self.forwarders: dict[str, Forwarder] = {}
+        self._shards: dict[str, dict[str, tuple[str, ...]]] = {}
+        self._shard_follows: dict[str, Follow[Any]] = {}
+        self._follows: list[Follow[Any]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        layout = self._zk.layout
+        self._follows = [
+            self._zk.watch_children(layout.forwarders, self._forwarders_changed),
+            self._zk.watch_children(layout.routing_shards, self._shards_listed),
+        ]
+
+    def close(self) -> None:
+        for follow in [*self._follows, *self._shard_follows.values()]:
+            follow.cancel()
+        for task in self._tasks:
+            task.cancel()
+
+    def route(self, unit: str) -> tuple[str, ...]:
+        """The unit's ordered forwarder IDs as last published (empty: not routed yet)."""
+        return self._shards.get(bucket(unit), {}).get(unit, ())
+
+    def _forwarders_changed(self, _names: list[str] | None) -> None:
+        task = asyncio.get_running_loop().create_task(self._read_forwarders())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _read_forwarders(self) -> None:
+        try:
+            found = await self._store.forwarders()
+        except CoordinationError as e:
+            log.warning("reading the forwarders failed: %s", e)
+            return
+        self.forwarders = {f.forwarder_id: f for f in found}
+        self._on_change()
+
+    def _shards_listed(self, names: list[str] | None) -> None:
+        present = set(names or ())
+        for gone in set(self._shard_follows) - present:
+            self._shard_follows.pop(gone).cancel()
+            self._shards.pop(gone, None)
+        for name in present - set(self._shard_follows):
+            path = self._zk.layout.routing_shard(name)
+            self._shard_follows[name] = self._zk.watch_data(
+                path, functools.partial(self._shard_read, name)
+            )
+        self._on_change()
+
+    def _shard_read(self, name: str, got: tuple[bytes, ZnodeStat] | None) -> None:
+        if got is None:
+            self._shards.pop(name, None)
+        else:
+            try:
+                shard = pb.AssignmentShard.FromString(got[0])
+            except Exception as e:  # a shard we cannot read keeps its last routes
+                log.warning("routing shard %s unreadable: %s", name, e)
+                return
+            self._shards[name] = {r.unit: tuple(r.forwarders) for r in shard.routes}
+        self._on_change()

@@ -1,0 +1,178 @@
+"""``pubsubd frontend``: the stateless service proxy as a process (composition root, issue 11).
+
+Clients connect here as they would to any pubsubd (``PUBSUB_EMULATOR_HOST``; several frontends
+as ``ipv4:A,B`` and the official client fails over between them). Each call goes to the
+forwarder the published assignment names for its topic or subscription (``targets.py``), as
+bytes (``proxy.py``). The frontend follows the metadata store's names, the forwarders'
+registrations and the routes through ZooKeeper watches (``control/routing_views.py``) and keeps
+no state of its own, so any number can run and any can be restarted. It registers itself under
+``Layout.frontends`` (JSON: id, address, zone, version).
+
+When ready it prints one line for scripts::
+
+    pubsubd frontend ready grpc=127.0.0.1:P http=127.0.0.1:P frontend_id=ID zone=Z
+
+SIGTERM (or SIGINT) stops it: its registration goes, calls in flight get a few seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from prometheus_client import Gauge
+
+from pubsubd import runtime
+from pubsubd.control.routing_table import Forwarder
+from pubsubd.control.routing_views import NamesView, RoutingView
+from pubsubd.coordination.errors import CoordinationError
+from pubsubd.coordination.paths import DEFAULT_ROOT
+from pubsubd.coordination.registration import Registration, as_json
+from pubsubd.coordination.zk import Coordinator
+from pubsubd.core.release import version
+from pubsubd.frontend.proxy import Proxy
+from pubsubd.frontend.targets import resource_name, targets
+from pubsubd.observability.http import HttpEndpoint
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE_S = 5.0
+FORWARDERS = Gauge("pubsubd_frontend_forwarders", "Forwarders this frontend can send calls to")
+
+
+class StartupError(Exception):
+    """The frontend cannot start as configured (the message says why)."""
+
+
+@dataclass(frozen=True)
+class FrontendConfig:
+    zk: str
+    zk_root: str = DEFAULT_ROOT
+    frontend_id: str | None = None
+    zone: str = "default"
+    host: str = "127.0.0.1"
+    port: int = 0
+    http_port: int = -1
+    zk_session_timeout_s: float = 10.0
+    pid_file: Path | None = None
+
+
+class Frontend:
+    def __init__(self, config: FrontendConfig) -> None:
+        self.config = config
+        self.zk = Coordinator(
+            config.zk, config.zk_root, session_timeout=config.zk_session_timeout_s
+        )
+        self.names = NamesView(self.zk)
+        self.routing = RoutingView(self.zk, self._routing_changed)
+        self.proxy = Proxy(self.choose)
+        self.http = HttpEndpoint(self.status, self.problem)
+        self.server: grpc.aio.Server | None = None
+        self.registration: Registration[dict[str, Any]] | None = None
+        self.port = 0
+        self.http_port = 0
+        self.frontend_id = config.frontend_id or ""
+
+    def choose(self, method: str, request: bytes) -> list[Forwarder]:
+        return targets(
+            resource_name(method, request),
+            topic_uids=self.names.topic_uids(),
+            subscription_uids=self.names.subscription_uids(),
+            route_of=self.routing.route,
+            forwarders=self.routing.forwarders,
+            zone=self.config.zone,
+        )
+
+    def _routing_changed(self) -> None:
+        FORWARDERS.set(len(self.routing.forwarders))
+
+    async def start(self) -> None:
+        config = self.config
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", 64 << 20),
+                ("grpc.max_send_message_length", 64 << 20),
+            ]
+        )
+        server.add_generic_rpc_handlers([self.proxy])
+        self.port = server.add_insecure_port(f"{config.host}:{config.port}")
+        if self.port == 0:
+            raise StartupError(f"cannot bind gRPC port {config.host}:{config.port}")
+        self.frontend_id = config.frontend_id or f"{socket.gethostname()}-{self.port}"
+        try:
+            await self.zk.start()
+            await self.names.start()
+            self.routing.start()
+            self.registration = Registration(
+                self.zk,
+                self.zk.layout.frontend(self.frontend_id),
+                self.registry_info,
+                as_json,
+                lambda published, now: published != now,
+            )
+            await self.registration.start()
+        except CoordinationError as e:
+            raise StartupError(f"cannot reach ZooKeeper at {config.zk}: {e}") from e
+        await server.start()
+        self.server = server
+        if config.http_port >= 0:
+            self.http_port = await self.http.start(config.host, config.http_port)
+        if config.pid_file is not None:
+            config.pid_file.write_text(f"{os.getpid()}\n")
+        http = f" http={config.host}:{self.http_port}" if config.http_port >= 0 else ""
+        sys.stdout.write(
+            f"pubsubd frontend ready grpc={config.host}:{self.port}{http}"
+            f" frontend_id={self.frontend_id} zone={config.zone}\n"
+        )
+        sys.stdout.flush()
+
+    def registry_info(self) -> dict[str, Any]:
+        return {
+            "frontend_id": self.frontend_id,
+            "address": f"{self.config.host}:{self.port}",
+            "zone": self.config.zone,
+            "version": version(),
+        }
+
+    def problem(self) -> str | None:
+        if not self.routing.forwarders:
+            return "no forwarder is registered: calls answer UNAVAILABLE"
+        return None
+
+    def status(self) -> dict[str, Any]:
+        return {
+            **self.registry_info(),
+            "forwarders": sorted(self.routing.forwarders),
+            "topics": len(self.names.topics),
+            "subscriptions": len(self.names.subscriptions),
+            "calls": self.proxy.calls,
+            "failovers": self.proxy.failovers,
+        }
+
+    async def stop(self) -> None:
+        if self.registration is not None:
+            await self.registration.stop()
+        if self.server is not None:
+            await self.server.stop(STOP_GRACE_S)
+        await self.proxy.close()
+        self.routing.close()
+        self.names.close()
+        await self.http.close()
+        await self.zk.stop()
+        if self.config.pid_file is not None:
+            self.config.pid_file.unlink(missing_ok=True)
+
+
+async def serve(config: FrontendConfig) -> None:
+    frontend = Frontend(config)
+    await runtime.serve_until_signalled("pubsubd frontend", frontend.start, frontend.stop)
+
+
+def run(config: FrontendConfig) -> None:
+    runtime.run(lambda: serve(config))
