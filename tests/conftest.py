@@ -30,15 +30,15 @@ def server(tmp_path: Path) -> Iterator[ServerProcess]:
 
 
 # The deployments the google.pubsub.v1 feature tests run against: one process with embedded
-# storage, and a cluster (ZooKeeper, 3 storage nodes, serve --cluster). PUBSUBD_TEST_DEPLOYMENTS
-# narrows it (e.g. "embedded" for a quick run).
+# storage, and a cluster (ZooKeeper, 3 storage nodes, serve --cluster, a router, and a frontend
+# the clients connect to). PUBSUBD_TEST_DEPLOYMENTS narrows it (e.g. "embedded" for a quick run).
 DEPLOYMENTS = os.environ.get("PUBSUBD_TEST_DEPLOYMENTS", "embedded,cluster").split(",")
 
 
 @pytest.fixture(scope="session")
 def test_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """One local cluster for the whole session (started by the first test that needs it)."""
-    with running_cluster(tmp_path_factory.mktemp("cluster")) as cluster:
+    with running_cluster(tmp_path_factory.mktemp("cluster"), routers=1, frontends=1) as cluster:
         yield cluster
 
 

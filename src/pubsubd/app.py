@@ -18,7 +18,7 @@ import grpc
 
 from pubsubd import node, runtime
 from pubsubd.acks.replicated import cursor_source, restore_journal
-from pubsubd.api.grpc import admin, publisher, replay, subscriber
+from pubsubd.api.grpc import admin, forwarder_service, publisher, replay, subscriber
 from pubsubd.config import ClusterConfig, ServerConfig
 from pubsubd.control.expiry import Maintenance
 from pubsubd.control.routing_store import encode_forwarder
@@ -142,6 +142,9 @@ class PubsubServer:
                     replay.ReplayServicer(self.catalog, self.routes, self.cursors, self.clock)
                 ),
                 admin.handlers(admin.AdminServicer(self.catalog, self.routes)),
+                forwarder_service.handlers(
+                    forwarder_service.ForwarderServicer(self.catalog, self.routes)
+                ),
             ]
         )
         self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")

@@ -136,6 +136,25 @@ def test_give_back_redelivers_at_once_without_counting_an_attempt() -> None:
     assert p.leases.attempts(pos) == 1
 
 
+def test_a_frontend_gives_back_deliveries_by_ack_id_only_while_they_are_current() -> None:
+    topic = MemoryTopic()
+    p = planner(topic)
+    gone, live = Recorder(), Recorder()
+    p.add_consumer(gone)
+    first, second, third = topic.publish(b"x", b"y", b"z")
+    run(p, 0.0)
+    delivered = ack_ids(p, gone)
+    p.remove_consumer(gone)
+    p.modify_deadline([delivered[2]], 30, 0.5)  # the client acted on it: it did arrive
+    stale = (delivered[1][0], delivered[1][1] + 99)  # not this delivery's generation
+    assert p.give_back_deliveries([delivered[0], stale, delivered[2]]) == 1
+    p.add_consumer(live)
+    run(p, 1.0)
+    assert live.positions() == [first]
+    assert p.leases.attempts(first) == 1  # no attempt counted for the one that came back
+    assert second not in live.positions() and third not in live.positions()
+
+
 def test_one_outstanding_batch_per_ordering_key_and_nack_requeues_the_rest_in_order() -> None:
     topic = MemoryTopic()
     p = planner(topic, subscription(enable_message_ordering=True))

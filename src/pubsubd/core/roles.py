@@ -287,6 +287,11 @@ class SubscribingForwarderApi(Protocol):
 
     def modify_ack_deadline(self, name: str, ack_ids: list[str], seconds: int) -> None: ...
 
+    def give_back(self, name: str, ack_ids: list[str]) -> int:
+        """A frontend could not hand these deliveries to its client: they go to other
+        consumers at once, without counting an attempt. Returns how many went back."""
+        ...
+
     async def acknowledge_checked(self, name: str, ack_ids: list[str]) -> None:
         """Acknowledge; under exactly-once, durable before returning, stale IDs reported."""
         ...

@@ -153,6 +153,7 @@ class Frontend:
             "subscriptions": len(self.names.subscriptions),
             "calls": self.proxy.calls,
             "failovers": self.proxy.failovers,
+            "given_back": self.proxy.given_back,
         }
 
     async def stop(self) -> None:

@@ -9,6 +9,13 @@ next one; the official clients retry UNAVAILABLE themselves, so a retry here add
 they would not make anyway. A stream is opened on the first forwarder that answers; when that
 forwarder goes away the stream ends with UNAVAILABLE, which the official subscriber reopens
 (SCALE_OUT.md §5), landing on the new owner.
+
+Messages a client never got go back at once, as when a client talks to the forwarder itself:
+Pull is served as server-streaming with one response (as the forwarder serves it) so the write
+tells whether it reached the client, and a Pull response, or the StreamingPull response in
+hand, that did not is handed back to its forwarder (``pubsubd.internal.v1.Forwarder/GiveBack``:
+no delivery attempt counted). What a cancelled call had not received yet, the forwarder gives
+back itself when the proxied call is cancelled.
 """
 
 from __future__ import annotations
@@ -21,16 +28,26 @@ from typing import Any
 
 import grpc
 
+from pubsubd._gen.pubsubd.internal.v1.forwarder_pb2 import GiveBackRequest, GiveBackResponse
 from pubsubd.control.routing_table import Forwarder
+from pubsubd.core.pb import PullResponse, StreamingPullResponse
+from pubsubd.frontend.targets import resource_name
 
 log = logging.getLogger(__name__)
 
 __all__ = ["STREAMING_METHODS", "Proxy"]
 
+# The forwarder's internal API (proto/pubsubd/internal/v1/forwarder.proto).
+GIVE_BACK = "/pubsubd.internal.v1.Forwarder/GiveBack"
+FORWARDER_PROTOCOL_VERSION = 1
+
 Choose = Callable[[str, bytes], Sequence[Forwarder]]
 
-# Bidirectional streaming methods; every other method is unary-unary.
+# Bidirectional streaming methods; every other method is unary-unary, but Pull.
 STREAMING_METHODS = frozenset({"/google.pubsub.v1.Subscriber/StreamingPull"})
+# Served as server-streaming with one response (the same on the wire as a unary answer), as the
+# forwarder serves it: the handler then learns whether the response reached the client.
+PULL = "/google.pubsub.v1.Subscriber/Pull"
 
 # Headers gRPC sets itself; the rest of the client's metadata goes through.
 _OWN_HEADERS = frozenset({"user-agent", "grpc-accept-encoding", "grpc-encoding", "te"})
@@ -45,9 +62,9 @@ CHANNEL_OPTIONS = [
 
 def _metadata(context: grpc.aio.ServicerContext[Any, Any]) -> list[tuple[str, str | bytes]]:
     return [
-        (m.key, m.value)
-        for m in context.invocation_metadata() or ()
-        if m.key not in _OWN_HEADERS and not m.key.startswith(":")
+        (key, value)
+        for key, value in context.invocation_metadata() or ()
+        if key not in _OWN_HEADERS and not key.startswith(":")
     ]
 
 
@@ -64,6 +81,8 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]
         self._channels: dict[str, grpc.aio.Channel] = {}
         self.calls = 0
         self.failovers = 0
+        self.given_back = 0  # messages a client never got, handed back to their forwarder
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
@@ -73,6 +92,9 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]
         return channel
 
     async def close(self) -> None:
+        for task in list(self._tasks):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, 2.0)
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
@@ -83,30 +105,63 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]
         method = handler_call_details.method
         if method in STREAMING_METHODS:
             return grpc.stream_stream_rpc_method_handler(self._stream(method))
+        if method == PULL:
+            return grpc.unary_stream_rpc_method_handler(self._pull)
         return grpc.unary_unary_rpc_method_handler(self._unary(method))
+
+    async def _call(
+        self, method: str, request: bytes, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> tuple[bytes, Forwarder]:
+        """One unary call, to the first forwarder that can be reached; aborts the client's
+        call with the forwarder's status otherwise."""
+        candidates = self._choose(method, request)
+        if not candidates:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no forwarder is registered")
+        metadata, last = _metadata(context), None
+        for i, forwarder in enumerate(candidates):
+            call = self.channel(forwarder.address).unary_unary(method)
+            try:
+                response: bytes = await call(request, metadata=metadata, timeout=_timeout(context))
+                return response, forwarder
+            except grpc.aio.AioRpcError as e:
+                last = e
+                if e.code() != grpc.StatusCode.UNAVAILABLE or i == len(candidates) - 1:
+                    break
+                self.failovers += 1
+        assert last is not None
+        await _abort_with(context, last)
+        raise AssertionError("unreachable")
+
+    async def _pull(self, request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        self.calls += 1
+        response, forwarder = await self._call(PULL, request, context)
+        try:
+            await context.write(response)
+        except asyncio.CancelledError:
+            self._give_back(forwarder, request, response, PullResponse)
+            raise
+        except Exception:
+            # Never reached the client: the forwarder gives the messages to others at once.
+            self._give_back(forwarder, request, response, PullResponse)
+            log.debug("Pull response not sent: the client is gone", exc_info=True)
+            raise asyncio.CancelledError() from None
+
+    def _give_back(self, forwarder: Forwarder, request: bytes, response: bytes, kind: Any) -> None:
+        ack_ids = [m.ack_id for m in kind.FromString(response).received_messages]
+        subscription = _subscription_of(request)
+        if not ack_ids or not subscription:
+            return
+        self.given_back += len(ack_ids)
+        task = asyncio.get_running_loop().create_task(
+            _give_back(self.channel(forwarder.address), subscription, ack_ids)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _unary(self, method: str) -> Callable[..., Any]:
         async def handle(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
             self.calls += 1
-            candidates = self._choose(method, request)
-            if not candidates:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "no forwarder is registered")
-            metadata, last = _metadata(context), None
-            for i, forwarder in enumerate(candidates):
-                call = self.channel(forwarder.address).unary_unary(method)
-                try:
-                    response: bytes = await call(
-                        request, metadata=metadata, timeout=_timeout(context)
-                    )
-                    return response
-                except grpc.aio.AioRpcError as e:
-                    last = e
-                    if e.code() != grpc.StatusCode.UNAVAILABLE or i == len(candidates) - 1:
-                        break
-                    self.failovers += 1
-            assert last is not None
-            await _abort_with(context, last)
-            raise AssertionError("unreachable")
+            return (await self._call(method, request, context))[0]
 
         return handle
 
@@ -126,11 +181,17 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]
                 metadata=_metadata(context), timeout=_timeout(context)
             )
             pump = asyncio.get_running_loop().create_task(_pump(first, requests, call))
+            response = b""
             try:
                 async for response in call:
                     yield response
+                    response = b""
             except grpc.aio.AioRpcError as e:
                 await _abort_with(context, e)
+            except BaseException:
+                if response:  # read from the forwarder, never written to the client
+                    self._give_back(candidates[0], first, response, StreamingPullResponse)
+                raise
             finally:
                 pump.cancel()
                 with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
@@ -138,6 +199,25 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]
                 call.cancel()
 
         return handle
+
+
+def _subscription_of(request: bytes) -> str:
+    found = resource_name(PULL, request)
+    return found[1] if found is not None else ""
+
+
+async def _give_back(channel: grpc.aio.Channel, subscription: str, ack_ids: list[str]) -> None:
+    request = GiveBackRequest(
+        protocol_version=FORWARDER_PROTOCOL_VERSION, subscription=subscription, ack_ids=ack_ids
+    )
+    try:
+        await channel.unary_unary(
+            GIVE_BACK,
+            request_serializer=GiveBackRequest.SerializeToString,
+            response_deserializer=GiveBackResponse.FromString,
+        )(request, timeout=5.0)
+    except grpc.aio.AioRpcError as e:  # their leases expire instead: redelivered later
+        log.info("giving back %d messages of %s failed: %s", len(ack_ids), subscription, e)
 
 
 async def _pump(first: bytes, requests: AsyncIterator[bytes], call: Any) -> None:
@@ -160,9 +240,9 @@ async def _abort_with(
         # in grpc-status-details-bin; gRPC's other own keys are set by gRPC itself.
         context.set_trailing_metadata(
             tuple(
-                (m.key, m.value)
-                for m in trailing
-                if not m.key.startswith("grpc-") or m.key == "grpc-status-details-bin"
+                (key, value)
+                for key, value in trailing
+                if not key.startswith("grpc-") or key == "grpc-status-details-bin"
             )
         )
     await context.abort(error.code(), error.details() or "")

@@ -313,6 +313,11 @@ class SubscriptionDispatcher:
         self._apply()
         return back
 
+    def give_back_deliveries(self, deliveries: list[tuple[int, int]]) -> int:
+        back = self.planner.give_back_deliveries(deliveries)
+        self._apply()
+        return back
+
     async def flush_acks(self) -> None:
         """Make this subscription's acks durable now (exactly-once acknowledgements)."""
         await self.publishing.flush_acks(self.topic_uid, self.uid)

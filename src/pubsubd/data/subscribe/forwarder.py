@@ -11,6 +11,7 @@ and deadline changes are routed to the dispatcher that issued the ack IDs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -355,6 +356,14 @@ class SubscribingForwarder:
         # Ack IDs issued before a Seek no longer ack anything (their deliveries were undone).
         floor = d.generation_floor
         d.acknowledge([pos for pos, generation in decoded if generation >= floor])
+
+    def give_back(self, name: str, ack_ids: list[str]) -> int:
+        d = self.dispatcher(name)
+        deliveries = []
+        for ack_id in ack_ids:
+            with contextlib.suppress(InvalidAckId):  # nothing to give back for it
+                deliveries.append(d.decode(ack_id))
+        return d.give_back_deliveries(deliveries)
 
     def modify_ack_deadline(self, name: str, ack_ids: list[str], seconds: int) -> None:
         modify_deadline(seconds)

@@ -586,6 +586,17 @@ class DeliveryPlanner:
             self._effects.pump = True
         return back
 
+    def give_back_deliveries(self, deliveries: list[tuple[int, int]]) -> int:
+        """(position, generation) pairs from ack IDs a frontend could not hand to its client:
+        :meth:`give_back` for those whose lease is still that delivery's and was not acted on
+        by the client (a deadline change shows it did arrive)."""
+        by_consumer: dict[int, list[int]] = {}
+        for pos, generation in deliveries:
+            lease = self.leases.get(pos)
+            if lease is not None and lease.generation == generation and not lease.confirmed:
+                by_consumer.setdefault(lease.consumer, []).append(pos)
+        return sum(self.give_back(c, positions) for c, positions in by_consumer.items())
+
     # --- dead letters -------------------------------------------------------------------------
 
     def dead_letter_done(self, pos: int) -> None:

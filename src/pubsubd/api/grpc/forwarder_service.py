@@ -1,0 +1,44 @@
+"""pubsubd.internal.v1.Forwarder servicer: what frontends ask of a forwarder beyond the
+google.pubsub.v1 calls they pass through (proto/pubsubd/internal/v1/forwarder.proto)."""
+
+from __future__ import annotations
+
+from typing import Any, TypeAlias
+
+import grpc
+
+from pubsubd._gen.pubsubd.internal.v1 import forwarder_pb2 as f
+from pubsubd.api.grpc.status import rpc, unary_method
+from pubsubd.control.catalog import Catalog
+from pubsubd.control.router import Routes
+from pubsubd.core import names
+from pubsubd.core.errors import InvalidArgument
+
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+
+SERVICE = "pubsubd.internal.v1.Forwarder"
+GIVE_BACK = f"/{SERVICE}/GiveBack"
+# 1: GiveBack. A request of a newer version is served as far as this one understands it.
+PROTOCOL_VERSION = 1
+
+
+class ForwarderServicer:
+    def __init__(self, catalog: Catalog, routes: Routes) -> None:
+        self.catalog = catalog
+        self.routes = routes
+
+    @rpc
+    async def GiveBack(self, request: Any, context: Context) -> Any:
+        names.subscription(request.subscription)
+        if not request.protocol_version:
+            raise InvalidArgument("protocol_version: required")
+        uid = self.catalog.subscription(request.subscription).record.uid
+        back = self.routes.subscribing(uid).give_back(request.subscription, list(request.ack_ids))
+        return f.GiveBackResponse(given_back=back)
+
+
+def handlers(servicer: ForwarderServicer) -> grpc.GenericRpcHandler:
+    return grpc.method_handlers_generic_handler(
+        SERVICE,
+        {"GiveBack": unary_method(servicer.GiveBack, f.GiveBackRequest, f.GiveBackResponse)},
+    )
