@@ -8,6 +8,9 @@ Three deployments run side by side on 127.0.0.1, each in its own temporary direc
   ``pubsubd storage`` node and ``pubsubd serve --cluster --replicas 1``;
 * ``cluster-3``: ZooKeeper, three storage nodes in three zones and ``serve --cluster
   --replicas 3``: every entry goes to three nodes and is acknowledged at a majority (two).
+* ``cluster-3-fe`` (only when asked for with ``--deployments``): ``cluster-3`` with a
+  ``pubsubd frontend`` in front: the client talks to the frontend, which passes every call to
+  the serving process (issue 11's frontend -> forwarder -> storage path).
 
 Phases, all bounded in time:
 
@@ -104,11 +107,14 @@ LABELS = {
     "cluster-1": "cluster, 1 storage node (replicas 1)",
     "cluster-3": "cluster, 3 storage nodes (replicas 3, ack 2)",
     "cluster-4": "cluster, 4 storage nodes (replicas 3, ack 2)",
+    "cluster-3-fe": "cluster-3 through a frontend",
 }
+OPTIONAL_DEPLOYMENTS = ("cluster-3-fe",)
 SHAPES = {  # storage nodes, zones, replicas
     "cluster-1": (1, 1, 1),
     "cluster-3": (3, 3, 3),
     "cluster-4": (4, 4, 3),  # the repair phase: a node's ledgers get a fourth node to go to
+    "cluster-3-fe": (3, 3, 3),
 }
 SESSION_ENV = "PUBSUBD_ZK_SESSION_TIMEOUT_S"
 CREATE_TOPIC = f"/{pb.PUBLISHER}/CreateTopic"
@@ -254,12 +260,14 @@ class Cluster(Deployment):
 
         self.cluster = LocalCluster(self.directory)
         try:
+            extra = {"frontends": 1} if self.key.endswith("-fe") else {}
             self.cluster.up(
                 zk_nodes=self.zk_nodes,
                 storage_nodes=self.storage_nodes,
                 zones=self.zones,
                 replicas=self.replicas,
                 timeout=START_TIMEOUT_S,
+                **extra,
             )
         except Exception as e:
             raise TargetError(f"{self.key}: {e}") from e
@@ -905,12 +913,12 @@ def markdown(report: dict[str, Any]) -> str:
             )
         lines += [
             "",
-            f"{w}: CPU per message, median µs of CPU time per acknowledged message (serve / all "
-            "storage nodes / ZooKeeper / client), and % of one core (serve / storage / "
-            "ZooKeeper / client / foreign)",
+            f"{w}: CPU per message, median µs of CPU time per acknowledged message (serve / "
+            "frontend / all storage nodes / ZooKeeper / client), and % of one core (serve / "
+            "frontend / storage / ZooKeeper / client / foreign)",
             "",
-            "| Deployment | µs/msg serve / storage / ZK / client | % serve / storage / ZK / "
-            "client / foreign |",
+            "| Deployment | µs/msg serve / frontend / storage / ZK / client | % serve / frontend "
+            "/ storage / ZK / client / foreign |",
             "|---|---:|---:|",
         ]
         for key in keys:
@@ -919,11 +927,11 @@ def markdown(report: dict[str, Any]) -> str:
                 continue
             us = " / ".join(
                 f"{st[f'{r}_us_per_msg']['median']:.1f}" if f"{r}_us_per_msg" in st else "-"
-                for r in ("serve", "storage", "zookeeper", "client")
+                for r in ("serve", "frontend", "storage", "zookeeper", "client")
             )
             pct = " / ".join(
                 f"{st[f'{r}_cpu_pct']['median']:.0f}" if f"{r}_cpu_pct" in st else "-"
-                for r in ("serve", "storage", "zookeeper", "client", "other")
+                for r in ("serve", "frontend", "storage", "zookeeper", "client", "other")
             )
             lines.append(f"| {LABELS[key]} | {us} | {pct} |")
         lines.append("")
@@ -1140,8 +1148,9 @@ def main(argv: list[str] | None = None) -> int:
     repair_runs = args.repair_runs or (1 if args.quick else 3)
     keys = [k.strip() for k in args.deployments.split(",") if k.strip()]
     for k in keys:
-        if k not in DEPLOYMENTS:
-            raise SystemExit(f"unknown deployment {k!r}; choose from {','.join(DEPLOYMENTS)}")
+        if k not in DEPLOYMENTS + OPTIONAL_DEPLOYMENTS:
+            known = ",".join(DEPLOYMENTS + OPTIONAL_DEPLOYMENTS)
+            raise SystemExit(f"unknown deployment {k!r}; choose from {known}")
     by_name = {w.name: w for w in (*WORKLOADS, PUBLISH_RAW_C16)}
     wanted = [n.strip() for n in args.only.split(",") if n.strip()]
     for n in wanted:
