@@ -1,7 +1,7 @@
 """Consistent hashing with bounded loads (control/assignment.py), as issue 11 states it: the
 busiest member holds at most ceil((1+eps)*average); a member leaving moves only its own units;
-a member joining moves only the excess over the new capacity; nothing moves twice within the
-hysteresis window unless its owner went away."""
+a member joining moves the excess over the new capacity plus its own share, and is not left
+idle; nothing moves twice within the hysteresis window unless its owner went away."""
 
 from __future__ import annotations
 
@@ -62,19 +62,25 @@ def test_a_member_leaving_moves_only_its_own_units(
 
 @settings(max_examples=60, deadline=None)
 @given(units=st.integers(1, 400), members=st.integers(1, 8), epsilon=EPSILONS)
-def test_a_member_joining_moves_only_the_excess_over_the_new_capacity(
+def test_a_member_joining_takes_its_share_and_only_the_bounded_extra_moves(
     units: int, members: int, epsilon: float
 ) -> None:
+    """What the others hold over the new capacity moves, and the newcomer fills up to about
+    its fair share (it must not stay idle); nothing else moves, and nothing is forced."""
     a = Assignment(epsilon=epsilon)
     before = _members(members)
     a.update(before, _units(units), now=0.0)
     loads = a.loads()
     after = [*before, Member("new", zone="z9")]
-    capacity = math.ceil((1 + epsilon) * units / len(after))
+    mean = units / len(after)
+    capacity = math.ceil((1 + epsilon) * mean)
     excess = sum(max(0, n - capacity) for n in loads.values())
     moves = a.update(after, _units(units), now=1000.0)
-    assert len(moves) == excess
     assert not any(m.forced for m in moves)
+    assert len(moves) <= excess + math.floor(mean)
+    assert len({m.unit for m in moves}) == len(moves)  # no unit moves twice in a pass
+    assert all(m.target == "new" for m in moves if loads[m.source or ""] <= capacity)
+    assert a.loads()["new"] >= math.floor(mean / (1 + epsilon))
     assert max(a.loads().values()) <= capacity
 
 

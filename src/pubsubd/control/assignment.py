@@ -7,11 +7,20 @@ rest of the list are fallbacks. The rules (SCALE_OUT.md §3, Mirrokni, Thorup an
 "Consistent Hashing with Bounded Loads"):
 
 * **Bounded loads.** No member holds more than ``capacity = ceil((1 + epsilon) * units /
-  members)`` units (members that are drained do not count). A unit goes to the first member in
-  its rendezvous ranking (``router.rank``) that is below capacity.
+  members)`` units (members that are drained do not count). A unit goes to the first member
+  below capacity in its walk of the hash ring: every member has ``VNODES`` points on a ring of
+  64-bit hashes, and a unit's walk visits the members clockwise from its own hash, each once.
+  Finding a unit's place costs a binary search and a short walk, not a hash per member, so a
+  router places a million units over a thousand members in seconds (``bench/routing_sim.py``).
 * **Stickiness.** A unit stays where it is while its owner is a member, is not drained and is
-  not over capacity. So a member that leaves moves only its own units (capacity only grows),
-  and a member that joins receives only what the others hold over the new, lower capacity.
+  not over capacity. So a member that leaves moves only its own units (capacity only grows).
+* **No idle newcomer.** A member that joined (or was undrained) since the last pass and is
+  below ``mean / (1 + epsilon)`` takes the units whose walk now reaches it before their owner,
+  up to the mean (the share consistent hashing gives it), and if that is not enough, units of
+  the busiest members.
+  So a member that joins receives what the others hold over the new capacity plus about its
+  fair share, and nothing else moves (Pulsar's idle new broker, SCALE_OUT.md §3, does not
+  happen here).
 * **Hysteresis.** A unit moved less than ``hysteresis_s`` ago is not moved again to even out
   loads; only losing its owner (gone, drained, or the unit pinned elsewhere) moves it sooner. A
   member may then stay over capacity until the window passes.
@@ -27,15 +36,17 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-
-from pubsubd.control.router import rank
 
 __all__ = ["DEFAULT_EPSILON", "Assignment", "Member", "Move"]
 
 DEFAULT_EPSILON = 0.25
 DEFAULT_HYSTERESIS_S = 60.0
+# Points per member on the ring: enough that each member's share of the ring is within a few
+# per cent of the mean (the bounded-load walk evens out the rest).
+VNODES = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +68,30 @@ class Move:
     forced: bool  # its owner left, was drained, or the unit was pinned elsewhere
 
 
-def _order(unit: str) -> bytes:
-    return hashlib.blake2b(unit.encode(), digest_size=8).digest()
+def _hash(key: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
+
+
+class Ring:
+    """Members' points on the ring of 64-bit hashes (pure)."""
+
+    __slots__ = ("_members", "_points")
+
+    def __init__(self, member_ids: Iterable[str]) -> None:
+        points = sorted((_hash(f"{m}#{i}"), m) for m in set(member_ids) for i in range(VNODES))
+        self._points = [p for p, _ in points]
+        self._members = [m for _, m in points]
+
+    def walk(self, point: int) -> Iterator[str]:
+        """Every member once, clockwise from ``point``."""
+        count = len(self._points)
+        start = bisect_left(self._points, point)
+        seen: set[str] = set()
+        for i in range(count):
+            member = self._members[(start + i) % count]
+            if member not in seen:
+                seen.add(member)
+                yield member
 
 
 class Assignment:
@@ -77,6 +110,23 @@ class Assignment:
         self.members: dict[str, Member] = {}
         self.capacity = 0
         self._moved_at: dict[str, float] = {}
+        self._hashes: dict[str, int] = {}  # each unit's point, computed once
+        self._eligible: frozenset[str] = frozenset()  # who could own units last pass
+        self._eligible_ring: tuple[tuple[str, ...], Ring] | None = None
+        self._all_ring: Ring | None = None  # every member's points, for ranked()
+
+    def _point(self, unit: str) -> int:
+        point = self._hashes.get(unit)
+        if point is None:
+            point = self._hashes[unit] = _hash(unit)
+        return point
+
+    def _ring_of(self, eligible: Sequence[str]) -> Ring:
+        """The ring of the members that may own units (built again when they change)."""
+        key = tuple(eligible)
+        if self._eligible_ring is None or self._eligible_ring[0] != key:
+            self._eligible_ring = (key, Ring(key))
+        return self._eligible_ring[1]
 
     def loads(self) -> dict[str, int]:
         """Units per member (every member, zero included)."""
@@ -93,12 +143,17 @@ class Assignment:
         pins: Mapping[str, str] | None = None,
     ) -> list[Move]:
         """Assign every unit among ``members`` at time ``now``; returns the moves made."""
+        if set(self.members) != {m.member_id for m in members}:
+            self._all_ring = None  # ranked() builds it again for the new members
         self.members = {m.member_id: m for m in members}
         eligible = sorted(m.member_id for m in members if not m.drained)
-        wanted = sorted(set(units), key=_order)
-        for gone in set(self.owners) - set(wanted):
+        wanted = sorted(set(units), key=self._point)
+        wanted_set = set(wanted)
+        for gone in [u for u in self.owners if u not in wanted_set]:
             del self.owners[gone]
             self._moved_at.pop(gone, None)
+        for gone in [u for u in self._hashes if u not in wanted_set]:
+            del self._hashes[gone]
         if not eligible:
             self.capacity = 0
             self.owners.clear()
@@ -134,22 +189,94 @@ class Assignment:
             if excess <= 0:
                 continue
             settled = [u for u in held[member] if not self._recent(u, now)]
-            settled.sort(key=lambda u: (self._moved_at.get(u, -math.inf), _order(u)))
+            settled.sort(key=lambda u: (self._moved_at.get(u, -math.inf), self._point(u)))
             for unit in settled[:excess]:
                 load[member] -= 1
                 del self.owners[unit]
                 unplaced.append((unit, member, False))
 
-        for unit, old, forced in sorted(unplaced, key=lambda item: _order(item[0])):
-            target = next(
-                (m for m in rank(unit, [(m, m) for m in eligible]) if load[m] < self.capacity),
-                None,
-            )
+        ring = self._ring_of(eligible)
+        capacity = self.capacity
+        for unit, old, forced in sorted(unplaced, key=lambda item: self._point(item[0])):
+            target = next((m for m in ring.walk(self._point(unit)) if load[m] < capacity), None)
             if target is None:  # only when hysteresis kept members over capacity
                 target = min(eligible, key=lambda m: (load[m], m))
             load[target] += 1
             moves.append(self._move(unit, old, target, forced, now))
+        newcomers = set(eligible) - self._eligible if self._eligible else set()
+        self._eligible = frozenset(eligible)
+        if newcomers:
+            self._fill(wanted, eligible, newcomers, load, set(pins), moves, ring, now)
         return moves
+
+    def _fill(
+        self,
+        wanted: list[str],
+        eligible: list[str],
+        newcomers: set[str],
+        load: dict[str, int],
+        pinned: set[str],
+        moves: list[Move],
+        ring: Ring,
+        now: float,
+    ) -> None:
+        """Newcomers (members that joined or were undrained since the last pass) well below
+        the mean take units, so none stays idle:
+        first the units whose walk of the ring now reaches them before their owner (what
+        consistent hashing itself moves on a join, each unit only ever earlier in its own walk,
+        so no unit can go round in circles), until they hold the mean; then, if that was not
+        enough, settled units of the busiest members, until they hold mean / (1 + epsilon).
+        Units pinned, moved in this pass or within the hysteresis window stay."""
+        if not wanted:
+            return
+        mean = len(wanted) / len(eligible)
+        full, enough = math.floor(mean), math.floor(mean / (1 + self.epsilon))
+        hungry = {m for m in newcomers if load[m] < enough}
+        if not hungry:
+            return
+        moved = {m.unit for m in moves}
+
+        def movable(unit: str) -> bool:
+            return unit not in pinned and unit not in moved and not self._recent(unit, now)
+
+        for unit in wanted:
+            owner = self.owners[unit]
+            if owner in hungry or not movable(unit):
+                continue
+            for member in ring.walk(self._point(unit)):
+                if member == owner:
+                    break
+                if member in hungry:
+                    load[owner] -= 1
+                    load[member] += 1
+                    moved.add(unit)
+                    moves.append(self._move(unit, owner, member, False, now))
+                    if load[member] >= full:
+                        hungry.discard(member)
+                    break
+            if not hungry:
+                return
+        hungry = {m for m in hungry if load[m] < enough}
+        if not hungry:
+            return
+        donors: dict[str, list[str]] = {}
+        for unit in wanted:
+            owner = self.owners[unit]
+            if load[owner] > full and movable(unit):
+                donors.setdefault(owner, []).append(unit)
+        for member in sorted(hungry):
+            while load[member] < enough:
+                donor = max(
+                    (d for d, units in donors.items() if units and load[d] > full),
+                    key=lambda d: (load[d], d),
+                    default=None,
+                )
+                if donor is None:
+                    return
+                unit = donors[donor].pop()
+                load[donor] -= 1
+                load[member] += 1
+                moves.append(self._move(unit, donor, member, False, now))
 
     def _recent(self, unit: str, now: float) -> bool:
         moved = self._moved_at.get(unit)
@@ -161,11 +288,19 @@ class Assignment:
             self._moved_at[unit] = now
         return Move(unit, source, target, forced)
 
-    def ranked(self, unit: str, zone: str | None = None) -> list[str]:
+    def ranked(self, unit: str, zone: str | None = None, limit: int | None = None) -> list[str]:
         """The ordered list for ``unit``: its owner, then the other members that are not
-        drained (those in ``zone`` first, each group in rendezvous order), drained ones last."""
+        drained (those in ``zone`` first, each group in ring order), drained ones last; at
+        most ``limit`` fallbacks (the first ones of the unit's walk of the ring)."""
         owner = self.owners.get(unit)
-        others = [m for m in self.members.values() if m.member_id != owner]
-        ordered = rank(unit, [(m.member_id, m) for m in others])
-        ordered.sort(key=lambda m: (m.drained, zone is not None and m.zone != zone))
-        return ([owner] if owner is not None else []) + [m.member_id for m in ordered]
+        if self._all_ring is None:
+            self._all_ring = Ring(self.members)
+        walk = self._all_ring.walk(self._point(unit))
+        others: list[Member] = []
+        for member_id in walk:
+            if member_id != owner:
+                others.append(self.members[member_id])
+                if limit is not None and len(others) >= limit:
+                    break
+        others.sort(key=lambda m: (m.drained, zone is not None and m.zone != zone))
+        return ([owner] if owner is not None else []) + [m.member_id for m in others]

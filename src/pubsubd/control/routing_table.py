@@ -7,7 +7,8 @@ source of a subscription's topic, ``s/{subscription uid}/{source}``, by one subs
 forwarder. Two :class:`~pubsubd.control.assignment.Assignment` state machines place them
 (bounded loads, stickiness, hysteresis); this module turns the cluster's state into their
 members, units and pins, and their owners into the lists frontends use: the owner first, then
-the other forwarders of that kind in rendezvous order (drained ones last). A frontend moves
+the next forwarders of that kind on the unit's walk of the hash ring (``ROUTE_FALLBACKS`` of
+them; drained ones last). A frontend moves
 the fallbacks of its own zone to the front; the owner stays first, since a source has one
 writer wherever the caller is.
 
@@ -44,6 +45,8 @@ __all__ = [
 
 PUBLISHING = "p"
 SUBSCRIBING = "s"
+# Fallbacks per route after the owner: enough to ride out a few forwarders going at once.
+ROUTE_FALLBACKS = 3
 
 
 def publishing_unit(topic_uid: str, source: int) -> str:
@@ -134,6 +137,9 @@ class RoutingTable:
         self.subscribing = Assignment(epsilon=epsilon, hysteresis_s=hysteresis_s)
         self.forwarders: dict[str, Forwarder] = {}
         self.shards: dict[str, dict[str, tuple[str, ...]]] = {}  # bucket -> unit -> route
+        # The members each assignment last routed with: routes change only with them or with
+        # their unit's owner, so a pass recomputes only those.
+        self._routed_with: dict[str, tuple[tuple[str, str, bool], ...]] = {}
 
     def update(
         self,
@@ -161,23 +167,41 @@ class RoutingTable:
             if t.name in constraints.pinned_topics
             for s in range(t.sources)
         }
+        publishing = self._members(constraints, publishing=True)
+        subscribing = self._members(constraints, publishing=False)
         moves = [
-            *self.publishing.update(
-                self._members(constraints, publishing=True), publishing_units, now, pins
-            ),
-            *self.subscribing.update(
-                self._members(constraints, publishing=False), subscribing_units, now
-            ),
+            *self.publishing.update(publishing, publishing_units, now, pins),
+            *self.subscribing.update(subscribing, subscribing_units, now),
         ]
-        shards: dict[str, dict[str, tuple[str, ...]]] = {}
-        for assignment in (self.publishing, self.subscribing):
+        changed: set[str] = set()
+        for kind, assignment, members in (
+            ("publishing", self.publishing, publishing),
+            ("subscribing", self.subscribing, subscribing),
+        ):
+            prefix = PUBLISHING if kind == "publishing" else SUBSCRIBING
+            with_members = tuple(sorted((m.member_id, m.zone, m.drained) for m in members))
+            everything = self._routed_with.get(kind) != with_members
+            self._routed_with[kind] = with_members
+            moved = {m.unit for m in moves if unit_kind(m.unit) == kind}
+            for shard, routes in list(self.shards.items()):
+                gone = [
+                    u for u in routes if u.startswith(prefix + "/") and u not in assignment.owners
+                ]
+                for unit in gone:
+                    del routes[unit]
+                    changed.add(shard)
+                if not routes:
+                    del self.shards[shard]
             for unit in assignment.owners:
-                shards.setdefault(bucket(unit), {})[unit] = tuple(assignment.ranked(unit))
-        changed = frozenset(
-            b for b in set(shards) | set(self.shards) if shards.get(b) != self.shards.get(b)
-        )
-        self.shards = shards
-        return Pass(tuple(moves), changed)
+                shard = bucket(unit)
+                routes = self.shards.setdefault(shard, {})
+                if not everything and unit not in moved and unit in routes:
+                    continue
+                route = tuple(assignment.ranked(unit, limit=ROUTE_FALLBACKS))
+                if routes.get(unit) != route:
+                    routes[unit] = route
+                    changed.add(shard)
+        return Pass(tuple(moves), frozenset(changed))
 
     def _members(self, constraints: Constraints, *, publishing: bool) -> list[Member]:
         return [
