@@ -157,12 +157,27 @@ def kill(
 @cluster_app.command()
 def restart(
     data_dir: DataDir,
-    name: Annotated[str, typer.Argument(help="process name, e.g. storage-2 or serve")],
+    name: Annotated[
+        str | None, typer.Argument(help="process name, e.g. storage-2 or serve")
+    ] = None,
+    rolling: Annotated[
+        bool,
+        typer.Option(
+            "--rolling", help="restart every process, one at a time, each once the last is ready"
+        ),
+    ] = False,
 ) -> None:
-    """Start a stopped process of the cluster again with its recorded arguments."""
+    """Start a stopped process of the cluster again with its recorded arguments, or
+    (--rolling) restart every process in turn."""
     from pubsubd.cluster.launcher import ClusterError, LocalCluster
 
+    if rolling == (name is not None):
+        _fail(ClusterError("name a stopped process, or give --rolling"))
     try:
-        LocalCluster.load(data_dir).restart(name)
+        cluster = LocalCluster.load(data_dir)
+        if name is not None:
+            cluster.restart(name)
+        else:
+            cluster.rolling_restart(each=lambda n: console.print(f"restarted {n}"))
     except ClusterError as e:
         _fail(e)

@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -379,7 +380,7 @@ class LocalCluster:
         self.save()
 
     def restart(self, name: str, timeout: float = 60.0) -> None:
-        """Start a stopped storage or serve process again with the same arguments."""
+        """Start a stopped process again with the same arguments (and ports)."""
         p = self.process(name)
         if p.pid is not None and p.running(self._marker(p)):
             raise ClusterError(f"{name} is running")
@@ -391,6 +392,34 @@ class LocalCluster:
         else:
             p.pid, _ = _start(p.args, Path(p.log), READY[p.role], timeout)
         self.save()
+
+    def stop(self, name: str, timeout: float = 20.0) -> None:
+        """Stop one process cleanly (SIGTERM; SIGKILL after ``timeout``) and wait until it is
+        gone."""
+        p = self.process(name)
+        self.signal(name, signal.SIGTERM)
+        if not self._wait_gone(p, timeout):
+            self.signal(name, signal.SIGKILL)
+            self._wait_gone(p, 10.0)
+        p.pid = None
+        self.save()
+
+    def rolling_restart(
+        self, timeout: float = 60.0, each: Callable[[str], None] | None = None
+    ) -> list[str]:
+        """Restart every process one at a time, each after the one before is ready again:
+        ZooKeeper's nodes, the storage nodes, the serving process, the routers, then the
+        frontends (``each(name)`` after each one is back). Returns the names, in order."""
+        order = {"zookeeper": 0, "storage": 1, "serve": 2, "router": 3, "frontend": 4}
+        names = [p.name for p in sorted(self.processes, key=lambda p: order.get(p.role, 9))]
+        for name in names:
+            p = self.process(name)
+            if p.pid is not None and p.running(self._marker(p)):
+                self.stop(name)
+            self.restart(name, timeout)
+            if each is not None:
+                each(name)
+        return names
 
     # -- down ------------------------------------------------------------------------------
 
