@@ -17,6 +17,8 @@ SIGTERM (or SIGINT) stops it: its registration goes, calls in flight get a few s
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -71,7 +73,8 @@ class Frontend:
         )
         self.names = NamesView(self.zk)
         self.routing = RoutingView(self.zk, self._routing_changed)
-        self.proxy = Proxy(self.choose)
+        self.proxy = Proxy(self.choose, self.forwarder_registered)
+        self._forwarders_changed = asyncio.Event()
         self.http = HttpEndpoint(self.status, self.problem)
         self.server: grpc.aio.Server | None = None
         self.registration: Registration[dict[str, Any]] | None = None
@@ -91,6 +94,19 @@ class Frontend:
 
     def _routing_changed(self) -> None:
         FORWARDERS.set(len(self.routing.forwarders))
+        self._forwarders_changed.set()
+
+    async def forwarder_registered(self, within: float) -> bool:
+        """Wait until some forwarder is registered; False if none is within ``within`` s."""
+        deadline = asyncio.get_running_loop().time() + within
+        while not self.routing.forwarders:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return False
+            self._forwarders_changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._forwarders_changed.wait(), left)
+        return True
 
     async def start(self) -> None:
         config = self.config

@@ -6,9 +6,11 @@ Any method is proxied, so every API the forwarders serve (google.pubsub.v1, IAM,
 and admin APIs) is served here too. ``choose(method, first_request)`` names the forwarders to
 try, best first. A unary call whose forwarder cannot be reached (UNAVAILABLE) is sent to the
 next one; the official clients retry UNAVAILABLE themselves, so a retry here adds no duplicate
-they would not make anyway. A stream is opened on the first forwarder that answers; when that
-forwarder goes away the stream ends with UNAVAILABLE, which the official subscriber reopens
-(SCALE_OUT.md §5), landing on the new owner.
+they would not make anyway. The last one is waited for within the client's deadline, and so is
+a forwarder to register while none is: a forwarder that restarts answers the moment it is back,
+instead of the client retrying after backoffs that grow to seconds. A stream is opened on the
+first forwarder that answers; when that forwarder goes away the stream ends with UNAVAILABLE,
+which the official subscriber reopens (SCALE_OUT.md §5), landing on the new owner.
 
 Messages a client never got go back at once, as when a client talks to the forwarder itself:
 Pull is served as server-streaming with one response (as the forwarder serves it) so the write
@@ -23,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -52,11 +54,20 @@ PULL = "/google.pubsub.v1.Subscriber/Pull"
 # Headers gRPC sets itself; the rest of the client's metadata goes through.
 _OWN_HEADERS = frozenset({"user-agent", "grpc-accept-encoding", "grpc-encoding", "te"})
 
+# How long a call waits for a forwarder to register when none is (at most; the client's
+# deadline first).
+WAIT_FOR_FORWARDER_S = 30.0
+
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 << 20),
     ("grpc.max_send_message_length", 64 << 20),
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
+    # A forwarder that restarts is back in a second or two: reconnect within a fraction of a
+    # second of it (gRPC's default backoff grows to minutes).
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
 
@@ -76,8 +87,15 @@ def _timeout(context: grpc.aio.ServicerContext[Any, Any]) -> float | None:
 class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]
     """A generic handler: every method goes to the forwarders ``choose`` names."""
 
-    def __init__(self, choose: Choose) -> None:
+    def __init__(
+        self,
+        choose: Choose,
+        forwarder_registered: Callable[[float], Awaitable[bool]] | None = None,
+    ) -> None:
+        """``forwarder_registered(within)``: wait until some forwarder is registered (False if
+        none is within ``within`` seconds)."""
         self._choose = choose
+        self._forwarder_registered = forwarder_registered
         self._channels: dict[str, grpc.aio.Channel] = {}
         self.calls = 0
         self.failovers = 0
@@ -109,19 +127,42 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]
             return grpc.unary_stream_rpc_method_handler(self._pull)
         return grpc.unary_unary_rpc_method_handler(self._unary(method))
 
+    async def _candidates(
+        self, method: str, request: bytes, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Sequence[Forwarder]:
+        """The forwarders to try. While none is registered (the only one is restarting), the
+        call waits for one, within the client's deadline (at most ``WAIT_FOR_FORWARDER_S``):
+        answering UNAVAILABLE at once would make the client retry with backoffs that grow to
+        seconds, long after the forwarder is back."""
+        candidates = self._choose(method, request)
+        if not candidates and self._forwarder_registered is not None:
+            remaining = _timeout(context)
+            within = min(WAIT_FOR_FORWARDER_S, remaining or WAIT_FOR_FORWARDER_S)
+            if await self._forwarder_registered(within):
+                candidates = self._choose(method, request)
+        if not candidates:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no forwarder is registered")
+        return candidates
+
     async def _call(
         self, method: str, request: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> tuple[bytes, Forwarder]:
         """One unary call, to the first forwarder that can be reached; aborts the client's
         call with the forwarder's status otherwise."""
-        candidates = self._choose(method, request)
-        if not candidates:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "no forwarder is registered")
+        candidates = await self._candidates(method, request, context)
         metadata, last = _metadata(context), None
         for i, forwarder in enumerate(candidates):
             call = self.channel(forwarder.address).unary_unary(method)
             try:
-                response: bytes = await call(request, metadata=metadata, timeout=_timeout(context))
+                # The last forwarder to try is waited for (within the client's deadline):
+                # one that restarts then answers the moment it is back, instead of the client
+                # retrying after backoffs that grow to seconds.
+                response: bytes = await call(
+                    request,
+                    metadata=metadata,
+                    timeout=_timeout(context),
+                    wait_for_ready=i == len(candidates) - 1,
+                )
                 return response, forwarder
             except grpc.aio.AioRpcError as e:
                 last = e
@@ -174,9 +215,7 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]
                 first = await requests.__anext__()
             except StopAsyncIteration:
                 return
-            candidates = self._choose(method, first)
-            if not candidates:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "no forwarder is registered")
+            candidates = await self._candidates(method, first, context)
             call = self.channel(candidates[0].address).stream_stream(method)(
                 metadata=_metadata(context), timeout=_timeout(context)
             )
