@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pubsubd.cluster.launcher import LocalCluster
+from pubsubd.cluster.launcher import LocalCluster, reap
 from tests.cluster.test_frontends import Receiver
 from tests.conftest import make_publisher, make_subscriber
 from tests.support.cluster import running_cluster
@@ -58,4 +58,5 @@ def _rolling_restart(cluster: LocalCluster) -> list[str]:
     )  # fmt: skip
     reloaded = LocalCluster.load(cluster.directory)
     cluster.processes = reloaded.processes  # the new PIDs, for the cluster's clean stop
+    reap()  # the processes this test started, stopped by the command: no zombies left
     return [line.split()[-1] for line in out.stdout.splitlines() if line.startswith("restarted")]

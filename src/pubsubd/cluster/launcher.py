@@ -109,6 +109,14 @@ def _start(
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
+def reap() -> None:
+    """Collect the children of ours that ended without us waiting for them (stopped by another
+    process, e.g. ``pubsubd cluster restart --rolling`` run from a shell)."""
+    for pid, child in list(_CHILDREN.items()):
+        if child.poll() is not None:
+            del _CHILDREN[pid]
+
+
 def _alive(pid: int) -> bool:
     child = _CHILDREN.get(pid)
     if child is not None:
