@@ -203,9 +203,9 @@ async def test_a_straggler_of_a_closed_ledger_does_not_fail_the_node_in_the_next
     assert len(writer.ledgers.ledgers) == 2  # no roll: n0 is healthy in the open ledger
 
 
-async def test_a_damaged_range_of_the_local_copy_is_re_read_from_the_nodes(
-    tmp_path: Path,
-) -> None:
+async def _damaged_local_copy(tmp_path: Path) -> SourceLedgers:
+    """40 entries replicated and in a local copy whose second entry has a flipped byte; the
+    writer of the next owner, taken over (the local copy is opened on it by the caller)."""
     state, nodes = cluster()
     writer = _writer(state, nodes)
     await writer.take_over()
@@ -219,6 +219,13 @@ async def test_a_damaged_range_of_the_local_copy_is_re_read_from_the_nodes(
     sealed.write_bytes(bytes(data))
     writer = _writer(state, nodes, "p2")
     await writer.take_over()
+    return writer
+
+
+async def test_a_damaged_range_of_the_local_copy_is_re_read_from_the_nodes(
+    tmp_path: Path,
+) -> None:
+    writer = await _damaged_local_copy(tmp_path)
     log = SourceLog.open(tmp_path / "s", segment_bytes=400, remote=writer)
     commits: list[int] = []
     log.add_listener(commits.append)
@@ -242,19 +249,7 @@ async def test_a_damaged_range_of_the_local_copy_is_re_read_from_the_nodes(
 async def test_damage_the_nodes_cannot_restore_falls_back_to_the_policy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    state, nodes = cluster()
-    writer = _writer(state, nodes)
-    await writer.take_over()
-    log = SourceLog.open(tmp_path / "s", segment_bytes=400, remote=writer)
-    for i in range(40):
-        await log.append(b"message %02d" % i, 1, 1000 + i)
-    await log.close()
-    sealed = sorted((tmp_path / "s").glob("*.seg"))[0]
-    data = bytearray(sealed.read_bytes())
-    data[60] ^= 0xFF
-    sealed.write_bytes(bytes(data))
-    writer = _writer(state, nodes, "p2")
-    await writer.take_over()
+    writer = await _damaged_local_copy(tmp_path)
 
     async def unreadable(start: int, end: int) -> bytes:
         raise ReplicationFailed("no node holds the range")
