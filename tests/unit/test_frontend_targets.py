@@ -63,3 +63,28 @@ def test_a_routed_resource_goes_to_its_list_and_anything_else_to_the_zone_first(
     assert pick(("subscription", SUB)) == ["b"]
     assert pick(None) == ["b", "c", "a"]  # the frontend's zone first
     assert pick(("topic", "projects/p/topics/new")) == ["b", "c", "a"]  # not routed yet
+
+
+def test_the_owner_first_then_the_zone_s_fallbacks_and_drained_ones_last() -> None:
+    more = {**FORWARDERS, "d": Forwarder("d", "127.0.0.1:4", "z2")}
+    route = ("a", "b", "d", "c")  # owner a (z1), then the ring's order
+
+    def pick(zone: str, drained: frozenset[str] = frozenset()) -> list[str]:
+        return [
+            f.forwarder_id
+            for f in targets(
+                ("topic", TOPIC),
+                topic_uids={TOPIC: "tu"},
+                subscription_uids={},
+                route_of=lambda u: route,
+                forwarders=more,
+                zone=zone,
+                drained=lambda f: f.forwarder_id in drained,
+            )
+        ]
+
+    assert pick("z2") == ["a", "b", "d", "c"]  # the owner stays first in any zone
+    assert pick("z1") == ["a", "b", "d", "c"]  # no other z1 fallback: ring order
+    more["c"] = Forwarder("c", "127.0.0.1:3", "z1")
+    assert pick("z1") == ["a", "c", "b", "d"]  # the z1 fallback first
+    assert pick("z1", frozenset({"c"})) == ["a", "b", "d", "c"]  # drained: last

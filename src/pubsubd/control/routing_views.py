@@ -2,8 +2,9 @@
 
 * :class:`NamesView`: every topic (name -> uid and publish message sources) and subscription
   (name -> uid and topic uid), from the metadata store (``storage/zk_metadata.py``).
-* :class:`RoutingView`: the registered forwarders and the assignment's routes, as the leading
-  router published them (``control/routing_store.py``). A frontend sends each call by it.
+* :class:`RoutingView`: the registered forwarders, the routing constraints and the
+  assignment's routes, as the leading router published them (``control/routing_store.py``). A
+  frontend sends each call by it.
 
 Both call ``on_change()`` (on the event loop) after what they hold changed.
 """
@@ -17,8 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 from pubsubd._gen.pubsubd.internal.v1 import routing_pb2 as pb
-from pubsubd.control.routing_store import RoutingStore
-from pubsubd.control.routing_table import Forwarder, SubscriptionUnits, TopicUnits
+from pubsubd.control.routing_store import RoutingStore, decode_constraints
+from pubsubd.control.routing_table import Constraints, Forwarder, SubscriptionUnits, TopicUnits
 from pubsubd.coordination.errors import CoordinationError
 from pubsubd.coordination.paths import bucket
 from pubsubd.coordination.zk import Coordinator, Follow, ZnodeStat
@@ -99,6 +100,7 @@ class RoutingView:
         self._store = RoutingStore(zk)
         self._on_change = on_change
         self.forwarders: dict[str, Forwarder] = {}
+        self.constraints = Constraints()
         self._shards: dict[str, dict[str, tuple[str, ...]]] = {}
         self._shard_follows: dict[str, Follow[Any]] = {}
         self._follows: list[Follow[Any]] = []
@@ -109,6 +111,7 @@ class RoutingView:
         self._follows = [
             self._zk.watch_children(layout.forwarders, self._forwarders_changed),
             self._zk.watch_children(layout.routing_shards, self._shards_listed),
+            self._zk.watch_data(layout.routing_constraints, self._constraints_read),
         ]
 
     def close(self) -> None:
@@ -116,6 +119,14 @@ class RoutingView:
             follow.cancel()
         for task in self._tasks:
             task.cancel()
+
+    def _constraints_read(self, got: tuple[bytes, ZnodeStat] | None) -> None:
+        try:
+            self.constraints = decode_constraints(got[0]) if got is not None else Constraints()
+        except Exception as e:  # unreadable: keep the last ones
+            log.warning("routing constraints unreadable: %s", e)
+            return
+        self._on_change()
 
     def route(self, unit: str) -> tuple[str, ...]:
         """The unit's ordered forwarder IDs as last published (empty: not routed yet)."""

@@ -90,6 +90,7 @@ class Frontend:
             route_of=self.routing.route,
             forwarders=self.routing.forwarders,
             zone=self.config.zone,
+            drained=self.routing.constraints.drains,
         )
 
     def _routing_changed(self) -> None:

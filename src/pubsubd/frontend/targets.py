@@ -4,13 +4,14 @@ ordered forwarders that serve it.
 
 * Calls on one topic (Publish, GetTopic, UpdateTopic, DeleteTopic, ListTopicSubscriptions,
   ListTopicSnapshots) go to the owner of the topic's first publish message source,
-  ``p/{uid}/0``, then its fallbacks.
+  ``p/{uid}/0``, then its fallbacks: those of the frontend's zone first, drained ones last
+  (SCALE_OUT.md §3: the nearest first, the next zone when none there is healthy).
 * Calls on one subscription (Pull, StreamingPull's first request, Acknowledge,
   ModifyAckDeadline, GetSubscription, UpdateSubscription, DeleteSubscription,
   ModifyPushConfig, Seek) go to the owner of ``s/{uid}/0``, then its fallbacks.
 * Everything else (creations, lists, snapshots, schemas, IAM, the replay and admin APIs), and a
   name no route knows yet (just created, not routed), goes to any forwarder: those of the
-  frontend's zone first, then the others, each group by ID.
+  frontend's zone first, then the others, drained ones last, each group by ID.
 
 Forwarders that are not registered are left out of every list.
 """
@@ -117,6 +118,7 @@ def targets(
     route_of: Callable[[str], Sequence[str]],
     forwarders: Mapping[str, Forwarder],
     zone: str,
+    drained: Callable[[Forwarder], bool] = lambda _: False,
 ) -> list[Forwarder]:
     """The forwarders to try for a call on ``resource``, best first (see the module)."""
     route: Sequence[str] = ()
@@ -128,5 +130,8 @@ def targets(
             route = route_of(subscribing_unit(subscription_uids[name], 0))
     listed = [forwarders[f] for f in route if f in forwarders]
     if listed:
-        return listed
-    return sorted(forwarders.values(), key=lambda f: (f.zone != zone, f.forwarder_id))
+        # The owner first wherever it is (a source has one writer); of the fallbacks, those
+        # in the frontend's zone first, drained ones last, each group in the route's order.
+        head, *rest = listed
+        return [head, *sorted(rest, key=lambda f: (drained(f), f.zone != zone))]
+    return sorted(forwarders.values(), key=lambda f: (drained(f), f.zone != zone, f.forwarder_id))
