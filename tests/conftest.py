@@ -42,6 +42,14 @@ def test_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClus
         yield cluster
 
 
+@pytest.fixture(scope="session")
+def test_forwarders(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A cluster whose topics are shared by two forwarders (``pubsubd forwarder``)."""
+    directory = tmp_path_factory.mktemp("forwarders")
+    with running_cluster(directory, routers=1, frontends=1, forwarders=2) as cluster:
+        yield cluster
+
+
 @pytest.fixture(scope="module", params=DEPLOYMENTS)
 def shared_server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
@@ -49,6 +57,9 @@ def shared_server(
     """One pubsubd for a whole module (tests use unique names), in each deployment."""
     if request.param == "cluster":
         yield ClusterServer(request.getfixturevalue("test_cluster"))
+        return
+    if request.param == "forwarders":
+        yield ClusterServer(request.getfixturevalue("test_forwarders"))
         return
     srv = ServerProcess(tmp_path_factory.mktemp("shared") / "data").start()
     yield srv

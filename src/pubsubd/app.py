@@ -22,13 +22,16 @@ from pubsubd.api.grpc import admin, forwarder_service, publisher, replay, subscr
 from pubsubd.config import ClusterConfig, ServerConfig
 from pubsubd.control.expiry import Maintenance
 from pubsubd.control.routing_store import encode_forwarder
-from pubsubd.control.routing_table import Forwarder
+from pubsubd.control.routing_table import Forwarder, publishing_unit
+from pubsubd.control.routing_views import RoutingView
 from pubsubd.coordination.registration import Registration
 from pubsubd.coordination.zk import Coordinator
 from pubsubd.core import pb
 from pubsubd.core.clock import SYSTEM_CLOCK
+from pubsubd.core.errors import Unavailable
 from pubsubd.core.records import DamagedRange
 from pubsubd.core.release import version
+from pubsubd.data.ownership import TopicOwnership
 from pubsubd.data.publish.forwarder import SUBSCRIPTIONS_DIR, TOPICS_DIR
 from pubsubd.observability import background, metrics
 from pubsubd.observability.events import EVENTS_TOPIC, BacklogRotation, EventEmitter
@@ -37,7 +40,7 @@ from pubsubd.storage.disk_space import DiskSpace
 from pubsubd.storage.ledgers.auditor import Auditor
 from pubsubd.storage.ledgers.cluster import ClusterStorage
 from pubsubd.storage.ledgers.meta import StoragePolicy
-from pubsubd.storage.metadata import MetadataStore, SqliteMetadataStore
+from pubsubd.storage.metadata import Change, MetadataStore, SqliteMetadataStore
 from pubsubd.storage.zk_metadata import ZooKeeperMetadataStore
 
 log = logging.getLogger(__name__)
@@ -80,6 +83,15 @@ class PubsubServer:
             else SqliteMetadataStore(storage.data_dir, self.disk)
         )
         self.clock = SYSTEM_CLOCK
+        # A forwarder of a cluster (``pubsubd forwarder``): the topics the routers' assignment
+        # gives it, kept by ``self.ownership`` once the gRPC port (its identity) is bound.
+        self.assigned = (
+            cluster is not None and config.cluster is not None and (config.cluster.assigned)
+        )
+        self.owned: set[str] = set()
+        self.ownership: TopicOwnership | None = None
+        self.routing: RoutingView | None = None
+        self._publish_channels: dict[str, grpc.aio.Channel] = {}
         self.node = node.build(
             self.store,
             storage.data_dir,
@@ -91,6 +103,8 @@ class PubsubServer:
             ack_flush_interval_s=storage.ack_flush_interval_s,
             dedup_window_s=config.dedup_window_s,
             remote_logs=cluster.storage.remote_log if cluster is not None else None,
+            owns_topic=self.owned.__contains__ if self.assigned else None,
+            remote_publish=self._remote_publish if self.assigned else None,
         )
         self.publishing = self.node.publishing
         self.subscribing = self.node.subscribing
@@ -167,12 +181,70 @@ class PubsubServer:
         if self.auditor is not None:
             self.auditor.start()
         if self.cluster is not None and self.config.cluster is not None:
+            if self.assigned:
+                self._follow_assignment(self.cluster, self._forwarder_id(self.config.cluster))
             await self._register_forwarder(self.cluster.coordinator, self.config.cluster)
+
+    def _forwarder_id(self, cluster: ClusterConfig) -> str:
+        return cluster.forwarder_id or f"{socket.gethostname()}-{self.port}"
+
+    def _follow_assignment(self, cluster: ClusterParts, forwarder_id: str) -> None:
+        """Serve the topics the published assignment gives this forwarder, and follow it."""
+        catalog, snapshots, cursors = self.catalog, self.snapshots, self.cursors
+
+        def records_of(uid: str) -> list[Change]:
+            topic = catalog.topics_by_uid.get(uid)
+            return [
+                *([Change(topic.record)] if topic is not None else []),
+                *(Change(s.record) for s in catalog.subscriptions_of(uid)),
+                *(
+                    Change(e.record)
+                    for e in snapshots.entries.values()
+                    if e.record.topic_uid == uid
+                ),
+                *(Change(r) for (t, _), r in cursors.records.items() if t == uid),
+            ]
+
+        def assigned() -> set[str]:
+            return self.routing.owned_topics(forwarder_id) if self.routing is not None else set()
+
+        self.ownership = TopicOwnership(
+            assigned=assigned,
+            records_of=records_of,
+            subscriptions_of=lambda uid: [s.record.uid for s in catalog.subscriptions_of(uid)],
+            storage=cluster.storage,
+            data_dir=self.config.storage.data_dir,
+            publishing=self.publishing,
+            subscribing=self.subscribing,
+            publishing_reconciler=self.node.publishing_reconciler,
+            subscribing_reconciler=self.node.subscribing_reconciler,
+            owned=self.owned,
+        )
+        self.routing = RoutingView(cluster.coordinator, self.ownership.changed)
+        self.routing.start()
+
+    async def _remote_publish(self, topic_uid: str, request: bytes) -> None:
+        """Publish to a topic another forwarder owns (dead letters, SLI events): its
+        PublishRequest, as bytes, to the owner the published assignment names."""
+        address = (
+            self.routing.owner_address(publishing_unit(topic_uid, 0))
+            if self.routing is not None
+            else None
+        )
+        if address is None:
+            raise Unavailable(f"no forwarder owns topic storage {topic_uid} yet")
+        channel = self._publish_channels.get(address)
+        if channel is None:
+            channel = self._publish_channels[address] = grpc.aio.insecure_channel(address)
+        try:
+            await channel.unary_unary("/google.pubsub.v1.Publisher/Publish")(request, timeout=30)
+        except grpc.aio.AioRpcError as e:
+            raise Unavailable(f"publishing to {address} failed: {e.details()}") from e
 
     async def _register_forwarder(self, coordinator: Coordinator, cluster: ClusterConfig) -> None:
         """Register as a publishing and subscribing forwarder (routing/forwarders/<id>)."""
         forwarder = Forwarder(
-            cluster.forwarder_id or f"{socket.gethostname()}-{self.port}",
+            self._forwarder_id(cluster),
             f"{self.config.host}:{self.port}",
             cluster.zone,
             version(),
@@ -191,6 +263,12 @@ class PubsubServer:
         """End streams with UNAVAILABLE, finish in-flight RPCs, then close storage cleanly."""
         if self.registration is not None:
             await self.registration.stop()  # routers move its units before it goes
+        if self.ownership is not None:
+            await self.ownership.close()
+        if self.routing is not None:
+            self.routing.close()
+        for channel in self._publish_channels.values():
+            await channel.close()
         if self.auditor is not None:
             await self.auditor.close()
         if self.sli_events is not None:
@@ -221,6 +299,9 @@ class PubsubServer:
 
         async def sink(raw: bytes, count: int) -> None:
             uid = self.catalog.topic(EVENTS_TOPIC).record.uid
+            if self.assigned and not self.routes.serves_topic(uid):
+                await self._remote_publish(uid, raw)
+                return
             await self.routes.publishing(uid).publish(uid, raw, count)
 
         def backlog(name: str, now_us: int) -> tuple[str, Any]:
@@ -275,6 +356,8 @@ class PubsubServer:
             status["auditor"] = self.auditor.status()
         if self.forwarder is not None:
             status["forwarder"] = {"id": self.forwarder.forwarder_id, "zone": self.forwarder.zone}
+        if self.ownership is not None:
+            status["ownership"] = self.ownership.status()
         return status
 
     def _damage_report(self) -> dict[str, list[tuple[int, DamagedRange]]]:
@@ -355,6 +438,11 @@ async def connect_cluster(config: ServerConfig) -> ClusterParts:
         store = ZooKeeperMetadataStore(coordinator)
         await store.follow()  # other processes' changes reach the reconcilers too
         storage.follow_topics(store)  # message_storage_policy and pubsubd-storage-replicas
+        if cluster.assigned:  # a forwarder takes over the topics it is given, as it is
+            log.info(
+                "cluster: %d storage nodes; topics as assigned", len(storage.directory.nodes())
+            )
+            return ClusterParts(coordinator, store, storage)
         uids = {t.uid for t in store.load_topics()} | {
             s.topic_uid for s in store.load_subscriptions()
         }

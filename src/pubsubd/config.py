@@ -41,6 +41,9 @@ class ClusterConfig:
     # (None: hostname-port).
     zone: str = "default"
     forwarder_id: str | None = None
+    # ``pubsubd forwarder``: serve only the topics the routers' assignment gives this process
+    # (data/ownership.py). False (``pubsubd serve --cluster``): own every topic.
+    assigned: bool = False
     # The repair auditor (storage/ledgers/auditor.py): pass interval, grace period, copy rate.
     repair: RepairSettings = field(default_factory=RepairSettings)
 

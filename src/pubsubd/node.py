@@ -10,6 +10,7 @@ writes the store and reaches the forwarders only through ``core.roles`` interfac
 from __future__ import annotations
 
 import gc
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +63,7 @@ class Node:
             self.publishing_reconciler.start(self.store)
             self.subscribing_reconciler.start(self.store)
             self.catalog.load()
+            self.catalog.follow()
             self.snapshots.load()
             self.cursors.load()
         finally:
@@ -90,8 +92,14 @@ def build(
     ack_flush_interval_s: float = DEFAULT_ACK_FLUSH_INTERVAL_S,
     dedup_window_s: float = DEFAULT_DEDUP_WINDOW_S,
     remote_logs: RemoteLogs | None = None,
+    owns_topic: Callable[[str], bool] | None = None,
+    remote_publish: Callable[[str, bytes], Awaitable[None]] | None = None,
 ) -> Node:
-    """Wire the roles of one process (call :meth:`Node.start` on the event loop)."""
+    """Wire the roles of one process (call :meth:`Node.start` on the event loop).
+
+    A forwarder of a cluster passes ``owns_topic`` (the topics it owns now, by uid: it serves
+    only those and their subscriptions, ``data/ownership.py``) and ``remote_publish(topic uid,
+    PublishRequest bytes)`` for publishes to a topic another forwarder owns (dead letters)."""
     publishing = PublishingForwarder(
         data_dir,
         fsync=fsync,
@@ -102,6 +110,7 @@ def build(
         dedup_window_s=dedup_window_s,
         clock=clock,
         remote_logs=remote_logs,
+        admits=owns_topic,
     )
     router = Router([PUBLISHING], [SUBSCRIBING])
     routes_cell: list[Routes] = []
@@ -111,6 +120,9 @@ def build(
         """A message goes to its dead-letter topic by name, as a client publishes: through
         the catalog and the router."""
         uid = catalog_cell[0].topic(topic).record.uid  # NOT_FOUND while the topic is missing
+        if remote_publish is not None and not routes_cell[0].serves_topic(uid):
+            await remote_publish(uid, payload)
+            return
         await routes_cell[0].publishing(uid).publish(uid, payload, 1)
 
     subscribing = SubscribingForwarder(
@@ -122,6 +134,8 @@ def build(
     routes_cell.append(routes)
     catalog = Catalog(store, routes, clock)
     catalog_cell.append(catalog)
+    if owns_topic is not None:
+        routes.restrict(owns_topic, catalog.subscription_topics.get)
     return Node(
         store=store,
         clock=clock,
@@ -130,10 +144,14 @@ def build(
         router=router,
         routes=routes,
         publishing_reconciler=PublishingReconciler(
-            publishing, lambda uid: router.publishing_for(uid)[0] == PUBLISHING
+            publishing,
+            owns_topic or (lambda uid: router.publishing_for(uid)[0] == PUBLISHING),
         ),
         subscribing_reconciler=SubscribingReconciler(
-            subscribing, lambda uid: router.subscribing_for(uid)[0] == SUBSCRIBING
+            subscribing,
+            (lambda rec: owns_topic(rec.topic_uid))
+            if owns_topic is not None
+            else (lambda rec: router.subscribing_for(rec.uid)[0] == SUBSCRIBING),
         ),
         catalog=catalog,
         snapshots=Snapshots(catalog, routes, clock),

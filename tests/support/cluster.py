@@ -47,18 +47,41 @@ class ClusterServer:
         return int(self.cluster.http.rsplit(":", 1)[1])
 
     @property
+    def serving(self) -> str:
+        """The serving process's name (the first forwarder's with several)."""
+        roles = {p.name: p.role for p in self.cluster.processes}
+        return "serve" if "serve" in roles else "forwarder-1"
+
+    @property
     def data_dir(self) -> Path:
-        return self.cluster.directory / "serve"
+        return self.cluster.directory / self.serving
 
     def alive(self) -> bool:
-        return self.cluster.process("serve").running(self.cluster.directory)
+        return self.cluster.process(self.serving).running(self.cluster.directory)
 
     def log(self) -> str:
-        return Path(self.cluster.process("serve").log).read_text(errors="replace")
+        return Path(self.cluster.process(self.serving).log).read_text(errors="replace")
 
     def status(self) -> dict[str, Any]:
-        with urllib.request.urlopen(f"http://{self.cluster.http}/status", timeout=10) as r:
-            return json.loads(r.read())  # type: ignore[no-any-return]
+        """The serving process's /status; with several forwarders, theirs merged (each
+        holds the subscriptions of the topics it owns)."""
+        forwarders = [p for p in self.cluster.processes if p.role == "forwarder" and p.pid]
+        if not forwarders:
+            return _get_status(self.cluster.http)
+        statuses = [
+            _get_status(f"127.0.0.1:{p.args[p.args.index('--http-port') + 1]}") for p in forwarders
+        ]
+        merged = dict(statuses[0])
+        for key in ("subscriptions", "failed_topics", "cursors", "storage"):
+            merged[key] = {k: v for st in statuses for k, v in st[key].items()}
+        merged["damaged"] = [d for st in statuses for d in st["damaged"]]
+        merged["trim_passes"] = min(st["trim_passes"] for st in statuses)
+        return merged
+
+
+def _get_status(http: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://{http}/status", timeout=10) as r:
+        return json.loads(r.read())  # type: ignore[no-any-return]
 
 
 @contextmanager

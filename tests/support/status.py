@@ -14,7 +14,10 @@ FAST_TRIM_INTERVAL_S = "0.2"
 
 
 def status(server: ServerProcess) -> dict[str, Any]:
-    """The server's /status JSON."""
+    """The server's /status JSON (a cluster's forwarders' merged, ``ClusterServer.status``)."""
+    merged = getattr(server, "status", None)
+    if merged is not None:
+        return dict(merged())
     _, body = http_get(server, "/status", timeout=10)
     return dict(json.loads(body))
 

@@ -35,9 +35,19 @@ def test_the_resource_is_read_from_the_request_bytes() -> None:
     assert resource_name(sub + "StreamingPull", pull.SerializeToString()) == ("subscription", SUB)
     ack = pb.AcknowledgeRequest(subscription=SUB, ack_ids=["1", "2"])
     assert resource_name(sub + "Acknowledge", ack.SerializeToString()) == ("subscription", SUB)
-    # Not about one resource, or not readable: no name (the call goes to any forwarder).
+    # A creation goes where its sync point or cursors are: the topic's, the subscription's.
     create = pb.Subscription(name=SUB, topic=TOPIC)
-    assert resource_name(sub + "CreateSubscription", create.SerializeToString()) is None
+    assert resource_name(sub + "CreateSubscription", create.SerializeToString()) == (
+        "topic",
+        TOPIC,
+    )
+    snapshot = pb.CreateSnapshotRequest(name="projects/p/snapshots/x", subscription=SUB)
+    assert resource_name(sub + "CreateSnapshot", snapshot.SerializeToString()) == (
+        "subscription",
+        SUB,
+    )
+    # Not about one resource, or not readable: no name (the call goes to any forwarder).
+    assert resource_name(pub + "CreateTopic", pb.Topic(name=TOPIC).SerializeToString()) is None
     assert resource_name(pub + "Publish", b"\xff\xff\xff") is None
     assert resource_name(pub + "Publish", b"") is None
     assert resource_name(pub + "Publish", b"\x0a\x05ab") is None  # cut short

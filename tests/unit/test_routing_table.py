@@ -3,6 +3,8 @@ subscriptions, drains and pins, ordered lists, shards that change only where rou
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from pubsubd.control.routing_store import decode_constraints, encode_constraints
@@ -126,3 +128,34 @@ def test_constraints_change_by_value_and_survive_their_encoding() -> None:
     assert decode_constraints(b"") == Constraints()
     assert c.drains(Forwarder("x", "", "z")) and c.drains(Forwarder("a", "", "y"))
     assert not c.drains(Forwarder("x", "", "y"))
+
+
+def test_colocated_a_topic_its_sources_and_its_subscriptions_share_one_route() -> None:
+    table = RoutingTable(epsilon=0.25, hysteresis_s=30.0, colocate=True)
+    table.update(FORWARDERS, Constraints(), TOPICS, SUBS, 0.0)
+    by_uid = {t.uid: t for t in TOPICS}
+    for topic in TOPICS:
+        route = table.route(publishing_unit(topic.uid, 0))
+        assert route and route[0] in {f.forwarder_id for f in FORWARDERS}
+        assert all(
+            table.route(publishing_unit(topic.uid, s)) == route for s in range(topic.sources)
+        )
+    for sub in SUBS:
+        head = table.route(publishing_unit(sub.topic_uid, 0))
+        for source in range(by_uid[sub.topic_uid].sources):
+            assert table.route(subscribing_unit(sub.uid, source)) == head
+    # Topics are the units placed: bounded loads hold over topics.
+    topics_per_owner = table.publishing.loads()
+    assert max(topics_per_owner.values()) <= math.ceil(1.25 * len(TOPICS) / len(FORWARDERS))
+    assert table.units("publishing") == sum(t.sources for t in TOPICS)
+    assert table.units("subscribing") == sum(by_uid[s.topic_uid].sources for s in SUBS)
+    assert sum(table.loads("subscribing").values()) == table.units("subscribing")
+
+
+def test_colocated_a_drained_forwarder_keeps_no_topic_and_no_subscription() -> None:
+    table = RoutingTable(epsilon=0.25, hysteresis_s=30.0, colocate=True)
+    table.update(FORWARDERS, Constraints(), TOPICS, SUBS, 0.0)
+    table.update(FORWARDERS, Constraints().drain("f2"), TOPICS, SUBS, 1.0)
+    heads = [r[0] for routes in table.shards.values() for r in routes.values()]
+    assert heads and "f2" not in heads
+    assert table.loads("publishing")["f2"] == 0 and table.loads("subscribing")["f2"] == 0

@@ -50,6 +50,13 @@ def up(
     frontends: Annotated[
         int, typer.Option(help="frontends clients connect to (0: the serving process itself)")
     ] = 2,
+    forwarders: Annotated[
+        int,
+        typer.Option(
+            help="forwarders sharing the topics as the routers assign them (0: one serving "
+            "process owns every topic)"
+        ),
+    ] = 0,
     as_json: AsJson = False,
 ) -> None:
     """Start a cluster on loopback and print where clients connect."""
@@ -65,6 +72,7 @@ def up(
             replicas=replicas,
             routers=routers,
             frontends=frontends,
+            forwarders=forwarders,
         )
     except (ClusterError, EnsembleError, ZooKeeperMissing, OSError) as e:
         _fail(e)

@@ -88,6 +88,25 @@ def serve(
     from pubsubd.observability.logging import setup
 
     setup(log_level)
+    cfg = _server_config(port, http_port, host, data_dir, fsync, cluster, zk_root, replicas, zone)
+    server_app.run(cfg)
+
+
+def _server_config(
+    port: int | None,
+    http_port: int | None,
+    host: str | None,
+    data_dir: Path | None,
+    fsync: FsyncPolicy | None,
+    cluster: str | None,
+    zk_root: str | None,
+    replicas: int | None,
+    zone: str | None,
+    *,
+    assigned: bool = False,
+    forwarder_id: str | None = None,
+) -> config_mod.ServerConfig:
+    """``serve``'s and ``forwarder``'s flags over the environment (config.py)."""
     cfg = config_mod.from_env()
     storage = cfg.storage
     if data_dir is not None:
@@ -114,8 +133,55 @@ def serve(
                 root=zk_root if zk_root is not None else base.root,
                 replicas=replicas if replicas is not None else base.replicas,
                 zone=zone if zone is not None else base.zone,
+                assigned=assigned,
+                forwarder_id=forwarder_id if forwarder_id is not None else base.forwarder_id,
             ),
         )
+    return cfg
+
+
+@app.command()
+def forwarder(
+    cluster: Annotated[
+        str, typer.Option(envvar="PUBSUBD_CLUSTER", help="ZooKeeper connect string")
+    ],
+    port: Annotated[int | None, typer.Option(help="gRPC port (0 = any free port)")] = None,
+    http_port: Annotated[
+        int | None, typer.Option(help="HTTP port for /healthz and /metrics (0 = any, -1 = off)")
+    ] = None,
+    host: Annotated[str | None, typer.Option(help="address to bind")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="where the local copies live")] = None,
+    log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
+    zk_root: Annotated[str | None, typer.Option(help="the cluster's ZooKeeper root")] = None,
+    replicas: Annotated[
+        int | None, typer.Option(help="storage nodes per ledger (default 3)")
+    ] = None,
+    zone: Annotated[str | None, typer.Option(help="this forwarder's zone")] = None,
+    forwarder_id: Annotated[
+        str | None,
+        typer.Option(envvar="PUBSUBD_FORWARDER_ID", help="default: hostname-port"),
+    ] = None,
+) -> None:
+    """A publishing and subscribing forwarder of a cluster: serves the topics (and their
+    subscriptions) the routers' assignment gives it, taking them over and handing them on as
+    the assignment moves; calls for other topics answer UNAVAILABLE (frontends route them)."""
+    from pubsubd import app as server_app
+    from pubsubd.observability.logging import setup
+
+    setup(log_level)
+    cfg = _server_config(
+        port,
+        http_port,
+        host,
+        data_dir,
+        None,
+        cluster,
+        zk_root,
+        replicas,
+        zone,
+        assigned=True,
+        forwarder_id=forwarder_id,
+    )
     server_app.run(cfg)
 
 

@@ -9,6 +9,8 @@ Layout under the cluster's directory::
     DIR/storage-N.log           its log
     DIR/serve/                  the serving process's data (its local copies, ack journals)
     DIR/serve.log
+    DIR/forwarder-N/, .log      forwarder N (pubsubd forwarder), instead of the serving
+                                process with ``forwarders`` > 0
     DIR/router-N.log, .pid      router N (pubsubd router)
     DIR/frontend-N.log, .pid    frontend N (pubsubd frontend); clients connect to these
 
@@ -46,6 +48,7 @@ FRONTEND_READY = re.compile(
 READY = {
     "storage": STORAGE_READY,
     "serve": SERVE_READY,
+    "forwarder": SERVE_READY,
     "router": ROUTER_READY,
     "frontend": FRONTEND_READY,
 }
@@ -58,7 +61,7 @@ class ClusterError(RuntimeError):
 
 @dataclass
 class Process:
-    role: str  # zookeeper | storage | serve | router | frontend
+    role: str  # zookeeper | storage | serve | forwarder | router | frontend
     pid: int | None
     address: str
     zone: str = ""
@@ -221,12 +224,17 @@ class LocalCluster:
         replicas: int = 3,
         routers: int = 0,
         frontends: int = 0,
+        forwarders: int = 0,
         timeout: float = 60.0,
         serve_args: list[str] | None = None,
     ) -> LocalCluster:
-        """Start ZooKeeper, the storage nodes, the serving process, ``routers`` routers and
-        ``frontends`` frontends (then clients connect to the frontends: ``grpc`` is the first);
-        wait until all are ready. Whatever started is stopped again if a later step fails."""
+        """Start ZooKeeper, the storage nodes, the serving process (or, with ``forwarders``,
+        that many forwarders serving the topics the routers assign them), ``routers`` routers
+        and ``frontends`` frontends (then clients connect to the frontends: ``grpc`` is the
+        first); wait until all are ready. Whatever started is stopped again if a later step
+        fails."""
+        if forwarders and (not routers or not frontends):
+            raise ClusterError("forwarders need at least one router and one frontend")
         if self.state_path.exists():
             existing = LocalCluster.load(self.directory)
             if any(p.running(existing._marker(p)) for p in existing.processes):
@@ -250,8 +258,15 @@ class LocalCluster:
             for i in range(storage_nodes):
                 self.processes.append(self._start_storage(i, zones, disks, timeout))
                 self.save()
-            self.processes.append(self._start_serve(replicas, serve_args or [], timeout))
-            self.save()
+            if forwarders:
+                for i in range(forwarders):
+                    self.processes.append(
+                        self._start_forwarder(i, zones, replicas, serve_args or [], timeout)
+                    )
+                    self.save()
+            else:
+                self.processes.append(self._start_serve(replicas, serve_args or [], timeout))
+                self.save()
             for i in range(routers):
                 self.processes.append(self._start_router(i, zones, timeout))
                 self.save()
@@ -329,6 +344,30 @@ class LocalCluster:
         args[args.index("--port") + 1] = port
         args[args.index("--http-port") + 1] = http_port
         return Process("serve", pid, self.grpc, log=str(log), name="serve", args=args)
+
+    def _start_forwarder(
+        self, i: int, zones: int, replicas: int, extra: list[str], timeout: float
+    ) -> Process:
+        name = f"forwarder-{i + 1}"
+        args = [
+            sys.executable, "-m", "pubsubd", "forwarder",
+            "--port", "0", "--http-port", "0",
+            "--data-dir", str(self.directory / name),
+            "--cluster", self.zk, "--zk-root", ZK_ROOT,
+            "--replicas", str(replicas),
+            "--zone", f"zone-{i % zones + 1}",
+            "--forwarder-id", name,
+            *extra,
+        ]  # fmt: skip
+        log = self.directory / f"{name}.log"
+        pid, ready = _start(args, log, SERVE_READY, timeout)
+        host, port, http_host, http_port = ready.groups()
+        if i == 0:
+            self.grpc, self.http = f"{host}:{port}", f"{http_host}:{http_port}"
+        args[args.index("--port") + 1] = port
+        args[args.index("--http-port") + 1] = http_port
+        zone = args[args.index("--zone") + 1]
+        return Process("forwarder", pid, f"{host}:{port}", zone, str(log), name, args)
 
     def _control_args(self, role: str, name: str, zone: str) -> list[str]:
         """A router's or a frontend's command line: ZooKeeper, its ID and zone, any HTTP port,
@@ -418,7 +457,14 @@ class LocalCluster:
         """Restart every process one at a time, each after the one before is ready again:
         ZooKeeper's nodes, the storage nodes, the serving process, the routers, then the
         frontends (``each(name)`` after each one is back). Returns the names, in order."""
-        order = {"zookeeper": 0, "storage": 1, "serve": 2, "router": 3, "frontend": 4}
+        order = {
+            "zookeeper": 0,
+            "storage": 1,
+            "serve": 2,
+            "forwarder": 2,
+            "router": 3,
+            "frontend": 4,
+        }
         names = [p.name for p in sorted(self.processes, key=lambda p: order.get(p.role, 9))]
         for name in names:
             p = self.process(name)
@@ -435,7 +481,14 @@ class LocalCluster:
         """Stop every recorded process (SIGTERM, SIGKILL after ``timeout``); frontends, routers
         and the serving process first, ZooKeeper last. Returns the names of the processes
         stopped."""
-        order = {"frontend": 0, "router": 0, "serve": 1, "storage": 2, "zookeeper": 3}
+        order = {
+            "frontend": 0,
+            "router": 0,
+            "serve": 1,
+            "forwarder": 1,
+            "storage": 2,
+            "zookeeper": 3,
+        }
         stopped = []
         for role in sorted(order, key=order.__getitem__):
             group = [p for p in self.processes if p.role == role and p.pid is not None]

@@ -36,7 +36,13 @@ from pubsubd.core.errors import (
     SubscriptionNotFound,
     TopicNotFound,
 )
-from pubsubd.storage.metadata import MetadataStore, SubscriptionRecord, TopicRecord, applied
+from pubsubd.storage.metadata import (
+    Change,
+    MetadataStore,
+    SubscriptionRecord,
+    TopicRecord,
+    applied,
+)
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +105,7 @@ class Catalog:
         self._subs_by_topic_uid: dict[str, set[str]] = {}
         self._live_topic_uids: set[str] = set()
         self.topics_by_uid: dict[str, TopicEntry] = {}  # live topics by storage uid
+        self.subscription_topics: dict[str, str] = {}  # subscription uid -> topic uid
         # subscription name -> clock.monotonic() of its last use (expiration_policy)
         self.activity: dict[str, float] = {}
         # Called with a deleted topic's storage uid (e.g. the replay API's cursors).
@@ -123,6 +130,56 @@ class Catalog:
             "catalog loaded: %d topics, %d subscriptions", len(self.topics), len(self.subscriptions)
         )
 
+    def follow(self) -> None:
+        """Apply other processes' writes too (a cluster's forwarders share one store): a
+        topic created through one forwarder is known to every other one."""
+        self.store.changes.watch(self._remote_change)
+
+    def _remote_change(self, change: Change) -> None:
+        if not change.remote:
+            return  # our own write: the writing method updates the view itself
+        record = change.record
+        if isinstance(record, TopicRecord):
+            old = self.topics.get(record.name)
+            if old is not None and (change.deleted or old.record.uid != record.uid):
+                self._forget_topic(old)
+            if not change.deleted:
+                topic = pb.Topic.FromString(record.body)
+                entry = self.topics.get(record.name)
+                if entry is None:
+                    self._add_topic(TopicEntry(record, topic, _quota(topic)))
+                else:
+                    entry.record, entry.topic, entry.quota = record, topic, _quota(topic)
+        elif isinstance(record, SubscriptionRecord):
+            found = self.subscriptions.get(record.name)
+            if found is not None and (change.deleted or found.record.uid != record.uid):
+                self._forget_subscription(found.record)
+                found = None
+            if not change.deleted:
+                subscription = pb.Subscription.FromString(record.body)
+                if found is None:
+                    self._add_subscription(SubscriptionEntry(record, subscription))
+                else:
+                    found.record, found.subscription = record, subscription
+
+    def _look_further(self, kind: str, name: str) -> bool:
+        """A name this view lacks may have been created through another process a moment
+        ago (a cluster's shared store): read it from the store, and apply it if found."""
+        if not getattr(self.store, "shared", False):
+            return False
+        find = getattr(self.store, f"find_{kind}")
+        record = find(name)
+        if record is None:
+            return False
+        self._remote_change(Change(record, remote=True))
+        return True
+
+    def _topic_entry(self, name: str) -> TopicEntry | None:
+        entry = self.topics.get(name)
+        if entry is None and self._look_further("topic", name):
+            entry = self.topics.get(name)
+        return entry
+
     def _add_topic(self, entry: TopicEntry) -> None:
         self.topics[entry.record.name] = entry
         self._topic_names.add(entry.record.name)
@@ -139,6 +196,7 @@ class Catalog:
         self.subscriptions[rec.name] = entry
         self._sub_names.add(rec.name)
         self._subs_by_topic_uid.setdefault(rec.topic_uid, set()).add(rec.name)
+        self.subscription_topics[rec.uid] = rec.topic_uid
 
     # --- topics -------------------------------------------------------------------------------
 
@@ -149,7 +207,7 @@ class Catalog:
         publish_sources.parse(topic.labels)  # validate
         damage_policy.parse(topic.labels)  # validate
         storage_policy.parse(topic)  # validate; a cluster's ledgers follow it
-        if topic.name in self.topics:
+        if self._topic_entry(topic.name) is not None:
             raise AlreadyExists("topic", topic.name)
         stored = pb.Topic()
         stored.CopyFrom(topic)
@@ -164,7 +222,7 @@ class Catalog:
 
     def topic(self, name: str) -> TopicEntry:
         names.topic(name)
-        entry = self.topics.get(name)
+        entry = self._topic_entry(name)
         if entry is None:
             raise TopicNotFound(name)
         return entry
@@ -202,6 +260,11 @@ class Catalog:
             self.store.put_subscription(record)
             sub.record, sub.subscription = record, shown
         pending = self.store.delete_topic(name)  # storage goes once nothing reads it
+        self._forget_topic(entry)
+        await applied(pending)
+
+    def _forget_topic(self, entry: TopicEntry) -> None:
+        name, uid = entry.record.name, entry.record.uid
         del self.topics[name]
         self._topic_names.remove(name)
         self._live_topic_uids.discard(uid)
@@ -210,7 +273,6 @@ class Catalog:
             self._subs_by_topic_uid.pop(uid, None)
         for listener in self.topic_deleted_listeners:
             listener(uid)
-        await applied(pending)
 
     def list_topics(self, project: str, page_size: int, token: str) -> tuple[list[Any], str]:
         names.project(project)
@@ -240,13 +302,13 @@ class Catalog:
         if not stored.topic:
             raise InvalidArgument("topic: a subscription must name its topic")
         names.topic(stored.topic)
-        if stored.name in self.subscriptions:
+        if stored.name in self.subscriptions or self._look_further("subscription", stored.name):
             raise AlreadyExists("subscription", stored.name)
-        topic = self.topics.get(stored.topic)
+        topic = self._topic_entry(stored.topic)
         if topic is None:
             raise NotFound("topic", stored.topic)
         if stored.dead_letter_policy.dead_letter_topic and (
-            stored.dead_letter_policy.dead_letter_topic not in self.topics
+            self._topic_entry(stored.dead_letter_policy.dead_letter_topic) is None
         ):
             raise NotFound("topic", stored.dead_letter_policy.dead_letter_topic)
         stored.ClearField("tags")
@@ -269,6 +331,8 @@ class Catalog:
     def subscription(self, name: str) -> SubscriptionEntry:
         names.subscription(name)
         entry = self.subscriptions.get(name)
+        if entry is None and self._look_further("subscription", name):
+            entry = self.subscriptions.get(name)
         if entry is None:
             raise SubscriptionNotFound(name)
         self.activity[name] = self.clock.monotonic()  # any use postpones expiration_policy
@@ -311,15 +375,20 @@ class Catalog:
         entry = self.subscription(name)
         rec = entry.record
         pending = self.store.delete_subscription(name)  # its backlog goes with it
+        self._forget_subscription(rec)
+        await applied(pending)
+
+    def _forget_subscription(self, rec: SubscriptionRecord) -> None:
+        name = rec.name
         del self.subscriptions[name]
         self._sub_names.remove(name)
         self.activity.pop(name, None)
+        self.subscription_topics.pop(rec.uid, None)
         subs = self._subs_by_topic_uid.get(rec.topic_uid)
         if subs is not None:
             subs.discard(name)
             if not subs and rec.topic_uid not in self._live_topic_uids:
                 del self._subs_by_topic_uid[rec.topic_uid]
-        await applied(pending)
 
     def list_subscriptions(self, project: str, page_size: int, token: str) -> tuple[list[Any], str]:
         names.project(project)

@@ -27,10 +27,10 @@ from typing import Any
 from pubsubd.control.catalog import Catalog, TopicEntry
 from pubsubd.control.router import Routes
 from pubsubd.core.clock import SYSTEM_CLOCK, Clock
-from pubsubd.core.errors import CursorNotFound, DataLoss, InvalidArgument, OutOfRange
+from pubsubd.core.errors import CursorNotFound, DataLoss, InvalidArgument, OutOfRange, Unavailable
 from pubsubd.core.roles import PublishingForwarderApi
 from pubsubd.observability import metrics
-from pubsubd.storage.metadata import CursorRecord
+from pubsubd.storage.metadata import Change, CursorRecord
 
 MAX_CURSOR_NAME_BYTES = 256
 
@@ -104,6 +104,18 @@ class Cursors:
                 self.store.delete_cursor(rec.topic_uid, rec.name)
                 continue
             self._install(rec)
+        self.store.changes.watch(self._remote_change)
+
+    def _remote_change(self, change: Change) -> None:
+        """Another process committed or deleted a cursor (ours are in the view already)."""
+        rec = change.record
+        if not change.remote or not isinstance(rec, CursorRecord):
+            return
+        if change.deleted:
+            if self.records.pop((rec.topic_uid, rec.name), None) is not None:
+                metrics.CURSOR_LAG.remove(rec.topic, rec.name)
+        else:
+            self._install(rec)
 
     def _install(self, rec: CursorRecord) -> None:
         """Remember a committed cursor (its pin is the publishing forwarder's, from the
@@ -116,8 +128,8 @@ class Cursors:
     def _ranges(self, topic_uid: str) -> dict[int, tuple[int, int]] | None:
         try:
             return source_ranges(self.routes.publishing(topic_uid), topic_uid)
-        except DataLoss:
-            return None  # the topic's storage cannot be opened
+        except (DataLoss, Unavailable):
+            return None  # the topic's storage cannot be opened, or is another forwarder's
 
     def _total_lag(self, rec: CursorRecord) -> int:
         if self.records.get((rec.topic_uid, rec.name)) is not rec:

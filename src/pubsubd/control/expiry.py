@@ -130,8 +130,8 @@ class Maintenance:
         out = []
         for name, entry in self.catalog.subscriptions.items():
             ttl = effective_ttl_s(entry.subscription)
-            if ttl is None:
-                continue
+            if ttl is None or not self.routes.serves_subscription(entry.record.uid):
+                continue  # never expires, or another forwarder's to judge
             in_use = self.routes.subscribing(entry.record.uid).in_use(name)
             if in_use:
                 activity[name] = now

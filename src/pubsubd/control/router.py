@@ -13,9 +13,10 @@ routing constraints behind this interface.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
+from pubsubd.core.errors import NotServedHere
 from pubsubd.core.roles import PublishingForwarderApi, SubscribingForwarderApi
 
 T = TypeVar("T")
@@ -64,13 +65,38 @@ class Routes:
         self.router = router
         self._publishing = dict(publishing)
         self._subscribing = dict(subscribing)
+        # In a cluster of forwarders, which topics this process's forwarders own (by storage
+        # uid) and a subscription's topic: everything else is another forwarder's.
+        self._serves: Callable[[str], bool] | None = None
+        self._topic_of: Callable[[str], str | None] = lambda _: None
+
+    def restrict(
+        self, serves: Callable[[str], bool], topic_of: Callable[[str], str | None]
+    ) -> None:
+        """Serve only the topics ``serves`` says (and their subscriptions, ``topic_of`` names
+        a subscription's topic uid); asking for another one raises ``NotServedHere``."""
+        self._serves = serves
+        self._topic_of = topic_of
+
+    def serves_topic(self, topic_uid: str) -> bool:
+        return self._serves is None or self._serves(topic_uid)
+
+    def serves_subscription(self, subscription_uid: str) -> bool:
+        if self._serves is None:
+            return True
+        topic_uid = self._topic_of(subscription_uid)
+        return topic_uid is not None and self._serves(topic_uid)
 
     def publishing(self, topic_uid: str) -> PublishingForwarderApi:
         """The publishing forwarder holding a topic's publish message sources."""
+        if not self.serves_topic(topic_uid):
+            raise NotServedHere(f"topic storage {topic_uid}")
         return self._publishing[self.router.publishing_for(topic_uid)[0]]
 
     def subscribing(self, subscription_uid: str) -> SubscribingForwarderApi:
         """The subscribing forwarder serving a subscription."""
+        if not self.serves_subscription(subscription_uid):
+            raise NotServedHere(f"subscription {subscription_uid}")
         return self._subscribing[self.router.subscribing_for(subscription_uid)[0]]
 
     def all_publishing(self) -> list[PublishingForwarderApi]:

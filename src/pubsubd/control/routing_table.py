@@ -12,6 +12,13 @@ them; drained ones last). A frontend moves
 the fallbacks of its own zone to the front; the owner stays first, since a source has one
 writer wherever the caller is.
 
+Co-location (``colocate=True``, what ``pubsubd router`` runs): the forwarders serve a topic
+whole, its sources and its subscriptions together (``data/ownership.py``), so only the topic's
+first source ``p/{uid}/0`` is placed; every other unit of the topic, and every unit of its
+subscriptions, gets that unit's route. Splitting a topic's sources and subscriptions over
+forwarders (the two assignments above) needs forwarders that reach each other's sources over
+the network: not built yet.
+
 Routing constraints (the seeds' rules saying which forwarders may be sent work): a drained
 forwarder, or every forwarder of a drained zone, owns nothing and stays a last fallback; a
 pinned topic's publish message sources go to the pinned forwarder while it is registered and
@@ -131,8 +138,13 @@ class RoutingTable:
     """Both assignments and the routes they give, by shard."""
 
     def __init__(
-        self, *, epsilon: float = DEFAULT_EPSILON, hysteresis_s: float = DEFAULT_HYSTERESIS_S
+        self,
+        *,
+        epsilon: float = DEFAULT_EPSILON,
+        hysteresis_s: float = DEFAULT_HYSTERESIS_S,
+        colocate: bool = False,
     ) -> None:
+        self.colocate = colocate
         self.publishing = Assignment(epsilon=epsilon, hysteresis_s=hysteresis_s)
         self.subscribing = Assignment(epsilon=epsilon, hysteresis_s=hysteresis_s)
         self.forwarders: dict[str, Forwarder] = {}
@@ -151,6 +163,8 @@ class RoutingTable:
     ) -> Pass:
         """Place every unit among the registered forwarders at time ``now``."""
         self.forwarders = {f.forwarder_id: f for f in forwarders}
+        if self.colocate:
+            return self._update_colocated(constraints, list(topics), subscriptions, now)
         topics = list(topics)
         sources = {t.uid: t.sources for t in topics}
         publishing_units = [publishing_unit(t.uid, s) for t in topics for s in range(t.sources)]
@@ -202,6 +216,79 @@ class RoutingTable:
                     routes[unit] = route
                     changed.add(shard)
         return Pass(tuple(moves), frozenset(changed))
+
+    def _update_colocated(
+        self,
+        constraints: Constraints,
+        topics: list[TopicUnits],
+        subscriptions: Iterable[SubscriptionUnits],
+        now: float,
+    ) -> Pass:
+        """Place each topic (its unit ``p/{uid}/0``); every unit of the topic and of its
+        subscriptions follows it."""
+        pins = {
+            publishing_unit(t.uid, 0): constraints.pinned_topics[t.name]
+            for t in topics
+            if t.name in constraints.pinned_topics
+        }
+        members = self._members(constraints, publishing=True)
+        heads = [publishing_unit(t.uid, 0) for t in topics]
+        moves = self.publishing.update(members, heads, now, pins)
+        with_members = tuple(sorted((m.member_id, m.zone, m.drained) for m in members))
+        everything = self._routed_with.get("colocated") != with_members
+        self._routed_with["colocated"] = with_members
+        moved = {m.unit for m in moves}
+        wanted: dict[str, tuple[str, ...]] = {}
+        by_topic: dict[str, tuple[str, ...]] = {}
+        for t in topics:
+            head = publishing_unit(t.uid, 0)
+            route = self.route(head)
+            if everything or head in moved or not route:
+                route = tuple(self.publishing.ranked(head, limit=ROUTE_FALLBACKS))
+            if not route:
+                continue  # no forwarder to take it
+            by_topic[t.uid] = route
+            for source in range(t.sources):
+                wanted[publishing_unit(t.uid, source)] = route
+        sources = {t.uid: t.sources for t in topics}
+        for sub in subscriptions:
+            topic_route = by_topic.get(sub.topic_uid)
+            if topic_route is not None:
+                for source in range(sources[sub.topic_uid]):
+                    wanted[subscribing_unit(sub.uid, source)] = topic_route
+        changed: set[str] = set()
+        for shard, routes in list(self.shards.items()):
+            for unit in [u for u in routes if u not in wanted]:
+                del routes[unit]
+                changed.add(shard)
+            if not routes:
+                del self.shards[shard]
+        for unit, route in wanted.items():
+            shard = bucket(unit)
+            routes = self.shards.setdefault(shard, {})
+            if routes.get(unit) != route:
+                routes[unit] = route
+                changed.add(shard)
+        return Pass(tuple(moves), frozenset(changed))
+
+    def units(self, kind: str) -> int:
+        """How many units of ``kind`` ("publishing" or "subscribing") have a route."""
+        prefix = (PUBLISHING if kind == "publishing" else SUBSCRIBING) + "/"
+        return sum(1 for r in self.shards.values() for u in r if u.startswith(prefix))
+
+    def loads(self, kind: str) -> dict[str, int]:
+        """Units of ``kind`` each forwarder owns (heads of their routes)."""
+        prefix = (PUBLISHING if kind == "publishing" else SUBSCRIBING) + "/"
+        out = {
+            f.forwarder_id: 0
+            for f in self.forwarders.values()
+            if (f.publishing if kind == "publishing" else f.subscribing)
+        }
+        for routes in self.shards.values():
+            for unit, route in routes.items():
+                if route and unit.startswith(prefix):
+                    out[route[0]] = out.get(route[0], 0) + 1
+        return out
 
     def _members(self, constraints: Constraints, *, publishing: bool) -> list[Member]:
         return [

@@ -132,6 +132,22 @@ class RoutingView:
         """The unit's ordered forwarder IDs as last published (empty: not routed yet)."""
         return self._shards.get(bucket(unit), {}).get(unit, ())
 
+    def owned_topics(self, forwarder_id: str) -> set[str]:
+        """The uids of the topics whose first publish message source the published
+        assignment gives ``forwarder_id`` (a forwarder serves the whole topic then)."""
+        return {
+            unit.split("/")[1]
+            for routes in self._shards.values()
+            for unit, route in routes.items()
+            if route and route[0] == forwarder_id and unit.startswith("p/") and unit.endswith("/0")
+        }
+
+    def owner_address(self, unit: str) -> str | None:
+        """The address of the unit's owner as last published (None: unknown)."""
+        route = self.route(unit)
+        owner = self.forwarders.get(route[0]) if route else None
+        return owner.address if owner is not None else None
+
     def _forwarders_changed(self, _names: list[str] | None) -> None:
         task = asyncio.get_running_loop().create_task(self._read_forwarders())
         self._tasks.add(task)

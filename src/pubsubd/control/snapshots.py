@@ -121,10 +121,21 @@ class Snapshots:
         The feed calls this while the store write returns, before the writer (the catalog)
         updates its own view: the changed record stands in for the catalog's entry."""
         record = change.record
+        if isinstance(record, SnapshotRecord):
+            if change.remote:  # another process's: ours are in the view already
+                self._remote_snapshot(record, change.deleted)
+            return
         if isinstance(record, TopicRecord):
             self.refresh_pins(record.uid, changed=change)
         elif isinstance(record, SubscriptionRecord):
             self.refresh_pins(record.topic_uid, changed=change)
+
+    def _remote_snapshot(self, record: SnapshotRecord, deleted: bool) -> None:
+        if record.name in self.entries:
+            self.entries.pop(record.name)
+            self._names.remove(record.name)
+        if not deleted:
+            self._add(SnapshotEntry(record, pb.Snapshot.FromString(record.body)))
 
     def _add(self, entry: SnapshotEntry) -> None:
         self.entries[entry.record.name] = entry
@@ -364,6 +375,8 @@ class Snapshots:
         everything its log will get until the next one); ``changed``: a topic or subscription
         record just written, newer than the catalog's entry."""
         if topic_uid is not None:
+            if not self.routes.serves_topic(topic_uid):
+                return  # another forwarder's: it refreshes the pins
             targets = [(topic_uid, self.routes.publishing(topic_uid))]
         else:
             targets = [
@@ -414,6 +427,8 @@ class Snapshots:
             if sub.subscription.detached:
                 continue
             topic_uid = sub.record.topic_uid
+            if not self.routes.serves_topic(topic_uid):
+                continue  # another forwarder's
             publishing = self.routes.publishing(topic_uid)
             subscribing = self.routes.subscribing(sub.record.uid)
             name = sub.record.name

@@ -668,6 +668,11 @@ class BlockingCoordinator:
     def get(self, path: str) -> tuple[bytes, ZnodeStat]:
         return _data_and_stat(self._run(lambda: self._client.get_async(path), path))
 
+    def sync(self, path: str) -> None:
+        """Let this session's server catch up with the leader on ``path`` (a read after it
+        sees every write completed before the sync, by any session)."""
+        self._run(lambda: self._client.sync_async(path), path)
+
     def get_many(self, paths: Sequence[str]) -> list[tuple[bytes, ZnodeStat] | None]:
         """Read many znodes in one pipelined round trip; None for a missing one."""
         return [

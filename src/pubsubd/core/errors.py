@@ -124,6 +124,19 @@ class Unavailable(PubsubError):
     retriable = True
 
 
+# How a forwarder's refusal of a resource it does not own begins (a frontend that reads it
+# tries the resource's other forwarders, then waits for the next assignment).
+NOT_SERVED_HERE = "not served here"
+
+
+class NotServedHere(Unavailable):
+    """A forwarder of a cluster was asked for a topic or subscription another one owns (the
+    caller's route is stale, or the resource is moving): UNAVAILABLE, retried elsewhere."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{NOT_SERVED_HERE}: {what} is owned by another forwarder")
+
+
 class InternalError(PubsubError):
     """Something failed inside the server (storage I/O, a bug)."""
 

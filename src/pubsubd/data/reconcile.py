@@ -97,6 +97,13 @@ class PublishingReconciler:
             self.forwarder.set_pins(record.topic_uid, cursor_pin(record.name), offsets)
         return None
 
+    def forget(self, topic_uid: str) -> None:
+        """The topic moved to another forwarder: what was known of it goes (a later gain
+        replays its records)."""
+        self._live.discard(topic_uid)
+        self._readers.pop(topic_uid, None)
+        self._snapshots.pop(topic_uid, None)
+
     def _topic(self, record: TopicRecord, deleted: bool) -> Awaitable[None] | None:
         uid = record.uid
         if deleted:
@@ -169,9 +176,11 @@ class PublishingReconciler:
 class SubscribingReconciler:
     """Keeps one subscribing forwarder's subscriptions as the metadata store says."""
 
-    def __init__(self, forwarder: SubscribingForwarder, owns: Callable[[str], bool]) -> None:
+    def __init__(
+        self, forwarder: SubscribingForwarder, owns: Callable[[SubscriptionRecord], bool]
+    ) -> None:
         self.forwarder = forwarder
-        self.owns = owns  # subscription uid -> whether this forwarder serves it
+        self.owns = owns  # whether this forwarder serves the subscription
         self._topic_quotas: dict[str, quotas.BacklogQuota | None] = {}
 
     def __call__(self, change: Change) -> None:
@@ -181,7 +190,7 @@ class SubscribingReconciler:
             self._topic_quotas[record.uid] = quota
             self.forwarder.set_topic_quota(record.uid, quota)
             self.forwarder.topic_changed(record.uid)
-        elif isinstance(record, SubscriptionRecord) and self.owns(record.uid):
+        elif isinstance(record, SubscriptionRecord) and self.owns(record):
             self._subscription(record, change.deleted)
 
     def _subscription(self, record: SubscriptionRecord, deleted: bool) -> None:

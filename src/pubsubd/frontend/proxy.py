@@ -32,6 +32,7 @@ import grpc
 
 from pubsubd._gen.pubsubd.internal.v1.forwarder_pb2 import GiveBackRequest, GiveBackResponse
 from pubsubd.control.routing_table import Forwarder
+from pubsubd.core.errors import NOT_SERVED_HERE
 from pubsubd.core.pb import PullResponse, StreamingPullResponse
 from pubsubd.frontend.targets import resource_name
 
@@ -57,6 +58,10 @@ _OWN_HEADERS = frozenset({"user-agent", "grpc-accept-encoding", "grpc-encoding",
 # How long a call waits for a forwarder to register when none is (at most; the client's
 # deadline first).
 WAIT_FOR_FORWARDER_S = 30.0
+# How long a call waits for a moving topic's new owner to serve it (at most; the client's
+# deadline first), asking again every OWNER_POLL_S.
+WAIT_FOR_OWNER_S = 30.0
+OWNER_POLL_S = 0.05
 
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 << 20),
@@ -99,6 +104,7 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]
         self._channels: dict[str, grpc.aio.Channel] = {}
         self.calls = 0
         self.failovers = 0
+        self.waits_for_owner = 0  # rounds a call waited for a moving resource's new owner
         self.given_back = 0  # messages a client never got, handed back to their forwarder
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -148,28 +154,39 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]
         self, method: str, request: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> tuple[bytes, Forwarder]:
         """One unary call, to the first forwarder that can be reached; aborts the client's
-        call with the forwarder's status otherwise."""
-        candidates = await self._candidates(method, request, context)
-        metadata, last = _metadata(context), None
-        for i, forwarder in enumerate(candidates):
-            call = self.channel(forwarder.address).unary_unary(method)
-            try:
-                # The last forwarder to try is waited for (within the client's deadline):
-                # one that restarts then answers the moment it is back, instead of the client
-                # retrying after backoffs that grow to seconds.
-                response: bytes = await call(
-                    request,
-                    metadata=metadata,
-                    timeout=_timeout(context),
-                    wait_for_ready=i == len(candidates) - 1,
-                )
-                return response, forwarder
-            except grpc.aio.AioRpcError as e:
-                last = e
-                if e.code() != grpc.StatusCode.UNAVAILABLE or i == len(candidates) - 1:
-                    break
-                self.failovers += 1
-        assert last is not None
+        call with the forwarder's status otherwise. While the resource moves between
+        forwarders (every one answers "not served here"), the call is tried again until the
+        new owner serves it, within the client's deadline (at most ``WAIT_FOR_OWNER_S``)."""
+        loop = asyncio.get_running_loop()
+        remaining = _timeout(context)
+        deadline = loop.time() + min(WAIT_FOR_OWNER_S, remaining or WAIT_FOR_OWNER_S)
+        metadata = _metadata(context)
+        while True:
+            candidates = await self._candidates(method, request, context)
+            last = None
+            for i, forwarder in enumerate(candidates):
+                call = self.channel(forwarder.address).unary_unary(method)
+                try:
+                    # A lone forwarder is waited for (within the client's deadline): one that
+                    # restarts then answers the moment it is back, instead of the client
+                    # retrying after backoffs that grow to seconds.
+                    response: bytes = await call(
+                        request,
+                        metadata=metadata,
+                        timeout=_timeout(context),
+                        wait_for_ready=len(candidates) == 1,
+                    )
+                    return response, forwarder
+                except grpc.aio.AioRpcError as e:
+                    last = e
+                    if e.code() != grpc.StatusCode.UNAVAILABLE or i == len(candidates) - 1:
+                        break
+                    self.failovers += 1
+            assert last is not None
+            if not _not_served(last) or loop.time() >= deadline:
+                break
+            self.waits_for_owner += 1
+            await asyncio.sleep(OWNER_POLL_S)
         await _abort_with(context, last)
         raise AssertionError("unreachable")
 
@@ -215,29 +232,48 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]
                 first = await requests.__anext__()
             except StopAsyncIteration:
                 return
-            candidates = await self._candidates(method, first, context)
-            call = self.channel(candidates[0].address).stream_stream(method)(
-                metadata=_metadata(context), timeout=_timeout(context)
-            )
-            pump = asyncio.get_running_loop().create_task(_pump(first, requests, call))
-            response = b""
-            try:
-                async for response in call:
-                    yield response
-                    response = b""
-            except grpc.aio.AioRpcError as e:
-                await _abort_with(context, e)
-            except BaseException:
-                if response:  # read from the forwarder, never written to the client
-                    self._give_back(candidates[0], first, response, StreamingPullResponse)
-                raise
-            finally:
-                pump.cancel()
-                with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
-                    await pump
-                call.cancel()
+            loop = asyncio.get_running_loop()
+            remaining = _timeout(context)
+            deadline = loop.time() + min(WAIT_FOR_OWNER_S, remaining or WAIT_FOR_OWNER_S)
+            while True:
+                candidates = await self._candidates(method, first, context)
+                call = self.channel(candidates[0].address).stream_stream(method)(
+                    metadata=_metadata(context), timeout=_timeout(context)
+                )
+                pump = loop.create_task(_pump(first, requests, call))
+                response, started = b"", False
+                try:
+                    async for response in call:
+                        started = True
+                        yield response
+                        response = b""
+                except grpc.aio.AioRpcError as e:
+                    if not started and _not_served(e) and loop.time() < deadline:
+                        # The subscription is moving (or not routed yet): open the stream
+                        # on its owner once it serves, as a unary call waits for it.
+                        self.waits_for_owner += 1
+                        await asyncio.sleep(OWNER_POLL_S)
+                        continue
+                    await _abort_with(context, e)
+                except BaseException:
+                    if response:  # read from the forwarder, never written to the client
+                        self._give_back(candidates[0], first, response, StreamingPullResponse)
+                    raise
+                finally:
+                    pump.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                        await pump
+                    call.cancel()
+                return
 
         return handle
+
+
+def _not_served(error: grpc.aio.AioRpcError) -> bool:
+    """The forwarder does not own the resource (core.errors.NotServedHere)."""
+    return error.code() == grpc.StatusCode.UNAVAILABLE and (error.details() or "").startswith(
+        NOT_SERVED_HERE
+    )
 
 
 def _subscription_of(request: bytes) -> str:

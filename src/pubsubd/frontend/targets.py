@@ -3,15 +3,17 @@ from its wire bytes without decoding the rest (a Publish carries megabytes of pa
 ordered forwarders that serve it.
 
 * Calls on one topic (Publish, GetTopic, UpdateTopic, DeleteTopic, ListTopicSubscriptions,
-  ListTopicSnapshots) go to the owner of the topic's first publish message source,
+  ListTopicSnapshots, CreateSubscription by the topic it names, the replay API's calls and
+  SkipDamagedRanges) go to the owner of the topic's first publish message source,
   ``p/{uid}/0``, then its fallbacks: those of the frontend's zone first, drained ones last
   (SCALE_OUT.md §3: the nearest first, the next zone when none there is healthy).
 * Calls on one subscription (Pull, StreamingPull's first request, Acknowledge,
   ModifyAckDeadline, GetSubscription, UpdateSubscription, DeleteSubscription,
-  ModifyPushConfig, Seek) go to the owner of ``s/{uid}/0``, then its fallbacks.
-* Everything else (creations, lists, snapshots, schemas, IAM, the replay and admin APIs), and a
-  name no route knows yet (just created, not routed), goes to any forwarder: those of the
-  frontend's zone first, then the others, drained ones last, each group by ID.
+  ModifyPushConfig, Seek, CreateSnapshot by the subscription it names) go to the owner of
+  ``s/{uid}/0``, then its fallbacks.
+* Everything else (topic creation, lists, other snapshot calls, schemas, IAM), and a name no
+  route knows yet (just created, not routed), goes to any forwarder: those of the frontend's
+  zone first, then the others, drained ones last, each group by ID.
 
 Forwarders that are not registered are left out of every list.
 """
@@ -26,6 +28,8 @@ __all__ = ["SUBSCRIPTION_METHODS", "TOPIC_METHODS", "resource_name", "targets"]
 
 PUBLISHER = "/google.pubsub.v1.Publisher/"
 SUBSCRIBER = "/google.pubsub.v1.Subscriber/"
+REPLAY = "/pubsubd.v1.Replay/"
+ADMIN = "/pubsubd.v1.Admin/"
 
 # Method -> the path of field numbers to the resource name (each a length-delimited field).
 TOPIC_METHODS: dict[str, tuple[int, ...]] = {
@@ -35,6 +39,22 @@ TOPIC_METHODS: dict[str, tuple[int, ...]] = {
     PUBLISHER + "DeleteTopic": (1,),
     PUBLISHER + "ListTopicSubscriptions": (1,),
     PUBLISHER + "ListTopicSnapshots": (1,),
+    SUBSCRIBER + "CreateSubscription": (2,),  # Subscription.topic: its sync point is there
+    **{
+        REPLAY + m: (1,)
+        for m in (
+            "GetTopicRanges",
+            "LookupOffsets",
+            "Read",
+            "GetCursor",
+            "CommitCursor",
+            "PublishDeduplicated",
+            "ListCursors",
+            "DeleteCursor",
+        )
+    },
+    ADMIN + "ListDamagedRanges": (1,),  # empty (every topic): any forwarder
+    ADMIN + "SkipDamagedRanges": (1,),
 }
 SUBSCRIPTION_METHODS: dict[str, tuple[int, ...]] = {
     SUBSCRIBER + "Pull": (1,),
@@ -46,6 +66,7 @@ SUBSCRIPTION_METHODS: dict[str, tuple[int, ...]] = {
     SUBSCRIBER + "DeleteSubscription": (1,),
     SUBSCRIBER + "ModifyPushConfig": (1,),
     SUBSCRIBER + "Seek": (1,),
+    SUBSCRIBER + "CreateSnapshot": (2,),  # CreateSnapshotRequest.subscription
 }
 
 

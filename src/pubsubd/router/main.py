@@ -74,6 +74,9 @@ class RouterConfig:
     epsilon: float = DEFAULT_EPSILON
     hysteresis_s: float = DEFAULT_HYSTERESIS_S
     interval_s: float = 2.0
+    # Place topics whole, their subscriptions with them (control/routing_table.py): what the
+    # forwarders serve today.
+    colocate: bool = True
     zk_session_timeout_s: float = 10.0
     pid_file: Path | None = None  # written when ready, removed on a clean stop
 
@@ -98,7 +101,9 @@ class Router:
             config.zk, config.zk_root, session_timeout=config.zk_session_timeout_s
         )
         self.store = RoutingStore(self.zk)
-        self.table = RoutingTable(epsilon=config.epsilon, hysteresis_s=config.hysteresis_s)
+        self.table = RoutingTable(
+            epsilon=config.epsilon, hysteresis_s=config.hysteresis_s, colocate=config.colocate
+        )
         self.election = Election(
             self.zk,
             self.zk.layout.routers,
@@ -188,8 +193,10 @@ class Router:
         moved = sum(1 for m in done.moves if m.source is not None)
         self.total_moves += moved
         pub, sub = self.table.publishing, self.table.subscribing
-        UNITS.labels("publishing").set(len(pub.owners))
-        UNITS.labels("subscribing").set(len(sub.owners))
+        table = self.table
+        units = {kind: table.units(kind) for kind in ("publishing", "subscribing")}
+        UNITS.labels("publishing").set(units["publishing"])
+        UNITS.labels("subscribing").set(units["subscribing"])
         CAPACITY.labels("publishing").set(pub.capacity)
         CAPACITY.labels("subscribing").set(sub.capacity)
         check()
@@ -198,12 +205,12 @@ class Router:
                 generation=self.generation,
                 router_id=self.router_id,
                 at_unix_s=time.time(),
-                publishing_units=len(pub.owners),
-                subscribing_units=len(sub.owners),
+                publishing_units=units["publishing"],
+                subscribing_units=units["subscribing"],
                 publishing_capacity=pub.capacity,
                 subscribing_capacity=sub.capacity,
-                publishing_loads=pub.loads(),
-                subscribing_loads=sub.loads(),
+                publishing_loads=table.loads("publishing"),
+                subscribing_loads=table.loads("subscribing"),
                 moves=moved,
                 total_moves=self.total_moves,
             )
@@ -214,8 +221,8 @@ class Router:
         self.last_pass = {
             "generation": self.generation,
             "forwarders": len(forwarders),
-            "publishing_units": len(pub.owners),
-            "subscribing_units": len(sub.owners),
+            "publishing_units": units["publishing"],
+            "subscribing_units": units["subscribing"],
             "moves": moved,
             "shards_written": written,
             "seconds": round(elapsed, 4),

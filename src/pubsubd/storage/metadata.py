@@ -81,6 +81,9 @@ class Change:
 
     record: Record
     deleted: bool = False
+    # Written by another process (a cluster's metadata store follows ZooKeeper): views a
+    # process keeps of what it writes itself (the catalog's) must apply it.
+    remote: bool = False
 
 
 ChangeListener = Callable[[Change], Awaitable[None] | None]

@@ -268,6 +268,29 @@ class ZooKeeperMetadataStore:
                     assert isinstance(record, of)
                     yield record
 
+    # -- one record, as ZooKeeper has it now (other processes write too) ---------------------
+
+    # The catalog looks a name up here before answering NOT_FOUND: another process may have
+    # created it a moment ago, before this one's watch told it.
+    shared = True
+
+    def find_topic(self, name: str) -> TopicRecord | None:
+        found = self._find(TOPICS, TopicRecord(name, "", b""))
+        return found if isinstance(found, TopicRecord) else None
+
+    def find_subscription(self, name: str) -> SubscriptionRecord | None:
+        found = self._find(SUBSCRIPTIONS, SubscriptionRecord(name, "", "", b""))
+        return found if isinstance(found, SubscriptionRecord) else None
+
+    def _find(self, kind: Kind, key: Record) -> Record | None:
+        path = self.layout.record(kind, key)
+        try:
+            self._zk.sync(path)
+            data, _ = self._zk.get(path)
+        except NoNode:
+            return None
+        return _decoded(kind, path, data)
+
     # -- writes ---------------------------------------------------------------------------------
 
     def put_topic(self, record: TopicRecord) -> Applied:
@@ -497,7 +520,7 @@ class _Follower:
         if found is None:
             if known is not None:
                 del self.seen[path]
-                self._publish(Change(known.record, deleted=True))
+                self._publish(Change(known.record, deleted=True, remote=True))
             return
         data, stat = found
         if known is not None and known.czxid == stat.czxid and known.mzxid >= stat.mzxid:
@@ -505,8 +528,10 @@ class _Follower:
         record = _decoded(kind, path, data)
         self.seen[path] = _Seen(stat.czxid, stat.mzxid, record)
         if known is not None and known.czxid != stat.czxid:
-            self._publish(Change(known.record, deleted=True))  # deleted and created again
-        self._publish(Change(record))
+            self._publish(
+                Change(known.record, deleted=True, remote=True)
+            )  # deleted and created again
+        self._publish(Change(record, remote=True))
 
     def _publish(self, change: Change) -> None:
         # Nobody awaits another process's change: what listeners still do runs on its own

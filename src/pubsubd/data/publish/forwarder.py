@@ -29,6 +29,7 @@ from pubsubd.core.errors import (
     DataLoss,
     DiskFull,
     InternalError,
+    NotServedHere,
     SubscriptionNotFound,
     Unavailable,
 )
@@ -72,8 +73,12 @@ class PublishingForwarder:
         dedup_window_s: float = DEFAULT_DEDUP_WINDOW_S,
         clock: Clock = SYSTEM_CLOCK,
         remote_logs: RemoteLogs | None = None,
+        admits: Callable[[str], bool] | None = None,
     ) -> None:
         self.data_dir = data_dir
+        # In a cluster of forwarders: the topics (by uid) this one owns now. Opening another
+        # one would take its sources over from their owner: refused (NotServedHere).
+        self.admits = admits
         # In a cluster: where each source's durable copy lives (storage/ledgers/); None keeps
         # every source on this machine's disk only.
         self.remote_logs = remote_logs
@@ -147,6 +152,8 @@ class PublishingForwarder:
         (and every source present on disk); ``configure_topic`` adds sources later."""
         sources = self.topics.get(topic_uid)
         if sources is None:
+            if self.admits is not None and not self.admits(topic_uid):
+                raise NotServedHere(f"topic storage {topic_uid}")
             failed = self.failed_topics.get(topic_uid)
             if failed is not None:
                 raise DataLoss(failed)
@@ -252,6 +259,27 @@ class PublishingForwarder:
             self._topics_with_delays().discard(topic_uid)
         if sources is not None:
             await sources.destroy()
+
+    async def release_topic(self, topic_uid: str) -> list[str]:
+        """Let a topic go to another forwarder (a cluster moved it): its logs and its
+        subscriptions' ack journals are flushed and closed, its ledgers released; the files
+        stay as a local copy. Returns the uids of the subscriptions whose journals closed."""
+        sources = self.topics.pop(topic_uid, None)
+        self.stored.discard(topic_uid)
+        self.dedup.windows.pop(topic_uid, None)
+        self._publish_blocks.pop(topic_uid, None)
+        tracker = self.delays.pop(topic_uid, None)
+        if tracker is not None:
+            # On a full disk the next owner indexes the log again from the recorded progress.
+            with contextlib.suppress(DiskFull):
+                tracker.flush_progress()
+            tracker.close()
+        if sources is None:
+            return []
+        for journal in sources.journals.values():
+            self._dirty_journals.discard(journal)
+        await sources.close()
+        return list(sources.journals)
 
     def end_offsets(self, topic_uid: str) -> dict[int, int]:
         return self.open_topic(topic_uid).end_offsets()

@@ -186,6 +186,11 @@ class SubscribingForwarder:
     def subscription_names(self) -> list[str]:
         return list(self.dispatchers)
 
+    def subscriptions_of_topic(self, topic_uid: str) -> list[str]:
+        """The names of the subscriptions served here that read ``topic_uid``."""
+        named = [n for n, d in self.dispatchers.items() if d.topic_uid == topic_uid]
+        return named + [n for n in self.unavailable if n not in self.dispatchers]
+
     def topic_changed(self, topic_uid: str) -> None:
         """The topic's storage settings changed (e.g. its damage policy): deliver again."""
         for d in self.dispatchers.values():

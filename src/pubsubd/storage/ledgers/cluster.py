@@ -148,6 +148,18 @@ class ClusterStorage:
                 copied += await materialize(topics_dir / uid / f"source-{source}", ledgers)
         return copied
 
+    async def release(self, keys: Iterable[tuple[str, int]]) -> None:
+        """Close these sources' ledgers and let them go (their topic moved to another
+        forwarder); a later take-over starts afresh."""
+        for key in keys:
+            ledgers = self.sources.pop(key, None)
+            if ledgers is not None:
+                await ledgers.close()
+
+    def source_keys(self, topic_uid: str) -> list[tuple[str, int]]:
+        """The (topic uid, source) of every source of a topic this process has touched."""
+        return [key for key in self.sources if key[0] == topic_uid]
+
     def follow_topics(self, store: MetadataStore) -> None:
         """Take every topic's storage policy from the store, now and on every change (its
         next ledger follows it: ledgers already written stay where they are)."""

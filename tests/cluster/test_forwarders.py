@@ -1,0 +1,199 @@
+"""Several forwarders sharing the topics (issue 11, parts 1, 2, 4 and 7): ``pubsubd cluster up
+--forwarders 3`` runs three ``pubsubd forwarder`` processes over two zones behind a router and
+a frontend. The router places each topic (and its subscriptions with it) on one forwarder;
+each forwarder serves what it owns and refuses the rest with UNAVAILABLE ("not served here"),
+which the frontend routes past. A drained forwarder hands its topics over, and a killed one's
+topics are taken over, while the official client publishes and streams through the frontend:
+nothing acknowledged is lost and no publish fails for good."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+from pubsubd.cluster.launcher import LocalCluster
+from pubsubd.control.routing_store import RoutingStore
+from pubsubd.control.routing_table import publishing_unit
+from pubsubd.coordination.zk import Coordinator
+from pubsubd.core import pb
+from tests.cluster.test_frontends import Receiver
+from tests.conftest import make_publisher, make_subscriber
+from tests.support.cluster import running_cluster, topic_uid
+from tests.support.drain import drain
+from tests.support.flood import Flood
+from tests.support.server import wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+FORWARDERS = ["forwarder-1", "forwarder-2", "forwarder-3"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    directory = tmp_path_factory.mktemp("forwarders")
+    with running_cluster(directory, zones=2, routers=1, frontends=1, forwarders=3) as c:
+        yield c
+
+
+def _routes(cluster: LocalCluster) -> dict[str, tuple[str, ...]]:
+    async def read() -> dict[str, tuple[str, ...]]:
+        zk = Coordinator(cluster.zk, "/pubsubd")
+        await zk.start()
+        try:
+            return await RoutingStore(zk).routes()
+        finally:
+            await zk.stop()
+
+    return asyncio.run(read())
+
+
+def _status(cluster: LocalCluster, name: str) -> dict[str, Any]:
+    process = cluster.process(name)
+    port = process.args[process.args.index("--http-port") + 1]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10) as r:
+        return json.loads(r.read())  # type: ignore[no-any-return]
+
+
+def _owned(cluster: LocalCluster, name: str) -> int:
+    return int(_status(cluster, name)["cluster"]["ownership"]["owned_topics"])
+
+
+def _owner(cluster: LocalCluster, topic: str) -> str:
+    route = _routes(cluster).get(publishing_unit(topic_uid(cluster, topic), 0), ())
+    return route[0] if route else ""
+
+
+def _serving(cluster: LocalCluster, topic: str) -> str:
+    """The forwarder that owns ``topic`` and serves it (its takeover done)."""
+    owner = _owner(cluster, topic)
+    if not owner or cluster.process(owner).pid is None:
+        return ""
+    return owner if _owned(cluster, owner) > 0 else ""
+
+
+def _routing(cluster: LocalCluster, *args: str) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "pubsubd", "routing", *args, "--cluster", cluster.zk],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_topics_are_spread_and_each_forwarder_serves_only_its_own(
+    cluster: LocalCluster, names: Any
+) -> None:
+    endpoint = cluster.grpc
+    pub, sub = make_publisher(endpoint), make_subscriber(endpoint)
+    pairs = [(names.topic(f"spread-{i}"), names.subscription(f"spread-{i}")) for i in range(6)]
+    for topic, subscription in pairs:
+        pub.create_topic(name=topic)
+        sub.create_subscription(name=subscription, topic=topic)
+    futures = [pub.publish(t, f"{t}-{k}".encode()) for t, _ in pairs for k in range(20)]
+    for f in futures:
+        f.result(timeout=60)
+    for topic, subscription in pairs:
+        expected = {f"{topic}-{k}".encode() for k in range(20)}
+        assert drain(endpoint, subscription, expected, timeout=60) >= expected
+    owners = {_owner(cluster, t) for t, _ in pairs}
+    assert owners <= set(FORWARDERS) and len(owners) >= 2, owners
+    for name in FORWARDERS:  # ownership follows the assignment: every one serves some
+        wait_for(lambda n=name: _owned(cluster, n) >= 1, 30, f"{name} owns topics")
+
+    # A forwarder asked directly for a topic it does not own refuses it, retryably; the topic
+    # is known there all the same (its catalog follows the others' writes).
+    topic = pairs[0][0]
+    owner = _owner(cluster, topic)
+    other = next(n for n in FORWARDERS if n != owner)
+    with grpc.insecure_channel(cluster.process(other).address) as channel:
+        publish = channel.unary_unary(
+            "/google.pubsub.v1.Publisher/Publish",
+            request_serializer=pb.PublishRequest.SerializeToString,
+            response_deserializer=pb.PublishResponse.FromString,
+        )
+        with pytest.raises(grpc.RpcError) as refused:
+            publish(pb.PublishRequest(topic=topic, messages=[pb.PubsubMessage(data=b"x")]))
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "not served here" in (refused.value.details() or "")
+        get = channel.unary_unary(
+            "/google.pubsub.v1.Publisher/GetTopic",
+            request_serializer=pb.GetTopicRequest.SerializeToString,
+            response_deserializer=pb.Topic.FromString,
+        )
+        assert get(pb.GetTopicRequest(topic=topic)).name == topic
+    sub.close()
+
+
+def _moves_under_load(
+    cluster: LocalCluster, names: Any, label: str, move: Any, restore: Any
+) -> None:
+    """A flood and a streaming subscriber on a topic while ``move(owner)`` takes it from its
+    owner; nothing acknowledged is lost, no publish fails for good, the topic ends up served
+    by another forwarder."""
+    endpoint = cluster.grpc
+    pub, sub = make_publisher(endpoint), make_subscriber(endpoint)
+    topic, subscription = names.topic(label), names.subscription(label)
+    pub.create_topic(name=topic)
+    sub.create_subscription(name=subscription, topic=topic)
+    sub.close()
+    wait_for(lambda: _serving(cluster, topic), 30, "the topic is served")
+    owner = _owner(cluster, topic)
+    receiver = Receiver(endpoint, subscription)
+    flood = Flood(endpoint, topic, rate=300).start()
+    try:
+        wait_for(lambda: receiver.count() >= 200, 60, "delivery under way")
+        move(owner)
+        wait_for(lambda: _serving(cluster, topic) not in ("", owner), 60, "a new owner serves")
+        before = flood.acked_count()
+        wait_for(lambda: flood.acked_count() >= before + 300, 60, "publishing goes on after")
+    finally:
+        flood.stop()
+        restore(owner)
+    acked, sent = flood.snapshot(), flood.sent
+    wait_for(lambda: receiver.has(acked), 90, "every acknowledged message delivered")
+    receiver.close()
+    assert not flood.errors, f"publishes that failed for good: {dict(flood.errors)}"
+    assert not receiver.received - sent, "messages nobody published"
+
+
+def test_a_drained_forwarder_hands_its_topics_over_under_load(
+    cluster: LocalCluster, names: Any
+) -> None:
+    drained: list[str] = []
+
+    def drain_owner(owner: str) -> None:
+        _routing(cluster, "drain", owner)
+        drained.append(owner)
+        wait_for(lambda: _owned(cluster, owner) == 0, 30, f"{owner} owns nothing")
+
+    def undrain(owner: str) -> None:
+        if drained:
+            _routing(cluster, "undrain", owner)
+
+    _moves_under_load(cluster, names, "drained", drain_owner, undrain)
+    assert drained
+
+
+def test_a_killed_forwarders_topics_are_taken_over_under_load(
+    cluster: LocalCluster, names: Any
+) -> None:
+    killed: list[str] = []
+
+    def kill(owner: str) -> None:
+        cluster.kill(owner)
+        killed.append(owner)
+
+    def restart(owner: str) -> None:
+        if killed:
+            cluster.restart(owner)
+
+    _moves_under_load(cluster, names, "killed", kill, restart)
+    assert killed
+    # The restarted forwarder rejoins and is given a share again.
+    wait_for(lambda: _owned(cluster, killed[0]) >= 1, 60, "the restarted forwarder owns topics")
