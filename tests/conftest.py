@@ -30,9 +30,10 @@ def server(tmp_path: Path) -> Iterator[ServerProcess]:
 
 
 # The deployments the google.pubsub.v1 feature tests run against: one process with embedded
-# storage, and a cluster (ZooKeeper, 3 storage nodes, serve --cluster, a router, and a frontend
-# the clients connect to). PUBSUBD_TEST_DEPLOYMENTS narrows it (e.g. "embedded" for a quick run).
-DEPLOYMENTS = os.environ.get("PUBSUBD_TEST_DEPLOYMENTS", "embedded,cluster").split(",")
+# storage; a cluster (ZooKeeper, 3 storage nodes, serve --cluster, a router, and a frontend
+# the clients connect to); and a cluster whose topics two forwarders share (pubsubd forwarder
+# x2 instead of serve). PUBSUBD_TEST_DEPLOYMENTS narrows it (e.g. "embedded" for a quick run).
+DEPLOYMENTS = os.environ.get("PUBSUBD_TEST_DEPLOYMENTS", "embedded,cluster,forwarders").split(",")
 
 
 @pytest.fixture(scope="session")

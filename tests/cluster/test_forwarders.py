@@ -156,8 +156,12 @@ def _moves_under_load(
         flood.stop()
         restore(owner)
     acked, sent = flood.snapshot(), flood.sent
-    wait_for(lambda: receiver.has(acked), 90, "every acknowledged message delivered")
-    receiver.close()
+    try:
+        wait_for(lambda: receiver.has(acked), 90, "every acknowledged message delivered")
+    finally:
+        receiver.close()
+        missing = len(acked - receiver.received)
+        print(f"{label}: {len(acked)} acknowledged, {missing} not delivered")
     assert not flood.errors, f"publishes that failed for good: {dict(flood.errors)}"
     assert not receiver.received - sent, "messages nobody published"
 

@@ -76,6 +76,10 @@ class ClusterServer:
             merged[key] = {k: v for st in statuses for k, v in st[key].items()}
         merged["damaged"] = [d for st in statuses for d in st["damaged"]]
         merged["trim_passes"] = min(st["trim_passes"] for st in statuses)
+        merged["dedup"] = {
+            **statuses[0]["dedup"],
+            **{k: sum(st["dedup"][k] for st in statuses) for k in ("remembered_ids", "duplicates")},
+        }
         return merged
 
 

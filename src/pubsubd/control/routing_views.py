@@ -61,6 +61,15 @@ class NamesView:
         if self._store is not None:
             self._store.close()
 
+    def routed_topics(self) -> list[TopicUnits]:
+        """Every topic, and the storage of every deleted one a subscription still reads (as
+        Google keeps delivering a deleted topic's backlog; one source: a forwarder serves all
+        of a topic's sources with the first)."""
+        live = list(self.topics.values())
+        uids = {t.uid for t in live}
+        orphans = {s.topic_uid for s in self.subscriptions.values()} - uids
+        return live + [TopicUnits("", uid, 1) for uid in sorted(orphans)]
+
     def topic_uids(self) -> dict[str, str]:
         return {name: t.uid for name, t in self.topics.items()}
 

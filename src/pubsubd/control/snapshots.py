@@ -162,7 +162,7 @@ class Snapshots:
         sub = self.catalog.subscription(request.subscription)
         now = self.now_us()
         self.delete_expired(now)
-        if name in self.entries:
+        if name in self.entries or self._look_further(name) is not None:
             raise AlreadyExists("snapshot", name)
         self._check_attached(sub)
         topic_uid = sub.record.topic_uid
@@ -187,9 +187,20 @@ class Snapshots:
         self._add(entry)
         return self._view(entry)
 
+    def _look_further(self, name: str) -> SnapshotEntry | None:
+        """A snapshot this view lacks may have been created through another process a
+        moment ago (a cluster's shared store): read it from the store."""
+        if not getattr(self.catalog.store, "shared", False):
+            return None
+        record = self.catalog.store.find_snapshot(name)  # type: ignore[attr-defined]
+        if record is None:
+            return None
+        self._remote_snapshot(record, False)
+        return self.entries.get(name)
+
     def entry(self, name: str) -> SnapshotEntry:
         names.snapshot(name)
-        entry = self.entries.get(name)
+        entry = self.entries.get(name) or self._look_further(name)
         if entry is not None and entry.expire_us <= self.now_us():
             self._remove(entry)
             entry = None

@@ -235,38 +235,62 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]
             loop = asyncio.get_running_loop()
             remaining = _timeout(context)
             deadline = loop.time() + min(WAIT_FOR_OWNER_S, remaining or WAIT_FOR_OWNER_S)
-            while True:
-                candidates = await self._candidates(method, first, context)
-                call = self.channel(candidates[0].address).stream_stream(method)(
-                    metadata=_metadata(context), timeout=_timeout(context)
-                )
-                pump = loop.create_task(_pump(first, requests, call))
-                response, started = b"", False
-                try:
-                    async for response in call:
-                        started = True
-                        yield response
-                        response = b""
-                except grpc.aio.AioRpcError as e:
-                    if not started and _not_served(e) and loop.time() < deadline:
-                        # The subscription is moving (or not routed yet): open the stream
-                        # on its owner once it serves, as a unary call waits for it.
-                        self.waits_for_owner += 1
-                        await asyncio.sleep(OWNER_POLL_S)
-                        continue
-                    await _abort_with(context, e)
-                except BaseException:
-                    if response:  # read from the forwarder, never written to the client
-                        self._give_back(candidates[0], first, response, StreamingPullResponse)
-                    raise
-                finally:
-                    pump.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
-                        await pump
-                    call.cancel()
-                return
+            # The client's requests, read by one task for the stream's life: a stream opened
+            # again (its first forwarder did not serve the subscription) goes on from them.
+            incoming: asyncio.Queue[bytes | None] = asyncio.Queue()
+            reading = loop.create_task(_read_client(requests, incoming))
+            try:
+                async for response in self._stream_to_owner(
+                    method, first, incoming, context, deadline
+                ):
+                    yield response
+            finally:
+                reading.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await reading
 
         return handle
+
+    async def _stream_to_owner(
+        self,
+        method: str,
+        first: bytes,
+        incoming: asyncio.Queue[bytes | None],
+        context: grpc.aio.ServicerContext[Any, Any],
+        deadline: float,
+    ) -> AsyncIterator[bytes]:
+        """The stream on the subscription's forwarder, opened again while none serves it."""
+        loop = asyncio.get_running_loop()
+        while True:
+            candidates = await self._candidates(method, first, context)
+            call = self.channel(candidates[0].address).stream_stream(method)(
+                metadata=_metadata(context), timeout=_timeout(context)
+            )
+            pump = loop.create_task(_pump(first, incoming, call))
+            response, started = b"", False
+            try:
+                async for response in call:
+                    started = True
+                    yield response
+                    response = b""
+            except grpc.aio.AioRpcError as e:
+                if not started and _not_served(e) and loop.time() < deadline:
+                    # The subscription is moving (or not routed yet): open the stream
+                    # on its owner once it serves, as a unary call waits for it.
+                    self.waits_for_owner += 1
+                    await asyncio.sleep(OWNER_POLL_S)
+                    continue
+                await _abort_with(context, e)
+            except BaseException:
+                if response:  # read from the forwarder, never written to the client
+                    self._give_back(candidates[0], first, response, StreamingPullResponse)
+                raise
+            finally:
+                pump.cancel()
+                with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                    await pump
+                call.cancel()
+            return
 
 
 def _not_served(error: grpc.aio.AioRpcError) -> bool:
@@ -295,11 +319,20 @@ async def _give_back(channel: grpc.aio.Channel, subscription: str, ack_ids: list
         log.info("giving back %d messages of %s failed: %s", len(ack_ids), subscription, e)
 
 
-async def _pump(first: bytes, requests: AsyncIterator[bytes], call: Any) -> None:
+async def _read_client(requests: AsyncIterator[bytes], into: asyncio.Queue[bytes | None]) -> None:
+    """The client's requests into a queue; None once the client is done writing."""
+    try:
+        async for request in requests:
+            into.put_nowait(request)
+    finally:
+        into.put_nowait(None)
+
+
+async def _pump(first: bytes, requests: asyncio.Queue[bytes | None], call: Any) -> None:
     """Client -> forwarder: the first request, then the rest as they come."""
     try:
         await call.write(first)
-        async for request in requests:
+        while (request := await requests.get()) is not None:
             await call.write(request)
         await call.done_writing()
     except (grpc.aio.AioRpcError, asyncio.InvalidStateError):

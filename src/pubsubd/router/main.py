@@ -178,7 +178,7 @@ class Router:
         done = self.table.update(
             forwarders,
             constraints,
-            self.names.topics.values(),
+            self.names.routed_topics(),
             self.names.subscriptions.values(),
             time.monotonic(),
         )

@@ -282,6 +282,10 @@ class ZooKeeperMetadataStore:
         found = self._find(SUBSCRIPTIONS, SubscriptionRecord(name, "", "", b""))
         return found if isinstance(found, SubscriptionRecord) else None
 
+    def find_snapshot(self, name: str) -> SnapshotRecord | None:
+        found = self._find(SNAPSHOTS, SnapshotRecord(name, "", b""))
+        return found if isinstance(found, SnapshotRecord) else None
+
     def _find(self, kind: Kind, key: Record) -> Record | None:
         path = self.layout.record(kind, key)
         try:
