@@ -1,13 +1,14 @@
 """``python -m bench.rolling``: what a client sees while every process of a cluster restarts.
 
 Starts a full local cluster (``pubsubd cluster up``'s launcher: ZooKeeper x3, storage x3 in 3
-zones, the serving process, routers x2, frontends x2), points the official publisher at both
-frontends (``PUBSUB_EMULATOR_HOST=ipv4:A,B``) and publishes ``--rate`` messages per second, one
-message per request (``max_messages=1``), recording each message's latency from ``publish()``
-to its acknowledgement. After ``--before`` seconds it runs ``LocalCluster.rolling_restart`` (the
-same as ``pubsubd cluster restart --rolling``), then goes on for ``--after`` seconds. Reported
-per phase: messages, publishes that failed for good, and the latency percentiles up to p99.99
-(Pulsar's published figure for a rolling restart with pre-assigned owners: p99.99 1,228 ms).
+zones, the serving process or ``--forwarders N``, routers x2, frontends x2), points the
+official publisher at both frontends (``PUBSUB_EMULATOR_HOST=ipv4:A,B``) and publishes
+``--rate`` messages per second, one message per request (``max_messages=1``), recording each
+message's latency from ``publish()`` to its acknowledgement. After ``--before`` seconds it
+runs ``LocalCluster.rolling_restart`` (the same as ``pubsubd cluster restart --rolling``), then
+goes on for ``--after`` seconds. Reported per phase: messages, publishes that failed for good,
+and the latency percentiles up to p99.99 (Pulsar's published figure for a rolling restart with
+pre-assigned owners: p99.99 1,228 ms).
 
     python -m bench.rolling --rate 500
 """
@@ -43,13 +44,23 @@ def _percentiles(values: list[float]) -> dict[str, float]:
     }
 
 
-def run(rate: int, before: float, after: float, directory: Path) -> dict[str, Any]:
+def run(
+    rate: int, before: float, after: float, directory: Path, forwarders: int = 0
+) -> dict[str, Any]:
     from google.cloud import pubsub_v1
 
     from pubsubd.cluster.launcher import LocalCluster
 
     cluster = LocalCluster(directory)
-    cluster.up(zk_nodes=3, storage_nodes=3, zones=3, replicas=3, routers=2, frontends=2)
+    cluster.up(
+        zk_nodes=3,
+        storage_nodes=3,
+        zones=3,
+        replicas=3,
+        routers=2,
+        frontends=2,
+        forwarders=forwarders,
+    )
     latencies: dict[str, list[float]] = {p: [] for p in PHASES}
     samples: list[tuple[float, float]] = []  # (sent at, latency) during the restart
     errors: dict[str, int] = dict.fromkeys(PHASES, 0)
@@ -129,10 +140,13 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=500, help="messages per second")
     parser.add_argument("--before", type=float, default=15.0, help="s of load before")
     parser.add_argument("--after", type=float, default=10.0, help="s of load after")
+    parser.add_argument(
+        "--forwarders", type=int, default=0, help="forwarders instead of one serving process"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="pubsubd-rolling-") as tmp:
-        result = run(args.rate, args.before, args.after, Path(tmp))
+        result = run(args.rate, args.before, args.after, Path(tmp), args.forwarders)
     if args.json:
         print(json.dumps(result))
         return

@@ -28,7 +28,7 @@ from pubsubd.coordination.registration import Registration
 from pubsubd.coordination.zk import Coordinator
 from pubsubd.core import pb
 from pubsubd.core.clock import SYSTEM_CLOCK
-from pubsubd.core.errors import Unavailable
+from pubsubd.core.errors import AlreadyExists, Unavailable
 from pubsubd.core.records import DamagedRange
 from pubsubd.core.release import version
 from pubsubd.data.ownership import TopicOwnership
@@ -293,6 +293,8 @@ class PubsubServer:
         try:
             if EVENTS_TOPIC not in self.catalog.topics:
                 self.catalog.create_topic(pb.Topic(name=EVENTS_TOPIC))
+        except AlreadyExists:
+            pass  # another forwarder of the cluster created it a moment ago
         except Exception:
             log.exception("cannot create %s: SLI events are off", EVENTS_TOPIC)
             return

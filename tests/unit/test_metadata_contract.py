@@ -6,6 +6,9 @@ What the protocol promises, as the catalog, snapshots and named cursors use it (
 change feed the forwarders follow, the end of this file):
 - ``put_*`` stores a record under its key (topics, subscriptions and snapshots by name, cursors
   by topic uid and name); a second put under the same key replaces the first.
+- ``put_topic``/``put_subscription`` with ``create=True`` store only under a new key: a name
+  already there raises AlreadyExists and keeps the record (two processes creating one name at
+  once: one wins).
 - ``delete_*`` removes the record under a key; deleting a missing key is a no-op.
 - ``load_*`` yields every stored record of its kind, equal to what was put, once each. No order is
   promised (every caller indexes what it loads by key), so the suite compares by key.
@@ -30,6 +33,7 @@ from typing import Any
 import pytest
 
 from pubsubd.coordination.ensemble import Ensemble
+from pubsubd.core.errors import AlreadyExists
 from pubsubd.storage.metadata import (
     CursorRecord,
     MemoryMetadataStore,
@@ -243,6 +247,23 @@ def test_a_put_under_an_existing_key_replaces_the_record(kind: Kind, store: Meta
         kind.put(store, new)
         expected[kind.key(new)] = new
     assert _by_key(kind, store) == expected
+
+
+def test_a_create_under_an_existing_name_is_refused_and_keeps_the_record(
+    store: MetadataStore,
+) -> None:
+    topic = _topic(1, "a")
+    store.put_topic(topic, create=True)
+    with pytest.raises(AlreadyExists):
+        store.put_topic(_topic(1, "b"), create=True)
+    assert list(store.load_topics()) == [topic]
+    sub = _subscription(1, "a")
+    store.put_subscription(sub, create=True)
+    with pytest.raises(AlreadyExists):
+        store.put_subscription(_subscription(1, "b"), create=True)
+    assert list(store.load_subscriptions()) == [sub]
+    store.put_topic(_topic(1, "c"))  # without create: replaced
+    assert [t.body for t in store.load_topics()] == [_topic(1, "c").body]
 
 
 def test_delete_removes_only_its_record_and_a_missing_key_is_a_no_op(

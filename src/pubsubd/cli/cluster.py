@@ -53,10 +53,10 @@ def up(
     forwarders: Annotated[
         int,
         typer.Option(
-            help="forwarders sharing the topics as the routers assign them (0: one serving "
-            "process owns every topic)"
+            help="forwarders sharing the topics as the routers assign them, over two zones "
+            "(0: one serving process owns every topic)"
         ),
-    ] = 0,
+    ] = 3,
     as_json: AsJson = False,
 ) -> None:
     """Start a cluster on loopback and print where clients connect."""

@@ -355,7 +355,7 @@ class LocalCluster:
             "--data-dir", str(self.directory / name),
             "--cluster", self.zk, "--zk-root", ZK_ROOT,
             "--replicas", str(replicas),
-            "--zone", f"zone-{i % zones + 1}",
+            "--zone", f"zone-{i % min(zones, 2) + 1}",  # two zones: a zone's loss is survivable
             "--forwarder-id", name,
             *extra,
         ]  # fmt: skip

@@ -216,7 +216,7 @@ class Catalog:
         publish_sources.on_create(stored.labels)  # may add the ordering-key label
         validation.labels("labels", stored.labels)
         record = TopicRecord(topic.name, uuid.uuid4().hex, stored.SerializeToString())
-        self.store.put_topic(record)  # the publishing forwarder opens its storage
+        self.store.put_topic(record, create=True)  # the publishing forwarder opens its storage
         self._add_topic(TopicEntry(record, stored, quota))
         return stored
 
@@ -324,7 +324,9 @@ class Catalog:
             # The sync point: every message published from now on is delivered to it.
             start_offsets=self.routes.publishing(topic_uid).end_offsets(topic_uid),
         )
-        self.store.put_subscription(record)  # the subscribing forwarder starts serving it
+        # Only if no other process created the name meanwhile; then the subscribing forwarder
+        # starts serving it.
+        self.store.put_subscription(record, create=True)
         self._add_subscription(SubscriptionEntry(record, stored))
         return stored
 

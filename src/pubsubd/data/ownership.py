@@ -178,10 +178,19 @@ class TopicOwnership:
         }
 
     async def close(self) -> None:
-        """Stop moving (the process is stopping: its close releases everything it owns)."""
+        """Stop moving and hand every topic over (the process is stopping): the new owners,
+        named as soon as this forwarder's registration went, take over the moment each is
+        released instead of when the process has closed everything."""
         self._closed = True
-        for task in list(self._moving.values()):
+        moving = list(self._moving.values())
+        for task in moving:
             task.cancel()
-        for task in list(self._moving.values()):
+        released = await asyncio.gather(
+            *(self._release(uid) for uid in sorted(self.owned)), return_exceptions=True
+        )
+        for error in released:
+            if isinstance(error, BaseException):
+                log.warning("handing a topic over at stop failed: %s", error)
+        for task in moving:
             with contextlib.suppress(BaseException):  # cancelled or failed: stopping anyway
                 await task

@@ -261,16 +261,22 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]
     ) -> AsyncIterator[bytes]:
         """The stream on the subscription's forwarder, opened again while none serves it."""
         loop = asyncio.get_running_loop()
+        # The client's requests after the first, as sent so far: kept only until the stream
+        # answers (after that it is never opened again).
+        taken = _Taken()
         while True:
             candidates = await self._candidates(method, first, context)
             call = self.channel(candidates[0].address).stream_stream(method)(
                 metadata=_metadata(context), timeout=_timeout(context)
             )
-            pump = loop.create_task(_pump(first, incoming, call))
+            # A stream opened again gets every request the client sent so far, in order.
+            pump = loop.create_task(_pump([first, *taken.requests], incoming, call, taken))
             response, started = b"", False
             try:
                 async for response in call:
-                    started = True
+                    if not started:
+                        started, taken.keep = True, False
+                        taken.requests.clear()
                     yield response
                     response = b""
             except grpc.aio.AioRpcError as e:
@@ -328,11 +334,27 @@ async def _read_client(requests: AsyncIterator[bytes], into: asyncio.Queue[bytes
         into.put_nowait(None)
 
 
-async def _pump(first: bytes, requests: asyncio.Queue[bytes | None], call: Any) -> None:
-    """Client -> forwarder: the first request, then the rest as they come."""
+class _Taken:
+    """A stream's requests taken from the client, while it may still be opened again."""
+
+    __slots__ = ("keep", "requests")
+
+    def __init__(self) -> None:
+        self.keep = True
+        self.requests: list[bytes] = []
+
+
+async def _pump(
+    sent: list[bytes], requests: asyncio.Queue[bytes | None], call: Any, taken: _Taken
+) -> None:
+    """Client -> forwarder: the requests ``sent`` before, then the rest as they come (kept in
+    ``taken`` while it keeps them)."""
     try:
-        await call.write(first)
+        for earlier in sent:
+            await call.write(earlier)
         while (request := await requests.get()) is not None:
+            if taken.keep:
+                taken.requests.append(request)
             await call.write(request)
         await call.done_writing()
     except (grpc.aio.AioRpcError, asyncio.InvalidStateError):

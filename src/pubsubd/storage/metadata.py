@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeAlias
 
+from pubsubd.core.errors import AlreadyExists
 from pubsubd.storage import disk_space
 from pubsubd.storage.disk_space import DiskSpace
 
@@ -139,9 +140,11 @@ class MetadataStore(Protocol):
     def changes(self) -> ChangeFeed: ...
     def load_topics(self) -> Iterator[TopicRecord]: ...
     def load_subscriptions(self) -> Iterator[SubscriptionRecord]: ...
-    def put_topic(self, record: TopicRecord) -> Applied: ...
+    # ``create``: only if no record has the name (AlreadyExists otherwise), so two processes
+    # creating one name at once cannot both succeed.
+    def put_topic(self, record: TopicRecord, *, create: bool = False) -> Applied: ...
     def delete_topic(self, name: str) -> Applied: ...
-    def put_subscription(self, record: SubscriptionRecord) -> Applied: ...
+    def put_subscription(self, record: SubscriptionRecord, *, create: bool = False) -> Applied: ...
     def delete_subscription(self, name: str) -> Applied: ...
     def load_snapshots(self) -> Iterator[SnapshotRecord]: ...
     def put_snapshot(self, record: SnapshotRecord) -> Applied: ...
@@ -172,14 +175,18 @@ class MemoryMetadataStore:
     def load_subscriptions(self) -> Iterator[SubscriptionRecord]:
         yield from list(self.subscriptions.values())
 
-    def put_topic(self, record: TopicRecord) -> Applied:
+    def put_topic(self, record: TopicRecord, *, create: bool = False) -> Applied:
+        if create and record.name in self.topics:
+            raise AlreadyExists("topic", record.name)
         self.topics[record.name] = record
         return self._changes.publish(Change(record))
 
     def delete_topic(self, name: str) -> Applied:
         return _deleted(self._changes, self.topics.pop(name, None))
 
-    def put_subscription(self, record: SubscriptionRecord) -> Applied:
+    def put_subscription(self, record: SubscriptionRecord, *, create: bool = False) -> Applied:
+        if create and record.name in self.subscriptions:
+            raise AlreadyExists("subscription", record.name)
         self.subscriptions[record.name] = record
         return self._changes.publish(Change(record))
 
@@ -271,10 +278,12 @@ class SqliteMetadataStore:
             offsets = {int(k): int(v) for k, v in json.loads(starts).items()}
             yield SubscriptionRecord(name, uid, topic_uid, bytes(body), offsets)
 
-    def put_topic(self, record: TopicRecord) -> Applied:
+    def put_topic(self, record: TopicRecord, *, create: bool = False) -> Applied:
         self._write(
-            "INSERT OR REPLACE INTO topics (name, uid, body) VALUES (?, ?, ?)",
+            f"INSERT {'' if create else 'OR REPLACE '}INTO topics (name, uid, body) "
+            "VALUES (?, ?, ?)",
             (record.name, record.uid, record.body),
+            exists=("topic", record.name),
         )
         return self._changes.publish(Change(record))
 
@@ -284,10 +293,10 @@ class SqliteMetadataStore:
         self._write("DELETE FROM topics WHERE name = ?", (name,))
         return _deleted(self._changes, found[0] if found else None)
 
-    def put_subscription(self, record: SubscriptionRecord) -> Applied:
+    def put_subscription(self, record: SubscriptionRecord, *, create: bool = False) -> Applied:
         self._write(
-            "INSERT OR REPLACE INTO subscriptions (name, uid, topic_uid, body, start_offsets) "
-            "VALUES (?, ?, ?, ?, ?)",
+            f"INSERT {'' if create else 'OR REPLACE '}INTO subscriptions "
+            "(name, uid, topic_uid, body, start_offsets) VALUES (?, ?, ?, ?, ?)",
             (
                 record.name,
                 record.uid,
@@ -295,6 +304,7 @@ class SqliteMetadataStore:
                 record.body,
                 json.dumps({str(k): v for k, v in record.start_offsets.items()}),
             ),
+            exists=("subscription", record.name),
         )
         return self._changes.publish(Change(record))
 
@@ -369,10 +379,16 @@ class SqliteMetadataStore:
         self._write(f"DELETE FROM cursors {where}", (topic_uid, name))
         return _deleted(self._changes, found[0] if found else None)
 
-    def _write(self, sql: str, params: tuple[Any, ...]) -> None:
+    def _write(
+        self, sql: str, params: tuple[Any, ...], exists: tuple[str, str] | None = None
+    ) -> None:
         with self.disk.guard(disk_space.METADATA):
             try:
                 self._db.execute(sql, params)
+            except sqlite3.IntegrityError as e:
+                if exists is None:
+                    raise
+                raise AlreadyExists(*exists) from e  # a create of a name already there
             except sqlite3.Error:
                 if self._db.in_transaction:  # SQLite may leave it open after SQLITE_FULL
                     with contextlib.suppress(sqlite3.Error):

@@ -51,7 +51,7 @@ from pubsubd.coordination.errors import (
 )
 from pubsubd.coordination.paths import DEFAULT_ROOT
 from pubsubd.coordination.zk import Coordinator, SessionState, WatchEvent, ZnodeStat
-from pubsubd.core.errors import InternalError
+from pubsubd.core.errors import AlreadyExists, InternalError
 from pubsubd.storage.metadata import (
     Applied,
     Change,
@@ -297,14 +297,14 @@ class ZooKeeperMetadataStore:
 
     # -- writes ---------------------------------------------------------------------------------
 
-    def put_topic(self, record: TopicRecord) -> Applied:
-        return self._put(TOPICS, record)
+    def put_topic(self, record: TopicRecord, *, create: bool = False) -> Applied:
+        return self._put(TOPICS, record, create=create)
 
     def delete_topic(self, name: str) -> Applied:
         return self._delete(TOPICS, TopicRecord(name, "", b""))
 
-    def put_subscription(self, record: SubscriptionRecord) -> Applied:
-        return self._put(SUBSCRIPTIONS, record)
+    def put_subscription(self, record: SubscriptionRecord, *, create: bool = False) -> Applied:
+        return self._put(SUBSCRIPTIONS, record, create=create)
 
     def delete_subscription(self, name: str) -> Applied:
         return self._delete(SUBSCRIPTIONS, SubscriptionRecord(name, "", "", b""))
@@ -321,9 +321,17 @@ class ZooKeeperMetadataStore:
     def delete_cursor(self, topic_uid: str, name: str) -> Applied:
         return self._delete(CURSORS, CursorRecord(topic_uid, name, ""))
 
-    def _put(self, kind: Kind, record: Record) -> Applied:
+    def _put(self, kind: Kind, record: Record, *, create: bool = False) -> Applied:
         path = self.layout.record(kind, record)
         data = encode(record)
+        if create:  # only if no process created the name first
+            try:
+                _, created = self._zk.create_with_stat(path, data, makepath=True)
+            except NodeExists as e:
+                raise AlreadyExists(kind.name.rstrip("s"), kind.key(record)) from e
+            if self._follower is not None:
+                self._follower.wrote(path, created, record)
+            return self._changes.publish(Change(record))
         stat = self._set(path, data) if kind.updated_often else None
         while stat is None:
             try:
