@@ -426,3 +426,38 @@ async def test_a_replicated_log_waits_for_the_round_trip_while_little_is_pending
     assert await asyncio.gather(*appends) == list(range(12))
     assert remote.most_in_flight == 1 and len(remote.appended) < 12
     await log.close()
+
+
+async def test_a_writer_goes_on_over_the_auditors_change_from_another_process() -> None:
+    """The repair auditor of another process moves a closed ledger's copies (a compare-and-set
+    the writer did not see): the writer's next list change is made on top of it, the copies
+    stay where the auditor put them. Anything else another process changed stops the writer."""
+    state, nodes = cluster(node_count=4)
+    writer = _writer(state, nodes)
+    await writer.take_over()
+    end = await _append(writer, 0, 3)
+    nodes.down.add(writer.ledgers.ledgers[0].nodes[0])
+    end = await _append(writer, end, 1)  # answered by two of three
+    end = await _append(writer, end, 1)  # closes ledger 1 and opens a new one
+    closed = writer.ledgers.ledgers[0]
+    assert closed.state is LedgerState.CLOSED
+    # The auditor, elsewhere, replaces the failed node of the closed ledger.
+    auditor = FakeDirectory(state, "auditor-process")
+    fresh = await auditor.read("t1", 0)
+    spare = next(n for n in state.nodes if n not in closed.nodes)
+    moved = closed.with_nodes((*closed.nodes[1:], spare))
+    await auditor.write("t1", 0, fresh.replaced(moved))
+    nodes.down.clear()
+    writer.roll_next()
+    end = await _append(writer, end, 1)  # rolling writes the list: on top of the auditor's
+    stored = await auditor.read("t1", 0)
+    assert stored.ledgers[0] == moved
+    assert [m.state for m in stored.ledgers][-1] is LedgerState.OPEN
+    assert writer.appends_refused == 0
+    # A change that is not the auditor's (a ledger closed elsewhere) stops it for good.
+    fresh = await auditor.read("t1", 0)
+    last = fresh.ledgers[-1]
+    await auditor.write("t1", 0, fresh.replaced_last(last.closed(end)))
+    writer.roll_next()
+    with pytest.raises(LostOwnership):
+        await _append(writer, end, 1)

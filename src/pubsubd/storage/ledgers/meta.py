@@ -169,6 +169,27 @@ class LedgerList:
         )
 
 
+def rebased(base: LedgerList, wanted: LedgerList, fresh: LedgerList) -> LedgerList | None:
+    """``wanted`` (a change its writer made to ``base``) on top of ``fresh``, the list another
+    process wrote meanwhile, if all that process changed is where CLOSED ledgers' copies are
+    (the repair auditor); None for any other change (a new owner's takeover, a trim): the
+    writer must not write over it."""
+    base_by = {m.ledger_id: m for m in base.ledgers}
+    fresh_by = {m.ledger_id: m for m in fresh.ledgers}
+    if base_by.keys() != fresh_by.keys() or base.start_offset != fresh.start_offset:
+        return None
+    for ledger_id, before in base_by.items():
+        now = fresh_by[ledger_id]
+        if now != before and not (
+            before.state is LedgerState.CLOSED and now == before.with_nodes(now.nodes)
+        ):
+            return None
+    merged = tuple(
+        fresh_by[m.ledger_id] if base_by.get(m.ledger_id) == m else m for m in wanted.ledgers
+    )
+    return replace(wanted, ledgers=merged, version=fresh.version)
+
+
 @dataclass(frozen=True, slots=True)
 class StoragePolicy:
     """Where a topic's ledgers go: how many copies, in which zones (empty: any)."""

@@ -33,7 +33,13 @@ from pubsubd.storage.errors import (
     ReplicationFailed,
     StorageError,
 )
-from pubsubd.storage.ledgers.meta import LedgerList, LedgerMeta, LedgerState, StoragePolicy
+from pubsubd.storage.ledgers.meta import (
+    LedgerList,
+    LedgerMeta,
+    LedgerState,
+    StoragePolicy,
+    rebased,
+)
 from pubsubd.storage.ledgers.placement import NodeInfo, NotEnoughNodes, choose_nodes
 from pubsubd.storage.ledgers.recovery import FenceReply, NotEnoughReplies, plan_recovery
 
@@ -480,11 +486,24 @@ class SourceLedgers:
         )
 
     async def _write(self, ledgers: LedgerList) -> LedgerList:
-        try:
-            self.ledgers = await self._directory.write(self.topic_uid, self.source, ledgers)
-        except ListConflict as e:
-            self._stop(f"its ledger list was changed by another process ({e})")
-        return self.ledgers
+        """Write this writer's change to its list. The repair auditor (which may run in
+        another process) may have moved closed ledgers' copies meanwhile: the change is then
+        made again on top of that; any other change means another owner: stop."""
+        while True:
+            try:
+                self.ledgers = await self._directory.write(self.topic_uid, self.source, ledgers)
+                return self.ledgers
+            except ListConflict as e:
+                fresh = await self._directory.read(self.topic_uid, self.source)
+                again = rebased(self.ledgers, ledgers, fresh) if self._directory.owns() else None
+                if again is None:
+                    self._stop(f"its ledger list was changed by another process ({e})")
+                    raise  # unreachable: _stop raises
+                logger.info(
+                    "source %s: ledger list changed by the repair auditor; writing on top",
+                    self.name,
+                )
+                self.ledgers, ledgers = fresh, again
 
     # -- trim and close ------------------------------------------------------------------
 
