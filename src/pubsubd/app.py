@@ -1,4 +1,6 @@
-"""Composition root: builds every role of ``pubsubd serve`` in one process and runs it.
+"""Composition root: builds every role of ``pubsubd serve`` in one process and runs it (and of
+``pubsubd forwarder``: the same process in a cluster, serving only the topics the routers give
+it, ``data/ownership.py``).
 
 Roles (ARCHITECTURE.md, "Roles and where they live"): the frontend (gRPC servicers, the service
 proxy clients talk to), the router (control plane), one publishing forwarder and one subscribing
@@ -85,9 +87,8 @@ class PubsubServer:
         self.clock = SYSTEM_CLOCK
         # A forwarder of a cluster (``pubsubd forwarder``): the topics the routers' assignment
         # gives it, kept by ``self.ownership`` once the gRPC port (its identity) is bound.
-        self.assigned = (
-            cluster is not None and config.cluster is not None and (config.cluster.assigned)
-        )
+        in_cluster = cluster is not None and config.cluster is not None
+        self.assigned = in_cluster and config.cluster is not None and config.cluster.assigned
         self.owned: set[str] = set()
         self.ownership: TopicOwnership | None = None
         self.routing: RoutingView | None = None
