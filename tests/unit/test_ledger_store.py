@@ -476,3 +476,27 @@ def test_a_file_closed_while_in_use_closes_after_its_last_user(tmp_path: Path) -
         assert file.fd == fd
     assert file.fd is None
     assert (tmp_path / "f").read_bytes() == b"still mine"
+
+
+def test_fence_records_written_at_once_by_a_disks_threads_end_with_the_highest(
+    tmp_path: Path,
+) -> None:
+    """A disk's threads may write one ledger's fence record at once (a fence and a
+    last-add-confirmed save): no write fails (before, both used one temporary file and one
+    rename found it gone, which took the disk out of service) and the highest record wins
+    whatever order they ran in."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pubsubd.storagenode.ledger_store import decode_fence, encode_fence
+
+    disk = Disk(0, tmp_path / "disk0")
+    disk.dir.mkdir(parents=True)
+    records = [(epoch, lac) for epoch in range(1, 6) for lac in range(0, 40, 3)]
+    random.Random(7).shuffle(records)
+    with ThreadPoolExecutor(8) as pool:
+        for done in [pool.submit(disk.write_fence, 9, encode_fence(e, lac)) for e, lac in records]:
+            done.result()
+    assert decode_fence(disk.fence_path(9).read_bytes()) == max(records)
+    assert disk.healthy
+    disk.executor.shutdown()

@@ -221,6 +221,7 @@ class Disk:
         self.error = ""
         self.space = DiskSpace(path)
         self.executor = ThreadPoolExecutor(DISK_THREADS, thread_name_prefix=f"disk{index}")
+        self._fence_lock = threading.Lock()  # fence records are written one at a time
         metrics.DISK_HEALTHY.labels(str(path)).set(1)
 
     def fail(self, error: str) -> None:
@@ -271,16 +272,28 @@ class Disk:
             return _pread_exact(fd, n, position)
 
     def write_fence(self, ledger_id: int, record: bytes) -> None:
+        """Replace the ledger's fence record, durably. The disk's threads may write two
+        records of one ledger at once (a fence and a last-add-confirmed save): they take turns,
+        and a record never replaces a higher one (epochs and last-add-confirmed only grow), so
+        the file ends with the highest whatever order the threads ran in."""
         path = self.fence_path(ledger_id)
         tmp = path.with_name(path.name + TMP_SUFFIX)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
-        try:
-            _pwrite_all(fd, record, 0)
-            fdatasync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        fsync_directory(self.dir)
+        with self._fence_lock:
+            try:
+                current = decode_fence(path.read_bytes())
+            except FileNotFoundError:
+                current = None
+            new = decode_fence(record)
+            if current is not None and new is not None and current >= new:
+                return
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+            try:
+                _pwrite_all(fd, record, 0)
+                fdatasync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+            fsync_directory(self.dir)
 
     def delete(self, ledger_id: int) -> bool:
         existed = False
