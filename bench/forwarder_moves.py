@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 
-def _owner(cluster: Any, topic_name: str) -> str:
+def topic_owner(cluster: Any, topic_name: str) -> str:
+    """The forwarder the published assignment gives ``topic_name`` ("" if none yet)."""
     import asyncio
 
     from pubsubd.control.routing_store import RoutingStore
@@ -98,7 +99,7 @@ def main() -> None:
         time.sleep(args.settle)
         results = []
         for move in ("drain", "kill -9"):
-            owner = _owner(cluster, topic)
+            owner = topic_owner(cluster, topic)
             started = time.monotonic()
             if move == "drain":
                 subprocess.run(
@@ -109,7 +110,7 @@ def main() -> None:
             else:
                 cluster.kill(owner)
             while True:
-                new = _owner(cluster, topic)
+                new = topic_owner(cluster, topic)
                 if new not in ("", owner):
                     break
                 time.sleep(0.05)

@@ -16,7 +16,6 @@ pause a client sees; the takeover included), and publishes that failed for good.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import tempfile
@@ -27,25 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-
-def _route_owner(cluster: Any, topic: str) -> str:
-    from pubsubd.control.routing_store import RoutingStore
-    from pubsubd.control.routing_table import publishing_unit
-    from pubsubd.coordination.zk import Coordinator
-    from pubsubd.storage.zk_metadata import ZooKeeperMetadataStore
-
-    async def read() -> str:
-        zk = Coordinator(cluster.zk, "/pubsubd")
-        await zk.start()
-        try:
-            store = ZooKeeperMetadataStore(zk)
-            uid = next(t.uid for t in store.load_topics() if t.name == topic)
-            route = (await RoutingStore(zk).routes()).get(publishing_unit(uid, 0), ())
-            return route[0] if route else ""
-        finally:
-            await zk.stop()
-
-    return asyncio.run(read())
+from bench.forwarder_moves import topic_owner
 
 
 def _leading_router(cluster: Any) -> str:
@@ -105,7 +86,7 @@ def main() -> None:
         picks: dict[str, Callable[[], str]] = {
             "frontend": lambda: "frontend-1",
             "router (leader)": lambda: _leading_router(cluster),
-            "forwarder (the topic's owner)": lambda: _route_owner(cluster, topic),
+            "forwarder (the topic's owner)": lambda: topic_owner(cluster, topic),
             "storage node": lambda: "storage-1",
             "ZooKeeper node": lambda: "zookeeper-1",
         }

@@ -8,7 +8,6 @@ nothing acknowledged is lost and no publish fails for good."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -20,13 +19,10 @@ import grpc
 import pytest
 
 from pubsubd.cluster.launcher import LocalCluster
-from pubsubd.control.routing_store import RoutingStore
-from pubsubd.control.routing_table import publishing_unit
-from pubsubd.coordination.zk import Coordinator
 from pubsubd.core import pb
 from tests.cluster.test_frontends import Receiver
 from tests.conftest import make_publisher, make_subscriber
-from tests.support.cluster import running_cluster, topic_uid
+from tests.support.cluster import running_cluster, topic_owner
 from tests.support.drain import drain
 from tests.support.flood import Flood
 from tests.support.server import wait_for
@@ -43,18 +39,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield c
 
 
-def _routes(cluster: LocalCluster) -> dict[str, tuple[str, ...]]:
-    async def read() -> dict[str, tuple[str, ...]]:
-        zk = Coordinator(cluster.zk, "/pubsubd")
-        await zk.start()
-        try:
-            return await RoutingStore(zk).routes()
-        finally:
-            await zk.stop()
-
-    return asyncio.run(read())
-
-
 def _status(cluster: LocalCluster, name: str) -> dict[str, Any]:
     process = cluster.process(name)
     port = process.args[process.args.index("--http-port") + 1]
@@ -66,14 +50,9 @@ def _owned(cluster: LocalCluster, name: str) -> int:
     return int(_status(cluster, name)["cluster"]["ownership"]["owned_topics"])
 
 
-def _owner(cluster: LocalCluster, topic: str) -> str:
-    route = _routes(cluster).get(publishing_unit(topic_uid(cluster, topic), 0), ())
-    return route[0] if route else ""
-
-
 def _serving(cluster: LocalCluster, topic: str) -> str:
     """The forwarder that owns ``topic`` and serves it (its takeover done)."""
-    owner = _owner(cluster, topic)
+    owner = topic_owner(cluster, topic)
     if not owner or cluster.process(owner).pid is None:
         return ""
     return owner if _owned(cluster, owner) > 0 else ""
@@ -101,7 +80,7 @@ def test_topics_are_spread_and_each_forwarder_serves_only_its_own(
     for topic, subscription in pairs:
         expected = {f"{topic}-{k}".encode() for k in range(20)}
         assert drain(endpoint, subscription, expected, timeout=60) >= expected
-    owners = {_owner(cluster, t) for t, _ in pairs}
+    owners = {topic_owner(cluster, t) for t, _ in pairs}
     assert owners <= set(FORWARDERS) and len(owners) >= 2, owners
     for name in FORWARDERS:  # ownership follows the assignment: every one serves some
         wait_for(lambda n=name: _owned(cluster, n) >= 1, 30, f"{name} owns topics")
@@ -109,7 +88,7 @@ def test_topics_are_spread_and_each_forwarder_serves_only_its_own(
     # A forwarder asked directly for a topic it does not own refuses it, retryably; the topic
     # is known there all the same (its catalog follows the others' writes).
     topic = pairs[0][0]
-    owner = _owner(cluster, topic)
+    owner = topic_owner(cluster, topic)
     other = next(n for n in FORWARDERS if n != owner)
     with grpc.insecure_channel(cluster.process(other).address) as channel:
         publish = channel.unary_unary(
@@ -143,7 +122,7 @@ def _moves_under_load(
     sub.create_subscription(name=subscription, topic=topic)
     sub.close()
     wait_for(lambda: _serving(cluster, topic), 30, "the topic is served")
-    owner = _owner(cluster, topic)
+    owner = topic_owner(cluster, topic)
     receiver = Receiver(endpoint, subscription)
     flood = Flood(endpoint, topic, rate=300).start()
     try:

@@ -11,7 +11,6 @@ may), keys whose messages arrived out of order for the first time (none may), an
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
@@ -23,11 +22,8 @@ import pytest
 from google.cloud import pubsub_v1
 
 from pubsubd.cluster.launcher import LocalCluster
-from pubsubd.control.routing_store import RoutingStore
-from pubsubd.control.routing_table import publishing_unit
-from pubsubd.coordination.zk import Coordinator
 from tests.conftest import make_publisher, make_subscriber
-from tests.support.cluster import running_cluster, topic_uid
+from tests.support.cluster import running_cluster, topic_owner
 from tests.support.server import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -131,22 +127,6 @@ class OrderedReceiver:
         self._sub.close()
 
 
-def _owner(cluster: LocalCluster, topic: str) -> str:
-    unit = publishing_unit(topic_uid(cluster, topic), 0)
-
-    async def read() -> str:
-        zk = Coordinator(cluster.zk, "/pubsubd")
-        await zk.start()
-        try:
-            routes = await RoutingStore(zk).routes()
-        finally:
-            await zk.stop()
-        route = routes.get(unit, ())
-        return route[0] if route else ""
-
-    return asyncio.run(read())
-
-
 def _leading_router(cluster: LocalCluster) -> str:
     for p in cluster.processes:
         if p.role == "router" and p.pid is not None:
@@ -178,7 +158,7 @@ def test_kill_9_of_each_role_under_load_loses_nothing_and_keeps_key_order(
             for pick in (
                 lambda: "frontend-1",
                 lambda: _leading_router(cluster),
-                lambda: _owner(cluster, topic),
+                lambda: topic_owner(cluster, topic),
                 lambda: "storage-1",
                 lambda: "zookeeper-1",
             ):

@@ -6,7 +6,6 @@ stands by again. The official client works throughout."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import urllib.request
 from collections.abc import Iterator
@@ -16,11 +15,10 @@ import pytest
 
 from pubsubd.cluster.launcher import LocalCluster
 from pubsubd.cluster.status import cluster_status
-from pubsubd.control.routing_store import RoutingStore
 from pubsubd.control.routing_table import publishing_unit
-from pubsubd.coordination.zk import Coordinator
 from tests.conftest import make_publisher, make_subscriber
 from tests.support.cluster import ClusterServer, running_cluster, topic_uid
+from tests.support.cluster import routes as published_routes
 from tests.support.drain import drain
 from tests.support.server import wait_for
 
@@ -31,18 +29,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with running_cluster(tmp_path_factory.mktemp("routing"), routers=2) as c:
         yield c
-
-
-def _routes(cluster: LocalCluster) -> dict[str, tuple[str, ...]]:
-    async def read() -> dict[str, tuple[str, ...]]:
-        zk = Coordinator(cluster.zk, "/pubsubd")
-        await zk.start()
-        try:
-            return await RoutingStore(zk).routes()
-        finally:
-            await zk.stop()
-
-    return asyncio.run(read())
 
 
 def _router_status(cluster: LocalCluster, name: str) -> dict[str, Any]:
@@ -64,8 +50,8 @@ def test_the_serving_process_is_a_forwarder_routed_by_active_standby_routers(
     sub.close()
     uid = topic_uid(cluster, topic)
     units = {publishing_unit(uid, 0), publishing_unit(uid, 1)}
-    wait_for(lambda: units <= set(_routes(cluster)), 15, "the topic's sources routed")
-    routes = _routes(cluster)
+    wait_for(lambda: units <= set(published_routes(cluster)), 15, "the topic's sources routed")
+    routes = published_routes(cluster)
     assert all(routes[u] == (forwarder,) for u in units)
     subscribing = [u for u in routes if u.startswith("s/")]
     assert subscribing and all(routes[u] == (forwarder,) for u in subscribing)
@@ -86,9 +72,9 @@ def test_the_serving_process_is_a_forwarder_routed_by_active_standby_routers(
     second = names.topic("second")
     pub.create_topic(name=second)
     unit = publishing_unit(topic_uid(cluster, second), 0)
-    wait_for(lambda: unit in _routes(cluster), 30, "the standby routes the new topic")
+    wait_for(lambda: unit in published_routes(cluster), 30, "the standby routes the new topic")
     assert _router_status(cluster, other)["role"] == "leader"
-    after = _routes(cluster)
+    after = published_routes(cluster)
     assert all(after[u] == routes[u] for u in routes if u in after)
     # Restarted, the killed router stands by.
     cluster.restart(leader)

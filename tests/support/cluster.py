@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from pubsubd.cluster.launcher import LocalCluster
+from pubsubd.control.routing_store import RoutingStore
+from pubsubd.control.routing_table import publishing_unit
 from pubsubd.coordination.zk import Coordinator
 from pubsubd.storage.ledgers.meta import LedgerList
 from pubsubd.storage.zk_metadata import ZooKeeperMetadataStore
@@ -145,3 +147,23 @@ def ledger_nodes(cluster: LocalCluster, uid: str) -> list[tuple[str, ...]]:
             await coordinator.stop()
 
     return asyncio.run(read())
+
+
+def routes(cluster: LocalCluster) -> dict[str, tuple[str, ...]]:
+    """Every unit's published route (owner first), from ZooKeeper."""
+
+    async def read() -> dict[str, tuple[str, ...]]:
+        zk = Coordinator(cluster.zk, "/pubsubd")
+        await zk.start()
+        try:
+            return await RoutingStore(zk).routes()
+        finally:
+            await zk.stop()
+
+    return asyncio.run(read())
+
+
+def topic_owner(cluster: LocalCluster, topic: str) -> str:
+    """The forwarder the published assignment gives ``topic`` ("" if none yet)."""
+    route = routes(cluster).get(publishing_unit(topic_uid(cluster, topic), 0), ())
+    return route[0] if route else ""
