@@ -334,7 +334,7 @@ def test_streaming_pull_heartbeats_keep_stream_open(
             stream.send(StreamingPullRequest())  # what the official client sends every 30 s
         pub.publish(topic, b"after heartbeats").result(timeout=30)
         got = stream.receive(1, 10)
-        assert [m.message.data for m in got] == [b"after heartbeats"]
+        assert [m.message.data for m in got] == [b"after heartbeats"], stream.error
         assert stream.status_code(0) is None, "the stream is still open"
     finally:
         stream.close()

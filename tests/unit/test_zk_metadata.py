@@ -181,3 +181,22 @@ async def test_a_record_deleted_and_created_again_is_heard_as_both(
     await _until(lambda: bool(heard) and heard[-1] == (new, False))
     assert (old, True) in heard and heard.index((old, True)) < heard.index((new, False))
     assert all(record in (old, new) for record, _ in heard)
+
+
+async def test_caught_up_returns_once_every_earlier_change_of_others_is_heard(
+    pair: tuple[ZooKeeperMetadataStore, ZooKeeperMetadataStore],
+) -> None:
+    """What a forwarder does before answering a list or a snapshot call: a client that
+    changed something through one process reads it back through another."""
+    writer, reader = pair
+    await reader.follow()
+    heard = _heard(reader)
+    for i in range(40):
+        topic = _topic(f"t{i}", f"u{i}")
+        writer.put_topic(topic)  # returns once ZooKeeper has it
+        await reader.caught_up()
+        assert heard[-1] == (topic, False), i
+        writer.delete_topic(topic.name)
+        await reader.caught_up()
+        assert heard[-1] == (topic, True), i
+    assert len(heard) == 80

@@ -18,6 +18,7 @@ from typing import Any
 
 from pubsubd.control.paging import SortedNames, apply_mask, check_mask
 from pubsubd.control.router import Routes
+from pubsubd.coordination.errors import CoordinationUnavailable
 from pubsubd.core import (
     damage_policy,
     names,
@@ -134,6 +135,16 @@ class Catalog:
         """Apply other processes' writes too (a cluster's forwarders share one store): a
         topic created through one forwarder is known to every other one."""
         self.store.changes.watch(self._remote_change)
+
+    async def caught_up(self) -> None:
+        """Apply what other processes changed before now (a cluster's shared store), so that
+        a read answers as the store would: a client sees its own writes through whichever
+        forwarder it reaches. ZooKeeper out of reach: the view as it is (a moment behind at
+        worst), rather than no answer."""
+        try:
+            await self.store.caught_up()
+        except CoordinationUnavailable as e:
+            log.debug("answering from this process's view of the catalog: %s", e)
 
     def _remote_change(self, change: Change) -> None:
         if not change.remote:

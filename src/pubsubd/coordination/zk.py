@@ -35,8 +35,8 @@ from typing import Any, Generic, TypeVar, cast
 from kazoo import exceptions as kz
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import Callback, KazooState
 from kazoo.protocol.states import EventType as KazooEventType
-from kazoo.protocol.states import KazooState
 
 from pubsubd.coordination.errors import (
     BadVersion,
@@ -416,6 +416,34 @@ class Coordinator:
                 return None
 
         return list(await asyncio.gather(*(one(p) for p in paths)))
+
+    async def sync(self, path: str) -> None:
+        """Let this session's server catch up with the leader on ``path``, then wait until
+        every watch event the server sent before its answer has been handed to its callback
+        on the loop: after it, a watcher has heard of every write completed before the call,
+        by any session (a linearizable read is a sync, then a read)."""
+        await self._call(lambda: self._client.sync_async(path), path, _nothing)
+        # kazoo runs watch callbacks on one thread in the order the events arrived, and
+        # completions (the sync's answer) on another: a marker queued behind the watch
+        # callbacks runs after every one of them, and each of those has queued its event
+        # on the loop before the marker does.
+        loop = asyncio.get_running_loop()
+        delivered: asyncio.Future[None] = loop.create_future()
+
+        def settle() -> None:  # on the loop
+            if not delivered.done():
+                delivered.set_result(None)
+
+        self._client.handler.dispatch_callback(
+            Callback("watch", lambda: _on_loop(loop, settle), ())
+        )
+        try:
+            await asyncio.wait_for(delivered, self.request_timeout)
+        except TimeoutError:
+            raise CoordinationUnavailable(
+                f"ZooKeeper's watch events were not delivered within {self.request_timeout}s",
+                path,
+            ) from None
 
     async def exists(
         self, path: str, *, watch: Callable[[WatchEvent], None] | None = None

@@ -127,6 +127,9 @@ class Unavailable(PubsubError):
 # How a forwarder's refusal of a resource it does not own begins (a frontend that reads it
 # tries the resource's other forwarders, then waits for the next assignment).
 NOT_SERVED_HERE = "not served here"
+# The header a forwarder sends once it accepts a StreamingPull (it owns the subscription): a
+# frontend writes the client's later requests only after it (frontend/proxy.py).
+STREAM_ACCEPTED = ("pubsubd-stream", "accepted")
 
 
 class NotServedHere(Unavailable):

@@ -32,7 +32,7 @@ import grpc
 
 from pubsubd._gen.pubsubd.internal.v1.forwarder_pb2 import GiveBackRequest, GiveBackResponse
 from pubsubd.control.routing_table import Forwarder
-from pubsubd.core.errors import NOT_SERVED_HERE
+from pubsubd.core.errors import NOT_SERVED_HERE, STREAM_ACCEPTED
 from pubsubd.core.pb import PullResponse, StreamingPullResponse
 from pubsubd.frontend.targets import resource_name
 
@@ -62,6 +62,9 @@ WAIT_FOR_FORWARDER_S = 30.0
 # deadline first), asking again every OWNER_POLL_S.
 WAIT_FOR_OWNER_S = 30.0
 OWNER_POLL_S = 0.05
+# How long a stream's later requests wait for a forwarder that sends no STREAM_ACCEPTED header
+# (an earlier release) to refuse it before they are written anyway.
+ACCEPT_WAIT_S = 1.0
 
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 << 20),
@@ -270,13 +273,17 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]
                 metadata=_metadata(context), timeout=_timeout(context)
             )
             # A stream opened again gets every request the client sent so far, in order.
-            pump = loop.create_task(_pump([first, *taken.requests], incoming, call, taken))
+            answered = asyncio.Event()
+            pump = loop.create_task(
+                _pump([first, *taken.requests], incoming, call, taken, answered)
+            )
             response, started = b"", False
             try:
                 async for response in call:
                     if not started:
                         started, taken.keep = True, False
                         taken.requests.clear()
+                        answered.set()
                     yield response
                     response = b""
             except grpc.aio.AioRpcError as e:
@@ -345,12 +352,36 @@ class _Taken:
 
 
 async def _pump(
-    sent: list[bytes], requests: asyncio.Queue[bytes | None], call: Any, taken: _Taken
+    sent: list[bytes],
+    requests: asyncio.Queue[bytes | None],
+    call: Any,
+    taken: _Taken,
+    answered: asyncio.Event,
 ) -> None:
-    """Client -> forwarder: the requests ``sent`` before, then the rest as they come (kept in
-    ``taken`` while it keeps them)."""
+    """Client -> forwarder: the first request; once the forwarder accepts the stream, the
+    requests ``sent`` after it before, then the rest as they come (kept in ``taken`` while it
+    keeps them).
+
+    Nothing but the first request is written before the forwarder accepts (its headers carry
+    STREAM_ACCEPTED): a forwarder that refuses ends the call at once, and grpc.aio reports a
+    write racing with that end as INTERNAL "Internal error from Core" instead of the
+    forwarder's status. That would hide "not served here", and the stream would not be opened
+    again on the owner. A forwarder of an earlier release sends its headers with its first
+    response (``answered``); one that has not ended the call within ``ACCEPT_WAIT_S`` has
+    accepted it too."""
+    first, *later = sent
     try:
-        for earlier in sent:
+        await call.write(first)
+        # Not cancelled on a timeout (it ends with the call at the latest): grpc.aio's
+        # waiters are left to it.
+        headers = asyncio.ensure_future(call.initial_metadata())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(headers), ACCEPT_WAIT_S)
+            if STREAM_ACCEPTED not in tuple(headers.result() or ()):
+                # Refused (this task is cancelled once the call's end is read), or
+                # accepted by a forwarder of an earlier release.
+                await asyncio.wait_for(answered.wait(), ACCEPT_WAIT_S)
+        for earlier in later:
             await call.write(earlier)
         while (request := await requests.get()) is not None:
             if taken.keep:

@@ -152,6 +152,9 @@ class MetadataStore(Protocol):
     def load_cursors(self) -> Iterator[CursorRecord]: ...
     def put_cursor(self, record: CursorRecord) -> Applied: ...
     def delete_cursor(self, topic_uid: str, name: str) -> Applied: ...
+    # Until ``changes`` has published every change other processes completed before the call
+    # (a store no other process writes: at once).
+    async def caught_up(self) -> None: ...
     def close(self) -> None: ...
 
 
@@ -212,6 +215,9 @@ class MemoryMetadataStore:
 
     def delete_cursor(self, topic_uid: str, name: str) -> Applied:
         return _deleted(self._changes, self.cursors.pop((topic_uid, name), None))
+
+    async def caught_up(self) -> None:
+        """Nothing to wait for: no other process writes this store."""
 
     def close(self) -> None:
         pass
@@ -394,6 +400,9 @@ class SqliteMetadataStore:
                     with contextlib.suppress(sqlite3.Error):
                         self._db.execute("ROLLBACK")
                 raise
+
+    async def caught_up(self) -> None:
+        """Nothing to wait for: no other process writes this store."""
 
     def close(self) -> None:
         self._db.close()

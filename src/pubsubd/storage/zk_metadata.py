@@ -240,6 +240,22 @@ class ZooKeeperMetadataStore:
             self._follower = _Follower(self)
             await self._follower.scan()
 
+    async def caught_up(self) -> None:
+        """Until every change other processes completed before the call is published on
+        ``changes`` (a view following them then answers as ZooKeeper would now: read your
+        writes through any process). Raises CoordinationUnavailable if ZooKeeper does not
+        answer in time."""
+        if self._follower is None:
+            return  # not following: the view is only this process's own
+        await self.coordinator.sync(self.layout.metadata)
+        try:
+            await asyncio.wait_for(self._follower.settled(), self.coordinator.request_timeout)
+        except TimeoutError:
+            raise CoordinationUnavailable(
+                f"metadata changes were not read within {self.coordinator.request_timeout}s",
+                self.layout.metadata,
+            ) from None
+
     # -- loads --------------------------------------------------------------------------------
 
     def load_topics(self) -> Iterator[TopicRecord]:
@@ -410,7 +426,10 @@ class _Follower:
         self._again: set[str] = set()  # marked while in flight: read again after
         self._stale: set[str] = set()  # written by us while a read was in flight
         self._waiting: set[str] = set()  # failed while disconnected: read once connected
+        self._later: set[str] = set()  # no answer in time: read again in a moment
         self._wake = asyncio.Event()
+        self._settled = asyncio.Event()  # nothing to read: every change heard is published
+        self._settled.set()
         self._workers: list[asyncio.Task[None]] = []
         self._remove_listener = self.coordinator.on_state(self._state_changed)
 
@@ -467,11 +486,21 @@ class _Follower:
                 self._mark(path)
 
     def _mark(self, path: str) -> None:
+        self._settled.clear()
         if path in self._inflight:
             self._again.add(path)
             return
         self._queue[path] = None
         self._wake.set()
+
+    def _retry(self, path: str) -> None:
+        self._later.discard(path)
+        self._mark(path)
+
+    async def settled(self) -> None:
+        """Until every change a watch has told of so far is read and published (a change
+        whose read waits for the session to come back is not waited for)."""
+        await self._settled.wait()
 
     async def _work(self) -> None:
         while True:
@@ -485,7 +514,8 @@ class _Follower:
                 await self._read(path)
             except CoordinationUnavailable:
                 if self.coordinator.connected:  # no answer in time: try again soon
-                    self.loop.call_later(0.2, self._mark, path)
+                    self._later.add(path)
+                    self.loop.call_later(0.2, self._retry, path)
                 else:
                     self._waiting.add(path)
             except Exception:
@@ -495,6 +525,8 @@ class _Follower:
                 if path in self._again:
                     self._again.discard(path)
                     self._mark(path)
+                elif not (self._queue or self._inflight or self._later):
+                    self._settled.set()
 
     async def _read(self, path: str) -> None:
         where = self.layout.classify(path)

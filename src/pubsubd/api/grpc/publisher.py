@@ -2,6 +2,10 @@
 
 Publish receives the request's raw bytes (the method handler does not deserialize), validates a
 parsed view of them and stores the raw bytes as one log entry, so a batch is never re-encoded.
+
+Every admin call but CreateTopic (create-only wherever it runs) first applies what other
+processes wrote before it (``Catalog.caught_up``): a cluster's forwarders share one catalog,
+and a client reads its own writes back through whichever forwarder answers.
 """
 
 from __future__ import annotations
@@ -39,21 +43,25 @@ class PublisherServicer:
 
     @rpc
     async def GetTopic(self, request: Any, context: Context) -> Any:
+        await self.catalog.caught_up()
         return self.catalog.topic(request.topic).topic
 
     @rpc
     async def UpdateTopic(self, request: Any, context: Context) -> Any:
+        await self.catalog.caught_up()
         if not request.HasField("topic"):
             raise InvalidArgument("topic: required")
         return self.catalog.update_topic(request.topic, request.update_mask)
 
     @rpc
     async def DeleteTopic(self, request: Any, context: Context) -> Any:
+        await self.catalog.caught_up()
         await self.catalog.delete_topic(request.topic)
         return pb.Empty()
 
     @rpc
     async def ListTopics(self, request: Any, context: Context) -> Any:
+        await self.catalog.caught_up()
         topics, token = self.catalog.list_topics(
             request.project, request.page_size, request.page_token
         )
@@ -61,6 +69,7 @@ class PublisherServicer:
 
     @rpc
     async def ListTopicSubscriptions(self, request: Any, context: Context) -> Any:
+        await self.catalog.caught_up()
         subs, token = self.catalog.list_topic_subscriptions(
             request.topic, request.page_size, request.page_token
         )
@@ -68,6 +77,7 @@ class PublisherServicer:
 
     @rpc
     async def ListTopicSnapshots(self, request: Any, context: Context) -> Any:
+        await self.catalog.caught_up()
         snaps, token = self.snapshots.list_topic(
             request.topic, request.page_size, request.page_token
         )
@@ -75,6 +85,7 @@ class PublisherServicer:
 
     @rpc
     async def DetachSubscription(self, request: Any, context: Context) -> Any:
+        await self.catalog.caught_up()
         await self.snapshots.detach(request.subscription)
         return pb.DetachSubscriptionResponse()
 

@@ -5,6 +5,9 @@ opens the consumer; later ones carry heartbeats, acks, deadline changes), while 
 writes the consumer's responses. A stream is never ended with OK by the server: the official
 client treats that as a fatal error, so shutdown ends streams with UNAVAILABLE and clients
 reconnect.
+
+Every admin call (subscriptions, snapshots, Seek) first applies what other processes wrote
+before it (``Catalog.caught_up``), as the publisher's do.
 """
 
 from __future__ import annotations
@@ -24,7 +27,12 @@ from pubsubd.control.catalog import Catalog
 from pubsubd.control.router import Routes
 from pubsubd.control.snapshots import Snapshots
 from pubsubd.core import names, pb, validation, wire
-from pubsubd.core.errors import FailedPrecondition, InvalidArgument, PubsubError
+from pubsubd.core.errors import (
+    STREAM_ACCEPTED,
+    FailedPrecondition,
+    InvalidArgument,
+    PubsubError,
+)
 from pubsubd.core.roles import StreamHandle, SubscribingForwarderApi
 from pubsubd.observability import metrics
 
@@ -57,25 +65,30 @@ class SubscriberServicer:
 
     @rpc
     async def CreateSubscription(self, request: Any, context: Context) -> Any:
+        await self.catalog.caught_up()
         return self.catalog.create_subscription(request)
 
     @rpc
     async def GetSubscription(self, request: Any, context: Context) -> Any:
+        await self.catalog.caught_up()
         return self.catalog.subscription(request.subscription).subscription
 
     @rpc
     async def UpdateSubscription(self, request: Any, context: Context) -> Any:
+        await self.catalog.caught_up()
         if not request.HasField("subscription"):
             raise InvalidArgument("subscription: required")
         return self.catalog.update_subscription(request.subscription, request.update_mask)
 
     @rpc
     async def DeleteSubscription(self, request: Any, context: Context) -> Any:
+        await self.catalog.caught_up()
         await self.catalog.delete_subscription(request.subscription)
         return pb.Empty()
 
     @rpc
     async def ListSubscriptions(self, request: Any, context: Context) -> Any:
+        await self.catalog.caught_up()
         subs, token = self.catalog.list_subscriptions(
             request.project, request.page_size, request.page_token
         )
@@ -85,23 +98,28 @@ class SubscriberServicer:
 
     @rpc
     async def CreateSnapshot(self, request: Any, context: Context) -> Any:
+        await self.catalog.caught_up()
         return self.snapshots.create(request)
 
     @rpc
     async def GetSnapshot(self, request: Any, context: Context) -> Any:
+        await self.catalog.caught_up()
         return self.snapshots.get(request.snapshot)
 
     @rpc
     async def UpdateSnapshot(self, request: Any, context: Context) -> Any:
+        await self.catalog.caught_up()
         return self.snapshots.update(request)
 
     @rpc
     async def DeleteSnapshot(self, request: Any, context: Context) -> Any:
+        await self.catalog.caught_up()
         self.snapshots.delete(request.snapshot)
         return pb.Empty()
 
     @rpc
     async def ListSnapshots(self, request: Any, context: Context) -> Any:
+        await self.catalog.caught_up()
         snaps, token = self.snapshots.list_project(
             request.project, request.page_size, request.page_token
         )
@@ -109,6 +127,7 @@ class SubscriberServicer:
 
     @rpc
     async def Seek(self, request: Any, context: Context) -> Any:
+        await self.catalog.caught_up()
         await self.snapshots.seek(request)
         return pb.SeekResponse()
 
@@ -168,6 +187,7 @@ class SubscriberServicer:
 
     @rpc
     async def ModifyPushConfig(self, request: Any, context: Context) -> Any:
+        await self.catalog.caught_up()
         names.subscription(request.subscription)
         self.catalog.modify_push_config(request.subscription, request.push_config)
         return pb.Empty()
@@ -198,6 +218,9 @@ class SubscriberServicer:
                     exactly_once_delivery_enabled=entry.subscription.enable_exactly_once_delivery,
                 ).SerializeToString()
             )
+            # Accepted: headers now, before any message (a frontend holds the client's later
+            # requests until a forwarder says so, frontend/proxy.py).
+            await context.send_initial_metadata((STREAM_ACCEPTED,))
             reader = asyncio.create_task(
                 self._read_stream(requests, forwarder, first.subscription, stream),
                 name="streaming_pull_reader",

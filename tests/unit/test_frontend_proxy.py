@@ -1,0 +1,103 @@
+"""The frontend's proxy against two stand-in forwarders (real gRPC servers on loopback): a
+StreamingPull refused by the first ("not served here") is opened again on the second with every
+request the client wrote, in order, however fast the client writes them.
+
+grpc.aio reports a write that races with the server's end of the call as INTERNAL "Internal error
+from Core", losing the real status; the proxy writes only the first request until a forwarder
+accepts the stream, so a refusal always reads as itself."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+
+from pubsubd.control.routing_table import Forwarder
+from pubsubd.core.errors import NOT_SERVED_HERE, STREAM_ACCEPTED
+from pubsubd.frontend.proxy import Proxy
+
+pytestmark = pytest.mark.unit
+
+STREAMING_PULL = "/google.pubsub.v1.Subscriber/StreamingPull"
+LATER = 40  # requests the client writes right after the first, without waiting
+
+
+class _Refuses(grpc.GenericRpcHandler):  # type: ignore[misc]
+    """A forwarder that does not own the subscription: ends the stream at its first request."""
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        async def handle(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+            await anext(aiter(requests))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{NOT_SERVED_HERE}: subscription")
+            yield b""  # unreachable: a generator, as a streaming handler is
+
+        return grpc.stream_stream_rpc_method_handler(handle)
+
+
+class _Owns(grpc.GenericRpcHandler):  # type: ignore[misc]
+    """The owner: accepts (the header), then answers with every request it read, once it has
+    read them all."""
+
+    def __init__(self, *, header: bool = True) -> None:
+        self.header = header
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        async def handle(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+            if self.header:
+                await context.send_initial_metadata((STREAM_ACCEPTED,))
+            got: list[bytes] = []
+            async for request in requests:
+                got.append(request)
+                if len(got) == 1 + LATER:
+                    yield b",".join(got)
+
+        return grpc.stream_stream_rpc_method_handler(handle)
+
+
+async def _serve(handler: grpc.GenericRpcHandler) -> tuple[grpc.aio.Server, str]:
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize("header", [True, False], ids=["accepting", "earlier-release"])
+async def test_a_refused_stream_is_opened_on_the_owner_with_every_request(header: bool) -> None:
+    refuses, refuses_at = await _serve(_Refuses())
+    owns, owns_at = await _serve(_Owns(header=header))
+    opened: list[str] = []
+
+    def choose(method: str, request: bytes) -> list[Forwarder]:
+        # The route is stale for the stream's first opening: the owner is known after it.
+        address = refuses_at if not opened else owns_at
+        opened.append(address)
+        return [Forwarder(address, address)]
+
+    proxy = Proxy(choose)
+    frontend = grpc.aio.server()
+    frontend.add_generic_rpc_handlers((proxy,))
+    port = frontend.add_insecure_port("127.0.0.1:0")
+    await frontend.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            # The race this guards against is lost now and then; a forwarder that sends no
+            # header costs ACCEPT_WAIT_S a stream.
+            for attempt in range(20 if header else 2):
+                opened.clear()
+                sent = [f"{attempt}-{i}".encode() for i in range(1 + LATER)]
+                call = channel.stream_stream(STREAMING_PULL)(timeout=10)
+                for request in sent:
+                    await call.write(request)
+                response = await asyncio.wait_for(call.read(), 10)
+                assert response == b",".join(sent), attempt
+                assert opened == [refuses_at, owns_at], attempt
+                call.cancel()
+    finally:
+        await frontend.stop(None)
+        await proxy.close()
+        await refuses.stop(None)
+        await owns.stop(None)
