@@ -23,7 +23,7 @@ from pubsubd.acks.replicated import cursor_source, restore_journal
 from pubsubd.api.grpc import admin, forwarder_service, publisher, replay, subscriber
 from pubsubd.config import ClusterConfig, ServerConfig
 from pubsubd.control.expiry import Maintenance
-from pubsubd.control.routing_store import encode_forwarder
+from pubsubd.control.routing_store import RoutingStore, encode_forwarder
 from pubsubd.control.routing_table import Forwarder, publishing_unit
 from pubsubd.control.routing_views import RoutingView
 from pubsubd.coordination.registration import Registration
@@ -33,6 +33,7 @@ from pubsubd.core.clock import SYSTEM_CLOCK
 from pubsubd.core.errors import AlreadyExists, Unavailable
 from pubsubd.core.records import DamagedRange
 from pubsubd.core.release import version
+from pubsubd.data.load_report import LoadReporter
 from pubsubd.data.ownership import TopicOwnership
 from pubsubd.data.publish.forwarder import SUBSCRIPTIONS_DIR, TOPICS_DIR
 from pubsubd.observability import background, metrics
@@ -91,6 +92,7 @@ class PubsubServer:
         self.assigned = in_cluster and config.cluster is not None and config.cluster.assigned
         self.owned: set[str] = set()
         self.ownership: TopicOwnership | None = None
+        self.load_report: LoadReporter | None = None
         self.routing: RoutingView | None = None
         self._publish_channels: dict[str, grpc.aio.Channel] = {}
         self.node = node.build(
@@ -223,6 +225,15 @@ class PubsubServer:
         )
         self.routing = RoutingView(cluster.coordinator, self.ownership.changed)
         self.routing.start()
+        # What its topics cost, for the router to weigh them by (data/load_report.py).
+        routing_store = RoutingStore(cluster.coordinator)
+        self.load_report = LoadReporter(
+            owned=self.owned,
+            published=self.publishing.published,
+            dispatchers=lambda: self.subscribing.dispatchers,
+            write=lambda loads, at: routing_store.write_load(forwarder_id, loads, at),
+        )
+        self.load_report.start()
 
     async def _remote_publish(self, topic_uid: str, request: bytes) -> None:
         """Publish to a topic another forwarder owns (dead letters, SLI events): its
@@ -264,6 +275,8 @@ class PubsubServer:
         """End streams with UNAVAILABLE, finish in-flight RPCs, then close storage cleanly."""
         if self.registration is not None:
             await self.registration.stop()  # routers move its units before it goes
+        if self.load_report is not None:
+            await self.load_report.close()
         if self.ownership is not None:
             await self.ownership.close()
         if self.routing is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -180,3 +181,36 @@ def test_a_killed_forwarders_topics_are_taken_over_under_load(
     assert killed
     # The restarted forwarder rejoins and is given a share again.
     wait_for(lambda: _owned(cluster, killed[0]) >= 1, 60, "the restarted forwarder owns topics")
+
+
+def test_a_busy_topic_is_reported_and_weighed_by_the_router(
+    cluster: LocalCluster, names: Any
+) -> None:
+    """A flood on one topic: its owner's load report (data/load_report.py) gives it more than
+    the weight of an idle topic, and the router's pass counts it (``routing show``)."""
+    endpoint = cluster.grpc
+    pub = make_publisher(endpoint)
+    topic = names.topic("busy")
+    pub.create_topic(name=topic)
+    wait_for(lambda: _serving(cluster, topic), 30, "the topic is served")
+    owner = topic_owner(cluster, topic)
+    flood = Flood(endpoint, topic, rate=600).start()
+
+    def weighed() -> dict[str, Any] | None:
+        shown = subprocess.run(
+            [sys.executable, "-m", "pubsubd", "routing", "show", "--json",
+             "--cluster", cluster.zk],
+            check=True, capture_output=True, timeout=60, text=True,
+        )  # fmt: skip
+        by_id = {f["forwarder_id"]: f for f in json.loads(shown.stdout)["forwarders"]}
+        mine = by_id.get(owner)
+        if mine and mine["publishing_weight"] > mine["publishing_units"]:
+            return mine
+        time.sleep(1.0)  # a report every 5 s, a pass every 2 s
+        return None
+
+    try:
+        wait_for(weighed, 60, "the busy topic weighs more than an idle one")
+    finally:
+        flood.stop()
+    assert not flood.errors, dict(flood.errors)

@@ -26,6 +26,7 @@ from pubsubd.coordination.ensemble import Ensemble
 from pubsubd.coordination.registration import Registration
 from pubsubd.coordination.zk import Coordinator
 from pubsubd.core import pb
+from pubsubd.core.load import Load
 from pubsubd.storage.metadata import SubscriptionRecord, TopicRecord
 from pubsubd.storage.zk_metadata import ZooKeeperMetadataStore
 from tests.support.process import LoggedProcess
@@ -93,6 +94,20 @@ async def sessions(zookeeper: Ensemble, zk_root: str) -> AsyncIterator[list[Coor
         await zk.stop()
 
 
+async def _register(zk: Coordinator, forwarder_id: str, zone: str) -> None:
+    """Register a stand-in forwarder in ``zk``'s session (it ends with the session)."""
+    port = 9000 + int(forwarder_id[1:])
+    forwarder = Forwarder(forwarder_id, f"127.0.0.1:{port}", zone, "test")
+    entry = Registration(
+        zk,
+        zk.layout.forwarder(forwarder_id),
+        lambda: forwarder,
+        encode_forwarder,
+        lambda old, new: old != new,
+    )
+    await entry.start()
+
+
 def _topic(name: str, sources: int) -> TopicRecord:
     labels = {"pubsubd-publish-sources": str(sources)} if sources > 1 else {}
     body = pb.Topic(name=name, labels=labels).SerializeToString()
@@ -106,16 +121,7 @@ async def test_routers_assign_within_the_bound_follow_constraints_and_hand_over(
     mine = sessions[-1]
     store = RoutingStore(mine)
     for i, zk in enumerate(sessions[:4]):
-        zone = "z1" if i < 2 else "z2"
-        forwarder = Forwarder(f"f{i}", f"127.0.0.1:{9000 + i}", zone, "test")
-        entry = Registration(
-            zk,
-            zk.layout.forwarder(forwarder.forwarder_id),
-            lambda f=forwarder: f,
-            encode_forwarder,
-            lambda old, new: old != new,
-        )
-        await entry.start()  # ends with the session
+        await _register(zk, f"f{i}", "z1" if i < 2 else "z2")
     metadata = ZooKeeperMetadataStore(mine)
     topics = [_topic(f"projects/p/topics/t{i}", 1 + i % 3) for i in range(30)]
     for t in topics:
@@ -212,4 +218,59 @@ async def test_routers_assign_within_the_bound_follow_constraints_and_hand_over(
     finally:
         for r in routers:
             r.process.stop()
+        metadata.close()
+
+
+async def test_the_router_weighs_topics_by_their_forwarders_load_reports(
+    tmp_path: Path, zookeeper: Ensemble, zk_root: str, sessions: list[Coordinator]
+) -> None:
+    """A forwarder reports one of its topics at 1,000 messages/s (weight 11, core/load.py):
+    the router keeps that topic where it is and moves idle ones away from its forwarder until
+    its weight is within the bound; ``routing show`` reports the weights."""
+    zk_string = zookeeper.connect_string
+    mine = sessions[-1]
+    store = RoutingStore(mine)
+    for i, zk in enumerate(sessions[:2]):
+        await _register(zk, f"f{i}", "z1")
+    metadata = ZooKeeperMetadataStore(mine)
+    topics = [_topic(f"projects/p/topics/w{i}", 1) for i in range(12)]
+    for t in topics:
+        await asyncio.to_thread(metadata.put_topic, t)
+    router = RouterProcess(tmp_path, "router-w", zk_string, zk_root).start()
+    try:
+
+        async def routed() -> dict[str, tuple[str, ...]] | None:
+            routes = await store.routes()
+            return routes if len(routes) == len(topics) else None
+
+        before = await _until(routed, 20, "every topic routed")
+        # The hot topic on the forwarder holding more: at least 6 topics, 10 + 6 > the bound.
+        held = {
+            f: [t for t in topics if before[publishing_unit(t.uid, 0)][0] == f]
+            for f in ("f0", "f1")
+        }
+        owner = max(held, key=lambda f: len(held[f]))
+        hot = held[owner][0]
+        reporter = RoutingStore(sessions[int(owner[1:])])  # the owner's own session
+        await reporter.write_load(owner, {hot.uid: Load(messages_per_s=1000.0)}, time.time())
+        capacity = math.ceil((1 + EPSILON) * (len(topics) + 10) / 2)
+
+        async def weighed() -> Any:
+            summary = await store.summary()
+            if summary is None or sum(summary.publishing_weights.values()) != len(topics) + 10:
+                return None
+            return summary
+
+        summary = await _until(weighed, 20, "the hot topic weighed")
+        assert summary.publishing_capacity == capacity
+        assert dict(summary.publishing_weights)[owner] <= capacity
+        after = await store.routes()
+        assert after[publishing_unit(hot.uid, 0)][0] == owner  # the busy one stays
+        moved = [u for u in after if after[u][0] != before[u][0]]
+        assert moved and all(before[u][0] == owner for u in moved)  # idle ones leave it
+        shown = {f["forwarder_id"]: f for f in _routing(zk_string, zk_root, "show")["forwarders"]}
+        assert shown[owner]["publishing_weight"] == dict(summary.publishing_weights)[owner]
+        assert shown[owner]["publishing_units"] == dict(summary.publishing_loads)[owner]
+    finally:
+        router.process.stop()
         metadata.close()

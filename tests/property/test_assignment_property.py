@@ -151,3 +151,81 @@ def test_no_members_no_owners_and_bad_settings() -> None:
         Assignment(epsilon=0)
     with pytest.raises(ValueError):
         Assignment(hysteresis_s=-1)
+
+
+# --- weights (a topic weighs 1 plus its load's points, core/load.py) ----------------------------
+
+
+WEIGHTS = st.lists(st.integers(1, 30), min_size=1, max_size=200)
+
+
+@settings(max_examples=80, deadline=None)
+@given(weights=WEIGHTS, members=st.integers(1, 9), epsilon=EPSILONS)
+def test_weighted_no_member_holds_more_than_the_bound_but_for_one_unit_too_heavy(
+    weights: list[int], members: int, epsilon: float
+) -> None:
+    """The weighted bound: ceil((1+eps) * total weight / members). A unit that fits nowhere
+    goes to the least loaded member, so a member can exceed the bound by less than its
+    heaviest unit, and never when every unit is light enough to fit."""
+    units = _units(len(weights))
+    by_unit = dict(zip(units, weights, strict=True))
+    a = Assignment(epsilon=epsilon)
+    a.update(_members(members), units, now=0.0, weights=by_unit)
+    loads = a.weighted_loads()
+    bound = math.ceil((1 + epsilon) * sum(weights) / members)
+    assert a.capacity == bound
+    assert sorted(a.owners) == sorted(units)
+    assert sum(loads.values()) == sum(weights)
+    assert max(loads.values()) < bound + max(weights)
+    if max(weights) <= bound - math.ceil(sum(weights) / members):  # always fits somewhere
+        assert max(loads.values()) <= bound
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    weights=WEIGHTS,
+    members=st.integers(2, 6),
+    epsilon=EPSILONS,
+    hot=st.integers(0, 199),
+    heat=st.integers(2, 60),
+)
+def test_a_unit_growing_heavier_moves_units_at_most_once_a_window(
+    weights: list[int], members: int, epsilon: float, hot: int, heat: int
+) -> None:
+    """Loads change all the time; within the hysteresis window a unit moves at most once, and
+    after it the busiest member is back within the bound (a unit too heavy aside)."""
+    units = _units(len(weights))
+    by_unit = dict(zip(units, weights, strict=True))
+    a = Assignment(epsilon=epsilon, hysteresis_s=60.0)
+    everyone = _members(members)
+    a.update(everyone, units, now=0.0, weights=by_unit)
+    hotter = {**by_unit, units[hot % len(units)]: heat}
+    moved = [m.unit for m in a.update(everyone, units, now=100.0, weights=hotter)]
+    again = [m.unit for m in a.update(everyone, units, now=110.0, weights=by_unit)]
+    assert len(moved) == len(set(moved))
+    assert not set(moved) & set(again), "moved twice within the window"
+    a.update(everyone, units, now=200.0, weights=hotter)
+    assert max(a.weighted_loads().values()) < a.capacity + max(hotter.values())
+
+
+def test_a_hot_topic_leaves_room_on_its_forwarder() -> None:
+    """Twenty idle topics and one at weight 20 over two forwarders: the hot one's owner holds
+    it and at most capacity - 20 idle ones; the idle ones move from it, nothing else does."""
+    units = [f"p/t{i}/0" for i in range(21)]
+    a = Assignment(epsilon=0.25)
+    members = _members(2)
+    a.update(members, units, now=0.0)
+    assert a.capacity == 14
+    hot = units[0]
+    owner = a.owners[hot]
+    held = a.loads()[owner]
+    moves = a.update(members, units, now=1000.0, weights={hot: 20})
+    assert a.capacity == math.ceil(1.25 * 40 / 2) == 25
+    assert a.owners[hot] == owner and a.weighted_loads()[owner] <= 25
+    assert all(m.source == owner and m.unit != hot and not m.forced for m in moves)
+    assert len(moves) == max(0, 20 + held - 1 - 25)  # what it must shed, no more
+    # Quiet again (after the window): only what is over the bound of 14 moves back.
+    before = a.loads()
+    back = a.update(members, units, now=2000.0)
+    assert a.capacity == 14 and max(a.loads().values()) <= 14
+    assert len(back) == sum(max(0, n - 14) for n in before.values())

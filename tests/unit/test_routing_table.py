@@ -159,3 +159,20 @@ def test_colocated_a_drained_forwarder_keeps_no_topic_and_no_subscription() -> N
     heads = [r[0] for routes in table.shards.values() for r in routes.values()]
     assert heads and "f2" not in heads
     assert table.loads("publishing")["f2"] == 0 and table.loads("subscribing")["f2"] == 0
+
+
+def test_colocated_a_heavy_topic_counts_its_weight_against_the_bound() -> None:
+    """Twelve topics over two forwarders; one weighs 10 (its load, core/load.py): its owner
+    keeps it and at most capacity - 10 others; its sources and subscriptions follow it."""
+    table = RoutingTable(colocate=True)
+    forwarders = [Forwarder("f0", "a:1"), Forwarder("f1", "b:1")]
+    topics = [TopicUnits(f"projects/p/topics/t{i}", f"u{i}", 2) for i in range(12)]
+    subs = [SubscriptionUnits("s0", "u0")]
+    table.update(forwarders, Constraints(), topics, subs, now=0.0)
+    table.update(forwarders, Constraints(), topics, subs, now=100.0, topic_weights={"u0": 10})
+    assert table.publishing.capacity == math.ceil(1.25 * 21 / 2)
+    owner = table.route(publishing_unit("u0", 0))[0]
+    loads = table.weighted_loads("publishing")
+    assert loads[owner] <= table.publishing.capacity and sum(loads.values()) == 21
+    assert table.route(publishing_unit("u0", 1))[0] == owner
+    assert table.route(subscribing_unit("s0", 1))[0] == owner

@@ -86,6 +86,8 @@ async def _describe(store: Any) -> dict[str, Any]:
         }
     pub = dict(summary.publishing_loads) if summary else {}
     sub = dict(summary.subscribing_loads) if summary else {}
+    # A router of an earlier release sends no weights: a unit weighs 1 there.
+    pub_weight = dict(summary.publishing_weights) if summary else {}
     return {
         "forwarders": [
             {
@@ -98,6 +100,8 @@ async def _describe(store: Any) -> dict[str, Any]:
                 "drained": constraints.drains(f),
                 "publishing_units": pub.get(f.forwarder_id, 0),
                 "subscribing_units": sub.get(f.forwarder_id, 0),
+                # What the bound (publishing_capacity) is in: busy topics weigh more.
+                "publishing_weight": pub_weight.get(f.forwarder_id, pub.get(f.forwarder_id, 0)),
             }
             for f in forwarders
         ],
@@ -117,7 +121,9 @@ def show(cluster: Cluster, zk_root: ZkRoot = "/pubsubd", as_json: AsJson = False
     if as_json:
         sys.stdout.write(json.dumps(described) + "\n")
         return
-    table = Table("forwarder", "address", "zone", "version", "drained", "pub units", "sub units")
+    table = Table(
+        "forwarder", "address", "zone", "version", "drained", "pub units", "pub weight", "sub units"
+    )
     for f in described["forwarders"]:
         table.add_row(
             f["forwarder_id"],
@@ -126,6 +132,7 @@ def show(cluster: Cluster, zk_root: ZkRoot = "/pubsubd", as_json: AsJson = False
             f["version"],
             "yes" if f["drained"] else "",
             str(f["publishing_units"]),
+            str(f["publishing_weight"]),
             str(f["subscribing_units"]),
         )
     console.print(table)

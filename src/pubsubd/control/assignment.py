@@ -6,14 +6,19 @@ forwarders. Every unit has one owner, the head of the ordered list a router hand
 rest of the list are fallbacks. The rules (SCALE_OUT.md §3, Mirrokni, Thorup and Zadimoghaddam,
 "Consistent Hashing with Bounded Loads"):
 
-* **Bounded loads.** No member holds more than ``capacity = ceil((1 + epsilon) * units /
-  members)`` units (members that are drained do not count). A unit goes to the first member
-  below capacity in its walk of the hash ring: every member has ``VNODES`` points on a ring of
-  64-bit hashes, and a unit's walk visits the members clockwise from its own hash, each once.
-  Finding a unit's place costs a binary search and a short walk, not a hash per member, so a
-  router places a million units over a thousand members in seconds (``bench/routing_sim.py``).
+* **Bounded loads.** No member holds more than ``capacity = ceil((1 + epsilon) * weight /
+  members)``, where a member's load is the sum of its units' weights (a whole number, 1 unless
+  the router was given one: ``core/load.py`` weighs a topic by its recent load) and ``weight``
+  that of every unit; members that are drained do not count. A unit goes to the first member
+  its weight still fits in (at or below capacity after it) in its walk of the hash ring:
+  every member has ``VNODES`` points on a ring of 64-bit hashes, and a unit's walk visits the
+  members clockwise from its own hash, each once. A unit too heavy to fit anywhere goes to the
+  least loaded member. Finding a unit's place costs a binary search and a short walk, not a
+  hash per member, so a router places a million units over a thousand members in seconds
+  (``bench/routing_sim.py``).
 * **Stickiness.** A unit stays where it is while its owner is a member, is not drained and is
-  not over capacity. So a member that leaves moves only its own units (capacity only grows).
+  not over capacity (a member over it sheds its lightest units first). So a member that
+  leaves moves only its own units (capacity only grows).
 * **No idle newcomer.** A member that joined (or was undrained) since the last pass and is
   below ``mean / (1 + epsilon)`` takes the units whose walk now reaches it before their owner,
   up to the mean (the share consistent hashing gives it), and if that is not enough, units of
@@ -109,6 +114,7 @@ class Assignment:
         self.owners: dict[str, str] = {}
         self.members: dict[str, Member] = {}
         self.capacity = 0
+        self.weights: dict[str, int] = {}  # units that weigh more than 1, as last given
         self._moved_at: dict[str, float] = {}
         self._hashes: dict[str, int] = {}  # each unit's point, computed once
         self._eligible: frozenset[str] = frozenset()  # who could own units last pass
@@ -135,14 +141,23 @@ class Assignment:
             loads[owner] = loads.get(owner, 0) + 1
         return loads
 
+    def weighted_loads(self) -> dict[str, int]:
+        """The sum of the weights of each member's units (every member, zero included)."""
+        loads = dict.fromkeys(self.members, 0)
+        for unit, owner in self.owners.items():
+            loads[owner] = loads.get(owner, 0) + self.weights.get(unit, 1)
+        return loads
+
     def update(
         self,
         members: Sequence[Member],
         units: Iterable[str],
         now: float,
         pins: Mapping[str, str] | None = None,
+        weights: Mapping[str, int] | None = None,
     ) -> list[Move]:
-        """Assign every unit among ``members`` at time ``now``; returns the moves made."""
+        """Assign every unit among ``members`` at time ``now``; returns the moves made.
+        ``weights``: a unit's weight (at least 1; a unit left out weighs 1)."""
         if set(self.members) != {m.member_id for m in members}:
             self._all_ring = None  # ranked() builds it again for the new members
         self.members = {m.member_id: m for m in members}
@@ -154,11 +169,16 @@ class Assignment:
             self._moved_at.pop(gone, None)
         for gone in [u for u in self._hashes if u not in wanted_set]:
             del self._hashes[gone]
+        self.weights = {
+            u: int(w) for u, w in (weights or {}).items() if u in wanted_set and int(w) > 1
+        }
+        weight = self.weight
         if not eligible:
             self.capacity = 0
             self.owners.clear()
             return []
-        self.capacity = math.ceil((1 + self.epsilon) * len(wanted) / len(eligible))
+        total = len(wanted) + sum(w - 1 for w in self.weights.values())
+        self.capacity = math.ceil((1 + self.epsilon) * total / len(eligible))
         pins = {u: m for u, m in (pins or {}).items() if m in eligible}
         load = dict.fromkeys(eligible, 0)
         held: dict[str, list[str]] = {m: [] for m in eligible}  # unpinned units kept, by owner
@@ -170,12 +190,12 @@ class Assignment:
             owner = self.owners.get(unit)
             pinned = pins.get(unit)
             if pinned is not None:
-                load[pinned] += 1
+                load[pinned] += weight(unit)
                 if owner != pinned:
                     moves.append(self._move(unit, owner, pinned, True, now))
                 continue
             if owner in load:
-                load[owner] += 1
+                load[owner] += weight(unit)
                 held[owner].append(unit)
             elif owner is not None:
                 unplaced.append((unit, owner, True))  # its owner left or was drained
@@ -183,31 +203,41 @@ class Assignment:
             else:
                 unplaced.append((unit, None, True))
 
-        # Members over capacity shed the units that moved longest ago, last in ranking first.
+        # Members over capacity shed their lightest units (moving a busy one pauses more
+        # clients), those that moved longest ago first, last in ranking first.
         for member in eligible:
-            excess = load[member] - self.capacity
-            if excess <= 0:
+            if load[member] <= self.capacity:
                 continue
             settled = [u for u in held[member] if not self._recent(u, now)]
-            settled.sort(key=lambda u: (self._moved_at.get(u, -math.inf), self._point(u)))
-            for unit in settled[:excess]:
-                load[member] -= 1
+            settled.sort(
+                key=lambda u: (weight(u), self._moved_at.get(u, -math.inf), self._point(u))
+            )
+            for unit in settled:
+                if load[member] <= self.capacity:
+                    break
+                load[member] -= weight(unit)
                 del self.owners[unit]
                 unplaced.append((unit, member, False))
 
         ring = self._ring_of(eligible)
         capacity = self.capacity
         for unit, old, forced in sorted(unplaced, key=lambda item: self._point(item[0])):
-            target = next((m for m in ring.walk(self._point(unit)) if load[m] < capacity), None)
-            if target is None:  # only when hysteresis kept members over capacity
+            w = weight(unit)
+            target = next(
+                (m for m in ring.walk(self._point(unit)) if load[m] + w <= capacity), None
+            )
+            if target is None:  # hysteresis kept members over capacity, or a unit this heavy
                 target = min(eligible, key=lambda m: (load[m], m))
-            load[target] += 1
+            load[target] += w
             moves.append(self._move(unit, old, target, forced, now))
         newcomers = set(eligible) - self._eligible if self._eligible else set()
         self._eligible = frozenset(eligible)
         if newcomers:
             self._fill(wanted, eligible, newcomers, load, set(pins), moves, ring, now)
         return moves
+
+    def weight(self, unit: str) -> int:
+        return self.weights.get(unit, 1)
 
     def _fill(
         self,
@@ -229,7 +259,8 @@ class Assignment:
         Units pinned, moved in this pass or within the hysteresis window stay."""
         if not wanted:
             return
-        mean = len(wanted) / len(eligible)
+        weight = self.weight
+        mean = (len(wanted) + sum(w - 1 for w in self.weights.values())) / len(eligible)
         full, enough = math.floor(mean), math.floor(mean / (1 + self.epsilon))
         hungry = {m for m in newcomers if load[m] < enough}
         if not hungry:
@@ -246,9 +277,9 @@ class Assignment:
             for member in ring.walk(self._point(unit)):
                 if member == owner:
                     break
-                if member in hungry:
-                    load[owner] -= 1
-                    load[member] += 1
+                if member in hungry and load[member] + weight(unit) <= self.capacity:
+                    load[owner] -= weight(unit)
+                    load[member] += weight(unit)
                     moved.add(unit)
                     moves.append(self._move(unit, owner, member, False, now))
                     if load[member] >= full:
@@ -274,8 +305,10 @@ class Assignment:
                 if donor is None:
                     return
                 unit = donors[donor].pop()
-                load[donor] -= 1
-                load[member] += 1
+                if load[member] + weight(unit) > self.capacity:
+                    continue  # too heavy for it: another may fit
+                load[donor] -= weight(unit)
+                load[member] += weight(unit)
                 moves.append(self._move(unit, donor, member, False, now))
 
     def _recent(self, unit: str, now: float) -> bool:

@@ -7,6 +7,7 @@ only ever added; unknown ones are skipped by protobuf), so a canary of the next 
 fleet read each other's records. Layout (``coordination/paths.py``)::
 
     routing/forwarders/<id>      ephemeral, one per forwarder process (ForwarderInfo)
+    routing/loads/<id>           ephemeral, each forwarder's load per topic (LoadReport)
     routing/constraints          drains and pins (RoutingConstraints), compare-and-set
     routing/routers/candidate-N  the routers' election
     routing/assignment/<bucket>  one AssignmentShard per bucket of units (256 at most)
@@ -27,6 +28,7 @@ from pubsubd.control.routing_table import Constraints, Forwarder
 from pubsubd.coordination.errors import BadVersion, NodeExists, NoNode
 from pubsubd.coordination.paths import unescape
 from pubsubd.coordination.zk import Coordinator
+from pubsubd.core.load import Load
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +184,50 @@ class RoutingStore:
                 continue
             for route in pb.AssignmentShard.FromString(got[0]).routes:
                 out[route.unit] = tuple(route.forwarders)
+        return out
+
+    # -- load reports --------------------------------------------------------------------
+
+    async def write_load(self, forwarder_id: str, topics: Mapping[str, Load], at: float) -> None:
+        """This forwarder's load per topic (ephemeral: gone with its session, and made again
+        by the next report after a new one)."""
+        report = pb.LoadReport(
+            protocol_version=PROTOCOL_VERSION, forwarder_id=forwarder_id, at_unix_s=at
+        )
+        for uid, load in topics.items():
+            entry = report.topics[uid]
+            entry.messages_per_s = load.messages_per_s
+            entry.bytes_per_s = load.bytes_per_s
+            entry.outstanding_messages = load.outstanding
+        data = report.SerializeToString()
+        path = self._layout.forwarder_load(forwarder_id)
+        try:
+            await self._zk.set(path, data)
+        except NoNode:
+            with contextlib.suppress(NodeExists):  # made meanwhile: the next report sets it
+                await self._zk.create(path, data, ephemeral=True)
+
+    async def topic_loads(self) -> dict[str, Load]:
+        """Every topic's load as the forwarders last reported it; a topic two of them report
+        (it is moving) has the larger of each figure."""
+        try:
+            names = sorted(await self._zk.children(self._layout.forwarder_loads))
+        except NoNode:
+            return {}
+        out: dict[str, Load] = {}
+        paths = [f"{self._layout.forwarder_loads}/{n}" for n in names]
+        for name, got in zip(names, await self._zk.get_many(paths), strict=True):
+            if got is None:
+                continue
+            try:
+                report = pb.LoadReport.FromString(got[0])
+            except Exception as e:  # a report we cannot read must not stop routing
+                log.warning("load report %s unreadable: %s", unescape(name), e)
+                continue
+            for uid, entry in report.topics.items():
+                load = Load(entry.messages_per_s, entry.bytes_per_s, entry.outstanding_messages)
+                seen = out.get(uid)
+                out[uid] = load if seen is None else seen.larger(load)
         return out
 
     async def write_summary(self, summary: pb.RoutingSummary) -> None:

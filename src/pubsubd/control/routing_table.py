@@ -160,11 +160,16 @@ class RoutingTable:
         topics: Iterable[TopicUnits],
         subscriptions: Iterable[SubscriptionUnits],
         now: float,
+        topic_weights: Mapping[str, int] | None = None,
     ) -> Pass:
-        """Place every unit among the registered forwarders at time ``now``."""
+        """Place every unit among the registered forwarders at time ``now``. ``topic_weights``:
+        a topic's weight by uid (``core/load.py``; 1 if left out), shared by its sources."""
         self.forwarders = {f.forwarder_id: f for f in forwarders}
+        topic_weights = topic_weights or {}
         if self.colocate:
-            return self._update_colocated(constraints, list(topics), subscriptions, now)
+            return self._update_colocated(
+                constraints, list(topics), subscriptions, now, topic_weights
+            )
         topics = list(topics)
         sources = {t.uid: t.sources for t in topics}
         publishing_units = [publishing_unit(t.uid, s) for t in topics for s in range(t.sources)]
@@ -183,8 +188,14 @@ class RoutingTable:
         }
         publishing = self._members(constraints, publishing=True)
         subscribing = self._members(constraints, publishing=False)
+        weights = {
+            publishing_unit(t.uid, s): -(-topic_weights[t.uid] // t.sources)
+            for t in topics
+            if t.uid in topic_weights and t.sources
+            for s in range(t.sources)
+        }
         moves = [
-            *self.publishing.update(publishing, publishing_units, now, pins),
+            *self.publishing.update(publishing, publishing_units, now, pins, weights),
             *self.subscribing.update(subscribing, subscribing_units, now),
         ]
         changed: set[str] = set()
@@ -223,9 +234,10 @@ class RoutingTable:
         topics: list[TopicUnits],
         subscriptions: Iterable[SubscriptionUnits],
         now: float,
+        topic_weights: Mapping[str, int],
     ) -> Pass:
-        """Place each topic (its unit ``p/{uid}/0``); every unit of the topic and of its
-        subscriptions follows it."""
+        """Place each topic (its unit ``p/{uid}/0``, weighing the topic's weight); every unit
+        of the topic and of its subscriptions follows it."""
         pins = {
             publishing_unit(t.uid, 0): constraints.pinned_topics[t.name]
             for t in topics
@@ -233,7 +245,8 @@ class RoutingTable:
         }
         members = self._members(constraints, publishing=True)
         heads = [publishing_unit(t.uid, 0) for t in topics]
-        moves = self.publishing.update(members, heads, now, pins)
+        weights = {publishing_unit(uid, 0): w for uid, w in topic_weights.items()}
+        moves = self.publishing.update(members, heads, now, pins, weights)
         with_members = tuple(sorted((m.member_id, m.zone, m.drained) for m in members))
         everything = self._routed_with.get("colocated") != with_members
         self._routed_with["colocated"] = with_members
@@ -289,6 +302,10 @@ class RoutingTable:
                 if route and unit.startswith(prefix):
                     out[route[0]] = out.get(route[0], 0) + 1
         return out
+
+    def weighted_loads(self, kind: str) -> dict[str, int]:
+        """The weight of the units each forwarder owns (what the bound is in)."""
+        return (self.publishing if kind == "publishing" else self.subscribing).weighted_loads()
 
     def _members(self, constraints: Constraints, *, publishing: bool) -> list[Member]:
         return [

@@ -95,6 +95,14 @@ class Layout:
         return f"{self.forwarders}/{escape(forwarder_id)}"
 
     @property
+    def forwarder_loads(self) -> str:
+        """Parent of the forwarders' ephemeral load reports (LoadReport protos)."""
+        return f"{self.root}/routing/loads"
+
+    def forwarder_load(self, forwarder_id: str) -> str:
+        return f"{self.forwarder_loads}/{escape(forwarder_id)}"
+
+    @property
     def frontends(self) -> str:
         """Parent of the frontends' ephemeral registrations (JSON: id, address, zone, ...)."""
         return f"{self.root}/routing/frontends"

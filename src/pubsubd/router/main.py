@@ -7,6 +7,10 @@ cluster's metadata (topics and subscriptions, ``storage/zk_metadata.py``), the f
 registrations and the routing constraints through watches, so a change is routed within one
 step (``--interval``, default 2 s, the most a change waits; a watch wakes the leader at once).
 
+Each pass also reads the forwarders' load reports (``routing/loads``, written by
+``data/load_report.py``) and weighs every topic by its load (``core/load.py``), so a busy topic
+takes the room of several idle ones and its forwarder is given fewer of them.
+
 Frontends and forwarders read the published assignment, never the router, so a router that is
 killed or restarted stops nothing: the last assignment stays in ZooKeeper and the next leader
 starts from it (units keep their owners: the table is seeded with the published routes).
@@ -46,6 +50,7 @@ from pubsubd.coordination.election import Election
 from pubsubd.coordination.errors import CoordinationError
 from pubsubd.coordination.paths import DEFAULT_ROOT
 from pubsubd.coordination.zk import Coordinator
+from pubsubd.core.load import weight
 from pubsubd.core.release import version
 from pubsubd.observability.http import HttpEndpoint
 
@@ -174,6 +179,12 @@ class Router:
             await self._seed()
         forwarders: list[Forwarder] = await self.store.forwarders()
         constraints: Constraints = (await self.store.constraints())[0]
+        # Topics weigh by the load their forwarders last reported (core/load.py).
+        weights = {
+            uid: w
+            for uid, load in (await self.store.topic_loads()).items()
+            if (w := weight(load)) > 1
+        }
         check()
         done = self.table.update(
             forwarders,
@@ -181,6 +192,7 @@ class Router:
             self.names.routed_topics(),
             self.names.subscriptions.values(),
             time.monotonic(),
+            weights,
         )
         self.generation += 1
         written = await self.store.write_shards(
@@ -211,6 +223,8 @@ class Router:
                 subscribing_capacity=sub.capacity,
                 publishing_loads=table.loads("publishing"),
                 subscribing_loads=table.loads("subscribing"),
+                publishing_weights=table.weighted_loads("publishing"),
+                subscribing_weights=table.weighted_loads("subscribing"),
                 moves=moved,
                 total_moves=self.total_moves,
             )
@@ -224,6 +238,7 @@ class Router:
             "publishing_units": units["publishing"],
             "subscribing_units": units["subscribing"],
             "moves": moved,
+            "heavy_topics": len(weights),
             "shards_written": written,
             "seconds": round(elapsed, 4),
         }

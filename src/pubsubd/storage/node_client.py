@@ -426,6 +426,7 @@ class _AppendStream:
         self._write_lock = asyncio.Lock()
         self.broken: StorageNodeError | None = None
         self.unimplemented = False  # the node predates AppendStream: use Append
+        self.answered = False  # the node has answered on this stream
         self._reader = asyncio.ensure_future(self._read())
 
     async def append(self, request: EncodedAppend, deadline_s: float) -> int:
@@ -462,6 +463,7 @@ class _AppendStream:
                 answer = await self._call.read()
                 if answer is grpc.aio.EOF:
                     break
+                self.answered = True
                 self._waiters.settle(answer)
         except grpc.RpcError as e:
             broken = error_from_rpc(self.address, e)
@@ -582,14 +584,26 @@ class StorageNodeClient:
             try:
                 return await stream.append(request, timeout)
             except _StreamEnded:
-                pass  # once more as a unary call (a new connection if need be); the next
-                # append opens a new stream
+                # Once more as a unary call (a new connection if need be); the next append
+                # opens a new stream. A stream that ended before it ever answered may be one
+                # the node does not serve: grpc.aio can report a write racing with its
+                # UNIMPLEMENTED as INTERNAL, so the node is asked which version it speaks.
+                if not stream.answered and not await self._serves_append_stream():
+                    self._use_stream = False
             except StorageNodeError:
                 if not stream.unimplemented:
                     raise
                 self._use_stream = False  # an older node: Append from now on
         response = await self._call(self._append, request.joined(), deadline_s)
         return int(response.end_offset)
+
+    async def _serves_append_stream(self) -> bool:
+        """Whether the node speaks protocol 2 (AppendStream); True when it cannot say now."""
+        try:
+            health = await self.health(deadline_s=self.timeout)
+        except StorageNodeError as e:
+            return bool(e.code != grpc.StatusCode.UNIMPLEMENTED)  # no Health: an old node
+        return health.protocol_version >= 2
 
     async def fence(
         self, ledger_id: int, epoch: int, *, deadline_s: float | None = None

@@ -104,6 +104,8 @@ class PublishingForwarder:
         # Topics with storage on disk (published to): the only ones housekeeping must visit.
         # Every append goes through publish(), which adds to it.
         self.stored: set[str] = set()
+        # Messages and bytes published per topic uid while held here (its load report).
+        self.published: dict[str, list[int]] = {}
         self._dirty_journals: set[AckJournal] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._last_publish_us = 0
@@ -251,6 +253,7 @@ class PublishingForwarder:
         """Delete a topic's storage (its last subscription is gone and the topic is deleted)."""
         sources = self.topics.pop(topic_uid, None)
         self.stored.discard(topic_uid)
+        self.published.pop(topic_uid, None)
         tracker = self.delays.pop(topic_uid, None)
         if tracker is not None:
             tracker.close()
@@ -266,6 +269,7 @@ class PublishingForwarder:
         stay as a local copy. Returns the uids of the subscriptions whose journals closed."""
         sources = self.topics.pop(topic_uid, None)
         self.stored.discard(topic_uid)
+        self.published.pop(topic_uid, None)
         self.dedup.windows.pop(topic_uid, None)
         self._publish_blocks.pop(topic_uid, None)
         tracker = self.delays.pop(topic_uid, None)
@@ -363,6 +367,11 @@ class PublishingForwarder:
             raise InternalError(f"storage write failed: {e}") from e
         if self.disk.full:
             self.disk.succeeded()
+        counts = self.published.get(topic_uid)
+        if counts is None:
+            counts = self.published[topic_uid] = [0, 0]
+        counts[0] += count
+        counts[1] += len(payload)
         return source, base
 
     async def publish_deduplicated(

@@ -75,8 +75,27 @@ class AssignmentShard(_message.Message):
     routes: _containers.RepeatedCompositeFieldContainer[Route]
     def __init__(self, protocol_version: _Optional[int] = ..., generation: _Optional[int] = ..., router_id: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ...) -> None: ...
 
+class LoadReport(_message.Message):
+    __slots__ = ("protocol_version", "forwarder_id", "at_unix_s", "topics")
+    class TopicsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Load
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Load, _Mapping]] = ...) -> None: ...
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FORWARDER_ID_FIELD_NUMBER: _ClassVar[int]
+    AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    forwarder_id: str
+    at_unix_s: float
+    topics: _containers.MessageMap[str, Load]
+    def __init__(self, protocol_version: _Optional[int] = ..., forwarder_id: _Optional[str] = ..., at_unix_s: _Optional[float] = ..., topics: _Optional[_Mapping[str, Load]] = ...) -> None: ...
+
 class RoutingSummary(_message.Message):
-    __slots__ = ("protocol_version", "generation", "router_id", "at_unix_s", "publishing_units", "subscribing_units", "publishing_capacity", "subscribing_capacity", "publishing_loads", "subscribing_loads", "moves", "total_moves")
+    __slots__ = ("protocol_version", "generation", "router_id", "at_unix_s", "publishing_units", "subscribing_units", "publishing_capacity", "subscribing_capacity", "publishing_loads", "subscribing_loads", "moves", "total_moves", "publishing_weights", "subscribing_weights")
     class PublishingLoadsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +104,20 @@ class RoutingSummary(_message.Message):
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     class SubscribingLoadsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class PublishingWeightsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class SubscribingWeightsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +136,8 @@ class RoutingSummary(_message.Message):
     SUBSCRIBING_LOADS_FIELD_NUMBER: _ClassVar[int]
     MOVES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_MOVES_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHING_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBING_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     generation: int
     router_id: str
@@ -115,4 +150,6 @@ class RoutingSummary(_message.Message):
     subscribing_loads: _containers.ScalarMap[str, int]
     moves: int
     total_moves: int
-    def __init__(self, protocol_version: _Optional[int] = ..., generation: _Optional[int] = ..., router_id: _Optional[str] = ..., at_unix_s: _Optional[float] = ..., publishing_units: _Optional[int] = ..., subscribing_units: _Optional[int] = ..., publishing_capacity: _Optional[int] = ..., subscribing_capacity: _Optional[int] = ..., publishing_loads: _Optional[_Mapping[str, int]] = ..., subscribing_loads: _Optional[_Mapping[str, int]] = ..., moves: _Optional[int] = ..., total_moves: _Optional[int] = ...) -> None: ...
+    publishing_weights: _containers.ScalarMap[str, int]
+    subscribing_weights: _containers.ScalarMap[str, int]
+    def __init__(self, protocol_version: _Optional[int] = ..., generation: _Optional[int] = ..., router_id: _Optional[str] = ..., at_unix_s: _Optional[float] = ..., publishing_units: _Optional[int] = ..., subscribing_units: _Optional[int] = ..., publishing_capacity: _Optional[int] = ..., subscribing_capacity: _Optional[int] = ..., publishing_loads: _Optional[_Mapping[str, int]] = ..., subscribing_loads: _Optional[_Mapping[str, int]] = ..., moves: _Optional[int] = ..., total_moves: _Optional[int] = ..., publishing_weights: _Optional[_Mapping[str, int]] = ..., subscribing_weights: _Optional[_Mapping[str, int]] = ...) -> None: ...

@@ -1,0 +1,93 @@
+"""A forwarder's load report (issue 11): every few seconds, the load of each topic it owns,
+written where the leading router reads it (``routing/loads/<forwarder id>``,
+``control/routing_store.py``), so the router weighs topics by what they cost (``core/load.py``).
+
+A topic's counters are read from the forwarders in this process: messages and bytes published
+(``PublishingForwarder.published``), messages delivered and leases held by its subscriptions'
+dispatchers. The rates are EWMAs (``core.load.Rates``); idle topics are left out (they weigh 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from pubsubd.core.load import Counters, Load, Rates
+from pubsubd.observability import background
+
+log = logging.getLogger(__name__)
+
+__all__ = ["REPORT_INTERVAL_S", "LoadReporter"]
+
+REPORT_INTERVAL_S = 5.0
+# The busiest topics a report lists at most (a report stays well within a ZooKeeper znode).
+MAX_TOPICS = 20_000
+
+Write = Callable[[Mapping[str, Load], float], Awaitable[None]]
+
+
+class LoadReporter:
+    """Samples this forwarder's topics and writes their loads every ``interval_s``."""
+
+    def __init__(
+        self,
+        *,
+        owned: set[str],
+        published: Mapping[str, list[int]],
+        dispatchers: Callable[[], Mapping[str, Any]],
+        write: Write,
+        interval_s: float = REPORT_INTERVAL_S,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        """``owned``: the topic uids served here; ``published``: uid -> [messages, bytes];
+        ``dispatchers()``: the subscription dispatchers (``topic_uid``, ``delivered``,
+        ``leases``)."""
+        self.owned = owned
+        self.published = published
+        self.dispatchers = dispatchers
+        self.write = write
+        self.interval_s = interval_s
+        self.monotonic = monotonic
+        self.wall = wall
+        self.rates = Rates()
+        self.reported: dict[str, Load] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(
+            background.every("load report", self.interval_s, self.report), name="load report"
+        )
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def counters(self) -> dict[str, Counters]:
+        """Each owned topic's counters now."""
+        delivered: dict[str, int] = {}
+        outstanding: dict[str, int] = {}
+        for dispatcher in self.dispatchers().values():
+            uid = dispatcher.topic_uid
+            delivered[uid] = delivered.get(uid, 0) + dispatcher.delivered
+            outstanding[uid] = outstanding.get(uid, 0) + len(dispatcher.leases)
+        out = {}
+        for uid in self.owned:
+            messages, size = self.published.get(uid, (0, 0))
+            out[uid] = Counters(messages + delivered.get(uid, 0), size, outstanding.get(uid, 0))
+        return out
+
+    async def report(self) -> None:
+        self.rates.sample(self.monotonic(), self.counters())
+        busy = {uid: load for uid, load in self.rates.loads().items() if not load.idle}
+        if len(busy) > MAX_TOPICS:
+            heaviest = sorted(busy, key=lambda u: busy[u].messages_per_s, reverse=True)
+            busy = {uid: busy[uid] for uid in heaviest[:MAX_TOPICS]}
+        if busy == self.reported and not busy:
+            return  # nothing to say, and nothing said before
+        await self.write(busy, self.wall())
+        self.reported = busy

@@ -1,0 +1,116 @@
+"""Topic loads (core/load.py: EWMA rates, weights) and a forwarder's load report
+(data/load_report.py: counters from its forwarders, idle topics left out)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pubsubd.core.load import HALF_LIFE_S, Counters, Load, Rates, weight
+from pubsubd.data.load_report import LoadReporter
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_steady_rate_is_approached_by_half_the_gap_every_half_life() -> None:
+    rates = Rates(half_life_s=10.0)
+    for second in range(0, 31, 5):  # 200 msg/s, 1 KiB each, 7 outstanding
+        rates.sample(float(second), {"t": Counters(200 * second, 204_800 * second, 7)})
+    load = rates.loads()["t"]
+    # 30 s of samples after the first: 1 - 0.5**3 of the way from 0.
+    assert load.messages_per_s == pytest.approx(200 * (1 - 0.5**3))
+    assert load.bytes_per_s == pytest.approx(204_800 * (1 - 0.5**3))
+    assert load.outstanding == 7
+    for second in range(35, 301, 5):
+        rates.sample(float(second), {"t": Counters(200 * 30, 204_800 * 30, 0)})
+    assert rates.loads()["t"].messages_per_s < 0.01 and rates.loads()["t"].idle
+
+
+def test_a_counter_that_goes_down_gives_no_negative_rate_and_topics_left_out_are_forgotten() -> (
+    None
+):
+    rates = Rates()
+    rates.sample(0.0, {"a": Counters(1000, 10, 0), "b": Counters(5, 5, 0)})
+    rates.sample(HALF_LIFE_S, {"a": Counters(10, 1, 0), "b": Counters(5, 5, 0)})
+    assert rates.loads()["a"].messages_per_s == 0.0
+    rates.sample(2 * HALF_LIFE_S, {"b": Counters(5, 5, 0)})
+    assert set(rates.loads()) == {"b"}
+    with pytest.raises(ValueError):
+        Rates(half_life_s=0)
+
+
+def test_a_topic_weighs_one_plus_its_whole_points() -> None:
+    assert weight(Load()) == 1
+    assert weight(Load(messages_per_s=99.9)) == 1
+    assert weight(Load(messages_per_s=1000.0)) == 11
+    assert weight(Load(bytes_per_s=3 * 2**20 + 1)) == 4
+    assert weight(Load(outstanding=25_000)) == 3
+    assert weight(Load(50.0, 2**19, 5_000)) == 2  # half a point each, three times
+    assert weight(Load(messages_per_s=math.inf)) == 1  # nonsense in a report weighs nothing
+    assert Load(1, 5, 0).larger(Load(2, 1, 3)) == Load(2, 5, 3)
+
+
+async def test_a_report_lists_the_busy_owned_topics_published_and_delivered() -> None:
+    owned = {"busy", "idle"}
+    published: dict[str, list[int]] = {"busy": [0, 0], "elsewhere": [0, 0]}
+    dispatcher = SimpleNamespace(topic_uid="busy", delivered=0, leases={})
+    clock = [0.0]
+    written: list[tuple[dict[str, Load], float]] = []
+
+    async def write(loads: Mapping[str, Load], at: float) -> None:
+        written.append((dict(loads), at))
+
+    reporter = LoadReporter(
+        owned=owned,
+        published=published,
+        dispatchers=lambda: {"sub": dispatcher},
+        write=write,
+        monotonic=lambda: clock[0],
+        wall=lambda: 1234.5,
+    )
+    await reporter.report()
+    assert written == []  # nothing to say yet (no rate from one sample)
+    for _ in range(4):
+        clock[0] += 5.0
+        published["busy"][0] += 5 * 300  # 300 msg/s in
+        published["busy"][1] += 5 * 300 * 1000
+        published["elsewhere"][0] += 10**6  # not owned here: never reported
+        dispatcher.delivered += 5 * 300  # and 300 msg/s out
+        dispatcher.leases = dict.fromkeys(range(40))
+        await reporter.report()
+    loads, at = written[-1]
+    assert set(loads) == {"busy"} and at == 1234.5
+    kept = 0.5 ** (20.0 / HALF_LIFE_S)  # four samples of 5 s after the first
+    assert loads["busy"].messages_per_s == pytest.approx(600 * (1 - kept))
+    assert loads["busy"].bytes_per_s == pytest.approx(300_000 * (1 - kept))
+    assert loads["busy"].outstanding == 40
+    # Quiet, then gone from here: the report says so once, then stays silent.
+    owned.discard("busy")
+    await reporter.report()
+    assert written[-1][0] == {}
+    count = len(written)
+    await reporter.report()
+    assert len(written) == count
+
+
+def test_reporter_reads_the_forwarders_counters_for_owned_topics_only() -> None:
+    dispatchers: dict[str, Any] = {
+        "s1": SimpleNamespace(topic_uid="t", delivered=3, leases={1: 0}),
+        "s2": SimpleNamespace(topic_uid="t", delivered=4, leases={}),
+        "s3": SimpleNamespace(topic_uid="other", delivered=100, leases={}),
+    }
+
+    async def write(loads: Mapping[str, Load], at: float) -> None:
+        raise AssertionError("not called")
+
+    reporter = LoadReporter(
+        owned={"t", "quiet"},
+        published={"t": [10, 99]},
+        dispatchers=lambda: dispatchers,
+        write=write,
+    )
+    assert reporter.counters() == {"t": Counters(17, 99, 1), "quiet": Counters(0, 0, 0)}
