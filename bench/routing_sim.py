@@ -14,7 +14,11 @@ each timed in CPU seconds of this process:
    newcomer takes about its fair share: the bound is their sum);
 5. **drain**: a zone is drained (every unit on it moves, forced);
 6. **routes**: the ordered list (owner and 3 fallbacks) of every unit, as the router publishes
-   them after a change of members.
+   them after a change of members;
+7. **weighted**: the zone undrained, then every unit given a load (messages/s from a Pareto
+   distribution, alpha ``PARETO_ALPHA``: most topics quiet, a few very busy) and the weight the
+   router gives it (``core/load.py``); the spread of the real load (messages/s per forwarder)
+   under the placement by count, then after one pass by weight, and the moves that pass makes.
 
 Prints a table and, with ``--json``, the figures.
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import resource
 import statistics
 import time
@@ -34,8 +39,12 @@ from typing import Any, TypeVar
 
 from pubsubd.control.assignment import Assignment, Member
 from pubsubd.control.routing_table import ROUTE_FALLBACKS
+from pubsubd.core.load import Load, weight
 
 T = TypeVar("T")
+
+# Topic loads for the weighted step: messages/s = 5 x Pareto(alpha), seeded (mean ~30 msg/s).
+PARETO_ALPHA = 1.2
 
 
 def _timed(fn: Callable[[], T]) -> tuple[T, float]:
@@ -105,8 +114,44 @@ def simulate(forwarders: int, units: int, zones: int, epsilon: float) -> dict[st
 
     _, cpu = _timed(lambda: [a.ranked(u, limit=ROUTE_FALLBACKS) for u in names])
     out["routes"] = {"cpu_s": cpu, "per_unit_us": cpu / units * 1e6}
+    undrained = joined
+    a.update(undrained, names, now=5.0)
+    rng = random.Random(7)
+    rates = {u: 5.0 * rng.paretovariate(PARETO_ALPHA) for u in names}
+    weights = {u: w for u, r in rates.items() if (w := weight(Load(messages_per_s=r))) > 1}
+    weighed = {u: float(weights.get(u, 1)) for u in names}
+    by_count = {"rate": _rate_spread(a, rates), "weight": _rate_spread(a, weighed)}
+    moves, cpu = _timed(lambda: a.update(undrained, names, now=6.0, weights=weights))
+    out["weighted"] = {
+        "cpu_s": cpu,
+        "moves": len(moves),
+        "heavy_units": len(weights),
+        "total_weight": units + sum(w - 1 for w in weights.values()),
+        "capacity": a.capacity,
+        "max_weight": max(weights.values(), default=1),
+        "by_count": by_count,
+        "by_weight": {"rate": _rate_spread(a, rates), "weight": _rate_spread(a, weighed)},
+        "max_weighted_load": max(a.weighted_loads().values()),
+    }
     out["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return out
+
+
+def _rate_spread(a: Assignment, rates: dict[str, float]) -> dict[str, float]:
+    """A figure per forwarder (units' messages/s or weights) under the assignment's owners: the
+    busiest against the mean and against the least any placement can do (the mean, or the
+    busiest unit alone), and the stdev against the mean."""
+    per = dict.fromkeys(a.members, 0.0)
+    for unit, owner in a.owners.items():
+        per[owner] += rates[unit]
+    loads = list(per.values())
+    mean = statistics.fmean(loads)
+    floor = max(mean, max(rates.values()))
+    return {
+        "max_over_mean": max(loads) / mean,
+        "max_over_floor": max(loads) / floor,
+        "stdev_over_mean": statistics.pstdev(loads) / mean,
+    }
 
 
 def _table(r: dict[str, Any]) -> str:
@@ -137,6 +182,25 @@ def _table(r: dict[str, Any]) -> str:
         f"| routes (owner + {ROUTE_FALLBACKS}) | {r['routes']['cpu_s']:.2f} | | | "
         f"{r['routes']['per_unit_us']:.1f} µs per unit |"
     )
+    w = r["weighted"]
+    lines += [
+        "",
+        f"Weighted ({w['heavy_units']:,} units weigh more than 1, the heaviest "
+        f"{w['max_weight']}; total weight {w['total_weight']:,}, capacity {w['capacity']}): "
+        f"one pass, {w['cpu_s']:.2f} CPU s, {w['moves']:,} moves; heaviest forwarder "
+        f"{w['max_weighted_load']} in weight.",
+        "",
+        "| Placement | weight per forwarder: max / mean | stdev / mean "
+        "| messages/s: max / mean | max / least possible | stdev / mean |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for label, key in (("by count", "by_count"), ("by weight", "by_weight")):
+        wt, rate = w[key]["weight"], w[key]["rate"]
+        lines.append(
+            f"| {label} | {wt['max_over_mean']:.2f} | {wt['stdev_over_mean']:.3f} "
+            f"| {rate['max_over_mean']:.2f} | {rate['max_over_floor']:.2f} "
+            f"| {rate['stdev_over_mean']:.3f} |"
+        )
     return "\n".join(lines)
 
 
