@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from pubsubd._gen.pubsubd.internal.v1 import routing_pb2
 from pubsubd.control.routing_store import decode_constraints, encode_constraints
 from pubsubd.control.routing_table import (
     Constraints,
@@ -18,7 +19,9 @@ from pubsubd.control.routing_table import (
     subscribing_unit,
     unit_kind,
 )
+from pubsubd.control.routing_views import RoutingView
 from pubsubd.coordination.paths import bucket
+from pubsubd.coordination.zk import Coordinator
 
 pytestmark = pytest.mark.unit
 
@@ -176,3 +179,23 @@ def test_colocated_a_heavy_topic_counts_its_weight_against_the_bound() -> None:
     assert loads[owner] <= table.publishing.capacity and sum(loads.values()) == 21
     assert table.route(publishing_unit("u0", 1))[0] == owner
     assert table.route(subscribing_unit("s0", 1))[0] == owner
+
+
+def test_a_forwarders_view_of_its_topics_follows_each_shard() -> None:
+    """RoutingView.owned_topics, kept per shard: a shard read again replaces only its own
+    topics, a shard gone takes its topics with it."""
+    view = RoutingView(Coordinator("127.0.0.1:1", "/unused"))  # never started: no I/O
+
+    def shard(name: str, routes: dict[str, tuple[str, ...]]) -> None:
+        data = routing_pb2.AssignmentShard(
+            routes=[routing_pb2.Route(unit=u, forwarders=r) for u, r in routes.items()]
+        ).SerializeToString()
+        view._shard_read(name, (data, None))  # type: ignore[arg-type]
+
+    shard("a", {"p/t1/0": ("f1", "f2"), "p/t1/1": ("f2",), "s/x/0": ("f2",), "p/t2/0": ("f2",)})
+    shard("b", {"p/t3/0": ("f1",), "p/t4/0": ()})
+    assert view.owned_topics("f1") == {"t1", "t3"} and view.owned_topics("f2") == {"t2"}
+    shard("a", {"p/t1/0": ("f2",), "p/t2/0": ("f2",)})
+    assert view.owned_topics("f1") == {"t3"} and view.owned_topics("f2") == {"t1", "t2"}
+    view._shard_read("b", None)
+    assert view.owned_topics("f1") == set() and view.route("p/t3/0") == ()

@@ -111,6 +111,9 @@ class RoutingView:
         self.forwarders: dict[str, Forwarder] = {}
         self.constraints = Constraints()
         self._shards: dict[str, dict[str, tuple[str, ...]]] = {}
+        # Per shard: owner -> the uids of the topics whose first source it owns (so a change
+        # of one shard costs that shard, not every route).
+        self._topic_owners: dict[str, dict[str, set[str]]] = {}
         self._shard_follows: dict[str, Follow[Any]] = {}
         self._follows: list[Follow[Any]] = []
         self._tasks: set[asyncio.Task[None]] = set()
@@ -144,12 +147,10 @@ class RoutingView:
     def owned_topics(self, forwarder_id: str) -> set[str]:
         """The uids of the topics whose first publish message source the published
         assignment gives ``forwarder_id`` (a forwarder serves the whole topic then)."""
-        return {
-            unit.split("/")[1]
-            for routes in self._shards.values()
-            for unit, route in routes.items()
-            if route and route[0] == forwarder_id and unit.startswith("p/") and unit.endswith("/0")
-        }
+        owned: set[str] = set()
+        for owners in self._topic_owners.values():
+            owned |= owners.get(forwarder_id, set())
+        return owned
 
     def owner_address(self, unit: str) -> str | None:
         """The address of the unit's owner as last published (None: unknown)."""
@@ -175,7 +176,7 @@ class RoutingView:
         present = set(names or ())
         for gone in set(self._shard_follows) - present:
             self._shard_follows.pop(gone).cancel()
-            self._shards.pop(gone, None)
+            self._set_shard(gone, None)
         for name in present - set(self._shard_follows):
             path = self._zk.layout.routing_shard(name)
             self._shard_follows[name] = self._zk.watch_data(
@@ -185,12 +186,24 @@ class RoutingView:
 
     def _shard_read(self, name: str, got: tuple[bytes, ZnodeStat] | None) -> None:
         if got is None:
-            self._shards.pop(name, None)
+            self._set_shard(name, None)
         else:
             try:
                 shard = pb.AssignmentShard.FromString(got[0])
             except Exception as e:  # a shard we cannot read keeps its last routes
                 log.warning("routing shard %s unreadable: %s", name, e)
                 return
-            self._shards[name] = {r.unit: tuple(r.forwarders) for r in shard.routes}
+            self._set_shard(name, {r.unit: tuple(r.forwarders) for r in shard.routes})
         self._on_change()
+
+    def _set_shard(self, name: str, routes: dict[str, tuple[str, ...]] | None) -> None:
+        if routes is None:
+            self._shards.pop(name, None)
+            self._topic_owners.pop(name, None)
+            return
+        self._shards[name] = routes
+        owners: dict[str, set[str]] = {}
+        for unit, route in routes.items():
+            if route and unit.startswith("p/") and unit.endswith("/0"):
+                owners.setdefault(route[0], set()).add(unit.split("/")[1])
+        self._topic_owners[name] = owners
