@@ -6,12 +6,15 @@ idle; nothing moves twice within the hysteresis window unless its owner went awa
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pubsubd.control.assignment import Assignment, Member
+from pubsubd.control.routing_store import decode_shard, encode_shard
+from pubsubd.control.routing_table import Constraints, Forwarder, RoutingTable, TopicUnits
 
 pytestmark = pytest.mark.property
 
@@ -229,3 +232,69 @@ def test_a_hot_topic_leaves_room_on_its_forwarder() -> None:
     back = a.update(members, units, now=2000.0)
     assert a.capacity == 14 and max(a.loads().values()) <= 14
     assert len(back) == sum(max(0, n - 14) for n in before.values())
+
+
+# --- a router taking over (router/main.py seeds from the published assignment) ------------------
+
+
+STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("drain"), st.integers(0, 3)),
+        st.tuples(st.just("undrain"), st.integers(0, 3)),
+        st.tuples(st.just("heat"), st.integers(0, 39), st.integers(2, 30)),
+        st.tuples(st.just("cool"), st.integers(0, 39)),
+        st.tuples(st.just("wait"), st.integers(1, 100)),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(before=STEPS, after=STEPS)
+def test_a_router_seeded_from_the_published_assignment_decides_as_the_one_that_wrote_it(
+    before: list[tuple[int | str, ...]], after: list[tuple[int | str, ...]]
+) -> None:
+    """Routes and their last move times go through the published shards (encode_shard,
+    decode_shard, RoutingTable.restore); from then on, the router that took over moves
+    exactly what the one before would have (hysteresis windows included)."""
+    forwarders = [Forwarder(f"f{i}", f"a:{i}") for i in range(4)]
+    topics = [TopicUnits(f"projects/p/topics/t{i}", f"u{i}", 1) for i in range(40)]
+    state: dict[str, Any] = {"drained": set(), "weights": {}, "now": 0.0}
+
+    def apply(step: tuple[int | str, ...]) -> None:
+        action = step[0]
+        if action == "drain":
+            state["drained"] = state["drained"] | {f"f{step[1]}"}
+        elif action == "undrain":
+            state["drained"] = state["drained"] - {f"f{step[1]}"}
+        elif action == "heat":
+            state["weights"] = {**state["weights"], f"u{step[1]}": step[2]}
+        elif action == "cool":
+            state["weights"] = {k: w for k, w in state["weights"].items() if k != f"u{step[1]}"}
+        else:
+            state["now"] += float(step[1])
+        state["now"] += 10.0
+
+    def run(table: RoutingTable) -> dict[str, str]:
+        constraints = Constraints(drained=frozenset(state["drained"]))
+        table.update(forwarders, constraints, topics, [], state["now"], state["weights"])
+        return dict(table.publishing.owners)
+
+    first = RoutingTable(colocate=True, hysteresis_s=60.0)
+    for step in before:
+        apply(step)
+        run(first)
+    shards = {
+        name: decode_shard(encode_shard(routes, 1, "r", first.last_moved))
+        for name, routes in first.shards.items()
+    }
+    second = RoutingTable(colocate=True, hysteresis_s=60.0)
+    for decoded in shards.values():
+        for unit, (route, moved_at) in decoded.items():
+            second.restore(unit, route[0], moved_at)
+    state["now"] += 10.0  # the new router's first pass: nothing else changed
+    assert run(second) == run(first)
+    for step in after:
+        apply(step)
+        assert run(second) == run(first), step

@@ -239,6 +239,17 @@ class Assignment:
     def weight(self, unit: str) -> int:
         return self.weights.get(unit, 1)
 
+    def last_moved(self, unit: str) -> float | None:
+        """When ``unit`` last changed owner (None: not since it was placed)."""
+        return self._moved_at.get(unit)
+
+    def restore(self, unit: str, owner: str, moved_at: float | None) -> None:
+        """Take ``unit``'s owner (and when it last moved) from an earlier router's published
+        assignment, before the first :meth:`update`."""
+        self.owners[unit] = owner
+        if moved_at is not None:
+            self._moved_at[unit] = moved_at
+
     def _fill(
         self,
         wanted: list[str],

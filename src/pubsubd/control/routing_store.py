@@ -35,7 +35,14 @@ log = logging.getLogger(__name__)
 # 1: the first routing records.
 PROTOCOL_VERSION = 1
 
-__all__ = ["PROTOCOL_VERSION", "RoutingStore", "decode_constraints", "encode_constraints"]
+__all__ = [
+    "PROTOCOL_VERSION",
+    "RoutingStore",
+    "decode_constraints",
+    "decode_shard",
+    "encode_constraints",
+    "encode_shard",
+]
 
 
 def encode_forwarder(forwarder: Forwarder) -> bytes:
@@ -71,6 +78,31 @@ def encode_constraints(constraints: Constraints) -> bytes:
         pinned_topics=dict(constraints.pinned_topics),
     )
     return bytes(msg.SerializeToString())
+
+
+def encode_shard(
+    routes: Mapping[str, tuple[str, ...]],
+    generation: int,
+    router_id: str,
+    moved_at: Callable[[str], float | None],
+) -> bytes:
+    shard = pb.AssignmentShard(
+        protocol_version=PROTOCOL_VERSION, generation=generation, router_id=router_id
+    )
+    for unit, route in sorted(routes.items()):
+        moved = moved_at(unit)
+        shard.routes.append(
+            pb.Route(unit=unit, forwarders=route, moved_at_unix_s=moved if moved else 0.0)
+        )
+    return bytes(shard.SerializeToString())
+
+
+def decode_shard(data: bytes) -> dict[str, tuple[tuple[str, ...], float | None]]:
+    """unit -> (its ordered forwarders, when it last moved or None)."""
+    return {
+        r.unit: (tuple(r.forwarders), r.moved_at_unix_s or None)
+        for r in pb.AssignmentShard.FromString(data).routes
+    }
 
 
 def decode_constraints(data: bytes) -> Constraints:
@@ -145,9 +177,11 @@ class RoutingStore:
         generation: int,
         router_id: str,
         check: Callable[[], None],
+        moved_at: Callable[[str], float | None] = lambda _: None,
     ) -> int:
         """Write the ``changed`` shards (an empty one is deleted); ``check()`` before each
-        write (it raises when this router stopped leading). Returns the shards written."""
+        write (it raises when this router stopped leading). ``moved_at(unit)``: when it last
+        changed owner, Unix seconds (None: not since placed). Returns the shards written."""
         written = 0
         for shard in sorted(changed):
             check()
@@ -158,12 +192,7 @@ class RoutingStore:
                     await self._zk.delete(path)
                 written += 1
                 continue
-            data = pb.AssignmentShard(
-                protocol_version=PROTOCOL_VERSION,
-                generation=generation,
-                router_id=router_id,
-                routes=[pb.Route(unit=u, forwarders=r) for u, r in sorted(routes.items())],
-            ).SerializeToString()
+            data = encode_shard(routes, generation, router_id, moved_at)
             try:
                 await self._zk.set(path, data)
             except NoNode:
@@ -173,17 +202,20 @@ class RoutingStore:
 
     async def routes(self) -> dict[str, tuple[str, ...]]:
         """Every unit's ordered list of forwarders, as the leading router last wrote them."""
+        return {unit: route for unit, (route, _) in (await self.assignment()).items()}
+
+    async def assignment(self) -> dict[str, tuple[tuple[str, ...], float | None]]:
+        """Every unit's ordered list and when it last moved (Unix seconds; None: not since
+        placed), as the leading router last wrote them."""
         try:
             names = await self._zk.children(self._layout.routing_shards)
         except NoNode:
             return {}
-        out: dict[str, tuple[str, ...]] = {}
+        out: dict[str, tuple[tuple[str, ...], float | None]] = {}
         paths = [self._layout.routing_shard(n) for n in sorted(names)]
         for got in await self._zk.get_many(paths):
-            if got is None:
-                continue
-            for route in pb.AssignmentShard.FromString(got[0]).routes:
-                out[route.unit] = tuple(route.forwarders)
+            if got is not None:
+                out.update(decode_shard(got[0]))
         return out
 
     # -- load reports --------------------------------------------------------------------

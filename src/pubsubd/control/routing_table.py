@@ -314,6 +314,17 @@ class RoutingTable:
             if (f.publishing if publishing else f.subscribing)
         ]
 
+    def last_moved(self, unit: str) -> float | None:
+        """When the unit placed as ``unit`` last changed owner (None: not since placed, or a
+        unit that follows another, co-located)."""
+        kind = self.publishing if unit_kind(unit) == "publishing" else self.subscribing
+        return kind.last_moved(unit)
+
+    def restore(self, unit: str, owner: str, moved_at: float | None) -> None:
+        """Seed a unit's owner from the published assignment (see ``Assignment.restore``)."""
+        kind = self.publishing if unit_kind(unit) == "publishing" else self.subscribing
+        kind.restore(unit, owner, moved_at)
+
     def route(self, unit: str) -> tuple[str, ...]:
         """The unit's ordered list of forwarder IDs (empty: no forwarder can take it)."""
         return self.shards.get(bucket(unit), {}).get(unit, ())

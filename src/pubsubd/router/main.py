@@ -164,12 +164,13 @@ class Router:
     # -- one routing pass (the leader) ---------------------------------------------------------
 
     async def _seed(self) -> None:
-        """Start from the published assignment, so units keep their owners across routers."""
-        routes = await self.store.routes()
-        for unit, forwarders in routes.items():
+        """Start from the published assignment, so units keep their owners across routers,
+        and the units that moved lately their hysteresis window."""
+        clocks = time.monotonic() - time.time()  # a Unix time + this: the monotonic one
+        for unit, (forwarders, moved_at) in (await self.store.assignment()).items():
             if forwarders:
-                kind = self.table.publishing if unit.startswith("p/") else self.table.subscribing
-                kind.owners[unit] = forwarders[0]
+                moved = None if moved_at is None else moved_at + clocks
+                self.table.restore(unit, forwarders[0], moved)
         self._seeded = True
 
     async def _step(self) -> None:
@@ -195,8 +196,19 @@ class Router:
             weights,
         )
         self.generation += 1
+        clocks = time.time() - time.monotonic()  # a monotonic time + this: the Unix one
+
+        def moved_at(unit: str) -> float | None:
+            moved = self.table.last_moved(unit)
+            return None if moved is None else moved + clocks
+
         written = await self.store.write_shards(
-            self.table.shards, done.changed_shards, self.generation, self.router_id, check
+            self.table.shards,
+            done.changed_shards,
+            self.generation,
+            self.router_id,
+            check,
+            moved_at,
         )
         for move in done.moves:
             if move.source is not None:
