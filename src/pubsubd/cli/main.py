@@ -325,6 +325,68 @@ def frontend(
         _fail(e)
 
 
+@app.command()
+def prober(
+    endpoint: Annotated[
+        list[str],
+        typer.Option(help="host:port of a frontend or serving process (repeat for each)"),
+    ],
+    project: Annotated[str, typer.Option(help="project of the probes' topics")] = (
+        "pubsubd-prober"
+    ),
+    interval: Annotated[float, typer.Option(help="s between probe rounds")] = 10.0,
+    probe: Annotated[
+        list[str] | None,
+        typer.Option(help="publish_receive or control_plane (repeat; default: both)"),
+    ] = None,
+    http_port: Annotated[
+        int, typer.Option(help="HTTP port for /healthz, /metrics, /status (0 = any, -1 = off)")
+    ] = 0,
+    once: Annotated[bool, typer.Option(help="one round, print it, exit 1 if a probe failed")] = (
+        False
+    ),
+    as_json: Annotated[bool, typer.Option("--json", help="--once: print JSON")] = False,
+    log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
+) -> None:
+    """Probe the service as clients use it: publish and receive a message, and create, get,
+    update and delete a topic and a subscription, through every endpoint; the results are
+    SLIs on /metrics, the last ones on /status."""
+    from pubsubd.observability.logging import setup
+    from pubsubd.prober.main import ProberConfig, run, run_once
+    from pubsubd.prober.probes import CONTROL_PLANE, PUBLISH_RECEIVE
+
+    setup(log_level)
+    try:
+        config = ProberConfig(
+            endpoints=tuple(endpoint),
+            project=project,
+            interval_s=interval,
+            http_port=http_port,
+            probes=tuple(probe) if probe else (PUBLISH_RECEIVE, CONTROL_PLANE),
+        )
+    except ValueError as e:
+        _fail(e)
+    if not once:
+        run(config)
+        return
+    results = run_once(config)
+    if as_json:
+        sys.stdout.write(json.dumps([r.as_dict() for r in results], indent=2) + "\n")
+    else:
+        table = Table("probe", "endpoint", "result", "latency ms", "error")
+        for r in results:
+            table.add_row(
+                r.probe,
+                r.endpoint,
+                "ok" if r.ok else "FAILED",
+                f"{r.latency_s * 1000:.1f}",
+                r.error,
+            )
+        console.print(table)
+    if not all(r.ok for r in results):
+        raise typer.Exit(1)
+
+
 # --- client commands -------------------------------------------------------------------------
 
 

@@ -1,0 +1,1 @@
+"""``pubsubd prober``: probes the service the way clients use it (issue 12)."""
