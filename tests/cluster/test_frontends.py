@@ -28,8 +28,27 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with running_cluster(tmp_path_factory.mktemp("frontends"), routers=1, frontends=2) as c:
+    directory = tmp_path_factory.mktemp("frontends")
+    with running_cluster(directory, routers=1, frontends=2, probers=1) as c:
         yield c
+
+
+def test_the_clusters_prober_probes_through_every_frontend(cluster: LocalCluster) -> None:
+    """``cluster up`` starts a prober through every frontend (issue 12): both planes, both
+    frontends, successful, on its /status."""
+    http = cluster.process("prober-1").address
+
+    def probed() -> list[dict[str, Any]] | None:
+        with urllib.request.urlopen(f"http://{http}/status", timeout=10) as r:
+            probes: list[dict[str, Any]] = json.loads(r.read())["probes"]
+        return probes if len(probes) == 4 else None
+
+    wait_for(probed, 60, "a round through both frontends")
+    probes = probed() or []
+    assert {(p["endpoint"], p["probe"]) for p in probes} == {
+        (e, p) for e in cluster.frontends for p in ("publish_receive", "control_plane")
+    }
+    assert all(p["ok"] for p in probes), probes
 
 
 def _endpoint(cluster: LocalCluster) -> str:

@@ -57,6 +57,9 @@ def up(
             "(0: one serving process owns every topic)"
         ),
     ] = 3,
+    probers: Annotated[
+        int, typer.Option(help="probers (pubsubd prober) through every frontend")
+    ] = 1,
     as_json: AsJson = False,
 ) -> None:
     """Start a cluster on loopback and print where clients connect."""
@@ -73,6 +76,7 @@ def up(
             routers=routers,
             frontends=frontends,
             forwarders=forwarders,
+            probers=probers,
         )
     except (ClusterError, EnsembleError, ZooKeeperMissing, OSError) as e:
         _fail(e)

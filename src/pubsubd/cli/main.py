@@ -346,6 +346,7 @@ def prober(
         False
     ),
     as_json: Annotated[bool, typer.Option("--json", help="--once: print JSON")] = False,
+    pid_file: Annotated[Path | None, typer.Option(help="write the PID here when ready")] = None,
     log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
 ) -> None:
     """Probe the service as clients use it: publish and receive a message, and create, get,
@@ -363,6 +364,7 @@ def prober(
             interval_s=interval,
             http_port=http_port,
             probes=tuple(probe) if probe else (PUBLISH_RECEIVE, CONTROL_PLANE),
+            pid_file=pid_file,
         )
     except ValueError as e:
         _fail(e)

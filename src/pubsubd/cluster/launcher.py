@@ -13,6 +13,7 @@ Layout under the cluster's directory::
                                 process with ``forwarders`` > 0
     DIR/router-N.log, .pid      router N (pubsubd router)
     DIR/frontend-N.log, .pid    frontend N (pubsubd frontend); clients connect to these
+    DIR/prober-N.log, .pid      prober N (pubsubd prober), through every frontend
 
 Every process runs in its own session (it outlives the CLI that started it) and is signalled
 only by its recorded PID, after checking that the PID still runs a command naming this
@@ -45,7 +46,9 @@ ROUTER_READY = re.compile(r"pubsubd router ready router_id=(\S+) zone=(\S+) http
 FRONTEND_READY = re.compile(
     r"pubsubd frontend ready grpc=(\S+) http=(\S+) frontend_id=(\S+) zone=(\S+)"
 )
+PROBER_READY = re.compile(r"pubsubd prober ready endpoints=(\d+) http=(\S+)")
 READY = {
+    "prober": PROBER_READY,
     "storage": STORAGE_READY,
     "serve": SERVE_READY,
     "forwarder": SERVE_READY,
@@ -61,7 +64,7 @@ class ClusterError(RuntimeError):
 
 @dataclass
 class Process:
-    role: str  # zookeeper | storage | serve | forwarder | router | frontend
+    role: str  # zookeeper | storage | serve | forwarder | router | frontend | prober
     pid: int | None
     address: str
     zone: str = ""
@@ -225,14 +228,15 @@ class LocalCluster:
         routers: int = 0,
         frontends: int = 0,
         forwarders: int = 0,
+        probers: int = 0,
         timeout: float = 60.0,
         serve_args: list[str] | None = None,
     ) -> LocalCluster:
         """Start ZooKeeper, the storage nodes, the serving process (or, with ``forwarders``,
         that many forwarders serving the topics the routers assign them), ``routers`` routers
         and ``frontends`` frontends (then clients connect to the frontends: ``grpc`` is the
-        first); wait until all are ready. Whatever started is stopped again if a later step
-        fails."""
+        first), and ``probers`` probers through every frontend; wait until all are ready.
+        Whatever started is stopped again if a later step fails."""
         if forwarders and (not routers or not frontends):
             raise ClusterError("forwarders need at least one router and one frontend")
         if self.state_path.exists():
@@ -275,6 +279,9 @@ class LocalCluster:
                 self.save()
             if frontends:
                 self.grpc = self.frontends[0]
+                self.save()
+            for i in range(probers):
+                self.processes.append(self._start_prober(i, timeout))
                 self.save()
         except BaseException:
             self.down()
@@ -399,6 +406,19 @@ class LocalCluster:
         args[args.index("--http-port") + 1] = http.rsplit(":", 1)[1]
         return Process("frontend", pid, grpc, zone, str(log), name, args)
 
+    def _start_prober(self, i: int, timeout: float) -> Process:
+        name = f"prober-{i + 1}"
+        endpoints = [a for e in (self.frontends or [self.grpc]) for a in ("--endpoint", e)]
+        args = [
+            sys.executable, "-m", "pubsubd", "prober", *endpoints, "--http-port", "0",
+            "--pid-file", str(self.directory / f"{name}.pid"),
+        ]  # fmt: skip
+        log = self.directory / f"{name}.log"
+        pid, ready = _start(args, log, PROBER_READY, timeout)
+        http = ready.group(2)
+        args[args.index("--http-port") + 1] = http.rsplit(":", 1)[1]
+        return Process("prober", pid, http, "", str(log), name, args)
+
     @property
     def frontends(self) -> list[str]:
         """The frontends' gRPC addresses (empty: clients connect to the serving process)."""
@@ -464,6 +484,7 @@ class LocalCluster:
             "forwarder": 2,
             "router": 3,
             "frontend": 4,
+            "prober": 5,
         }
         names = [p.name for p in sorted(self.processes, key=lambda p: order.get(p.role, 9))]
         for name in names:
@@ -482,6 +503,7 @@ class LocalCluster:
         and the serving process first, ZooKeeper last. Returns the names of the processes
         stopped."""
         order = {
+            "prober": 0,
             "frontend": 0,
             "router": 0,
             "serve": 1,

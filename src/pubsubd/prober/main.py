@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -57,6 +59,7 @@ class ProberConfig:
     host: str = "127.0.0.1"
     http_port: int = -1
     probes: tuple[str, ...] = field(default=(PUBLISH_RECEIVE, CONTROL_PLANE))
+    pid_file: Path | None = None  # written when ready, removed on a clean stop
 
     def __post_init__(self) -> None:
         if not self.endpoints:
@@ -111,6 +114,8 @@ class Prober:
         if self.config.http_port >= 0:
             self.http_port = await self.http.start(self.config.host, self.config.http_port)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="prober")
+        if self.config.pid_file is not None:
+            self.config.pid_file.write_text(f"{os.getpid()}\n")
         http = f" http={self.config.host}:{self.http_port}" if self.config.http_port >= 0 else ""
         sys.stdout.write(f"pubsubd prober ready endpoints={len(self.config.endpoints)}{http}\n")
         sys.stdout.flush()
@@ -122,6 +127,8 @@ class Prober:
         await self.http.close()
         for c in self.clients.values():
             await asyncio.to_thread(c.close)
+        if self.config.pid_file is not None:
+            self.config.pid_file.unlink(missing_ok=True)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
