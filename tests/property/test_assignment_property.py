@@ -298,3 +298,23 @@ def test_a_router_seeded_from_the_published_assignment_decides_as_the_one_that_w
     for step in after:
         apply(step)
         assert run(second) == run(first), step
+
+
+@settings(max_examples=80, deadline=None)
+@given(weights=WEIGHTS, members=st.integers(1, 6), epsilon=EPSILONS)
+def test_weighted_placement_settles_no_unit_goes_round_every_window(
+    weights: list[int], members: int, epsilon: float
+) -> None:
+    """Steady weights: after two passes (the second sheds what a unit too heavy to fit
+    anywhere pushed over the bound), later passes move nothing, window after window; a unit
+    heavier than the bound is never moved to even out loads."""
+    units = _units(len(weights))
+    by_unit = dict(zip(units, weights, strict=True))
+    a = Assignment(epsilon=epsilon, hysteresis_s=60.0)
+    everyone = _members(members)
+    a.update(everyone, units, now=0.0)  # by count first, as a router without reports
+    a.update(everyone, units, now=100.0, weights=by_unit)
+    a.update(everyone, units, now=200.0, weights=by_unit)
+    for window in range(3, 6):
+        moves = a.update(everyone, units, now=100.0 * window, weights=by_unit)
+        assert moves == [], window

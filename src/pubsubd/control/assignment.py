@@ -208,7 +208,11 @@ class Assignment:
         for member in eligible:
             if load[member] <= self.capacity:
                 continue
-            settled = [u for u in held[member] if not self._recent(u, now)]
+            # A unit heavier than the bound fits nowhere: moving it would only move the
+            # overload (and back again every window), so it stays.
+            settled = [
+                u for u in held[member] if not self._recent(u, now) and weight(u) <= self.capacity
+            ]
             settled.sort(
                 key=lambda u: (weight(u), self._moved_at.get(u, -math.inf), self._point(u))
             )
@@ -227,8 +231,16 @@ class Assignment:
                 (m for m in ring.walk(self._point(unit)) if load[m] + w <= capacity), None
             )
             if target is None:  # hysteresis kept members over capacity, or a unit this heavy
-                target = min(eligible, key=lambda m: (load[m], m))
+                # One shed to even out loads stays where it was (moving it would only move
+                # the overload); a new one, or one whose owner went, takes the least loaded.
+                if old is not None and not forced and old in load:
+                    target = old
+                else:
+                    target = min(eligible, key=lambda m: (load[m], m))
             load[target] += w
+            if target == old:  # back where it was (it fit there after all): not a move
+                self.owners[unit] = target
+                continue
             moves.append(self._move(unit, old, target, forced, now))
         newcomers = set(eligible) - self._eligible if self._eligible else set()
         self._eligible = frozenset(eligible)
