@@ -428,6 +428,7 @@ class _Follower:
         self._waiting: set[str] = set()  # failed while disconnected: read once connected
         self._later: set[str] = set()  # no answer in time: read again in a moment
         self._wake = asyncio.Event()
+        self._closed = False
         self._settled = asyncio.Event()  # nothing to read: every change heard is published
         self._settled.set()
         self._workers: list[asyncio.Task[None]] = []
@@ -455,7 +456,12 @@ class _Follower:
         ]
 
     def close(self) -> None:
+        # The flag as well as the cancel: Python 3.11's asyncio.wait_for returns a result that
+        # arrived with the cancellation instead of raising it, and a worker that went on would
+        # wait for work forever (the loop's shutdown with it).
+        self._closed = True
         self._remove_listener()
+        self._wake.set()
         for task in self._workers:
             task.cancel()
 
@@ -503,10 +509,11 @@ class _Follower:
         await self._settled.wait()
 
     async def _work(self) -> None:
-        while True:
-            while not self._queue:
+        while not self._closed:
+            if not self._queue:
                 self._wake.clear()
                 await self._wake.wait()
+                continue
             path = next(iter(self._queue))
             del self._queue[path]
             self._inflight.add(path)
