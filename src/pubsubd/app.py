@@ -158,7 +158,13 @@ class PubsubServer:
                 replay.handlers(
                     replay.ReplayServicer(self.catalog, self.routes, self.cursors, self.clock)
                 ),
-                admin.handlers(admin.AdminServicer(self.catalog, self.routes)),
+                admin.handlers(
+                    admin.AdminServicer(
+                        self.catalog,
+                        self.routes,
+                        RoutingStore(self.cluster.coordinator) if self.cluster else None,
+                    )
+                ),
                 forwarder_service.handlers(
                     forwarder_service.ForwarderServicer(self.catalog, self.routes)
                 ),

@@ -15,23 +15,35 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16pubsubd/v1/admin.proto\x12\npubsubd.v1\"\xc2\x01\n\x0c\x44\x61magedRange\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\x05\x12\x14\n\x0c\x66irst_offset\x18\x03 \x01(\x03\x12\x12\n\nend_offset\x18\x04 \x01(\x03\x12\x0c\n\x04\x66ile\x18\x05 \x01(\t\x12\x12\n\nbyte_start\x18\x06 \x01(\x03\x12\x11\n\tbyte_stop\x18\x07 \x01(\x03\x12\x0e\n\x06reason\x18\x08 \x01(\t\x12\r\n\x05\x66ound\x18\t \x01(\t\x12\x15\n\rtopic_storage\x18\n \x01(\t\")\n\x18ListDamagedRangesRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"E\n\x19ListDamagedRangesResponse\x12(\n\x06ranges\x18\x01 \x03(\x0b\x32\x18.pubsubd.v1.DamagedRange\")\n\x18SkipDamagedRangesRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"]\n\x19SkipDamagedRangesResponse\x12)\n\x07skipped\x18\x01 \x03(\x0b\x32\x18.pubsubd.v1.DamagedRange\x12\x15\n\rmessages_lost\x18\x02 \x01(\x03\x32\xcb\x01\n\x05\x41\x64min\x12`\n\x11ListDamagedRanges\x12$.pubsubd.v1.ListDamagedRangesRequest\x1a%.pubsubd.v1.ListDamagedRangesResponse\x12`\n\x11SkipDamagedRanges\x12$.pubsubd.v1.SkipDamagedRangesRequest\x1a%.pubsubd.v1.SkipDamagedRangesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16pubsubd/v1/admin.proto\x12\npubsubd.v1\"\xc5\x01\n\x12RoutingConstraints\x12\x1a\n\x12\x64rained_forwarders\x18\x01 \x03(\t\x12\x15\n\rdrained_zones\x18\x02 \x03(\t\x12G\n\rpinned_topics\x18\x03 \x03(\x0b\x32\x30.pubsubd.v1.RoutingConstraints.PinnedTopicsEntry\x1a\x33\n\x11PinnedTopicsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1e\n\x1cGetRoutingConstraintsRequest\"/\n\x08TopicPin\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x14\n\x0c\x66orwarder_id\x18\x02 \x01(\t\"\xd3\x01\n\x1f\x43hangeRoutingConstraintsRequest\x12\x19\n\x0f\x64rain_forwarder\x18\x01 \x01(\tH\x00\x12\x1b\n\x11undrain_forwarder\x18\x02 \x01(\tH\x00\x12\x14\n\ndrain_zone\x18\x03 \x01(\tH\x00\x12\x16\n\x0cundrain_zone\x18\x04 \x01(\tH\x00\x12)\n\tpin_topic\x18\x05 \x01(\x0b\x32\x14.pubsubd.v1.TopicPinH\x00\x12\x15\n\x0bunpin_topic\x18\x06 \x01(\tH\x00\x42\x08\n\x06\x63hange\"\xc2\x01\n\x0c\x44\x61magedRange\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\x05\x12\x14\n\x0c\x66irst_offset\x18\x03 \x01(\x03\x12\x12\n\nend_offset\x18\x04 \x01(\x03\x12\x0c\n\x04\x66ile\x18\x05 \x01(\t\x12\x12\n\nbyte_start\x18\x06 \x01(\x03\x12\x11\n\tbyte_stop\x18\x07 \x01(\x03\x12\x0e\n\x06reason\x18\x08 \x01(\t\x12\r\n\x05\x66ound\x18\t \x01(\t\x12\x15\n\rtopic_storage\x18\n \x01(\t\")\n\x18ListDamagedRangesRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"E\n\x19ListDamagedRangesResponse\x12(\n\x06ranges\x18\x01 \x03(\x0b\x32\x18.pubsubd.v1.DamagedRange\")\n\x18SkipDamagedRangesRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"]\n\x19SkipDamagedRangesResponse\x12)\n\x07skipped\x18\x01 \x03(\x0b\x32\x18.pubsubd.v1.DamagedRange\x12\x15\n\rmessages_lost\x18\x02 \x01(\x03\x32\x97\x03\n\x05\x41\x64min\x12`\n\x11ListDamagedRanges\x12$.pubsubd.v1.ListDamagedRangesRequest\x1a%.pubsubd.v1.ListDamagedRangesResponse\x12`\n\x11SkipDamagedRanges\x12$.pubsubd.v1.SkipDamagedRangesRequest\x1a%.pubsubd.v1.SkipDamagedRangesResponse\x12\x61\n\x15GetRoutingConstraints\x12(.pubsubd.v1.GetRoutingConstraintsRequest\x1a\x1e.pubsubd.v1.RoutingConstraints\x12g\n\x18\x43hangeRoutingConstraints\x12+.pubsubd.v1.ChangeRoutingConstraintsRequest\x1a\x1e.pubsubd.v1.RoutingConstraintsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pubsubd._gen.pubsubd.v1.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DAMAGEDRANGE']._serialized_start=39
-  _globals['_DAMAGEDRANGE']._serialized_end=233
-  _globals['_LISTDAMAGEDRANGESREQUEST']._serialized_start=235
-  _globals['_LISTDAMAGEDRANGESREQUEST']._serialized_end=276
-  _globals['_LISTDAMAGEDRANGESRESPONSE']._serialized_start=278
-  _globals['_LISTDAMAGEDRANGESRESPONSE']._serialized_end=347
-  _globals['_SKIPDAMAGEDRANGESREQUEST']._serialized_start=349
-  _globals['_SKIPDAMAGEDRANGESREQUEST']._serialized_end=390
-  _globals['_SKIPDAMAGEDRANGESRESPONSE']._serialized_start=392
-  _globals['_SKIPDAMAGEDRANGESRESPONSE']._serialized_end=485
-  _globals['_ADMIN']._serialized_start=488
-  _globals['_ADMIN']._serialized_end=691
+  _globals['_ROUTINGCONSTRAINTS_PINNEDTOPICSENTRY']._loaded_options = None
+  _globals['_ROUTINGCONSTRAINTS_PINNEDTOPICSENTRY']._serialized_options = b'8\001'
+  _globals['_ROUTINGCONSTRAINTS']._serialized_start=39
+  _globals['_ROUTINGCONSTRAINTS']._serialized_end=236
+  _globals['_ROUTINGCONSTRAINTS_PINNEDTOPICSENTRY']._serialized_start=185
+  _globals['_ROUTINGCONSTRAINTS_PINNEDTOPICSENTRY']._serialized_end=236
+  _globals['_GETROUTINGCONSTRAINTSREQUEST']._serialized_start=238
+  _globals['_GETROUTINGCONSTRAINTSREQUEST']._serialized_end=268
+  _globals['_TOPICPIN']._serialized_start=270
+  _globals['_TOPICPIN']._serialized_end=317
+  _globals['_CHANGEROUTINGCONSTRAINTSREQUEST']._serialized_start=320
+  _globals['_CHANGEROUTINGCONSTRAINTSREQUEST']._serialized_end=531
+  _globals['_DAMAGEDRANGE']._serialized_start=534
+  _globals['_DAMAGEDRANGE']._serialized_end=728
+  _globals['_LISTDAMAGEDRANGESREQUEST']._serialized_start=730
+  _globals['_LISTDAMAGEDRANGESREQUEST']._serialized_end=771
+  _globals['_LISTDAMAGEDRANGESRESPONSE']._serialized_start=773
+  _globals['_LISTDAMAGEDRANGESRESPONSE']._serialized_end=842
+  _globals['_SKIPDAMAGEDRANGESREQUEST']._serialized_start=844
+  _globals['_SKIPDAMAGEDRANGESREQUEST']._serialized_end=885
+  _globals['_SKIPDAMAGEDRANGESRESPONSE']._serialized_start=887
+  _globals['_SKIPDAMAGEDRANGESRESPONSE']._serialized_end=980
+  _globals['_ADMIN']._serialized_start=983
+  _globals['_ADMIN']._serialized_end=1390
 # @@protoc_insertion_point(module_scope)

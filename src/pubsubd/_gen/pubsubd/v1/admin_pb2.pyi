@@ -6,6 +6,51 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class RoutingConstraints(_message.Message):
+    __slots__ = ("drained_forwarders", "drained_zones", "pinned_topics")
+    class PinnedTopicsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    DRAINED_FORWARDERS_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_ZONES_FIELD_NUMBER: _ClassVar[int]
+    PINNED_TOPICS_FIELD_NUMBER: _ClassVar[int]
+    drained_forwarders: _containers.RepeatedScalarFieldContainer[str]
+    drained_zones: _containers.RepeatedScalarFieldContainer[str]
+    pinned_topics: _containers.ScalarMap[str, str]
+    def __init__(self, drained_forwarders: _Optional[_Iterable[str]] = ..., drained_zones: _Optional[_Iterable[str]] = ..., pinned_topics: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class GetRoutingConstraintsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TopicPin(_message.Message):
+    __slots__ = ("topic", "forwarder_id")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    FORWARDER_ID_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    forwarder_id: str
+    def __init__(self, topic: _Optional[str] = ..., forwarder_id: _Optional[str] = ...) -> None: ...
+
+class ChangeRoutingConstraintsRequest(_message.Message):
+    __slots__ = ("drain_forwarder", "undrain_forwarder", "drain_zone", "undrain_zone", "pin_topic", "unpin_topic")
+    DRAIN_FORWARDER_FIELD_NUMBER: _ClassVar[int]
+    UNDRAIN_FORWARDER_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_ZONE_FIELD_NUMBER: _ClassVar[int]
+    UNDRAIN_ZONE_FIELD_NUMBER: _ClassVar[int]
+    PIN_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    UNPIN_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    drain_forwarder: str
+    undrain_forwarder: str
+    drain_zone: str
+    undrain_zone: str
+    pin_topic: TopicPin
+    unpin_topic: str
+    def __init__(self, drain_forwarder: _Optional[str] = ..., undrain_forwarder: _Optional[str] = ..., drain_zone: _Optional[str] = ..., undrain_zone: _Optional[str] = ..., pin_topic: _Optional[_Union[TopicPin, _Mapping]] = ..., unpin_topic: _Optional[str] = ...) -> None: ...
+
 class DamagedRange(_message.Message):
     __slots__ = ("topic", "source", "first_offset", "end_offset", "file", "byte_start", "byte_stop", "reason", "found", "topic_storage")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
