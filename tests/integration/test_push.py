@@ -86,7 +86,13 @@ def test_push_many_messages_concurrently(
     _create(sub, name, topic, push_config={"push_endpoint": endpoint.url})
     datas = [f"m{i}".encode() for i in range(300)]
     publish(pub, topic, *datas)
-    wait_for(lambda: endpoint.count() >= 300, 30, "300 pushes")
+    try:
+        wait_for(lambda: endpoint.count() >= 300, 30, "300 pushes")
+    except AssertionError as e:  # what the pusher was doing (it failed once in CI, cluster)
+        status = sub_status(shared_server, name)
+        raise AssertionError(
+            f"{e}: {endpoint.count()} pushed; backlog {status['backlog']}, push {status['push']}"
+        ) from None
     assert sorted(endpoint.acked_data()) == sorted(datas)
     wait_for(lambda: sub_status(shared_server, name)["backlog"] == 0, 10, "backlog drained")
     assert sub_status(shared_server, name)["push"]["window"] > 4  # it grew
