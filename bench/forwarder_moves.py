@@ -22,10 +22,11 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.steady_publisher import SteadyPublisher
 
 
 def topic_owner(cluster: Any, topic_name: str) -> str:
@@ -58,44 +59,15 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=5.0, help="seconds between moves")
     args = parser.parse_args()
     os.environ["PUBSUBD_ZK_SESSION_TIMEOUT_S"] = str(args.session)
-    from google.cloud import pubsub_v1
-
     from pubsubd.cluster.launcher import LocalCluster
 
     cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="fwd-moves-")))
     cluster.up(zk_nodes=1, storage_nodes=3, zones=2, routers=1, frontends=1, forwarders=3)
     os.environ["PUBSUB_EMULATOR_HOST"] = cluster.grpc
     topic = "projects/bench/topics/moving"
-    latencies: list[tuple[float, float]] = []  # (sent at, latency)
-    failed: list[str] = []
-    lock = threading.Lock()
-    stop = threading.Event()
+    steady: SteadyPublisher | None = None
     try:
-        publisher = pubsub_v1.PublisherClient(
-            batch_settings=pubsub_v1.types.BatchSettings(max_messages=1)
-        )
-        publisher.create_topic(name=topic)
-
-        def on_done(sent: float) -> Any:
-            def done(future: Any) -> None:
-                error = future.exception()
-                with lock:
-                    if error is None:
-                        latencies.append((sent, time.monotonic() - sent))
-                    else:
-                        failed.append(type(error).__name__)
-
-            return done
-
-        def flood() -> None:
-            pause = 1.0 / args.rate
-            while not stop.is_set():
-                sent = time.monotonic()
-                publisher.publish(topic, b"x" * 100).add_done_callback(on_done(sent))
-                stop.wait(pause)
-
-        thread = threading.Thread(target=flood, daemon=True)
-        thread.start()
+        steady = SteadyPublisher(topic, args.rate).start()
         time.sleep(args.settle)
         results = []
         for move in ("drain", "kill -9"):
@@ -116,8 +88,7 @@ def main() -> None:
                 time.sleep(0.05)
             rerouted = time.monotonic() - started
             time.sleep(args.settle)
-            with lock:
-                during = [lat for sent, lat in latencies if sent >= started - 1.0]
+            during = steady.latencies(started - 1.0)
             results.append(
                 {
                     "move": move,
@@ -128,13 +99,11 @@ def main() -> None:
                     "messages": len(during),
                 }
             )
-        stop.set()
-        thread.join(5)
-        publisher.stop()
         print(json.dumps({"rate": args.rate, "session_s": args.session, "moves": results,
-                          "failed_for_good": len(failed)}, indent=1))  # fmt: skip
+                          "failed_for_good": len(steady.failures())}, indent=1))  # fmt: skip
     finally:
-        stop.set()
+        if steady is not None:
+            steady.stop()
         cluster.down()
 
 

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import tempfile
-import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.forwarder_moves import topic_owner
+from bench.steady_publisher import SteadyPublisher
 
 
 def _leading_router(cluster: Any) -> str:
@@ -45,43 +45,15 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=8.0)
     args = parser.parse_args()
     os.environ["PUBSUBD_ZK_SESSION_TIMEOUT_S"] = str(args.session)
-    from google.cloud import pubsub_v1
-
     from pubsubd.cluster.launcher import LocalCluster
 
     cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="kill-roles-")))
     cluster.up(zk_nodes=3, storage_nodes=3, zones=2, routers=2, frontends=2, forwarders=3)
     os.environ["PUBSUB_EMULATOR_HOST"] = "ipv4:" + ",".join(cluster.frontends)
     topic = "projects/bench/topics/killed"
-    sent_at: list[tuple[float, float]] = []  # (sent, latency)
-    failed: list[tuple[float, str]] = []
-    lock = threading.Lock()
-    stop = threading.Event()
+    steady: SteadyPublisher | None = None
     try:
-        publisher = pubsub_v1.PublisherClient(
-            batch_settings=pubsub_v1.types.BatchSettings(max_messages=1)
-        )
-        publisher.create_topic(name=topic)
-
-        def on_done(sent: float) -> Any:
-            def done(future: Any) -> None:
-                error = future.exception()
-                with lock:
-                    if error is None:
-                        sent_at.append((sent, time.monotonic() - sent))
-                    else:
-                        failed.append((sent, type(error).__name__))
-
-            return done
-
-        def flood() -> None:
-            while not stop.is_set():
-                sent = time.monotonic()
-                publisher.publish(topic, b"x" * 100).add_done_callback(on_done(sent))
-                stop.wait(1.0 / args.rate)
-
-        thread = threading.Thread(target=flood, daemon=True)
-        thread.start()
+        steady = SteadyPublisher(topic, args.rate).start()
         time.sleep(args.settle)
         picks: dict[str, Callable[[], str]] = {
             "frontend": lambda: "frontend-1",
@@ -98,9 +70,8 @@ def main() -> None:
             time.sleep(args.settle)
             cluster.restart(name)
             time.sleep(args.settle)
-            with lock:
-                window = [lat for sent, lat in sent_at if killed <= sent <= killed + args.settle]
-                lost = [e for sent, e in failed if sent >= killed]
+            window = steady.latencies(killed, killed + args.settle)
+            lost = steady.failures(killed)
             results.append(
                 {
                     "role": role,
@@ -110,12 +81,10 @@ def main() -> None:
                     "failed_for_good": len(lost),
                 }
             )
-        stop.set()
-        thread.join(5)
-        publisher.stop()
         print(json.dumps({"rate": args.rate, "session_s": args.session, "kills": results}))
     finally:
-        stop.set()
+        if steady is not None:
+            steady.stop()
         cluster.down()
 
 
