@@ -7,7 +7,7 @@ import asyncio
 import itertools
 from dataclasses import dataclass, field
 
-from pubsubd.storage.errors import ListConflict, LostOwnership
+from pubsubd.storage.errors import ListConflict, LostOwnership, ReplicationFailed
 from pubsubd.storage.framing import decode_frames
 from pubsubd.storage.ledgers.meta import LedgerList
 from pubsubd.storage.ledgers.placement import NodeInfo
@@ -128,6 +128,8 @@ class FakeDirectory:
         self.state = state
         self.session = session
         self.alive = True
+        self.lapsed = False  # the lease ran out (the process was stopped), not yet renewed
+        self.reachable = True
 
     def expire(self) -> None:
         self.alive = False
@@ -176,6 +178,15 @@ class FakeDirectory:
         return self.state.nodes.get(node_id)
 
     def owns(self) -> bool:
+        return self.alive
+
+    def lease_holds(self) -> bool:
+        return self.alive and not self.lapsed
+
+    async def renew_lease(self) -> bool:
+        if not self.reachable:
+            raise ReplicationFailed("cannot confirm the ZooKeeper session")
+        self.lapsed = False
         return self.alive
 
 

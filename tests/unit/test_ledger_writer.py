@@ -103,6 +103,66 @@ async def test_a_zombie_writer_is_refused_by_the_fence_even_if_it_believes_it_ow
         await _append(old, 2, 1)
 
 
+async def test_a_zombie_whose_ledger_was_deleted_everywhere_acknowledges_nothing() -> None:
+    """The old owner opened a ledger and sent its first append, then stopped past its
+    session timeout before the append reached the nodes. The new owner fenced and closed the
+    empty ledger, which was then deleted with its fences. When the zombie resumes, the nodes
+    accept its append into a ledger no list names; its lease lapsed while it was stopped and
+    renewing it finds the session lost, so the publish is not acknowledged."""
+    state, nodes = cluster()
+    old = _writer(state, nodes, "old")
+    await old.take_over()
+    loop = asyncio.get_running_loop()
+    in_flight: asyncio.Future[None] = loop.create_future()
+    nodes.gates = dict.fromkeys(state.nodes, in_flight)  # the process stops here
+    appended = asyncio.ensure_future(_append(old, 0, 2))
+    await asyncio.sleep(0.05)
+    ledger = old.ledgers.last
+    assert ledger is not None and not appended.done()
+    directory: FakeDirectory = old._directory  # type: ignore[assignment]
+    directory.expire()  # its session ends; it will hear of it only after resuming
+    directory.alive, directory.lapsed = True, True
+    renewed = directory.renew_lease
+
+    async def renew() -> bool:  # ZooKeeper answers in a new session: the old one is lost
+        directory.alive = False
+        return await renewed()
+
+    directory.renew_lease = renew  # type: ignore[method-assign]
+    new = _writer(state, nodes, "new")
+    taken = await new.take_over()
+    assert taken.end_offset == 0 and taken.ledgers[-1].state is LedgerState.CLOSED
+    for node in ledger.nodes:  # the empty closed ledger deleted, fences and all
+        del nodes.held[(node, ledger.ledger_id)]
+    nodes.gates = {}
+    in_flight.set_result(None)  # the process resumes
+    with pytest.raises(LostOwnership):
+        await appended
+    assert all(nodes.ledger(n, ledger.ledger_id).end == 2 for n in ledger.nodes)  # accepted
+    assert old.appends_refused == 1
+    with pytest.raises(LostOwnership):  # and it never writes again
+        await _append(old, 2, 1)
+
+
+async def test_an_acknowledgement_waits_while_zookeeper_cannot_confirm_the_session() -> None:
+    state, nodes = cluster()
+    writer = _writer(state, nodes)
+    await writer.take_over()
+    directory: FakeDirectory = writer._directory  # type: ignore[assignment]
+    directory.lapsed, directory.reachable = True, False
+    appended = asyncio.ensure_future(_append(writer, 0, 3))
+    await asyncio.sleep(0.5)
+    assert not appended.done()  # durable on the nodes, not acknowledged
+    assert writer.lease_waits >= 1
+    ledger = writer.ledgers.last
+    assert ledger is not None and all(
+        nodes.ledger(n, ledger.ledger_id).end == 3 for n in ledger.nodes
+    )
+    directory.reachable = True  # ZooKeeper is back and the session lived on
+    assert await asyncio.wait_for(appended, 2.0) == 3
+    assert await _append(writer, 3, 1) == 4
+
+
 async def test_trim_deletes_closed_ledgers_below_the_point(tmp_path: Path) -> None:
     state, nodes = cluster()
     writer = SourceLedgers(

@@ -47,6 +47,7 @@ from pubsubd.coordination.errors import (
     NotEmpty,
     SessionExpired,
 )
+from pubsubd.coordination.lease import SessionLease, lease_clock
 from pubsubd.coordination.paths import DEFAULT_ROOT, Layout
 
 log = logging.getLogger(__name__)
@@ -266,6 +267,8 @@ class Coordinator:
         self._started = False
         self._listeners: list[tuple[Callable[[SessionState], None], asyncio.AbstractEventLoop]] = []
         self._follows: set[Follow[Any]] = set()
+        self._lease = SessionLease(session_timeout)
+        self._lease_keeper: asyncio.Task[None] | None = None
         self.blocking = BlockingCoordinator(self)
 
     @property
@@ -286,6 +289,22 @@ class Coordinator:
         through ephemeral znodes may have been taken over since (it goes on in a new session)."""
         return self._session_lost
 
+    def lease_holds(self) -> bool:
+        """True while this process can prove its session alive (``lease.py``): an owner
+        answers a client on the strength of its ephemeral znodes only then."""
+        return self._lease.holds(lease_clock())
+
+    async def renew_lease(self) -> bool:
+        """Prove the session alive now, with one request if the lease lapsed; False if the
+        session was lost. ``CoordinationUnavailable`` if ZooKeeper does not answer."""
+        if not self.lease_holds():
+            try:
+                await self.exists(self.root)
+            except SessionExpired:
+                self._lease.expire()
+                return False
+        return self.lease_holds()
+
     @property
     def session_id(self) -> int | None:
         client_id = self._client.client_id
@@ -297,12 +316,15 @@ class Coordinator:
         """Connect (waiting at most ``connect_timeout`` seconds) and create the root znode."""
         await asyncio.to_thread(self._start_client, connect_timeout)
         await self.ensure_path(self.root)
+        self._lease_keeper = asyncio.create_task(self._keep_lease(), name="zk-lease")
 
     async def stop(self) -> None:
         """Cancel the follows, close the session (its ephemeral znodes go at once)."""
         follows = list(self._follows)
         for follow in follows:
             follow.cancel()
+        if self._lease_keeper is not None:
+            self._lease_keeper.cancel()
         await asyncio.gather(*(f.wait_closed() for f in follows), return_exceptions=True)
         await asyncio.to_thread(self._stop_client)
 
@@ -352,6 +374,8 @@ class Coordinator:
             KazooState.SUSPENDED: SessionState.SUSPENDED,
         }.get(state, SessionState.LOST)
         self._state = ours
+        if ours is SessionState.LOST:
+            self._lease.expire()  # before kazoo sends anything in a new session
         if ours is SessionState.LOST and not self._stopping:
             self._session_lost = True
             log.warning("ZooKeeper session lost (%s); reconnecting with a new one", self.hosts)
@@ -383,15 +407,30 @@ class Coordinator:
         result.rawlink(lambda done: _on_loop(loop, settle, done))
         return future
 
+    async def _keep_lease(self) -> None:
+        """Renew the lease well before it lapses, so owners never wait for it."""
+        every = self._lease.term_s / 4
+        while True:
+            await asyncio.sleep(every)
+            age = self._lease.age(lease_clock())
+            if self.connected and (age is None or age >= every):
+                with contextlib.suppress(CoordinationError):
+                    await self.exists(self.root)
+
     async def _call(
         self, start: Callable[[], Any], path: str | None, convert: Callable[[Any], T]
     ) -> T:
+        sent_at = lease_clock()
         try:
-            return await asyncio.wait_for(self._future(start, path, convert), self.request_timeout)
+            result = await asyncio.wait_for(
+                self._future(start, path, convert), self.request_timeout
+            )
         except TimeoutError:
             raise CoordinationUnavailable(
                 f"ZooKeeper did not answer within {self.request_timeout}s", path
             ) from None
+        self._lease.confirmed(sent_at)
+        return result
 
     def _watcher(self, watch: Callable[[WatchEvent], None] | None, path: str) -> _LoopWatch | None:
         return None if watch is None else _LoopWatch(watch, path, asyncio.get_running_loop())

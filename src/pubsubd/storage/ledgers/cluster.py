@@ -210,6 +210,7 @@ class ClusterStorage:
             "sources": len(self.sources),
             "ledgers": sum(len(s.ledgers.ledgers) for s in self.sources.values()),
             "appends_refused": sum(s.appends_refused for s in self.sources.values()),
+            "lease_waits": sum(s.lease_waits for s in self.sources.values()),
         }
 
     async def close(self) -> None:

@@ -4,7 +4,9 @@
   (``meta.LedgerList``), changed only by compare-and-set on the znode's version.
 * Its owner is the ephemeral child ``owner``; the znode's czxid (it only grows) is the
   owner's epoch, the fence every storage node enforces. A process whose session is lost stops
-  writing (``owns``); one that restarts waits for its previous session's owner znode to expire.
+  writing (``owns``), and one that cannot prove its session alive acknowledges nothing until
+  it can (``lease_holds``, ``renew_lease``: ``coordination/lease.py``); one that restarts
+  waits for its previous session's owner znode to expire.
 * Ledger IDs are the sequence numbers of ephemeral sequential znodes under ``Layout.ledger_ids``
   (unique for the cluster's life; the znode itself is deleted at once).
 * Storage nodes register ephemeral znodes under ``Layout.storage_nodes`` (JSON: address, zone,
@@ -21,9 +23,9 @@ import os
 import socket
 from collections.abc import Callable
 
-from pubsubd.coordination.errors import BadVersion, NodeExists, NoNode
+from pubsubd.coordination.errors import BadVersion, CoordinationUnavailable, NodeExists, NoNode
 from pubsubd.coordination.zk import Coordinator, Follow
-from pubsubd.storage.errors import ListConflict, LostOwnership
+from pubsubd.storage.errors import ListConflict, LostOwnership, ReplicationFailed
 from pubsubd.storage.ledgers.meta import LedgerList
 from pubsubd.storage.ledgers.placement import NodeInfo
 
@@ -106,6 +108,15 @@ class ZooKeeperLedgerDirectory:
 
     def owns(self) -> bool:
         return not self._zk.session_lost
+
+    def lease_holds(self) -> bool:
+        return self._zk.lease_holds()
+
+    async def renew_lease(self) -> bool:
+        try:
+            return await self._zk.renew_lease()
+        except CoordinationUnavailable as e:
+            raise ReplicationFailed(f"cannot confirm the ZooKeeper session: {e}") from e
 
     # -- ledger lists ----------------------------------------------------------------------
 

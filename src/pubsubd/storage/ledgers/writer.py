@@ -9,7 +9,9 @@ the source rolls to a new ledger on other nodes, as Pulsar does instead of chang
 the append that failed and every one sent after it go again, in order, to the new ledger. The
 closed ledger keeps its copies on the nodes that answered and is repaired in the background. A
 node that refuses an append because the ledger was fenced means another owner took over: the
-source stops (every later append fails) and never writes again.
+source stops (every later append fails) and never writes again. A quorum's answer is passed
+on only while the process can prove its ZooKeeper session alive (``_confirm_owner``): a zombie
+resumed after its ledgers were deleted, fences and all, has no node left to refuse it.
 
 Takeover (``SourceLedgers.take_over``): the owner marks an unclosed last ledger IN_RECOVERY,
 fences it on its nodes, copies the entries some nodes lack (``recovery.plan_recovery``) and
@@ -53,6 +55,8 @@ DEFAULT_LEDGER_BYTES = 64 << 20
 NODE_CALL_TIMEOUT_S = 10.0
 # Bytes per Read when copying entries (recovery, materialization).
 COPY_PAGE_BYTES = 4 << 20
+# How soon an acknowledgement that could not confirm the ZooKeeper session asks again.
+_LEASE_RETRY_S = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +117,15 @@ class LedgerDirectory(Protocol):
         """False once the ZooKeeper session is lost: stop writing."""
         ...
 
+    def lease_holds(self) -> bool:
+        """True while the session is provably alive (``coordination/lease.py``)."""
+        ...
+
+    async def renew_lease(self) -> bool:
+        """Prove the session alive now; False if it was lost. ReplicationFailed if
+        ZooKeeper does not answer."""
+        ...
+
 
 @dataclass(eq=False, slots=True)
 class _Flight:
@@ -168,6 +181,7 @@ class SourceLedgers:
         self._stopped: str | None = None
         self._lock = asyncio.Lock()
         self.appends_refused = 0
+        self.lease_waits = 0  # times an acknowledgement waited for ZooKeeper to confirm the session
 
     @property
     def name(self) -> str:
@@ -344,13 +358,35 @@ class SourceLedgers:
                     continue
             try:
                 await flight.outcome
-                return
             except Fenced as e:
                 self._stop(str(e))
             except ReplicationFailed as e:
                 if attempt == 2:
                     raise
                 logger.warning("source %s: %s; sending it to a new ledger", self.name, e)
+            else:
+                await self._confirm_owner()
+                return
+
+    async def _confirm_owner(self) -> None:
+        """Acknowledge durable entries only while this process provably still owns the
+        source. A process stopped past its session timeout resumes with appends in flight
+        before it hears that its session is gone; if the source was taken over meanwhile and
+        its ledgers trimmed and deleted, fences and all, the nodes accept those appends into
+        a ledger no list names. The lease says whether the session lived until now; while
+        ZooKeeper does not answer, nothing is acknowledged (the entries are durable: once
+        the session is confirmed they are, once it is lost the new owner recovers them)."""
+        while not self._directory.lease_holds():
+            try:
+                if await self._directory.renew_lease():
+                    return
+            except ReplicationFailed as e:
+                if self._directory.owns():
+                    self.lease_waits += 1
+                    logger.warning("source %s: %s; acknowledging nothing until then", self.name, e)
+                    await asyncio.sleep(_LEASE_RETRY_S)
+                    continue
+            self._stop("its ZooKeeper session ended while its appends were in flight")
 
     def _stop(self, why: str) -> None:
         self._stopped = f"source {self.name} is no longer written by this process: {why}"
