@@ -50,8 +50,22 @@ $(NFT) $(IP):
 	@if [ "$$(id -u)" != 0 ]; then echo "$@ is missing. Install it as root: $(NET_INSTALL)" >&2; exit 1; fi
 	export DEBIAN_FRONTEND=noninteractive && $(NET_INSTALL)
 
+## promtool from Debian when missing: the SLO tests check the exported Prometheus rules with it
+## (`promtool check rules`, `promtool test rules`). Only the binary is taken out of Debian's
+## `prometheus` package (apt-get download + dpkg-deb -x into .tools/): installing the package
+## could start a Prometheus server listening on every interface.
+PROMTOOL ?= $(shell command -v promtool || echo $(CURDIR)/.tools/promtool)
+export PROMTOOL
+$(CURDIR)/.tools/promtool:
+	@if [ "$$(id -u)" = 0 ]; then apt-get update -qq; fi
+	rm -rf .tools/deb && mkdir -p .tools/deb
+	cd .tools/deb && apt-get download prometheus
+	dpkg-deb -x .tools/deb/prometheus_*.deb .tools/deb/root
+	cp .tools/deb/root/usr/bin/promtool $@ && rm -rf .tools/deb
+	$@ --version
+
 ## Run the whole suite (unit, property, integration, crash, cluster).
-test: $(VENV)/.installed-test $(ZOOKEEPER_JAR) $(NFT) $(IP)
+test: $(VENV)/.installed-test $(ZOOKEEPER_JAR) $(NFT) $(IP) $(PROMTOOL)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## Lint, type-check, and check the layering of ARCHITECTURE.md (import-linter contracts in

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,9 +37,11 @@ from pubsubd.core.release import version
 from pubsubd.data.load_report import LoadReporter
 from pubsubd.data.ownership import TopicOwnership
 from pubsubd.data.publish.forwarder import SUBSCRIPTIONS_DIR, TOPICS_DIR
-from pubsubd.observability import background, metrics
+from pubsubd.observability import background, metrics, sli
 from pubsubd.observability.events import EVENTS_TOPIC, BacklogRotation, EventEmitter
 from pubsubd.observability.http import HttpEndpoint
+from pubsubd.observability.slo import SAMPLE_S as SLO_SAMPLE_S
+from pubsubd.observability.slo import SloMonitor, load_slo
 from pubsubd.storage.disk_space import DiskSpace
 from pubsubd.storage.ledgers.auditor import Auditor
 from pubsubd.storage.ledgers.cluster import ClusterStorage
@@ -124,7 +127,14 @@ class PubsubServer:
             clock=self.clock,
         )
         self.grpc_server: grpc.aio.Server | None = None
-        self.http = HttpEndpoint(self.status, self.disk.problem)
+        # Request SLIs and the SLO burn-rate monitor (observability/sli.py, slo.py).
+        slo_config = load_slo(config.slo_file)
+        recorder = sli.configure(config.metrics_max_topics, slo_config.topics)
+        self.slo = SloMonitor(slo_config, recorder.counts)
+        self._slo_task: asyncio.Task[None] | None = None
+        self.http = HttpEndpoint(
+            self.status, self.disk.problem, {"/alerts": lambda: self.slo.alerts(time.monotonic())}
+        )
         self.port = 0
         self.http_port = 0
         self._stopped = asyncio.Event()
@@ -143,6 +153,7 @@ class PubsubServer:
         self.maintenance.start()
         self._quota_task = asyncio.create_task(self._quota_loop(), name="quota_loop")
         self._start_sli_events()
+        self._slo_task = asyncio.create_task(self._slo_loop(), name="slo_monitor")
         self._damage_gauges()
         server = grpc.aio.server(options=GRPC_OPTIONS)
         server.add_generic_rpc_handlers(
@@ -296,6 +307,8 @@ class PubsubServer:
         await self.maintenance.close()
         if self._quota_task is not None:
             self._quota_task.cancel()
+        if self._slo_task is not None:
+            self._slo_task.cancel()
         await self.subscribing.close()
         if self.grpc_server is not None:
             await self.grpc_server.stop(self.config.shutdown_grace_s)
@@ -338,6 +351,12 @@ class PubsubServer:
         )
         self.sli_events.start()
 
+    async def _slo_loop(self) -> None:
+        """Sample the SLO tallies for the burn-rate windows (observability/slo.py)."""
+        while True:
+            self.slo.sample(time.monotonic())
+            await asyncio.sleep(SLO_SAMPLE_S)
+
     async def _quota_loop(self) -> None:
         """Backlog quotas with evict_oldest are applied every ``quota_check_s``."""
         while True:
@@ -368,6 +387,7 @@ class PubsubServer:
             "dedup": self.publishing.dedup.status(),
             "disk": self.disk.status(),
             "cluster": self.cluster_status(),
+            "sli": sli.recorder().status(),
         }
 
     def cluster_status(self) -> dict[str, Any] | None:

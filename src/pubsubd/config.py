@@ -67,6 +67,10 @@ class ServerConfig:
     # How often SLI monitoring events are published to the internal topic (0 = off;
     # observability/events.py).
     sli_events_s: float = 10.0
+    # The SLO file (observability/slo.py; None: the defaults) and the per-topic label bound of
+    # the request SLIs on /metrics (observability/sli.py).
+    slo_file: Path | None = None
+    metrics_max_topics: int = 100
     # None: one machine (embedded metadata, local disks). Set: metadata in ZooKeeper and every
     # publish message source replicated on storage nodes (storage/ledgers/).
     cluster: ClusterConfig | None = None
@@ -76,7 +80,8 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
     """Defaults overridden by PUBSUBD_HOST, PUBSUBD_PORT, PUBSUBD_HTTP_PORT, PUBSUBD_DATA_DIR,
     PUBSUBD_FSYNC, PUBSUBD_SEGMENT_BYTES, PUBSUBD_TRIM_INTERVAL_S, PUBSUBD_ACK_FLUSH_INTERVAL_S,
     PUBSUBD_QUOTA_CHECK_S, PUBSUBD_EXPIRY_CHECK_S, PUBSUBD_DEDUP_WINDOW_S,
-    PUBSUBD_SLI_EVENTS_S, PUBSUBD_CLUSTER (ZooKeeper connect string), PUBSUBD_ZK_ROOT,
+    PUBSUBD_SLI_EVENTS_S, PUBSUBD_SLO_FILE, PUBSUBD_METRICS_MAX_TOPICS,
+    PUBSUBD_CLUSTER (ZooKeeper connect string), PUBSUBD_ZK_ROOT,
     PUBSUBD_REPLICAS, PUBSUBD_ZK_SESSION_TIMEOUT_S, PUBSUBD_ZONE, PUBSUBD_FORWARDER_ID and
     PUBSUBD_REPAIR_INTERVAL_S, _GRACE_S, _RATE_BYTES
     (PUBSUBD_TEST_TTL_DIVISOR is for tests only). An interval that is not a positive number
@@ -125,6 +130,8 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
         test_ttl_divisor=float(e.get("PUBSUBD_TEST_TTL_DIVISOR", cfg.test_ttl_divisor)),
         dedup_window_s=float(e.get("PUBSUBD_DEDUP_WINDOW_S", cfg.dedup_window_s)),
         sli_events_s=float(e.get("PUBSUBD_SLI_EVENTS_S", cfg.sli_events_s)),
+        slo_file=Path(e["PUBSUBD_SLO_FILE"]) if e.get("PUBSUBD_SLO_FILE") else None,
+        metrics_max_topics=int(e.get("PUBSUBD_METRICS_MAX_TOPICS", cfg.metrics_max_topics)),
     )
 
 

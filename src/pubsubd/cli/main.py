@@ -23,6 +23,7 @@ from rich.table import Table
 from pubsubd import config as config_mod
 from pubsubd.cli.cluster import cluster_app
 from pubsubd.cli.routing import routing_app
+from pubsubd.cli.slo import alerts, slo_app
 from pubsubd.storage.log import FsyncPolicy
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="pubsubd: pub/sub and queues.")
@@ -36,6 +37,8 @@ app.add_typer(subs_app, name="subscriptions")
 app.add_typer(cursors_app, name="cursors")
 app.add_typer(cluster_app, name="cluster")
 app.add_typer(routing_app, name="routing")
+app.add_typer(slo_app, name="slo")
+app.command("alerts")(alerts)
 
 # Piped output is not cut to 80 columns: names must stay whole for grep and scripts.
 console = Console() if sys.stdout.isatty() else Console(width=100_000)
@@ -81,14 +84,25 @@ def serve(
     zone: Annotated[
         str | None, typer.Option(help="this server's zone as a forwarder (cluster)")
     ] = None,
+    slo: Annotated[
+        Path | None,
+        typer.Option(help="SLO file for /alerts and the SLIs (TOML or JSON; `pubsubd slo show`)"),
+    ] = None,
 ) -> None:
     """Run every role of the service in one process: with embedded storage, or (--cluster)
     over ZooKeeper and storage nodes."""
     from pubsubd import app as server_app
     from pubsubd.observability.logging import setup
+    from pubsubd.observability.slo import SloFileError, load_slo
 
     setup(log_level)
     cfg = _server_config(port, http_port, host, data_dir, fsync, cluster, zk_root, replicas, zone)
+    if slo is not None:
+        cfg = replace(cfg, slo_file=slo)
+    try:
+        load_slo(cfg.slo_file)  # a bad file stops here, with its error, before anything starts
+    except SloFileError as e:
+        _fail(e)
     server_app.run(cfg)
 
 

@@ -1,4 +1,5 @@
-"""The HTTP endpoint for people and probes: /healthz, /readyz and /metrics (Prometheus text).
+"""The HTTP endpoint for people and probes: /healthz, /readyz, /metrics (Prometheus text),
+/status and the role's other JSON documents (``json_routes``: /alerts for a serving process).
 
 /healthz and /readyz answer 200 while the process serves. A condition that a restart would not
 cure (a full disk: storage/disk_space.py) keeps them at 200 and names itself in the body
@@ -28,9 +29,11 @@ class HttpEndpoint:
         self,
         status: Callable[[], dict[str, Any]],
         problem: Callable[[], str | None] = lambda: None,
+        json_routes: dict[str, Callable[[], Any]] | None = None,
     ) -> None:
         self._status = status
         self._problem = problem  # a degraded condition to name in /healthz, /readyz
+        self._json = {"/status": status, **(json_routes or {})}
         self._server: asyncio.base_events.Server | None = None
 
     async def start(self, host: str, port: int) -> int:
@@ -53,8 +56,8 @@ class HttpEndpoint:
                 body, ctype, code = text.encode(), "text/plain", "200 OK"
             elif path == "/metrics":
                 body, ctype, code = generate_latest(), CONTENT_TYPE_LATEST, "200 OK"
-            elif path == "/status":
-                body = json.dumps(self._status(), indent=2).encode()
+            elif path in self._json:
+                body = json.dumps(self._json[path](), indent=2).encode()
                 ctype, code = "application/json", "200 OK"
             else:
                 body, ctype, code = b"not found\n", "text/plain", "404 Not Found"

@@ -8,7 +8,6 @@ PUBLISHED_MESSAGES = Counter("pubsubd_published_messages", "Messages acknowledge
 PUBLISHED_BYTES = Counter("pubsubd_published_bytes", "Bytes of Publish requests persisted")
 DELIVERED_MESSAGES = Counter("pubsubd_delivered_messages", "Messages handed to subscribers")
 ACKED_MESSAGES = Counter("pubsubd_acked_messages", "Acknowledgements applied")
-RPC_ERRORS = Counter("pubsubd_rpc_errors", "RPCs answered with an error", ["method", "code"])
 OPEN_STREAMS = Gauge("pubsubd_open_streams", "StreamingPull streams open")
 PUBLISH_LATENCY = Histogram(
     "pubsubd_publish_latency_seconds",

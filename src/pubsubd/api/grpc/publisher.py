@@ -23,7 +23,7 @@ from pubsubd.control.snapshots import Snapshots
 from pubsubd.core import ids, names, pb, validation
 from pubsubd.core.clock import SYSTEM_CLOCK, Clock
 from pubsubd.core.errors import InvalidArgument, ResourceExhausted
-from pubsubd.observability import events, metrics
+from pubsubd.observability import events, metrics, sli
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
@@ -96,6 +96,7 @@ class PublisherServicer:
         except DecodeError:
             raise InvalidArgument("request: not a valid PublishRequest") from None
         names.topic(request.topic)
+        sli.PUBLISH_TOPIC.set(request.topic)
         entry = self.catalog.topic(request.topic)
         validation.publish_request(request, len(raw), raw, now_s=self.clock.time_us() / 1e6)
         uid = entry.record.uid

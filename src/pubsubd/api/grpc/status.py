@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -27,12 +28,13 @@ from pubsubd.core.errors import (
     InternalError,
     InvalidArgument,
     NotFound,
+    NotServedHere,
     OutOfRange,
     PubsubError,
     ResourceExhausted,
     Unavailable,
 )
-from pubsubd.observability import events
+from pubsubd.observability import events, sli
 
 log = logging.getLogger(__name__)
 
@@ -75,23 +77,35 @@ def rpc(
 ) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]:
     """Wrap a unary servicer method: domain errors become the mapped status, bugs INTERNAL."""
 
+    method = fn.__name__
+
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        started = time.perf_counter()
+        code: str | None = "OK"
         try:
             return await fn(self, request, context)
         except AckIdsInvalid as e:
-            events.record_error(fn.__name__, grpc.StatusCode.INVALID_ARGUMENT.name)
+            code = grpc.StatusCode.INVALID_ARGUMENT.name
+            events.record_error(method, code)
             await context.abort_with_status(rpc_status.to_status(ack_failure_status(e)))
         except PubsubError as e:
-            code, _ = to_status(e)
-            events.record_error(fn.__name__, code.name)
-            await context.abort(code, str(e))
+            status, _ = to_status(e)
+            # A non-owner's refusal is a redirect for the frontend, not the client's answer.
+            code = None if isinstance(e, NotServedHere) else status.name
+            events.record_error(method, status.name)
+            await context.abort(status, str(e))
         except Exception as e:
             if isinstance(e, grpc.aio.AbortError):
                 raise
-            log.exception("%s failed", fn.__name__)
-            events.record_error(fn.__name__, grpc.StatusCode.INTERNAL.name)
+            log.exception("%s failed", method)
+            code = grpc.StatusCode.INTERNAL.name
+            events.record_error(method, code)
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}")
+        finally:
+            if code is not None:
+                topic = sli.PUBLISH_TOPIC.get() if method == "Publish" else None
+                sli.record_rpc(method, code, time.perf_counter() - started, topic)
         raise AssertionError("unreachable: context.abort raises")
 
     return wrapper

@@ -31,10 +31,11 @@ from pubsubd.core.errors import (
     STREAM_ACCEPTED,
     FailedPrecondition,
     InvalidArgument,
+    NotServedHere,
     PubsubError,
 )
 from pubsubd.core.roles import StreamHandle, SubscribingForwarderApi
-from pubsubd.observability import metrics
+from pubsubd.observability import metrics, sli
 
 log = logging.getLogger(__name__)
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
@@ -199,17 +200,20 @@ class SubscriberServicer:
         stream: StreamHandle | None = None
         reader: asyncio.Task[None] | None = None
         metrics.OPEN_STREAMS.inc()
+        code: str | None = "OK"  # the stream's outcome for the SLIs (None: not recorded)
         try:
             try:
                 first = await anext(requests)
             except StopAsyncIteration:
                 return
             except InvalidArgument as e:
+                code = grpc.StatusCode.INVALID_ARGUMENT.name
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
                 raise  # unreachable: abort raises
             try:
                 forwarder, entry, stream = self._open_stream(first)
             except PubsubError as e:
+                code = None if isinstance(e, NotServedHere) else to_status(e)[0].name
                 await context.abort(to_status(e)[0], str(e))
                 raise  # unreachable: abort raises
             props = wire.subscription_properties(
@@ -230,8 +234,9 @@ class SubscriberServicer:
                 if isinstance(item, _HalfClosed):
                     return
                 if isinstance(item, BaseException):
-                    code, _ = to_status(item)
-                    await context.abort(code, str(item))
+                    status, _ = to_status(item)
+                    code = status.name
+                    await context.abort(status, str(item))
                     raise item  # unreachable: abort raises
                 messages, _ = item
                 metrics.DELIVERED_MESSAGES.inc(len(messages))
@@ -239,6 +244,8 @@ class SubscriberServicer:
                 yield b"".join(messages)  # a serialized StreamingPullResponse (core/wire.py)
         finally:
             metrics.OPEN_STREAMS.dec()
+            if code is not None:
+                sli.record_rpc("StreamingPull", code, 0.0)
             if reader is not None:
                 reader.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):

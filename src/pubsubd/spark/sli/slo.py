@@ -2,60 +2,23 @@
 
 Nothing here touches Spark: :func:`evaluate` takes the job's collected rows (plain mappings) and
 returns one :class:`Check` per SLO and scope, so the rules are unit-tested without a session.
-Targets default to :data:`DEFAULT_SLO`; ``--slo FILE`` (TOML or JSON) overrides them, globally at
-the top level and per topic under ``[topics."projects/p/topics/t"]``.
+Targets default to :data:`DEFAULT_SLO`; ``--slo FILE`` (TOML or JSON, the format of
+``observability/slo.py``, shared with the server's alerts) overrides them, globally at the top
+level and per topic under ``[topics."projects/p/topics/t"]``.
 """
 
 from __future__ import annotations
 
-import json
-import tomllib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-# Targets: publish latency (ms, of the whole window), publish error rate (fraction), backlog
-# oldest unacked age (s, the worst minute), end-to-end delivery latency (ms, publish time to ack,
-# per subscription over the whole window; it includes the subscriber's own processing time).
-DEFAULT_SLO: dict[str, float] = {
-    "publish_p99_ms": 100.0,
-    "publish_p95_ms": 50.0,
-    "error_rate": 0.01,
-    "backlog_oldest_age_s": 600.0,
-    "delivery_p99_ms": 5000.0,
-    "delivery_p95_ms": 1000.0,
-}
+from pubsubd.observability.slo import DEFAULT_SLO, SloConfig, load_slo
 
-
-@dataclass(frozen=True)
-class SloConfig:
-    default: dict[str, float]
-    topics: dict[str, dict[str, float]]
-
-    def target(self, name: str, topic: str | None = None) -> float:
-        if topic is not None and name in self.topics.get(topic, {}):
-            return self.topics[topic][name]
-        return self.default[name]
-
-
-def load_slo(path: Path | None) -> SloConfig:
-    """DEFAULT_SLO overridden by a TOML or JSON file (unknown keys are an error)."""
-    if path is None:
-        return SloConfig(dict(DEFAULT_SLO), {})
-    text = path.read_text()
-    raw: dict[str, Any] = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    topics_raw = raw.pop("topics", {})
-
-    def clean(d: dict[str, Any], where: str) -> dict[str, float]:
-        unknown = set(d) - set(DEFAULT_SLO)
-        if unknown:
-            raise ValueError(f"{path}: unknown SLO keys {sorted(unknown)} in {where}")
-        return {k: float(v) for k, v in d.items()}
-
-    return SloConfig(
-        {**DEFAULT_SLO, **clean(raw, "the top level")},
-        {t: clean(v, t) for t, v in topics_raw.items()},
-    )
+# The SLO file is shared with the server's burn-rate alerts (observability/slo.py): targets
+# for publish latency (ms, of the whole window), publish error rate (fraction), backlog oldest
+# unacked age (s, the worst minute), end-to-end delivery latency (ms, publish time to ack, per
+# subscription over the whole window; it includes the subscriber's own processing time).
+__all__ = ["DEFAULT_SLO", "Check", "SloConfig", "error_rate", "evaluate", "load_slo"]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,256 @@
+"""Request SLIs: every RPC's outcome and latency, on /metrics and for the SLO monitor.
+
+Each served RPC is recorded once where it is answered (the one process, or the forwarder that
+serves it in a cluster) by :func:`record_rpc`:
+
+* ``pubsubd_rpc_requests_total{method, code}`` for every google.pubsub.v1 RPC (a StreamingPull
+  is one request, recorded when the stream ends: ``OK`` for an end the client chose) and
+  ``pubsubd_rpc_latency_seconds{method}`` of the successful unary ones (fixed buckets,
+  :data:`LATENCY_BUCKETS`);
+* ``pubsubd_topic_publish_requests_total{topic, code}`` and
+  ``pubsubd_topic_publish_latency_seconds{topic}`` (successful ones) for Publish, per topic.
+
+Cardinality is bounded: ``method`` and ``code`` come from fixed sets (the API's methods, gRPC's
+17 codes), and ``topic`` takes at most ``max_topics`` values (``PUBSUBD_METRICS_MAX_TOPICS``,
+default 100) besides the topics an SLO file names: the first topics seen get their own series,
+any later one is counted under ``topic="_other"``. A process thus exports at most
+(100 + named) x 17 publish series and 13 buckets per topic.
+
+Which outcomes are *good* is the SLIs' business: a request fails its availability SLI only with
+a code that is the service's fault (:data:`SERVER_FAULT_CODES`); INVALID_ARGUMENT, NOT_FOUND and
+the like are the caller's. ``slo.py`` reads the same counts, kept here as plain numbers as well
+(:class:`SliCounts`), to evaluate burn rates in the process.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextvars
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from prometheus_client import Counter, Histogram
+
+OTHER = "_other"
+
+# Set by the Publish handler once it parsed the request, for the per-topic series.
+PUBLISH_TOPIC: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "pubsubd_publish_topic", default=None
+)
+DEFAULT_MAX_TOPICS = 100
+
+# Seconds; every latency objective's threshold must be one of them (slo.py checks).
+LATENCY_BUCKETS = (
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.2,
+    0.5,
+    1.0,
+    2.0,
+    5.0,
+    10.0,
+)
+
+SERVER_FAULT_CODES = frozenset(
+    {"INTERNAL", "UNAVAILABLE", "UNKNOWN", "DATA_LOSS", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"}
+)
+
+# The RPCs behind each availability SLI (control_plane: resource management).
+PUBLISH_METHODS = frozenset({"Publish"})
+PULL_METHODS = frozenset(
+    {"Pull", "StreamingPull", "Acknowledge", "ModifyAckDeadline"},
+)
+CONTROL_PLANE_METHODS = frozenset(
+    {
+        "CreateTopic",
+        "GetTopic",
+        "UpdateTopic",
+        "DeleteTopic",
+        "ListTopics",
+        "ListTopicSubscriptions",
+        "ListTopicSnapshots",
+        "DetachSubscription",
+        "CreateSubscription",
+        "GetSubscription",
+        "UpdateSubscription",
+        "DeleteSubscription",
+        "ListSubscriptions",
+        "ModifyPushConfig",
+        "CreateSnapshot",
+        "GetSnapshot",
+        "UpdateSnapshot",
+        "DeleteSnapshot",
+        "ListSnapshots",
+        "Seek",
+    }
+)
+SLI_METHODS = {
+    "publish": PUBLISH_METHODS,
+    "pull": PULL_METHODS,
+    "control_plane": CONTROL_PLANE_METHODS,
+}
+
+RPC_REQUESTS = Counter(
+    "pubsubd_rpc_requests",
+    "google.pubsub.v1 requests answered, by method and gRPC code (a StreamingPull when it ends)",
+    ["method", "code"],
+)
+RPC_LATENCY = Histogram(
+    "pubsubd_rpc_latency_seconds",
+    "Time to answer a unary google.pubsub.v1 request, by method",
+    ["method"],
+    buckets=LATENCY_BUCKETS,
+)
+TOPIC_PUBLISH_REQUESTS = Counter(
+    "pubsubd_topic_publish_requests",
+    "Publish requests answered, by topic (bounded, see /status sli) and gRPC code",
+    ["topic", "code"],
+)
+TOPIC_PUBLISH_LATENCY = Histogram(
+    "pubsubd_topic_publish_latency_seconds",
+    "Time to answer a Publish request, by topic (bounded, see /status sli)",
+    ["topic"],
+    buckets=LATENCY_BUCKETS,
+)
+
+
+class LabelBudget:
+    """At most ``limit`` label values besides the pinned ones; later values become OTHER."""
+
+    def __init__(self, limit: int, pinned: Iterable[str] = ()) -> None:
+        self.limit = limit
+        self.pinned = frozenset(pinned)
+        self._admitted: set[str] = set()
+        self.refused = 0  # values counted under OTHER so far (calls, not distinct values)
+
+    def label(self, value: str) -> str:
+        if value in self.pinned or value in self._admitted:
+            return value
+        if len(self._admitted) < self.limit:
+            self._admitted.add(value)
+            return value
+        self.refused += 1
+        return OTHER
+
+    @property
+    def admitted(self) -> int:
+        return len(self._admitted)
+
+
+@dataclass(slots=True)
+class Tally:
+    """Good and total events of one SLI in one scope, since the process started."""
+
+    good: int = 0
+    total: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Indicator:
+    """A ratio SLI: ``kind`` availability (of all requests, good = not a server fault) or
+    latency (of the successful requests, good = answered within ``threshold_s``); ``sli`` names
+    the RPCs (a key of SLI_METHODS); ``topic`` narrows a publish SLI to one topic."""
+
+    sli: str
+    kind: str
+    threshold_s: float = 0.0
+    topic: str | None = None
+
+
+@dataclass
+class SliCounts:
+    """The tallies of the indicators the SLO monitor watches (O(matching indicators) per
+    request)."""
+
+    indicators: list[Indicator] = field(default_factory=list)
+    tallies: dict[Indicator, Tally] = field(default_factory=dict)
+    _by_method: dict[str, list[Indicator]] = field(default_factory=dict)
+
+    def watch(self, indicators: Iterable[Indicator]) -> None:
+        for indicator in indicators:
+            if indicator in self.tallies:
+                continue
+            self.indicators.append(indicator)
+            self.tallies[indicator] = Tally()
+            for method in SLI_METHODS[indicator.sli]:
+                self._by_method.setdefault(method, []).append(indicator)
+
+    def record(self, method: str, code: str, seconds: float, topic: str | None) -> None:
+        indicators = self._by_method.get(method)
+        if not indicators:
+            return
+        fault = code in SERVER_FAULT_CODES
+        for indicator in indicators:
+            if indicator.topic is not None and indicator.topic != topic:
+                continue
+            tally = self.tallies[indicator]
+            if indicator.kind == "availability":
+                tally.total += 1
+                tally.good += not fault
+            elif code == "OK":
+                tally.total += 1
+                tally.good += seconds <= indicator.threshold_s
+
+
+class Recorder:
+    """The process's request SLIs: Prometheus series plus the monitor's tallies."""
+
+    def __init__(self, max_topics: int = DEFAULT_MAX_TOPICS) -> None:
+        self.topics = LabelBudget(max_topics)
+        self.counts = SliCounts()
+
+    def pin_topics(self, topics: Iterable[str]) -> None:
+        self.topics = LabelBudget(self.topics.limit, [*self.topics.pinned, *topics])
+
+    def record(self, method: str, code: str, seconds: float, topic: str | None = None) -> None:
+        RPC_REQUESTS.labels(method, code).inc()
+        ok = code == "OK"
+        if ok and method != "StreamingPull":
+            RPC_LATENCY.labels(method).observe(seconds)
+        if topic is not None:
+            label = self.topics.label(topic)
+            TOPIC_PUBLISH_REQUESTS.labels(label, code).inc()
+            if ok:
+                TOPIC_PUBLISH_LATENCY.labels(label).observe(seconds)
+        self.counts.record(method, code, seconds, topic)
+
+    def status(self) -> dict[str, object]:
+        return {
+            "topic_labels": self.topics.admitted,
+            "topic_label_limit": self.topics.limit,
+            "topic_labels_pinned": len(self.topics.pinned),
+            "requests_counted_as_other_topic": self.topics.refused,
+        }
+
+
+def bucket_index(threshold_s: float) -> int | None:
+    """The index of ``threshold_s`` among LATENCY_BUCKETS, None if it is not a bound."""
+    i = bisect.bisect_left(LATENCY_BUCKETS, threshold_s)
+    if i < len(LATENCY_BUCKETS) and abs(LATENCY_BUCKETS[i] - threshold_s) < 1e-9:
+        return i
+    return None
+
+
+_recorder = Recorder()
+
+
+def recorder() -> Recorder:
+    return _recorder
+
+
+def configure(max_topics: int, pinned_topics: Iterable[str] = ()) -> Recorder:
+    """Replace the process's recorder (at start-up, before serving)."""
+    global _recorder
+    _recorder = Recorder(max_topics)
+    _recorder.pin_topics(pinned_topics)
+    return _recorder
+
+
+def record_rpc(method: str, code: str, seconds: float, topic: str | None = None) -> None:
+    """Hook for every google.pubsub.v1 RPC (api/grpc/status.py); never raises."""
+    _recorder.record(method, code, seconds, topic)

@@ -1,0 +1,164 @@
+"""SLIs, SLOs and burn-rate alerts on a real server: publishes refused by the service show on
+/metrics (per method and per topic, within the label bound), /alerts says what fires and why,
+and ``pubsubd alerts`` exits 3 while an alert fires. The official (generated) client makes
+the calls."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from google.api_core import exceptions
+
+from tests.conftest import PROJECT, make_publisher, make_subscriber
+from tests.support.raw import gapic_publisher, http_get
+from tests.support.server import ServerProcess
+
+pytestmark = pytest.mark.integration
+
+WATCHED = f"projects/{PROJECT}/topics/watched"
+
+
+@pytest.fixture
+def slo_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    slo = tmp_path / "slo.toml"
+    slo.write_text(f'[topics."{WATCHED}"]\npublish_availability = 0.99\n')
+    server = ServerProcess(
+        tmp_path / "data", args=["--slo", str(slo)], env={"PUBSUBD_METRICS_MAX_TOPICS": "1"}
+    ).start()
+    yield server
+    server.kill()
+
+
+def _metric(text: str, name: str, **labels: str) -> float | None:
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{want}}} "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_refused_publishes_burn_the_budget_and_fire_the_alerts(slo_server: ServerProcess) -> None:
+    pub = make_publisher(slo_server.endpoint)
+    pub.create_topic(request={"name": WATCHED, "labels": {"pubsubd-backlog-quota-messages": "5"}})
+    pub.create_topic(name=f"projects/{PROJECT}/topics/first")
+    pub.create_topic(name=f"projects/{PROJECT}/topics/second")
+    sub = make_subscriber(slo_server.endpoint)
+    sub.create_subscription(name=f"projects/{PROJECT}/subscriptions/watched", topic=WATCHED)
+    gapic = gapic_publisher(slo_server.endpoint)
+    for i in range(5):
+        gapic.publish(request={"topic": WATCHED, "messages": [{"data": b"m%d" % i}]}, timeout=10)
+    for _ in range(20):  # over the backlog quota: RESOURCE_EXHAUSTED, the service's refusal
+        with pytest.raises(exceptions.ResourceExhausted):
+            gapic.publish(
+                request={"topic": WATCHED, "messages": [{"data": b"over"}]}, retry=None, timeout=10
+            )
+    for name in ("first", "second"):
+        topic = f"projects/{PROJECT}/topics/{name}"
+        gapic.publish(request={"topic": topic, "messages": [{"data": b"x"}]}, timeout=10)
+    with pytest.raises(exceptions.NotFound):  # the caller's error: not the service's fault
+        gapic.publish(
+            request={"topic": f"projects/{PROJECT}/topics/none", "messages": [{"data": b"x"}]},
+            retry=None,
+            timeout=10,
+        )
+
+    status, body = http_get(slo_server, "/metrics")
+    text = body.decode()
+    assert status == 200
+    requests = "pubsubd_rpc_requests_total"
+    assert _metric(text, requests, method="Publish", code="OK") == 7
+    assert _metric(text, requests, method="Publish", code="RESOURCE_EXHAUSTED") == 20
+    assert _metric(text, requests, method="Publish", code="NOT_FOUND") == 1
+    assert _metric(text, requests, method="CreateTopic", code="OK") == 3
+    per_topic = "pubsubd_topic_publish_requests_total"
+    assert _metric(text, per_topic, topic=WATCHED, code="RESOURCE_EXHAUSTED") == 20
+    # One label besides the pinned topic: the first other topic, then "_other".
+    assert _metric(text, per_topic, topic=f"projects/{PROJECT}/topics/first", code="OK") == 1
+    assert _metric(text, per_topic, topic="_other", code="OK") == 1
+    assert f'topic="projects/{PROJECT}/topics/second"' not in text
+    assert 'pubsubd_rpc_latency_seconds_bucket{le="0.1",method="Publish"}' in text
+
+    status, body = http_get(slo_server, "/alerts")
+    alerts = json.loads(body)
+    firing = {
+        (a["slo"], a["scope"], a["why"].split(" over ")[1].split(" ")[0]) for a in alerts["firing"]
+    }
+    assert firing == {
+        ("publish_availability", "global", "1h"),
+        ("publish_availability", "global", "6h"),
+        ("publish_availability", WATCHED, "1h"),
+        ("publish_availability", WATCHED, "6h"),
+    }
+    state = next(
+        o
+        for o in alerts["objectives"]
+        if (o["slo"], o["scope"]) == ("publish_availability", WATCHED)
+    )
+    assert (state["good"], state["total"]) == (5, 25)
+    assert state["error_budget_remaining"] == pytest.approx(1 - 0.8 / 0.01)
+
+    cli = subprocess.run(
+        [sys.executable, "-m", "pubsubd", "alerts", "--http", f"127.0.0.1:{slo_server.http_port}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert cli.returncode == 3, cli.stderr
+    assert "FIRING" in cli.stdout and WATCHED in cli.stdout
+
+
+def test_a_quiet_server_fires_nothing(server: ServerProcess) -> None:
+    pub = make_publisher(server.endpoint)
+    topic = f"projects/{PROJECT}/topics/quiet"
+    pub.create_topic(name=topic)
+    pub.publish(topic, b"x").result(timeout=30)
+    _, body = http_get(server, "/alerts")
+    alerts = json.loads(body)
+    assert alerts["firing"] == []
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pubsubd",
+            "alerts",
+            "--all",
+            "--http",
+            f"127.0.0.1:{server.http_port}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert "no alert fires" in cli.stdout and "publish_availability" in cli.stdout
+
+
+def test_a_bad_slo_file_stops_serve_with_the_reason(tmp_path: Path) -> None:
+    slo = tmp_path / "slo.toml"
+    slo.write_text("publish_p99_ms = 30\n")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pubsubd",
+            "serve",
+            "--port",
+            "0",
+            "--http-port",
+            "-1",
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--slo",
+            str(slo),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert "not a latency bucket bound" in done.stderr
