@@ -132,6 +132,9 @@ class PubsubServer:
         recorder = sli.configure(config.metrics_max_topics, slo_config.topics)
         self.slo = SloMonitor(slo_config, recorder.counts)
         self._slo_task: asyncio.Task[None] | None = None
+        self._unregister_backlog = sli.register_backlog(
+            self._backlogs, config.metrics_max_subscriptions
+        )
         self.http = HttpEndpoint(
             self.status, self.disk.problem, {"/alerts": lambda: self.slo.alerts(time.monotonic())}
         )
@@ -309,6 +312,7 @@ class PubsubServer:
             self._quota_task.cancel()
         if self._slo_task is not None:
             self._slo_task.cancel()
+        self._unregister_backlog()
         await self.subscribing.close()
         if self.grpc_server is not None:
             await self.grpc_server.stop(self.config.shutdown_grace_s)
@@ -350,6 +354,19 @@ class PubsubServer:
             backlog=BacklogRotation(self.subscribing.subscription_names, backlog),
         )
         self.sli_events.start()
+
+    def _backlogs(self) -> list[tuple[str, int, int, float]]:
+        """Every subscription served here: (name, messages, bytes, oldest unacked age s)."""
+        now_us = self.clock.time_us()
+        rows = []
+        for subscribing in self.routes.all_subscribing():
+            for name in subscribing.subscription_names():
+                try:
+                    b = subscribing.backlog_stats(name, now_us)
+                except Exception:  # deleted meanwhile: the next scrape will not list it
+                    continue
+                rows.append((name, b.messages, b.bytes, b.oldest_age_s))
+        return rows
 
     async def _slo_loop(self) -> None:
         """Sample the SLO tallies for the burn-rate windows (observability/slo.py)."""

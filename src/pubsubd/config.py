@@ -71,6 +71,7 @@ class ServerConfig:
     # the request SLIs on /metrics (observability/sli.py).
     slo_file: Path | None = None
     metrics_max_topics: int = 100
+    metrics_max_subscriptions: int = 100
     # None: one machine (embedded metadata, local disks). Set: metadata in ZooKeeper and every
     # publish message source replicated on storage nodes (storage/ledgers/).
     cluster: ClusterConfig | None = None
@@ -80,7 +81,7 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
     """Defaults overridden by PUBSUBD_HOST, PUBSUBD_PORT, PUBSUBD_HTTP_PORT, PUBSUBD_DATA_DIR,
     PUBSUBD_FSYNC, PUBSUBD_SEGMENT_BYTES, PUBSUBD_TRIM_INTERVAL_S, PUBSUBD_ACK_FLUSH_INTERVAL_S,
     PUBSUBD_QUOTA_CHECK_S, PUBSUBD_EXPIRY_CHECK_S, PUBSUBD_DEDUP_WINDOW_S,
-    PUBSUBD_SLI_EVENTS_S, PUBSUBD_SLO_FILE, PUBSUBD_METRICS_MAX_TOPICS,
+    PUBSUBD_SLI_EVENTS_S, PUBSUBD_SLO_FILE, PUBSUBD_METRICS_MAX_TOPICS, _SUBSCRIPTIONS,
     PUBSUBD_CLUSTER (ZooKeeper connect string), PUBSUBD_ZK_ROOT,
     PUBSUBD_REPLICAS, PUBSUBD_ZK_SESSION_TIMEOUT_S, PUBSUBD_ZONE, PUBSUBD_FORWARDER_ID and
     PUBSUBD_REPAIR_INTERVAL_S, _GRACE_S, _RATE_BYTES
@@ -132,6 +133,9 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
         sli_events_s=float(e.get("PUBSUBD_SLI_EVENTS_S", cfg.sli_events_s)),
         slo_file=Path(e["PUBSUBD_SLO_FILE"]) if e.get("PUBSUBD_SLO_FILE") else None,
         metrics_max_topics=int(e.get("PUBSUBD_METRICS_MAX_TOPICS", cfg.metrics_max_topics)),
+        metrics_max_subscriptions=int(
+            e.get("PUBSUBD_METRICS_MAX_SUBSCRIPTIONS", cfg.metrics_max_subscriptions)
+        ),
     )
 
 

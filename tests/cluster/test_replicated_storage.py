@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,15 @@ def test_publishes_are_on_every_node_of_their_ledger(cluster: LocalCluster, name
         "every storage node to hold the same entries",
     )
     assert all(len(v) >= 1 for v in by_node.values())
+    # The storage write SLI: each acknowledged append waited for its ack quorum.
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/metrics", timeout=10) as r:
+        metrics = r.read().decode()
+    counts = [
+        float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith("pubsubd_ledger_append_seconds_count ")
+    ]
+    assert counts and counts[0] >= 1
 
 
 def test_kill9_of_one_storage_node_mid_flood_loses_nothing(

@@ -1,5 +1,6 @@
 """SLIs, SLOs and burn-rate alerts on a real server: publishes refused by the service show on
-/metrics (per method and per topic, within the label bound), /alerts says what fires and why,
+/metrics (per method and per topic, within the label bound, beside the backlog gauges and the
+storage write latency), /alerts says what fires and why,
 and ``pubsubd alerts`` exits 3 while an alert fires. The official (generated) client makes
 the calls."""
 
@@ -28,7 +29,9 @@ def slo_server(tmp_path: Path) -> Iterator[ServerProcess]:
     slo = tmp_path / "slo.toml"
     slo.write_text(f'[topics."{WATCHED}"]\npublish_availability = 0.99\n')
     server = ServerProcess(
-        tmp_path / "data", args=["--slo", str(slo)], env={"PUBSUBD_METRICS_MAX_TOPICS": "1"}
+        tmp_path / "data",
+        args=["--slo", str(slo)],
+        env={"PUBSUBD_METRICS_MAX_TOPICS": "1", "PUBSUBD_METRICS_MAX_SUBSCRIPTIONS": "1"},
     ).start()
     yield server
     server.kill()
@@ -36,8 +39,9 @@ def slo_server(tmp_path: Path) -> Iterator[ServerProcess]:
 
 def _metric(text: str, name: str, **labels: str) -> float | None:
     want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    prefix = f"{name}{{{want}}} " if labels else f"{name} "
     for line in text.splitlines():
-        if line.startswith(f"{name}{{{want}}} "):
+        if line.startswith(prefix):
             return float(line.rsplit(" ", 1)[1])
     return None
 
@@ -49,6 +53,11 @@ def test_refused_publishes_burn_the_budget_and_fire_the_alerts(slo_server: Serve
     pub.create_topic(name=f"projects/{PROJECT}/topics/second")
     sub = make_subscriber(slo_server.endpoint)
     sub.create_subscription(name=f"projects/{PROJECT}/subscriptions/watched", topic=WATCHED)
+    for name in ("first", "second"):  # beyond the subscription label bound: under _other
+        sub.create_subscription(
+            name=f"projects/{PROJECT}/subscriptions/{name}",
+            topic=f"projects/{PROJECT}/topics/{name}",
+        )
     gapic = gapic_publisher(slo_server.endpoint)
     for i in range(5):
         gapic.publish(request={"topic": WATCHED, "messages": [{"data": b"m%d" % i}]}, timeout=10)
@@ -82,6 +91,14 @@ def test_refused_publishes_burn_the_budget_and_fire_the_alerts(slo_server: Serve
     assert _metric(text, per_topic, topic="_other", code="OK") == 1
     assert f'topic="projects/{PROJECT}/topics/second"' not in text
     assert 'pubsubd_rpc_latency_seconds_bucket{le="0.1",method="Publish"}' in text
+    backlog = "pubsubd_subscription_backlog_messages"
+    assert _metric(text, backlog, subscription=f"projects/{PROJECT}/subscriptions/watched") == 5
+    assert _metric(text, backlog, subscription="_other") == 2  # first and second, one each
+    assert f'subscription="projects/{PROJECT}/subscriptions/first"' not in text
+    age = "pubsubd_subscription_oldest_unacked_message_age_seconds"
+    assert (_metric(text, age, subscription="_other") or 0) > 0
+    assert (_metric(text, "pubsubd_subscription_backlog_bytes", subscription="_other") or 0) > 0
+    assert (_metric(text, "pubsubd_log_write_seconds_count") or 0) >= 7
 
     status, body = http_get(slo_server, "/alerts")
     alerts = json.loads(body)

@@ -53,3 +53,16 @@ BACKGROUND_ERRORS = Counter(
     "Exceptions caught in background work (delivery pumps, timers, flush and trim loops)",
     ["task"],
 )
+# Storage write SLIs: the local log's group writes (fsync included when it fsyncs) and, in a
+# cluster, a ledger append's time to its ack quorum of storage nodes.
+STORAGE_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 2.0)
+LOG_WRITE_SECONDS = Histogram(
+    "pubsubd_log_write_seconds",
+    "Time to write one group of entries to a local log segment (with its fsync, if any)",
+    buckets=STORAGE_BUCKETS,
+)
+LEDGER_APPEND_SECONDS = Histogram(
+    "pubsubd_ledger_append_seconds",
+    "Time from sending a ledger append to its ack quorum of storage nodes answering",
+    buckets=STORAGE_BUCKETS,
+)

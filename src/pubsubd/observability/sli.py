@@ -14,7 +14,9 @@ Cardinality is bounded: ``method`` and ``code`` come from fixed sets (the API's 
 17 codes), and ``topic`` takes at most ``max_topics`` values (``PUBSUBD_METRICS_MAX_TOPICS``,
 default 100) besides the topics an SLO file names: the first topics seen get their own series,
 any later one is counted under ``topic="_other"``. A process thus exports at most
-(100 + named) x 17 publish series and 13 buckets per topic.
+(100 + named) x 17 publish series and 13 buckets per topic. The backlog gauges
+(:class:`BacklogCollector`, read at scrape time) bound ``subscription`` the same way
+(``PUBSUBD_METRICS_MAX_SUBSCRIPTIONS``, default 100; the rest summed under ``_other``).
 
 Which outcomes are *good* is the SLIs' business: a request fails its availability SLI only with
 a code that is the service's fault (:data:`SERVER_FAULT_CODES`); INVALID_ARGUMENT, NOT_FOUND and
@@ -25,11 +27,14 @@ the like are the caller's. ``slo.py`` reads the same counts, kept here as plain 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import contextvars
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 OTHER = "_other"
 
@@ -203,6 +208,7 @@ class Recorder:
     def __init__(self, max_topics: int = DEFAULT_MAX_TOPICS) -> None:
         self.topics = LabelBudget(max_topics)
         self.counts = SliCounts()
+        self.backlog: BacklogCollector | None = None
 
     def pin_topics(self, topics: Iterable[str]) -> None:
         self.topics = LabelBudget(self.topics.limit, [*self.topics.pinned, *topics])
@@ -220,12 +226,76 @@ class Recorder:
         self.counts.record(method, code, seconds, topic)
 
     def status(self) -> dict[str, object]:
-        return {
+        status: dict[str, object] = {
             "topic_labels": self.topics.admitted,
             "topic_label_limit": self.topics.limit,
             "topic_labels_pinned": len(self.topics.pinned),
             "requests_counted_as_other_topic": self.topics.refused,
         }
+        if self.backlog is not None:
+            status["subscription_labels"] = self.backlog.budget.admitted
+            status["subscription_label_limit"] = self.backlog.budget.limit
+        return status
+
+
+# (subscription, messages, bytes, oldest unacked age in s) of every subscription served here.
+BacklogSource = Callable[[], Iterable[tuple[str, int, int, float]]]
+
+
+class BacklogCollector(Collector):  # type: ignore[misc]
+    """Backlog SLIs read at scrape time: ``pubsubd_subscription_backlog_messages``,
+    ``_backlog_bytes`` and ``pubsubd_subscription_oldest_unacked_message_age_seconds`` per
+    subscription. The ``subscription`` label is bounded like ``topic`` (``max_subscriptions``
+    besides pinned ones); the others are summed (age: the oldest) under ``_other``."""
+
+    def __init__(self, source: BacklogSource, max_subscriptions: int) -> None:
+        self.source = source
+        self.budget = LabelBudget(max_subscriptions)
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        messages = GaugeMetricFamily(
+            "pubsubd_subscription_backlog_messages",
+            "Messages not yet acknowledged, by subscription (bounded, see /status sli)",
+            labels=["subscription"],
+        )
+        size = GaugeMetricFamily(
+            "pubsubd_subscription_backlog_bytes",
+            "Stored bytes of the messages not yet acknowledged, by subscription",
+            labels=["subscription"],
+        )
+        age = GaugeMetricFamily(
+            "pubsubd_subscription_oldest_unacked_message_age_seconds",
+            "Age of the oldest message not yet acknowledged, by subscription",
+            labels=["subscription"],
+        )
+        rows: dict[str, list[float]] = {}
+        for name, count, nbytes, oldest in self.source():
+            row = rows.setdefault(self.budget.label(name), [0, 0, 0.0])
+            row[0] += count
+            row[1] += nbytes
+            row[2] = max(row[2], oldest)
+        for label in sorted(rows):
+            total, total_bytes, oldest_s = rows[label]
+            messages.add_metric([label], total)
+            size.add_metric([label], total_bytes)
+            age.add_metric([label], oldest_s)
+        return [messages, size, age]
+
+
+def register_backlog(source: BacklogSource, max_subscriptions: int) -> Callable[[], None]:
+    """Export the backlog SLIs of ``source``; returns the function that stops it."""
+    if _recorder.backlog is not None:  # one server per process; a second one replaces it
+        with contextlib.suppress(KeyError):
+            REGISTRY.unregister(_recorder.backlog)
+    collector = BacklogCollector(source, max_subscriptions)
+    REGISTRY.register(collector)
+    _recorder.backlog = collector
+
+    def stop() -> None:
+        with contextlib.suppress(KeyError):
+            REGISTRY.unregister(collector)
+
+    return stop
 
 
 def bucket_index(threshold_s: float) -> int | None:

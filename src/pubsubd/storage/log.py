@@ -38,6 +38,7 @@ import contextlib
 import enum
 import logging
 import os
+import time
 from array import array
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict, deque
@@ -46,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from pubsubd.observability import metrics
 from pubsubd.storage import segment_index
 from pubsubd.storage.damage import FOUND_AT_START, FOUND_BY_READ, DamagedRange, DamageMap
 from pubsubd.storage.disk_space import disk_full_reason
@@ -738,11 +740,13 @@ class SourceLog:
                 stop += 1
             chunk = group[start:stop]
             data = chunk[0].frame if len(chunk) == 1 else b"".join(p.frame for p in chunk)
+            started = time.perf_counter()
             try:
                 await self._writer.append(active.base, data, sync)
             except StorageError as exc:
                 self._fail(group[start:], exc)
                 return False
+            metrics.LOG_WRITE_SECONDS.observe(time.perf_counter() - started)
             if sync:
                 self._fsyncs += 1
             else:

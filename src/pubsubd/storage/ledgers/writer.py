@@ -23,11 +23,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from pubsubd.observability import metrics
 from pubsubd.storage.errors import (
     Fenced,
     ListConflict,
@@ -137,6 +139,7 @@ class _Flight:
     needed: int  # the ledger's ack quorum
     live: int  # nodes it was sent to
     outcome: asyncio.Future[None]  # completed in order by SourceLedgers._advance
+    sent_at: float = 0.0  # time.perf_counter() when sent
     ok: int = 0
     failed: int = 0
     settled: bool = False  # enough answers to know (error: why it failed)
@@ -407,6 +410,7 @@ class SourceLedgers:
             ledger.ack_quorum,
             len(live),
             asyncio.get_running_loop().create_future(),
+            time.perf_counter(),
         )
         request = self._nodes.encode_append(
             ledger.ledger_id, self.epoch, ledger.first_offset, frames, self._confirmed_end
@@ -454,6 +458,7 @@ class SourceLedgers:
             flight.ok += 1
             if flight.settled or flight.ok < flight.needed:
                 return
+            metrics.LEDGER_APPEND_SECONDS.observe(time.perf_counter() - flight.sent_at)
             flight.settle(None)
         self._advance()
 
