@@ -42,6 +42,7 @@ from pubsubd.observability.events import EVENTS_TOPIC, BacklogRotation, EventEmi
 from pubsubd.observability.http import HttpEndpoint
 from pubsubd.observability.slo import SAMPLE_S as SLO_SAMPLE_S
 from pubsubd.observability.slo import SloMonitor, load_slo
+from pubsubd.prober.loop import ProbeLoop, ProberConfig
 from pubsubd.storage.disk_space import DiskSpace
 from pubsubd.storage.ledgers.auditor import Auditor
 from pubsubd.storage.ledgers.cluster import ClusterStorage
@@ -132,6 +133,7 @@ class PubsubServer:
         recorder = sli.configure(config.metrics_max_topics, slo_config.topics)
         self.slo = SloMonitor(slo_config, recorder.counts)
         self._slo_task: asyncio.Task[None] | None = None
+        self.prober: ProbeLoop | None = None  # probes this server's own endpoint (opt-in)
         self._unregister_backlog = sli.register_backlog(
             self._backlogs, config.metrics_max_subscriptions
         )
@@ -191,6 +193,13 @@ class PubsubServer:
         self.grpc_server = server
         if self.config.http_port >= 0:
             self.http_port = await self.http.start(self.config.host, self.config.http_port)
+        if self.config.prober_interval_s > 0:
+            self.prober = ProbeLoop(
+                ProberConfig(
+                    (f"{self.config.host}:{self.port}",), interval_s=self.config.prober_interval_s
+                )
+            )
+            self.prober.start()
         log.info(
             "pubsubd ready grpc=%s:%d http=%s:%d data_dir=%s fsync=%s%s",
             self.config.host,
@@ -307,6 +316,8 @@ class PubsubServer:
             await self.auditor.close()
         if self.sli_events is not None:
             await self.sli_events.close()
+        if self.prober is not None:
+            await self.prober.stop()
         await self.maintenance.close()
         if self._quota_task is not None:
             self._quota_task.cancel()
@@ -405,6 +416,7 @@ class PubsubServer:
             "disk": self.disk.status(),
             "cluster": self.cluster_status(),
             "sli": sli.recorder().status(),
+            "prober": self.prober.status() if self.prober is not None else None,
         }
 
     def cluster_status(self) -> dict[str, Any] | None:

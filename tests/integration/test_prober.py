@@ -95,3 +95,30 @@ def test_the_prober_process_exports_its_results(
         }
     finally:
         assert process.stop() == 0  # SIGTERM: a clean exit
+
+
+def test_serve_probes_itself_when_asked(tmp_path: Path) -> None:
+    """``serve --prober-interval``: the probes run inside the server against its own endpoint;
+    their results show in /status and /metrics, and their requests count in the SLIs."""
+    server = ServerProcess(tmp_path / "data", args=["--prober-interval", "0.5"]).start()
+    try:
+
+        def status() -> dict[str, Any]:
+            url = f"http://127.0.0.1:{server.http_port}/status"
+            with urllib.request.urlopen(url, timeout=10) as r:
+                return dict(json.load(r))
+
+        wait_for(lambda: (status()["prober"] or {}).get("rounds", 0) >= 2, 60, "two rounds")
+        probes = status()["prober"]["probes"]
+        assert sorted(p["probe"] for p in probes) == ["control_plane", "publish_receive"]
+        assert all(p["ok"] and p["endpoint"] == server.endpoint for p in probes), probes
+        url = f"http://127.0.0.1:{server.http_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            metrics = r.read().decode()
+        assert (
+            f'pubsubd_prober_probes_total{{endpoint="{server.endpoint}",probe="publish_receive",'
+            'result="success"}' in metrics
+        )
+        assert 'pubsubd_rpc_requests_total{code="OK",method="DeleteSubscription"}' in metrics
+    finally:
+        assert server.stop() == 0

@@ -88,6 +88,10 @@ def serve(
         Path | None,
         typer.Option(help="SLO file for /alerts and the SLIs (TOML or JSON; `pubsubd slo show`)"),
     ] = None,
+    prober_interval: Annotated[
+        float | None,
+        typer.Option(help="probe this server's own endpoint every N seconds (0 = off, default)"),
+    ] = None,
 ) -> None:
     """Run every role of the service in one process: with embedded storage, or (--cluster)
     over ZooKeeper and storage nodes."""
@@ -99,6 +103,8 @@ def serve(
     cfg = _server_config(port, http_port, host, data_dir, fsync, cluster, zk_root, replicas, zone)
     if slo is not None:
         cfg = replace(cfg, slo_file=slo)
+    if prober_interval is not None:
+        cfg = replace(cfg, prober_interval_s=prober_interval)
     try:
         load_slo(cfg.slo_file)  # a bad file stops here, with its error, before anything starts
     except SloFileError as e:

@@ -1,5 +1,6 @@
 """``pubsubd prober``: the probes of ``probes.py`` through every endpoint given (a frontend per
-zone, or a serving process), every ``--interval`` seconds, as a process (composition root).
+zone, or a serving process), every ``--interval`` seconds, as a process (composition root; the
+loop itself is ``loop.py``).
 
 Each result feeds the SLIs on ``/metrics``: ``pubsubd_prober_probes_total{probe, endpoint,
 result}``, ``pubsubd_prober_latency_seconds{probe, endpoint}`` (a histogram of successful
@@ -14,106 +15,30 @@ When ready it prints one line for scripts::
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import os
 import sys
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-from prometheus_client import Counter, Gauge, Histogram
 
 from pubsubd import runtime
 from pubsubd.observability.http import HttpEndpoint
-from pubsubd.prober.probes import (
-    CONTROL_PLANE,
-    PUBLISH_RECEIVE,
-    Clients,
-    ProbeResult,
-    control_plane,
-    publish_receive,
-)
+from pubsubd.prober.loop import ProbeLoop, ProberConfig, probe_round, run_once
 
-log = logging.getLogger(__name__)
-
-PROBES = Counter("pubsubd_prober_probes", "Probes run, by result", ["probe", "endpoint", "result"])
-LATENCY = Histogram(
-    "pubsubd_prober_latency_seconds",
-    "Latency of successful probes",
-    ["probe", "endpoint"],
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
-)
-LAST_SUCCESS = Gauge(
-    "pubsubd_prober_last_success_timestamp_seconds",
-    "When a probe last succeeded (Unix seconds)",
-    ["probe", "endpoint"],
-)
-
-
-@dataclass(frozen=True)
-class ProberConfig:
-    endpoints: tuple[str, ...]
-    project: str = "pubsubd-prober"
-    interval_s: float = 10.0
-    host: str = "127.0.0.1"
-    http_port: int = -1
-    probes: tuple[str, ...] = field(default=(PUBLISH_RECEIVE, CONTROL_PLANE))
-    pid_file: Path | None = None  # written when ready, removed on a clean stop
-
-    def __post_init__(self) -> None:
-        if not self.endpoints:
-            raise ValueError("at least one --endpoint is required")
-        if not self.interval_s > 0:
-            raise ValueError(f"the interval must be positive, got {self.interval_s}")
-        unknown = set(self.probes) - {PUBLISH_RECEIVE, CONTROL_PLANE}
-        if unknown:
-            raise ValueError(f"unknown probes: {', '.join(sorted(unknown))}")
-
-
-def probe_round(config: ProberConfig, clients: dict[str, Clients]) -> list[ProbeResult]:
-    """Every probe through every endpoint, once (blocking)."""
-    results = []
-    for endpoint in config.endpoints:
-        if PUBLISH_RECEIVE in config.probes:
-            results.append(publish_receive(clients[endpoint], config.project))
-        if CONTROL_PLANE in config.probes:
-            results.append(control_plane(clients[endpoint], config.project))
-    for r in results:
-        PROBES.labels(r.probe, r.endpoint, "success" if r.ok else "failure").inc()
-        if r.ok:
-            LATENCY.labels(r.probe, r.endpoint).observe(r.latency_s)
-            LAST_SUCCESS.labels(r.probe, r.endpoint).set(r.at_unix_s)
-        else:
-            log.warning("probe %s through %s failed: %s", r.probe, r.endpoint, r.error)
-    return results
-
-
-def run_once(config: ProberConfig) -> list[ProbeResult]:
-    clients = {e: Clients(e) for e in config.endpoints}
-    try:
-        return probe_round(config, clients)
-    finally:
-        for c in clients.values():
-            c.close()
+__all__ = ["Prober", "ProberConfig", "probe_round", "run", "run_once", "serve"]
 
 
 class Prober:
-    """The prober process: a round every interval, the HTTP endpoint."""
+    """The prober process: the probing loop and the HTTP endpoint."""
 
     def __init__(self, config: ProberConfig) -> None:
         self.config = config
-        self.clients = {e: Clients(e) for e in config.endpoints}
-        self.last: dict[tuple[str, str], ProbeResult] = {}
-        self.rounds = 0
+        self.loop = ProbeLoop(config)
         self.http = HttpEndpoint(self.status)
         self.http_port = 0
-        self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         if self.config.http_port >= 0:
             self.http_port = await self.http.start(self.config.host, self.config.http_port)
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="prober")
+        self.loop.start()
         if self.config.pid_file is not None:
             self.config.pid_file.write_text(f"{os.getpid()}\n")
         http = f" http={self.config.host}:{self.http_port}" if self.config.http_port >= 0 else ""
@@ -121,37 +46,13 @@ class Prober:
         sys.stdout.flush()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self.loop.stop()
         await self.http.close()
-        for c in self.clients.values():
-            await asyncio.to_thread(c.close)
         if self.config.pid_file is not None:
             self.config.pid_file.unlink(missing_ok=True)
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            started = loop.time()
-            try:
-                results = await asyncio.to_thread(probe_round, self.config, self.clients)
-            except Exception:
-                log.exception("a probe round failed")
-            else:
-                for r in results:
-                    self.last[(r.probe, r.endpoint)] = r
-                self.rounds += 1
-            await asyncio.sleep(max(0.0, self.config.interval_s - (loop.time() - started)))
-
     def status(self) -> dict[str, Any]:
-        return {
-            "role": "prober",
-            "endpoints": list(self.config.endpoints),
-            "interval_s": self.config.interval_s,
-            "rounds": self.rounds,
-            "probes": [r.as_dict() for _, r in sorted(self.last.items())],
-        }
+        return {"role": "prober", **self.loop.status()}
 
 
 async def serve(config: ProberConfig) -> None:
