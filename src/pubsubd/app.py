@@ -32,6 +32,7 @@ from pubsubd.coordination.zk import Coordinator
 from pubsubd.core import pb
 from pubsubd.core.clock import SYSTEM_CLOCK
 from pubsubd.core.errors import AlreadyExists, Unavailable
+from pubsubd.core.flow_control import MemoryBudget
 from pubsubd.core.records import DamagedRange
 from pubsubd.core.release import version
 from pubsubd.data.load_report import LoadReporter
@@ -134,6 +135,7 @@ class PubsubServer:
         self.slo = SloMonitor(slo_config, recorder.counts)
         self._slo_task: asyncio.Task[None] | None = None
         self.prober: ProbeLoop | None = None  # probes this server's own endpoint (opt-in)
+        self.inflight = MemoryBudget(config.max_inflight_publish_bytes)
         self._unregister_backlog = sli.register_backlog(
             self._backlogs, config.metrics_max_subscriptions
         )
@@ -165,7 +167,7 @@ class PubsubServer:
             [
                 publisher.handlers(
                     publisher.PublisherServicer(
-                        self.catalog, self.snapshots, self.routes, self.clock
+                        self.catalog, self.snapshots, self.routes, self.clock, self.inflight
                     )
                 ),
                 subscriber.handlers(
@@ -417,6 +419,7 @@ class PubsubServer:
             "cluster": self.cluster_status(),
             "sli": sli.recorder().status(),
             "prober": self.prober.status() if self.prober is not None else None,
+            "flow_control": {"inflight_publish_bytes": self.inflight.status()},
         }
 
     def cluster_status(self) -> dict[str, Any] | None:

@@ -72,6 +72,9 @@ class ServerConfig:
     slo_file: Path | None = None
     metrics_max_topics: int = 100
     metrics_max_subscriptions: int = 100
+    # Bytes of Publish requests that may wait for storage at once (core/flow_control.py); past
+    # it Publish answers RESOURCE_EXHAUSTED. 0 = no bound.
+    max_inflight_publish_bytes: int = 128 << 20
     # Probe this server's own endpoint every so many seconds (prober/loop.py; 0 = off).
     prober_interval_s: float = 0.0
     # None: one machine (embedded metadata, local disks). Set: metadata in ZooKeeper and every
@@ -84,7 +87,7 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
     PUBSUBD_FSYNC, PUBSUBD_SEGMENT_BYTES, PUBSUBD_TRIM_INTERVAL_S, PUBSUBD_ACK_FLUSH_INTERVAL_S,
     PUBSUBD_QUOTA_CHECK_S, PUBSUBD_EXPIRY_CHECK_S, PUBSUBD_DEDUP_WINDOW_S,
     PUBSUBD_SLI_EVENTS_S, PUBSUBD_SLO_FILE, PUBSUBD_METRICS_MAX_TOPICS, _SUBSCRIPTIONS,
-    PUBSUBD_PROBER_INTERVAL_S,
+    PUBSUBD_PROBER_INTERVAL_S, PUBSUBD_MAX_INFLIGHT_PUBLISH_BYTES,
     PUBSUBD_CLUSTER (ZooKeeper connect string), PUBSUBD_ZK_ROOT,
     PUBSUBD_REPLICAS, PUBSUBD_ZK_SESSION_TIMEOUT_S, PUBSUBD_ZONE, PUBSUBD_FORWARDER_ID and
     PUBSUBD_REPAIR_INTERVAL_S, _GRACE_S, _RATE_BYTES
@@ -140,6 +143,9 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
             e.get("PUBSUBD_METRICS_MAX_SUBSCRIPTIONS", cfg.metrics_max_subscriptions)
         ),
         prober_interval_s=float(e.get("PUBSUBD_PROBER_INTERVAL_S", cfg.prober_interval_s)),
+        max_inflight_publish_bytes=int(
+            e.get("PUBSUBD_MAX_INFLIGHT_PUBLISH_BYTES", cfg.max_inflight_publish_bytes)
+        ),
     )
 
 

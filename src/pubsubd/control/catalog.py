@@ -21,6 +21,7 @@ from pubsubd.control.router import Routes
 from pubsubd.coordination.errors import CoordinationUnavailable
 from pubsubd.core import (
     damage_policy,
+    flow_control,
     names,
     pb,
     publish_sources,
@@ -85,6 +86,7 @@ class TopicEntry:
     record: TopicRecord
     topic: Any  # google.pubsub.v1.Topic
     quota: quotas.BacklogQuota | None = None  # from the topic's labels
+    publish_rate: flow_control.PublishRate | None = None  # from the topic's labels too
 
 
 @dataclass(slots=True)
@@ -124,7 +126,7 @@ class Catalog:
         forwarders restore theirs from the same store, data/reconcile.py)."""
         for t in self.store.load_topics():
             topic = pb.Topic.FromString(t.body)
-            self._add_topic(TopicEntry(t, topic, _quota(topic)))
+            self._add_topic(TopicEntry(t, topic, _quota(topic), _rate(topic)))
         for s in self.store.load_subscriptions():
             self._add_subscription(SubscriptionEntry(s, pb.Subscription.FromString(s.body)))
         log.info(
@@ -158,9 +160,10 @@ class Catalog:
                 topic = pb.Topic.FromString(record.body)
                 entry = self.topics.get(record.name)
                 if entry is None:
-                    self._add_topic(TopicEntry(record, topic, _quota(topic)))
+                    self._add_topic(TopicEntry(record, topic, _quota(topic), _rate(topic)))
                 else:
                     entry.record, entry.topic, entry.quota = record, topic, _quota(topic)
+                    entry.publish_rate = _rate(topic)
         elif isinstance(record, SubscriptionRecord):
             found = self.subscriptions.get(record.name)
             if found is not None and (change.deleted or found.record.uid != record.uid):
@@ -214,6 +217,7 @@ class Catalog:
     def create_topic(self, topic: Any) -> Any:
         validation.topic(topic)
         quota = quotas.parse(topic.labels)
+        rate = flow_control.parse_rate(topic.labels)
         quotas.retention_bytes(topic.labels)  # validate; control/snapshots.py reads it
         publish_sources.parse(topic.labels)  # validate
         damage_policy.parse(topic.labels)  # validate
@@ -228,7 +232,7 @@ class Catalog:
         validation.labels("labels", stored.labels)
         record = TopicRecord(topic.name, uuid.uuid4().hex, stored.SerializeToString())
         self.store.put_topic(record, create=True)  # the publishing forwarder opens its storage
-        self._add_topic(TopicEntry(record, stored, quota))
+        self._add_topic(TopicEntry(record, stored, quota, rate))
         return stored
 
     def topic(self, name: str) -> TopicEntry:
@@ -248,6 +252,7 @@ class Catalog:
         publish_sources.on_update(entry.topic.labels, updated.labels)
         validation.topic(updated)
         quota = quotas.parse(updated.labels)
+        rate = flow_control.parse_rate(updated.labels)
         quotas.retention_bytes(updated.labels)
         damage_policy.parse(updated.labels)
         storage_policy.parse(updated)
@@ -257,6 +262,7 @@ class Catalog:
         entry.record = record
         entry.topic = updated
         entry.quota = quota
+        entry.publish_rate = rate
         return updated
 
     async def delete_topic(self, name: str) -> None:
@@ -407,6 +413,13 @@ class Catalog:
         names.project(project)
         page, next_token = self._sub_names.page(f"{project}/subscriptions/", page_size, token)
         return [self.subscriptions[n].subscription for n in page], next_token
+
+
+def _rate(topic: Any) -> flow_control.PublishRate | None:
+    try:
+        return flow_control.parse_rate(topic.labels)
+    except InvalidArgument:  # stored before the label was validated
+        return None
 
 
 def _quota(topic: Any) -> quotas.BacklogQuota | None:

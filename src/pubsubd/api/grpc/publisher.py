@@ -23,6 +23,7 @@ from pubsubd.control.snapshots import Snapshots
 from pubsubd.core import ids, names, pb, validation
 from pubsubd.core.clock import SYSTEM_CLOCK, Clock
 from pubsubd.core.errors import InvalidArgument, ResourceExhausted
+from pubsubd.core.flow_control import MemoryBudget, PublishRate, RateLimiter
 from pubsubd.observability import events, metrics, sli
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
@@ -30,12 +31,32 @@ Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
 class PublisherServicer:
     def __init__(
-        self, catalog: Catalog, snapshots: Snapshots, routes: Routes, clock: Clock = SYSTEM_CLOCK
+        self,
+        catalog: Catalog,
+        snapshots: Snapshots,
+        routes: Routes,
+        clock: Clock = SYSTEM_CLOCK,
+        inflight: MemoryBudget | None = None,
     ) -> None:
         self.catalog = catalog
         self.clock = clock
         self.snapshots = snapshots
         self.routes = routes
+        # Flow control (core/flow_control.py): bytes of publishes waiting for storage, and
+        # each rate-limited topic's buckets (by topic uid).
+        self.inflight = inflight if inflight is not None else MemoryBudget(0)
+        self._rates: dict[str, RateLimiter] = {}
+
+    def _rate_limit(self, uid: str, rate: PublishRate | None, messages: int, size: int) -> None:
+        if rate is None:
+            self._rates.pop(uid, None)
+            return
+        limiter = self._rates.get(uid)
+        if limiter is None or limiter.rate != rate:
+            limiter = self._rates[uid] = RateLimiter(rate)
+        over = limiter.admit(messages, size, time.monotonic())
+        if over is not None:
+            raise ResourceExhausted(f"topic publish rate quota exceeded: {over}")
 
     @rpc
     async def CreateTopic(self, request: Any, context: Context) -> Any:
@@ -105,6 +126,12 @@ class PublisherServicer:
         if blocked is not None:
             raise ResourceExhausted(blocked)
         count = len(request.messages)
+        self._rate_limit(uid, entry.publish_rate, count, len(raw))
+        if not self.inflight.acquire(len(raw)):
+            raise ResourceExhausted(
+                f"the server holds {self.inflight.used} bytes of publishes waiting for storage "
+                f"(bound {self.inflight.limit}, PUBSUBD_MAX_INFLIGHT_PUBLISH_BYTES); retry later"
+            )
         started = time.perf_counter()
         try:
             # Validated: every message has the first one's ordering key (one entry, one source).
@@ -113,6 +140,8 @@ class PublisherServicer:
         except Exception:
             events.record_publish(request.topic, (time.perf_counter() - started) * 1e3, ok=False)
             raise
+        finally:
+            self.inflight.release(len(raw))
         elapsed = time.perf_counter() - started
         metrics.PUBLISH_LATENCY.observe(elapsed)
         events.record_publish(request.topic, elapsed * 1e3)
