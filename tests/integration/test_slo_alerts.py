@@ -133,10 +133,21 @@ def test_a_quiet_server_fires_nothing(server: ServerProcess) -> None:
     pub = make_publisher(server.endpoint)
     topic = f"projects/{PROJECT}/topics/quiet"
     pub.create_topic(name=topic)
+    sub = make_subscriber(server.endpoint)
+    subscription = f"projects/{PROJECT}/subscriptions/quiet"
+    sub.create_subscription(name=subscription, topic=topic)
     pub.publish(topic, b"x").result(timeout=30)
+    response = sub.pull(subscription=subscription, max_messages=10, timeout=30)
+    sub.acknowledge(
+        subscription=subscription, ack_ids=[m.ack_id for m in response.received_messages]
+    )
     _, body = http_get(server, "/alerts")
     alerts = json.loads(body)
     assert alerts["firing"] == []
+    delivery = next(o for o in alerts["objectives"] if o["slo"] == "delivery_p99_ms")
+    assert (delivery["good"], delivery["total"]) == (1, 1)  # acked within 5 s of its publish
+    _, body = http_get(server, "/metrics")
+    assert f'pubsubd_delivery_latency_seconds_count{{topic="{topic}"}} 1.0' in body.decode()
     cli = subprocess.run(
         [
             sys.executable,

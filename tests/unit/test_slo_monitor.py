@@ -193,3 +193,20 @@ def test_the_label_budget_bounds_topics_and_keeps_pinned_ones() -> None:
         OTHER,
     ]
     assert (budget.admitted, budget.refused) == (2, 2)
+
+
+def test_sampled_acks_feed_the_delivery_latency_objective() -> None:
+    from pubsubd.observability import sli
+
+    recorder = sli.configure(10)
+    monitor = SloMonitor(load_slo(None), recorder.counts)
+    monitor.sample(0.0)
+    published = {pos: 1_000_000 * pos for pos in range(100)}  # position p published at p s
+    # Acked at 100 s: positions 0-49 waited over 50 s, 96-99 under the 5 s threshold.
+    sli.record_acks(TOPIC, list(range(50)), published.__getitem__, 100e6)
+    sli.record_acks(TOPIC, [96, 97, 98, 99], published.__getitem__, 100e6)
+    sli.record_acks(TOPIC, [], published.__getitem__, 100e6)  # nothing to sample
+    sli.record_acks(TOPIC, [1000], published.__getitem__, 100e6)  # trimmed: not measurable
+    state = _state(monitor, 1.0, "delivery_p99_ms")
+    assert (state["good"], state["total"]) == (2, 4)  # two samples per batch
+    assert "sampled acks" in state["objective"]

@@ -95,6 +95,8 @@ def test_the_rules_page_on_a_fast_burn_and_stay_quiet_within_budget(tmp_path: Pa
     topic_bad = f'pubsubd_topic_publish_requests_total{{topic="{TOPIC}",code="INTERNAL"}}'
     fast = 'pubsubd_rpc_latency_seconds_bucket{method="Publish",le="0.1"}'
     every = 'pubsubd_rpc_latency_seconds_count{method="Publish"}'
+    delivered_fast = 'pubsubd_delivery_latency_seconds_bucket{topic="t",le="5.0"}'
+    delivered = 'pubsubd_delivery_latency_seconds_count{topic="t"}'
     tests = {
         "rule_files": [str(rules)],
         "evaluation_interval": "30s",
@@ -128,7 +130,8 @@ def test_the_rules_page_on_a_fast_burn_and_stay_quiet_within_budget(tmp_path: Pa
                 ],
             },
             {  # one topic at 20 % errors against its own 99 % objective (burn rate 20); 20 %
-                # of publishes slower than 100 ms against the global 99 % objective (20)
+                # of publishes slower than 100 ms against the global 99 % objective (20); 30 %
+                # of sampled acks later than 5 s after their publish (30)
                 "interval": "30s",
                 "input_series": [
                     {"series": ok, "values": "0+100000x240"},
@@ -136,6 +139,8 @@ def test_the_rules_page_on_a_fast_burn_and_stay_quiet_within_budget(tmp_path: Pa
                     {"series": topic_bad, "values": "0+20x240"},
                     {"series": fast, "values": "0+800x240"},
                     {"series": every, "values": "0+1000x240"},
+                    {"series": delivered_fast, "values": "0+70x240"},
+                    {"series": delivered, "values": "0+100x240"},
                 ],
                 "alert_rule_test": [
                     {
@@ -146,6 +151,8 @@ def test_the_rules_page_on_a_fast_burn_and_stay_quiet_within_budget(tmp_path: Pa
                             alert("publish_availability", TOPIC, "6h"),
                             alert("publish_p99_ms", "global", "1h"),
                             alert("publish_p99_ms", "global", "6h"),
+                            alert("delivery_p99_ms", "global", "1h"),
+                            alert("delivery_p99_ms", "global", "6h"),
                         ],
                     }
                 ],

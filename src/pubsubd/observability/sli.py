@@ -29,7 +29,8 @@ from __future__ import annotations
 import bisect
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterable
+import random
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import REGISTRY, Counter, Histogram
@@ -94,11 +95,16 @@ CONTROL_PLANE_METHODS = frozenset(
         "Seek",
     }
 )
+# Acks are not requests of their own: a sampled ack's delivery latency is recorded under this
+# pseudo-method (``record_acks``).
+DELIVERY = "_delivery"
 SLI_METHODS = {
     "publish": PUBLISH_METHODS,
     "pull": PULL_METHODS,
     "control_plane": CONTROL_PLANE_METHODS,
+    "delivery": frozenset({DELIVERY}),
 }
+ACK_SAMPLES = 2  # acks per ack batch whose delivery latency is measured
 
 RPC_REQUESTS = Counter(
     "pubsubd_rpc_requests",
@@ -115,6 +121,12 @@ TOPIC_PUBLISH_REQUESTS = Counter(
     "pubsubd_topic_publish_requests",
     "Publish requests answered, by topic (bounded, see /status sli) and gRPC code",
     ["topic", "code"],
+)
+DELIVERY_LATENCY = Histogram(
+    "pubsubd_delivery_latency_seconds",
+    "Publish time to acknowledgement of sampled acks (ACK_SAMPLES of each ack batch), by topic",
+    ["topic"],
+    buckets=LATENCY_BUCKETS,
 )
 TOPIC_PUBLISH_LATENCY = Histogram(
     "pubsubd_topic_publish_latency_seconds",
@@ -324,3 +336,23 @@ def configure(max_topics: int, pinned_topics: Iterable[str] = ()) -> Recorder:
 def record_rpc(method: str, code: str, seconds: float, topic: str | None = None) -> None:
     """Hook for every google.pubsub.v1 RPC (api/grpc/status.py); never raises."""
     _recorder.record(method, code, seconds, topic)
+
+
+def record_acks(
+    topic: str, positions: Sequence[int], publish_time_us: Callable[[int], int], now_us: float
+) -> None:
+    """Hook for a subscription's acks: the delivery latency (publish time to ack) of up to
+    ACK_SAMPLES acks of the batch, picked at random; a ratio of good to all samples is an
+    unbiased estimate of the ratio over every ack. Never raises."""
+    if not positions:
+        return
+    label = _recorder.topics.label(topic)
+    n = len(positions)
+    for _ in range(min(ACK_SAMPLES, n)):
+        try:
+            published = publish_time_us(positions[random.randrange(n)])
+        except Exception:  # trimmed, unknown source, closed log: not measurable
+            continue
+        seconds = max(0.0, now_us - published) / 1e6
+        DELIVERY_LATENCY.labels(label).observe(seconds)
+        _recorder.counts.record(DELIVERY, "OK", seconds, topic)

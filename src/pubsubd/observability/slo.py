@@ -8,8 +8,10 @@ One TOML (or JSON) file holds every objective, globally at the top level and per
   requests not failed by the service (``sli.SERVER_FAULT_CODES``); per topic: publish only.
 * ``publish_p99_ms``, ``publish_p95_ms``: 99 % (95 %) of successful publishes answered within
   that many milliseconds; a threshold must be a histogram bucket bound (``sli.LATENCY_BUCKETS``).
-* ``error_rate``, ``backlog_oldest_age_s``, ``delivery_p99_ms``, ``delivery_p95_ms``: checked by
-  the ``sli-report`` Spark job over a whole window (no burn-rate alert yet).
+* ``delivery_p99_ms``, ``delivery_p95_ms``: 99 % (95 %) of messages acknowledged within that
+  many milliseconds of their publish time (a sample of each ack batch, ``sli.record_acks``).
+* ``error_rate``, ``backlog_oldest_age_s``: checked by the ``sli-report`` Spark job over a
+  whole window (no burn-rate alert yet).
 
 Alerts follow the SRE workbook's multi-window, multi-burn-rate recipe over a 30-day budget
 (:data:`BURN_WINDOWS`): *page* when 2 % of the budget burns in an hour (burn rate 14.4 over
@@ -52,7 +54,13 @@ DEFAULT_SLO: dict[str, float] = {
     "delivery_p95_ms": 1000.0,
 }
 AVAILABILITY_KEYS = ("publish_availability", "pull_availability", "control_plane_availability")
-LATENCY_KEYS = {"publish_p99_ms": 0.99, "publish_p95_ms": 0.95}
+# key -> (the SLI, the share of events that must be within the key's threshold)
+LATENCY_KEYS = {
+    "publish_p99_ms": ("publish", 0.99),
+    "publish_p95_ms": ("publish", 0.95),
+    "delivery_p99_ms": ("delivery", 0.99),
+    "delivery_p95_ms": ("delivery", 0.95),
+}
 TOPIC_KEYS = frozenset({"publish_availability", *LATENCY_KEYS, *DEFAULT_SLO}) - {
     "pull_availability",
     "control_plane_availability",
@@ -152,9 +160,13 @@ class Objective:
 
     def describe(self) -> str:
         i = self.indicator
-        what = f"{i.sli.replace('_', ' ')} requests"
-        if i.topic is not None:
-            what += f" to {i.topic}"
+        to = "" if i.topic is None else f" to {i.topic}"
+        if i.sli == "delivery":
+            return (
+                f"{self.target:.0%} of messages{to} acknowledged within "
+                f"{i.threshold_s * 1000:g} ms of their publish time (sampled acks)"
+            )
+        what = f"{i.sli.replace('_', ' ')} requests{to}"
         if i.kind == "availability":
             return f"{self.target:.3%} of {what} not failed by the service"
         return f"{self.target:.0%} of successful {what} within {i.threshold_s * 1000:g} ms"
@@ -169,8 +181,9 @@ def objectives(config: SloConfig) -> list[Objective]:
             sli = key.removesuffix("_availability")
             out.append(Objective(key, scope, Indicator(sli, "availability", topic=topic), value))
         elif key in LATENCY_KEYS:
-            indicator = Indicator("publish", "latency", value / 1000, topic)
-            out.append(Objective(key, scope, indicator, LATENCY_KEYS[key]))
+            sli, share = LATENCY_KEYS[key]
+            indicator = Indicator(sli, "latency", value / 1000, topic)
+            out.append(Objective(key, scope, indicator, share))
 
     for key in (*AVAILABILITY_KEYS, *LATENCY_KEYS):
         add(key, "global", None, config.default[key])
@@ -340,6 +353,15 @@ def _ratio_exprs(objective: Objective, window: str) -> str:
     """PromQL for the objective's bad-event ratio over ``window``."""
     i = objective.indicator
     faults = "|".join(sorted(SERVER_FAULT_CODES))
+    if i.sli == "delivery":
+        le = _go_float(i.threshold_s)
+        sel = "" if i.topic is None else f"topic={json.dumps(i.topic)},"
+        count_sel = "" if i.topic is None else f"{{topic={json.dumps(i.topic)}}}"
+        return (
+            f'1 - sum(rate(pubsubd_delivery_latency_seconds_bucket{{{sel}le="{le}"}}'
+            f"[{window}])) / sum(rate(pubsubd_delivery_latency_seconds_count{count_sel}"
+            f"[{window}]))"
+        )
     if i.topic is None:
         methods = "|".join(sorted(SLI_METHODS[i.sli]))
         if i.kind == "availability":

@@ -31,7 +31,7 @@ from pubsubd.data.subscribe.dead_letter import dead_letter_request
 from pubsubd.data.subscribe.leases import LeaseTable
 from pubsubd.data.subscribe.planner import DeliveryPlanner, Effects
 from pubsubd.data.subscribe.reader import TopicReader
-from pubsubd.observability import background, events, metrics
+from pubsubd.observability import background, events, metrics, sli
 from pubsubd.storage.errors import DamagedEntries, OffsetOutOfRange
 
 log = logging.getLogger(__name__)
@@ -293,6 +293,9 @@ class SubscriptionDispatcher:
 
     def acknowledge(self, positions: list[int]) -> None:
         events.record_acks(self, positions)  # delivery-latency SLI; O(1) per batch
+        sli.record_acks(
+            str(self.subscription.topic), positions, self.publish_time_us, self.clock.time_us()
+        )
         self.planner.acknowledge(positions)
         self._apply()
 
