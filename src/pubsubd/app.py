@@ -131,7 +131,9 @@ class PubsubServer:
         self.grpc_server: grpc.aio.Server | None = None
         # Request SLIs and the SLO burn-rate monitor (observability/sli.py, slo.py).
         slo_config = load_slo(config.slo_file)
-        recorder = sli.configure(config.metrics_max_topics, slo_config.topics)
+        recorder = sli.configure(
+            config.metrics_max_topics, slo_config.topics, enabled=config.request_slis
+        )
         self.slo = SloMonitor(slo_config, recorder.counts)
         self._slo_task: asyncio.Task[None] | None = None
         self.prober: ProbeLoop | None = None  # probes this server's own endpoint (opt-in)

@@ -72,6 +72,7 @@ class ServerConfig:
     slo_file: Path | None = None
     metrics_max_topics: int = 100
     metrics_max_subscriptions: int = 100
+    request_slis: bool = True  # False: no request SLIs (to measure their cost)
     # Bytes of Publish requests that may wait for storage at once (core/flow_control.py); past
     # it Publish answers RESOURCE_EXHAUSTED. 0 = no bound.
     max_inflight_publish_bytes: int = 128 << 20
@@ -87,7 +88,7 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
     PUBSUBD_FSYNC, PUBSUBD_SEGMENT_BYTES, PUBSUBD_TRIM_INTERVAL_S, PUBSUBD_ACK_FLUSH_INTERVAL_S,
     PUBSUBD_QUOTA_CHECK_S, PUBSUBD_EXPIRY_CHECK_S, PUBSUBD_DEDUP_WINDOW_S,
     PUBSUBD_SLI_EVENTS_S, PUBSUBD_SLO_FILE, PUBSUBD_METRICS_MAX_TOPICS, _SUBSCRIPTIONS,
-    PUBSUBD_PROBER_INTERVAL_S, PUBSUBD_MAX_INFLIGHT_PUBLISH_BYTES,
+    PUBSUBD_PROBER_INTERVAL_S, PUBSUBD_MAX_INFLIGHT_PUBLISH_BYTES, PUBSUBD_REQUEST_SLIS,
     PUBSUBD_CLUSTER (ZooKeeper connect string), PUBSUBD_ZK_ROOT,
     PUBSUBD_REPLICAS, PUBSUBD_ZK_SESSION_TIMEOUT_S, PUBSUBD_ZONE, PUBSUBD_FORWARDER_ID and
     PUBSUBD_REPAIR_INTERVAL_S, _GRACE_S, _RATE_BYTES
@@ -143,6 +144,7 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
             e.get("PUBSUBD_METRICS_MAX_SUBSCRIPTIONS", cfg.metrics_max_subscriptions)
         ),
         prober_interval_s=float(e.get("PUBSUBD_PROBER_INTERVAL_S", cfg.prober_interval_s)),
+        request_slis=e.get("PUBSUBD_REQUEST_SLIS", "1") not in ("0", "false", "off"),
         max_inflight_publish_bytes=int(
             e.get("PUBSUBD_MAX_INFLIGHT_PUBLISH_BYTES", cfg.max_inflight_publish_bytes)
         ),

@@ -32,6 +32,7 @@ import contextvars
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -186,32 +187,39 @@ class SliCounts:
 
     indicators: list[Indicator] = field(default_factory=list)
     tallies: dict[Indicator, Tally] = field(default_factory=dict)
-    _by_method: dict[str, list[Indicator]] = field(default_factory=dict)
+    # method -> (topic or None, availability?, threshold_s, tally) of its indicators
+    _by_method: dict[str, list[tuple[str | None, bool, float, Tally]]] = field(default_factory=dict)
 
     def watch(self, indicators: Iterable[Indicator]) -> None:
         for indicator in indicators:
             if indicator in self.tallies:
                 continue
             self.indicators.append(indicator)
-            self.tallies[indicator] = Tally()
+            tally = self.tallies[indicator] = Tally()
+            watched = (
+                indicator.topic,
+                indicator.kind == "availability",
+                indicator.threshold_s,
+                tally,
+            )
             for method in SLI_METHODS[indicator.sli]:
-                self._by_method.setdefault(method, []).append(indicator)
+                self._by_method.setdefault(method, []).append(watched)
 
     def record(self, method: str, code: str, seconds: float, topic: str | None) -> None:
-        indicators = self._by_method.get(method)
-        if not indicators:
+        watched = self._by_method.get(method)
+        if not watched:
             return
         fault = code in SERVER_FAULT_CODES
-        for indicator in indicators:
-            if indicator.topic is not None and indicator.topic != topic:
+        ok = code == "OK"
+        for only, availability, threshold_s, tally in watched:
+            if only is not None and only != topic:
                 continue
-            tally = self.tallies[indicator]
-            if indicator.kind == "availability":
+            if availability:
                 tally.total += 1
                 tally.good += not fault
-            elif code == "OK":
+            elif ok:
                 tally.total += 1
-                tally.good += seconds <= indicator.threshold_s
+                tally.good += seconds <= threshold_s
 
 
 class Recorder:
@@ -221,21 +229,48 @@ class Recorder:
         self.topics = LabelBudget(max_topics)
         self.counts = SliCounts()
         self.backlog: BacklogCollector | None = None
+        # The labelled children, looked up once: prometheus_client's labels() takes a lock
+        # and builds a tuple each call, most of a record's cost.
+        self._children: dict[tuple[object, ...], Any] = {}
+        # (method, code, topic label) -> the counters and histograms it counts in (bounded:
+        # the methods, 17 codes and the bounded topic labels).
+        self._series: dict[tuple[str, str, str | None], tuple[list[Any], list[Any]]] = {}
 
     def pin_topics(self, topics: Iterable[str]) -> None:
         self.topics = LabelBudget(self.topics.limit, [*self.topics.pinned, *topics])
 
+    def child(self, metric: Any, *labels: str) -> Any:
+        key = (metric, *labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
+
     def record(self, method: str, code: str, seconds: float, topic: str | None = None) -> None:
-        RPC_REQUESTS.labels(method, code).inc()
+        label = None if topic is None else self.topics.label(topic)
+        key = (method, code, label)
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = self._series_of(method, code, label)
+        counters, histograms = series
+        for counter in counters:
+            counter.inc()
+        for histogram in histograms:
+            histogram.observe(seconds)
+        self.counts.record(method, code, seconds, topic)
+
+    def _series_of(self, method: str, code: str, label: str | None) -> tuple[list[Any], list[Any]]:
+        """The children a request of this method, code and topic label counts in."""
+        counters = [self.child(RPC_REQUESTS, method, code)]
+        histograms = []
         ok = code == "OK"
         if ok and method != "StreamingPull":
-            RPC_LATENCY.labels(method).observe(seconds)
-        if topic is not None:
-            label = self.topics.label(topic)
-            TOPIC_PUBLISH_REQUESTS.labels(label, code).inc()
+            histograms.append(self.child(RPC_LATENCY, method))
+        if label is not None:
+            counters.append(self.child(TOPIC_PUBLISH_REQUESTS, label, code))
             if ok:
-                TOPIC_PUBLISH_LATENCY.labels(label).observe(seconds)
-        self.counts.record(method, code, seconds, topic)
+                histograms.append(self.child(TOPIC_PUBLISH_LATENCY, label))
+        return counters, histograms
 
     def status(self) -> dict[str, object]:
         status: dict[str, object] = {
@@ -325,17 +360,23 @@ def recorder() -> Recorder:
     return _recorder
 
 
-def configure(max_topics: int, pinned_topics: Iterable[str] = ()) -> Recorder:
-    """Replace the process's recorder (at start-up, before serving)."""
-    global _recorder
+_enabled = True
+
+
+def configure(max_topics: int, pinned_topics: Iterable[str] = (), enabled: bool = True) -> Recorder:
+    """Replace the process's recorder (at start-up, before serving). ``enabled=False``
+    (``PUBSUBD_REQUEST_SLIS=0``) records nothing: for measuring what the SLIs cost."""
+    global _recorder, _enabled
     _recorder = Recorder(max_topics)
     _recorder.pin_topics(pinned_topics)
+    _enabled = enabled
     return _recorder
 
 
 def record_rpc(method: str, code: str, seconds: float, topic: str | None = None) -> None:
     """Hook for every google.pubsub.v1 RPC (api/grpc/status.py); never raises."""
-    _recorder.record(method, code, seconds, topic)
+    if _enabled:
+        _recorder.record(method, code, seconds, topic)
 
 
 def record_acks(
@@ -344,7 +385,7 @@ def record_acks(
     """Hook for a subscription's acks: the delivery latency (publish time to ack) of up to
     ACK_SAMPLES acks of the batch, picked at random; a ratio of good to all samples is an
     unbiased estimate of the ratio over every ack. Never raises."""
-    if not positions:
+    if not positions or not _enabled:
         return
     label = _recorder.topics.label(topic)
     n = len(positions)
@@ -354,5 +395,5 @@ def record_acks(
         except Exception:  # trimmed, unknown source, closed log: not measurable
             continue
         seconds = max(0.0, now_us - published) / 1e6
-        DELIVERY_LATENCY.labels(label).observe(seconds)
+        _recorder.child(DELIVERY_LATENCY, label).observe(seconds)
         _recorder.counts.record(DELIVERY, "OK", seconds, topic)
