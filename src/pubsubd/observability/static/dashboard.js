@@ -153,7 +153,8 @@ const PAGES = {
       fetchJson("/api/subscriptions"),
     ]);
     fill(document, "overview", overview);
-    table(document.getElementById("slos"), overview.slos, [
+    const slos = overview.slos.map((o) => ({ name: `${o.slo} ${o.scope}`, ...o }));
+    table(document.getElementById("slos"), slos, [
       { key: "slo", label: "SLO" },
       { key: "scope", label: "scope" },
       { key: "objective", label: "objective" },
@@ -258,7 +259,7 @@ const PAGES = {
     const rows = [];
     for (const o of a.objectives) {
       for (const w of o.windows) {
-        rows.push({ ...o, window: `${w.long_window} / ${w.short_window}`, threshold: w.threshold, long_burn_rate: w.long_burn_rate, short_burn_rate: w.short_burn_rate, window_firing: w.firing });
+        rows.push({ ...o, name: `${o.slo} ${o.scope} ${w.long_window}`, window: `${w.long_window} / ${w.short_window}`, threshold: w.threshold, long_burn_rate: w.long_burn_rate, short_burn_rate: w.short_burn_rate, window_firing: w.firing });
       }
     }
     table(document.getElementById("objectives"), rows, [
