@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test check bench bench-quick clean spark-demo spark-bench proto cluster cluster-down
+.PHONY: run test check bench bench-quick dashboard-bench dashboard-screenshots clean spark-demo spark-bench proto cluster cluster-down
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -64,8 +64,19 @@ $(CURDIR)/.tools/promtool:
 	cp .tools/deb/root/usr/bin/promtool $@ && rm -rf .tools/deb
 	$@ --version
 
+## Chromium from Debian when missing: the dashboard tests load every page in it, headless
+## (tests/integration/test_dashboard.py); `make dashboard-screenshots` and the page-load
+## benchmark use it too.
+CHROMIUM ?= /usr/bin/chromium
+export CHROMIUM
+CHROMIUM_INSTALL := apt-get update && apt-get install -y --no-install-recommends chromium
+$(CHROMIUM):
+	@if [ "$$(id -u)" != 0 ]; then echo "Chromium is not installed ($@ missing). Install it as root: $(CHROMIUM_INSTALL)" >&2; exit 1; fi
+	export DEBIAN_FRONTEND=noninteractive && $(CHROMIUM_INSTALL)
+	@test -x $@ || { echo "Chromium installed, but $@ is still missing" >&2; exit 1; }
+
 ## Run the whole suite (unit, property, integration, crash, cluster).
-test: $(VENV)/.installed-test $(ZOOKEEPER_JAR) $(NFT) $(IP) $(PROMTOOL)
+test: $(VENV)/.installed-test $(ZOOKEEPER_JAR) $(NFT) $(IP) $(PROMTOOL) $(CHROMIUM)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## Lint, type-check, and check the layering of ARCHITECTURE.md (import-linter contracts in
@@ -79,6 +90,14 @@ check: $(VENV)/.installed-test
 ## Benchmarks against pubsubd and Google's emulator; results printed and saved under bench/results.
 bench: $(VENV)/.installed-test
 	$(BIN)/python -m bench.run $(ARGS)
+
+## Dashboard page load time in headless Chromium against a server with 100 topics
+## (BENCHMARKS.md, "Dashboard page load"), and the README's screenshots (docs/screenshots/).
+dashboard-bench: $(VENV)/.installed-test $(CHROMIUM)
+	flock /tmp/pubsubd-bench.lock $(BIN)/python -m bench.dashboard_load $(ARGS)
+
+dashboard-screenshots: $(VENV)/.installed-test $(CHROMIUM)
+	$(BIN)/python -m bench.dashboard_load --runs 0 --screenshots docs/screenshots $(ARGS)
 
 ## Regenerate src/pubsubd/_gen from proto/ (committed; needs grpcio-tools in a separate venv so
 ## the project's protobuf runtime is left alone).

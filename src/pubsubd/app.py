@@ -35,6 +35,7 @@ from pubsubd.core.errors import AlreadyExists, Unavailable
 from pubsubd.core.flow_control import MemoryBudget
 from pubsubd.core.records import DamagedRange
 from pubsubd.core.release import version
+from pubsubd.dashboard import Dashboard
 from pubsubd.data.load_report import LoadReporter
 from pubsubd.data.ownership import TopicOwnership
 from pubsubd.data.publish.forwarder import SUBSCRIPTIONS_DIR, TOPICS_DIR
@@ -69,6 +70,15 @@ GRPC_OPTIONS = [
     ("grpc.keepalive_time_ms", 60_000),
     ("grpc.keepalive_timeout_ms", 20_000),
 ]
+
+# The dashboard's pages: path -> HTML file of observability/static/.
+DASHBOARD_PAGES = {
+    "/": "index.html",
+    "/ui/topic": "topic.html",
+    "/ui/subscription": "subscription.html",
+    "/ui/cluster": "cluster.html",
+    "/ui/alerts": "alerts.html",
+}
 
 
 class PubsubServer:
@@ -141,8 +151,14 @@ class PubsubServer:
         self._unregister_backlog = sli.register_backlog(
             self._backlogs, config.metrics_max_subscriptions
         )
+        # The web dashboard: its JSON API (dashboard.py) and pages on the HTTP port.
+        self.dashboard = Dashboard(self)
         self.http = HttpEndpoint(
-            self.status, self.disk.problem, {"/alerts": lambda: self.slo.alerts(time.monotonic())}
+            self.status,
+            self.disk.problem,
+            {"/alerts": lambda: self.slo.alerts(time.monotonic())},
+            api_routes=self.dashboard.routes(),
+            pages=DASHBOARD_PAGES,
         )
         self.port = 0
         self.http_port = 0
@@ -163,6 +179,7 @@ class PubsubServer:
         self._quota_task = asyncio.create_task(self._quota_loop(), name="quota_loop")
         self._start_sli_events()
         self._slo_task = asyncio.create_task(self._slo_loop(), name="slo_monitor")
+        self.dashboard.start()
         self._damage_gauges()
         server = grpc.aio.server(options=GRPC_OPTIONS)
         server.add_generic_rpc_handlers(
@@ -327,6 +344,7 @@ class PubsubServer:
             self._quota_task.cancel()
         if self._slo_task is not None:
             self._slo_task.cancel()
+        await self.dashboard.close()
         self._unregister_backlog()
         await self.subscribing.close()
         if self.grpc_server is not None:

@@ -79,3 +79,34 @@ def test_the_serving_process_is_a_forwarder_routed_by_active_standby_routers(
     # Restarted, the killed router stands by.
     cluster.restart(leader)
     wait_for(lambda: _router_status(cluster, leader)["role"] == "standby", 15, "standby again")
+
+
+def test_the_dashboard_shows_the_forwarders_storage_nodes_and_routing(
+    cluster: LocalCluster,
+) -> None:
+    """/api/cluster of the serving process says what ``cluster status`` and ``routing show``
+    say, and the /ui/cluster page (headless Chromium, when installed) shows it."""
+    from tests.support import browser
+
+    server = ClusterServer(cluster)
+    base = f"http://{cluster.http}"
+    wait_for(lambda: cluster_status(cluster.zk)["routing"]["forwarders"], 15, "a forwarder")
+    with urllib.request.urlopen(f"{base}/api/cluster", timeout=15) as r:
+        shown = json.loads(r.read())
+    expected = cluster_status(cluster.zk)
+    forwarder = server.status()["cluster"]["forwarder"]["id"]
+    assert "error" not in shown, shown
+    assert shown["this_process"]["forwarder"]["id"] == forwarder
+    assert shown["cluster"]["nodes"] == expected["nodes"]
+    assert [f["forwarder_id"] for f in shown["routing"]["forwarders"]] == [forwarder]
+    assert shown["routing"]["router"]["router_id"] == expected["routing"]["router"]["router_id"]
+    if not browser.available():
+        return
+    page = browser.read(browser.dump_dom(f"{base}/ui/cluster"))
+    assert page.error == "" and int(page.body["data-loaded"]) >= 1
+    assert set(page.rows["forwarders"]) == {forwarder}
+    assert set(page.rows["nodes"]) == {n["node_id"] for n in expected["nodes"]}
+    for node in expected["nodes"]:
+        assert page.rows["nodes"][node["node_id"]]["address"] == node["address"]
+    assert page.metrics["cluster.nodes.length"] == str(len(expected["nodes"]))
+    assert page.metrics["this_process.forwarder.id"] == forwarder

@@ -68,50 +68,9 @@ def _topic(project: str, name: str) -> str:
 
 
 async def _describe(store: Any) -> dict[str, Any]:
-    forwarders = await store.forwarders()
-    constraints, _ = await store.constraints()
-    summary = await store.summary()
-    last = None
-    if summary is not None:
-        last = {
-            "router_id": summary.router_id,
-            "generation": summary.generation,
-            "at_unix_s": summary.at_unix_s,
-            "publishing_units": summary.publishing_units,
-            "subscribing_units": summary.subscribing_units,
-            "publishing_capacity": summary.publishing_capacity,
-            "subscribing_capacity": summary.subscribing_capacity,
-            "moves": summary.moves,
-            "total_moves": summary.total_moves,
-        }
-    pub = dict(summary.publishing_loads) if summary else {}
-    sub = dict(summary.subscribing_loads) if summary else {}
-    # A router of an earlier release sends no weights: a unit weighs 1 there.
-    pub_weight = dict(summary.publishing_weights) if summary else {}
-    return {
-        "forwarders": [
-            {
-                "forwarder_id": f.forwarder_id,
-                "address": f.address,
-                "zone": f.zone,
-                "version": f.version,
-                "publishing": f.publishing,
-                "subscribing": f.subscribing,
-                "drained": constraints.drains(f),
-                "publishing_units": pub.get(f.forwarder_id, 0),
-                "subscribing_units": sub.get(f.forwarder_id, 0),
-                # What the bound (publishing_capacity) is in: busy topics weigh more.
-                "publishing_weight": pub_weight.get(f.forwarder_id, pub.get(f.forwarder_id, 0)),
-            }
-            for f in forwarders
-        ],
-        "constraints": {
-            "drained_forwarders": sorted(constraints.drained),
-            "drained_zones": sorted(constraints.drained_zones),
-            "pinned_topics": dict(sorted(constraints.pinned_topics.items())),
-        },
-        "router": last,
-    }
+    from pubsubd.control.cluster_view import describe_routing
+
+    return await describe_routing(store)
 
 
 @routing_app.command()

@@ -1,136 +1,24 @@
-"""What ``pubsubd cluster status`` reports from ZooKeeper: nodes, zones, ledgers, copies.
-
-A ledger counts as under-replicated when one of the nodes its metadata lists is not registered
-now (down, or gone), or when it has fewer nodes than the largest write quorum in use (a ledger
-opened while nodes were missing). Background repair is what brings the count back to zero:
-``repair`` shows the elected auditor and what its last pass found and did (the znode
-``Layout.auditor/status`` it writes after every pass, storage/ledgers/auditor.py).
+"""What ``pubsubd cluster status`` reports from ZooKeeper: nodes, zones, ledgers, copies, the
+repair auditor and the routing (``control/cluster_view.py``, read with a connection of its own).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 from typing import Any
 
-from pubsubd.control.routing_store import RoutingStore
-from pubsubd.coordination.election import CANDIDATE_PREFIX
-from pubsubd.coordination.errors import CoordinationError, NoNode
+from pubsubd.control.cluster_view import storage_and_routing
+from pubsubd.coordination.errors import CoordinationError
 from pubsubd.coordination.zk import Coordinator
-from pubsubd.storage.ledgers.auditor import STATUS_NODE
-from pubsubd.storage.ledgers.meta import LedgerList, LedgerState
 
 
 async def _collect(zk: str, root: str) -> dict[str, Any]:
     coordinator = Coordinator(zk, root, session_timeout=5.0)
     await coordinator.start(connect_timeout=5.0)
     try:
-        layout = coordinator.layout
-        nodes: dict[str, dict[str, Any]] = {}
-        try:
-            children = await coordinator.children(layout.storage_nodes)
-        except NoNode:
-            children = []
-        for child in children:
-            try:
-                data, _ = await coordinator.get(f"{layout.storage_nodes}/{child}")
-            except NoNode:
-                continue
-            info = json.loads(data)
-            nodes[str(info["node_id"])] = info
-        ledgers: list[tuple[str, LedgerList]] = []
-        try:
-            buckets = await coordinator.children(layout.sources)
-        except NoNode:
-            buckets = []
-        for bucket in buckets:
-            for uid in await coordinator.children(f"{layout.sources}/{bucket}"):
-                for source in await coordinator.children(f"{layout.sources}/{bucket}/{uid}"):
-                    if not source.isdigit():
-                        continue
-                    data, stat = await coordinator.get(f"{layout.sources}/{bucket}/{uid}/{source}")
-                    ledgers.append((f"{uid}/{source}", LedgerList.decode(data, stat.version)))
-        repair = await _repair(coordinator)
-        routing = await _routing(coordinator)
+        return await storage_and_routing(coordinator)
     finally:
         await coordinator.stop()
-    # ZooKeeper alone shows ledgers listing a node that is not registered; the auditor's last
-    # pass also knows each topic's policy (copies, zones) and what the nodes hold.
-    under = [
-        {"source": name, "ledger": m.ledger_id, "nodes": list(m.nodes)}
-        for name, lst in ledgers
-        for m in lst.ledgers
-        if any(n not in nodes for n in m.nodes)
-    ]
-    audited = repair.get("last_pass", {}).get("under_replicated")
-    return {
-        "nodes": [
-            {
-                "node_id": node_id,
-                "address": info.get("address"),
-                "zone": info.get("zone"),
-                "free_bytes": info.get("free_bytes"),
-            }
-            for node_id, info in sorted(nodes.items())
-        ],
-        "zones": sorted({str(info.get("zone")) for info in nodes.values()}),
-        "sources": len(ledgers),
-        "ledgers": sum(len(lst.ledgers) for _, lst in ledgers),
-        "open_ledgers": sum(
-            1 for _, lst in ledgers for m in lst.ledgers if m.state is not LedgerState.CLOSED
-        ),
-        "under_replicated": audited if isinstance(audited, int) else len(under),
-        "under_replicated_by": "auditor" if isinstance(audited, int) else "registry",
-        "ledgers_on_absent_nodes": under[:100],
-        "repair": repair,
-        "routing": routing,
-    }
-
-
-async def _routing(coordinator: Coordinator) -> dict[str, Any]:
-    """The registered forwarders and the leading router's last pass (issue 11)."""
-    store = RoutingStore(coordinator)
-    summary = await store.summary()
-    return {
-        "forwarders": [
-            {"forwarder_id": f.forwarder_id, "address": f.address, "zone": f.zone}
-            for f in await store.forwarders()
-        ],
-        "router": None
-        if summary is None
-        else {
-            "router_id": summary.router_id,
-            "generation": summary.generation,
-            "publishing_units": summary.publishing_units,
-            "subscribing_units": summary.subscribing_units,
-            "total_moves": summary.total_moves,
-        },
-    }
-
-
-async def _repair(coordinator: Coordinator) -> dict[str, Any]:
-    """The auditor now (the lowest candidate) and its last published pass."""
-    parent = coordinator.layout.auditor
-    try:
-        children = await coordinator.children(parent)
-    except NoNode:
-        return {"auditor": None, "candidates": 0}
-    candidates = sorted(
-        (c for c in children if c.startswith(CANDIDATE_PREFIX)),
-        key=lambda c: int(c.rsplit("-", 1)[1]) if c.rsplit("-", 1)[1].isdigit() else -1,
-    )
-    out: dict[str, Any] = {"auditor": None, "candidates": len(candidates)}
-    if candidates:
-        with contextlib.suppress(NoNode, ValueError):
-            data, _ = await coordinator.get(f"{parent}/{candidates[0]}")
-            out["auditor"] = json.loads(data)
-    with contextlib.suppress(NoNode, ValueError):
-        data, _ = await coordinator.get(f"{parent}/{STATUS_NODE}")
-        published = json.loads(data)
-        out["last_published_by"] = published.pop("auditor", None)
-        out.update(published)
-    return out
 
 
 def cluster_status(zk: str, root: str = "/pubsubd") -> dict[str, Any]:

@@ -1,5 +1,7 @@
 """The HTTP endpoint for people and probes: /healthz, /readyz, /metrics (Prometheus text),
-/status and the role's other JSON documents (``json_routes``: /alerts for a serving process).
+/status and the role's other JSON documents (``json_routes``: /alerts for a serving process),
+the JSON API the dashboard reads (``api_routes``: handlers given the query string) and the
+dashboard's pages and their files (``pages``: path -> a file of ``static/``).
 
 /healthz and /readyz answer 200 while the process serves. A condition that a restart would not
 cure (a full disk: storage/disk_space.py) keeps them at 200 and names itself in the body
@@ -7,21 +9,49 @@ cure (a full disk: storage/disk_space.py) keeps them at 200 and names itself in 
 restart would not free any, and start-up needs to write), and a readiness probe must not take
 it out of service, because subscribers pulling and acking are what lets it trim its logs and
 free space. Alerts read the ``pubsubd_disk_full`` gauge or /status.
+
+Files are served only by exact known names (:data:`STATIC_FILES`, under ``/static/``): a path
+never reaches the file system, so no request can read anything else. An API handler raising
+``LookupError`` answers 404, ``ValueError`` 400, both as ``{"error": ...}``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_HEAD = 8192
+STATIC_DIR = Path(__file__).parent / "static"
+# Every file /static/ may serve, with its Content-Type; nothing else is ever opened.
+STATIC_FILES = {
+    "dashboard.js": "text/javascript; charset=utf-8",
+    "dashboard.css": "text/css; charset=utf-8",
+    "vendor/uplot/uPlot.iife.min.js": "text/javascript; charset=utf-8",
+    "vendor/uplot/uPlot.min.css": "text/css; charset=utf-8",
+    "vendor/uplot/LICENSE": "text/plain; charset=utf-8",
+}
+HTML = "text/html; charset=utf-8"
+
+Query = Mapping[str, str]
+ApiHandler = Callable[[Query], Any | Awaitable[Any]]
+
+
+def parse_target(target: str) -> tuple[str, dict[str, str]]:
+    """A request target's percent-decoded path and query parameters (the last of a repeated
+    name wins)."""
+    parts = urlsplit(target)
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    return unquote(parts.path) or "/", query
 
 
 class HttpEndpoint:
@@ -30,10 +60,15 @@ class HttpEndpoint:
         status: Callable[[], dict[str, Any]],
         problem: Callable[[], str | None] = lambda: None,
         json_routes: dict[str, Callable[[], Any]] | None = None,
+        api_routes: dict[str, ApiHandler] | None = None,
+        pages: dict[str, str] | None = None,
     ) -> None:
         self._status = status
         self._problem = problem  # a degraded condition to name in /healthz, /readyz
         self._json = {"/status": status, **(json_routes or {})}
+        self._api = dict(api_routes or {})
+        self._pages = dict(pages or {})  # path -> HTML file name in STATIC_DIR
+        self._files: dict[str, bytes] = {}  # read once, on first use
         self._server: asyncio.base_events.Server | None = None
 
     async def start(self, host: str, port: int) -> int:
@@ -45,25 +80,53 @@ class HttpEndpoint:
             self._server.close()
             await self._server.wait_closed()
 
+    def _file(self, name: str) -> bytes:
+        body = self._files.get(name)
+        if body is None:
+            body = self._files[name] = (STATIC_DIR / name).read_bytes()
+        return body
+
+    async def respond(self, target: str) -> tuple[str, str, bytes]:
+        """(status line, Content-Type, body) for a GET of ``target``."""
+        path, query = parse_target(target)
+        if path in ("/healthz", "/readyz"):
+            problem = self._problem()
+            text = "ok\n" if problem is None else f"degraded: {problem}\n"
+            return "200 OK", "text/plain", text.encode()
+        if path == "/metrics":
+            return "200 OK", CONTENT_TYPE_LATEST, generate_latest()
+        if path in self._json:
+            return "200 OK", "application/json", _json(self._json[path]())
+        if path in self._api:
+            try:
+                value = self._api[path](query)
+                if inspect.isawaitable(value):
+                    value = await value
+            except LookupError as e:
+                return "404 Not Found", "application/json", _json({"error": _message(e)})
+            except ValueError as e:
+                return "400 Bad Request", "application/json", _json({"error": _message(e)})
+            return "200 OK", "application/json", _json(value)
+        if path in self._pages:
+            return "200 OK", HTML, self._file(self._pages[path])
+        name = path.removeprefix("/static/")
+        if path.startswith("/static/") and name in STATIC_FILES:
+            return "200 OK", STATIC_FILES[name], self._file(name)
+        return "404 Not Found", "text/plain", b"not found\n"
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
             parts = head[:MAX_REQUEST_HEAD].split(b" ", 2)
-            path = parts[1].decode("latin-1") if len(parts) > 1 else "/"
-            if path in ("/healthz", "/readyz"):
-                problem = self._problem()
-                text = "ok\n" if problem is None else f"degraded: {problem}\n"
-                body, ctype, code = text.encode(), "text/plain", "200 OK"
-            elif path == "/metrics":
-                body, ctype, code = generate_latest(), CONTENT_TYPE_LATEST, "200 OK"
-            elif path in self._json:
-                body = json.dumps(self._json[path](), indent=2).encode()
-                ctype, code = "application/json", "200 OK"
-            else:
-                body, ctype, code = b"not found\n", "text/plain", "404 Not Found"
+            target = parts[1].decode("latin-1") if len(parts) > 1 else "/"
+            try:
+                code, ctype, body = await self.respond(target)
+            except Exception:
+                log.exception("HTTP GET %s failed", target[:200])
+                code, ctype, body = "500 Internal Server Error", "text/plain", b"error\n"
             writer.write(
                 f"HTTP/1.1 {code}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                f"Connection: close\r\n\r\n".encode()
+                f"Cache-Control: no-cache\r\nConnection: close\r\n\r\n".encode()
                 + body
             )
             await writer.drain()
@@ -71,3 +134,11 @@ class HttpEndpoint:
             pass
         finally:
             writer.close()
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, indent=2).encode()
+
+
+def _message(e: Exception) -> str:
+    return str(e.args[0]) if e.args else type(e).__name__
