@@ -56,15 +56,30 @@ def _requests() -> dict[tuple[str, str], float]:
     }
 
 
-def _buckets(histogram: Histogram, method: str) -> list[float]:
-    """Cumulative counts of ``method``'s latency buckets, +Inf (the total) last."""
+def _buckets(histogram: Histogram, value: str, label: str = "method") -> list[float]:
+    """Cumulative counts of the latency buckets whose ``label`` is ``value``, +Inf (the
+    total) last."""
     rows = sorted(
         (float(s.labels["le"]), s.value)
         for m in histogram.collect()
         for s in m.samples
-        if s.name.endswith("_bucket") and s.labels.get("method") == method
+        if s.name.endswith("_bucket") and s.labels.get(label) == value
     )
     return [v for _, v in rows] or [0.0] * (len(LATENCY_BOUNDS) + 1)
+
+
+def _delivery_latency(topic: str) -> dict[str, Any] | None:
+    """Publish-to-ack latency of the topic's sampled acks since start (sli.record_acks); None
+    when the topic is one of those counted under the bounded label's ``_other``."""
+    label = sli.recorder().topics.lookup(topic)
+    if label is None:
+        return None
+    counts = _buckets(sli.DELIVERY_LATENCY, label, "topic")
+    return {
+        "samples": int(counts[-1]),
+        "p50": _ms(quantile(LATENCY_BOUNDS, counts, 0.5)),
+        "p99": _ms(quantile(LATENCY_BOUNDS, counts, 0.99)),
+    }
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -175,6 +190,7 @@ class Dashboard:
             "published": published[0],
             "published_bytes": published[1],
             "served_here": self.server.routes.serves_topic(uid),
+            "delivery_latency_ms": _delivery_latency(name),
         }
 
     def _subscription_numbers(self, name: str) -> dict[str, Any] | None:

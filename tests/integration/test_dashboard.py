@@ -134,9 +134,13 @@ def test_topic_page(dashboard_server: ServerProcess) -> None:
     shown = load(dashboard_server, "/ui/topic", TOPIC)
     topic = api(dashboard_server, "/api/topic?name=" + urllib.parse.quote(TOPIC, safe=""))
     assert topic["name"] == TOPIC
-    assert assert_numbers_match(shown, topic) == 2
+    assert assert_numbers_match(shown, topic) == 3
     assert shown.metrics["published"] == str(PUBLISHED)
     assert shown.metrics["subscriptions.length"] == "1"
+    # Up to two acks sampled from each ack batch.
+    delivery = topic["delivery_latency_ms"]
+    assert 1 <= delivery["samples"] <= ACKED
+    assert shown.metrics["delivery_latency_ms.p99"] == f"{delivery['p99']:.1f}"
     row = shown.rows["subscriptions"][SUB]
     assert row["backlog_messages"] == str(PUBLISHED - ACKED)
     assert row["delivered"] == row["acked"] == str(ACKED)

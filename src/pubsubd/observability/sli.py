@@ -155,6 +155,10 @@ class LabelBudget:
         self.refused += 1
         return OTHER
 
+    def lookup(self, value: str) -> str | None:
+        """``value``'s own label if it has one (admitting nothing), else None."""
+        return value if value in self.pinned or value in self._admitted else None
+
     @property
     def admitted(self) -> int:
         return len(self._admitted)
