@@ -210,3 +210,12 @@ def test_sampled_acks_feed_the_delivery_latency_objective() -> None:
     state = _state(monitor, 1.0, "delivery_p99_ms")
     assert (state["good"], state["total"]) == (2, 4)  # two samples per batch
     assert "sampled acks" in state["objective"]
+
+
+def test_the_sli_report_takes_any_threshold_the_alerts_do_not(tmp_path: Path) -> None:
+    from pubsubd.spark.sli import slo as report_slo
+
+    path = _file(tmp_path, "publish_p99_ms = 30\n")
+    assert report_slo.load_slo(path).target("publish_p99_ms") == 30
+    with pytest.raises(SloFileError, match="not a latency bucket bound"):
+        load_slo(path)

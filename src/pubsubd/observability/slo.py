@@ -103,9 +103,11 @@ class SloConfig:
         return self.default[name]
 
 
-def load_slo(path: Path | None) -> SloConfig:
+def load_slo(path: Path | None, *, for_alerts: bool = True) -> SloConfig:
     """DEFAULT_SLO overridden by a TOML or JSON file; unknown keys, ratios outside (0, 1) and
-    latency thresholds that are not bucket bounds are errors (``SloFileError``)."""
+    (``for_alerts``: the server's burn-rate objectives count requests per histogram bucket)
+    latency thresholds that are not bucket bounds are errors (``SloFileError``). The
+    ``sli-report`` job computes quantiles from samples and takes any threshold."""
     if path is None:
         return SloConfig(dict(DEFAULT_SLO), {})
     try:
@@ -130,7 +132,7 @@ def load_slo(path: Path | None) -> SloConfig:
             value = float(value)
             if key in AVAILABILITY_KEYS and not 0.0 < value < 1.0:
                 raise SloFileError(f"{path}: {key} in {where} must be between 0 and 1")
-            if key in LATENCY_KEYS and bucket_index(value / 1000) is None:
+            if for_alerts and key in LATENCY_KEYS and bucket_index(value / 1000) is None:
                 bounds = ", ".join(f"{b * 1000:g}" for b in LATENCY_BUCKETS)
                 raise SloFileError(
                     f"{path}: {key} = {value:g} in {where} is not a latency bucket bound "

@@ -10,15 +10,23 @@ level and per topic under ``[topics."projects/p/topics/t"]``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from pubsubd.observability.slo import DEFAULT_SLO, SloConfig, load_slo
+from pubsubd.observability import slo as _shared
+from pubsubd.observability.slo import DEFAULT_SLO, SloConfig
 
 # The SLO file is shared with the server's burn-rate alerts (observability/slo.py): targets
 # for publish latency (ms, of the whole window), publish error rate (fraction), backlog oldest
 # unacked age (s, the worst minute), end-to-end delivery latency (ms, publish time to ack, per
 # subscription over the whole window; it includes the subscriber's own processing time).
 __all__ = ["DEFAULT_SLO", "Check", "SloConfig", "error_rate", "evaluate", "load_slo"]
+
+
+def load_slo(path: Path | None) -> SloConfig:
+    """The shared SLO file (observability/slo.py); any latency threshold will do here (the
+    job's quantiles come from samples, not from histogram buckets)."""
+    return _shared.load_slo(path, for_alerts=False)
 
 
 @dataclass(frozen=True)
