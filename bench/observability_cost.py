@@ -2,7 +2,7 @@
 
 Three server variants, started afresh for every round and interleaved round by round so they
 share the machine's state: ``slis`` (the default), ``no-slis`` (``PUBSUBD_REQUEST_SLIS=0``)
-and ``prober`` (the default plus ``--prober-interval 1``). Each round:
+and ``prober`` (the default plus ``--prober-interval 1``), in a rotating order. Each round:
 
 * publishes ``--requests`` one-message requests (100 B, 8 in flight) through the raw Publish
   RPC and reads the server's CPU seconds (/proc) before and after: CPU per request, the unit
@@ -110,8 +110,9 @@ def _round(variant: str, requests: int, idle_s: float) -> dict[str, float]:
 
 def run(rounds: int, requests: int, idle_s: float) -> dict[str, Any]:
     results: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
-    for _ in range(rounds):
-        for variant in VARIANTS:
+    names = list(VARIANTS)
+    for i in range(rounds):  # each round in another order: no variant always goes first
+        for variant in names[i % len(names) :] + names[: i % len(names)]:
             results[variant].append(_round(variant, requests, idle_s))
     medians = {
         v: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for v, rs in results.items()
