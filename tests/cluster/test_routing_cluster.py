@@ -100,8 +100,7 @@ def test_the_dashboard_shows_the_forwarders_storage_nodes_and_routing(
     assert shown["cluster"]["nodes"] == expected["nodes"]
     assert [f["forwarder_id"] for f in shown["routing"]["forwarders"]] == [forwarder]
     assert shown["routing"]["router"]["router_id"] == expected["routing"]["router"]["router_id"]
-    if not browser.available():
-        return
+    browser.require()
     page = browser.read(browser.dump_dom(f"{base}/ui/cluster"))
     assert page.error == "" and int(page.body["data-loaded"]) >= 1
     assert set(page.rows["forwarders"]) == {forwarder}

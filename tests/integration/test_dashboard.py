@@ -22,11 +22,13 @@ from tests.support import browser
 from tests.support.raw import gapic_publisher, http_get
 from tests.support.server import ServerProcess
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.timeout(180),
-    pytest.mark.skipif(not browser.available(), reason="chromium missing (make test installs it)"),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+@pytest.fixture(autouse=True)
+def _chromium() -> None:
+    browser.require()
+
 
 TOPIC = f"projects/{PROJECT}/topics/orders+eu"
 SUB = f"projects/{PROJECT}/subscriptions/orders+eu-audit"

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
 
+import pytest
+
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 FLAGS = [
     "--headless",
@@ -31,6 +33,15 @@ FLAGS = [
 
 def available() -> bool:
     return Path(CHROMIUM).exists() or shutil.which(CHROMIUM) is not None
+
+
+def require() -> None:
+    """Fail (not skip) without Chromium: the dashboard's tests are part of the suite."""
+    if not available():
+        pytest.fail(
+            f"Chromium is missing ({CHROMIUM}): `make test` installs it "
+            "(apt-get install -y --no-install-recommends chromium)"
+        )
 
 
 def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess[bytes]:
