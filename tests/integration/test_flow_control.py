@@ -88,8 +88,13 @@ def test_an_overload_keeps_memory_bounded_and_loses_nothing(tmp_path: Path) -> N
         refused = [0]
         padding = b"\0" * (64 << 10)
 
+        # The generated clients are made here, one at a time: gapic_publisher sets
+        # PUBSUB_EMULATOR_HOST for the moment it builds one, and threads building them at
+        # once would see each other's unset (then the client looks for Google credentials).
+        clients = [gapic_publisher(server.endpoint) for _ in range(9)]
+
         def publisher(n: int) -> None:
-            gapic = gapic_publisher(server.endpoint)
+            gapic = clients[n]
             i = 0
             while not stop.is_set():
                 batch = [b"%02d-%08d-%02d" % (n, i, j) for j in range(16)]
@@ -115,7 +120,7 @@ def test_an_overload_keeps_memory_bounded_and_loses_nothing(tmp_path: Path) -> N
         waits: list[float] = []
 
         def watcher() -> None:
-            gapic = gapic_publisher(server.endpoint)
+            gapic = clients[8]
             url = f"http://127.0.0.1:{server.http_port}/healthz"
             while not stop.is_set():
                 rss.append(_rss_bytes(pid))
