@@ -28,11 +28,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pubsubd.core.errors import InvalidArgument
+from pubsubd.core.quotas import positive_int
 
 RATE_MESSAGES_LABEL = "pubsubd-publish-rate-messages"
 RATE_BYTES_LABEL = "pubsubd-publish-rate-bytes"
-_LIMIT = 1 << 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,18 +40,11 @@ class PublishRate:
     bytes_per_s: int = 0
 
 
-def _positive(labels: Mapping[str, str], key: str) -> int:
-    raw = labels.get(key)
-    if raw is None:
-        return 0
-    if not raw.isdigit() or not 1 <= int(raw) <= _LIMIT:
-        raise InvalidArgument(f"labels[{key!r}]: {raw!r} must be a positive whole number")
-    return int(raw)
-
-
 def parse_rate(labels: Mapping[str, str]) -> PublishRate | None:
     """The topic's publish rate quota, None if it has none; InvalidArgument naming a bad label."""
-    rate = PublishRate(_positive(labels, RATE_MESSAGES_LABEL), _positive(labels, RATE_BYTES_LABEL))
+    rate = PublishRate(
+        positive_int(labels, RATE_MESSAGES_LABEL), positive_int(labels, RATE_BYTES_LABEL)
+    )
     return rate if rate.messages_per_s or rate.bytes_per_s else None
 
 

@@ -60,7 +60,8 @@ class Backlog:
     oldest_age_s: float
 
 
-def _int(labels: Mapping[str, str], key: str) -> int:
+def positive_int(labels: Mapping[str, str], key: str) -> int:
+    """A label's positive whole number (0 when absent); InvalidArgument naming a bad one."""
     raw = labels.get(key)
     if raw is None:
         return 0
@@ -82,7 +83,10 @@ def parse(labels: Mapping[str, str]) -> BacklogQuota | None:
             f"labels[{POLICY_LABEL!r}]: {raw_policy!r}; one of {allowed}"
         ) from None
     quota = BacklogQuota(
-        _int(labels, MESSAGES_LABEL), _int(labels, BYTES_LABEL), _int(labels, AGE_LABEL), policy
+        positive_int(labels, MESSAGES_LABEL),
+        positive_int(labels, BYTES_LABEL),
+        positive_int(labels, AGE_LABEL),
+        policy,
     )
     if not (quota.messages or quota.bytes or quota.age_s):
         raise InvalidArgument(
@@ -94,7 +98,7 @@ def parse(labels: Mapping[str, str]) -> BacklogQuota | None:
 
 def retention_bytes(labels: Mapping[str, str]) -> int | None:
     """A topic's retention size from its labels (None: not set); InvalidArgument if bad."""
-    return _int(labels, RETENTION_BYTES_LABEL) if RETENTION_BYTES_LABEL in labels else None
+    return positive_int(labels, RETENTION_BYTES_LABEL) if RETENTION_BYTES_LABEL in labels else None
 
 
 def exceeded(quota: BacklogQuota, backlog: Backlog) -> str | None:
