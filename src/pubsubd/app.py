@@ -21,12 +21,13 @@ import grpc
 
 from pubsubd import node, runtime
 from pubsubd.acks.replicated import cursor_source, restore_journal
-from pubsubd.api.grpc import admin, forwarder_service, publisher, replay, subscriber
+from pubsubd.api.grpc import admin, forwarder_service, liveness, publisher, replay, subscriber
 from pubsubd.config import ClusterConfig, ServerConfig
 from pubsubd.control.expiry import Maintenance
 from pubsubd.control.routing_store import RoutingStore, encode_forwarder
 from pubsubd.control.routing_table import Forwarder, publishing_unit
 from pubsubd.control.routing_views import RoutingView
+from pubsubd.coordination.liveness import OwnerCheck, this_process
 from pubsubd.coordination.registration import Registration
 from pubsubd.coordination.zk import Coordinator
 from pubsubd.core import pb
@@ -203,7 +204,14 @@ class PubsubServer:
                     )
                 ),
                 forwarder_service.handlers(
-                    forwarder_service.ForwarderServicer(self.catalog, self.routes)
+                    forwarder_service.ForwarderServicer(
+                        self.catalog,
+                        self.routes,
+                        session_id=lambda: (
+                            self.cluster.coordinator.session_id if self.cluster else None
+                        ),
+                        forwarder_id=lambda: self.forwarder.forwarder_id if self.forwarder else "",
+                    )
                 ),
             ]
         )
@@ -212,6 +220,8 @@ class PubsubServer:
             raise OSError(f"cannot bind gRPC port {self.config.host}:{self.config.port}")
         await server.start()
         self.grpc_server = server
+        if self.cluster is not None:
+            self.cluster.storage.directory.set_address(f"{self.config.host}:{self.port}")
         if self.config.http_port >= 0:
             self.http_port = await self.http.start(self.config.host, self.config.http_port)
         if self.config.prober_interval_s > 0:
@@ -518,7 +528,13 @@ async def connect_cluster(config: ServerConfig) -> ClusterParts:
     )
     await coordinator.start()
     try:
-        storage = ClusterStorage(coordinator, replicas=cluster.replicas)
+        # A fixed port is known before binding: the owner znodes taken over below name it.
+        address = f"{config.host}:{config.port}" if config.port else ""
+        storage = ClusterStorage(
+            coordinator,
+            replicas=cluster.replicas,
+            owner_check=OwnerCheck(this_process(address), liveness.probe),
+        )
         await storage.start(wait_for_nodes=1, wait_s=STORAGE_NODES_WAIT_S)
         # Every node there is at start-up up to the replica count (issue: "at most the
         # number of nodes"); a short grace lets the others of a starting cluster register.

@@ -4,7 +4,11 @@ a frontend. The router places each topic (and its subscriptions with it) on one 
 each forwarder serves what it owns and refuses the rest with UNAVAILABLE ("not served here"),
 which the frontend routes past. A drained forwarder hands its topics over, and a killed one's
 topics are taken over, while the official client publishes and streams through the frontend:
-nothing acknowledged is lost and no publish fails for good."""
+nothing acknowledged is lost and no publish fails for good.
+
+The cluster runs with 20 s ZooKeeper sessions: a killed forwarder is found dead by the router
+and by the next owner (core/liveness.py) long before its session expires, so a takeover that
+waited for the expiry shows."""
 
 from __future__ import annotations
 
@@ -31,12 +35,15 @@ from tests.support.server import wait_for
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 FORWARDERS = ["forwarder-1", "forwarder-2", "forwarder-3"]
+SESSION_S = 20.0
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     directory = tmp_path_factory.mktemp("forwarders")
-    with running_cluster(directory, zones=2, routers=1, frontends=1, forwarders=3) as c:
+    with running_cluster(
+        directory, zones=2, routers=1, frontends=1, forwarders=3, session_timeout_s=SESSION_S
+    ) as c:
         yield c
 
 
@@ -49,6 +56,10 @@ def _status(cluster: LocalCluster, name: str) -> dict[str, Any]:
 
 def _owned(cluster: LocalCluster, name: str) -> int:
     return int(_status(cluster, name)["cluster"]["ownership"]["owned_topics"])
+
+
+def _taken_from_dead(cluster: LocalCluster, name: str) -> int:
+    return int(_status(cluster, name)["cluster"]["taken_from_dead_owners"])
 
 
 def _serving(cluster: LocalCluster, topic: str) -> str:
@@ -168,17 +179,32 @@ def test_a_killed_forwarders_topics_are_taken_over_under_load(
     cluster: LocalCluster, names: Any
 ) -> None:
     killed: list[str] = []
+    declared = _status(cluster, "router-1")["forwarders_declared_dead"]
+    taken = {f: _taken_from_dead(cluster, f) for f in FORWARDERS}
+    took: list[float] = []
+    new_owner: list[str] = []
 
     def kill(owner: str) -> None:
         cluster.kill(owner)
         killed.append(owner)
+        started = time.monotonic()
+        wait_for(lambda: _serving(cluster, topic_of[0]) not in ("", owner), 60, "a new owner")
+        took.append(time.monotonic() - started)
+        new_owner.append(_serving(cluster, topic_of[0]))
 
     def restart(owner: str) -> None:
         if killed:
             cluster.restart(owner)
 
+    topic_of = [names.topic("killed")]
     _moves_under_load(cluster, names, "killed", kill, restart)
     assert killed
+    print(f"kill -9 -> a new owner serves: {took[0]:.2f} s (sessions: {SESSION_S:.0f} s)")
+    # Found dead by the router (its registration removed) and by the new owner (the killed
+    # one's owner znodes deleted), not waited out: with a 20 s session both counts stay put
+    # when the takeover waits for the expiry.
+    assert _status(cluster, "router-1")["forwarders_declared_dead"] == declared + 1
+    assert _taken_from_dead(cluster, new_owner[0]) > taken[new_owner[0]]
     # The restarted forwarder rejoins and is given a share again.
     wait_for(lambda: _owned(cluster, killed[0]) >= 1, 60, "the restarted forwarder owns topics")
 

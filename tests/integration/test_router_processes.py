@@ -18,8 +18,10 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
+from pubsubd._gen.pubsubd.internal.v1 import forwarder_pb2 as fpb
 from pubsubd.control.routing_store import RoutingStore, encode_forwarder
 from pubsubd.control.routing_table import Forwarder, publishing_unit
 from pubsubd.coordination.ensemble import Ensemble
@@ -94,18 +96,75 @@ async def sessions(zookeeper: Ensemble, zk_root: str) -> AsyncIterator[list[Coor
         await zk.stop()
 
 
-async def _register(zk: Coordinator, forwarder_id: str, zone: str) -> None:
+class StandIn:
+    """A stand-in forwarder: a registration in its own ZooKeeper session and a gRPC port that
+    answers ``Forwarder/Identify`` with that session, as a live forwarder does (the leading
+    router asks every forwarder who serves at its address: router/liveness.py)."""
+
+    def __init__(self, zk: Coordinator, forwarder_id: str, zone: str) -> None:
+        self.zk = zk
+        self.forwarder_id = forwarder_id
+        self.zone = zone
+        self.server: grpc.aio.Server | None = None
+
+    async def start(self) -> StandIn:
+        async def identify(request: Any, context: Any) -> Any:
+            return fpb.IdentifyResponse(
+                protocol_version=2, session_id=self.zk.session_id or 0,
+                forwarder_id=self.forwarder_id,
+            )  # fmt: skip
+
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers(
+            [
+                grpc.method_handlers_generic_handler(
+                    "pubsubd.internal.v1.Forwarder",
+                    {
+                        "Identify": grpc.unary_unary_rpc_method_handler(
+                            identify,
+                            request_deserializer=fpb.IdentifyRequest.FromString,
+                            response_serializer=fpb.IdentifyResponse.SerializeToString,
+                        )
+                    },
+                )
+            ]
+        )
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        self.server = server
+        forwarder = Forwarder(self.forwarder_id, f"127.0.0.1:{port}", self.zone, "test")
+        entry = Registration(
+            self.zk,
+            self.zk.layout.forwarder(self.forwarder_id),
+            lambda: forwarder,
+            encode_forwarder,
+            lambda old, new: old != new,
+        )
+        await entry.start()
+        return self
+
+    async def kill(self) -> None:
+        """The process dies (its port closes); its session lives on until it expires."""
+        if self.server is not None:
+            await self.server.stop(None)
+            self.server = None
+
+
+@pytest.fixture
+async def stand_ins() -> AsyncIterator[list[StandIn]]:
+    made: list[StandIn] = []
+    yield made
+    for stand_in in made:
+        await stand_in.kill()
+
+
+async def _register(
+    zk: Coordinator, forwarder_id: str, zone: str, stand_ins: list[StandIn]
+) -> StandIn:
     """Register a stand-in forwarder in ``zk``'s session (it ends with the session)."""
-    port = 9000 + int(forwarder_id[1:])
-    forwarder = Forwarder(forwarder_id, f"127.0.0.1:{port}", zone, "test")
-    entry = Registration(
-        zk,
-        zk.layout.forwarder(forwarder_id),
-        lambda: forwarder,
-        encode_forwarder,
-        lambda old, new: old != new,
-    )
-    await entry.start()
+    stand_in = await StandIn(zk, forwarder_id, zone).start()
+    stand_ins.append(stand_in)
+    return stand_in
 
 
 def _topic(name: str, sources: int) -> TopicRecord:
@@ -115,13 +174,17 @@ def _topic(name: str, sources: int) -> TopicRecord:
 
 
 async def test_routers_assign_within_the_bound_follow_constraints_and_hand_over(
-    tmp_path: Path, zookeeper: Ensemble, zk_root: str, sessions: list[Coordinator]
+    tmp_path: Path,
+    zookeeper: Ensemble,
+    zk_root: str,
+    sessions: list[Coordinator],
+    stand_ins: list[StandIn],
 ) -> None:
     zk_string = zookeeper.connect_string
     mine = sessions[-1]
     store = RoutingStore(mine)
     for i, zk in enumerate(sessions[:4]):
-        await _register(zk, f"f{i}", "z1" if i < 2 else "z2")
+        await _register(zk, f"f{i}", "z1" if i < 2 else "z2", stand_ins)
     metadata = ZooKeeperMetadataStore(mine)
     topics = [_topic(f"projects/p/topics/t{i}", 1 + i % 3) for i in range(30)]
     for t in topics:
@@ -202,6 +265,7 @@ async def test_routers_assign_within_the_bound_follow_constraints_and_hand_over(
         # kill -9 of the leading router: the standby leads, keeps every owner, routes what
         # is new (a topic created while no router leads).
         leader = next(r for r in routers if r.status()["role"] == "leader")
+        assert leader.status()["forwarders_declared_dead"] == 0  # all answered who they are
         standby = next(r for r in routers if r is not leader)
         leader.process.kill()
         added = _topic("projects/p/topics/added", 1)
@@ -222,7 +286,11 @@ async def test_routers_assign_within_the_bound_follow_constraints_and_hand_over(
 
 
 async def test_the_router_weighs_topics_by_their_forwarders_load_reports(
-    tmp_path: Path, zookeeper: Ensemble, zk_root: str, sessions: list[Coordinator]
+    tmp_path: Path,
+    zookeeper: Ensemble,
+    zk_root: str,
+    sessions: list[Coordinator],
+    stand_ins: list[StandIn],
 ) -> None:
     """A forwarder reports one of its topics at 1,000 messages/s (weight 11, core/load.py):
     the router keeps that topic where it is and moves idle ones away from its forwarder until
@@ -231,7 +299,7 @@ async def test_the_router_weighs_topics_by_their_forwarders_load_reports(
     mine = sessions[-1]
     store = RoutingStore(mine)
     for i, zk in enumerate(sessions[:2]):
-        await _register(zk, f"f{i}", "z1")
+        await _register(zk, f"f{i}", "z1", stand_ins)
     metadata = ZooKeeperMetadataStore(mine)
     topics = [_topic(f"projects/p/topics/w{i}", 1) for i in range(12)]
     for t in topics:
@@ -274,3 +342,54 @@ async def test_the_router_weighs_topics_by_their_forwarders_load_reports(
     finally:
         router.process.stop()
         metadata.close()
+
+
+async def test_a_killed_forwarder_leaves_the_table_before_its_session_expires(
+    tmp_path: Path, zookeeper: Ensemble, zk_root: str, stand_ins: list[StandIn]
+) -> None:
+    """A forwarder's port closes (kill -9) while its 60 s ZooKeeper session lives on: the
+    leading router finds nothing listening at its address, deletes its registration and moves
+    its units, and only its units, long before the session would expire. A forwarder that
+    answers with its session stays."""
+    made = [Coordinator(zookeeper.connect_string, zk_root, session_timeout=60.0) for _ in range(4)]
+    for zk in made:
+        await zk.start()
+    mine = made[-1]
+    store = RoutingStore(mine)
+    metadata = ZooKeeperMetadataStore(mine)
+    routers: list[RouterProcess] = []
+    try:
+        forwarders = [await _register(made[i], f"f{i}", "z1", stand_ins) for i in range(3)]
+        topics = [_topic(f"projects/p/topics/k{i}", 1) for i in range(12)]
+        for t in topics:
+            await asyncio.to_thread(metadata.put_topic, t)
+        routers = [RouterProcess(tmp_path, "router-1", zookeeper.connect_string, zk_root).start()]
+
+        async def complete() -> dict[str, tuple[str, ...]] | None:
+            routes = await store.routes()
+            owners = {r[0] for r in routes.values()}
+            return routes if len(routes) == len(topics) and len(owners) == 3 else None
+
+        before = await _until(complete, 20, "every topic routed over three forwarders")
+        await forwarders[1].kill()
+        killed_at = time.monotonic()
+
+        async def f1_gone() -> dict[str, tuple[str, ...]] | None:
+            routes = await store.routes()
+            return routes if all("f1" not in r for r in routes.values()) else None
+
+        after = await _until(f1_gone, 30, "f1's units moved")
+        took = time.monotonic() - killed_at
+        print(f"port closed -> f1 out of every route: {took:.2f} s (session: 60 s)")
+        assert not made[1].session_lost  # its session was not waited out
+        assert await mine.exists(mine.layout.forwarder("f1")) is None
+        assert {u for u in before if before[u][0] != after[u][0]} == {
+            u for u in before if before[u][0] == "f1"
+        }
+        assert routers[0].status()["forwarders_declared_dead"] == 1
+    finally:
+        for r in routers:
+            r.process.stop()
+        metadata.close()
+        for zk in made:
+            await zk.stop()

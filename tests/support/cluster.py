@@ -92,11 +92,20 @@ def _get_status(http: str) -> dict[str, Any]:
 
 @contextmanager
 def running_cluster(
-    directory: Path, *, zk_nodes: int = 1, storage_nodes: int = 3, **kwargs: Any
+    directory: Path,
+    *,
+    zk_nodes: int = 1,
+    storage_nodes: int = 3,
+    session_timeout_s: float | None = None,
+    **kwargs: Any,
 ) -> Iterator[LocalCluster]:
-    """A cluster for the duration of the block; every process it started is stopped after."""
-    saved = {k: os.environ.get(k) for k in CLUSTER_ENV}
-    os.environ.update(CLUSTER_ENV)
+    """A cluster for the duration of the block; every process it started is stopped after.
+    ``session_timeout_s`` replaces the short test session (4 s)."""
+    env = dict(CLUSTER_ENV)
+    if session_timeout_s is not None:
+        env["PUBSUBD_ZK_SESSION_TIMEOUT_S"] = str(session_timeout_s)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     cluster = LocalCluster(directory)
     try:
         cluster.up(zk_nodes=zk_nodes, storage_nodes=storage_nodes, **kwargs)

@@ -6,15 +6,21 @@ with the owner's session, removing a source forgets its list."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
+import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
+from pubsubd.api.grpc import liveness
 from pubsubd.coordination.ensemble import Ensemble
+from pubsubd.coordination.liveness import OwnerCheck, start_time, this_process
 from pubsubd.coordination.zk import Coordinator
+from pubsubd.core.liveness import ProcessIdentity
 from pubsubd.storage.errors import ListConflict, LostOwnership
 from pubsubd.storage.ledgers.directory import ZooKeeperLedgerDirectory
 from pubsubd.storage.ledgers.meta import LedgerList, LedgerMeta
@@ -138,3 +144,65 @@ async def test_zookeeper_waits_for_a_live_owner_then_refuses(
     finally:
         for c in coordinators:
             await c.stop()
+
+
+@pytest.fixture
+async def two_sessions(zookeeper: Ensemble, zk_root: str) -> AsyncIterator[list[Coordinator]]:
+    """Two live sessions with a 30 s timeout: anything taken over within seconds was not
+    waited out."""
+    coordinators = [
+        Coordinator(zookeeper.connect_string, zk_root, session_timeout=30.0) for _ in range(2)
+    ]
+    for c in coordinators:
+        await c.start()
+    try:
+        yield coordinators
+    finally:
+        for c in coordinators:
+            await c.stop()
+
+
+async def test_an_owner_whose_process_is_gone_is_taken_over_at_once(
+    two_sessions: list[Coordinator],
+) -> None:
+    """The owner znode names a process of this machine that then exits while its session
+    lives on (as after a kill -9): the next owner deletes it and takes over, with a higher
+    epoch, without waiting 30 s for the session to expire. While the process runs, it waits."""
+    child = await asyncio.create_subprocess_exec("sleep", "60")
+    try:
+        started = start_time(child.pid)
+        assert started is not None
+        owner = dataclasses.replace(this_process(), pid=child.pid, started=started)
+        first = ZooKeeperLedgerDirectory(two_sessions[0], OwnerCheck(owner))
+        second = ZooKeeperLedgerDirectory(two_sessions[1])
+        epoch = await first.acquire("t5", 0)
+        with pytest.raises(TimeoutError):  # the owner's process runs: wait for it
+            await asyncio.wait_for(second.acquire("t5", 0), 1.5)
+        assert second.taken_from_dead == 0
+    finally:
+        child.kill()
+        await child.wait()
+    taken = await asyncio.wait_for(second.acquire("t5", 0), 5.0)
+    assert taken > epoch and second.taken_from_dead == 1
+    assert not two_sessions[0].session_lost  # its session still lives: not waited out
+
+
+async def test_an_owner_elsewhere_is_asked_at_its_address(two_sessions: list[Coordinator]) -> None:
+    """An owner of another machine is asked at the address its znode names: nothing listens
+    there (connection refused), so it is dead. One that names no address is waited for."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"  # closed again: nothing listens
+    elsewhere = ProcessIdentity("other-host", 4242, boot="another-boot", address=address)
+    probe = OwnerCheck(this_process(), liveness.probe)
+    first = ZooKeeperLedgerDirectory(two_sessions[0], OwnerCheck(elsewhere))
+    second = ZooKeeperLedgerDirectory(two_sessions[1], probe)
+    epoch = await first.acquire("t6", 0)
+    assert await asyncio.wait_for(second.acquire("t6", 0), 5.0) > epoch
+    assert second.taken_from_dead == 1
+
+    silent = dataclasses.replace(elsewhere, address="")
+    first = ZooKeeperLedgerDirectory(two_sessions[0], OwnerCheck(silent))
+    await first.acquire("t7", 0)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(second.acquire("t7", 0), 1.5)

@@ -27,7 +27,7 @@ from pubsubd._gen.pubsubd.internal.v1 import routing_pb2 as pb
 from pubsubd.control.routing_table import Constraints, Forwarder
 from pubsubd.coordination.errors import BadVersion, NodeExists, NoNode
 from pubsubd.coordination.paths import unescape
-from pubsubd.coordination.zk import Coordinator
+from pubsubd.coordination.zk import Coordinator, ZnodeStat
 from pubsubd.core.load import Load
 
 log = logging.getLogger(__name__)
@@ -124,6 +124,24 @@ class RoutingStore:
         self._layout = zk.layout
 
     # -- forwarders ------------------------------------------------------------------------
+
+    async def forwarder_entries(self) -> list[tuple[Forwarder, str, ZnodeStat]]:
+        """The registered forwarders with their registration znode's path and stat (whose
+        ``ephemeral_owner`` is the forwarder's ZooKeeper session)."""
+        try:
+            names = sorted(await self._zk.children(self._layout.forwarders))
+        except NoNode:
+            return []
+        paths = [f"{self._layout.forwarders}/{n}" for n in names]
+        out = []
+        for path, got in zip(paths, await self._zk.get_many(paths), strict=True):
+            if got is None:
+                continue
+            try:
+                out.append((decode_forwarder(got[0]), path, got[1]))
+            except Exception as e:
+                log.warning("forwarder registration %s unreadable: %s", path, e)
+        return out
 
     async def forwarders(self) -> list[Forwarder]:
         """The registered forwarders, by ID."""

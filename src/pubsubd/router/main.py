@@ -38,6 +38,7 @@ from prometheus_client import Counter, Gauge
 
 from pubsubd import runtime
 from pubsubd._gen.pubsubd.internal.v1 import routing_pb2 as pb
+from pubsubd.api.grpc import liveness
 from pubsubd.control.assignment import DEFAULT_EPSILON, DEFAULT_HYSTERESIS_S
 from pubsubd.control.routing_store import RoutingStore
 from pubsubd.control.routing_table import (
@@ -53,6 +54,7 @@ from pubsubd.coordination.zk import Coordinator
 from pubsubd.core.load import weight
 from pubsubd.core.release import version
 from pubsubd.observability.http import HttpEndpoint
+from pubsubd.router.liveness import ForwarderWatch
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +121,14 @@ class Router:
             on_leading=lambda leading: LEADER.set(1 if leading else 0),
         )
         self.names = NamesView(self.zk, self.election.poke)
+        # Forwarders killed leave the table at once, not when their session expires.
+        self.watch = ForwarderWatch(
+            self.zk,
+            self.store,
+            liveness.probe,
+            lambda: self.election.leading,
+            self.election.poke,
+        )
         self.http = HttpEndpoint(self.status)
         self.http_port = 0
         self.generation = 0
@@ -141,6 +151,7 @@ class Router:
             self.zk.watch_data(layout.routing_constraints, lambda _: self.election.poke()),
         ]
         self.election.start()
+        self.watch.start()
         if self.config.http_port >= 0:
             self.http_port = await self.http.start(self.config.host, self.config.http_port)
         if self.config.pid_file is not None:
@@ -152,6 +163,7 @@ class Router:
         sys.stdout.flush()
 
     async def stop(self) -> None:
+        await self.watch.close()
         await self.election.close()
         for follow in self._follows:
             follow.cancel()
@@ -266,6 +278,7 @@ class Router:
             "topics": len(self.names.topics),
             "subscriptions": len(self.names.subscriptions),
             "total_moves": self.total_moves,
+            "forwarders_declared_dead": len(self.watch.declared_dead),
             "last_pass": self.last_pass,
             "epsilon": self.config.epsilon,
             "hysteresis_s": self.config.hysteresis_s,

@@ -1,8 +1,10 @@
 """pubsubd.internal.v1.Forwarder servicer: what frontends ask of a forwarder beyond the
-google.pubsub.v1 calls they pass through (proto/pubsubd/internal/v1/forwarder.proto)."""
+google.pubsub.v1 calls they pass through, and who serves here for a router or a forwarder that
+suspects this process dead (proto/pubsubd/internal/v1/forwarder.proto)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import grpc
@@ -13,19 +15,30 @@ from pubsubd.control.catalog import Catalog
 from pubsubd.control.router import Routes
 from pubsubd.core import names
 from pubsubd.core.errors import InvalidArgument
+from pubsubd.core.release import version
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
 SERVICE = "pubsubd.internal.v1.Forwarder"
 GIVE_BACK = f"/{SERVICE}/GiveBack"
-# 1: GiveBack. A request of a newer version is served as far as this one understands it.
-PROTOCOL_VERSION = 1
+IDENTIFY = f"/{SERVICE}/Identify"
+# 1: GiveBack. 2: Identify. A request of a newer version is served as far as this one
+# understands it.
+PROTOCOL_VERSION = 2
 
 
 class ForwarderServicer:
-    def __init__(self, catalog: Catalog, routes: Routes) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        routes: Routes,
+        session_id: Callable[[], int | None] = lambda: None,
+        forwarder_id: Callable[[], str] = lambda: "",
+    ) -> None:
         self.catalog = catalog
         self.routes = routes
+        self._session_id = session_id
+        self._forwarder_id = forwarder_id
 
     @rpc
     async def GiveBack(self, request: Any, context: Context) -> Any:
@@ -36,9 +49,21 @@ class ForwarderServicer:
         back = self.routes.subscribing(uid).give_back(request.subscription, list(request.ack_ids))
         return f.GiveBackResponse(given_back=back)
 
+    @rpc
+    async def Identify(self, request: Any, context: Context) -> Any:
+        return f.IdentifyResponse(
+            protocol_version=PROTOCOL_VERSION,
+            session_id=self._session_id() or 0,
+            forwarder_id=self._forwarder_id(),
+            version=version(),
+        )
+
 
 def handlers(servicer: ForwarderServicer) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(
         SERVICE,
-        {"GiveBack": unary_method(servicer.GiveBack, f.GiveBackRequest, f.GiveBackResponse)},
+        {
+            "GiveBack": unary_method(servicer.GiveBack, f.GiveBackRequest, f.GiveBackResponse),
+            "Identify": unary_method(servicer.Identify, f.IdentifyRequest, f.IdentifyResponse),
+        },
     )

@@ -15,6 +15,7 @@ from collections.abc import Coroutine, Iterable
 from pathlib import Path
 from typing import Any
 
+from pubsubd.coordination.liveness import OwnerCheck
 from pubsubd.coordination.zk import Coordinator
 from pubsubd.core import pb, storage_policy
 from pubsubd.core.errors import PubsubError
@@ -82,9 +83,10 @@ class ClusterStorage:
         *,
         replicas: int = 3,
         ledger_bytes: int = DEFAULT_LEDGER_BYTES,
+        owner_check: OwnerCheck | None = None,
     ) -> None:
         self.coordinator = coordinator
-        self.directory = ZooKeeperLedgerDirectory(coordinator)
+        self.directory = ZooKeeperLedgerDirectory(coordinator, owner_check)
         self.pool = StorageNodePool()
         self.nodes = PooledNodes(self.pool)
         self.policy = StoragePolicy(replicas=replicas)  # the default of every topic
@@ -211,6 +213,8 @@ class ClusterStorage:
             "ledgers": sum(len(s.ledgers.ledgers) for s in self.sources.values()),
             "appends_refused": sum(s.appends_refused for s in self.sources.values()),
             "lease_waits": sum(s.lease_waits for s in self.sources.values()),
+            # Sources taken over from an owner found dead before its session expired.
+            "taken_from_dead_owners": self.directory.taken_from_dead,
         }
 
     async def close(self) -> None:

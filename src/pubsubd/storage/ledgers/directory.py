@@ -5,8 +5,12 @@
 * Its owner is the ephemeral child ``owner``; the znode's czxid (it only grows) is the
   owner's epoch, the fence every storage node enforces. A process whose session is lost stops
   writing (``owns``), and one that cannot prove its session alive acknowledges nothing until
-  it can (``lease_holds``, ``renew_lease``: ``coordination/lease.py``); one that restarts
-  waits for its previous session's owner znode to expire.
+  it can (``lease_holds``, ``renew_lease``: ``coordination/lease.py``). The znode's data names
+  the owner process (``core.liveness.ProcessIdentity``): a process taking over waits for the
+  owner to let go, or for its session to expire, unless ``OwnerCheck`` finds the owner dead
+  first (its PID gone on this machine, or its address refusing or answering with another
+  session): then the znode is deleted at once (only that version of it), and the takeover's
+  fencing keeps a wrongly declared owner from writing (``coordination/liveness.py``).
 * Ledger IDs are the sequence numbers of ephemeral sequential znodes under ``Layout.ledger_ids``
   (unique for the cluster's life; the znode itself is deleted at once).
 * Storage nodes register ephemeral znodes under ``Layout.storage_nodes`` (JSON: address, zone,
@@ -17,35 +21,46 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
-import os
-import socket
 from collections.abc import Callable
 
 from pubsubd.coordination.errors import BadVersion, CoordinationUnavailable, NodeExists, NoNode
+from pubsubd.coordination.liveness import OwnerCheck, this_process
 from pubsubd.coordination.zk import Coordinator, Follow
+from pubsubd.core.liveness import Liveness
 from pubsubd.storage.errors import ListConflict, LostOwnership, ReplicationFailed
 from pubsubd.storage.ledgers.meta import LedgerList
 from pubsubd.storage.ledgers.placement import NodeInfo
 
 logger = logging.getLogger(__name__)
 
-# How often a restarted owner looks whether its previous session's owner znode expired.
+# How often a process taking over looks whether the owner znode went.
 _OWNER_POLL_S = 0.2
+# How often it asks whether the owner is dead (an address probe is a connection).
+_OWNER_CHECK_S = 0.5
 
 
 class ZooKeeperLedgerDirectory:
     """``writer.LedgerDirectory`` over one ZooKeeper session."""
 
-    def __init__(self, coordinator: Coordinator) -> None:
+    def __init__(self, coordinator: Coordinator, owner_check: OwnerCheck | None = None) -> None:
         self._zk = coordinator
         self._layout = coordinator.layout
         self._nodes: dict[str, NodeInfo] = {}
         self._follow: Follow[list[str] | None] | None = None
         self._refresh: asyncio.Task[None] | None = None
         self._listeners: list[Callable[[], None]] = []
-        self.identity = json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode()
+        self.owner_check = owner_check or OwnerCheck(this_process())
+        self.identity = self.owner_check.here.encode()
+        self.taken_from_dead = 0  # owner znodes deleted because their process was gone
+
+    def set_address(self, address: str) -> None:
+        """The gRPC address this process serves, named in the owner znodes it creates from
+        now on (a process taking over from it asks there whether it is alive)."""
+        self.owner_check.here = dataclasses.replace(self.owner_check.here, address=address)
+        self.identity = self.owner_check.here.encode()
 
     # -- storage node registry -----------------------------------------------------------
 
@@ -159,10 +174,13 @@ class ZooKeeperLedgerDirectory:
     # -- ownership ---------------------------------------------------------------------------
 
     async def acquire(self, topic_uid: str, source: int) -> int:
-        """Create the source's ephemeral owner znode; its czxid is the epoch. A znode of an
-        earlier session of this process's kind (a crash) is waited out until it expires."""
+        """Create the source's ephemeral owner znode; its czxid is the epoch. Another
+        session's znode is waited out until it goes (released, or its session expired), or
+        deleted once its process is found dead (``OwnerCheck``)."""
         path = self._layout.source_owner(topic_uid, source)
-        deadline = asyncio.get_running_loop().time() + 2 * self._zk.session_timeout + 5
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 2 * self._zk.session_timeout + 5
+        next_check = loop.time()
         while True:
             try:
                 _, stat = await self._zk.create_with_stat(
@@ -177,11 +195,32 @@ class ZooKeeperLedgerDirectory:
                 continue
             if stat.ephemeral_owner == self._zk.session_id:
                 return stat.czxid
-            if asyncio.get_running_loop().time() > deadline:
+            if loop.time() >= next_check:
+                next_check = loop.time() + _OWNER_CHECK_S
+                if await self._delete_if_dead(path, data, stat.ephemeral_owner, stat.version):
+                    continue
+            if loop.time() > deadline:
                 raise LostOwnership(
                     f"source {topic_uid}/{source} is owned by {data.decode(errors='replace')}"
                 )
             await asyncio.sleep(_OWNER_POLL_S)
+
+    async def _delete_if_dead(self, path: str, data: bytes, session: int, version: int) -> bool:
+        """Delete the owner znode (this version of it) if its process is dead."""
+        try:
+            verdict, why = await self.owner_check.verdict(data, session)
+        except Exception:  # a check that fails is no verdict: wait for the session instead
+            logger.exception("%s: checking the owner failed", path)
+            return False
+        if verdict is not Liveness.DEAD:
+            return False
+        try:
+            await self._zk.delete(path, version)
+        except (NoNode, BadVersion):
+            return True  # it changed meanwhile: look again
+        self.taken_from_dead += 1
+        logger.info("%s: the owner is dead (%s); its owner znode is deleted", path, why)
+        return True
 
     async def release(self, topic_uid: str, source: int) -> None:
         path = self._layout.source_owner(topic_uid, source)

@@ -21,3 +21,21 @@ class GiveBackResponse(_message.Message):
     GIVEN_BACK_FIELD_NUMBER: _ClassVar[int]
     given_back: int
     def __init__(self, given_back: _Optional[int] = ...) -> None: ...
+
+class IdentifyRequest(_message.Message):
+    __slots__ = ("protocol_version",)
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    def __init__(self, protocol_version: _Optional[int] = ...) -> None: ...
+
+class IdentifyResponse(_message.Message):
+    __slots__ = ("protocol_version", "session_id", "forwarder_id", "version")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FORWARDER_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    session_id: int
+    forwarder_id: str
+    version: str
+    def __init__(self, protocol_version: _Optional[int] = ..., session_id: _Optional[int] = ..., forwarder_id: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
