@@ -40,12 +40,14 @@ from pubsubd.dashboard import Dashboard
 from pubsubd.data.load_report import LoadReporter
 from pubsubd.data.ownership import TopicOwnership
 from pubsubd.data.publish.forwarder import SUBSCRIPTIONS_DIR, TOPICS_DIR
+from pubsubd.data.subscribe.budget import DeliveryBudget
 from pubsubd.observability import background, metrics, sli
 from pubsubd.observability.events import EVENTS_TOPIC, BacklogRotation, EventEmitter
 from pubsubd.observability.http import HttpEndpoint
 from pubsubd.observability.slo import SAMPLE_S as SLO_SAMPLE_S
 from pubsubd.observability.slo import SloMonitor, load_slo
 from pubsubd.prober.loop import ProbeLoop, ProberConfig
+from pubsubd.storage import cache_budget
 from pubsubd.storage.disk_space import DiskSpace
 from pubsubd.storage.ledgers.auditor import Auditor
 from pubsubd.storage.ledgers.cluster import ClusterStorage
@@ -111,6 +113,7 @@ class PubsubServer:
         self.load_report: LoadReporter | None = None
         self.routing: RoutingView | None = None
         self._publish_channels: dict[str, grpc.aio.Channel] = {}
+        cache_budget.PROCESS.set_max_bytes(config.log_cache_bytes)
         self.node = node.build(
             self.store,
             storage.data_dir,
@@ -124,6 +127,9 @@ class PubsubServer:
             remote_logs=cluster.storage.remote_log if cluster is not None else None,
             owns_topic=self.owned.__contains__ if self.assigned else None,
             remote_publish=self._remote_publish if self.assigned else None,
+            delivery_budget=DeliveryBudget(
+                config.max_outstanding_messages, config.max_outstanding_bytes
+            ),
         )
         self.publishing = self.node.publishing
         self.subscribing = self.node.subscribing
@@ -449,7 +455,11 @@ class PubsubServer:
             "cluster": self.cluster_status(),
             "sli": sli.recorder().status(),
             "prober": self.prober.status() if self.prober is not None else None,
-            "flow_control": {"inflight_publish_bytes": self.inflight.status()},
+            "flow_control": {
+                "inflight_publish_bytes": self.inflight.status(),
+                "outstanding_deliveries": self.subscribing.budget.status(),
+                "log_cache": cache_budget.PROCESS.status(),
+            },
         }
 
     def cluster_status(self) -> dict[str, Any] | None:

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from pubsubd.data.subscribe.budget import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES
+from pubsubd.storage.cache_budget import DEFAULT_PROCESS_CACHE_BYTES
 from pubsubd.storage.ledgers.repair import RepairSettings
 from pubsubd.storage.log import FsyncPolicy
 
@@ -76,6 +78,11 @@ class ServerConfig:
     # Bytes of Publish requests that may wait for storage at once (core/flow_control.py); past
     # it Publish answers RESOURCE_EXHAUSTED. 0 = no bound.
     max_inflight_publish_bytes: int = 128 << 20
+    # Outstanding deliveries (delivered, not yet acked) of every subscription of the process.
+    max_outstanding_messages: int = DEFAULT_MAX_MESSAGES
+    max_outstanding_bytes: int = DEFAULT_MAX_BYTES
+    # Payload bytes every log of the process keeps cached (storage/cache_budget.py).
+    log_cache_bytes: int = DEFAULT_PROCESS_CACHE_BYTES
     # Probe this server's own endpoint every so many seconds (prober/loop.py; 0 = off).
     prober_interval_s: float = 0.0
     # None: one machine (embedded metadata, local disks). Set: metadata in ZooKeeper and every
@@ -89,6 +96,7 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
     PUBSUBD_QUOTA_CHECK_S, PUBSUBD_EXPIRY_CHECK_S, PUBSUBD_DEDUP_WINDOW_S,
     PUBSUBD_SLI_EVENTS_S, PUBSUBD_SLO_FILE, PUBSUBD_METRICS_MAX_TOPICS, _SUBSCRIPTIONS,
     PUBSUBD_PROBER_INTERVAL_S, PUBSUBD_MAX_INFLIGHT_PUBLISH_BYTES, PUBSUBD_REQUEST_SLIS,
+    PUBSUBD_MAX_OUTSTANDING_MESSAGES, PUBSUBD_MAX_OUTSTANDING_BYTES, PUBSUBD_LOG_CACHE_BYTES,
     PUBSUBD_CLUSTER (ZooKeeper connect string), PUBSUBD_ZK_ROOT,
     PUBSUBD_REPLICAS, PUBSUBD_ZK_SESSION_TIMEOUT_S, PUBSUBD_ZONE, PUBSUBD_FORWARDER_ID and
     PUBSUBD_REPAIR_INTERVAL_S, _GRACE_S, _RATE_BYTES
@@ -148,7 +156,34 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
         max_inflight_publish_bytes=int(
             e.get("PUBSUBD_MAX_INFLIGHT_PUBLISH_BYTES", cfg.max_inflight_publish_bytes)
         ),
+        max_outstanding_messages=_positive(
+            e, "PUBSUBD_MAX_OUTSTANDING_MESSAGES", cfg.max_outstanding_messages
+        ),
+        max_outstanding_bytes=_positive(
+            e, "PUBSUBD_MAX_OUTSTANDING_BYTES", cfg.max_outstanding_bytes
+        ),
+        log_cache_bytes=_whole(e, "PUBSUBD_LOG_CACHE_BYTES", cfg.log_cache_bytes),
     )
+
+
+def _whole(env: Mapping[str, str], name: str, default: int) -> int:
+    """A size from the environment: a whole number (0 allowed)."""
+    if name not in env:
+        return default
+    raw = env[name]
+    if not raw.isdigit():
+        raise ValueError(f"{name} must be a whole number of bytes, not {raw!r}")
+    return int(raw)
+
+
+def _positive(env: Mapping[str, str], name: str, default: int) -> int:
+    """A bound from the environment: a positive whole number."""
+    if name not in env:
+        return default
+    raw = env[name]
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{name} must be a positive whole number, not {raw!r}")
+    return int(raw)
 
 
 def _interval(env: Mapping[str, str], name: str, default: float) -> float:

@@ -26,6 +26,7 @@ from pubsubd.data.publish.forwarder import (
     PublishingForwarder,
 )
 from pubsubd.data.reconcile import PublishingReconciler, SubscribingReconciler
+from pubsubd.data.subscribe.budget import DeliveryBudget
 from pubsubd.data.subscribe.forwarder import SubscribingForwarder
 from pubsubd.storage.disk_space import DiskSpace
 from pubsubd.storage.log import FsyncPolicy, RemoteLogs
@@ -94,6 +95,7 @@ def build(
     remote_logs: RemoteLogs | None = None,
     owns_topic: Callable[[str], bool] | None = None,
     remote_publish: Callable[[str, bytes], Awaitable[None]] | None = None,
+    delivery_budget: DeliveryBudget | None = None,
 ) -> Node:
     """Wire the roles of one process (call :meth:`Node.start` on the event loop).
 
@@ -129,6 +131,7 @@ def build(
         lambda topic_uid: routes_cell[0].publishing(topic_uid),
         clock=clock,
         dead_letter_publish=publish_dead_letter,
+        budget=delivery_budget,
     )
     routes = Routes(router, {PUBLISHING: publishing}, {SUBSCRIBING: subscribing})
     routes_cell.append(routes)

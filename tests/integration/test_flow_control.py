@@ -1,8 +1,9 @@
 """Flow control on a real server, driven by the official client: a topic's publish rate quota
 refuses with RESOURCE_EXHAUSTED naming its label, and the batching client's retries carry
-every message through; an overload (many publishers sending large requests, nobody consuming)
-keeps the server's memory bounded and its health and admin calls answering, and every
-acknowledged message is delivered afterwards."""
+every message through; a minute of overload (many publishers, one subscriber acking, one
+holding everything) keeps the server's memory bounded and its health and admin calls
+answering, pauses the holding stream at the outstanding deliveries bound without dropping it,
+and every acknowledged message is delivered afterwards."""
 
 from __future__ import annotations
 
@@ -65,28 +66,45 @@ def _rss_bytes(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+FLOOD_S = 60
+INFLIGHT_BOUND = 192 << 10  # three of the eight publishers' requests
+OUTSTANDING_BOUND = 5_000
+LOG_CACHE_BOUND = 32 << 20
+RSS_BOUND = 400 << 20  # the README's bound for these settings
+
+
 @pytest.mark.slow
 def test_an_overload_keeps_memory_bounded_and_loses_nothing(tmp_path: Path) -> None:
-    """Eight publishers send 1 MiB requests as fast as they can for 10 s while nobody
-    consumes, against an in-flight bound of 8 MiB. The server's RSS stays below 400 MiB (the
-    README's bound for these settings), /healthz and GetTopic answer within 2 s throughout,
-    and every acknowledged message is delivered afterwards."""
+    """For a minute, eight publishers send 64 KiB requests as fast as they can, more than the
+    192 KiB in-flight bound admits (the rest is refused and tried again), while one subscriber
+    acks everything and another holds every message it gets without acking (its stream
+    paused at the 5,000 outstanding deliveries bound, never dropped). The server's RSS stays
+    below 400 MiB, /healthz and GetTopic answer within 2 s throughout, and afterwards every
+    acknowledged message is delivered to both subscriptions."""
     server = ServerProcess(
-        tmp_path / "data", env={"PUBSUBD_MAX_INFLIGHT_PUBLISH_BYTES": str(8 << 20)}
+        tmp_path / "data",
+        env={
+            "PUBSUBD_MAX_INFLIGHT_PUBLISH_BYTES": str(INFLIGHT_BOUND),
+            "PUBSUBD_MAX_OUTSTANDING_MESSAGES": str(OUTSTANDING_BOUND),
+            "PUBSUBD_LOG_CACHE_BYTES": str(LOG_CACHE_BOUND),
+        },
     ).start()
     try:
         assert server.proc is not None
         pid = server.proc.pid
         pub = make_publisher(server.endpoint)
         topic = f"projects/{PROJECT}/topics/flood"
-        subscription = f"projects/{PROJECT}/subscriptions/flood"
+        live, held = (f"projects/{PROJECT}/subscriptions/flood-{n}" for n in ("live", "held"))
         pub.create_topic(name=topic)
-        make_subscriber(server.endpoint).create_subscription(name=subscription, topic=topic)
+        admin = make_subscriber(server.endpoint)
+        for name in (live, held):
+            admin.create_subscription(name=name, topic=topic, ack_deadline_seconds=600)
+        admin.close()
         stop = threading.Event()
         lock = threading.Lock()
         acked: set[bytes] = set()
         refused = [0]
-        padding = b"\0" * (64 << 10)
+        padding = b"\0" * (4 << 10)
 
         # The generated clients are made here, one at a time: gapic_publisher sets
         # PUBSUB_EMULATOR_HOST for the moment it builds one, and threads building them at
@@ -116,56 +134,101 @@ def test_an_overload_keeps_memory_bounded_and_loses_nothing(tmp_path: Path) -> N
                     acked.update(batch)
                 i += 1
 
-        rss: list[int] = []
+        received: dict[str, set[bytes]] = {live: set(), held: set()}
+        holding: list[pubsub_v1.subscriber.message.Message] = []
+        releasing = threading.Event()
+
+        def on_live(message: pubsub_v1.subscriber.message.Message) -> None:
+            with lock:
+                received[live].add(message.data[:14])
+            message.ack()
+
+        def on_held(message: pubsub_v1.subscriber.message.Message) -> None:
+            with lock:
+                received[held].add(message.data[:14])
+                if not releasing.is_set():
+                    holding.append(message)
+                    return
+            message.ack()
+
+        subscriber = make_subscriber(server.endpoint)
+        streams = [
+            subscriber.subscribe(
+                live, on_live, flow_control=pubsub_v1.types.FlowControl(max_messages=2_000)
+            ),
+            subscriber.subscribe(
+                held,
+                on_held,
+                flow_control=pubsub_v1.types.FlowControl(
+                    max_messages=50_000, max_bytes=1 << 30, max_lease_duration=3600
+                ),
+            ),
+        ]
+        rss: list[tuple[float, int]] = []
         waits: list[float] = []
+        started = time.monotonic()
 
         def watcher() -> None:
             gapic = clients[8]
             url = f"http://127.0.0.1:{server.http_port}/healthz"
             while not stop.is_set():
-                rss.append(_rss_bytes(pid))
-                started = time.monotonic()
+                rss.append((time.monotonic() - started, _rss_bytes(pid)))
+                began = time.monotonic()
                 with urllib.request.urlopen(url, timeout=10) as r:
                     assert r.status == 200
                 gapic.get_topic(request={"topic": topic}, retry=None, timeout=10)
-                waits.append(time.monotonic() - started)
+                waits.append(time.monotonic() - began)
                 time.sleep(0.25)
 
         threads = [threading.Thread(target=publisher, args=(n,)) for n in range(8)]
         threads.append(threading.Thread(target=watcher))
-        for t in threads:
-            t.start()
-        time.sleep(10)
-        stop.set()
-        for t in threads:
-            t.join(60)
-        status_url = f"http://127.0.0.1:{server.http_port}/status"
-        with urllib.request.urlopen(status_url, timeout=10) as r:
-            flow = json.load(r)["flow_control"]["inflight_publish_bytes"]
-        print(
-            f"acked {len(acked)} messages, {refused[0]} requests refused, peak RSS "
-            f"{max(rss) >> 20} MiB, slowest health+admin {max(waits):.3f} s, in flight {flow}"
-        )
-        assert max(rss) < 400 << 20
-        assert max(waits) < 2.0
-        assert flow["peak"] <= (8 << 20) + (1100 << 10)  # the bound, plus the one that crossed it
-        assert len(acked) > 0
-
-        received: set[bytes] = set()
-        sub = make_subscriber(server.endpoint)
-
-        def callback(message: pubsub_v1.subscriber.message.Message) -> None:
-            with lock:
-                received.add(message.data[:14])
-            message.ack()
-
-        flow_control = pubsub_v1.types.FlowControl(max_messages=500, max_bytes=64 << 20)
-        future = sub.subscribe(subscription, callback, flow_control=flow_control)
         try:
-            wait_for(lambda: acked <= received, 120, "every acknowledged message delivered")
+            for t in threads:
+                t.start()
+            time.sleep(FLOOD_S)
+            stop.set()
+            for t in threads:
+                t.join(60)
+            status_url = f"http://127.0.0.1:{server.http_port}/status"
+            with urllib.request.urlopen(status_url, timeout=10) as r:
+                flow = json.load(r)["flow_control"]
+            by_ten = [max(b for t, b in rss if k <= t < k + 10) >> 20 for k in range(0, 60, 10)]
+            print(
+                f"acked {len(acked)} messages, {refused[0]} requests refused, RSS peak per "
+                f"10 s {by_ten} MiB, slowest health+admin {max(waits):.3f} s, held "
+                f"{len(holding)} unacked, flow control {flow}"
+            )
+            peak = max(b for _, b in rss)
+            assert peak < RSS_BOUND, f"peak RSS {peak >> 20} MiB"
+            assert max(waits) < 2.0
+            inflight, outstanding = flow["inflight_publish_bytes"], flow["outstanding_deliveries"]
+            assert inflight["peak"] <= INFLIGHT_BOUND + (80 << 10)  # plus the one that crossed
+            assert refused[0] > 0 and len(acked) > 0
+            # The holding subscriber was paused at the bound: it has at most what the bound
+            # lets out, its stream is still open, and the bound was reached.
+            assert outstanding["peak_messages"] <= OUTSTANDING_BOUND
+            assert outstanding["paused"] > 0
+            assert len(holding) <= OUTSTANDING_BOUND
+            assert not streams[1].done(), "the held stream was dropped"
+            assert flow["log_cache"]["bytes"] <= LOG_CACHE_BOUND
+
+            # Release the held messages: the rest flows; both subscriptions get everything.
+            releasing.set()
+            with lock:
+                for message in holding:
+                    message.ack()
+                holding.clear()
+            for name in (live, held):
+                wait_for(
+                    lambda name=name: acked <= received[name],  # type: ignore[misc]
+                    180,
+                    f"every acknowledged message delivered to {name}",
+                )
         finally:
-            future.cancel()
-            sub.close()
+            stop.set()
+            for future in streams:
+                future.cancel()
+            subscriber.close()
     finally:
         server.kill()
         shutil.rmtree(tmp_path / "data", ignore_errors=True)  # gigabytes: not kept by pytest

@@ -17,7 +17,7 @@ import pytest
 
 from pubsubd.control.routing_table import Forwarder
 from pubsubd.core.errors import NOT_SERVED_HERE, STREAM_ACCEPTED
-from pubsubd.frontend.proxy import Proxy
+from pubsubd.frontend.proxy import REQUESTS, Proxy
 
 pytestmark = pytest.mark.unit
 
@@ -101,3 +101,68 @@ async def test_a_refused_stream_is_opened_on_the_owner_with_every_request(header
         await proxy.close()
         await refuses.stop(None)
         await owns.stop(None)
+
+
+class _Echo(grpc.GenericRpcHandler):  # type: ignore[misc]
+    """A forwarder answering every unary call with its request, and NOT_FOUND to ``b"missing"``."""
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        async def handle(request: bytes, context: Any) -> bytes:
+            if request == b"missing":
+                await context.abort(grpc.StatusCode.NOT_FOUND, "no such topic")
+            return request
+
+        return grpc.unary_unary_rpc_method_handler(handle)
+
+
+def _count(method: str, code: str) -> float:
+    return REQUESTS.labels(method, code)._value.get()  # type: ignore[no-any-return]
+
+
+async def test_every_call_is_counted_with_the_status_its_client_got() -> None:
+    """Answered by a forwarder (OK, NOT_FOUND), and answered by the frontend itself because
+    no forwarder could be reached: each counted once, by method and code; a method outside
+    the API counts as _other (a client cannot grow the label set)."""
+    echo, echo_at = await _serve(_Echo())
+    reachable = [True]
+
+    def choose(method: str, request: bytes) -> list[Forwarder]:
+        address = echo_at if reachable[0] else "127.0.0.1:1"
+        return [Forwarder("f", address), Forwarder("g", address)]
+
+    proxy = Proxy(choose)
+    frontend = grpc.aio.server()
+    frontend.add_generic_rpc_handlers((proxy,))
+    port = frontend.add_insecure_port("127.0.0.1:0")
+    await frontend.start()
+    before = {
+        key: _count(*key)
+        for key in [
+            ("GetTopic", "OK"),
+            ("GetTopic", "NOT_FOUND"),
+            ("GetTopic", "UNAVAILABLE"),
+            ("_other", "OK"),
+        ]
+    }
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            get_topic = channel.unary_unary("/google.pubsub.v1.Publisher/GetTopic")
+            assert await get_topic(b"t", timeout=5) == b"t"
+            with pytest.raises(grpc.aio.AioRpcError) as missing:
+                await get_topic(b"missing", timeout=5)
+            assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+            assert await channel.unary_unary("/x.Y/Whatever")(b"w", timeout=5) == b"w"
+            reachable[0] = False
+            with pytest.raises(grpc.aio.AioRpcError) as down:
+                await get_topic(b"t", timeout=5)
+            assert down.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await frontend.stop(None)
+        await proxy.close()
+        await echo.stop(None)
+    assert {key: _count(*key) - n for key, n in before.items()} == {
+        ("GetTopic", "OK"): 1,
+        ("GetTopic", "NOT_FOUND"): 1,
+        ("GetTopic", "UNAVAILABLE"): 1,
+        ("_other", "OK"): 1,
+    }

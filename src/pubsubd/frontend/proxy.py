@@ -18,6 +18,11 @@ tells whether it reached the client, and a Pull response, or the StreamingPull r
 hand, that did not is handed back to its forwarder (``pubsubd.internal.v1.Forwarder/GiveBack``:
 no delivery attempt counted). What a cancelled call had not received yet, the forwarder gives
 back itself when the proxied call is cancelled.
+
+Every call is counted as its client saw it (``pubsubd_frontend_requests_total{method,code}``):
+the forwarders' own counts (``observability/sli.py``) are what the SLO rules sum, so nothing is
+counted twice there; the frontend's show what clients got, including calls that reached no
+forwarder (none registered, none reachable, the owner not serving within the deadline).
 """
 
 from __future__ import annotations
@@ -29,12 +34,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
+from prometheus_client import Counter
 
 from pubsubd._gen.pubsubd.internal.v1.forwarder_pb2 import GiveBackRequest, GiveBackResponse
 from pubsubd.control.routing_table import Forwarder
 from pubsubd.core.errors import NOT_SERVED_HERE, STREAM_ACCEPTED
 from pubsubd.core.pb import PullResponse, StreamingPullResponse
 from pubsubd.frontend.targets import resource_name
+from pubsubd.observability.sli import CONTROL_PLANE_METHODS, PUBLISH_METHODS, PULL_METHODS
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +72,27 @@ OWNER_POLL_S = 0.05
 # How long a stream's later requests wait for a forwarder that sends no STREAM_ACCEPTED header
 # (an earlier release) to refuse it before they are written anyway.
 ACCEPT_WAIT_S = 1.0
+
+REQUESTS = Counter(
+    "pubsubd_frontend_requests",
+    "Calls a frontend finished, by the status its client got (other methods count as _other)",
+    ["method", "code"],
+)
+_COUNTED_METHODS = PUBLISH_METHODS | PULL_METHODS | CONTROL_PLANE_METHODS
+
+
+def _counted(method: str, context: grpc.aio.ServicerContext[Any, Any], error: object) -> None:
+    """Count a finished call: OK, CANCELLED, or the status the call was aborted with."""
+    name = method.rsplit("/", 1)[-1]
+    if error is None:
+        code = "OK"
+    elif isinstance(error, asyncio.CancelledError):
+        code = "CANCELLED"
+    else:
+        status = context.code()
+        code = status.name if isinstance(status, grpc.StatusCode) else "UNKNOWN"
+    REQUESTS.labels(name if name in _COUNTED_METHODS else "_other", code).inc()
+
 
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 << 20),
@@ -195,6 +223,14 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]
 
     async def _pull(self, request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         self.calls += 1
+        try:
+            await self._pull_once(request, context)
+        except BaseException as e:
+            _counted(PULL, context, e)
+            raise
+        _counted(PULL, context, None)
+
+    async def _pull_once(self, request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         response, forwarder = await self._call(PULL, request, context)
         try:
             await context.write(response)
@@ -222,7 +258,13 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]
     def _unary(self, method: str) -> Callable[..., Any]:
         async def handle(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
             self.calls += 1
-            return (await self._call(method, request, context))[0]
+            try:
+                response = (await self._call(method, request, context))[0]
+            except BaseException as e:
+                _counted(method, context, e)
+                raise
+            _counted(method, context, None)
+            return response
 
         return handle
 
@@ -231,28 +273,43 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]
             requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
         ) -> AsyncIterator[bytes]:
             self.calls += 1
+            error: BaseException | None = None
             try:
-                first = await requests.__anext__()
-            except StopAsyncIteration:
-                return
-            loop = asyncio.get_running_loop()
-            remaining = _timeout(context)
-            deadline = loop.time() + min(WAIT_FOR_OWNER_S, remaining or WAIT_FOR_OWNER_S)
-            # The client's requests, read by one task for the stream's life: a stream opened
-            # again (its first forwarder did not serve the subscription) goes on from them.
-            incoming: asyncio.Queue[bytes | None] = asyncio.Queue()
-            reading = loop.create_task(_read_client(requests, incoming))
-            try:
-                async for response in self._stream_to_owner(
-                    method, first, incoming, context, deadline
-                ):
+                async for response in self._stream_once(method, requests, context):
                     yield response
+            except BaseException as e:
+                error = e
+                raise
             finally:
-                reading.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await reading
+                _counted(method, context, error)
 
         return handle
+
+    async def _stream_once(
+        self,
+        method: str,
+        requests: AsyncIterator[bytes],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[bytes]:
+        """One proxied stream (see :meth:`_stream`)."""
+        try:
+            first = await requests.__anext__()
+        except StopAsyncIteration:
+            return
+        loop = asyncio.get_running_loop()
+        remaining = _timeout(context)
+        deadline = loop.time() + min(WAIT_FOR_OWNER_S, remaining or WAIT_FOR_OWNER_S)
+        # The client's requests, read by one task for the stream's life: a stream opened
+        # again (its first forwarder did not serve the subscription) goes on from them.
+        incoming: asyncio.Queue[bytes | None] = asyncio.Queue()
+        reading = loop.create_task(_read_client(requests, incoming))
+        try:
+            async for response in self._stream_to_owner(method, first, incoming, context, deadline):
+                yield response
+        finally:
+            reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reading
 
     async def _stream_to_owner(
         self,

@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import Protocol
 
 from pubsubd.observability import metrics
-from pubsubd.storage import segment_index
+from pubsubd.storage import cache_budget, segment_index
+from pubsubd.storage.cache_budget import CacheBudget
 from pubsubd.storage.damage import FOUND_AT_START, FOUND_BY_READ, DamagedRange, DamageMap
 from pubsubd.storage.disk_space import disk_full_reason
 from pubsubd.storage.errors import (
@@ -166,14 +167,16 @@ class _Segment:
 
 
 class _EntryCache:
-    """LRU of entries keyed by base offset, bounded by total payload bytes."""
+    """LRU of entries keyed by base offset, bounded by total payload bytes, and charged to the
+    process-wide budget (``storage/cache_budget.py``), which may drop its oldest entries."""
 
-    __slots__ = ("_entries", "_max_bytes", "bytes")
+    __slots__ = ("_budget", "_entries", "_max_bytes", "bytes")
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, budget: CacheBudget | None = None) -> None:
         # Created by the first put: a log never written or read has no cache.
         self._entries: OrderedDict[int, Entry] | None = None
         self._max_bytes = max_bytes
+        self._budget = budget if budget is not None else cache_budget.PROCESS
         self.bytes = 0
 
     def get(self, base_offset: int) -> Entry | None:
@@ -182,6 +185,7 @@ class _EntryCache:
         entry = self._entries.get(base_offset)
         if entry is not None:
             self._entries.move_to_end(base_offset)
+            self._budget.touch(self, base_offset)
         return entry
 
     def put(self, entry: Entry) -> None:
@@ -194,8 +198,17 @@ class _EntryCache:
         entries[entry.base_offset] = entry
         self.bytes += size
         while self.bytes > self._max_bytes:
-            _, old = entries.popitem(last=False)
+            base, old = entries.popitem(last=False)
             self.bytes -= len(old.payload)
+            self._budget.forget(self, base)
+        self._budget.charge(self, entry.base_offset, size)
+
+    def evicted(self, base_offset: int) -> None:
+        """The process-wide budget dropped this entry (it was the oldest of any log's)."""
+        if self._entries is not None:
+            entry = self._entries.pop(base_offset, None)
+            if entry is not None:
+                self.bytes -= len(entry.payload)
 
     def drop_below(self, offset: int) -> None:
         entries = self._entries
@@ -203,8 +216,12 @@ class _EntryCache:
             return
         for key in [k for k in entries if k < offset]:
             self.bytes -= len(entries.pop(key).payload)
+            self._budget.forget(self, key)
 
     def clear(self) -> None:
+        if self._entries is not None:
+            for key in self._entries:
+                self._budget.forget(self, key)
         self._entries = None
         self.bytes = 0
 

@@ -26,6 +26,7 @@ from pubsubd.core.errors import InternalError, PubsubError
 from pubsubd.core.queue_settings import QueueSettings
 from pubsubd.core.records import CursorState, DamagedRange
 from pubsubd.core.roles import PublishingForwarderApi
+from pubsubd.data.subscribe.budget import DeliveryBudget
 from pubsubd.data.subscribe.consumers import Consumer, PullWaiter, StreamConsumer
 from pubsubd.data.subscribe.dead_letter import dead_letter_request
 from pubsubd.data.subscribe.leases import LeaseTable
@@ -71,13 +72,14 @@ class SubscriptionDispatcher:
         clock: Clock,
         dead_letter_publish: DeadLetterPublish,
         topic_quota: quotas.BacklogQuota | None = None,
+        budget: DeliveryBudget | None = None,
     ) -> None:
         self.uid = uid
         self.topic_uid = topic_uid
         self.publishing = publishing
         self.reader = reader
         self.clock = clock
-        self.planner = DeliveryPlanner(subscription, uid[:8], cursors, reader)
+        self.planner = DeliveryPlanner(subscription, uid[:8], cursors, reader, budget)
         self._dead_letter_publish = dead_letter_publish
         self._tasks: set[asyncio.Task[None]] | None = None  # dead-letter publishes
         self._pump_scheduled = False
@@ -234,6 +236,13 @@ class SubscriptionDispatcher:
             self._carry_out(fx)
             if fx.acks and (self._blocking or self.quota is not None):
                 self._update_block()  # acks may bring the backlog back under its quota
+        planner = self.planner
+        budget = planner.budget
+        if budget is not None:
+            budget.settle(planner, len(planner.leases), planner.outstanding_bytes)
+            if planner.budget_limited:
+                planner.budget_limited = False
+                budget.wait(planner, self.schedule_pump)
         self._arm_timer()
 
     def _carry_out(self, fx: Effects) -> None:
@@ -478,6 +487,8 @@ class SubscriptionDispatcher:
         for task in self._tasks or ():
             task.cancel()
         self.planner.close(error)
+        if self.planner.budget is not None:
+            self.planner.budget.leave(self.planner)
         for consumer, ended in self.planner.effects().ended:
             _end(consumer, ended)
 

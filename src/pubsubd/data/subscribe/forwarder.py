@@ -30,6 +30,7 @@ from pubsubd.core.records import CursorState
 from pubsubd.core.roles import PublishingForwarderApi
 from pubsubd.core.validation import modify_deadline
 from pubsubd.data.decoding import DecodeCache
+from pubsubd.data.subscribe.budget import DeliveryBudget
 from pubsubd.data.subscribe.consumers import PullWaiter, StreamConsumer
 from pubsubd.data.subscribe.dispatcher import DeadLetterPublish, SubscriptionDispatcher
 from pubsubd.data.subscribe.push import PushManager
@@ -119,7 +120,10 @@ class SubscribingForwarder:
         *,
         clock: Clock = SYSTEM_CLOCK,
         dead_letter_publish: DeadLetterPublish = _no_dead_letters,
+        budget: DeliveryBudget | None = None,
     ) -> None:
+        # Outstanding deliveries of every subscription served here (data/subscribe/budget.py).
+        self.budget = budget or DeliveryBudget()
         # topic uid -> the publishing forwarder holding its sources (the router's choice)
         self.route = route
         self.clock = clock
@@ -160,6 +164,7 @@ class SubscribingForwarder:
             clock=self.clock,
             dead_letter_publish=self.dead_letter_publish,
             topic_quota=topic_quota,
+            budget=self.budget,
         )
         self.dispatchers[name] = dispatcher
         self.unavailable.pop(name, None)

@@ -42,6 +42,7 @@ from pubsubd.core.queue_settings import SubscriptionType
 from pubsubd.core.records import Entry
 from pubsubd.data.decoding import DecodedEntry
 from pubsubd.data.subscribe import damaged
+from pubsubd.data.subscribe.budget import DeliveryBudget
 from pubsubd.data.subscribe.consumer import Consumer
 from pubsubd.data.subscribe.dead_letter import should_dead_letter
 from pubsubd.data.subscribe.leases import Lease, LeaseTable
@@ -129,6 +130,8 @@ class DeliveryPlanner:
         "_redeliver_set",
         "_stuck",
         "acked",
+        "budget",
+        "budget_limited",
         "cursors",
         "dead_lettered",
         "delivered",
@@ -150,8 +153,13 @@ class DeliveryPlanner:
         incarnation: str,
         cursors: dict[int, CursorState],
         reader: SourceReader,
+        budget: DeliveryBudget | None = None,
     ) -> None:
         self.subscription = subscription  # google.pubsub.v1.Subscription (raw protobuf)
+        # The bound on outstanding deliveries of every subscription (budget.py), if any; a
+        # plan that stopped at it sets ``budget_limited``.
+        self.budget = budget
+        self.budget_limited = False
         self.incarnation = incarnation
         self.reader = reader
         # The subscription's ack state, per source (a mirror of what the publishing forwarder
@@ -246,9 +254,11 @@ class DeliveryPlanner:
     def plan(self, now: float) -> None:
         """Deliver as much as the consumers can take, round-robin, one response at a time."""
         self._stuck = None
+        self.budget_limited = False
         if self._damaged_positions:
             self._requeue_restored()
         settings = self.settings
+        budget = self.budget
         roster = self.roster
         active = roster.active(settings)
         key_owner = roster.key_owner if settings.type is SubscriptionType.KEY_SHARED else None
@@ -261,6 +271,12 @@ class DeliveryPlanner:
             if max_msgs <= 0 or (active is not None and consumer is not active):
                 idle += 1
                 continue
+            if budget is not None:
+                left, left_bytes = budget.room()
+                if left <= 0:
+                    self.budget_limited = True  # nothing more for anyone until room frees
+                    break
+                max_msgs, max_bytes = min(max_msgs, left), min(max_bytes, left_bytes)
             batch = self._take(max_msgs, max_bytes, consumer, key_owner)
             if not batch:
                 if self._stuck is not None and not consumer.outstanding and consumer.has_client:
@@ -296,6 +312,8 @@ class DeliveryPlanner:
             total += size
         consumer.taken(len(batch), total)
         self._outstanding_bytes += total
+        if self.budget is not None:
+            self.budget.taken(self, len(batch), total)
         self.delivered += len(batch)
         self._effects.deliveries.append(Delivery(consumer, received, [pos for pos, _, _ in batch]))
 
