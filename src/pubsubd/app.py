@@ -98,6 +98,8 @@ class PubsubServer:
         self.disk = DiskSpace(storage.data_dir)
         metrics.DISK_FREE_BYTES.set_function(lambda: float(self.disk.free_bytes() or 0))
         self.cluster = cluster
+        if cluster is not None:
+            metrics.LEDGER_REPLICATION_LAG.set_function(cluster.storage.replication_lag)
         self.store: MetadataStore = (
             cluster.store
             if cluster is not None

@@ -66,3 +66,14 @@ LEDGER_APPEND_SECONDS = Histogram(
     "Time from sending a ledger append to its ack quorum of storage nodes answering",
     buckets=STORAGE_BUCKETS,
 )
+LEDGER_REPLICATION_SECONDS = Histogram(
+    "pubsubd_ledger_replication_seconds",
+    "Time from sending a ledger append to every node of its ledger having it (the lag of the "
+    "slowest copy behind the acknowledgement)",
+    buckets=STORAGE_BUCKETS,
+)
+LEDGER_REPLICATION_LAG = Gauge(
+    "pubsubd_ledger_replication_lag_entries",
+    "Entries acknowledged by a quorum but not yet on every node of their ledger, summed over "
+    "the sources this process writes",
+)

@@ -206,6 +206,10 @@ class ClusterStorage:
     def remote_log(self, topic_uid: str, source: int) -> SourceLedgers:
         return self._ledgers(topic_uid, source)
 
+    def replication_lag(self) -> int:
+        """Entries acknowledged by a quorum and not yet on every node of their ledger."""
+        return sum(max(0, s.end_offset - s.replicated_end) for s in self.sources.values())
+
     def status(self) -> dict[str, object]:
         return {
             "storage_nodes": sorted(n.node_id for n in self.directory.nodes()),
@@ -213,6 +217,7 @@ class ClusterStorage:
             "ledgers": sum(len(s.ledgers.ledgers) for s in self.sources.values()),
             "appends_refused": sum(s.appends_refused for s in self.sources.values()),
             "lease_waits": sum(s.lease_waits for s in self.sources.values()),
+            "replication_lag_entries": self.replication_lag(),
             # Sources taken over from an owner found dead before its session expired.
             "taken_from_dead_owners": self.directory.taken_from_dead,
         }

@@ -178,6 +178,8 @@ class SourceLedgers:
         self._open_bytes = 0
         self._roll_next = False
         self._confirmed_end = 0  # every offset below is on ack_quorum nodes
+        # Every offset below is on every node of its ledger (the replication lag's floor).
+        self.replicated_end = 0
         self._sent_end = 0  # where the next append goes: the end of the last one sent
         self._in_flight: deque[_Flight] = deque()  # sent, not yet completed, in order
         self._failed: set[str] = set()  # nodes that failed an append of the open ledger
@@ -241,7 +243,7 @@ class SourceLedgers:
         self.ledgers = ledgers
         end = ledgers.end_offset
         assert end is not None
-        self._confirmed_end = self._sent_end = end
+        self._confirmed_end = self._sent_end = self.replicated_end = end
         return ledgers
 
     async def _recover(self, ledgers: LedgerList) -> LedgerList:
@@ -456,6 +458,9 @@ class SourceLedgers:
                 return
         else:
             flight.ok += 1
+            if flight.ok == flight.live:  # every copy written: the slowest one's lag is over
+                metrics.LEDGER_REPLICATION_SECONDS.observe(time.perf_counter() - flight.sent_at)
+                self.replicated_end = max(self.replicated_end, flight.end_offset)
             if flight.settled or flight.ok < flight.needed:
                 return
             metrics.LEDGER_APPEND_SECONDS.observe(time.perf_counter() - flight.sent_at)
