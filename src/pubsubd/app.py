@@ -44,8 +44,7 @@ from pubsubd.data.subscribe.budget import DeliveryBudget
 from pubsubd.observability import background, metrics, sli
 from pubsubd.observability.events import EVENTS_TOPIC, BacklogRotation, EventEmitter
 from pubsubd.observability.http import HttpEndpoint
-from pubsubd.observability.slo import SAMPLE_S as SLO_SAMPLE_S
-from pubsubd.observability.slo import SloMonitor, load_slo
+from pubsubd.observability.slo import SloMonitor, load_slo, scaled_windows
 from pubsubd.prober.loop import ProbeLoop, ProberConfig
 from pubsubd.storage import cache_budget
 from pubsubd.storage.disk_space import DiskSpace
@@ -153,7 +152,12 @@ class PubsubServer:
         recorder = sli.configure(
             config.metrics_max_topics, slo_config.topics, enabled=config.request_slis
         )
-        self.slo = SloMonitor(slo_config, recorder.counts)
+        self.slo = SloMonitor(
+            slo_config,
+            recorder.counts,
+            windows=scaled_windows(config.test_slo_window_divisor),
+            sample_s=config.slo_sample_s,
+        )
         self._slo_task: asyncio.Task[None] | None = None
         self.prober: ProbeLoop | None = None  # probes this server's own endpoint (opt-in)
         self.inflight = MemoryBudget(config.max_inflight_publish_bytes)
@@ -406,24 +410,31 @@ class PubsubServer:
         )
         self.sli_events.start()
 
-    def _backlogs(self) -> list[tuple[str, int, int, float]]:
-        """Every subscription served here: (name, messages, bytes, oldest unacked age s)."""
+    def _backlogs(self) -> list[sli.BacklogRow]:
+        """Every subscription served here, with its topic and backlog."""
         now_us = self.clock.time_us()
         rows = []
         for subscribing in self.routes.all_subscribing():
             for name in subscribing.subscription_names():
                 try:
+                    topic = str(self.catalog.subscriptions[name].subscription.topic)
                     b = subscribing.backlog_stats(name, now_us)
                 except Exception:  # deleted meanwhile: the next scrape will not list it
                     continue
-                rows.append((name, b.messages, b.bytes, b.oldest_age_s))
+                rows.append(sli.BacklogRow(name, topic, b.messages, b.bytes, b.oldest_age_s))
         return rows
 
     async def _slo_loop(self) -> None:
-        """Sample the SLO tallies for the burn-rate windows (observability/slo.py)."""
+        """Sample the SLO tallies and the backlog ages for the burn-rate windows
+        (observability/slo.py)."""
         while True:
-            self.slo.sample(time.monotonic())
-            await asyncio.sleep(SLO_SAMPLE_S)
+            try:
+                ages = [(b.topic, b.oldest_age_s) for b in self._backlogs()]
+            except Exception as e:  # a sample without the backlog beats no sample
+                background.report("SLO backlog sample", e)
+                ages = []
+            self.slo.sample(time.monotonic(), ages)
+            await asyncio.sleep(self.config.slo_sample_s)
 
     async def _quota_loop(self) -> None:
         """Backlog quotas with evict_oldest are applied every ``quota_check_s``."""

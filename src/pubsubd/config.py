@@ -72,6 +72,10 @@ class ServerConfig:
     # The SLO file (observability/slo.py; None: the defaults) and the per-topic label bound of
     # the request SLIs on /metrics (observability/sli.py).
     slo_file: Path | None = None
+    # How often the SLO monitor samples its tallies and the backlog ages (observability/slo.py).
+    slo_sample_s: float = 15.0
+    # Tests only: every burn-rate window (and the budget period) is divided by this.
+    test_slo_window_divisor: float = 1.0
     metrics_max_topics: int = 100
     metrics_max_subscriptions: int = 100
     request_slis: bool = True  # False: no request SLIs (to measure their cost)
@@ -94,14 +98,14 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
     """Defaults overridden by PUBSUBD_HOST, PUBSUBD_PORT, PUBSUBD_HTTP_PORT, PUBSUBD_DATA_DIR,
     PUBSUBD_FSYNC, PUBSUBD_SEGMENT_BYTES, PUBSUBD_TRIM_INTERVAL_S, PUBSUBD_ACK_FLUSH_INTERVAL_S,
     PUBSUBD_QUOTA_CHECK_S, PUBSUBD_EXPIRY_CHECK_S, PUBSUBD_DEDUP_WINDOW_S,
-    PUBSUBD_SLI_EVENTS_S, PUBSUBD_SLO_FILE, PUBSUBD_METRICS_MAX_TOPICS, _SUBSCRIPTIONS,
-    PUBSUBD_PROBER_INTERVAL_S, PUBSUBD_MAX_INFLIGHT_PUBLISH_BYTES, PUBSUBD_REQUEST_SLIS,
-    PUBSUBD_MAX_OUTSTANDING_MESSAGES, PUBSUBD_MAX_OUTSTANDING_BYTES, PUBSUBD_LOG_CACHE_BYTES,
-    PUBSUBD_CLUSTER (ZooKeeper connect string), PUBSUBD_ZK_ROOT,
+    PUBSUBD_SLI_EVENTS_S, PUBSUBD_SLO_FILE, PUBSUBD_SLO_SAMPLE_S, PUBSUBD_METRICS_MAX_TOPICS,
+    _SUBSCRIPTIONS, PUBSUBD_PROBER_INTERVAL_S, PUBSUBD_MAX_INFLIGHT_PUBLISH_BYTES,
+    PUBSUBD_REQUEST_SLIS, PUBSUBD_MAX_OUTSTANDING_MESSAGES, PUBSUBD_MAX_OUTSTANDING_BYTES,
+    PUBSUBD_LOG_CACHE_BYTES, PUBSUBD_CLUSTER (ZooKeeper connect string), PUBSUBD_ZK_ROOT,
     PUBSUBD_REPLICAS, PUBSUBD_ZK_SESSION_TIMEOUT_S, PUBSUBD_ZONE, PUBSUBD_FORWARDER_ID and
-    PUBSUBD_REPAIR_INTERVAL_S, _GRACE_S, _RATE_BYTES
-    (PUBSUBD_TEST_TTL_DIVISOR is for tests only). An interval that is not a positive number
-    raises ValueError here, not when its loop first runs."""
+    PUBSUBD_REPAIR_INTERVAL_S, _GRACE_S, _RATE_BYTES (PUBSUBD_TEST_TTL_DIVISOR and
+    PUBSUBD_TEST_SLO_WINDOW_DIVISOR are for tests only). An interval that is not a positive
+    number raises ValueError here, not when its loop first runs."""
     e = os.environ if env is None else env
     cfg = ServerConfig()
     storage = cfg.storage
@@ -147,6 +151,10 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
         dedup_window_s=float(e.get("PUBSUBD_DEDUP_WINDOW_S", cfg.dedup_window_s)),
         sli_events_s=float(e.get("PUBSUBD_SLI_EVENTS_S", cfg.sli_events_s)),
         slo_file=Path(e["PUBSUBD_SLO_FILE"]) if e.get("PUBSUBD_SLO_FILE") else None,
+        slo_sample_s=_interval(e, "PUBSUBD_SLO_SAMPLE_S", cfg.slo_sample_s),
+        test_slo_window_divisor=_interval(
+            e, "PUBSUBD_TEST_SLO_WINDOW_DIVISOR", cfg.test_slo_window_divisor
+        ),
         metrics_max_topics=int(e.get("PUBSUBD_METRICS_MAX_TOPICS", cfg.metrics_max_topics)),
         metrics_max_subscriptions=int(
             e.get("PUBSUBD_METRICS_MAX_SUBSCRIPTIONS", cfg.metrics_max_subscriptions)

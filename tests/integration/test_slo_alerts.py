@@ -1,15 +1,17 @@
 """SLIs, SLOs and burn-rate alerts on a real server: publishes refused by the service show on
 /metrics (per method and per topic, within the label bound, beside the backlog gauges and the
 storage write latency), /alerts says what fires and why,
-and ``pubsubd alerts`` exits 3 while an alert fires. The official (generated) client makes
-the calls."""
+and ``pubsubd alerts`` exits 3 while an alert fires; an unacked backlog older than its
+threshold pages (globally and per topic) and stops paging once acked. The official (generated)
+client makes the calls."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -190,3 +192,107 @@ def test_a_bad_slo_file_stops_serve_with_the_reason(tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     assert "not a latency bucket bound" in done.stderr
+
+
+STALE = f"projects/{PROJECT}/topics/stale"
+RELAXED = f"projects/{PROJECT}/topics/relaxed"
+PLAIN = f"projects/{PROJECT}/topics/plain"
+BACKLOG = "backlog_oldest_age_s"
+
+
+@pytest.fixture
+def backlog_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    """Backlog ages over 1 s are bad (2 s for STALE, 3600 s for RELAXED); the monitor samples
+    every 0.2 s and its windows are divided by 300 (1 h: 12 s, 5 min: 1 s, 6 h: 72 s, 30 min:
+    6 s), the burn thresholds staying 14.4 and 6."""
+    slo = tmp_path / "slo.toml"
+    slo.write_text(
+        f'backlog_oldest_age_s = 1\n[topics."{STALE}"]\nbacklog_oldest_age_s = 2\n'
+        f'[topics."{RELAXED}"]\nbacklog_oldest_age_s = 3600\n'
+    )
+    server = ServerProcess(
+        tmp_path / "data",
+        args=["--slo", str(slo)],
+        env={"PUBSUBD_SLO_SAMPLE_S": "0.2", "PUBSUBD_TEST_SLO_WINDOW_DIVISOR": "300"},
+    ).start()
+    yield server
+    server.kill()
+
+
+def _backlog_alerts(server: ServerProcess) -> set[tuple[str, str]]:
+    """(scope, long window) of the backlog alerts firing now."""
+    _, body = http_get(server, "/alerts")
+    return {
+        (a["scope"], a["why"].split(" over ")[1].split(" ")[0])
+        for a in json.loads(body)["firing"]
+        if a["slo"] == BACKLOG
+    }
+
+
+def _wait_for(
+    server: ServerProcess, check: Callable[[set[tuple[str, str]]], bool], timeout: float
+) -> set[tuple[str, str]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        firing = _backlog_alerts(server)
+        if check(firing) or time.monotonic() > deadline:
+            return firing
+        time.sleep(0.2)
+
+
+def test_an_old_backlog_pages_and_a_drained_one_stops(backlog_server: ServerProcess) -> None:
+    """Unacked messages on three topics: the plain topic's (over 1 s) fires the global
+    objective, STALE's (over its own 2 s) its own, RELAXED's (within its 3600 s) nothing; once
+    they are acked both pages stop within the short windows (1 s and 6 s)."""
+    pub = make_publisher(backlog_server.endpoint)
+    sub = make_subscriber(backlog_server.endpoint)
+    subscriptions = {}
+    for topic in (PLAIN, STALE, RELAXED):
+        pub.create_topic(name=topic)
+        name = topic.replace("/topics/", "/subscriptions/")
+        sub.create_subscription(name=name, topic=topic)
+        subscriptions[topic] = name
+    for topic in subscriptions:
+        pub.publish(topic, b"waits").result(timeout=30)
+
+    expected = {(scope, w) for scope in ("global", STALE) for w in ("12s", "72s")}
+    started = time.monotonic()
+    firing = _wait_for(backlog_server, lambda f: f >= expected, 20)
+    assert firing == expected, f"after {time.monotonic() - started:.1f} s"
+    _, body = http_get(backlog_server, "/alerts")
+    states = {(o["slo"], o["scope"]): o for o in json.loads(body)["objectives"]}
+    relaxed = states[(BACKLOG, RELAXED)]
+    assert relaxed["good"] == relaxed["total"] > 0  # 3600 s: its backlog is young
+    assert states[(BACKLOG, STALE)]["error_budget_remaining"] < 0  # overspent
+    assert "older than 2 s" in states[(BACKLOG, STALE)]["objective"]
+
+    _, metrics = http_get(backlog_server, "/metrics")
+    gauge = "pubsubd_topic_oldest_unacked_message_age_seconds"
+    assert (_metric(metrics.decode(), gauge, topic=STALE) or 0) > 2
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pubsubd",
+            "alerts",
+            "--http",
+            f"127.0.0.1:{backlog_server.http_port}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert cli.returncode == 3, cli.stderr
+    assert f"FIRING page {BACKLOG} ({STALE})" in cli.stdout
+
+    for topic in (PLAIN, STALE):  # RELAXED's message keeps waiting: within its objective
+        response = sub.pull(subscription=subscriptions[topic], max_messages=10, timeout=30)
+        sub.acknowledge(
+            subscription=subscriptions[topic],
+            ack_ids=[m.ack_id for m in response.received_messages],
+        )
+    drained = time.monotonic()
+    firing = _wait_for(backlog_server, lambda f: not f, 20)
+    assert firing == set(), f"still firing {time.monotonic() - drained:.1f} s after the acks"
+    _, body = http_get(backlog_server, "/alerts")
+    assert [a for a in json.loads(body)["firing"] if a["slo"] == BACKLOG] == []

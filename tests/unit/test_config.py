@@ -25,6 +25,7 @@ def test_interval_defaults_are_unchanged_and_match_the_forwarder() -> None:
     assert cfg.quota_check_s == 1.0
     assert cfg.expiry_check_s == 60.0
     assert cfg.sli_events_s == 10.0
+    assert (cfg.slo_sample_s, cfg.test_slo_window_divisor) == (15.0, 1.0)
 
 
 def test_intervals_from_the_environment() -> None:
@@ -36,6 +37,8 @@ def test_intervals_from_the_environment() -> None:
             "PUBSUBD_EXPIRY_CHECK_S": "3",
             "PUBSUBD_SLI_EVENTS_S": "0",
             "PUBSUBD_SEGMENT_BYTES": "4096",
+            "PUBSUBD_SLO_SAMPLE_S": "0.2",
+            "PUBSUBD_TEST_SLO_WINDOW_DIVISOR": "300",
         }
     )
     assert cfg.storage.trim_interval_s == 0.25
@@ -44,10 +47,18 @@ def test_intervals_from_the_environment() -> None:
     assert cfg.expiry_check_s == 3.0
     assert cfg.sli_events_s == 0.0
     assert cfg.storage.segment_bytes == 4096  # the other storage settings are kept
+    assert (cfg.slo_sample_s, cfg.test_slo_window_divisor) == (0.2, 300.0)
 
 
 @pytest.mark.parametrize(
-    "name", ["PUBSUBD_TRIM_INTERVAL_S", "PUBSUBD_ACK_FLUSH_INTERVAL_S", "PUBSUBD_QUOTA_CHECK_S"]
+    "name",
+    [
+        "PUBSUBD_TRIM_INTERVAL_S",
+        "PUBSUBD_ACK_FLUSH_INTERVAL_S",
+        "PUBSUBD_QUOTA_CHECK_S",
+        "PUBSUBD_SLO_SAMPLE_S",
+        "PUBSUBD_TEST_SLO_WINDOW_DIVISOR",
+    ],
 )
 @pytest.mark.parametrize("value", ["0", "-1", "nan"])
 def test_an_interval_must_be_positive(name: str, value: str) -> None:

@@ -53,6 +53,18 @@ def test_the_file_sets_objectives_globally_and_per_topic(tmp_path: Path) -> None
         ("publish_p99_ms = 30\n", "not a latency bucket bound"),
         (f'[topics."{TOPIC}"]\npull_availability = 0.9\n', "unknown SLO keys"),
         ("publish_p99_ms = [\n", "slo.toml"),
+        ("backlog_age_objective = 1.0\n", "backlog_age_objective in the top level must be between"),
+        ("backlog_age_objective = 0\n", "must be between 0 and 1"),
+        (
+            "backlog_age_objective = 'most'\n",
+            "backlog_age_objective in the top level must be a num",
+        ),
+        ("backlog_oldest_age_s = -5\n", "backlog_oldest_age_s in the top level must be a positive"),
+        ("backlog_oldest_age_s = 0\n", "must be a positive number of seconds"),
+        ("backlog_oldest_age_s = inf\n", "must be a positive number of seconds"),
+        ("backlog_oldest_age_s = nan\n", "must be a positive number of seconds"),
+        (f'[topics."{TOPIC}"]\nbacklog_age_objective = 1.5\n', f"in topic {TOPIC} must be betw"),
+        ("backlog_age_objectve = 0.9\n", "unknown SLO keys"),
     ],
 )
 def test_a_bad_file_is_refused_with_what_is_wrong(tmp_path: Path, text: str, message: str) -> None:
@@ -60,12 +72,28 @@ def test_a_bad_file_is_refused_with_what_is_wrong(tmp_path: Path, text: str, mes
         load_slo(_file(tmp_path, text))
 
 
+@pytest.mark.parametrize("text", ["backlog_oldest_age_s = -1\n", "backlog_age_objective = 2\n"])
+def test_the_sli_report_refuses_the_same_bad_backlog_values(tmp_path: Path, text: str) -> None:
+    from pubsubd.spark.sli import slo as report_slo
+
+    with pytest.raises(SloFileError):
+        report_slo.load_slo(_file(tmp_path, text))
+
+
 def test_the_spark_report_reads_the_same_file(tmp_path: Path) -> None:
     from pubsubd.spark.sli import slo as report_slo
 
-    path = _file(tmp_path, f'error_rate = 0.02\n[topics."{TOPIC}"]\npublish_p99_ms = 20\n')
-    assert report_slo.load_slo(path).target("publish_p99_ms", TOPIC) == 20
+    path = _file(
+        tmp_path,
+        f"error_rate = 0.02\nbacklog_oldest_age_s = 900\nbacklog_age_objective = 0.95\n"
+        f'[topics."{TOPIC}"]\npublish_p99_ms = 20\nbacklog_oldest_age_s = 30.5\n',
+    )
+    report = report_slo.load_slo(path)
+    assert report.target("publish_p99_ms", TOPIC) == 20
+    assert report.target("backlog_oldest_age_s", TOPIC) == 30.5
+    assert report.target("backlog_oldest_age_s") == 900
     assert load_slo(path).target("error_rate") == 0.02
+    assert load_slo(path).target("backlog_age_objective", TOPIC) == 0.95  # the global one
 
 
 def _monitor(config_text: str = "", tmp_path: Path | None = None) -> tuple[SloMonitor, SliCounts]:
@@ -219,3 +247,164 @@ def test_the_sli_report_takes_any_threshold_the_alerts_do_not(tmp_path: Path) ->
     assert report_slo.load_slo(path).target("publish_p99_ms") == 30
     with pytest.raises(SloFileError, match="not a latency bucket bound"):
         load_slo(path)
+
+
+# -- the backlog-age (freshness) objective ----------------------------------------------------
+
+BACKLOG = "backlog_oldest_age_s"
+OTHER_TOPIC = "projects/p/topics/other"
+RELAXED = "projects/p/topics/relaxed"
+
+
+def _ages(monitor: SloMonitor, now: float, seconds: float, ages: list[tuple[str, float]]) -> float:
+    """``seconds`` of samples, each seeing these (topic, oldest unacked age) subscriptions."""
+    for _ in range(round(seconds / SAMPLE_S)):
+        now += SAMPLE_S
+        monitor.sample(now, ages)
+    return now
+
+
+def _backlog_firing(monitor: SloMonitor, now: float) -> set[tuple[str, str]]:
+    """(scope, long window) of the backlog alerts firing."""
+    return {
+        (a["scope"], a["why"].split(" over ")[1].split(" ")[0])
+        for a in monitor.alerts(now)["firing"]
+        if a["slo"] == BACKLOG
+    }
+
+
+FRESH = [(TOPIC, 30.0), (OTHER_TOPIC, 0.0)]
+STALE = [(TOPIC, 30.0), (OTHER_TOPIC, 601.0)]  # one subscription over the 600 s default
+
+
+def test_an_old_backlog_pages_only_once_both_windows_cross() -> None:
+    """Six fresh hours, then one subscription's oldest unacked message stays over 600 s: the
+    1-hour page needs 14.4 x 1 % of the hour's 240 samples bad (35), not only of the last
+    5 minutes' 20 (3); the 6-hour page needs 6 % of 1440 samples (87)."""
+    monitor, _ = _monitor()
+    monitor.sample(0.0, FRESH)
+    now = _ages(monitor, 0.0, 6 * 3600, FRESH)
+    assert _backlog_firing(monitor, now) == set()
+    now = _ages(monitor, now, 34 * SAMPLE_S, STALE)
+    state = _state(monitor, now, BACKLOG)
+    assert state["windows"][0]["short_burn_rate"] == pytest.approx(100.0)  # 20 of 20 bad
+    assert state["windows"][0]["long_burn_rate"] == pytest.approx(34 / 240 / 0.01, abs=1e-3)
+    assert _backlog_firing(monitor, now) == set()
+    now = _ages(monitor, now, SAMPLE_S, STALE)  # the 35th
+    assert _backlog_firing(monitor, now) == {("global", "1h")}
+    alert = next(a for a in monitor.alerts(now)["firing"] if a["slo"] == BACKLOG)
+    assert "older than 600 s" in alert["objective"] and "2% of the 30-day" in alert["why"]
+    now = _ages(monitor, now, 51 * SAMPLE_S, STALE)  # 86 bad samples
+    assert _backlog_firing(monitor, now) == {("global", "1h")}
+    now = _ages(monitor, now, SAMPLE_S, STALE)  # 87: 6.04 % of six hours
+    assert _backlog_firing(monitor, now) == {("global", "1h"), ("global", "6h")}
+    state = _state(monitor, now, BACKLOG)
+    assert (state["good"], state["total"]) == (1441, 1441 + 87)
+    # 87 bad samples of 1528 spent 5.7 times the 1 % budget since start
+    assert state["error_budget_remaining"] == pytest.approx(1 - 87 / 1528 / 0.01, abs=1e-6)
+
+
+def test_a_drained_backlog_stops_paging() -> None:
+    monitor, _ = _monitor()
+    monitor.sample(0.0, FRESH)
+    now = _ages(monitor, 0.0, 1800, STALE)
+    assert _backlog_firing(monitor, now) == {("global", "1h"), ("global", "6h")}
+    now = _ages(monitor, now, 300, FRESH)  # acked: the last 5 minutes are fresh
+    state = _state(monitor, now, BACKLOG)
+    assert state["windows"][0]["long_burn_rate"] > 14.4  # the hour still remembers
+    assert state["windows"][0]["short_burn_rate"] == 0
+    assert _backlog_firing(monitor, now) == {("global", "6h")}
+    now = _ages(monitor, now, 1800, FRESH)
+    assert _backlog_firing(monitor, now) == set()
+
+
+def test_no_subscription_is_a_fresh_sample() -> None:
+    monitor, _ = _monitor()
+    monitor.sample(0.0)
+    _ages(monitor, 0.0, 60, [])
+    state = _state(monitor, 60.0, BACKLOG)
+    assert (state["good"], state["total"]) == (5, 5)  # the first sample counts too
+    assert state["error_budget_remaining"] == 1.0
+
+
+def test_a_topic_with_its_own_backlog_objective_is_judged_by_it_alone(tmp_path: Path) -> None:
+    """The topic's worst subscription against its own threshold and target; the global
+    objective judges the other topics only, so a relaxed topic never pages globally."""
+    monitor, _ = _monitor(
+        f'backlog_age_objective = 0.95\n[topics."{TOPIC}"]\nbacklog_oldest_age_s = 60\n'
+        f'[topics."{RELAXED}"]\nbacklog_oldest_age_s = 3600\nbacklog_age_objective = 0.999\n'
+        f'[topics."{OTHER_TOPIC}"]\npublish_availability = 0.99\n',
+        tmp_path,
+    )
+    found = {(o.name, o.scope): o for o in monitor.objectives if o.name == BACKLOG}
+    assert set(found) == {(BACKLOG, "global"), (BACKLOG, TOPIC), (BACKLOG, RELAXED)}
+    assert found[(BACKLOG, "global")].indicator.exclude == {TOPIC, RELAXED}
+    assert found[(BACKLOG, TOPIC)].indicator.threshold_s == 60
+    assert found[(BACKLOG, TOPIC)].target == 0.95  # the global target, the topic's threshold
+    assert found[(BACKLOG, RELAXED)].target == 0.999
+    monitor.sample(0.0)
+    # Two subscriptions of TOPIC (the worst is over 60 s), RELAXED over 600 s but within its
+    # 3600, and the other topic fresh.
+    ages = [(TOPIC, 10.0), (TOPIC, 61.0), (RELAXED, 3000.0), (OTHER_TOPIC, 5.0)]
+    now = _ages(monitor, 0.0, 600, ages)
+    assert _backlog_firing(monitor, now) == {(TOPIC, "1h"), (TOPIC, "6h")}
+    assert _state(monitor, now, BACKLOG, RELAXED)["good"] == 41
+    assert _state(monitor, now, BACKLOG)["good"] == 41
+    # A stale subscription of a topic without an objective of its own is the global one's.
+    # Half an hour of it: 120 bad samples of 160 (over 14.4 x the 5 % budget) since start;
+    # the topic's own alerts have cleared meanwhile.
+    now = _ages(monitor, now, 1800, [(TOPIC, 0.0), (RELAXED, 3000.0), (OTHER_TOPIC, 700.0)])
+    assert _backlog_firing(monitor, now) == {("global", "1h"), ("global", "6h")}
+    assert (
+        "any topic without its own backlog objective" in _state(monitor, now, BACKLOG)["objective"]
+    )
+
+
+def test_scaled_windows_keep_the_burn_thresholds() -> None:
+    from pubsubd.observability.slo import scaled_windows
+
+    assert scaled_windows(1) == BURN_WINDOWS
+    for real, scaled in zip(BURN_WINDOWS, scaled_windows(300), strict=True):
+        assert (scaled.long_s, scaled.short_s) == (real.long_s / 300, real.short_s / 300)
+        assert scaled.factor == pytest.approx(real.factor)
+
+
+def test_a_monitor_with_short_windows_fires_and_clears_in_seconds() -> None:
+    """What the real-server test runs: windows divided by 300 (1 h: 12 s, 5 min: 1 s, 6 h:
+    72 s, 30 min: 6 s), a sample every 0.2 s."""
+    from pubsubd.observability.slo import scaled_windows
+
+    monitor = SloMonitor(load_slo(None), SliCounts(), windows=scaled_windows(300), sample_s=0.2)
+    now = 0.0
+    for _ in range(20):  # four fresh seconds
+        now += 0.2
+        monitor.sample(now, FRESH)
+    for _ in range(5):  # one stale second
+        now += 0.2
+        monitor.sample(now, STALE)
+    assert _backlog_firing(monitor, now) == {("global", "12s"), ("global", "72s")}
+    for _ in range(31):  # 6.2 fresh seconds: both short windows are clean
+        now += 0.2
+        monitor.sample(now, FRESH)
+    assert _backlog_firing(monitor, now) == set()
+
+
+def test_the_backlog_gauges_take_the_worst_subscription_of_each_topic() -> None:
+    from pubsubd.observability.sli import BacklogCollector, BacklogRow
+
+    rows = [
+        BacklogRow("projects/p/subscriptions/a", TOPIC, 3, 30, 12.0),
+        BacklogRow("projects/p/subscriptions/b", TOPIC, 1, 10, 40.0),
+        BacklogRow("projects/p/subscriptions/c", OTHER_TOPIC, 1, 10, 7.0),
+        BacklogRow("projects/p/subscriptions/d", RELAXED, 1, 10, 99.0),
+        BacklogRow("projects/p/subscriptions/e", "projects/p/topics/late", 1, 10, 5.0),
+    ]
+    collector = BacklogCollector(lambda: rows, 10, max_topics=1, pinned_topics=[RELAXED])
+    families = {f.name: f for f in collector.collect()}
+    topic_ages = {
+        s.labels["topic"]: s.value
+        for s in families["pubsubd_topic_oldest_unacked_message_age_seconds"].samples
+    }
+    # The first unpinned topic has its own label, the pinned one too, the rest are _other.
+    assert topic_ages == {TOPIC: 40.0, RELAXED: 99.0, OTHER: 7.0}
+    assert collector.topics.refused == 2

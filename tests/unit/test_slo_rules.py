@@ -32,9 +32,16 @@ def _promtool() -> str:
     pytest.fail("promtool is missing: `make test` takes it out of Debian's prometheus package")
 
 
+BULK = "projects/p/topics/bulk.v2"  # a dot: the global rule's topic!~ regex must escape it
+SLO_TEXT = (
+    f'publish_p99_ms = 100\n[topics."{TOPIC}"]\npublish_availability = 0.99\n'
+    f'[topics."{BULK}"]\nbacklog_oldest_age_s = 3600\n'
+)
+
+
 def _export(tmp_path: Path) -> Path:
     slo = tmp_path / "slo.toml"
-    slo.write_text(f'publish_p99_ms = 100\n[topics."{TOPIC}"]\npublish_availability = 0.99\n')
+    slo.write_text(SLO_TEXT)
     rules = tmp_path / "rules.yml"
     done = subprocess.run(
         [
@@ -73,20 +80,33 @@ def _annotations(slo_file: Path, slo: str, scope: str, window: str) -> dict[str,
     raise AssertionError(f"no rule for {slo} {scope} {window}")
 
 
+def _alert(tmp_path: Path, slo: str, scope: str, window: str) -> dict[str, object]:
+    return {
+        "exp_labels": {
+            "alertname": "PubsubdErrorBudgetBurn",
+            "slo": slo,
+            "scope": scope,
+            "severity": "page",
+            "long_window": window,
+        },
+        "exp_annotations": _annotations(tmp_path / "slo.toml", slo, scope, window),
+    }
+
+
+def _promtool_test(tmp_path: Path, tests: dict[str, object]) -> None:
+    test_file = tmp_path / "rules_test.yml"
+    test_file.write_text(to_yaml(tests))
+    done = subprocess.run(
+        [_promtool(), "test", "rules", str(test_file)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_the_rules_page_on_a_fast_burn_and_stay_quiet_within_budget(tmp_path: Path) -> None:
     rules = _export(tmp_path)
 
     def alert(slo: str, scope: str, window: str) -> dict[str, object]:
-        return {
-            "exp_labels": {
-                "alertname": "PubsubdErrorBudgetBurn",
-                "slo": slo,
-                "scope": scope,
-                "severity": "page",
-                "long_window": window,
-            },
-            "exp_annotations": _annotations(tmp_path / "slo.toml", slo, scope, window),
-        }
+        return _alert(tmp_path, slo, scope, window)
 
     ok = 'pubsubd_rpc_requests_total{method="Publish",code="OK"}'
     unavailable = 'pubsubd_rpc_requests_total{method="Publish",code="UNAVAILABLE"}'
@@ -159,9 +179,81 @@ def test_the_rules_page_on_a_fast_burn_and_stay_quiet_within_budget(tmp_path: Pa
             },
         ],
     }
-    test_file = tmp_path / "rules_test.yml"
-    test_file.write_text(to_yaml(tests))
-    done = subprocess.run(
-        [_promtool(), "test", "rules", str(test_file)], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    _promtool_test(tmp_path, tests)
+
+
+AGE = "pubsubd_topic_oldest_unacked_message_age_seconds"
+
+
+def _age(topic: str, instance: str) -> str:
+    return f'{AGE}{{topic="{topic}",instance="{instance}"}}'
+
+
+def test_the_backlog_rules_page_on_an_old_backlog_and_stay_quiet_on_a_fresh_one(
+    tmp_path: Path,
+) -> None:
+    """The bad-time ratio of the backlog-age objective (max age over 600 s, or over the bulk
+    topic's own 3600 s) over each window, from processes' gauges scraped every 15 s and
+    ``pubsubd:slo_backlog_too_old`` recorded every 30 s. Within a series' first hours the
+    windows reach back to its start only, as they do in the process."""
+    rules = _export(tmp_path)
+    backlog = "backlog_oldest_age_s"
+
+    def alert(scope: str, window: str) -> dict[str, object]:
+        return _alert(tmp_path, backlog, scope, window)
+
+    def case(series: list[tuple[str, str]], *checks: tuple[str, list[str]]) -> dict[str, object]:
+        """Input series sampled every 15 s; at each eval time, the (scope, long window) of the
+        backlog alerts expected to fire."""
+        return {
+            "interval": "15s",
+            "input_series": [{"series": s, "values": v} for s, v in series],
+            "alert_rule_test": [
+                {
+                    "eval_time": at,
+                    "alertname": "PubsubdErrorBudgetBurn",
+                    "exp_alerts": [alert(*a.split(" ")) for a in expected],
+                }
+                for at, expected in checks
+            ],
+        }
+
+    fresh = "30+0x240"  # 30 s old for an hour
+    growing = "0+15x240"  # never acked: over 600 s after 10 minutes
+    both = ["global 1h", "global 6h"]
+    tests = {
+        "rule_files": [str(rules)],
+        "evaluation_interval": "30s",
+        "tests": [
+            # One process's subscription of TOPIC never acks (the worst of both processes
+            # counts): from 10 minutes on every sample is bad, both pages fire globally.
+            case([(_age(TOPIC, "a"), fresh), (_age(TOPIC, "b"), growing)], ("1h", both)),
+            # A fresh hour, then a backlog left over 600 s: at 2 minutes the last 5 minutes
+            # are 40 % bad, the hour 4 % (the 6-hour window, reaching back to the start, 4 %
+            # too): quiet. At 7 minutes the hour is 12.5 % bad (under 14.4 x 1 %), the 67
+            # minutes since the start 11 % (over 6 x 1 %): only the 6-hour page. At 10
+            # minutes (17.5 %) the 1-hour one too.
+            case(
+                [(_age(TOPIC, "a"), "30+0x239 601+15x60")],
+                ("1h2m", []),
+                ("1h7m", ["global 6h"]),
+                ("1h10m", both),
+            ),
+            # Fresh backlogs, and the bulk topic at 30 minutes (over the global 600 s, within
+            # its own 3600 s; the global objective leaves it out): quiet.
+            case([(_age(TOPIC, "a"), fresh), (_age(BULK, "a"), "1800+0x240")], ("1h", [])),
+            # The bulk topic over its own threshold: its own pages, not the global ones.
+            case(
+                [(_age(TOPIC, "a"), fresh), (_age(BULK, "a"), "7200+0x240")],
+                ("1h", [f"{BULK} 1h", f"{BULK} 6h"]),
+            ),
+            # A topic beyond the label bound (topic="_other") counts for the global objective;
+            # a backlog that drains stops the 1-hour page within 5 minutes.
+            case(
+                [(_age("_other", "a"), "0+15x240 0+0x240")],
+                ("1h", both),
+                ("1h6m", ["global 6h"]),
+            ),
+        ],
+    }
+    _promtool_test(tmp_path, tests)

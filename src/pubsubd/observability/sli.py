@@ -16,12 +16,17 @@ default 100) besides the topics an SLO file names: the first topics seen get the
 any later one is counted under ``topic="_other"``. A process thus exports at most
 (100 + named) x 17 publish series and 13 buckets per topic. The backlog gauges
 (:class:`BacklogCollector`, read at scrape time) bound ``subscription`` the same way
-(``PUBSUBD_METRICS_MAX_SUBSCRIPTIONS``, default 100; the rest summed under ``_other``).
+(``PUBSUBD_METRICS_MAX_SUBSCRIPTIONS``, default 100; the rest summed under ``_other``), and
+``pubsubd_topic_oldest_unacked_message_age_seconds{topic}`` (the oldest unacked message of the
+topic's subscriptions, for the backlog-age SLO per topic) bounds ``topic`` like the publish
+series (the SLO file's topics always have their own).
 
 Which outcomes are *good* is the SLIs' business: a request fails its availability SLI only with
 a code that is the service's fault (:data:`SERVER_FAULT_CODES`); INVALID_ARGUMENT, NOT_FOUND and
 the like are the caller's. ``slo.py`` reads the same counts, kept here as plain numbers as well
-(:class:`SliCounts`), to evaluate burn rates in the process.
+(:class:`SliCounts`), to evaluate burn rates in the process. The backlog-age SLI is not a
+request SLI but a freshness one: each of the SLO monitor's samples of the oldest unacked ages
+(:meth:`SliCounts.record_backlog`) is one event, good when the age is within the threshold.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import contextvars
+import math
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -172,16 +178,23 @@ class Tally:
     total: int = 0
 
 
+BACKLOG = "backlog"  # the freshness SLI's name: the oldest unacked message's age
+
+
 @dataclass(frozen=True, slots=True)
 class Indicator:
-    """A ratio SLI: ``kind`` availability (of all requests, good = not a server fault) or
-    latency (of the successful requests, good = answered within ``threshold_s``); ``sli`` names
-    the RPCs (a key of SLI_METHODS); ``topic`` narrows a publish SLI to one topic."""
+    """A ratio SLI: ``kind`` availability (of all requests, good = not a server fault),
+    latency (of the successful requests, good = answered within ``threshold_s``) or freshness
+    (``sli`` BACKLOG: of the monitor's samples, good = the oldest unacked message of every
+    subscription in scope at most ``threshold_s`` old). ``sli`` names the RPCs (a key of
+    SLI_METHODS) or BACKLOG; ``topic`` narrows the SLI to one topic; ``exclude`` (freshness,
+    every topic) leaves out the topics judged by an objective of their own."""
 
     sli: str
     kind: str
     threshold_s: float = 0.0
     topic: str | None = None
+    exclude: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -193,6 +206,7 @@ class SliCounts:
     tallies: dict[Indicator, Tally] = field(default_factory=dict)
     # method -> (topic or None, availability?, threshold_s, tally) of its indicators
     _by_method: dict[str, list[tuple[str | None, bool, float, Tally]]] = field(default_factory=dict)
+    _freshness: list[tuple[Indicator, Tally]] = field(default_factory=list)
 
     def watch(self, indicators: Iterable[Indicator]) -> None:
         for indicator in indicators:
@@ -200,6 +214,9 @@ class SliCounts:
                 continue
             self.indicators.append(indicator)
             tally = self.tallies[indicator] = Tally()
+            if indicator.kind == "freshness":
+                self._freshness.append((indicator, tally))
+                continue
             watched = (
                 indicator.topic,
                 indicator.kind == "availability",
@@ -224,6 +241,36 @@ class SliCounts:
             elif ok:
                 tally.total += 1
                 tally.good += seconds <= threshold_s
+
+    def record_backlog(self, ages: Iterable[tuple[str, float]]) -> None:
+        """One sample of the freshness indicators, from the (topic, oldest unacked age in s) of
+        every subscription served here: one event each, good when its scope's worst age is
+        within its threshold (no subscription in scope: good, nothing waits)."""
+        if not self._freshness:
+            return
+        worst = worst_ages(ages)
+        for indicator, tally in self._freshness:
+            tally.total += 1
+            tally.good += scope_age(worst, indicator.topic, indicator.exclude) <= (
+                indicator.threshold_s
+            )
+
+
+def worst_ages(ages: Iterable[tuple[str, float]]) -> dict[str, float]:
+    """The oldest unacked age of each topic: the max over its subscriptions."""
+    worst: dict[str, float] = {}
+    for topic, age in ages:
+        if age > worst.get(topic, -math.inf):
+            worst[topic] = age
+    return worst
+
+
+def scope_age(worst: dict[str, float], topic: str | None, exclude: frozenset[str]) -> float:
+    """The worst age of one topic (``topic``), or of every topic but ``exclude`` (None); 0.0
+    when no subscription is in scope."""
+    if topic is not None:
+        return worst.get(topic, 0.0)
+    return max((age for t, age in worst.items() if t not in exclude), default=0.0)
 
 
 class Recorder:
@@ -286,22 +333,44 @@ class Recorder:
         if self.backlog is not None:
             status["subscription_labels"] = self.backlog.budget.admitted
             status["subscription_label_limit"] = self.backlog.budget.limit
+            status["backlog_topic_labels"] = self.backlog.topics.admitted
         return status
 
 
-# (subscription, messages, bytes, oldest unacked age in s) of every subscription served here.
-BacklogSource = Callable[[], Iterable[tuple[str, int, int, float]]]
+@dataclass(frozen=True, slots=True)
+class BacklogRow:
+    """One subscription served here: its topic, unacked messages and bytes, and the age in
+    seconds of its oldest unacked message."""
+
+    subscription: str
+    topic: str
+    messages: int
+    bytes: int
+    oldest_age_s: float
+
+
+BacklogSource = Callable[[], Iterable[BacklogRow]]
 
 
 class BacklogCollector(Collector):  # type: ignore[misc]
     """Backlog SLIs read at scrape time: ``pubsubd_subscription_backlog_messages``,
     ``_backlog_bytes`` and ``pubsubd_subscription_oldest_unacked_message_age_seconds`` per
-    subscription. The ``subscription`` label is bounded like ``topic`` (``max_subscriptions``
-    besides pinned ones); the others are summed (age: the oldest) under ``_other``."""
+    subscription, and ``pubsubd_topic_oldest_unacked_message_age_seconds`` per topic (the max
+    over its subscriptions). The ``subscription`` label is bounded like ``topic``
+    (``max_subscriptions`` besides pinned ones); the others are summed (age: the oldest) under
+    ``_other``. ``topic`` has a budget of its own (``max_topics`` besides ``pinned_topics``, the
+    SLO file's), so scrapes leave the publish series' ``refused`` count alone."""
 
-    def __init__(self, source: BacklogSource, max_subscriptions: int) -> None:
+    def __init__(
+        self,
+        source: BacklogSource,
+        max_subscriptions: int,
+        max_topics: int = DEFAULT_MAX_TOPICS,
+        pinned_topics: Iterable[str] = (),
+    ) -> None:
         self.source = source
         self.budget = LabelBudget(max_subscriptions)
+        self.topics = LabelBudget(max_topics, pinned_topics)
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         messages = GaugeMetricFamily(
@@ -319,26 +388,40 @@ class BacklogCollector(Collector):  # type: ignore[misc]
             "Age of the oldest message not yet acknowledged, by subscription",
             labels=["subscription"],
         )
+        topic_age = GaugeMetricFamily(
+            "pubsubd_topic_oldest_unacked_message_age_seconds",
+            "Age of the oldest message not yet acknowledged by any subscription of the topic "
+            "(bounded like the publish series, see /status sli)",
+            labels=["topic"],
+        )
         rows: dict[str, list[float]] = {}
-        for name, count, nbytes, oldest in self.source():
-            row = rows.setdefault(self.budget.label(name), [0, 0, 0.0])
-            row[0] += count
-            row[1] += nbytes
-            row[2] = max(row[2], oldest)
+        topics: dict[str, float] = {}
+        for b in self.source():
+            row = rows.setdefault(self.budget.label(b.subscription), [0, 0, 0.0])
+            row[0] += b.messages
+            row[1] += b.bytes
+            row[2] = max(row[2], b.oldest_age_s)
+            topic = self.topics.label(b.topic)
+            topics[topic] = max(topics.get(topic, 0.0), b.oldest_age_s)
         for label in sorted(rows):
             total, total_bytes, oldest_s = rows[label]
             messages.add_metric([label], total)
             size.add_metric([label], total_bytes)
             age.add_metric([label], oldest_s)
-        return [messages, size, age]
+        for label in sorted(topics):
+            topic_age.add_metric([label], topics[label])
+        return [messages, size, age, topic_age]
 
 
 def register_backlog(source: BacklogSource, max_subscriptions: int) -> Callable[[], None]:
-    """Export the backlog SLIs of ``source``; returns the function that stops it."""
+    """Export the backlog SLIs of ``source``; returns the function that stops it. The topic
+    label's bound is the recorder's (``configure``, called first)."""
     if _recorder.backlog is not None:  # one server per process; a second one replaces it
         with contextlib.suppress(KeyError):
             REGISTRY.unregister(_recorder.backlog)
-    collector = BacklogCollector(source, max_subscriptions)
+    collector = BacklogCollector(
+        source, max_subscriptions, _recorder.topics.limit, _recorder.topics.pinned
+    )
     REGISTRY.register(collector)
     _recorder.backlog = collector
 

@@ -10,16 +10,27 @@ One TOML (or JSON) file holds every objective, globally at the top level and per
   that many milliseconds; a threshold must be a histogram bucket bound (``sli.LATENCY_BUCKETS``).
 * ``delivery_p99_ms``, ``delivery_p95_ms``: 99 % (95 %) of messages acknowledged within that
   many milliseconds of their publish time (a sample of each ack batch, ``sli.record_acks``).
-* ``error_rate``, ``backlog_oldest_age_s``: checked by the ``sli-report`` Spark job over a
-  whole window (no burn-rate alert yet).
+* ``backlog_oldest_age_s``, ``backlog_age_objective``: a freshness objective, the workbook's
+  way for a threshold SLI: ``backlog_age_objective`` (0.99) of the time (of the monitor's
+  samples), the oldest unacked message of every subscription in scope is at most
+  ``backlog_oldest_age_s`` (600) old. Globally it judges the worst subscription of the topics
+  that have no backlog objective of their own; a topic table naming either key gets its own
+  (the worst of that topic's subscriptions), so each subscription answers to one threshold,
+  its topic's, as in ``sli-report`` (which checks the threshold per subscription and minute).
+* ``error_rate``: checked by the ``sli-report`` Spark job over a whole window (no burn-rate
+  alert).
 
 Alerts follow the SRE workbook's multi-window, multi-burn-rate recipe over a 30-day budget
 (:data:`BURN_WINDOWS`): *page* when 2 % of the budget burns in an hour (burn rate 14.4 over
 1 h and over the 5 min confirmation window) or 5 % in six hours (6 over 6 h and 30 min).
 :class:`SloMonitor` evaluates them in the process from cumulative tallies (``sli.SliCounts``)
-sampled every ``SAMPLE_S``; while the process has run less than a window, the window is what
-it has seen. :func:`prometheus_rules` writes the same objectives as Prometheus recording and
-alerting rules over the series of ``sli.py``, for a Prometheus that scrapes every process.
+sampled every ``SAMPLE_S``, each sample also tallying the backlog ages (one good or bad event
+per freshness objective); while the process has run less than a window, the window is what it
+has seen. :func:`prometheus_rules` writes the same objectives as Prometheus recording and
+alerting rules over the series of ``sli.py``, for a Prometheus that scrapes every process: for
+the backlog, a recording rule samples ``max(age) > bool threshold`` of
+``pubsubd_topic_oldest_unacked_message_age_seconds`` (``pubsubd:slo_backlog_too_old``, 1 or 0,
+every evaluation of its group) and the bad-time ratio over a window is its average there.
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from pubsubd.observability.sli import (
+    BACKLOG,
     LATENCY_BUCKETS,
     SERVER_FAULT_CODES,
     SLI_METHODS,
@@ -52,8 +64,15 @@ DEFAULT_SLO: dict[str, float] = {
     "backlog_oldest_age_s": 600.0,
     "delivery_p99_ms": 5000.0,
     "delivery_p95_ms": 1000.0,
+    "backlog_age_objective": 0.99,
 }
 AVAILABILITY_KEYS = ("publish_availability", "pull_availability", "control_plane_availability")
+# The backlog-age (freshness) objective: the share of samples (BACKLOG_TARGET) in which the
+# oldest unacked message is at most BACKLOG_THRESHOLD seconds old; named after its threshold.
+BACKLOG_THRESHOLD = "backlog_oldest_age_s"
+BACKLOG_TARGET = "backlog_age_objective"
+BACKLOG_KEYS = (BACKLOG_THRESHOLD, BACKLOG_TARGET)
+RATIO_KEYS = (*AVAILABILITY_KEYS, BACKLOG_TARGET)  # shares: strictly between 0 and 1
 # key -> (the SLI, the share of events that must be within the key's threshold)
 LATENCY_KEYS = {
     "publish_p99_ms": ("publish", 0.99),
@@ -73,19 +92,37 @@ SAMPLE_S = 15.0
 @dataclass(frozen=True, slots=True)
 class BurnWindow:
     severity: str
-    long_s: int
-    short_s: int
+    long_s: float
+    short_s: float
     budget_share: float  # of the period's budget, burnt within long_s
+    period_s: float = PERIOD_S
 
     @property
     def factor(self) -> float:
-        return self.budget_share * PERIOD_S / self.long_s
+        return self.budget_share * self.period_s / self.long_s
 
 
 BURN_WINDOWS = (
     BurnWindow("page", 3600, 300, 0.02),  # 14.4
     BurnWindow("page", 6 * 3600, 1800, 0.05),  # 6
 )
+
+
+def scaled_windows(divisor: float) -> tuple[BurnWindow, ...]:
+    """BURN_WINDOWS with every duration (the budget period too, so burn thresholds stay)
+    divided by ``divisor``: for tests of a real server (``PUBSUBD_TEST_SLO_WINDOW_DIVISOR``)."""
+    if divisor == 1:
+        return BURN_WINDOWS
+    return tuple(
+        BurnWindow(
+            w.severity,
+            w.long_s / divisor,
+            w.short_s / divisor,
+            w.budget_share,
+            w.period_s / divisor,
+        )
+        for w in BURN_WINDOWS
+    )
 
 
 class SloFileError(ValueError):
@@ -104,10 +141,11 @@ class SloConfig:
 
 
 def load_slo(path: Path | None, *, for_alerts: bool = True) -> SloConfig:
-    """DEFAULT_SLO overridden by a TOML or JSON file; unknown keys, ratios outside (0, 1) and
-    (``for_alerts``: the server's burn-rate objectives count requests per histogram bucket)
-    latency thresholds that are not bucket bounds are errors (``SloFileError``). The
-    ``sli-report`` job computes quantiles from samples and takes any threshold."""
+    """DEFAULT_SLO overridden by a TOML or JSON file; unknown keys, ratios outside (0, 1), a
+    backlog age that is not a positive number of seconds and (``for_alerts``: the server's
+    burn-rate objectives count requests per histogram bucket) latency thresholds that are not
+    bucket bounds are errors (``SloFileError``). The ``sli-report`` job computes quantiles
+    from samples and takes any latency threshold."""
     if path is None:
         return SloConfig(dict(DEFAULT_SLO), {})
     try:
@@ -130,8 +168,10 @@ def load_slo(path: Path | None, *, for_alerts: bool = True) -> SloConfig:
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise SloFileError(f"{path}: {key} in {where} must be a number")
             value = float(value)
-            if key in AVAILABILITY_KEYS and not 0.0 < value < 1.0:
+            if key in RATIO_KEYS and not 0.0 < value < 1.0:
                 raise SloFileError(f"{path}: {key} in {where} must be between 0 and 1")
+            if key == BACKLOG_THRESHOLD and not 0.0 < value < math.inf:
+                raise SloFileError(f"{path}: {key} in {where} must be a positive number of seconds")
             if for_alerts and key in LATENCY_KEYS and bucket_index(value / 1000) is None:
                 bounds = ", ".join(f"{b * 1000:g}" for b in LATENCY_BUCKETS)
                 raise SloFileError(
@@ -163,6 +203,18 @@ class Objective:
     def describe(self) -> str:
         i = self.indicator
         to = "" if i.topic is None else f" to {i.topic}"
+        if i.kind == "freshness":
+            of = (
+                f"of {i.topic}"
+                if i.topic is not None
+                else "of any topic without its own backlog objective"
+                if i.exclude
+                else "of any topic"
+            )
+            return (
+                f"{self.target * 100:g}% of the time, no subscription {of} has an unacked message "
+                f"older than {i.threshold_s:g} s"
+            )
         if i.sli == "delivery":
             return (
                 f"{self.target:.0%} of messages{to} acknowledged within "
@@ -172,6 +224,22 @@ class Objective:
         if i.kind == "availability":
             return f"{self.target:.3%} of {what} not failed by the service"
         return f"{self.target:.0%} of successful {what} within {i.threshold_s * 1000:g} ms"
+
+
+def backlog_objective(config: SloConfig, topic: str | None) -> Objective:
+    """The backlog-age objective of one topic (its keys over the global ones), or the global
+    one, which leaves out the topics that have their own."""
+    exclude = frozenset() if topic is not None else frozenset(backlog_topics(config))
+    indicator = Indicator(
+        BACKLOG, "freshness", config.target(BACKLOG_THRESHOLD, topic), topic, exclude
+    )
+    scope = "global" if topic is None else topic
+    return Objective(BACKLOG_THRESHOLD, scope, indicator, config.target(BACKLOG_TARGET, topic))
+
+
+def backlog_topics(config: SloConfig) -> list[str]:
+    """The topics with a backlog-age objective of their own: their table names a backlog key."""
+    return sorted(t for t, keys in config.topics.items() if set(keys) & set(BACKLOG_KEYS))
 
 
 def objectives(config: SloConfig) -> list[Objective]:
@@ -189,9 +257,13 @@ def objectives(config: SloConfig) -> list[Objective]:
 
     for key in (*AVAILABILITY_KEYS, *LATENCY_KEYS):
         add(key, "global", None, config.default[key])
+    out.append(backlog_objective(config, None))
+    own_backlog = set(backlog_topics(config))
     for topic in sorted(config.topics):
         for key, value in config.topics[topic].items():
             add(key, topic, topic, value)
+        if topic in own_backlog:
+            out.append(backlog_objective(config, topic))
     return out
 
 
@@ -260,16 +332,25 @@ class ObjectiveState:
 
 
 class SloMonitor:
-    """Samples the tallies of every objective and evaluates the burn-rate windows."""
+    """Samples the tallies of every objective and evaluates the burn-rate windows; each
+    sample also tallies the backlog ages (the freshness objectives' events)."""
 
-    def __init__(self, config: SloConfig, counts: SliCounts) -> None:
+    def __init__(
+        self,
+        config: SloConfig,
+        counts: SliCounts,
+        *,
+        windows: tuple[BurnWindow, ...] = BURN_WINDOWS,
+        sample_s: float = SAMPLE_S,
+    ) -> None:
         self.config = config
         self.objectives = objectives(config)
         self.counts = counts
+        self.windows = windows
         counts.watch(o.indicator for o in self.objectives)
-        keep = max(w.long_s for w in BURN_WINDOWS)
+        keep = max(w.long_s for w in windows)
         self._samples: deque[tuple[float, tuple[tuple[int, int], ...]]] = deque(
-            maxlen=int(keep / SAMPLE_S) + 2
+            maxlen=int(keep / sample_s) + 2
         )
 
     def _current(self) -> tuple[tuple[int, int], ...]:
@@ -278,7 +359,13 @@ class SloMonitor:
             (tallies[o.indicator].good, tallies[o.indicator].total) for o in self.objectives
         )
 
-    def sample(self, now: float) -> None:
+    def sample(self, now: float, backlog: Iterable[tuple[str, float]] = ()) -> None:
+        """Take a sample at ``now``, tallying ``backlog``: the (topic, oldest unacked age in s)
+        of every subscription served here. The first sample is preceded by one taken before
+        the tally, so that windows reaching back to the start count the first backlog event."""
+        if not self._samples:
+            self._samples.append((now, self._current()))
+        self.counts.record_backlog(backlog)
         self._samples.append((now, self._current()))
 
     def _at(self, since: float) -> tuple[tuple[int, int], ...] | None:
@@ -292,12 +379,12 @@ class SloMonitor:
 
     def evaluate(self, now: float) -> list[ObjectiveState]:
         current = self._current()
-        starts = {s: self._at(now - s) for w in BURN_WINDOWS for s in (w.long_s, w.short_s)}
+        starts = {s: self._at(now - s) for w in self.windows for s in (w.long_s, w.short_s)}
         states = []
         for i, objective in enumerate(self.objectives):
             good, total = current[i]
             burns = []
-            for w in BURN_WINDOWS:
+            for w in self.windows:
                 long_burn, events = _burn(objective, current[i], starts[w.long_s], i)
                 short_burn, _ = _burn(objective, current[i], starts[w.short_s], i)
                 burns.append(WindowBurn(w, long_burn, short_burn, events))
@@ -317,8 +404,9 @@ class SloMonitor:
                 "why": (
                     f"burn rate {b.long_burn:.1f} over {_duration(b.window.long_s)} and "
                     f"{b.short_burn:.1f} over {_duration(b.window.short_s)}, both at or above "
-                    f"{b.window.factor:g} ({b.window.budget_share:.0%} of the 30-day error "
-                    f"budget in {_duration(b.window.long_s)})"
+                    f"{b.window.factor:g} ({b.window.budget_share:.0%} of the "
+                    f"{_period(b.window.period_s)} error budget in "
+                    f"{_duration(b.window.long_s)})"
                 ),
             }
             for s in states
@@ -341,6 +429,13 @@ def _burn(
     return bad / total / objective.budget, total
 
 
+def _period(seconds: float) -> str:
+    """The budget period as prose: ``30-day`` (a shorter, scaled one: its duration)."""
+    if seconds >= 86400 and seconds % 86400 == 0:
+        return f"{int(seconds // 86400)}-day"
+    return _duration(seconds)
+
+
 def _duration(seconds: float) -> str:
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size and seconds % size == 0:
@@ -354,6 +449,8 @@ def _duration(seconds: float) -> str:
 def _ratio_exprs(objective: Objective, window: str) -> str:
     """PromQL for the objective's bad-event ratio over ``window``."""
     i = objective.indicator
+    if i.kind == "freshness":
+        return f"avg_over_time({TOO_OLD}{_selector(_labels(objective))}[{window}])"
     faults = "|".join(sorted(SERVER_FAULT_CODES))
     if i.sli == "delivery":
         le = _go_float(i.threshold_s)
@@ -392,6 +489,29 @@ def _ratio_exprs(objective: Objective, window: str) -> str:
     )
 
 
+BACKLOG_AGE_METRIC = "pubsubd_topic_oldest_unacked_message_age_seconds"
+TOO_OLD = "pubsubd:slo_backlog_too_old"  # 1 while a freshness objective's scope is too old
+
+
+def _too_old_expr(indicator: Indicator) -> str:
+    """PromQL: 1 while the worst oldest-unacked age in the indicator's scope is over its
+    threshold, else 0 (no series in scope too: nothing waits, as in the process)."""
+    if indicator.topic is not None:
+        sel = f"{{topic={json.dumps(indicator.topic)}}}"
+    elif indicator.exclude:
+        sel = f"{{topic!~{json.dumps(_re2_alternatives(indicator.exclude))}}}"
+    else:
+        sel = ""
+    too_old = f"max({BACKLOG_AGE_METRIC}{sel}) > bool {_go_float(indicator.threshold_s)}"
+    return f"({too_old}) or vector(0)"
+
+
+def _re2_alternatives(values: Iterable[str]) -> str:
+    """A regular expression (RE2, anchored by Prometheus) matching exactly these strings."""
+    special = set("\\.+*?()|[]{}^$")
+    return "|".join("".join("\\" + c if c in special else c for c in v) for v in sorted(values))
+
+
 def _go_float(value: float) -> str:
     """A float as prometheus_client writes bucket bounds (``le="0.1"``, ``le="1.0"``)."""
     return repr(float(value))
@@ -407,10 +527,17 @@ def _selector(labels: dict[str, str]) -> str:
 
 def prometheus_rules(config: SloConfig) -> dict[str, Any]:
     """Recording rules ``pubsubd:slo_error_ratio:rate<window>{slo, scope}`` for every
-    objective and window, and one alerting rule per objective and burn window."""
+    objective and window (a backlog objective's: the average over the window of its
+    ``pubsubd:slo_backlog_too_old``, recorded first), and one alerting rule per objective and
+    burn window."""
     objs = objectives(config)
     windows = sorted({s for w in BURN_WINDOWS for s in (w.long_s, w.short_s)})
-    recording = [
+    samples = [
+        {"record": TOO_OLD, "expr": _too_old_expr(o.indicator), "labels": _labels(o)}
+        for o in objs
+        if o.indicator.kind == "freshness"
+    ]
+    recording = samples + [
         {
             "record": f"pubsubd:slo_error_ratio:rate{_duration(s)}",
             "expr": _ratio_exprs(o, _duration(s)),
