@@ -150,7 +150,10 @@ class PubsubServer:
         # Request SLIs and the SLO burn-rate monitor (observability/sli.py, slo.py).
         slo_config = load_slo(config.slo_file)
         recorder = sli.configure(
-            config.metrics_max_topics, slo_config.topics, enabled=config.request_slis
+            config.metrics_max_topics,
+            slo_config.topics,
+            enabled=config.request_slis,
+            max_subscriptions=config.metrics_max_subscriptions,
         )
         self.slo = SloMonitor(
             slo_config,
@@ -161,9 +164,7 @@ class PubsubServer:
         self._slo_task: asyncio.Task[None] | None = None
         self.prober: ProbeLoop | None = None  # probes this server's own endpoint (opt-in)
         self.inflight = MemoryBudget(config.max_inflight_publish_bytes)
-        self._unregister_backlog = sli.register_backlog(
-            self._backlogs, config.metrics_max_subscriptions
-        )
+        self._unregister_backlog = sli.register_backlog(self._backlogs)
         # The web dashboard: its JSON API (dashboard.py) and pages on the HTTP port.
         self.dashboard = Dashboard(self)
         self.http = HttpEndpoint(

@@ -6,17 +6,24 @@ these documents and nothing else, and scripts may read them too:
   minute, errors by code, every SLO's state and remaining error budget, the firing alerts'
   count, and the last minutes' history for the charts;
 * ``/api/topics``, ``/api/topic?name=``: published messages and bytes, publish rate,
-  subscriptions (and a topic's history);
+  subscriptions, delivery latency (and a topic's history);
 * ``/api/subscriptions``, ``/api/subscription?name=``: backlog (messages, bytes, oldest
-  unacked age), outstanding leases, consumers, delivered and acked counts (and history);
+  unacked age), outstanding leases, consumers, delivered and acked counts, delivery latency
+  (and history);
 * ``/api/cluster``: one process, or this forwarder, the storage nodes and the routing table
   read from ZooKeeper (``control/cluster_view.py``, as ``pubsubd cluster status`` does).
 
+The two lists page (``observability/listing.py``: ``page_size``, ``page_token``, ``filter``;
+name order), so a document reads the numbers of one page only.
+
 Every :data:`history.INTERVAL_S` the sampler adds the counters to a :class:`History` ring
 (15 minutes), at most :data:`MAX_SERIES` topics and as many subscriptions each (the first
-ones seen; the others have no history, their numbers are still shown). Latency quantiles come
-from the request histograms (``observability/sli.py``): the upper bound of the bucket holding
-the quantile, an upper estimate.
+ones seen; the others have no history, their numbers are still shown); a subscription's
+delivery latency is kept as the p50 and p99 of the acks sampled since the sample before.
+Latency quantiles come from the SLI histograms (``observability/sli.py``): the upper bound of
+the bucket holding the quantile, an upper estimate. Delivery (publish-to-ack) latency is that
+of the acks ``sli.record_acks`` samples, per topic and per subscription, since the process
+started; a name counted under the bounded label's ``_other`` has none (``null``).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable, Mapping
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Histogram
@@ -31,11 +39,12 @@ from prometheus_client import Counter, Histogram
 from pubsubd.control.cluster_view import describe_routing, storage_and_routing
 from pubsubd.control.routing_store import RoutingStore
 from pubsubd.core.release import version
-from pubsubd.observability import background, metrics, sli
-from pubsubd.observability.history import History, quantile
+from pubsubd.observability import background, listing, metrics, sli
+from pubsubd.observability.history import History, growth, quantile
 
 if TYPE_CHECKING:
     from pubsubd.app import PubsubServer
+    from pubsubd.core.roles import SubscribingForwarderApi
 
 MAX_SERIES = 100
 RATE_WINDOW_S = 60.0
@@ -68,18 +77,37 @@ def _buckets(histogram: Histogram, value: str, label: str = "method") -> list[fl
     return [v for _, v in rows] or [0.0] * (len(LATENCY_BOUNDS) + 1)
 
 
-def _delivery_latency(topic: str) -> dict[str, Any] | None:
-    """Publish-to-ack latency of the topic's sampled acks since start (sli.record_acks); None
-    when the topic is one of those counted under the bounded label's ``_other``."""
-    label = sli.recorder().topics.lookup(topic)
-    if label is None:
-        return None
-    counts = _buckets(sli.DELIVERY_LATENCY, label, "topic")
+def _buckets_by(histogram: Histogram, label: str) -> dict[str, list[float]]:
+    """Every ``label`` value's cumulative bucket counts, +Inf (the total) last: one pass over
+    the histogram for all of them."""
+    rows: dict[str, list[tuple[float, float]]] = {}
+    for m in histogram.collect():
+        for s in m.samples:
+            if s.name.endswith("_bucket"):
+                rows.setdefault(s.labels[label], []).append((float(s.labels["le"]), s.value))
+    return {value: [v for _, v in sorted(counts)] for value, counts in rows.items()}
+
+
+def _latency_ms(counts: list[float] | None) -> dict[str, Any]:
+    """Samples, p50 and p99 (ms) of cumulative bucket counts (None: no samples)."""
+    counts = counts or [0.0] * (len(LATENCY_BOUNDS) + 1)
     return {
         "samples": int(counts[-1]),
         "p50": _ms(quantile(LATENCY_BOUNDS, counts, 0.5)),
         "p99": _ms(quantile(LATENCY_BOUNDS, counts, 0.99)),
     }
+
+
+def _delivery_latency(
+    budget: sli.LabelBudget, by_label: Mapping[str, list[float]], name: str
+) -> dict[str, Any] | None:
+    """Publish-to-ack latency of ``name``'s sampled acks since start (sli.record_acks); None
+    when ``name`` is counted under the bounded label's ``_other`` (the budget is spent and
+    ``name`` has no label of its own)."""
+    label = budget.lookup(name)
+    if label is None and budget.admitted >= budget.limit:
+        return None
+    return _latency_ms(None if label is None else by_label.get(label))
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -103,6 +131,37 @@ class Budget:
         return sorted(self.names)
 
 
+class Reading:
+    """What one document reads from the process, each part at most once however many rows
+    need it: which subscribing forwarder serves each subscription, and the delivery latency
+    histograms by topic and by subscription."""
+
+    def __init__(self, server: PubsubServer) -> None:
+        self.server = server
+
+    @cached_property
+    def served(self) -> dict[str, SubscribingForwarderApi]:
+        return {
+            name: subscribing
+            for subscribing in self.server.routes.all_subscribing()
+            for name in subscribing.subscription_names()
+        }
+
+    @cached_property
+    def topic_latency(self) -> dict[str, list[float]]:
+        return _buckets_by(sli.DELIVERY_LATENCY, "topic")
+
+    @cached_property
+    def subscription_latency(self) -> dict[str, list[float]]:
+        return _buckets_by(sli.SUBSCRIPTION_DELIVERY_LATENCY, "subscription")
+
+    def topic_delivery(self, name: str) -> dict[str, Any] | None:
+        return _delivery_latency(sli.recorder().topics, self.topic_latency, name)
+
+    def subscription_delivery(self, name: str) -> dict[str, Any] | None:
+        return _delivery_latency(sli.recorder().subscriptions, self.subscription_latency, name)
+
+
 class Dashboard:
     def __init__(self, server: PubsubServer, max_series: int = MAX_SERIES) -> None:
         self.server = server
@@ -110,6 +169,8 @@ class Dashboard:
         self.started = time.time()
         self._topics = Budget(max_series)
         self._subs = Budget(max_series)
+        # subscription -> its delivery latency bucket counts at the last sample
+        self._delivery_seen: dict[str, list[float]] = {}
         self._task: asyncio.Task[None] | None = None
 
     # --- the HTTP routes ------------------------------------------------------------------
@@ -154,29 +215,37 @@ class Dashboard:
         values = self._totals()
         for i, count in enumerate(_buckets(sli.RPC_LATENCY, "Publish")):
             values[f"publish_le:{i}"] = count
-        catalog = self.server.catalog
-        for name in self._topics.admit(catalog.topics):
-            topic = self._topic_numbers(name)
+        reading = Reading(self.server)
+        for name in self._topics.admit(self.server.catalog.topics):
+            topic = self._topic_numbers(name, reading)
             if topic is not None:
                 values[f"t:{name}:published"] = topic["published"]
                 values[f"t:{name}:published_bytes"] = topic["published_bytes"]
-        for name in self._subs.admit(self._served_subscriptions()):
-            sub = self._subscription_numbers(name)
+        for name in self._subs.admit(sorted(reading.served)):
+            sub = self._subscription_numbers(name, reading)
             if sub is not None:
                 for key in ("backlog_messages", "oldest_unacked_age_s", "delivered", "acked"):
                     values[f"s:{name}:{key}"] = sub[key]
+            values.update(self._delivery_since_last(name, reading))
         self.history.add(time.time() if now is None else now, values)
+
+    def _delivery_since_last(self, name: str, reading: Reading) -> dict[str, float]:
+        """The subscription's delivery latency p50 and p99 (ms) over the acks sampled since
+        the last sample (the first time it is charted: since the process started); nothing
+        when none were (a gap in the chart) or it has no label of its own."""
+        counts = reading.subscription_latency.get(name)
+        if counts is None:
+            return {}
+        new = growth(self._delivery_seen.get(name), counts)
+        self._delivery_seen[name] = counts
+        p50, p99 = (_ms(quantile(LATENCY_BOUNDS, new, q)) for q in (0.5, 0.99))
+        if p50 is None or p99 is None:
+            return {}
+        return {f"s:{name}:delivery_p50_ms": p50, f"s:{name}:delivery_p99_ms": p99}
 
     # --- reading the process ----------------------------------------------------------------
 
-    def _served_subscriptions(self) -> list[str]:
-        return sorted(
-            name
-            for subscribing in self.server.routes.all_subscribing()
-            for name in subscribing.subscription_names()
-        )
-
-    def _topic_numbers(self, name: str) -> dict[str, Any] | None:
+    def _topic_numbers(self, name: str, reading: Reading) -> dict[str, Any] | None:
         entry = self.server.catalog.topics.get(name)
         if entry is None:
             return None
@@ -190,34 +259,32 @@ class Dashboard:
             "published": published[0],
             "published_bytes": published[1],
             "served_here": self.server.routes.serves_topic(uid),
-            "delivery_latency_ms": _delivery_latency(name),
+            "delivery_latency_ms": reading.topic_delivery(name),
         }
 
-    def _subscription_numbers(self, name: str) -> dict[str, Any] | None:
+    def _subscription_numbers(self, name: str, reading: Reading) -> dict[str, Any] | None:
         entry = self.server.catalog.subscriptions.get(name)
-        if entry is None:
+        subscribing = reading.served.get(name)
+        if entry is None or subscribing is None:
             return None
-        for subscribing in self.server.routes.all_subscribing():
-            if name not in subscribing.subscription_names():
-                continue
-            try:
-                status = subscribing.status(name)
-                backlog = subscribing.backlog_stats(name, self.server.clock.time_us())
-            except Exception:  # deleted meanwhile
-                return None
-            return {
-                "name": name,
-                "topic": str(entry.subscription.topic),
-                "backlog_messages": backlog.messages,
-                "backlog_bytes": backlog.bytes,
-                "oldest_unacked_age_s": round(backlog.oldest_age_s, 3),
-                "outstanding": status["outstanding"],
-                "consumers": status["consumers"],
-                "delivered": status["delivered"],
-                "acked": status["acked"],
-                "status": status,
-            }
-        return None
+        try:
+            status = subscribing.status(name)
+            backlog = subscribing.backlog_stats(name, self.server.clock.time_us())
+        except Exception:  # deleted meanwhile
+            return None
+        return {
+            "name": name,
+            "topic": str(entry.subscription.topic),
+            "backlog_messages": backlog.messages,
+            "backlog_bytes": backlog.bytes,
+            "oldest_unacked_age_s": round(backlog.oldest_age_s, 3),
+            "outstanding": status["outstanding"],
+            "consumers": status["consumers"],
+            "delivered": status["delivered"],
+            "acked": status["acked"],
+            "delivery_latency_ms": reading.subscription_delivery(name),
+            "status": status,
+        }
 
     def _series(self, keys: Mapping[str, str]) -> dict[str, list[Any]]:
         """{"t": times, field: rates of the counter ``keys[field]``} (fields ending in
@@ -249,7 +316,7 @@ class Dashboard:
             if first is not None
             else [0.0] * len(current)
         )
-        window = [max(0.0, a - b) for a, b in zip(current, since, strict=True)]
+        window = growth(since, current)
         p50s: list[float | None] = []
         p99s: list[float | None] = []
         previous: dict[str, float] | None = None
@@ -327,29 +394,32 @@ class Dashboard:
         return "cluster forwarder" if self.server.assigned else "cluster serving process"
 
     def topics(self, query: Mapping[str, str]) -> dict[str, Any]:
-        h = self.history
+        request = listing.PageRequest.from_query(query)
+        chosen = listing.page(self.server.catalog.topic_names(), request)
+        reading = Reading(self.server)
         now = time.time()
         rows = []
-        for name in sorted(self.server.catalog.topics):
-            numbers = self._topic_numbers(name)
+        for name in chosen.names:
+            numbers = self._topic_numbers(name, reading)
             if numbers is None:
                 continue
             numbers["subscriptions"] = len(numbers["subscriptions"])
             numbers["publish_per_s"] = _live_rate(
-                h, f"t:{name}:published", numbers["published"], now
+                self.history, f"t:{name}:published", numbers["published"], now
             )
             rows.append(numbers)
-        return {"topics": rows}
+        return {"topics": rows, **_paging(chosen)}
 
     def topic(self, query: Mapping[str, str]) -> dict[str, Any]:
         name = _name(query)
-        numbers = self._topic_numbers(name)
+        reading = Reading(self.server)
+        numbers = self._topic_numbers(name, reading)
         if numbers is None:
             raise LookupError(f"no topic {name}")
         numbers["publish_per_s"] = _live_rate(
             self.history, f"t:{name}:published", numbers["published"], time.time()
         )
-        briefs = (self._brief(s) for s in numbers["subscriptions"])
+        briefs = (self._brief(s, reading) for s in numbers["subscriptions"])
         numbers["subscription_backlogs"] = [b for b in briefs if b is not None]
         numbers["history"] = self._series(
             {
@@ -359,20 +429,23 @@ class Dashboard:
         )
         return numbers
 
-    def _brief(self, name: str) -> dict[str, Any] | None:
-        numbers = self._subscription_numbers(name)
+    def _brief(self, name: str, reading: Reading) -> dict[str, Any] | None:
+        numbers = self._subscription_numbers(name, reading)
         if numbers is None:
             return None
         numbers.pop("status")
         return numbers
 
     def subscriptions(self, query: Mapping[str, str]) -> dict[str, Any]:
-        rows = [self._brief(name) for name in self._served_subscriptions()]
-        return {"subscriptions": [r for r in rows if r is not None]}
+        request = listing.PageRequest.from_query(query)
+        reading = Reading(self.server)
+        chosen = listing.page(sorted(reading.served), request)
+        rows = [self._brief(name, reading) for name in chosen.names]
+        return {"subscriptions": [r for r in rows if r is not None], **_paging(chosen)}
 
     def subscription(self, query: Mapping[str, str]) -> dict[str, Any]:
         name = _name(query)
-        numbers = self._subscription_numbers(name)
+        numbers = self._subscription_numbers(name, Reading(self.server))
         if numbers is None:
             raise LookupError(f"no subscription {name} served by this process")
         now = time.time()
@@ -386,6 +459,8 @@ class Dashboard:
                 "oldest_unacked_age_s": f"s:{name}:oldest_unacked_age_s",
                 "deliver_per_s": f"s:{name}:delivered",
                 "ack_per_s": f"s:{name}:acked",
+                "delivery_p50_ms": f"s:{name}:delivery_p50_ms",
+                "delivery_p99_ms": f"s:{name}:delivery_p99_ms",
             }
         )
         return numbers
@@ -409,6 +484,16 @@ def _name(query: Mapping[str, str]) -> str:
     if not name:
         raise ValueError("the name= parameter is missing")
     return name
+
+
+def _paging(chosen: listing.Page) -> dict[str, Any]:
+    """A list document's paging fields."""
+    return {
+        "next_page_token": chosen.next_page_token,
+        "previous_page_token": chosen.previous_page_token,
+        "total": chosen.total,
+        "offset": chosen.offset,
+    }
 
 
 def _live_rate(h: History, key: str, current: float, now: float) -> float | None:

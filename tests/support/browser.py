@@ -68,11 +68,14 @@ def screenshot(url: str, path: Path, size: str = "1280,900", timeout: float = 60
 @dataclass
 class Shown:
     """What a dashboard page shows: its [data-metric] texts, its tables' rows by data-name
-    (column -> cell text) and its <body> attributes."""
+    (column -> cell text), in order, the text of every element with an id, where each link
+    with an id leads (None: no href, a disabled control) and its <body> attributes."""
 
     metrics: dict[str, str] = field(default_factory=dict)
     formats: dict[str, str] = field(default_factory=dict)
     rows: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # table id -> ...
+    texts: dict[str, str] = field(default_factory=dict)  # element id -> its text
+    links: dict[str, str | None] = field(default_factory=dict)  # <a> id -> href
     body: dict[str, str] = field(default_factory=dict)
     error: str = ""
 
@@ -81,7 +84,7 @@ class _Reader(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
         self.shown = Shown()
-        self._open: list[tuple[str, str, str]] = []  # (tag, kind, key) collecting text
+        self._open: list[tuple[str, str, str, str]] = []  # (tag, kind, key, id) collecting text
         self._text: dict[int, list[str]] = {}
         self._table = ""
         self._row = ""
@@ -95,6 +98,8 @@ class _Reader(HTMLParser):
             self.shown.rows.setdefault(self._table, {})
         if tag == "tr":
             self._row = a.get("data-name", "")
+        if tag == "a" and "id" in a:
+            self.shown.links[a["id"]] = dict(attrs).get("href")
         kind, key = "", ""
         if "data-metric" in a:
             kind, key = "metric", a["data-metric"]
@@ -103,13 +108,13 @@ class _Reader(HTMLParser):
             kind, key = "col", a["data-col"]
         elif a.get("id") == "error":
             kind, key = "error", ""
-        self._open.append((tag, kind, key))
+        self._open.append((tag, kind, key, a.get("id", "")))
         self._text[len(self._open)] = []
 
     def handle_endtag(self, tag: str) -> None:
         while self._open:
             depth = len(self._open)
-            open_tag, kind, key = self._open.pop()
+            open_tag, kind, key, element_id = self._open.pop()
             text = "".join(self._text.pop(depth, [])).strip()
             if self._open:  # the text belongs to the enclosing elements too
                 self._text.setdefault(depth - 1, []).append(text)
@@ -119,6 +124,8 @@ class _Reader(HTMLParser):
                 self.shown.rows[self._table].setdefault(self._row, {})[key] = text
             elif kind == "error":
                 self.shown.error = text
+            if element_id:
+                self.shown.texts[element_id] = text
             if open_tag == tag:
                 break
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from pubsubd.observability.history import History, quantile
+from pubsubd.observability.history import History, growth, quantile
 
 pytestmark = pytest.mark.unit
 
@@ -53,3 +53,15 @@ def test_quantile_is_the_upper_bound_of_the_bucket() -> None:
     assert quantile(bounds, [50, 90, 99, 100], 0.99) == 0.1
     assert math.isinf(quantile(bounds, [50, 90, 98, 100], 0.99) or 0)
     assert quantile(bounds, [0, 0, 0, 0], 0.5) is None
+
+
+def test_growth_of_cumulative_counts_between_two_reads() -> None:
+    bounds = [0.001, 0.01, 0.1]
+    before, after = [5, 9, 10, 10], [5, 9, 12, 14]  # 2 new in (0.01, 0.1], 2 beyond
+    new = growth(before, after)
+    assert new == [0, 0, 2, 4]
+    assert quantile(bounds, new, 0.5) == 0.1 and math.isinf(quantile(bounds, new, 0.99) or 0)
+    assert growth(None, after) == after  # nothing before: all of it
+    assert growth([3, 3], [1, 4]) == [0, 1]  # never below zero
+    with pytest.raises(ValueError):
+        growth([1, 2], [1, 2, 3])  # not the same histogram

@@ -18,6 +18,7 @@ from pubsubd.observability.slo import (
 )
 
 TOPIC = "projects/p/topics/t"
+SUB = "projects/p/subscriptions/s"
 
 
 def _file(tmp_path: Path, text: str, name: str = "slo.toml") -> Path:
@@ -231,13 +232,48 @@ def test_sampled_acks_feed_the_delivery_latency_objective() -> None:
     monitor.sample(0.0)
     published = {pos: 1_000_000 * pos for pos in range(100)}  # position p published at p s
     # Acked at 100 s: positions 0-49 waited over 50 s, 96-99 under the 5 s threshold.
-    sli.record_acks(TOPIC, list(range(50)), published.__getitem__, 100e6)
-    sli.record_acks(TOPIC, [96, 97, 98, 99], published.__getitem__, 100e6)
-    sli.record_acks(TOPIC, [], published.__getitem__, 100e6)  # nothing to sample
-    sli.record_acks(TOPIC, [1000], published.__getitem__, 100e6)  # trimmed: not measurable
+    sli.record_acks(TOPIC, SUB, list(range(50)), published.__getitem__, 100e6)
+    sli.record_acks(TOPIC, SUB, [96, 97, 98, 99], published.__getitem__, 100e6)
+    sli.record_acks(TOPIC, SUB, [], published.__getitem__, 100e6)  # nothing to sample
+    sli.record_acks(TOPIC, SUB, [1000], published.__getitem__, 100e6)  # trimmed: not measurable
     state = _state(monitor, 1.0, "delivery_p99_ms")
     assert (state["good"], state["total"]) == (2, 4)  # two samples per batch
     assert "sampled acks" in state["objective"]
+
+
+def _delivery_samples(subscription: str) -> float:
+    """Sampled acks counted so far in the subscription label's delivery latency series."""
+    from pubsubd.observability import sli
+
+    return sum(
+        s.value
+        for m in sli.SUBSCRIPTION_DELIVERY_LATENCY.collect()
+        for s in m.samples
+        if s.name.endswith("_count") and s.labels["subscription"] == subscription
+    )
+
+
+def test_sampled_acks_are_counted_per_subscription_within_the_label_budget() -> None:
+    from pubsubd.observability import sli
+
+    recorder = sli.configure(10, max_subscriptions=1)
+    own, later = "projects/p/subscriptions/unit-own", "projects/p/subscriptions/unit-later"
+    other_before = _delivery_samples(OTHER)  # the series are the process's, shared by tests
+    published = {pos: 1_000_000 * pos for pos in range(100)}
+    sli.record_acks(TOPIC, own, list(range(10)), published.__getitem__, 100e6)  # 2 sampled
+    sli.record_acks(TOPIC, own, [99], published.__getitem__, 100e6)  # 1 s: the only one
+    sli.record_acks(TOPIC, later, [97, 98, 99], published.__getitem__, 100e6)  # over the bound
+    sli.record_acks(TOPIC, later, [1000], published.__getitem__, 100e6)  # not measurable
+    assert _delivery_samples(own) == 3
+    assert _delivery_samples(later) == 0  # no series of its own
+    assert _delivery_samples(OTHER) - other_before == 2
+    assert recorder.status()["subscription_labels"] == 1
+    # The backlog gauges share the budget: the subscription acked first keeps its label.
+    backlog = sli.BacklogCollector(
+        lambda: [(later, 4, 40, 1.0), (own, 2, 20, 3.0)], recorder.subscriptions
+    )
+    messages = {s.labels["subscription"]: s.value for s in backlog.collect()[0].samples}
+    assert messages == {own: 2, OTHER: 4}
 
 
 def test_the_sli_report_takes_any_threshold_the_alerts_do_not(tmp_path: Path) -> None:

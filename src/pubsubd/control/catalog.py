@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -290,6 +290,10 @@ class Catalog:
             self._subs_by_topic_uid.pop(uid, None)
         for listener in self.topic_deleted_listeners:
             listener(uid)
+
+    def topic_names(self) -> Sequence[str]:
+        """Every live topic's name, sorted (the catalog's own list: read it, do not keep it)."""
+        return self._topic_names.names
 
     def list_topics(self, project: str, page_size: int, token: str) -> tuple[list[Any], str]:
         names.project(project)

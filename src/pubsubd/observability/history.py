@@ -10,7 +10,7 @@ that went down, a restart of its source, gives no rate), gauges are read as they
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 INTERVAL_S = 5.0
 KEEP_S = 900.0  # 15 minutes
@@ -90,6 +90,14 @@ def _rate(
     if x0 is None or x1 is None or t1 <= t0 or x1 < x0:
         return None
     return (x1 - x0) / (t1 - t0)
+
+
+def growth(before: Sequence[float] | None, after: Sequence[float]) -> list[float]:
+    """What cumulative histogram ``counts`` gained from ``before`` to ``after`` (bucket by
+    bucket, never below 0); all of ``after`` when there was nothing before."""
+    if before is None:
+        return list(after)
+    return [max(0.0, a - b) for a, b in zip(after, before, strict=True)]
 
 
 def quantile(bounds: list[float], counts: list[float], q: float) -> float | None:

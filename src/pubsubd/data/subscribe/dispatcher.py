@@ -303,7 +303,11 @@ class SubscriptionDispatcher:
     def acknowledge(self, positions: list[int]) -> None:
         events.record_acks(self, positions)  # delivery-latency SLI; O(1) per batch
         sli.record_acks(
-            str(self.subscription.topic), positions, self.publish_time_us, self.clock.time_us()
+            str(self.subscription.topic),
+            self.name,
+            positions,
+            self.publish_time_us,
+            self.clock.time_us(),
         )
         self.planner.acknowledge(positions)
         self._apply()

@@ -2,7 +2,9 @@
 // scripts read (/api/..., /alerts), writes the numbers into the elements marked
 // data-metric="path.in.the.document" (formatted by data-format), fills the tables and draws
 // the charts with uPlot (vendored, served by pubsubd). It polls every POLL_MS. Values from
-// the server only ever reach the page as text (textContent), never as markup.
+// the server only ever reach the page as text (textContent), never as markup. The long lists
+// page: which page a list shows comes from the page's own URL (<list>_page_token,
+// <list>_filter, page_size), so its previous/next controls are plain links.
 "use strict";
 
 const POLL_MS = 5000;
@@ -102,7 +104,9 @@ function table(el, rows, columns, empty) {
 const charts = new Map();
 const COLORS = ["#1f77b4", "#2ca02c", "#ff7f0e", "#d62728", "#9467bd"];
 
-// A time-series chart in el: history.t (unix seconds) against history[key] for each series.
+// A time-series chart in el: history.t (unix seconds) against history[key] for each series
+// (points: true draws each value as a dot too, for sparse series whose values have gaps
+// around them).
 function chart(el, history, series) {
   const data = [history.t, ...series.map((s) => history[s.key])];
   let u = charts.get(el);
@@ -118,7 +122,13 @@ function chart(el, history, series) {
     title: el.dataset.title || "",
     width: Math.max(300, el.clientWidth || 560),
     height: 200,
-    series: [{}, ...series.map((s, i) => ({ label: s.label, stroke: COLORS[i % COLORS.length], width: 2, spanGaps: false }))],
+    series: [{}, ...series.map((s, i) => ({
+      label: s.label,
+      stroke: COLORS[i % COLORS.length],
+      width: 2,
+      spanGaps: false,
+      ...(s.points ? { points: { show: true, size: 5, fill: COLORS[i % COLORS.length] } } : {}),
+    }))],
     axes: [{}, { size: 60 }],
   };
   u = new uPlot(opts, data, el);
@@ -132,6 +142,65 @@ function setError(message) {
   el.hidden = !message;
 }
 
+// --- paged lists -------------------------------------------------------------------------------
+
+// The API path of a list's page named by this page's URL.
+function listPath(list) {
+  const here = new URLSearchParams(window.location.search);
+  const query = new URLSearchParams();
+  for (const [from, to] of [[`${list}_page_token`, "page_token"], [`${list}_filter`, "filter"], ["page_size", "page_size"]]) {
+    const value = here.get(from);
+    if (value) query.set(to, value);
+  }
+  const q = query.toString();
+  return `/api/${list}` + (q ? `?${q}` : "");
+}
+
+// This page's URL with the list's parameter `name` set to value (removed when empty); a new
+// filter starts from the first page.
+function withListParam(list, name, value) {
+  const query = new URLSearchParams(window.location.search);
+  if (value) query.set(`${list}_${name}`, value);
+  else query.delete(`${list}_${name}`);
+  if (name === "filter") query.delete(`${list}_page_token`);
+  const q = query.toString();
+  return window.location.pathname + (q ? `?${q}` : "");
+}
+
+function setLink(el, href) {
+  if (href == null) {
+    el.removeAttribute("href");
+    el.setAttribute("aria-disabled", "true");
+  } else {
+    el.href = href;
+    el.removeAttribute("aria-disabled");
+  }
+}
+
+// The controls of a list (ids <list>-previous, <list>-next, <list>-range) for its document.
+function pager(list, doc) {
+  const previous = doc.previous_page_token;
+  setLink(document.getElementById(`${list}-previous`), previous == null ? null : withListParam(list, "page_token", previous));
+  setLink(document.getElementById(`${list}-next`), doc.next_page_token ? withListParam(list, "page_token", doc.next_page_token) : null);
+  const shown = doc[list].length;
+  document.getElementById(`${list}-range`).textContent = shown
+    ? `${doc.offset + 1}${DASH}${doc.offset + shown} of ${doc.total}`
+    : `none of ${doc.total}`;
+}
+
+// Each form.filter[data-list] shows its list's filter and, submitted, reloads the page with it.
+function filters() {
+  for (const form of document.querySelectorAll("form.filter[data-list]")) {
+    const list = form.dataset.list;
+    const input = form.querySelector("input");
+    input.value = param(`${list}_filter`);
+    form.addEventListener("submit", (e) => {
+      e.preventDefault();
+      window.location.href = withListParam(list, "filter", input.value);
+    });
+  }
+}
+
 // --- pages -----------------------------------------------------------------------------------
 
 const SUB_COLUMNS = [
@@ -143,14 +212,15 @@ const SUB_COLUMNS = [
   { key: "consumers", label: "consumers", format: "int" },
   { key: "delivered", label: "delivered", format: "int" },
   { key: "acked", label: "acked", format: "int" },
+  { key: "delivery_latency_ms.p99", label: "delivery p99 (ms, \u2264)", format: "ms" },
 ];
 
 const PAGES = {
   async overview() {
     const [overview, topics, subs] = await Promise.all([
       fetchJson("/api/overview"),
-      fetchJson("/api/topics"),
-      fetchJson("/api/subscriptions"),
+      fetchJson(listPath("topics")),
+      fetchJson(listPath("subscriptions")),
     ]);
     fill(document, "overview", overview);
     const slos = overview.slos.map((o) => ({ name: `${o.slo} ${o.scope}`, ...o }));
@@ -174,7 +244,9 @@ const PAGES = {
       { key: "published", label: "published", format: "int" },
       { key: "publish_per_s", label: "publish/s", format: "rate" },
     ]);
+    pager("topics", topics);
     table(document.getElementById("subscriptions"), subs.subscriptions, SUB_COLUMNS);
+    pager("subscriptions", subs);
     const h = overview.history;
     chart(document.getElementById("chart-throughput"), h, [
       { key: "publish_per_s", label: "published/s" },
@@ -210,6 +282,10 @@ const PAGES = {
     chart(document.getElementById("chart-rates"), sub.history, [
       { key: "deliver_per_s", label: "delivered/s" },
       { key: "ack_per_s", label: "acked/s" },
+    ]);
+    chart(document.getElementById("chart-delivery"), sub.history, [
+      { key: "delivery_p50_ms", label: "p50 ms", points: true },
+      { key: "delivery_p99_ms", label: "p99 ms", points: true },
     ]);
   },
 
@@ -288,6 +364,7 @@ async function refresh(page) {
 
 document.addEventListener("DOMContentLoaded", () => {
   const page = document.body.dataset.page;
+  filters();
   refresh(page);
   setInterval(() => refresh(page), POLL_MS);
 });
