@@ -270,7 +270,11 @@ def test_sampled_acks_are_counted_per_subscription_within_the_label_budget() -> 
     assert recorder.status()["subscription_labels"] == 1
     # The backlog gauges share the budget: the subscription acked first keeps its label.
     backlog = sli.BacklogCollector(
-        lambda: [(later, 4, 40, 1.0), (own, 2, 20, 3.0)], recorder.subscriptions
+        lambda: [
+            sli.BacklogRow(later, TOPIC, 4, 40, 1.0),
+            sli.BacklogRow(own, TOPIC, 2, 20, 3.0),
+        ],
+        recorder.subscriptions,
     )
     messages = {s.labels["subscription"]: s.value for s in backlog.collect()[0].samples}
     assert messages == {own: 2, OTHER: 4}
@@ -426,7 +430,7 @@ def test_a_monitor_with_short_windows_fires_and_clears_in_seconds() -> None:
 
 
 def test_the_backlog_gauges_take_the_worst_subscription_of_each_topic() -> None:
-    from pubsubd.observability.sli import BacklogCollector, BacklogRow
+    from pubsubd.observability.sli import BacklogCollector, BacklogRow, LabelBudget
 
     rows = [
         BacklogRow("projects/p/subscriptions/a", TOPIC, 3, 30, 12.0),
@@ -435,7 +439,9 @@ def test_the_backlog_gauges_take_the_worst_subscription_of_each_topic() -> None:
         BacklogRow("projects/p/subscriptions/d", RELAXED, 1, 10, 99.0),
         BacklogRow("projects/p/subscriptions/e", "projects/p/topics/late", 1, 10, 5.0),
     ]
-    collector = BacklogCollector(lambda: rows, 10, max_topics=1, pinned_topics=[RELAXED])
+    collector = BacklogCollector(
+        lambda: rows, LabelBudget(10), max_topics=1, pinned_topics=[RELAXED]
+    )
     families = {f.name: f for f in collector.collect()}
     topic_ages = {
         s.labels["topic"]: s.value
