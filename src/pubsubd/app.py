@@ -235,6 +235,15 @@ class PubsubServer:
         self.grpc_server = server
         if self.cluster is not None:
             self.cluster.storage.directory.set_address(f"{self.config.host}:{self.port}")
+        cluster_config = self.config.cluster
+        metrics.describe_process(
+            "forwarder" if self.assigned else "serve",
+            self._forwarder_id(cluster_config)
+            if cluster_config is not None
+            else f"{socket.gethostname()}-{self.port}",
+            cluster_config.zone if cluster_config is not None else "default",
+            version(),
+        )
         if self.config.http_port >= 0:
             self.http_port = await self.http.start(self.config.host, self.config.http_port)
         if self.config.prober_interval_s > 0:

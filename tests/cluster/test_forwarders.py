@@ -70,6 +70,26 @@ def _serving(cluster: LocalCluster, topic: str) -> str:
     return owner if _owned(cluster, owner) > 0 else ""
 
 
+def test_every_process_says_on_its_metrics_what_it_is(cluster: LocalCluster) -> None:
+    """``pubsubd_process_info{role,id,zone,version}`` on each process's /metrics: the series
+    every SLI is joined to for its forwarder and zone label."""
+    seen = set()
+    for process in cluster.processes:
+        if process.role not in ("forwarder", "router", "frontend") or "--http-port" not in (
+            process.args
+        ):
+            continue
+        port = process.args[process.args.index("--http-port") + 1]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        info = [line for line in text.splitlines() if line.startswith("pubsubd_process_info{")]
+        assert len(info) == 1, process.name
+        assert f'role="{process.role}"' in info[0] and f'id="{process.name}"' in info[0]
+        assert f'zone="{process.zone}"' in info[0], (info[0], process.zone)
+        seen.add(process.role)
+    assert seen == {"forwarder", "router", "frontend"}
+
+
 def _routing(cluster: LocalCluster, *args: str) -> None:
     subprocess.run(
         [sys.executable, "-m", "pubsubd", "routing", *args, "--cluster", cluster.zk],

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from pubsubd.core.records import Entry
+from pubsubd.core.release import version
 from pubsubd.storage import node_client as nc
 from pubsubd.storage.framing import decode_frames, encode_entry
 from pubsubd.storage.node_client import (
@@ -110,6 +111,8 @@ async def test_fencing_survives_restart_and_is_counted(tmp_path: Path) -> None:
             await client.append(1, 10, 0, frames(1, 4, 1))
         assert e.value.fenced_epoch == 11
         assert metric(node, "pubsubd_storage_fenced_appends_total") == 1
+        info = f'pubsubd_process_info{{id="{node.node_id}",role="storage",'
+        assert metric(node, info + f'version="{version()}",zone="{node.zone}"}}') == 1
         assert node.stop() == 0
         node.start()
         with pytest.raises(LedgerFenced):

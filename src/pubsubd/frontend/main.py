@@ -40,6 +40,7 @@ from pubsubd.coordination.zk import Coordinator
 from pubsubd.core.release import version
 from pubsubd.frontend.proxy import Proxy
 from pubsubd.frontend.targets import resource_name, targets
+from pubsubd.observability import metrics
 from pubsubd.observability.http import HttpEndpoint
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,7 @@ class Frontend:
         if self.port == 0:
             raise StartupError(f"cannot bind gRPC port {config.host}:{config.port}")
         self.frontend_id = config.frontend_id or f"{socket.gethostname()}-{self.port}"
+        metrics.describe_process("frontend", self.frontend_id, config.zone, version())
         try:
             await self.zk.start()
             await self.names.start()

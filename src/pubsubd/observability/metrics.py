@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram, Info
 
 PUBLISHED_MESSAGES = Counter("pubsubd_published_messages", "Messages acknowledged to publishers")
 PUBLISHED_BYTES = Counter("pubsubd_published_bytes", "Bytes of Publish requests persisted")
@@ -77,3 +77,16 @@ LEDGER_REPLICATION_LAG = Gauge(
     "Entries acknowledged by a quorum but not yet on every node of their ledger, summed over "
     "the sources this process writes",
 )
+
+
+PROCESS = Info(
+    "pubsubd_process",
+    "The process behind these series: role, id (forwarder, frontend, router or storage node), "
+    "zone and release. Join it to label any series by forwarder or zone: "
+    "... * on(instance) group_left(id, zone) pubsubd_process_info",
+)
+
+
+def describe_process(role: str, process_id: str, zone: str, release: str) -> None:
+    """Say on /metrics what this process is (``pubsubd_process_info``)."""
+    PROCESS.info({"role": role, "id": process_id, "zone": zone, "version": release})

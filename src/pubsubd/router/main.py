@@ -53,6 +53,7 @@ from pubsubd.coordination.paths import DEFAULT_ROOT
 from pubsubd.coordination.zk import Coordinator
 from pubsubd.core.load import weight
 from pubsubd.core.release import version
+from pubsubd.observability import metrics
 from pubsubd.observability.http import HttpEndpoint
 from pubsubd.router.liveness import ForwarderWatch
 
@@ -152,6 +153,7 @@ class Router:
         ]
         self.election.start()
         self.watch.start()
+        metrics.describe_process("router", self.router_id, self.config.zone, version())
         if self.config.http_port >= 0:
             self.http_port = await self.http.start(self.config.host, self.config.http_port)
         if self.config.pid_file is not None:

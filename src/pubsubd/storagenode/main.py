@@ -33,6 +33,7 @@ from pubsubd.coordination.paths import DEFAULT_ROOT
 from pubsubd.coordination.registration import Registration, as_json, storage_info_changed
 from pubsubd.core.release import version
 from pubsubd.observability.http import HttpEndpoint
+from pubsubd.observability.metrics import describe_process
 from pubsubd.storage.files import fdatasync, fsync_directory, make_dirs, write_all
 from pubsubd.storage.node_client import MAX_MESSAGE_BYTES
 from pubsubd.storagenode.append_port import AppendPort
@@ -189,6 +190,7 @@ class StorageNode:
         server.add_generic_rpc_handlers(
             [handlers(StorageNodeServicer(self.store, self.node_id, config.zone))]
         )
+        describe_process("storage", self.node_id, config.zone, version())
         await server.start()
         self.grpc_server = server
         if config.append_port >= 0:
