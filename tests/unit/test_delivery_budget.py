@@ -119,3 +119,13 @@ def test_outstanding_deliveries_never_pass_the_bound(
         budget.settle(p, len(p.leases), p.outstanding_bytes)
         assert sum(len(q.leases) for q in planners) <= bound
         assert budget.messages == sum(len(q.leases) for q in planners)
+
+
+def test_an_idle_subscription_holds_no_share() -> None:
+    """A subscription with nothing outstanding is not kept by the budget (a closed one's
+    planner must not stay referenced)."""
+    budget = DeliveryBudget(max_messages=10)
+    budget.taken("a", 2, 20)
+    budget.settle("a", 0, 0)
+    budget.settle("b", 0, 0)
+    assert budget._shares == {} and (budget.messages, budget.bytes) == (0, 0)

@@ -94,7 +94,10 @@ class DeliveryBudget:
 
     def _set(self, holder: Hashable, messages: int, size: int) -> None:
         held, held_bytes = self._shares.get(holder, (0, 0))
-        self._shares[holder] = (messages, size)
+        if messages or size:
+            self._shares[holder] = (messages, size)
+        else:  # nothing outstanding: keep no reference to an idle (or closed) subscription
+            self._shares.pop(holder, None)
         self.messages += messages - held
         self.bytes += size - held_bytes
         self.peak_messages = max(self.peak_messages, self.messages)
