@@ -176,8 +176,10 @@ def test_overview_shows_what_the_api_says(dashboard_server: ServerProcess) -> No
     for o in overview["slos"]:
         row = shown.rows["slos"][f"{o['slo']} {o['scope']}"]
         assert row["total"] == str(o["total"])
-        assert row["error_budget_remaining"] == f"{o['error_budget_remaining'] * 100:.3f}"
+        assert row["error_budget_remaining"] == _percent(o["error_budget_remaining"])
     slos = {s["slo"]: s for s in overview["slos"] if s["scope"] == "global"}
+    assert slos["prober_availability"]["total"] == 0  # no prober runs here: no events
+    assert shown.rows["slos"]["prober_availability global"]["error_budget_remaining"] == "\u2013"
     assert slos["publish_availability"]["total"] == PUBLISHED + 1  # NOT_FOUND counts, as good
     assert slos["publish_availability"]["error_budget_remaining"] == 1.0
 
@@ -252,6 +254,11 @@ def test_subscription_delivery_latency(dashboard_server: ServerProcess, traffic:
     assert 'class="uplot' in chart  # the delivery latency chart was drawn
 
 
+def _percent(share: float | None) -> str:
+    """A share as the pages show it: a percentage, or a dash before the first event."""
+    return "\u2013" if share is None else f"{share * 100:.3f}"
+
+
 def test_alerts_page(dashboard_server: ServerProcess) -> None:
     shown = load(dashboard_server, "/ui/alerts")
     alerts = api(dashboard_server, "/alerts")
@@ -260,7 +267,7 @@ def test_alerts_page(dashboard_server: ServerProcess) -> None:
     for o in alerts["objectives"]:
         for w in o["windows"]:
             row = rows[f"{o['slo']} {o['scope']} {w['long_window']}"]
-            assert row["error_budget_remaining"] == f"{o['error_budget_remaining'] * 100:.3f}"
+            assert row["error_budget_remaining"] == _percent(o["error_budget_remaining"])
             assert row["long_burn_rate"] == f"{w['long_burn_rate']:.1f}"
             assert row["window_firing"] == ("yes" if w["firing"] else "no")
     assert len(rows) == sum(len(o["windows"]) for o in alerts["objectives"]) >= 10

@@ -99,7 +99,8 @@ def test_the_prober_process_exports_its_results(
 
 def test_serve_probes_itself_when_asked(tmp_path: Path) -> None:
     """``serve --prober-interval``: the probes run inside the server against its own endpoint;
-    their results show in /status and /metrics, and their requests count in the SLIs."""
+    their results show in /status and /metrics and count in the prober objective of /alerts,
+    and their requests count in the SLIs."""
     server = ServerProcess(tmp_path / "data", args=["--prober-interval", "0.5"]).start()
     try:
 
@@ -120,5 +121,13 @@ def test_serve_probes_itself_when_asked(tmp_path: Path) -> None:
             'result="success"}' in metrics
         )
         assert 'pubsubd_rpc_requests_total{code="OK",method="DeleteSubscription"}' in metrics
+        # Each probe result is an event of the prober objective on /alerts.
+        url = f"http://127.0.0.1:{server.http_port}/alerts"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            alerts = json.load(r)
+        prober = next(o for o in alerts["objectives"] if o["slo"] == "prober_availability")
+        assert prober["scope"] == "global" and prober["total"] >= 4, prober
+        assert prober["good"] == prober["total"] and prober["error_budget_remaining"] == 1.0
+        assert not prober["firing"] and prober["windows"][0]["long_burn_rate"] == 0
     finally:
         assert server.stop() == 0

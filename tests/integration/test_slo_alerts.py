@@ -148,6 +148,8 @@ def test_a_quiet_server_fires_nothing(server: ServerProcess) -> None:
     assert alerts["firing"] == []
     delivery = next(o for o in alerts["objectives"] if o["slo"] == "delivery_p99_ms")
     assert (delivery["good"], delivery["total"]) == (1, 1)  # acked within 5 s of its publish
+    prober = next(o for o in alerts["objectives"] if o["slo"] == "prober_availability")
+    assert (prober["total"], prober["sli"], prober["firing"]) == (0, None, False)  # no prober
     _, body = http_get(server, "/metrics")
     assert f'pubsubd_delivery_latency_seconds_count{{topic="{topic}"}} 1.0' in body.decode()
     cli = subprocess.run(
@@ -166,6 +168,7 @@ def test_a_quiet_server_fires_nothing(server: ServerProcess) -> None:
     )
     assert cli.returncode == 0, cli.stderr
     assert "no alert fires" in cli.stdout and "publish_availability" in cli.stdout
+    assert "prober_availability" in cli.stdout
 
 
 def test_a_bad_slo_file_stops_serve_with_the_reason(tmp_path: Path) -> None:

@@ -58,6 +58,9 @@ def test_slo_file_rejects_unknown_keys(tmp_path: Path) -> None:
     good.write_text(json.dumps({"error_rate": 0.05}))
     cfg = slo.load_slo(good)
     assert cfg.target("error_rate") == 0.05
+    probers = tmp_path / "probers.toml"  # the alerts' prober objective: the report takes it
+    probers.write_text("prober_availability = 0.95\npublish_p99_ms = 30\n")
+    assert slo.load_slo(probers).target("prober_availability") == 0.95
     assert cfg.target("publish_p99_ms") == slo.DEFAULT_SLO["publish_p99_ms"]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 
 from pubsubd.observability.sli import OTHER, Indicator, LabelBudget, SliCounts
 from pubsubd.observability.slo import (
@@ -66,6 +67,10 @@ def test_the_file_sets_objectives_globally_and_per_topic(tmp_path: Path) -> None
         ("backlog_oldest_age_s = nan\n", "must be a positive number of seconds"),
         (f'[topics."{TOPIC}"]\nbacklog_age_objective = 1.5\n', f"in topic {TOPIC} must be betw"),
         ("backlog_age_objectve = 0.9\n", "unknown SLO keys"),
+        ("prober_availability = 1\n", "prober_availability in the top level must be between"),
+        ("prober_availability = 0.0\n", "must be between 0 and 1"),
+        ("prober_availability = true\n", "must be a number"),
+        (f'[topics."{TOPIC}"]\nprober_availability = 0.9\n', "unknown SLO keys"),
     ],
 )
 def test_a_bad_file_is_refused_with_what_is_wrong(tmp_path: Path, text: str, message: str) -> None:
@@ -450,3 +455,102 @@ def test_the_backlog_gauges_take_the_worst_subscription_of_each_topic() -> None:
     # The first unpinned topic has its own label, the pinned one too, the rest are _other.
     assert topic_ages == {TOPIC: 40.0, RELAXED: 99.0, OTHER: 7.0}
     assert collector.topics.refused == 2
+
+
+# -- the probers' own objective ----------------------------------------------------------------
+
+
+def _probe_rounds(monitor: SloMonitor, now: float, seconds: float, ok: int, failed: int) -> float:
+    """``seconds`` of probing: ``ok`` and ``failed`` probe results every sample interval."""
+    from pubsubd.observability import sli
+
+    for _ in range(int(seconds / SAMPLE_S)):
+        for result in [True] * ok + [False] * failed:
+            sli.record_probe(result)
+        now += SAMPLE_S
+        monitor.sample(now)
+    return now
+
+
+def _prober_monitor(tmp_path: Path, text: str = "") -> SloMonitor:
+    from pubsubd.observability import sli
+
+    recorder = sli.configure(10)
+    monitor = SloMonitor(load_slo(_file(tmp_path, text)), recorder.counts)
+    monitor.sample(0.0)
+    return monitor
+
+
+def test_the_prober_objective_is_global_with_its_file_target(tmp_path: Path) -> None:
+    found = {(o.name, o.scope): o for o in objectives(load_slo(None))}
+    default = found[("prober_availability", "global")]
+    assert (default.target, default.indicator) == (0.99, Indicator("prober", "availability"))
+    assert "of the probers' probes succeeded" in default.describe()
+    config = load_slo(_file(tmp_path, f'prober_availability = 0.95\n[topics."{TOPIC}"]\n'))
+    own = [o for o in objectives(config) if o.name == "prober_availability"]
+    assert [(o.scope, o.target) for o in own] == [("global", 0.95)]
+
+
+def test_failing_probes_page_and_succeeding_ones_do_not(tmp_path: Path) -> None:
+    """Probes are their own events: requests do not count in the prober objective, probe
+    results count in nothing else."""
+    monitor = _prober_monitor(tmp_path)
+    now = _probe_rounds(monitor, 0.0, 3600, 2, 0)
+    _publish(monitor.counts, 100, 100)  # the server's own requests fail: not the probes
+    state = _state(monitor, now, "prober_availability")
+    assert (state["good"], state["total"]) == (480, 480)
+    assert state["error_budget_remaining"] == 1.0
+    assert ("prober_availability", "1h") not in _firing(monitor, now)
+    assert _state(monitor, now, "publish_availability")["total"] == 200
+    now = _probe_rounds(monitor, now, 300, 1, 1)  # five minutes of half the probes failing
+    state = _state(monitor, now, "prober_availability")
+    assert state["windows"][0]["short_burn_rate"] == pytest.approx(50.0)
+    assert state["windows"][0]["long_burn_rate"] < 14.4  # the hour is mostly good: no page
+    assert ("prober_availability", "1h") not in _firing(monitor, now)
+    now = _probe_rounds(monitor, now, 600, 0, 2)  # then ten minutes of every probe failing
+    state = _state(monitor, now, "prober_availability")
+    assert (state["good"], state["total"]) == (500, 600)
+    assert state["windows"][0]["long_burn_rate"] == pytest.approx(
+        100 / 480 / 0.01, abs=1e-4
+    )  # rounded
+    assert _firing(monitor, now) >= {("prober_availability", "1h"), ("prober_availability", "6h")}
+    assert state["error_budget_remaining"] < 0  # a sixth failed, of a 1 % budget
+    pages = [a for a in monitor.alerts(now)["firing"] if a["slo"] == "prober_availability"]
+    assert {a["scope"] for a in pages} == {"global"}
+    assert "probes succeeded" in pages[0]["objective"]
+
+
+def test_without_a_prober_the_objective_has_no_events(tmp_path: Path) -> None:
+    monitor = _prober_monitor(tmp_path, "prober_availability = 0.999\n")
+    now = _run(monitor, monitor.counts, 0.0, 3600, 0, 100)  # every publish fails
+    state = _state(monitor, now, "prober_availability")
+    assert (state["good"], state["total"], state["sli"]) == (0, 0, None)
+    assert state["error_budget_remaining"] is None
+    assert not state["firing"] and all(w["long_burn_rate"] == 0 for w in state["windows"])
+    assert ("publish_availability", "1h") in _firing(monitor, now)
+
+
+def test_each_probe_result_of_a_round_reaches_the_monitor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``probe_round`` (the loop of ``serve --prober-interval`` and of ``pubsubd prober``)
+    tallies every result it exports as ``pubsubd_prober_probes_total``."""
+    from pubsubd.prober import loop
+    from pubsubd.prober.probes import ProbeResult
+
+    endpoint = "127.0.0.1:1"  # never dialled: the probes are replaced
+
+    def fake(ok: bool) -> object:
+        return lambda clients, project: ProbeResult("fake", endpoint, ok, 0.01, 0.0, "x: y")
+
+    monkeypatch.setattr(loop, "publish_receive", fake(True))
+    monkeypatch.setattr(loop, "control_plane", fake(False))
+    monitor = _prober_monitor(tmp_path)
+    config = loop.ProberConfig((endpoint,))
+    labels = {"probe": "fake", "endpoint": endpoint, "result": "failure"}
+    exported = REGISTRY.get_sample_value("pubsubd_prober_probes_total", labels) or 0.0
+    for _ in range(3):
+        loop.probe_round(config, {endpoint: None})  # type: ignore[dict-item]
+    state = _state(monitor, 1.0, "prober_availability")
+    assert (state["good"], state["total"]) == (3, 6)
+    assert REGISTRY.get_sample_value("pubsubd_prober_probes_total", labels) == exported + 3

@@ -257,3 +257,71 @@ def test_the_backlog_rules_page_on_an_old_backlog_and_stay_quiet_on_a_fresh_one(
         ],
     }
     _promtool_test(tmp_path, tests)
+
+
+def _probes(result: str, probe: str = "publish_receive", endpoint: str = "a:8085") -> str:
+    return f'pubsubd_prober_probes_total{{probe="{probe}",endpoint="{endpoint}",result="{result}"}}'
+
+
+def test_the_prober_rules_page_on_failing_probes_and_stay_quiet_otherwise(tmp_path: Path) -> None:
+    """The probers' objective (99 % of probes succeed) over every prober's
+    ``pubsubd_prober_probes_total``: failures page; probes that all succeed, and no probes at
+    all, record no NaN and fire nothing."""
+    rules = _export(tmp_path)
+    pages = [_alert(tmp_path, "prober_availability", "global", w) for w in ("1h", "6h")]
+    ratio = 'pubsubd:slo_error_ratio:rate5m{slo="prober_availability",scope="global"}'
+    every_probe = "0+2x240"  # two probes every 30 s for two hours
+
+    def case(
+        series: list[tuple[str, str]], expected: list[dict[str, object]], at: str = "1h"
+    ) -> dict[str, object]:
+        return {
+            "interval": "30s",
+            "input_series": [{"series": s, "values": v} for s, v in series],
+            "alert_rule_test": [
+                {"eval_time": at, "alertname": "PubsubdErrorBudgetBurn", "exp_alerts": expected}
+            ],
+        }
+
+    tests = {
+        "rule_files": [str(rules)],
+        "evaluation_interval": "30s",
+        "tests": [
+            # One endpoint's probes all fail, another's succeed: half of them fail, both pages.
+            case(
+                [
+                    (_probes("failure", endpoint="a:8085"), every_probe),
+                    (_probes("success", endpoint="b:8085"), every_probe),
+                ],
+                pages,
+            ),
+            # 0.5 % of the probes fail (one in 200; half the budget's pace): quiet.
+            case(
+                [
+                    (_probes("success"), "0+199x240"),
+                    (_probes("failure", "control_plane"), "0+1x240"),
+                ],
+                [],
+            ),
+            {  # Every probe succeeds (no failure series at all): the ratio is 0, quiet.
+                **case([(_probes("success"), every_probe)], []),
+                "promql_expr_test": [
+                    {
+                        "expr": ratio,
+                        "eval_time": "1h",
+                        "exp_samples": [{"labels": ratio, "value": 0}],
+                    }
+                ],
+            },
+            {  # A prober that failed for half an hour, then stopped: its last 5 minutes hold
+                # no probe, so no ratio (not 0/0 = NaN), and no page without the short window.
+                **case([(_probes("failure"), "0+2x60 120+0x180")], [], at="2h"),
+                "promql_expr_test": [{"expr": ratio, "eval_time": "2h", "exp_samples": []}],
+            },
+            {  # No prober at all (requests only): no ratio, nothing fires.
+                **case([('pubsubd_rpc_requests_total{method="Publish",code="OK"}', "0+9x240")], []),
+                "promql_expr_test": [{"expr": ratio, "eval_time": "1h", "exp_samples": []}],
+            },
+        ],
+    }
+    _promtool_test(tmp_path, tests)

@@ -29,6 +29,8 @@ the like are the caller's. ``slo.py`` reads the same counts, kept here as plain 
 (:class:`SliCounts`), to evaluate burn rates in the process. The backlog-age SLI is not a
 request SLI but a freshness one: each of the SLO monitor's samples of the oldest unacked ages
 (:meth:`SliCounts.record_backlog`) is one event, good when the age is within the threshold.
+Nor is the prober availability SLI: each result of a prober running in the process
+(:func:`record_probe`) is one event, good when the probe succeeded.
 """
 
 from __future__ import annotations
@@ -108,11 +110,22 @@ CONTROL_PLANE_METHODS = frozenset(
 # Acks are not requests of their own: a sampled ack's delivery latency is recorded under this
 # pseudo-method (``record_acks``).
 DELIVERY = "_delivery"
+# A prober running in this process (``serve --prober-interval``) tallies each probe's result
+# under this pseudo-method (``record_probe``): the prober availability SLI, the share of probes
+# that succeeded. The probers export the same results as ``PROBES_METRIC`` (with ``_total``)
+# labelled ``result`` PROBE_SUCCESS or PROBE_FAILURE (prober/loop.py), which the Prometheus
+# rules of ``slo.py`` read.
+PROBE = "_probe"
+PROBER = "prober"
+PROBES_METRIC = "pubsubd_prober_probes"
+PROBE_SUCCESS = "success"
+PROBE_FAILURE = "failure"
 SLI_METHODS = {
     "publish": PUBLISH_METHODS,
     "pull": PULL_METHODS,
     "control_plane": CONTROL_PLANE_METHODS,
     "delivery": frozenset({DELIVERY}),
+    PROBER: frozenset({PROBE}),
 }
 ACK_SAMPLES = 2  # acks per ack batch whose delivery latency is measured
 
@@ -251,6 +264,14 @@ class SliCounts:
             elif ok:
                 tally.total += 1
                 tally.good += seconds <= threshold_s
+
+    def record_probe(self, ok: bool) -> None:
+        """One probe's result: an event of the prober availability indicators, good when the
+        probe succeeded (whatever made one fail, the service failed its client)."""
+        for _, availability, _, tally in self._by_method.get(PROBE, ()):
+            if availability:
+                tally.total += 1
+                tally.good += ok
 
     def record_backlog(self, ages: Iterable[tuple[str, float]]) -> None:
         """One sample of the freshness indicators, from the (topic, oldest unacked age in s) of
@@ -487,6 +508,13 @@ def record_rpc(method: str, code: str, seconds: float, topic: str | None = None)
     """Hook for every google.pubsub.v1 RPC (api/grpc/status.py); never raises."""
     if _enabled:
         _recorder.record(method, code, seconds, topic)
+
+
+def record_probe(ok: bool) -> None:
+    """Hook for each result of a prober running in this process (prober/loop.py, next to
+    ``PROBES_METRIC``); a no-op where no objective watches probes. Never raises."""
+    if _enabled:
+        _recorder.counts.record_probe(ok)
 
 
 def record_acks(

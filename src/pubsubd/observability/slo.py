@@ -17,6 +17,11 @@ One TOML (or JSON) file holds every objective, globally at the top level and per
   that have no backlog objective of their own; a topic table naming either key gets its own
   (the worst of that topic's subscriptions), so each subscription answers to one threshold,
   its topic's, as in ``sli-report`` (which checks the threshold per subscription and minute).
+* ``prober_availability``: the share of the probers' probes that succeeded (a probe failing
+  for any reason counts against it); global only, the probers use a topic of their own. In
+  the process it counts the probes of ``serve --prober-interval`` (none without it: no events,
+  never firing); the Prometheus rules count every prober scraped
+  (``pubsubd_prober_probes_total``, the ``pubsubd prober`` processes too).
 * ``error_rate``: checked by the ``sli-report`` Spark job over a whole window (no burn-rate
   alert).
 
@@ -47,6 +52,9 @@ from typing import Any
 from pubsubd.observability.sli import (
     BACKLOG,
     LATENCY_BUCKETS,
+    PROBE_FAILURE,
+    PROBER,
+    PROBES_METRIC,
     SERVER_FAULT_CODES,
     SLI_METHODS,
     Indicator,
@@ -65,8 +73,14 @@ DEFAULT_SLO: dict[str, float] = {
     "delivery_p99_ms": 5000.0,
     "delivery_p95_ms": 1000.0,
     "backlog_age_objective": 0.99,
+    "prober_availability": 0.99,
 }
-AVAILABILITY_KEYS = ("publish_availability", "pull_availability", "control_plane_availability")
+AVAILABILITY_KEYS = (
+    "publish_availability",
+    "pull_availability",
+    "control_plane_availability",
+    "prober_availability",
+)
 # The backlog-age (freshness) objective: the share of samples (BACKLOG_TARGET) in which the
 # oldest unacked message is at most BACKLOG_THRESHOLD seconds old; named after its threshold.
 BACKLOG_THRESHOLD = "backlog_oldest_age_s"
@@ -83,6 +97,7 @@ LATENCY_KEYS = {
 TOPIC_KEYS = frozenset({"publish_availability", *LATENCY_KEYS, *DEFAULT_SLO}) - {
     "pull_availability",
     "control_plane_availability",
+    "prober_availability",
 }
 
 PERIOD_S = 30 * 86400  # the error budget's period
@@ -220,6 +235,8 @@ class Objective:
                 f"{self.target:.0%} of messages{to} acknowledged within "
                 f"{i.threshold_s * 1000:g} ms of their publish time (sampled acks)"
             )
+        if i.sli == PROBER:
+            return f"{self.target:.3%} of the probers' probes succeeded"
         what = f"{i.sli.replace('_', ' ')} requests{to}"
         if i.kind == "availability":
             return f"{self.target:.3%} of {what} not failed by the service"
@@ -451,6 +468,8 @@ def _ratio_exprs(objective: Objective, window: str) -> str:
     i = objective.indicator
     if i.kind == "freshness":
         return f"avg_over_time({TOO_OLD}{_selector(_labels(objective))}[{window}])"
+    if i.sli == PROBER:
+        return _probe_failure_ratio(window)
     faults = "|".join(sorted(SERVER_FAULT_CODES))
     if i.sli == "delivery":
         le = _go_float(i.threshold_s)
@@ -487,6 +506,15 @@ def _ratio_exprs(objective: Objective, window: str) -> str:
         f"[{window}])) / sum(rate(pubsubd_topic_publish_latency_seconds_count{{{sel}}}"
         f"[{window}]))"
     )
+
+
+def _probe_failure_ratio(window: str) -> str:
+    """PromQL: failed probes over all probes in ``window``, of every prober scraped; 0 when
+    every probe succeeded (no failure series yet), no value at all when no probe ran (the
+    denominator's ``> 0`` drops it: no 0/0 NaN)."""
+    probes = f"{PROBES_METRIC}_total"
+    failed = f'sum(rate({probes}{{result="{PROBE_FAILURE}"}}[{window}]))'
+    return f"({failed} or vector(0)) / (sum(rate({probes}[{window}])) > 0)"
 
 
 BACKLOG_AGE_METRIC = "pubsubd_topic_oldest_unacked_message_age_seconds"

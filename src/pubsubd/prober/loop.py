@@ -5,7 +5,9 @@ their SLIs on /metrics; run by the prober process (``main.py``) and inside ``pub
 Each result feeds ``pubsubd_prober_probes_total{probe, endpoint, result}``,
 ``pubsubd_prober_latency_seconds{probe, endpoint}`` (a histogram of successful probes, fixed
 buckets) and ``pubsubd_prober_last_success_timestamp_seconds``; ``ProbeLoop.status`` keeps every
-probe's last result, and a failure names the step that failed.
+probe's last result, and a failure names the step that failed. Each result is also tallied
+for the process's SLO monitor (``sli.record_probe``): inside ``pubsubd serve`` that is the
+``prober_availability`` objective of its ``/alerts``; elsewhere nothing watches it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from pubsubd.observability import sli
+from pubsubd.observability.sli import PROBE_FAILURE, PROBE_SUCCESS, PROBES_METRIC
 from pubsubd.prober.probes import (
     CONTROL_PLANE,
     PUBLISH_RECEIVE,
@@ -29,7 +33,7 @@ from pubsubd.prober.probes import (
 
 log = logging.getLogger(__name__)
 
-PROBES = Counter("pubsubd_prober_probes", "Probes run, by result", ["probe", "endpoint", "result"])
+PROBES = Counter(PROBES_METRIC, "Probes run, by result", ["probe", "endpoint", "result"])
 LATENCY = Histogram(
     "pubsubd_prober_latency_seconds",
     "Latency of successful probes",
@@ -72,7 +76,8 @@ def probe_round(config: ProberConfig, clients: dict[str, Clients]) -> list[Probe
         if CONTROL_PLANE in config.probes:
             results.append(control_plane(clients[endpoint], config.project))
     for r in results:
-        PROBES.labels(r.probe, r.endpoint, "success" if r.ok else "failure").inc()
+        PROBES.labels(r.probe, r.endpoint, PROBE_SUCCESS if r.ok else PROBE_FAILURE).inc()
+        sli.record_probe(r.ok)  # the process's prober availability objective, if it has one
         if r.ok:
             LATENCY.labels(r.probe, r.endpoint).observe(r.latency_s)
             LAST_SUCCESS.labels(r.probe, r.endpoint).set(r.at_unix_s)
