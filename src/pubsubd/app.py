@@ -21,7 +21,15 @@ import grpc
 
 from pubsubd import node, runtime
 from pubsubd.acks.replicated import cursor_source, restore_journal
-from pubsubd.api.grpc import admin, forwarder_service, liveness, publisher, replay, subscriber
+from pubsubd.api.grpc import (
+    admin,
+    forwarder_service,
+    liveness,
+    publisher,
+    replay,
+    sources_service,
+    subscriber,
+)
 from pubsubd.config import ClusterConfig, ServerConfig
 from pubsubd.control.expiry import Maintenance
 from pubsubd.control.routing_store import RoutingStore, encode_forwarder
@@ -226,6 +234,7 @@ class PubsubServer:
                         forwarder_id=lambda: self.forwarder.forwarder_id if self.forwarder else "",
                     )
                 ),
+                sources_service.handlers(sources_service.SourcesServicer(self.routes)),
             ]
         )
         self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")

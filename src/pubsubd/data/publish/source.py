@@ -113,6 +113,19 @@ class TopicSources:
                 journal.cursor(i, 0)
         return added
 
+    def reopen(self, source: int) -> SourceLog:
+        """Open a closed source's log again from its directory (a read-only copy started
+        anew, data/subscribe/remote_sources.py), with the commit listeners it had."""
+        log = SourceLog.open(
+            self.directory / f"source-{source}",
+            fsync=self._fsync,
+            segment_bytes=self._segment_bytes,
+        )
+        for callback in self._listeners:
+            log.add_listener(callback)
+        self.logs[source] = log
+        return log
+
     def add_listener(self, callback: Callable[[int], None]) -> None:
         self._listeners.append(callback)
         for log in self.logs:
