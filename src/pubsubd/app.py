@@ -46,9 +46,10 @@ from pubsubd.core.records import DamagedRange
 from pubsubd.core.release import version
 from pubsubd.dashboard import Dashboard
 from pubsubd.data.load_report import LoadReporter
-from pubsubd.data.ownership import TopicOwnership
+from pubsubd.data.ownership import SubscriptionOwnership, TopicOwnership
 from pubsubd.data.publish.forwarder import SUBSCRIPTIONS_DIR, TOPICS_DIR
 from pubsubd.data.subscribe.budget import DeliveryBudget
+from pubsubd.data.subscribe.remote_sources import COPIES_DIR, RemoteSources
 from pubsubd.observability import background, metrics, sli
 from pubsubd.observability.events import EVENTS_TOPIC, BacklogRotation, EventEmitter
 from pubsubd.observability.http import HttpEndpoint
@@ -59,7 +60,12 @@ from pubsubd.storage.disk_space import DiskSpace
 from pubsubd.storage.ledgers.auditor import Auditor
 from pubsubd.storage.ledgers.cluster import ClusterStorage
 from pubsubd.storage.ledgers.meta import StoragePolicy
-from pubsubd.storage.metadata import Change, MetadataStore, SqliteMetadataStore
+from pubsubd.storage.metadata import (
+    Change,
+    MetadataStore,
+    SqliteMetadataStore,
+    SubscriptionRecord,
+)
 from pubsubd.storage.zk_metadata import ZooKeeperMetadataStore
 
 log = logging.getLogger(__name__)
@@ -119,6 +125,15 @@ class PubsubServer:
         self.assigned = in_cluster and config.cluster is not None and config.cluster.assigned
         self.owned: set[str] = set()
         self.ownership: TopicOwnership | None = None
+        # The subscriptions it serves (their units ``s/{uid}/0``), on its own topics or on
+        # copies of topics other forwarders own (data/subscribe/remote_sources.py).
+        self.served: set[str] = set()
+        self.subscription_ownership: SubscriptionOwnership | None = None
+        self.remote_sources = (
+            RemoteSources(storage.data_dir / COPIES_DIR, self._topic_owners)
+            if self.assigned
+            else None
+        )
         self.load_report: LoadReporter | None = None
         self.routing: RoutingView | None = None
         self._publish_channels: dict[str, grpc.aio.Channel] = {}
@@ -135,6 +150,8 @@ class PubsubServer:
             dedup_window_s=config.dedup_window_s,
             remote_logs=cluster.storage.remote_log if cluster is not None else None,
             owns_topic=self.owned.__contains__ if self.assigned else None,
+            owns_subscription=self.served.__contains__ if self.assigned else None,
+            remote_sources=self.remote_sources,
             remote_publish=self._remote_publish if self.assigned else None,
             delivery_budget=DeliveryBudget(
                 config.max_outstanding_messages, config.max_outstanding_bytes
@@ -302,6 +319,29 @@ class PubsubServer:
         def assigned() -> set[str]:
             return self.routing.owned_topics(forwarder_id) if self.routing is not None else set()
 
+        def subscriptions_assigned() -> set[str]:
+            if self.routing is None:
+                return set()
+            return self.routing.owned_subscriptions(forwarder_id)
+
+        def subscription_record(uid: str) -> SubscriptionRecord | None:
+            topic_uid = catalog.subscription_topics.get(uid)
+            if topic_uid is None:
+                return None
+            found = [s.record for s in catalog.subscriptions_of(topic_uid) if s.record.uid == uid]
+            return found[0] if found else None
+
+        assert self.remote_sources is not None
+        subscriptions = self.subscription_ownership = SubscriptionOwnership(
+            assigned=subscriptions_assigned,
+            topic_assigned=lambda uid: uid in assigned(),
+            record_of=subscription_record,
+            subscribing=self.subscribing,
+            subscribing_reconciler=self.node.subscribing_reconciler,
+            owned_topics=self.owned,
+            remote=self.remote_sources,
+            ready=self.served,
+        )
         self.ownership = TopicOwnership(
             assigned=assigned,
             records_of=records_of,
@@ -313,8 +353,15 @@ class PubsubServer:
             publishing_reconciler=self.node.publishing_reconciler,
             subscribing_reconciler=self.node.subscribing_reconciler,
             owned=self.owned,
+            on_moved=subscriptions.topic_moved,
         )
-        self.routing = RoutingView(cluster.coordinator, self.ownership.changed)
+        topics = self.ownership
+
+        def routing_changed() -> None:
+            topics.changed()
+            subscriptions.changed()
+
+        self.routing = RoutingView(cluster.coordinator, routing_changed)
         self.routing.start()
         # What its topics cost, for the router to weigh them by (data/load_report.py).
         routing_store = RoutingStore(cluster.coordinator)
@@ -325,6 +372,15 @@ class PubsubServer:
             write=lambda loads, at: routing_store.write_load(forwarder_id, loads, at),
         )
         self.load_report.start()
+
+    def _topic_owners(self, topic_uid: str) -> list[str]:
+        """The addresses of a topic's publishing forwarders as last published: its owner,
+        then the fallbacks (a subscription read on a copy reaches it through them)."""
+        if self.routing is None:
+            return []
+        forwarders = self.routing.forwarders
+        route = self.routing.route(publishing_unit(topic_uid, 0))
+        return [forwarders[f].address for f in route if f in forwarders]
 
     async def _remote_publish(self, topic_uid: str, request: bytes) -> None:
         """Publish to a topic another forwarder owns (dead letters, SLI events): its
@@ -345,12 +401,14 @@ class PubsubServer:
             raise Unavailable(f"publishing to {address} failed: {e.details()}") from e
 
     async def _register_forwarder(self, coordinator: Coordinator, cluster: ClusterConfig) -> None:
-        """Register as a publishing and subscribing forwarder (routing/forwarders/<id>)."""
+        """Register as a forwarder (routing/forwarders/<id>) of the kinds it serves."""
         forwarder = Forwarder(
             self._forwarder_id(cluster),
             f"{self.config.host}:{self.port}",
             cluster.zone,
             version(),
+            publishing=cluster.publishing or not cluster.assigned,
+            subscribing=cluster.subscribing or not cluster.assigned,
         )
         self.forwarder = forwarder
         self.registration = Registration(
@@ -368,6 +426,8 @@ class PubsubServer:
             await self.registration.stop()  # routers move its units before it goes
         if self.load_report is not None:
             await self.load_report.close()
+        if self.subscription_ownership is not None:
+            await self.subscription_ownership.close()  # acks read on copies to their owners
         if self.ownership is not None:
             await self.ownership.close()
         if self.routing is not None:
@@ -504,6 +564,8 @@ class PubsubServer:
             status["forwarder"] = {"id": self.forwarder.forwarder_id, "zone": self.forwarder.zone}
         if self.ownership is not None:
             status["ownership"] = self.ownership.status()
+        if self.subscription_ownership is not None:
+            status["subscription_ownership"] = self.subscription_ownership.status()
         return status
 
     def _damage_report(self) -> dict[str, list[tuple[int, DamagedRange]]]:

@@ -46,6 +46,11 @@ class ClusterConfig:
     # ``pubsubd forwarder``: serve only the topics the routers' assignment gives this process
     # (data/ownership.py). False (``pubsubd serve --cluster``): own every topic.
     assigned: bool = False
+    # What a ``pubsubd forwarder`` registers to serve: publish message sources (topics),
+    # subscriptions, or both (the default). Once some forwarder serves one kind only, the
+    # routers place topics and subscriptions apart (control/routing_table.py).
+    publishing: bool = True
+    subscribing: bool = True
     # The repair auditor (storage/ledgers/auditor.py): pass interval, grace period, copy rate.
     repair: RepairSettings = field(default_factory=RepairSettings)
 

@@ -19,6 +19,7 @@ from pubsubd.control.cursors import Cursors
 from pubsubd.control.router import Router, Routes
 from pubsubd.control.snapshots import Snapshots
 from pubsubd.core.clock import SYSTEM_CLOCK, Clock
+from pubsubd.core.roles import PublishingForwarderApi
 from pubsubd.data.publish.forwarder import (
     DEFAULT_ACK_FLUSH_INTERVAL_S,
     DEFAULT_DEDUP_WINDOW_S,
@@ -94,6 +95,8 @@ def build(
     dedup_window_s: float = DEFAULT_DEDUP_WINDOW_S,
     remote_logs: RemoteLogs | None = None,
     owns_topic: Callable[[str], bool] | None = None,
+    owns_subscription: Callable[[str], bool] | None = None,
+    remote_sources: PublishingForwarderApi | None = None,
     remote_publish: Callable[[str, bytes], Awaitable[None]] | None = None,
     delivery_budget: DeliveryBudget | None = None,
 ) -> Node:
@@ -101,7 +104,10 @@ def build(
 
     A forwarder of a cluster passes ``owns_topic`` (the topics it owns now, by uid: it serves
     only those and their subscriptions, ``data/ownership.py``) and ``remote_publish(topic uid,
-    PublishRequest bytes)`` for publishes to a topic another forwarder owns (dead letters)."""
+    PublishRequest bytes)`` for publishes to a topic another forwarder owns (dead letters).
+    With ``owns_subscription`` (by uid) it serves the subscriptions that says instead of its
+    topics' ones, reading a topic owned elsewhere through ``remote_sources``
+    (``data/subscribe/remote_sources.py``)."""
     publishing = PublishingForwarder(
         data_dir,
         fsync=fsync,
@@ -127,8 +133,12 @@ def build(
             return
         await routes_cell[0].publishing(uid).publish(uid, payload, 1)
 
+    def topic_route(topic_uid: str) -> PublishingForwarderApi:
+        """Where a subscription served here reads its topic: here, or a copy of it."""
+        return routes_cell[0].reader(topic_uid)
+
     subscribing = SubscribingForwarder(
-        lambda topic_uid: routes_cell[0].publishing(topic_uid),
+        topic_route,
         clock=clock,
         dead_letter_publish=publish_dead_letter,
         budget=delivery_budget,
@@ -138,7 +148,9 @@ def build(
     catalog = Catalog(store, routes, clock)
     catalog_cell.append(catalog)
     if owns_topic is not None:
-        routes.restrict(owns_topic, catalog.subscription_topics.get)
+        routes.restrict(owns_topic, catalog.subscription_topics.get, owns_subscription)
+    if remote_sources is not None:
+        routes.set_remote(remote_sources)
     return Node(
         store=store,
         clock=clock,
@@ -152,7 +164,9 @@ def build(
         ),
         subscribing_reconciler=SubscribingReconciler(
             subscribing,
-            (lambda rec: owns_topic(rec.topic_uid))
+            (lambda rec: owns_subscription(rec.uid))
+            if owns_subscription is not None
+            else (lambda rec: owns_topic(rec.topic_uid))
             if owns_topic is not None
             else (lambda rec: router.subscribing_for(rec.uid)[0] == SUBSCRIBING),
         ),

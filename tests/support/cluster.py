@@ -137,6 +137,24 @@ def topic_uid(cluster: LocalCluster, topic: str) -> str:
     return asyncio.run(read())
 
 
+def subscription_uid(cluster: LocalCluster, subscription: str) -> str:
+    """The storage uid of ``subscription``, from the cluster's metadata in ZooKeeper."""
+
+    async def read() -> str:
+        coordinator = Coordinator(cluster.zk)
+        await coordinator.start()
+        try:
+            store = ZooKeeperMetadataStore(coordinator)
+            try:
+                return next(s.uid for s in store.load_subscriptions() if s.name == subscription)
+            finally:
+                store.close()
+        finally:
+            await coordinator.stop()
+
+    return asyncio.run(read())
+
+
 def ledger_nodes(cluster: LocalCluster, uid: str) -> list[tuple[str, ...]]:
     """The node list of every ledger of every source of the topic with storage ``uid``."""
 

@@ -181,6 +181,56 @@ def test_colocated_a_heavy_topic_counts_its_weight_against_the_bound() -> None:
     assert table.route(subscribing_unit("s0", 1))[0] == owner
 
 
+SPLIT = [
+    Forwarder("pub1", "127.0.0.1:1", "z1", subscribing=False),
+    Forwarder("pub2", "127.0.0.1:2", "z2", subscribing=False),
+    Forwarder("sub1", "127.0.0.1:3", "z1", publishing=False),
+    Forwarder("both", "127.0.0.1:4", "z2"),
+]
+
+
+def test_split_roles_place_topics_and_subscriptions_whole_each_among_its_kind() -> None:
+    table = RoutingTable(epsilon=0.25, hysteresis_s=30.0, colocate=True)
+    done = table.update(SPLIT, Constraints(), TOPICS, SUBS, 0.0)
+    assert table.mode == "split"
+    by_uid = {t.uid: t for t in TOPICS}
+    for topic in TOPICS:
+        route = table.route(publishing_unit(topic.uid, 0))
+        assert route[0] in {"pub1", "pub2", "both"} and "sub1" not in route
+        assert all(
+            table.route(publishing_unit(topic.uid, s)) == route for s in range(topic.sources)
+        )
+    for sub in SUBS:
+        route = table.route(subscribing_unit(sub.uid, 0))
+        assert route[0] in {"sub1", "both"} and not {"pub1", "pub2"} & set(route)
+        sources = by_uid[sub.topic_uid].sources
+        assert all(table.route(subscribing_unit(sub.uid, s)) == route for s in range(sources))
+    # Subscriptions are the units placed among the subscribing forwarders: bounded loads.
+    assert max(table.subscribing.loads().values()) <= math.ceil(1.25 * len(SUBS) / 2)
+    assert done.changed_shards == frozenset(table.shards)
+    again = table.update(SPLIT, Constraints(), TOPICS, SUBS, 1.0)
+    assert not again.moves and not again.changed_shards
+
+
+def test_the_roles_split_when_a_one_kind_forwarder_joins_and_rejoin_when_it_leaves() -> None:
+    table = RoutingTable(epsilon=0.25, hysteresis_s=30.0, colocate=True)
+    both = [Forwarder("a", "127.0.0.1:1"), Forwarder("b", "127.0.0.1:2")]
+    table.update(both, Constraints(), TOPICS, SUBS, 0.0)
+    assert table.mode == "colocated"
+    joined = [*both, Forwarder("s", "127.0.0.1:3", publishing=False)]
+    table.update(joined, Constraints(), TOPICS, SUBS, 100.0)
+    assert table.mode == "split"
+    owners = {table.route(subscribing_unit(s.uid, 0))[0] for s in SUBS}
+    assert "s" in owners  # the subscribing-only forwarder took subscriptions
+    assert all(table.route(publishing_unit(t.uid, 0))[0] in {"a", "b"} for t in TOPICS)
+    table.update(both, Constraints(), TOPICS, SUBS, 200.0)
+    assert table.mode == "colocated"
+    for sub in SUBS:  # with their topics again
+        assert table.route(subscribing_unit(sub.uid, 0)) == table.route(
+            publishing_unit(sub.topic_uid, 0)
+        )
+
+
 def test_a_forwarders_view_of_its_topics_follows_each_shard() -> None:
     """RoutingView.owned_topics, kept per shard: a shard read again replaces only its own
     topics, a shard gone takes its topics with it."""
@@ -195,6 +245,7 @@ def test_a_forwarders_view_of_its_topics_follows_each_shard() -> None:
     shard("a", {"p/t1/0": ("f1", "f2"), "p/t1/1": ("f2",), "s/x/0": ("f2",), "p/t2/0": ("f2",)})
     shard("b", {"p/t3/0": ("f1",), "p/t4/0": ()})
     assert view.owned_topics("f1") == {"t1", "t3"} and view.owned_topics("f2") == {"t2"}
+    assert view.owned_subscriptions("f2") == {"x"} and view.owned_subscriptions("f1") == set()
     shard("a", {"p/t1/0": ("f2",), "p/t2/0": ("f2",)})
     assert view.owned_topics("f1") == {"t3"} and view.owned_topics("f2") == {"t1", "t2"}
     view._shard_read("b", None)

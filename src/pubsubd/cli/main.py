@@ -125,6 +125,8 @@ def _server_config(
     *,
     assigned: bool = False,
     forwarder_id: str | None = None,
+    publishing: bool = True,
+    subscribing: bool = True,
 ) -> config_mod.ServerConfig:
     """``serve``'s and ``forwarder``'s flags over the environment (config.py)."""
     cfg = config_mod.from_env()
@@ -155,6 +157,8 @@ def _server_config(
                 zone=zone if zone is not None else base.zone,
                 assigned=assigned,
                 forwarder_id=forwarder_id if forwarder_id is not None else base.forwarder_id,
+                publishing=publishing,
+                subscribing=subscribing,
             ),
         )
     return cfg
@@ -181,10 +185,20 @@ def forwarder(
         str | None,
         typer.Option(envvar="PUBSUBD_FORWARDER_ID", help="default: hostname-port"),
     ] = None,
+    publishing: Annotated[
+        bool, typer.Option(help="own publish message sources (topics) the routers assign")
+    ] = True,
+    subscribing: Annotated[
+        bool, typer.Option(help="serve subscriptions the routers assign")
+    ] = True,
 ) -> None:
-    """A publishing and subscribing forwarder of a cluster: serves the topics (and their
-    subscriptions) the routers' assignment gives it, taking them over and handing them on as
-    the assignment moves; calls for other topics answer UNAVAILABLE (frontends route them)."""
+    """A forwarder of a cluster: serves the topics and subscriptions the routers' assignment
+    gives it, taking them over and handing them on as the assignment moves; calls for others
+    answer UNAVAILABLE (frontends route them). Both kinds by default, where a subscription goes
+    with its topic; with ``--no-publishing`` or ``--no-subscribing`` somewhere, the routers
+    place subscriptions apart from their topics, read over the network."""
+    if not (publishing or subscribing):
+        raise typer.BadParameter("a forwarder serves publishing, subscribing or both")
     from pubsubd import app as server_app
     from pubsubd.observability.logging import setup
 
@@ -201,6 +215,8 @@ def forwarder(
         zone,
         assigned=True,
         forwarder_id=forwarder_id,
+        publishing=publishing,
+        subscribing=subscribing,
     )
     server_app.run(cfg)
 

@@ -30,7 +30,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -231,11 +231,13 @@ class LocalCluster:
         probers: int = 0,
         timeout: float = 60.0,
         serve_args: list[str] | None = None,
+        forwarder_args: Sequence[Sequence[str]] = (),
     ) -> LocalCluster:
         """Start ZooKeeper, the storage nodes, the serving process (or, with ``forwarders``,
         that many forwarders serving the topics the routers assign them), ``routers`` routers
         and ``frontends`` frontends (then clients connect to the frontends: ``grpc`` is the
         first), and ``probers`` probers through every frontend; wait until all are ready.
+        ``forwarder_args[i]``: more flags for forwarder i (``--no-publishing``, ...).
         Whatever started is stopped again if a later step fails."""
         if forwarders and (not routers or not frontends):
             raise ClusterError("forwarders need at least one router and one frontend")
@@ -264,9 +266,11 @@ class LocalCluster:
                 self.save()
             if forwarders:
                 for i in range(forwarders):
-                    self.processes.append(
-                        self._start_forwarder(i, zones, replicas, serve_args or [], timeout)
-                    )
+                    extra = [
+                        *(serve_args or []),
+                        *(forwarder_args[i] if i < len(forwarder_args) else []),
+                    ]
+                    self.processes.append(self._start_forwarder(i, zones, replicas, extra, timeout))
                     self.save()
             else:
                 self.processes.append(self._start_serve(replicas, serve_args or [], timeout))

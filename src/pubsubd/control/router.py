@@ -68,15 +68,22 @@ class Routes:
         # In a cluster of forwarders, which topics this process's forwarders own (by storage
         # uid) and a subscription's topic: everything else is another forwarder's.
         self._serves: Callable[[str], bool] | None = None
+        self._serves_subscription: Callable[[str], bool] | None = None
         self._topic_of: Callable[[str], str | None] = lambda _: None
+        self._remote: PublishingForwarderApi | None = None
 
     def restrict(
-        self, serves: Callable[[str], bool], topic_of: Callable[[str], str | None]
+        self,
+        serves: Callable[[str], bool],
+        topic_of: Callable[[str], str | None],
+        serves_subscription: Callable[[str], bool] | None = None,
     ) -> None:
-        """Serve only the topics ``serves`` says (and their subscriptions, ``topic_of`` names
-        a subscription's topic uid); asking for another one raises ``NotServedHere``."""
+        """Serve only the topics ``serves`` says, and the subscriptions
+        ``serves_subscription`` says (by default those of the topics served: ``topic_of``
+        names a subscription's topic uid); asking for another one raises ``NotServedHere``."""
         self._serves = serves
         self._topic_of = topic_of
+        self._serves_subscription = serves_subscription
 
     def serves_topic(self, topic_uid: str) -> bool:
         return self._serves is None or self._serves(topic_uid)
@@ -84,6 +91,8 @@ class Routes:
     def serves_subscription(self, subscription_uid: str) -> bool:
         if self._serves is None:
             return True
+        if self._serves_subscription is not None:
+            return self._serves_subscription(subscription_uid)
         topic_uid = self._topic_of(subscription_uid)
         return topic_uid is not None and self._serves(topic_uid)
 
@@ -92,6 +101,17 @@ class Routes:
         if not self.serves_topic(topic_uid):
             raise NotServedHere(f"topic storage {topic_uid}")
         return self._publishing[self.router.publishing_for(topic_uid)[0]]
+
+    def reader(self, topic_uid: str) -> PublishingForwarderApi:
+        """Where to read a topic's positions (ranges, offsets for a time): its publishing
+        forwarder here, or, for a topic another forwarder owns, the copy this process keeps
+        for the subscriptions it serves (``set_remote``)."""
+        if self._remote is not None and not self.serves_topic(topic_uid):
+            return self._remote
+        return self.publishing(topic_uid)
+
+    def set_remote(self, remote: PublishingForwarderApi) -> None:
+        self._remote = remote
 
     def subscribing(self, subscription_uid: str) -> SubscribingForwarderApi:
         """The subscribing forwarder serving a subscription."""

@@ -12,12 +12,17 @@ them; drained ones last). A frontend moves
 the fallbacks of its own zone to the front; the owner stays first, since a source has one
 writer wherever the caller is.
 
-Co-location (``colocate=True``, what ``pubsubd router`` runs): the forwarders serve a topic
-whole, its sources and its subscriptions together (``data/ownership.py``), so only the topic's
-first source ``p/{uid}/0`` is placed; every other unit of the topic, and every unit of its
-subscriptions, gets that unit's route. Splitting a topic's sources and subscriptions over
-forwarders (the two assignments above) needs forwarders that reach each other's sources over
-the network: not built yet.
+Whole units (``colocate=True``, what ``pubsubd router`` runs): a forwarder serves a topic whole
+(every source) and a subscription whole, so only the heads are placed, ``p/{uid}/0`` and
+``s/{uid}/0``; every other unit of the topic or subscription gets its head's route. While every
+registered forwarder is both publishing and subscribing, the subscriptions go with their topics
+(*co-located*: ``data/ownership.py``; no copy of a topic is made anywhere). Once some
+forwarder serves only one kind (``pubsubd forwarder --no-publishing``/``--no-subscribing``),
+the roles are *split*: topics are placed among the publishing forwarders and subscriptions
+among the subscribing ones, each with its own assignment, and a subscribing forwarder reads a
+topic owned elsewhere from a copy (``data/subscribe/remote_sources.py``). ``colocate=False``
+places every source of every topic and subscription on its own (a subscription spread over
+forwarders by source: not served by the forwarders yet).
 
 Routing constraints (the seeds' rules saying which forwarders may be sent work): a drained
 forwarder, or every forwarder of a drained zone, owns nothing and stays a last fallback; a
@@ -145,6 +150,8 @@ class RoutingTable:
         colocate: bool = False,
     ) -> None:
         self.colocate = colocate
+        # With whole units: "colocated" or "split" (see the module docstring), by the members.
+        self.mode = "colocated" if colocate else "sources"
         self.publishing = Assignment(epsilon=epsilon, hysteresis_s=hysteresis_s)
         self.subscribing = Assignment(epsilon=epsilon, hysteresis_s=hysteresis_s)
         self.forwarders: dict[str, Forwarder] = {}
@@ -167,6 +174,15 @@ class RoutingTable:
         self.forwarders = {f.forwarder_id: f for f in forwarders}
         topic_weights = topic_weights or {}
         if self.colocate:
+            split = any(not (f.publishing and f.subscribing) for f in self.forwarders.values())
+            mode = "split" if split else "colocated"
+            if mode != self.mode:
+                self.mode = mode
+                self._routed_with.clear()  # every route is recomputed in the new mode
+            if split:
+                return self._update_split(
+                    constraints, list(topics), list(subscriptions), now, topic_weights
+                )
             return self._update_colocated(
                 constraints, list(topics), subscriptions, now, topic_weights
             )
@@ -269,6 +285,80 @@ class RoutingTable:
             if topic_route is not None:
                 for source in range(sources[sub.topic_uid]):
                     wanted[subscribing_unit(sub.uid, source)] = topic_route
+        return Pass(tuple(moves), self._publish(wanted))
+
+    def _update_split(
+        self,
+        constraints: Constraints,
+        topics: list[TopicUnits],
+        subscriptions: list[SubscriptionUnits],
+        now: float,
+        topic_weights: Mapping[str, int],
+    ) -> Pass:
+        """Place each topic whole among the publishing forwarders (its unit ``p/{uid}/0``) and
+        each subscription whole among the subscribing ones (``s/{uid}/0``); every other unit
+        of a topic or subscription follows its head."""
+        pins = {
+            publishing_unit(t.uid, 0): constraints.pinned_topics[t.name]
+            for t in topics
+            if t.name in constraints.pinned_topics
+        }
+        sources = {t.uid: t.sources for t in topics}
+        live = [s for s in subscriptions if s.topic_uid in sources]
+        weights = {publishing_unit(uid, 0): w for uid, w in topic_weights.items()}
+        placed: list[
+            tuple[
+                str,
+                Assignment,
+                list[Member],
+                list[tuple[str, str, str, int]],
+                dict[str, str],
+                dict[str, int],
+            ]
+        ] = [
+            (
+                "split-publishing",
+                self.publishing,
+                self._members(constraints, publishing=True),
+                [(publishing_unit(t.uid, 0), t.uid, PUBLISHING, t.sources) for t in topics],
+                pins,
+                weights,
+            ),
+            (
+                "split-subscribing",
+                self.subscribing,
+                self._members(constraints, publishing=False),
+                [
+                    (subscribing_unit(s.uid, 0), s.uid, SUBSCRIBING, sources[s.topic_uid])
+                    for s in live
+                ],
+                {},
+                {},
+            ),
+        ]
+        moves: list[Move] = []
+        wanted: dict[str, tuple[str, ...]] = {}
+        for key, assignment, members, heads, kind_pins, kind_weights in placed:
+            kind_moves = assignment.update(
+                members, [h for h, _, _, _ in heads], now, kind_pins, kind_weights
+            )
+            moves.extend(kind_moves)
+            with_members = tuple(sorted((m.member_id, m.zone, m.drained) for m in members))
+            everything = self._routed_with.get(key) != with_members
+            self._routed_with[key] = with_members
+            moved = {m.unit for m in kind_moves}
+            for head, uid, prefix, count in heads:
+                route = self.route(head)
+                if everything or head in moved or not route:
+                    route = tuple(assignment.ranked(head, limit=ROUTE_FALLBACKS))
+                if not route:
+                    continue  # no forwarder of this kind to take it
+                for source in range(count):
+                    wanted[f"{prefix}/{uid}/{source}"] = route
+        return Pass(tuple(moves), self._publish(wanted))
+
+    def _publish(self, wanted: Mapping[str, tuple[str, ...]]) -> frozenset[str]:
+        """Make the shards hold exactly ``wanted``; returns the shards that changed."""
         changed: set[str] = set()
         for shard, routes in list(self.shards.items()):
             for unit in [u for u in routes if u not in wanted]:
@@ -282,7 +372,7 @@ class RoutingTable:
             if routes.get(unit) != route:
                 routes[unit] = route
                 changed.add(shard)
-        return Pass(tuple(moves), frozenset(changed))
+        return frozenset(changed)
 
     def units(self, kind: str) -> int:
         """How many units of ``kind`` ("publishing" or "subscribing") have a route."""

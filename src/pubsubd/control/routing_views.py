@@ -111,9 +111,11 @@ class RoutingView:
         self.forwarders: dict[str, Forwarder] = {}
         self.constraints = Constraints()
         self._shards: dict[str, dict[str, tuple[str, ...]]] = {}
-        # Per shard: owner -> the uids of the topics whose first source it owns (so a change
-        # of one shard costs that shard, not every route).
+        # Per shard: owner -> the uids of the topics whose first source it owns, and of the
+        # subscriptions whose first unit it owns (so a change of one shard costs that shard,
+        # not every route).
         self._topic_owners: dict[str, dict[str, set[str]]] = {}
+        self._subscription_owners: dict[str, dict[str, set[str]]] = {}
         self._shard_follows: dict[str, Follow[Any]] = {}
         self._follows: list[Follow[Any]] = []
         self._tasks: set[asyncio.Task[None]] = set()
@@ -149,6 +151,15 @@ class RoutingView:
         assignment gives ``forwarder_id`` (a forwarder serves the whole topic then)."""
         owned: set[str] = set()
         for owners in self._topic_owners.values():
+            owned |= owners.get(forwarder_id, set())
+        return owned
+
+    def owned_subscriptions(self, forwarder_id: str) -> set[str]:
+        """The uids of the subscriptions whose first unit ``s/{uid}/0`` the published
+        assignment gives ``forwarder_id`` (it serves the whole subscription then; co-located,
+        those of its topics)."""
+        owned: set[str] = set()
+        for owners in self._subscription_owners.values():
             owned |= owners.get(forwarder_id, set())
         return owned
 
@@ -200,10 +211,16 @@ class RoutingView:
         if routes is None:
             self._shards.pop(name, None)
             self._topic_owners.pop(name, None)
+            self._subscription_owners.pop(name, None)
             return
         self._shards[name] = routes
-        owners: dict[str, set[str]] = {}
+        topics: dict[str, set[str]] = {}
+        subscriptions: dict[str, set[str]] = {}
         for unit, route in routes.items():
-            if route and unit.startswith("p/") and unit.endswith("/0"):
-                owners.setdefault(route[0], set()).add(unit.split("/")[1])
-        self._topic_owners[name] = owners
+            if route and unit.endswith("/0"):
+                if unit.startswith("p/"):
+                    topics.setdefault(route[0], set()).add(unit.split("/")[1])
+                elif unit.startswith("s/"):
+                    subscriptions.setdefault(route[0], set()).add(unit.split("/")[1])
+        self._topic_owners[name] = topics
+        self._subscription_owners[name] = subscriptions

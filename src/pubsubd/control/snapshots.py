@@ -167,7 +167,7 @@ class Snapshots:
         self._check_attached(sub)
         topic_uid = sub.record.topic_uid
         states = self.routes.subscribing(sub.record.uid).cursor_states(sub.record.name)
-        oldest = _oldest_unacked_us(self.routes.publishing(topic_uid), topic_uid, states)
+        oldest = _oldest_unacked_us(self.routes.reader(topic_uid), topic_uid, states)
         expire = retention.snapshot_expire_us(oldest, now)
         if expire - now < retention.SNAPSHOT_MIN_LIFETIME_US:
             raise FailedPrecondition(
@@ -282,7 +282,7 @@ class Snapshots:
         sub = self.catalog.subscription(request.subscription)
         self._check_attached(sub)
         topic_uid = sub.record.topic_uid
-        publishing = self.routes.publishing(topic_uid)
+        publishing = self.routes.reader(topic_uid)
         if target == "snapshot":
             snap = self.entry(request.snapshot)
             if snap.record.topic_uid != topic_uid:

@@ -38,13 +38,14 @@ from pubsubd.core.errors import NotServedHere
 from pubsubd.data.publish.forwarder import SUBSCRIPTIONS_DIR, TOPICS_DIR, PublishingForwarder
 from pubsubd.data.reconcile import PublishingReconciler, SubscribingReconciler
 from pubsubd.data.subscribe.forwarder import SubscribingForwarder
+from pubsubd.data.subscribe.remote_sources import RemoteSources
 from pubsubd.observability import background
 from pubsubd.storage.ledgers.cluster import ClusterStorage
-from pubsubd.storage.metadata import Change
+from pubsubd.storage.metadata import Change, SubscriptionRecord
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TopicOwnership"]
+__all__ = ["SubscriptionOwnership", "TopicOwnership"]
 
 # A gain that failed is tried again after this long (the assignment may have changed by then).
 RETRY_S = 1.0
@@ -66,11 +67,13 @@ class TopicOwnership:
         publishing_reconciler: PublishingReconciler,
         subscribing_reconciler: SubscribingReconciler,
         owned: set[str],
+        on_moved: Callable[[str, bool], None] = lambda _uid, _gained: None,
     ) -> None:
         """``assigned()``: the topic uids the published assignment gives this forwarder;
         ``records_of(uid)``: the topic's records as changes (topic, subscriptions, snapshots,
         named cursors); ``subscriptions_of(uid)``: the uids of its subscriptions; ``owned``:
-        the set the forwarders' predicates read (kept current here)."""
+        the set the forwarders' predicates read (kept current here); ``on_moved(uid,
+        gained)``: called once a topic is served here, or no longer."""
         self._assigned = assigned
         self._records_of = records_of
         self._subscriptions_of = subscriptions_of
@@ -81,6 +84,7 @@ class TopicOwnership:
         self._publishing_reconciler = publishing_reconciler
         self._subscribing_reconciler = subscribing_reconciler
         self.owned = owned
+        self._on_moved = on_moved
         self._moving: dict[str, asyncio.Task[None]] = {}
         self._scheduled = False
         self._closed = False
@@ -149,6 +153,7 @@ class TopicOwnership:
             self._subscribing_reconciler(change)
         self._publishing.dedup.recover([uid])
         self.gained += 1
+        self._on_moved(uid, True)
         log.info("topic storage %s: now served here (%d subscriptions)", uid, len(subscriptions))
 
     async def _release(self, uid: str) -> None:
@@ -156,6 +161,7 @@ class TopicOwnership:
         for name in self._subscribing.subscriptions_of_topic(uid):
             self._subscribing.close_subscription(name, NotServedHere(f"subscription {name}"))
         self._publishing_reconciler.forget(uid)
+        self._on_moved(uid, False)
         journals = await self._publishing.release_topic(uid)
         await self._let_go(uid, journals)
         self.released += 1
@@ -194,3 +200,158 @@ class TopicOwnership:
         for task in moving:
             with contextlib.suppress(BaseException):  # cancelled or failed: stopping anyway
                 await task
+
+
+class SubscriptionOwnership:
+    """The subscriptions this forwarder serves (``ready``), brought to what the assignment says.
+
+    A subscription's unit ``s/{uid}/0`` names the forwarder that serves it (Pull, StreamingPull,
+    acks, leases). Its ack state stays with its topic's owner: a subscription whose topic is
+    served here opens on the local publish message sources; one whose topic another forwarder
+    owns opens on a copy of the topic (``RemoteSources``: its ack state attached there first,
+    the copy caught up). A subscription whose topic is assigned here but not taken over yet
+    waits for that (co-located, it always opens locally). Losing one ends its streams with
+    UNAVAILABLE and sends its recorded acks to the topic's owner.
+    """
+
+    def __init__(
+        self,
+        *,
+        assigned: Callable[[], set[str]],
+        topic_assigned: Callable[[str], bool],
+        record_of: Callable[[str], SubscriptionRecord | None],
+        subscribing: SubscribingForwarder,
+        subscribing_reconciler: SubscribingReconciler,
+        owned_topics: set[str],
+        remote: RemoteSources,
+        ready: set[str],
+    ) -> None:
+        """``assigned()``: the subscription uids the published assignment gives this
+        forwarder; ``topic_assigned(uid)``: whether it gives it the topic; ``record_of(uid)``:
+        the subscription's record (None: not known here yet); ``ready``: the set
+        the predicates read, kept current here."""
+        self._assigned = assigned
+        self._topic_assigned = topic_assigned
+        self._record_of = record_of
+        self._subscribing = subscribing
+        self._reconciler = subscribing_reconciler
+        self._owned_topics = owned_topics
+        self.remote = remote
+        self.ready = ready
+        self._remote_topic: dict[str, str] = {}  # subscription uid -> topic uid, read remotely
+        self._names: dict[str, str] = {}  # subscription uid -> name, of those served here
+        self._moving: dict[str, asyncio.Task[None]] = {}
+        self._scheduled = False
+        self._closed = False
+        self.gained = 0
+        self.released = 0
+        self.failed_gains = 0
+
+    def serves(self, subscription_uid: str) -> bool:
+        return subscription_uid in self.ready
+
+    def changed(self) -> None:
+        """The assignment or the topics served here (may have) changed (once per turn)."""
+        if self._scheduled or self._closed:
+            return
+        self._scheduled = True
+        asyncio.get_running_loop().call_soon(self._reconcile)
+
+    def topic_moved(self, topic_uid: str, gained: bool) -> None:
+        """A topic came here or went: subscriptions read on its local sources were closed
+        with it (and open again on a copy), those waiting for it open now."""
+        if not gained:
+            for sub_uid in [u for u in self.ready if u not in self._remote_topic]:
+                record = self._record_of(sub_uid)
+                if record is None or record.topic_uid == topic_uid:
+                    self.ready.discard(sub_uid)
+                    self._names.pop(sub_uid, None)
+        self.changed()
+
+    def _reconcile(self) -> None:
+        self._scheduled = False
+        if self._closed:
+            return
+        wanted = self._assigned()
+        for uid in sorted(self.ready - wanted):
+            if uid not in self._moving:
+                self._start(uid, self._release(uid))
+        for uid in sorted(wanted - self.ready):
+            if uid not in self._moving:
+                self._start(uid, self._gain(uid))
+
+    def _start(self, uid: str, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work, name=f"subscription {uid}")
+        self._moving[uid] = task
+        task.add_done_callback(lambda t: self._moved(uid, t))
+
+    def _moved(self, uid: str, task: asyncio.Task[None]) -> None:
+        self._moving.pop(uid, None)
+        if task.cancelled() or self._closed:
+            return
+        error = task.exception()
+        if error is not None:
+            self.failed_gains += 1
+            log.warning("subscription storage %s: serving it failed, retrying: %s", uid, error)
+            asyncio.get_running_loop().call_later(RETRY_S, self.changed)
+            return
+        self.changed()
+
+    async def _gain(self, uid: str) -> None:
+        record = self._record_of(uid)
+        if record is None:  # not in this process's catalog yet
+            asyncio.get_running_loop().call_later(RETRY_S, self.changed)
+            return
+        topic_uid = record.topic_uid
+        if topic_uid not in self._owned_topics:
+            if self._topic_assigned(topic_uid):
+                return  # being taken over here: topic_moved() calls us again
+            await self.remote.prepare(topic_uid, uid, record.start_offsets)
+            self._remote_topic[uid] = topic_uid
+        if uid not in self._assigned() or self._closed:
+            await self._forget_remote(uid)
+            return
+        self.ready.add(uid)
+        self._names[uid] = record.name
+        self._reconciler(Change(record))
+        self.gained += 1
+        where = "a copy of its topic" if uid in self._remote_topic else "its topic here"
+        log.info("subscription %s: now served here, on %s", record.name, where)
+
+    async def _release(self, uid: str) -> None:
+        self.ready.discard(uid)
+        name = self._names.pop(uid, None)
+        if name is not None and self._subscribing.serves(name):
+            self._subscribing.close_subscription(name, NotServedHere(f"subscription {name}"))
+        await self._forget_remote(uid)
+        self.released += 1
+
+    async def _forget_remote(self, uid: str) -> None:
+        topic_uid = self._remote_topic.pop(uid, None)
+        if topic_uid is None:
+            return
+        try:
+            await self.remote.flush_acks(topic_uid, uid)
+        except Exception as e:  # the owner redelivers at most what was not flushed
+            log.warning("subscription storage %s: acks not flushed at release: %s", uid, e)
+        self.remote.forget(topic_uid, uid)
+
+    def status(self) -> dict[str, object]:
+        return {
+            "served_subscriptions": len(self.ready),
+            "on_copies": len(self._remote_topic),
+            "moving": len(self._moving),
+            "gained": self.gained,
+            "released": self.released,
+            "failed_gains": self.failed_gains,
+            "copies": self.remote.status(),
+        }
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in list(self._moving.values()):
+            task.cancel()
+        for uid in sorted(self.ready):
+            with contextlib.suppress(Exception):
+                await self._release(uid)
+        await self.remote.close()

@@ -51,6 +51,8 @@ from pubsubd.storage.replication import segment_file_name
 
 log = logging.getLogger(__name__)
 
+# Under a forwarder's data directory: the copies of topics other forwarders own.
+COPIES_DIR = "copies"
 DEFAULT_FLUSH_INTERVAL_S = 0.05
 RETRY_S = 0.2  # after a failed call or a broken Tail, before trying again
 CALL_TIMEOUT_S = 10.0
@@ -420,6 +422,19 @@ class RemoteSources:
                     await self._send(sub)
                 except (grpc.aio.AioRpcError, Unavailable) as e:
                     log.info("acks of %s not sent yet: %s", sub.uid, e)
+
+    def forget(self, topic_uid: str, subscription_uid: str) -> None:
+        """The subscription is no longer served here (what it queued was sent or given up:
+        the owner redelivers it). The copy of its topic stays followed."""
+        self._subscriptions.pop((topic_uid, subscription_uid), None)
+
+    def status(self) -> dict[str, object]:
+        return {
+            "topics": len(self._ready),
+            "subscriptions": len(self._subscriptions),
+            "queued": sum(len(s.ops) for s in self._subscriptions.values()),
+            "tail_restarts": self.tail_restarts,
+        }
 
     def queued(self, topic_uid: str, subscription_uid: str) -> int:
         """Changes of the subscription's ack state not yet sent to the owner."""

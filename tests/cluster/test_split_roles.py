@@ -1,0 +1,192 @@
+"""Publishing and subscribing forwarders as separate processes (issue 11, part 4).
+
+The cluster runs one publishing-only forwarder (``pubsubd forwarder --no-subscribing``) and two
+subscribing-only ones (``--no-publishing``) behind a router and a frontend. The router then
+places topics among the publishing forwarders and subscriptions among the subscribing ones
+(control/routing_table.py, "split"); a subscribing forwarder reads its subscriptions' topics
+from copies it keeps over the owner's ``pubsubd.internal.v1.Sources/Tail``, and sends acks to
+the owner, which keeps every subscription's ack state (data/subscribe/remote_sources.py).
+
+Checked with the official client through the frontend: every message delivered to two
+subscriptions served on copies, acks landing at the owner (a new subscriber receives only what
+came after), a snapshot and Seek to it, Seek to a time, and a kill -9 of the
+subscribing forwarder serving a subscription under a publish flood: the other one takes the
+subscription over and every acknowledged publish is delivered.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from pubsubd.cluster.launcher import LocalCluster
+from pubsubd.control.routing_table import subscribing_unit
+from tests.cluster.test_frontends import Receiver
+from tests.conftest import make_publisher, make_subscriber
+from tests.support.cluster import routes, running_cluster, subscription_uid, topic_owner
+from tests.support.flood import Flood
+from tests.support.server import wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+PUBLISHING = "forwarder-1"
+SUBSCRIBING = ["forwarder-2", "forwarder-3"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    directory = tmp_path_factory.mktemp("split")
+    with running_cluster(
+        directory,
+        zones=2,
+        routers=1,
+        frontends=1,
+        forwarders=3,
+        forwarder_args=[["--no-subscribing"], ["--no-publishing"], ["--no-publishing"]],
+        session_timeout_s=20.0,
+    ) as c:
+        yield c
+
+
+def _status(cluster: LocalCluster, name: str) -> dict[str, Any]:
+    process = cluster.process(name)
+    port = process.args[process.args.index("--http-port") + 1]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10) as r:
+        return json.loads(r.read())["cluster"]  # type: ignore[no-any-return]
+
+
+def _on_copies(cluster: LocalCluster, name: str) -> int:
+    return int(_status(cluster, name)["subscription_ownership"]["on_copies"])
+
+
+def _server(cluster: LocalCluster, subscription: str) -> str:
+    """The subscribing forwarder the assignment gives ``subscription`` ("" if none yet)."""
+    route = routes(cluster).get(subscribing_unit(subscription_uid(cluster, subscription), 0))
+    return route[0] if route else ""
+
+
+def test_subscriptions_are_served_apart_from_their_topic(cluster: LocalCluster, names: Any) -> None:
+    endpoint = cluster.grpc
+    pub, sub = make_publisher(endpoint), make_subscriber(endpoint)
+    topic = names.topic("split")
+    subscriptions = [names.subscription(f"split-{i}") for i in range(2)]
+    pub.create_topic(name=topic)
+    sub.create_subscription(name=subscriptions[0], topic=topic)
+    # Acked messages stay for Seek to bring back (retain_acked_messages).
+    sub.create_subscription(
+        request={"name": subscriptions[1], "topic": topic, "retain_acked_messages": True}
+    )
+    wait_for(lambda: topic_owner(cluster, topic) == PUBLISHING, 30, "the topic is placed")
+    wait_for(
+        lambda: all(_server(cluster, s) in SUBSCRIBING for s in subscriptions),
+        30,
+        "the subscriptions are placed on subscribing forwarders",
+    )
+    sent = {f"first-{i}".encode() for i in range(300)}
+    for f in [pub.publish(topic, data) for data in sorted(sent)]:
+        f.result(timeout=60)
+    receivers = [Receiver(endpoint, s) for s in subscriptions]
+    try:
+        for r in receivers:
+            wait_for(lambda r=r: r.has(sent), 60, "every message delivered on a copy")
+    finally:
+        for r in receivers:
+            r.close()
+    assert all(not (r.received - sent) for r in receivers)
+    assert sum(_on_copies(cluster, name) for name in SUBSCRIBING) == 2
+    assert _status(cluster, PUBLISHING)["ownership"]["owned_topics"] >= 1
+    assert _status(cluster, PUBLISHING)["subscription_ownership"]["served_subscriptions"] == 0
+
+    # The acks reached the topic's owner: a new subscriber receives only what came after.
+    time.sleep(1.0)  # the acks' flush window, and the owner's journal flush
+    later = {f"later-{i}".encode() for i in range(50)}
+    for f in [pub.publish(topic, data) for data in sorted(later)]:
+        f.result(timeout=60)
+    again = Receiver(endpoint, subscriptions[0])
+    try:
+        wait_for(lambda: again.has(later), 60, "the later messages delivered")
+        time.sleep(1.0)
+    finally:
+        again.close()
+    assert again.received == later, f"{len(again.received - later)} acked ones came again"
+
+    # A snapshot taken on the subscribing forwarder (its cursors, positions from the copy), then
+    # Seek back to it: what was acked after it is delivered again, nothing before it.
+    snapshot = subscriptions[0].replace("/subscriptions/", "/snapshots/")
+    time.sleep(1.0)  # the later acks reach the owner
+    sub.create_snapshot(name=snapshot, subscription=subscriptions[0])
+    after = {f"after-{i}".encode() for i in range(30)}
+    for f in [pub.publish(topic, data) for data in sorted(after)]:
+        f.result(timeout=60)
+    acked = Receiver(endpoint, subscriptions[0])
+    try:
+        wait_for(lambda: acked.has(after), 60, "the messages after the snapshot delivered")
+        time.sleep(1.0)
+    finally:
+        acked.close()
+    sub.seek(request={"subscription": subscriptions[0], "snapshot": snapshot})
+    back = Receiver(endpoint, subscriptions[0])
+    try:
+        wait_for(lambda: back.has(after), 60, "the messages after the snapshot delivered again")
+        time.sleep(1.0)
+    finally:
+        back.close()
+    assert back.received == after
+
+    # Seek to a time before everything: every message is unacked again (retained acked),
+    # read on the copy.
+    sub.seek(
+        request={
+            "subscription": subscriptions[1],
+            "time": datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=1),
+        }
+    )
+    replayed = Receiver(endpoint, subscriptions[1])
+    try:
+        wait_for(lambda: replayed.has(sent | later), 60, "the whole topic delivered again")
+    finally:
+        replayed.close()
+    sub.close()
+
+
+def test_a_killed_subscribing_forwarder_s_subscription_is_served_by_the_other(
+    cluster: LocalCluster, names: Any
+) -> None:
+    endpoint = cluster.grpc
+    pub, sub = make_publisher(endpoint), make_subscriber(endpoint)
+    topic, subscription = names.topic("killed-sub"), names.subscription("killed-sub")
+    pub.create_topic(name=topic)
+    sub.create_subscription(name=subscription, topic=topic)
+    sub.close()
+    wait_for(lambda: _server(cluster, subscription) in SUBSCRIBING, 30, "the subscription placed")
+    server = _server(cluster, subscription)
+    receiver = Receiver(endpoint, subscription)
+    flood = Flood(endpoint, topic, rate=300).start()
+    try:
+        wait_for(lambda: receiver.count() >= 200, 60, "delivery under way")
+        cluster.kill(server)
+        started = time.monotonic()
+        wait_for(
+            lambda: _server(cluster, subscription) not in ("", server), 60, "another serves it"
+        )
+        print(
+            f"kill -9 -> the subscription is routed elsewhere: {time.monotonic() - started:.2f} s"
+        )
+        before = receiver.count()
+        wait_for(lambda: receiver.count() >= before + 300, 60, "delivery goes on after")
+    finally:
+        flood.stop()
+    acked, sent = flood.snapshot(), flood.sent
+    try:
+        wait_for(lambda: receiver.has(acked), 90, "every acknowledged message delivered")
+    finally:
+        receiver.close()
+        cluster.restart(server)
+    assert not flood.errors, f"publishes that failed for good: {dict(flood.errors)}"
+    assert not receiver.received - sent, "messages nobody published"
