@@ -23,6 +23,7 @@ from google.pubsub_v1.types import PullResponse
 
 from pubsubd._gen.pubsubd.internal.v1 import sources_pb2 as s
 from pubsubd.core import pb
+from pubsubd.core.errors import Unavailable
 from pubsubd.data import sources_wire as wire
 from pubsubd.data.subscribe.forwarder import SubscribingForwarder
 from pubsubd.data.subscribe.remote_sources import RemoteSources
@@ -140,6 +141,17 @@ async def test_a_subscription_is_served_from_a_copy_of_a_topic_owned_elsewhere(
         assert await _mark_delete(owner.endpoint, topic_uid, sub_uid) == 270
         # Nothing more, and nothing twice.
         assert await _pull_all(fwd, 1, timeout_s=1.5) == []
+
+        # Served here no more: once nothing reads the topic, its copy goes.
+        copy = tmp_path / "copy" / "topics" / topic_uid
+        assert copy.is_dir()
+        fwd.close_subscription(SUBSCRIPTION, Unavailable("moved"))
+        remote.forget(topic_uid, sub_uid)
+        for _ in range(200):
+            if not copy.exists():
+                break
+            await asyncio.sleep(0.05)
+        assert not copy.exists()
     finally:
         await fwd.close()
         await remote.close()

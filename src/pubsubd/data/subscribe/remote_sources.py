@@ -12,7 +12,8 @@ dispatchers as the same ``core.roles.PublishingForwarderApi`` an in-process owne
   planner reads it synchronously, as it reads a log in-process; commits of the copy wake the
   dispatchers; delayed messages are tracked on this side over the copy (its own delay index).
   The owner's trims are followed (whole segments below its retained start go). A copy left
-  from an earlier run goes on from its end, unless the owner trimmed past it.
+  from an earlier run goes on from its end, unless the owner trimmed past it. A copy no
+  subscription served here reads any more is deleted.
 - **Ack state** stays with the owner. ``attach`` is answered from :meth:`RemoteSources.prepare`
   (the ``Attach`` call, made before the dispatcher opens); acks, cursor resets and publish
   blocks are queued in order per subscription and sent every ``flush_interval_s`` (at most that
@@ -96,6 +97,7 @@ class RemoteSources:
         self._ready: dict[str, asyncio.Event] = {}  # by topic: every source copied up
         self._current: set[tuple[str, int]] = set()  # sources whose copy caught up once
         self._tails: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._dropping: dict[str, asyncio.Task[None]] = {}  # copies being deleted
         self._sender: asyncio.Task[None] | None = None
         self.tail_restarts = 0  # Tail streams started again (a broken stream, a moved topic)
 
@@ -131,7 +133,7 @@ class RemoteSources:
             tasks.append(self._sender)
         for task in tasks:
             task.cancel()
-        for task in tasks:
+        for task in [*tasks, *self._dropping.values()]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         for sub in list(self._subscriptions.values()):
@@ -148,6 +150,9 @@ class RemoteSources:
         """Copy the topic's sources and keep following them; returns once every source's
         copy holds what was committed when its stream started (a broken stream resumes by
         itself)."""
+        dropping = self._dropping.get(topic_uid)
+        if dropping is not None:
+            await asyncio.shield(dropping)
         if topic_uid not in self._ready:
             self._ready[topic_uid] = asyncio.Event()
             self.copy.open_topic(topic_uid)  # copies left from an earlier run, or source 0
@@ -427,6 +432,26 @@ class RemoteSources:
         """The subscription is no longer served here (what it queued was sent or given up:
         the owner redelivers it). The copy of its topic stays followed."""
         self._subscriptions.pop((topic_uid, subscription_uid), None)
+        if topic_uid in self._ready and not any(t == topic_uid for t, _ in self._subscriptions):
+            self._unfollow(topic_uid)
+
+    def _unfollow(self, topic_uid: str) -> None:
+        """No subscription served here reads the topic any more: its streams stop and its
+        copy is deleted (a later subscription copies it anew)."""
+        del self._ready[topic_uid]
+        for key in [k for k in self._tails if k[0] == topic_uid]:
+            self._tails.pop(key).cancel()
+            self._current.discard(key)
+        self._policies.pop(topic_uid, None)
+        task = asyncio.get_running_loop().create_task(self._drop(topic_uid))
+        self._dropping[topic_uid] = task
+
+    async def _drop(self, topic_uid: str) -> None:
+        try:
+            await asyncio.sleep(0)  # the cancelled streams end first
+            await self.copy.drop_topic(topic_uid)
+        finally:
+            self._dropping.pop(topic_uid, None)
 
     def status(self) -> dict[str, object]:
         return {
