@@ -57,6 +57,20 @@ def up(
             "(0: one serving process owns every topic)"
         ),
     ] = 3,
+    publishing_only: Annotated[
+        int,
+        typer.Option(
+            help="of the forwarders, how many own topics only (--no-subscribing): the routers "
+            "then place subscriptions apart from their topics"
+        ),
+    ] = 0,
+    subscribing_only: Annotated[
+        int,
+        typer.Option(
+            help="of the forwarders, how many serve subscriptions only (--no-publishing), "
+            "reading their topics from copies"
+        ),
+    ] = 0,
     probers: Annotated[
         int, typer.Option(help="probers (pubsubd prober) through every frontend")
     ] = 1,
@@ -66,6 +80,17 @@ def up(
     from pubsubd.cluster.launcher import ClusterError, LocalCluster
     from pubsubd.coordination.ensemble import EnsembleError, ZooKeeperMissing
 
+    if (
+        publishing_only + subscribing_only > forwarders
+        or min(publishing_only, subscribing_only) < 0
+    ):
+        _fail(ValueError("--publishing-only and --subscribing-only count among --forwarders"))
+        return
+    roles = [
+        ["--no-subscribing"] * (i < publishing_only)
+        + ["--no-publishing"] * (i >= forwarders - subscribing_only)
+        for i in range(forwarders)
+    ]
     try:
         cluster = LocalCluster(data_dir).up(
             zk_nodes=zk_nodes,
@@ -76,6 +101,7 @@ def up(
             routers=routers,
             frontends=frontends,
             forwarders=forwarders,
+            forwarder_args=roles,
             probers=probers,
         )
     except (ClusterError, EnsembleError, ZooKeeperMissing, OSError) as e:
