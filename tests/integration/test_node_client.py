@@ -1,0 +1,220 @@
+"""The official Node client (``@google-cloud/pubsub``, pinned in ``tests/node/package-lock.json``)
+against a real ``pubsubd serve`` on an ephemeral loopback port, reached through
+``PUBSUB_EMULATOR_HOST``: publish with batching, subscribe with flow control, ordering keys,
+nack redelivery (plain, ordered, dead-lettered) and errors with their gRPC codes. Each test
+runs one node process (``tests/node/*.mjs``) that prints its counts as one JSON line; the
+assertions are here. One server serves the whole module (names are unique per test) and must
+still be up after each."""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support import node
+from tests.support.raw import http_get
+from tests.support.server import ServerProcess
+
+pytestmark = pytest.mark.integration
+
+PROJECT = "node-project"
+
+# gRPC status codes as Node code sees them (err.code).
+OK, INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS = 0, 3, 5, 6
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    node.require()
+    srv = ServerProcess(tmp_path_factory.mktemp("node") / "data").start()
+    yield srv
+    srv.kill()
+
+
+@pytest.fixture
+def suffix() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+def scenario(server: ServerProcess, script: str, **args: object) -> dict[str, object]:
+    run = node.run_scenario(script, server.endpoint, {"project": PROJECT, **args})
+    assert server.alive(), f"pubsubd died during {script}:\n{server.log()}"
+    return run.result
+
+
+def publish_requests(server: ServerProcess, topic: str) -> float:
+    """Publish RPCs the server answered OK for ``topic`` (its /metrics)."""
+    _, body = http_get(server, "/metrics")
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            if (
+                sample.name == "pubsubd_topic_publish_requests_total"
+                and sample.labels.get("topic") == topic
+                and sample.labels.get("code") == "OK"
+            ):
+                return sample.value
+    return 0.0
+
+
+def no_tracebacks(server: ServerProcess) -> None:
+    log = server.log()
+    assert "Traceback" not in log, log
+
+
+def test_node_publish_with_batching_loses_and_duplicates_nothing(
+    server: ServerProcess, suffix: str
+) -> None:
+    count, per_batch = 2000, 100
+    r = scenario(
+        server,
+        "publish_batching.mjs",
+        topic=f"batching-{suffix}",
+        subscription=f"batching-{suffix}",
+        count=count,
+        max_messages=per_batch,
+        max_ms=50,
+        receive_timeout_s=30,
+        settle_ms=500,
+    )
+    assert r["publish_failure_count"] == 0, r["publish_failures"]
+    assert r["distinct_ids"] == count  # one message ID per message
+    assert (r["lost"], r["duplicated"], r["unexpected"]) == (0, 0, 0), r
+    assert r["data_mismatches"] == 0
+    assert r["subscriber_errors"] == []
+    # The client batched: at most `per_batch` messages a request, and far fewer requests than
+    # messages (a time-flushed batch may be smaller).
+    requests = publish_requests(server, str(r["topic"]))
+    assert math.ceil(count / per_batch) <= requests <= count / 10, requests
+
+
+def test_node_subscriber_flow_control_bounds_outstanding_messages(
+    server: ServerProcess, suffix: str
+) -> None:
+    max_messages = 10
+    r = scenario(
+        server,
+        "flow_control.mjs",
+        topic=f"flow-{suffix}",
+        subscription=f"flow-{suffix}",
+        count=120,
+        max_messages=max_messages,
+        hold_ms=20,
+        receive_timeout_s=30,
+        settle_ms=300,
+    )
+    for mode in ("server", "client"):
+        counts = r[mode]
+        assert isinstance(counts, dict)
+        assert counts["errors"] == [], (mode, counts)
+        assert (counts["lost"], counts["duplicated"], counts["unexpected"]) == (0, 0, 0), (
+            mode,
+            counts,
+        )
+        # Never more in the application's hands than allowed, and the bound was reached (so
+        # the messages did overlap: a subscriber taking one at a time would not show it).
+        assert counts["max_outstanding"] == max_messages, (mode, counts)
+
+
+def test_node_ordering_keys_keep_per_key_order(server: ServerProcess, suffix: str) -> None:
+    keys, per_key = 20, 50
+    r = scenario(
+        server,
+        "ordering.mjs",
+        topic=f"ordering-{suffix}",
+        subscription=f"ordering-{suffix}",
+        sources=4,  # keys spread over four publish message sources
+        keys=keys,
+        per_key=per_key,
+        batch=50,
+        max_hold_ms=5,
+        receive_timeout_s=30,
+        settle_ms=300,
+    )
+    assert r["errors"] == []
+    assert r["keys_seen"] == keys
+    assert r["out_of_order"] == 0, r["out_of_order_examples"]
+    assert (r["lost"], r["unexpected"], r["redeliveries"]) == (0, 0, 0), r
+    assert r["received"] == keys * per_key
+
+
+def test_node_nack_redelivers_in_order_and_dead_letters(server: ServerProcess, suffix: str) -> None:
+    keys, per_key, nack_seq = 5, 20, 5
+    r = scenario(
+        server,
+        "nack.mjs",
+        topic=f"nack-{suffix}",
+        subscription=f"nack-{suffix}",
+        keys=keys,
+        per_key=per_key,
+        nack_seq=nack_seq,
+        ack_delay_ms=500,
+        receive_timeout_s=30,
+        settle_ms=300,
+    )
+    total = keys * per_key
+    assert r["errors"] == []
+    plain, ordered, dead = r["plain"], r["ordered"], r["dead_letter"]
+    assert isinstance(plain, dict) and isinstance(ordered, dict) and isinstance(dead, dict)
+    # Every nacked message came back once and was then acked.
+    assert (plain["lost"], plain["unexpected"]) == (0, 0), plain
+    assert plain["delivered_twice"] == total, plain
+    # Ordered: per key nothing out of order; the nacked message came back followed by every
+    # later message of its key, although the application had acked those after the nack.
+    assert (ordered["lost"], ordered["unexpected"]) == (0, 0), ordered
+    assert ordered["violations"] == 0, ordered["violation_examples"]
+    assert ordered["keys_nacked"] == keys
+    assert ordered["keys_redelivered_through_last"] == keys, ordered
+    assert ordered["deliveries"] == total + keys * (per_key - nack_seq)
+    # Dead letter: attempts 1..5 seen on each message, then it reached the dead-letter
+    # subscription once, with the CloudPubSubDeadLetterSource* attributes.
+    assert dead["attempts_1_to_5"] == total, dead["attempts_other_examples"]
+    assert (dead["lost"], dead["duplicated"], dead["unexpected"]) == (0, 0, 0), dead
+    assert dead["with_source_attributes"] == total
+
+
+def test_node_errors_surface_grpc_codes_and_server_stays_up(
+    server: ServerProcess, suffix: str
+) -> None:
+    r = scenario(server, "errors.mjs", suffix=suffix)
+    cases = r["cases"]
+    assert isinstance(cases, dict)
+    expected = {
+        "publish_to_missing_topic": NOT_FOUND,
+        "publish_to_invalid_topic_name": INVALID_ARGUMENT,
+        "publish_to_too_short_topic_name": INVALID_ARGUMENT,
+        "publish_attribute_key_too_long": INVALID_ARGUMENT,
+        "publish_too_large": INVALID_ARGUMENT,
+        "create_existing_topic": ALREADY_EXISTS,
+        "delete_missing_topic": NOT_FOUND,
+        "create_subscription_of_missing_topic": NOT_FOUND,
+        "create_subscription_ack_deadline_too_long": INVALID_ARGUMENT,
+        "create_subscription_bad_filter": INVALID_ARGUMENT,
+        "get_missing_subscription": NOT_FOUND,
+        "seek_to_missing_snapshot": NOT_FOUND,
+        "subscribe_to_missing_subscription": NOT_FOUND,
+        "ordered_publish_to_missing_topic": NOT_FOUND,
+        "ordered_publish_after_resume": OK,
+    }
+    assert {k: v["code"] for k, v in cases.items()} == expected, cases
+    # The details name what was wrong.
+    assert f"missing-{suffix}" in cases["publish_to_missing_topic"]["details"]
+    assert "bad topic name!" in cases["publish_to_invalid_topic_name"]["details"]
+    assert "ack_deadline_seconds" in cases["create_subscription_ack_deadline_too_long"]["details"]
+    after = r["after"]
+    assert isinstance(after, dict)
+    assert [m["data"] for m in after["received"]] == ["still up"]
+    no_tracebacks(server)
+
+
+def test_node_client_is_the_pinned_one() -> None:
+    # The installed client is the one package-lock.json pins (`make test` runs npm ci again
+    # when the lock changes).
+    node.require()
+    lock = json.loads((node.NODE_DIR / "package-lock.json").read_text())
+    pinned = lock["packages"]["node_modules/@google-cloud/pubsub"]["version"]
+    assert node.client_version() == pinned
