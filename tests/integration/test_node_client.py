@@ -1,23 +1,24 @@
 """The official Node client (``@google-cloud/pubsub``, pinned in ``tests/node/package-lock.json``)
-against a real ``pubsubd serve`` on an ephemeral loopback port, reached through
-``PUBSUB_EMULATOR_HOST``: publish with batching, subscribe with flow control, ordering keys,
-nack redelivery (plain, ordered, dead-lettered) and errors with their gRPC codes. Each test
-runs one node process (``tests/node/*.mjs``) that prints its counts as one JSON line; the
-assertions are here. One server serves the whole module (names are unique per test) and must
-still be up after each."""
+against a real ``pubsubd serve`` on an ephemeral loopback port (and each cluster deployment of
+``tests/conftest.py``, through its frontend), reached through ``PUBSUB_EMULATOR_HOST``: publish
+with batching, subscribe with flow control, ordering keys, nack redelivery (plain, ordered,
+dead-lettered) and errors with their gRPC codes. Each test runs one node process
+(``tests/node/*.mjs``) that prints its counts as one JSON line; the assertions are here. One
+server per deployment serves the whole module (names are unique per test) and must still be up
+after each."""
 
 from __future__ import annotations
 
 import json
 import math
+import urllib.request
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support import node
-from tests.support.raw import http_get
+from tests.support.cluster import ClusterServer
 from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.integration
@@ -28,12 +29,14 @@ PROJECT = "node-project"
 OK, INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS = 0, 3, 5, 6
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+Server = ServerProcess | ClusterServer
+
+
+@pytest.fixture
+def server(shared_server: Server) -> Server:
+    """The module's server (``tests/conftest.py``): one process, and each cluster deployment."""
     node.require()
-    srv = ServerProcess(tmp_path_factory.mktemp("node") / "data").start()
-    yield srv
-    srv.kill()
+    return shared_server
 
 
 @pytest.fixture
@@ -41,33 +44,47 @@ def suffix() -> str:
     return uuid.uuid4().hex[:10]
 
 
-def scenario(server: ServerProcess, script: str, **args: object) -> dict[str, object]:
+def scenario(server: Server, script: str, **args: object) -> dict[str, object]:
     run = node.run_scenario(script, server.endpoint, {"project": PROJECT, **args})
     assert server.alive(), f"pubsubd died during {script}:\n{server.log()}"
     return run.result
 
 
-def publish_requests(server: ServerProcess, topic: str) -> float:
-    """Publish RPCs the server answered OK for ``topic`` (its /metrics)."""
-    _, body = http_get(server, "/metrics")
-    for family in text_string_to_metric_families(body.decode()):
-        for sample in family.samples:
-            if (
-                sample.name == "pubsubd_topic_publish_requests_total"
-                and sample.labels.get("topic") == topic
-                and sample.labels.get("code") == "OK"
-            ):
-                return sample.value
-    return 0.0
+def serving_http(server: Server) -> list[str]:
+    """HTTP addresses of the processes that serve topics (a cluster's serve or forwarders)."""
+    if isinstance(server, ServerProcess):
+        return [f"{server.host}:{server.http_port}"]
+    return [
+        f"127.0.0.1:{p.args[p.args.index('--http-port') + 1]}"
+        for p in server.cluster.processes
+        if p.role in ("serve", "forwarder")
+    ]
 
 
-def no_tracebacks(server: ServerProcess) -> None:
+def publish_requests(server: Server, topic: str) -> float:
+    """Publish RPCs answered OK for ``topic``, from the /metrics of every serving process."""
+    total = 0.0
+    for address in serving_http(server):
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if (
+                    sample.name == "pubsubd_topic_publish_requests_total"
+                    and sample.labels.get("topic") == topic
+                    and sample.labels.get("code") == "OK"
+                ):
+                    total += sample.value
+    return total
+
+
+def no_tracebacks(server: Server) -> None:
     log = server.log()
     assert "Traceback" not in log, log
 
 
 def test_node_publish_with_batching_loses_and_duplicates_nothing(
-    server: ServerProcess, suffix: str
+    server: Server, suffix: str
 ) -> None:
     count, per_batch = 2000, 100
     r = scenario(
@@ -93,7 +110,7 @@ def test_node_publish_with_batching_loses_and_duplicates_nothing(
 
 
 def test_node_subscriber_flow_control_bounds_outstanding_messages(
-    server: ServerProcess, suffix: str
+    server: Server, suffix: str
 ) -> None:
     max_messages = 10
     r = scenario(
@@ -120,7 +137,7 @@ def test_node_subscriber_flow_control_bounds_outstanding_messages(
         assert counts["max_outstanding"] == max_messages, (mode, counts)
 
 
-def test_node_ordering_keys_keep_per_key_order(server: ServerProcess, suffix: str) -> None:
+def test_node_ordering_keys_keep_per_key_order(server: Server, suffix: str) -> None:
     keys, per_key = 20, 50
     r = scenario(
         server,
@@ -142,7 +159,7 @@ def test_node_ordering_keys_keep_per_key_order(server: ServerProcess, suffix: st
     assert r["received"] == keys * per_key
 
 
-def test_node_nack_redelivers_in_order_and_dead_letters(server: ServerProcess, suffix: str) -> None:
+def test_node_nack_redelivers_in_order_and_dead_letters(server: Server, suffix: str) -> None:
     keys, per_key, nack_seq = 5, 20, 5
     r = scenario(
         server,
@@ -177,9 +194,7 @@ def test_node_nack_redelivers_in_order_and_dead_letters(server: ServerProcess, s
     assert dead["with_source_attributes"] == total
 
 
-def test_node_errors_surface_grpc_codes_and_server_stays_up(
-    server: ServerProcess, suffix: str
-) -> None:
+def test_node_errors_surface_grpc_codes_and_server_stays_up(server: Server, suffix: str) -> None:
     r = scenario(server, "errors.mjs", suffix=suffix)
     cases = r["cases"]
     assert isinstance(cases, dict)
