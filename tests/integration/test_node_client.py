@@ -186,7 +186,8 @@ def test_node_nack_redelivers_in_order_and_dead_letters(server: Server, suffix: 
     assert ordered["violations"] == 0, ordered["violation_examples"]
     assert ordered["keys_nacked"] == keys
     assert ordered["keys_redelivered_through_last"] == keys, ordered
-    assert ordered["deliveries"] == total + keys * (per_key - nack_seq)
+    # Nothing redelivered beyond that (at most the nacked message and all later ones per key).
+    assert total + keys <= ordered["deliveries"] <= total + keys * (per_key - nack_seq), ordered
     # Dead letter: attempts 1..5 seen on each message, then it reached the dead-letter
     # subscription once, with the CloudPubSubDeadLetterSource* attributes.
     assert dead["attempts_1_to_5"] == total, dead["attempts_other_examples"]
