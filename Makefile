@@ -75,8 +75,26 @@ $(CHROMIUM):
 	export DEBIAN_FRONTEND=noninteractive && $(CHROMIUM_INSTALL)
 	@test -x $@ || { echo "Chromium installed, but $@ is still missing" >&2; exit 1; }
 
+## Node.js and npm from Debian when missing, then the official Node client
+## (@google-cloud/pubsub, pinned by tests/node/package-lock.json) into tests/node/node_modules
+## with `npm ci` (no install scripts: its one, protobufjs's, only prints warnings), again only
+## when the lock changes; tests/integration/test_node_client.py drives it against a real server.
+NODE ?= $(shell command -v node || echo /usr/bin/node)
+NPM ?= $(shell command -v npm || echo /usr/bin/npm)
+export NODE
+NODE_INSTALL := apt-get update && apt-get install -y --no-install-recommends nodejs npm
+$(NODE) $(NPM):
+	@if [ "$$(id -u)" != 0 ]; then echo "$@ is missing. Install Node.js and npm as root: $(NODE_INSTALL)" >&2; exit 1; fi
+	export DEBIAN_FRONTEND=noninteractive && $(NODE_INSTALL)
+	@test -x $@ || { echo "nodejs and npm installed, but $@ is still missing" >&2; exit 1; }
+
+NODE_CLIENT := tests/node/node_modules/.installed
+$(NODE_CLIENT): tests/node/package.json tests/node/package-lock.json | $(NODE) $(NPM)
+	cd tests/node && $(NPM) ci --no-audit --no-fund --ignore-scripts
+	touch $@
+
 ## Run the whole suite (unit, property, integration, crash, cluster).
-test: $(VENV)/.installed-test $(ZOOKEEPER_JAR) $(NFT) $(IP) $(PROMTOOL) $(CHROMIUM)
+test: $(VENV)/.installed-test $(ZOOKEEPER_JAR) $(NFT) $(IP) $(PROMTOOL) $(CHROMIUM) $(NODE_CLIENT)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## Lint, type-check, and check the layering of ARCHITECTURE.md (import-linter contracts in

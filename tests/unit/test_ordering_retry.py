@@ -34,6 +34,21 @@ def test_fail_returns_later_outstanding_and_requeues_in_order() -> None:
     assert o.take_ready(10) == [("k", [11, 12, 13])]
 
 
+def test_later_messages_put_back_by_a_failure_await_redelivery_until_delivered() -> None:
+    o = KeyOrdering()
+    for p in (10, 11, 12):
+        o.delivered("k", p)
+    o.fail(11)
+    assert not o.awaits_redelivery(10)  # still outstanding: its ack ID is live
+    assert not o.awaits_redelivery(11)  # the failed one itself
+    assert o.awaits_redelivery(12)  # behind 11: an ack for it now names the ended delivery
+    o.acked(10)
+    [(key, batch)] = o.take_ready(10)
+    for p in batch:
+        o.delivered(key, p)
+    assert not o.awaits_redelivery(12)
+
+
 def test_blocked_key_waits_for_unblock() -> None:
     o = KeyOrdering()
     o.delivered("k", 1)

@@ -177,6 +177,41 @@ def test_one_outstanding_batch_per_ordering_key_and_nack_requeues_the_rest_in_or
     assert later[0] in a.positions() + b.positions()  # the key's next batch
 
 
+def test_an_ack_of_a_later_message_after_its_keys_nack_waits_for_the_redelivery() -> None:
+    # The official Node client hands a key's whole batch to the application at once, so an ack
+    # of k3 can come after the nack of k2 with k3's old ack ID: the key must still be
+    # redelivered from k2 on, k3 included (README: "redelivers that message and every later
+    # one of the key, in order").
+    topic = MemoryTopic()
+    p = planner(topic, subscription(enable_message_ordering=True))
+    c = Recorder()
+    p.add_consumer(c)
+    k1, k2, k3 = topic.publish(b"k1", b"k2", b"k3", key="k")
+    run(p, 0.0)
+    assert c.positions() == [k1, k2, k3]
+    first = ack_ids(p, c)
+    p.modify_deadline([first[1]], 0, 1.0)  # nack k2
+    p.acknowledge([k1, k3])  # k3's ack names the delivery the nack ended
+    fx = run(p, 1.0)
+    assert fx.acks == {0: [(0, 1)]}  # only k1
+    assert c.positions()[3:] == [k2, k3]
+    p.acknowledge([pos for pos, _ in ack_ids(p, c)[3:]])
+    assert p.effects().acks == {0: [(1, 3)]}
+    assert p.cursors[0].mark_delete == 3
+
+
+def test_an_evicted_message_awaiting_redelivery_is_acked() -> None:
+    topic = MemoryTopic()
+    p = planner(topic, subscription(enable_message_ordering=True))
+    c = Recorder()
+    p.add_consumer(c)
+    k1, k2 = topic.publish(b"k1", b"k2", key="k")
+    run(p, 0.0)
+    p.modify_deadline([ack_ids(p, c)[0]], 0, 1.0)  # nack k1: k2 awaits its redelivery
+    p.evict([k1, k2])
+    assert p.effects().acks == {0: [(0, 2)]}
+
+
 def test_filtered_out_messages_are_acked_without_delivery() -> None:
     topic = MemoryTopic()
     p = planner(topic, subscription(filter='attributes.kind = "keep"'))

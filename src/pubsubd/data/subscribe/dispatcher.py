@@ -467,7 +467,7 @@ class SubscriptionDispatcher:
 
         evicted = self.planner.unacked_positions(count, older_than)
         if evicted:
-            self.planner.acknowledge(evicted)
+            self.planner.evict(evicted)
             self._apply()
         return len(evicted)
 

@@ -10,7 +10,10 @@ Rules (docs/GOOGLE_API.md §7.6; issue: "one outstanding batch per key"):
 3. A nack or expiry of a keyed message puts it and every later outstanding message of the key
    back at the front of the key's queue, in order (``fail`` returns them so the caller can end
    their leases); the key stays blocked until those are redelivered.
-4. Messages without a key (and subscriptions without ordering) never come here.
+4. Those later messages *await redelivery* until they are handed out again: an ack that comes
+   for one meanwhile carries the ack ID of the delivery the failure ended, and the caller drops
+   it (``awaits_redelivery``), or the key's redelivery would skip a message after the failed one.
+5. Messages without a key (and subscriptions without ordering) never come here.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ class KeyOrdering:
     _ready_set: set[str] | None = None
     # keys waiting out a retry backoff: not ready even when free (created on first use)
     _blocked: set[str] | None = None
+    # positions put back because an earlier one of their key failed, until delivered again
+    # (rule 4; created on first use)
+    _awaiting: set[int] | None = None
 
     def busy(self, key: str) -> bool:
         return key in self._outstanding or key in self._pending
@@ -59,9 +65,16 @@ class KeyOrdering:
     def key_of(self, pos: int) -> str | None:
         return self._key_of.get(pos)
 
+    def awaits_redelivery(self, pos: int) -> bool:
+        """Whether ``pos`` waits to be delivered again behind an earlier failed message of its
+        key (rule 4): no ack ID of it is live until then."""
+        return self._awaiting is not None and pos in self._awaiting
+
     def delivered(self, key: str, pos: int) -> None:
         """``pos`` of ``key`` was handed out (call in log order within a batch)."""
         self._key_of[pos] = key
+        if self._awaiting is not None:
+            self._awaiting.discard(pos)
         bisect.insort(self._outstanding.setdefault(key, []), pos)
 
     def hold(self, key: str, pos: int) -> None:
@@ -72,6 +85,8 @@ class KeyOrdering:
             self._mark_ready(key)
 
     def acked(self, pos: int) -> None:
+        if self._awaiting is not None:
+            self._awaiting.discard(pos)
         key = self._key_of.pop(pos, None)
         if key is None:
             return
@@ -103,6 +118,10 @@ class KeyOrdering:
         del out[i:]
         if not out:
             self._outstanding.pop(key, None)
+        if len(back) > 1:
+            if self._awaiting is None:
+                self._awaiting = set()
+            self._awaiting.update(p for p in back if p != pos)
         pending = self._pending.setdefault(key, deque())
         for p in reversed(back):
             if p not in pending:
@@ -178,3 +197,4 @@ class KeyOrdering:
         self._ready = None
         self._ready_set = None
         self._blocked = None
+        self._awaiting = None

@@ -17,7 +17,8 @@ Rules:
    table's attempt counts); a give-back (the client never got it) does not.
 2. Ordering keys (ordered subscriptions and key_shared): one outstanding batch per key; a
    failed message and every later outstanding one of its key go back to the front of the
-   key's queue.
+   key's queue; a client's ack for one of those later ones before it is delivered again is
+   dropped (it names the ended delivery), so the key is redelivered from the failed one on.
 3. Acks change the planner's cursor (a mirror of the ack state the publishing forwarder
    journals); every newly acked range is an effect, so the two never diverge.
 4. A consumer that took nothing while delivery is stopped at damaged messages (topic label
@@ -636,6 +637,14 @@ class DeliveryPlanner:
         return ids.decode_ack_id(ack_id, self.incarnation)
 
     def acknowledge(self, positions: list[int]) -> None:
+        """The client's acks. One for a keyed message that waits to be delivered again behind
+        an earlier failed message of its key is dropped: its ack ID is from the delivery the
+        failure ended, and taking it would let the key's redelivery skip the message."""
+        ordering = self.ordering
+        self._ack_positions([p for p in positions if not ordering.awaits_redelivery(p)])
+
+    def evict(self, positions: list[int]) -> None:
+        """Acknowledge ``positions`` for the server's own reasons (backlog quota)."""
         self._ack_positions(positions)
 
     def _ack_positions(self, positions: list[int]) -> None:
