@@ -26,10 +26,9 @@ from typing import Any
 import pytest
 
 from pubsubd.cluster.launcher import LocalCluster
-from pubsubd.control.routing_table import subscribing_unit
 from tests.cluster.test_frontends import Receiver
 from tests.conftest import make_publisher, make_subscriber
-from tests.support.cluster import routes, running_cluster, subscription_uid, topic_owner
+from tests.support.cluster import running_cluster, subscription_server, topic_owner
 from tests.support.flood import Flood
 from tests.support.server import wait_for
 
@@ -76,9 +75,7 @@ def _on_copies(cluster: LocalCluster, name: str) -> int:
 
 
 def _server(cluster: LocalCluster, subscription: str) -> str:
-    """The subscribing forwarder the assignment gives ``subscription`` ("" if none yet)."""
-    route = routes(cluster).get(subscribing_unit(subscription_uid(cluster, subscription), 0))
-    return route[0] if route else ""
+    return subscription_server(cluster, subscription)
 
 
 def test_subscriptions_are_served_apart_from_their_topic(cluster: LocalCluster, names: Any) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from pubsubd.cluster.launcher import LocalCluster
 from pubsubd.control.routing_store import RoutingStore
-from pubsubd.control.routing_table import publishing_unit
+from pubsubd.control.routing_table import publishing_unit, subscribing_unit
 from pubsubd.coordination.zk import Coordinator
 from pubsubd.storage.ledgers.meta import LedgerList
 from pubsubd.storage.zk_metadata import ZooKeeperMetadataStore
@@ -188,6 +188,13 @@ def routes(cluster: LocalCluster) -> dict[str, tuple[str, ...]]:
             await zk.stop()
 
     return asyncio.run(read())
+
+
+def subscription_server(cluster: LocalCluster, subscription: str) -> str:
+    """The forwarder the published assignment gives ``subscription`` ("" if none yet)."""
+    unit = subscribing_unit(subscription_uid(cluster, subscription), 0)
+    route = routes(cluster).get(unit, ())
+    return route[0] if route else ""
 
 
 def topic_owner(cluster: LocalCluster, topic: str) -> str:
