@@ -369,7 +369,7 @@ class PubsubServer:
             owned=self.owned,
             published=self.publishing.published,
             dispatchers=lambda: self.subscribing.dispatchers,
-            write=lambda loads, at: routing_store.write_load(forwarder_id, loads, at),
+            write=lambda loads, at, subs: routing_store.write_load(forwarder_id, loads, at, subs),
         )
         self.load_report.start()
 

@@ -57,17 +57,19 @@ def test_a_topic_weighs_one_plus_its_whole_points() -> None:
 async def test_a_report_lists_the_busy_owned_topics_published_and_delivered() -> None:
     owned = {"busy", "idle"}
     published: dict[str, list[int]] = {"busy": [0, 0], "elsewhere": [0, 0]}
-    dispatcher = SimpleNamespace(topic_uid="busy", delivered=0, leases={})
+    dispatcher = SimpleNamespace(uid="sub-uid", topic_uid="busy", delivered=0, leases={})
+    dispatchers = {"sub": dispatcher}
     clock = [0.0]
     written: list[tuple[dict[str, Load], float]] = []
 
-    async def write(loads: Mapping[str, Load], at: float) -> None:
+    async def write(loads: Mapping[str, Load], at: float, subs: Mapping[str, Load]) -> None:
+        assert not subs  # every subscription here reads a topic owned here
         written.append((dict(loads), at))
 
     reporter = LoadReporter(
         owned=owned,
         published=published,
-        dispatchers=lambda: {"sub": dispatcher},
+        dispatchers=lambda: dispatchers,
         write=write,
         monotonic=lambda: clock[0],
         wall=lambda: 1234.5,
@@ -88,8 +90,10 @@ async def test_a_report_lists_the_busy_owned_topics_published_and_delivered() ->
     assert loads["busy"].messages_per_s == pytest.approx(600 * (1 - kept))
     assert loads["busy"].bytes_per_s == pytest.approx(300_000 * (1 - kept))
     assert loads["busy"].outstanding == 40
-    # Quiet, then gone from here: the report says so once, then stays silent.
+    # Quiet, then gone from here (with its subscriptions): the report says so once, then stays
+    # silent.
     owned.discard("busy")
+    dispatchers.clear()
     await reporter.report()
     assert written[-1][0] == {}
     count = len(written)
@@ -99,12 +103,13 @@ async def test_a_report_lists_the_busy_owned_topics_published_and_delivered() ->
 
 def test_reporter_reads_the_forwarders_counters_for_owned_topics_only() -> None:
     dispatchers: dict[str, Any] = {
-        "s1": SimpleNamespace(topic_uid="t", delivered=3, leases={1: 0}),
-        "s2": SimpleNamespace(topic_uid="t", delivered=4, leases={}),
-        "s3": SimpleNamespace(topic_uid="other", delivered=100, leases={}),
+        "s1": SimpleNamespace(uid="u1", topic_uid="t", delivered=3, leases={1: 0}),
+        "s2": SimpleNamespace(uid="u2", topic_uid="t", delivered=4, leases={}),
+        # Served here on a copy of a topic owned elsewhere: counted on its own.
+        "s3": SimpleNamespace(uid="u3", topic_uid="other", delivered=100, leases={7: 0}),
     }
 
-    async def write(loads: Mapping[str, Load], at: float) -> None:
+    async def write(loads: Mapping[str, Load], at: float, subs: Mapping[str, Load]) -> None:
         raise AssertionError("not called")
 
     reporter = LoadReporter(
@@ -113,4 +118,33 @@ def test_reporter_reads_the_forwarders_counters_for_owned_topics_only() -> None:
         dispatchers=lambda: dispatchers,
         write=write,
     )
-    assert reporter.counters() == {"t": Counters(17, 99, 1), "quiet": Counters(0, 0, 0)}
+    assert reporter.counters() == {
+        "t": Counters(17, 99, 1),
+        "quiet": Counters(0, 0, 0),
+        "s:u3": Counters(100, 0, 1),
+    }
+
+
+async def test_a_subscription_read_on_a_copy_is_reported_on_its_own() -> None:
+    dispatcher = SimpleNamespace(uid="s-uid", topic_uid="elsewhere", delivered=0, leases={})
+    clock = [0.0]
+    written: list[tuple[dict[str, Load], dict[str, Load]]] = []
+
+    async def write(loads: Mapping[str, Load], at: float, subs: Mapping[str, Load]) -> None:
+        written.append((dict(loads), dict(subs)))
+
+    reporter = LoadReporter(
+        owned=set(),
+        published={},
+        dispatchers=lambda: {"s": dispatcher},
+        write=write,
+        monotonic=lambda: clock[0],
+    )
+    for _ in range(3):
+        await reporter.report()
+        clock[0] += 5.0
+        dispatcher.delivered += 5 * 1000
+    await reporter.report()
+    topics, subs = written[-1]
+    assert topics == {} and set(subs) == {"s-uid"}
+    assert weight(subs["s-uid"]) > 1  # the router weighs it among the subscribing forwarders

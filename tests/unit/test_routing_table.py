@@ -212,6 +212,27 @@ def test_split_roles_place_topics_and_subscriptions_whole_each_among_its_kind() 
     assert not again.moves and not again.changed_shards
 
 
+def test_split_a_heavy_subscription_counts_its_weight_against_the_bound() -> None:
+    """Ten subscriptions over two subscribing forwarders; one weighs 8 (its subscribing
+    forwarder's report): its owner keeps at most capacity - 8 others."""
+    table = RoutingTable(colocate=True)
+    forwarders = [
+        Forwarder("p", "a:1", subscribing=False),
+        Forwarder("s0", "b:1", publishing=False),
+        Forwarder("s1", "c:1", publishing=False),
+    ]
+    topics = [TopicUnits("projects/p/topics/t", "t", 1)]
+    subs = [SubscriptionUnits(f"sub{i}", "t") for i in range(10)]
+    table.update(forwarders, Constraints(), topics, subs, now=0.0)
+    table.update(
+        forwarders, Constraints(), topics, subs, now=100.0, subscription_weights={"sub0": 8}
+    )
+    assert table.subscribing.capacity == math.ceil(1.25 * 17 / 2)
+    owner = table.route(subscribing_unit("sub0", 0))[0]
+    loads = table.weighted_loads("subscribing")
+    assert loads[owner] <= table.subscribing.capacity and sum(loads.values()) == 17
+
+
 def test_the_roles_split_when_a_one_kind_forwarder_joins_and_rejoin_when_it_leaves() -> None:
     table = RoutingTable(epsilon=0.25, hysteresis_s=30.0, colocate=True)
     both = [Forwarder("a", "127.0.0.1:1"), Forwarder("b", "127.0.0.1:2")]

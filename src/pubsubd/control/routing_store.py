@@ -238,17 +238,25 @@ class RoutingStore:
 
     # -- load reports --------------------------------------------------------------------
 
-    async def write_load(self, forwarder_id: str, topics: Mapping[str, Load], at: float) -> None:
-        """This forwarder's load per topic (ephemeral: gone with its session, and made again
-        by the next report after a new one)."""
+    async def write_load(
+        self,
+        forwarder_id: str,
+        topics: Mapping[str, Load],
+        at: float,
+        subscriptions: Mapping[str, Load] | None = None,
+    ) -> None:
+        """This forwarder's load per topic, and per subscription it serves on a copy
+        (ephemeral: gone with its session, and made again by the next report after a new
+        one)."""
         report = pb.LoadReport(
             protocol_version=PROTOCOL_VERSION, forwarder_id=forwarder_id, at_unix_s=at
         )
-        for uid, load in topics.items():
-            entry = report.topics[uid]
-            entry.messages_per_s = load.messages_per_s
-            entry.bytes_per_s = load.bytes_per_s
-            entry.outstanding_messages = load.outstanding
+        for field, loads in ((report.topics, topics), (report.subscriptions, subscriptions or {})):
+            for uid, load in loads.items():
+                entry = field[uid]
+                entry.messages_per_s = load.messages_per_s
+                entry.bytes_per_s = load.bytes_per_s
+                entry.outstanding_messages = load.outstanding
         data = report.SerializeToString()
         path = self._layout.forwarder_load(forwarder_id)
         try:
@@ -260,11 +268,17 @@ class RoutingStore:
     async def topic_loads(self) -> dict[str, Load]:
         """Every topic's load as the forwarders last reported it; a topic two of them report
         (it is moving) has the larger of each figure."""
+        return (await self.loads())[0]
+
+    async def loads(self) -> tuple[dict[str, Load], dict[str, Load]]:
+        """(topic loads, subscription loads) as the forwarders last reported them; one two of
+        them report (it is moving) has the larger of each figure."""
         try:
             names = sorted(await self._zk.children(self._layout.forwarder_loads))
         except NoNode:
-            return {}
+            return {}, {}
         out: dict[str, Load] = {}
+        subscriptions: dict[str, Load] = {}
         paths = [f"{self._layout.forwarder_loads}/{n}" for n in names]
         for name, got in zip(names, await self._zk.get_many(paths), strict=True):
             if got is None:
@@ -274,11 +288,12 @@ class RoutingStore:
             except Exception as e:  # a report we cannot read must not stop routing
                 log.warning("load report %s unreadable: %s", unescape(name), e)
                 continue
-            for uid, entry in report.topics.items():
-                load = Load(entry.messages_per_s, entry.bytes_per_s, entry.outstanding_messages)
-                seen = out.get(uid)
-                out[uid] = load if seen is None else seen.larger(load)
-        return out
+            for field, into in ((report.topics, out), (report.subscriptions, subscriptions)):
+                for uid, entry in field.items():
+                    load = Load(entry.messages_per_s, entry.bytes_per_s, entry.outstanding_messages)
+                    seen = into.get(uid)
+                    into[uid] = load if seen is None else seen.larger(load)
+        return out, subscriptions
 
     async def write_summary(self, summary: pb.RoutingSummary) -> None:
         summary.protocol_version = PROTOCOL_VERSION

@@ -168,9 +168,11 @@ class RoutingTable:
         subscriptions: Iterable[SubscriptionUnits],
         now: float,
         topic_weights: Mapping[str, int] | None = None,
+        subscription_weights: Mapping[str, int] | None = None,
     ) -> Pass:
         """Place every unit among the registered forwarders at time ``now``. ``topic_weights``:
-        a topic's weight by uid (``core/load.py``; 1 if left out), shared by its sources."""
+        a topic's weight by uid (``core/load.py``; 1 if left out), shared by its sources;
+        ``subscription_weights``: a subscription's, when the roles are split."""
         self.forwarders = {f.forwarder_id: f for f in forwarders}
         topic_weights = topic_weights or {}
         if self.colocate:
@@ -181,7 +183,12 @@ class RoutingTable:
                 self._routed_with.clear()  # every route is recomputed in the new mode
             if split:
                 return self._update_split(
-                    constraints, list(topics), list(subscriptions), now, topic_weights
+                    constraints,
+                    list(topics),
+                    list(subscriptions),
+                    now,
+                    topic_weights,
+                    subscription_weights or {},
                 )
             return self._update_colocated(
                 constraints, list(topics), subscriptions, now, topic_weights
@@ -294,6 +301,7 @@ class RoutingTable:
         subscriptions: list[SubscriptionUnits],
         now: float,
         topic_weights: Mapping[str, int],
+        subscription_weights: Mapping[str, int],
     ) -> Pass:
         """Place each topic whole among the publishing forwarders (its unit ``p/{uid}/0``) and
         each subscription whole among the subscribing ones (``s/{uid}/0``); every other unit
@@ -333,7 +341,7 @@ class RoutingTable:
                     for s in live
                 ],
                 {},
-                {},
+                {subscribing_unit(uid, 0): w for uid, w in subscription_weights.items()},
             ),
         ]
         moves: list[Move] = []

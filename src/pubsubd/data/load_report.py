@@ -4,7 +4,10 @@ written where the leading router reads it (``routing/loads/<forwarder id>``,
 
 A topic's counters are read from the forwarders in this process: messages and bytes published
 (``PublishingForwarder.published``), messages delivered and leases held by its subscriptions'
-dispatchers. The rates are EWMAs (``core.load.Rates``); idle topics are left out (they weigh 1).
+dispatchers. A subscription served here on a copy of a topic another forwarder owns
+(publishing and subscribing forwarders apart) is reported on its own, by its uid: messages
+delivered and leases held, so the router weighs it among the subscribing forwarders. The rates
+are EWMAs (``core.load.Rates``); idle topics and subscriptions are left out (they weigh 1).
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ REPORT_INTERVAL_S = 5.0
 # The busiest topics a report lists at most (a report stays well within a ZooKeeper znode).
 MAX_TOPICS = 20_000
 
-Write = Callable[[Mapping[str, Load], float], Awaitable[None]]
+# (topic loads, when, subscription loads)
+Write = Callable[[Mapping[str, Load], float, Mapping[str, Load]], Awaitable[None]]
+SUBSCRIPTION = "s:"  # the Rates key of a subscription reported on its own
 
 
 class LoadReporter:
@@ -68,14 +73,20 @@ class LoadReporter:
             await asyncio.gather(self._task, return_exceptions=True)
 
     def counters(self) -> dict[str, Counters]:
-        """Each owned topic's counters now."""
+        """Each owned topic's counters now, and (keyed ``s:{uid}``) those of each subscription
+        served here whose topic is not."""
         delivered: dict[str, int] = {}
         outstanding: dict[str, int] = {}
+        out = {}
         for dispatcher in self.dispatchers().values():
             uid = dispatcher.topic_uid
+            if uid not in self.owned:
+                out[SUBSCRIPTION + dispatcher.uid] = Counters(
+                    dispatcher.delivered, 0, len(dispatcher.leases)
+                )
+                continue
             delivered[uid] = delivered.get(uid, 0) + dispatcher.delivered
             outstanding[uid] = outstanding.get(uid, 0) + len(dispatcher.leases)
-        out = {}
         for uid in self.owned:
             messages, size = self.published.get(uid, (0, 0))
             out[uid] = Counters(messages + delivered.get(uid, 0), size, outstanding.get(uid, 0))
@@ -89,5 +100,9 @@ class LoadReporter:
             busy = {uid: busy[uid] for uid in heaviest[:MAX_TOPICS]}
         if busy == self.reported and not busy:
             return  # nothing to say, and nothing said before
-        await self.write(busy, self.wall())
+        topics = {k: v for k, v in busy.items() if not k.startswith(SUBSCRIPTION)}
+        subscriptions = {
+            k[len(SUBSCRIPTION) :]: v for k, v in busy.items() if k.startswith(SUBSCRIPTION)
+        }
+        await self.write(topics, self.wall(), subscriptions)
         self.reported = busy

@@ -194,11 +194,12 @@ class Router:
             await self._seed()
         forwarders: list[Forwarder] = await self.store.forwarders()
         constraints: Constraints = (await self.store.constraints())[0]
-        # Topics weigh by the load their forwarders last reported (core/load.py).
-        weights = {
-            uid: w
-            for uid, load in (await self.store.topic_loads()).items()
-            if (w := weight(load)) > 1
+        # Topics weigh by the load their forwarders last reported (core/load.py), and so do
+        # subscriptions served apart from their topics.
+        topic_loads, subscription_loads = await self.store.loads()
+        weights = {uid: w for uid, load in topic_loads.items() if (w := weight(load)) > 1}
+        subscription_weights = {
+            uid: w for uid, load in subscription_loads.items() if (w := weight(load)) > 1
         }
         check()
         done = self.table.update(
@@ -208,6 +209,7 @@ class Router:
             self.names.subscriptions.values(),
             time.monotonic(),
             weights,
+            subscription_weights,
         )
         self.generation += 1
         clocks = time.time() - time.monotonic()  # a monotonic time + this: the Unix one
@@ -265,6 +267,7 @@ class Router:
             "subscribing_units": units["subscribing"],
             "moves": moved,
             "heavy_topics": len(weights),
+            "heavy_subscriptions": len(subscription_weights),
             "shards_written": written,
             "seconds": round(elapsed, 4),
         }

@@ -78,8 +78,15 @@ class AssignmentShard(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., generation: _Optional[int] = ..., router_id: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("protocol_version", "forwarder_id", "at_unix_s", "topics")
+    __slots__ = ("protocol_version", "forwarder_id", "at_unix_s", "topics", "subscriptions")
     class TopicsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Load
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Load, _Mapping]] = ...) -> None: ...
+    class SubscriptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -90,11 +97,13 @@ class LoadReport(_message.Message):
     FORWARDER_ID_FIELD_NUMBER: _ClassVar[int]
     AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     forwarder_id: str
     at_unix_s: float
     topics: _containers.MessageMap[str, Load]
-    def __init__(self, protocol_version: _Optional[int] = ..., forwarder_id: _Optional[str] = ..., at_unix_s: _Optional[float] = ..., topics: _Optional[_Mapping[str, Load]] = ...) -> None: ...
+    subscriptions: _containers.MessageMap[str, Load]
+    def __init__(self, protocol_version: _Optional[int] = ..., forwarder_id: _Optional[str] = ..., at_unix_s: _Optional[float] = ..., topics: _Optional[_Mapping[str, Load]] = ..., subscriptions: _Optional[_Mapping[str, Load]] = ...) -> None: ...
 
 class RoutingSummary(_message.Message):
     __slots__ = ("protocol_version", "generation", "router_id", "at_unix_s", "publishing_units", "subscribing_units", "publishing_capacity", "subscribing_capacity", "publishing_loads", "subscribing_loads", "moves", "total_moves", "publishing_weights", "subscribing_weights")
