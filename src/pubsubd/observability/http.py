@@ -84,6 +84,7 @@ class HttpEndpoint:
         self._files: dict[str, bytes] = {}  # read once, on first use
         self.rest = rest  # the REST front's handler for /v1/... (api/rest/front.py)
         self._server: asyncio.base_events.Server | None = None
+        self._connections: set[asyncio.Task[Any]] = set()
 
     async def start(self, host: str, port: int) -> int:
         self._server = await asyncio.start_server(self._handle, host, port)
@@ -93,6 +94,11 @@ class HttpEndpoint:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        # Kept-alive connections (and requests in flight) end with the endpoint.
+        for task in list(self._connections):
+            task.cancel()
+        if self._connections:
+            await asyncio.wait(list(self._connections), timeout=5)
 
     def _file(self, name: str) -> bytes:
         body = self._files.get(name)
@@ -129,7 +135,14 @@ class HttpEndpoint:
         return "404 Not Found", "text/plain", b"not found\n"
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await serve_connection(reader, writer, self._dispatch, self._max_body, _error)
+        task = asyncio.current_task()
+        if task is not None:
+            self._connections.add(task)
+        try:
+            await serve_connection(reader, writer, self._dispatch, self._max_body, _error)
+        finally:
+            if task is not None:
+                self._connections.discard(task)
 
     def _is_rest(self, target: str) -> bool:
         return self.rest is not None and target.startswith(REST_PREFIX)

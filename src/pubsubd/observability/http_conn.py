@@ -122,24 +122,28 @@ async def serve_connection(
             await writer.wait_closed()
 
 
-async def _next_event(conn: h11.Connection, reader: asyncio.StreamReader, wait_s: float) -> object:
+async def _next_event(
+    conn: h11.Connection, reader: asyncio.StreamReader, wait_s: float, chunk: int = READ_CHUNK
+) -> object:
     """The next h11 event, reading as needed; TimeoutError if a read waits over ``wait_s``."""
     while True:
         event = conn.next_event()
         if event is not h11.NEED_DATA:
             return event
-        data = await asyncio.wait_for(reader.read(READ_CHUNK), wait_s)
+        data = await asyncio.wait_for(reader.read(chunk), wait_s)
         conn.receive_data(data)  # b"" marks the end of the stream
 
 
 async def _read_request(
     conn: h11.Connection, reader: asyncio.StreamReader, max_body: Callable[[str], int]
 ) -> Request:
-    event = await _next_event(conn, reader, IDLE_TIMEOUT_S)
-    if isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
-        raise _Closed
+    # Heads are read in MAX_HEAD pieces, so h11 holds at most twice that before it refuses.
+    event = await _next_event(conn, reader, IDLE_TIMEOUT_S, MAX_HEAD)
     if not isinstance(event, h11.Request):
         raise _Closed
+    head = len(event.target) + sum(len(k) + len(v) + 4 for k, v in event.headers)
+    if head > MAX_HEAD:
+        raise _Refused(431, f"the request head is over {MAX_HEAD} bytes")
     loop = asyncio.get_running_loop()
     deadline = loop.time() + READ_TIMEOUT_S
     method = event.method.decode("latin-1")

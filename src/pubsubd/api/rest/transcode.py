@@ -17,6 +17,7 @@ repeated by repeating the parameter). Google's system parameters (``alt=json``,
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,10 @@ SYSTEM_PARAMETERS = frozenset(
         "userIp",
     }
 )
+
+
+# Standard or URL-safe base64, padding optional (what Google's JSON parsers accept).
+BASE64 = re.compile(r"[A-Za-z0-9+/_-]*={0,2}")
 
 
 @dataclass
@@ -145,6 +150,7 @@ def _parse_json(body: bytes) -> dict[str, Any]:
 
 
 def _merge(document: Mapping[str, Any], message: Any) -> None:
+    _check_bytes(document, message.DESCRIPTOR, "")
     try:
         json_format.ParseDict(document, message, ignore_unknown_fields=False)
     except json_format.ParseError as e:
@@ -152,6 +158,35 @@ def _merge(document: Mapping[str, Any], message: Any) -> None:
         raise invalid(f"Invalid JSON payload received. {text}") from None
     except (ValueError, TypeError, OverflowError) as e:
         raise invalid(f"Invalid JSON payload received. {e}") from None
+
+
+def _check_bytes(document: Any, descriptor: Descriptor, at: str) -> None:
+    """Reject a ``bytes`` value that is not base64, as Google does (json_format would drop the
+    characters it does not know, silently changing the data)."""
+    if not isinstance(document, dict):
+        return  # ParseDict reports the wrong type
+    for key, value in document.items():
+        fd = _field(descriptor, key)
+        if fd is None:
+            continue
+        path = f"{at}.{key}" if at else key
+        values = value if fd.is_repeated and isinstance(value, list) else [value]
+        if fd.type == FieldDescriptor.TYPE_BYTES:
+            for v in values:
+                if isinstance(v, str) and not BASE64.fullmatch(v):
+                    raise invalid(
+                        f"Invalid value at '{path}' (TYPE_BYTES), Base64 decoding failed for "
+                        f'"{v[:40]}"'
+                    )
+        elif fd.message_type is not None and not _is_wrapper_value(fd):
+            if fd.message_type.GetOptions().map_entry:
+                value_fd = fd.message_type.fields_by_name["value"]
+                if value_fd.message_type is not None and isinstance(value, dict):
+                    for k, v in value.items():
+                        _check_bytes(v, value_fd.message_type, f"{path}[{k}]")
+                continue
+            for i, v in enumerate(values):
+                _check_bytes(v, fd.message_type, f"{path}[{i}]" if fd.is_repeated else path)
 
 
 def _query_document(descriptor: Descriptor, params: Mapping[str, Sequence[str]]) -> dict[str, Any]:
