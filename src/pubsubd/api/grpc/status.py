@@ -3,8 +3,9 @@
 Servicers raise ``PubsubError`` subclasses; ``rpc`` turns them into ``context.abort`` with the
 most specific mapped status. Anything unmapped becomes INTERNAL, logged with its traceback, and
 the server stays up. ``HTTP_STATUS`` is Google's HTTP code for each gRPC code, which the REST
-front (api/rest/front.py) answers with. The codes match Google's for the same situation (docs/GOOGLE_API.md §6); note
-that permanent errors never use a code the official clients retry on.
+front (api/rest/front.py) answers with. The codes match Google's for the same situation
+(docs/GOOGLE_API.md §6); note that permanent errors never use a code the official clients retry
+on.
 """
 
 from __future__ import annotations
