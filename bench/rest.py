@@ -6,7 +6,9 @@ both APIs, in a rotating order, on fresh topics:
 * ``publish-1``: ``--requests`` Publish requests of one 100 B message, 8 in flight;
 * ``publish-100``: ``--requests`` / 10 requests of 100 messages of 100 B, 8 in flight;
 * ``pull``: a backlog of ``--backlog`` 100 B messages (published over gRPC), drained by 4
-  pullers each looping Pull (maxMessages 1000, returnImmediately) then Acknowledge of what came.
+  pullers each looping Pull (maxMessages 1000, returnImmediately) then Acknowledge of what came;
+  over REST twice: with Google's default pretty-printed JSON, and with ``prettyPrint=false``
+  (``rest-compact``).
 
 The clients are raw on both sides, so the figures are the server's: gRPC through ``grpc.aio``
 with pre-serialized requests; REST through a minimal HTTP/1.1 client over kept-alive
@@ -146,9 +148,10 @@ async def grpc_publish(endpoint: str, topic: str, requests: int, batch: int) -> 
     )  # fmt: skip
 
 
-async def rest_pull(http_port: int, sub: str, expected: int) -> int:
+async def rest_pull(http_port: int, sub: str, expected: int, compact: bool = False) -> int:
+    query = "?prettyPrint=false" if compact else ""
     pull = http_request(
-        "POST", f"/v1/{sub}:pull", {"maxMessages": PULL_MAX, "returnImmediately": True}
+        "POST", f"/v1/{sub}:pull{query}", {"maxMessages": PULL_MAX, "returnImmediately": True}
     )
     clients = [await HttpClient.open("127.0.0.1", http_port) for _ in range(PULLERS)]
     got = 0
@@ -233,12 +236,14 @@ async def _round(i: int, requests: int, backlog: int) -> dict[str, dict[str, flo
                 else:
                     work = lambda t=topic, b=batch, n=n: grpc_publish(endpoint, t, n, b)  # noqa: E731
                 results[f"publish-{batch}/{api}"] = await _measure(proc.pid, work, n)
-        for api in apis:
+        pulls = [*apis, "rest-compact"]
+        for api in pulls[i % 3 :] + pulls[: i % 3]:
             topic, sub = await _setup(http_port, f"pull-{api}-{i}")
             await grpc_publish(endpoint, topic, backlog // 100, 100)
             await asyncio.sleep(0.5)
-            if api == "rest":
-                work = lambda s=sub: rest_pull(http_port, s, backlog)  # noqa: E731
+            if api.startswith("rest"):
+                compact = api == "rest-compact"
+                work = lambda s=sub, c=compact: rest_pull(http_port, s, backlog, c)  # noqa: E731
             else:
                 work = lambda s=sub: grpc_pull(endpoint, s, backlog)  # noqa: E731
             # Requests: one Pull and one Acknowledge per PULL_MAX messages (at least).
@@ -266,6 +271,9 @@ def run(rounds: int, requests: int, backlog: int) -> dict[str, Any]:
         )
         for work in ("publish-1", "publish-100", "pull")
     }
+    ratios["pull-compact"] = round(
+        medians["pull/rest-compact"]["messages_per_s"] / medians["pull/grpc"]["messages_per_s"], 2
+    )
     return {
         "machine": {
             "cpus": os.cpu_count(),

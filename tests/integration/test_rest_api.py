@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 from google.cloud import pubsub_v1
 
+from pubsubd.api.rest import RestFront
+from pubsubd.observability.http_conn import Request
 from tests.conftest import PROJECT, make_publisher, make_subscriber
 from tests.support.rest import Rest, b64, unb64
 from tests.support.server import ServerProcess, wait_for
@@ -432,3 +434,32 @@ def test_dashboard_paths_still_served(server: ServerProcess, rest: Rest) -> None
     status, body = rest.raw("GET", "/metrics")
     assert status == 200 and b"pubsubd_process_info" in body
     assert rest.raw("POST", "/metrics", b"")[0] == 405
+
+
+async def test_a_pull_response_that_was_not_written_goes_back(
+    server: ServerProcess, rest: Rest, names: Any, grpc_clients: Any
+) -> None:
+    """The REST front's ``unsent`` for a Pull (run when the HTTP write fails) gives the
+    messages back at once through the internal GiveBack call, not after their ack deadline."""
+    pub, sub_client = grpc_clients
+    topic, sub = _topic_with_subscription(rest, names, ackDeadlineSeconds=600)
+    pub.publish(f"projects/{PROJECT}/topics/{topic}", b"unsent").result(timeout=30)
+    front = RestFront(server.endpoint)
+    try:
+        body = json.dumps({"maxMessages": 5}).encode()
+        request = Request("POST", f"{P}/subscriptions/{sub}:pull", {}, body)
+        response = await front.handle(request)
+        assert response.status == 200 and response.unsent is not None
+        assert len(json.loads(response.body)["receivedMessages"]) == 1
+        await response.unsent()
+    finally:
+        await front.close()
+    resp = sub_client.pull(
+        request={
+            "subscription": f"projects/{PROJECT}/subscriptions/{sub}",
+            "max_messages": 5,
+            "return_immediately": True,
+        },
+        timeout=10,
+    )
+    assert [m.message.data for m in resp.received_messages] == [b"unsent"]
