@@ -75,7 +75,6 @@ class RestFront:
             ("grpc.primary_user_agent", "pubsubd-rest"),
         ]
         self._channel: grpc.aio.Channel | None = None
-        self.calls = 0
 
     def _open(self) -> grpc.aio.Channel:
         if self._channel is None:
@@ -107,7 +106,6 @@ class RestFront:
         if isinstance(timeout, RestError):
             return _error(timeout.http, timeout.status, timeout.message)
         rule = found.rule
-        self.calls += 1
         try:
             raw = await self._open().unary_unary(rule.method)(
                 message.SerializeToString(), timeout=timeout
