@@ -12,6 +12,8 @@ repeated by repeating the parameter). Google's system parameters (``alt=json``,
 ``prettyPrint``, ``fields``, ``key``...) are accepted; any other parameter that names no field
 (or any at all when the body is the whole request) is INVALID_ARGUMENT, as Google answers.
 ``fields`` (partial responses) is accepted and not applied: responses are always whole.
+PullResponse, PublishRequest and flat bodies (Acknowledge, ModifyAckDeadline, Pull), the hot
+messages, take a faster road to the same result (``fast_json.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ from typing import Any
 from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
+from pubsubd.api.rest.fast_json import (
+    flat_request_from,
+    publish_request_from,
+    pull_response_json,
+)
 from pubsubd.api.rest.routes import Match
+from pubsubd.core import pb
 
 __all__ = [
     "RestError",
@@ -53,6 +61,9 @@ SYSTEM_PARAMETERS = frozenset(
     }
 )
 
+
+_PULL_RESPONSE = pb.PullResponse.DESCRIPTOR
+_PUBLISH_REQUEST = pb.PublishRequest.DESCRIPTOR
 
 # Standard or URL-safe base64, padding optional (what Google's JSON parsers accept).
 BASE64 = re.compile(r"[A-Za-z0-9+/_-]*={0,2}")
@@ -87,6 +98,8 @@ def error_body(
 
 def response_body(message: Any, pretty: bool = True) -> bytes:
     """A response message as Google's REST API writes it (fields at their default left out)."""
+    if message.DESCRIPTOR is _PULL_RESPONSE:
+        return pull_response_json(message, pretty)
     value = json_format.MessageToDict(message)
     if not pretty:
         return json.dumps(value, separators=(",", ":")).encode()
@@ -108,7 +121,12 @@ def build_request(found: Match, query: Mapping[str, Sequence[str]], body: bytes)
     if rule.body:
         document = _parse_json(body)
         target = request if rule.body == "*" else _field_message(request, rule.body)
-        _merge(document, target)
+        if target.DESCRIPTOR is _PUBLISH_REQUEST:
+            fast = publish_request_from(document, target)
+        else:
+            fast = flat_request_from(document, target)
+        if not fast:
+            _merge(document, target)
     if params:
         if rule.body == "*":
             name = next(iter(params))
