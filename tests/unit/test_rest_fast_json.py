@@ -46,7 +46,7 @@ def pull_responses(draw: st.DrawFn) -> Any:
     return response
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(pull_responses())
 def test_pull_response_text_is_json_formats(response: Any) -> None:
     value = json_format.MessageToDict(response)
@@ -86,7 +86,7 @@ publish_bodies = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(publish_bodies)
 def test_publish_bodies_parse_as_json_formats(document: dict[str, Any]) -> None:
     fast = pb.PublishRequest()
@@ -137,7 +137,7 @@ flat_bodies = st.dictionaries(
     "cls", [pb.AcknowledgeRequest, pb.ModifyAckDeadlineRequest, pb.PullRequest]
 )
 def test_flat_bodies_parse_as_json_formats(cls: Any) -> None:
-    @settings(max_examples=300, deadline=None)
+    @settings(max_examples=150, deadline=None)
     @given(flat_bodies)
     def check(document: dict[str, Any]) -> None:
         fast = cls()
