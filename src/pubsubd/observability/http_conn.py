@@ -98,11 +98,9 @@ async def serve_connection(
                     await _linger(reader, writer)
                 return
             except h11.RemoteProtocolError as e:
-                if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-                    status = e.error_status_hint
-                    if status == 400 and "incomplete event" in str(e).lower():
-                        status = 431
-                    await _send(conn, writer, error(status, f"malformed HTTP request: {e}"))
+                if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):  # 400, or 431 for a long head
+                    text = f"malformed HTTP request: {e}"
+                    await _send(conn, writer, error(e.error_status_hint, text))
                 return
             response = await _handle(conn, reader, handler, request)
             if response is None:
