@@ -428,12 +428,22 @@ def test_a_rest_pull_whose_client_left_takes_nothing(
     assert [m.message.data for m in resp.received_messages] == [b"for-the-living"]
 
 
-def test_dashboard_paths_still_served(server: ServerProcess, rest: Rest) -> None:
+def test_the_port_still_serves_health_and_metrics_and_counts_rest(
+    server: ServerProcess, rest: Rest, names: Any
+) -> None:
+    topic, _ = _topic_with_subscription(rest, names)
+    rest.ok("POST", f"{P}/topics/{topic}:publish", {"messages": [{"data": b64(b"counted")}]})
     status, body = rest.raw("GET", "/healthz")
     assert (status, body) == (200, b"ok\n")
+    assert rest.raw("POST", "/metrics", b"")[0] == 405
+    rest.error("GET", f"{P}/topics/never-made")
+    rest.error("GET", "/v1/nothing/here")
     status, body = rest.raw("GET", "/metrics")
     assert status == 200 and b"pubsubd_process_info" in body
-    assert rest.raw("POST", "/metrics", b"")[0] == 405
+    text = body.decode()
+    assert 'pubsubd_rest_requests_total{code="404",method="GetTopic"}' in text
+    assert 'pubsubd_rest_requests_total{code="404",method="_unmatched"}' in text
+    assert 'pubsubd_rest_requests_total{code="200",method="Publish"}' in text
 
 
 async def test_a_pull_response_that_was_not_written_goes_back(

@@ -26,6 +26,7 @@ import grpc
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
+from prometheus_client import Counter
 
 from pubsubd._gen.pubsubd.internal.v1.forwarder_pb2 import GiveBackRequest
 from pubsubd.api.grpc.forwarder_service import GIVE_BACK
@@ -49,6 +50,11 @@ DEFAULT_TIMEOUT_S = 60.0
 MAX_TIMEOUT_S = 600.0
 PULL = routes.SUBSCRIBER + "Pull"
 GIVE_BACK_PROTOCOL_VERSION = 1
+REQUESTS = Counter(
+    "pubsubd_rest_requests",
+    "REST v1 calls answered, by the gRPC method they stand for and the HTTP code",
+    ["method", "code"],
+)
 # Registers google.rpc's detail types for the JSON of error details.
 _DETAIL_TYPES = (error_details_pb2.ErrorInfo,)
 
@@ -87,17 +93,32 @@ class RestFront:
             self._channel = None
 
     async def handle(self, request: Request) -> Response:
+        """Answer one REST call; counted in ``pubsubd_rest_requests_total{method,code}`` (code
+        499: the client went away first)."""
         parts = urlsplit(request.target)
-        query = parse_qs(parts.query, keep_blank_values=True)
         found = routes.match(request.method, parts.path)
+        method = found.rule.method.rsplit("/", 1)[-1] if found is not None else "_unmatched"
+        code = "499"
+        try:
+            response = await self._answer(request, parts.path, parts.query, found)
+            code = str(response.status)
+            return response
+        finally:
+            REQUESTS.labels(method, code).inc()
+
+    async def _answer(
+        self, request: Request, path: str, query_string: str, found: routes.Match | None
+    ) -> Response:
         if found is None:
-            allowed = routes.verbs_for(parts.path)
+            allowed = routes.verbs_for(path)
             text = (
-                f"{request.method} is not a method of {parts.path}; it takes {', '.join(allowed)}"
+                f"{request.method} is not a method of {path}; it takes {', '.join(allowed)}"
                 if allowed
-                else f"{parts.path} is not a path of the Pub/Sub v1 REST API"
+                else f"{path} is not a path of the Pub/Sub v1 REST API"
             )
             return _error(404, "NOT_FOUND", text)
+        rule = found.rule
+        query = parse_qs(query_string, keep_blank_values=True)
         try:
             message = build_request(found, query, request.body)
         except RestError as e:
@@ -105,7 +126,6 @@ class RestFront:
         timeout = _timeout(request.headers.get("x-server-timeout"))
         if isinstance(timeout, RestError):
             return _error(timeout.http, timeout.status, timeout.message)
-        rule = found.rule
         try:
             raw = await self._open().unary_unary(rule.method)(
                 message.SerializeToString(), timeout=timeout
