@@ -30,6 +30,7 @@ from pubsubd.api.grpc import (
     sources_service,
     subscriber,
 )
+from pubsubd.api.rest import RestFront, local_target
 from pubsubd.config import ClusterConfig, ServerConfig
 from pubsubd.control.expiry import Maintenance
 from pubsubd.control.routing_store import RoutingStore, encode_forwarder
@@ -201,6 +202,7 @@ class PubsubServer:
         )
         self.port = 0
         self.http_port = 0
+        self.rest: RestFront | None = None
         self._stopped = asyncio.Event()
         self._quota_task: asyncio.Task[None] | None = None
         self.sli_events: EventEmitter | None = None
@@ -271,6 +273,9 @@ class PubsubServer:
             version(),
         )
         if self.config.http_port >= 0:
+            # REST v1 on the HTTP port: each call goes to this process's gRPC port.
+            self.rest = RestFront(local_target(self.config.host, self.port), MAX_RECEIVE_BYTES)
+            self.http.rest = self.rest.handle
             self.http_port = await self.http.start(self.config.host, self.config.http_port)
         if self.config.prober_interval_s > 0:
             self.prober = ProbeLoop(
@@ -451,6 +456,8 @@ class PubsubServer:
         if self.grpc_server is not None:
             await self.grpc_server.stop(self.config.shutdown_grace_s)
         await self.http.close()
+        if self.rest is not None:
+            await self.rest.close()
         await self.publishing.close()
         self.store.close()
         if self.cluster is not None:

@@ -21,6 +21,7 @@ from pubsubd.cluster.launcher import LocalCluster
 from tests.conftest import make_publisher, make_subscriber
 from tests.support.cluster import running_cluster
 from tests.support.flood import Flood
+from tests.support.rest import Rest, b64, unb64
 from tests.support.server import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -88,6 +89,43 @@ class Receiver:
     def close(self) -> None:
         self._future.cancel()
         self._sub.close()
+
+
+def test_rest_through_the_frontends(cluster: LocalCluster) -> None:
+    """REST v1 on a frontend's HTTP port goes through its proxy to the owning forwarder: made
+    and published through one frontend, pulled and acked through the other (issue 13)."""
+    rests = []
+    for name in ("frontend-1", "frontend-2"):
+        args = cluster.process(name).args
+        rests.append(Rest("127.0.0.1", int(args[args.index("--http-port") + 1])))
+    one, two = rests
+    p = "/v1/projects/rest-p"
+    try:
+        one.ok("PUT", f"{p}/topics/rest-topic", {})
+        one.ok("PUT", f"{p}/subscriptions/rest-sub", {"topic": "projects/rest-p/topics/rest-topic"})
+        body = {"messages": [{"data": b64(b"via-frontend"), "attributes": {"k": "v"}}]}
+        (sent,) = one.ok("POST", f"{p}/topics/rest-topic:publish", body)["messageIds"]
+        got: list[Any] = []
+
+        def pulled() -> bool:
+            answer = two.ok(
+                "POST",
+                f"{p}/subscriptions/rest-sub:pull",
+                {"maxMessages": 5, "returnImmediately": True},
+            )
+            got.extend(answer.get("receivedMessages", []))
+            return bool(got)
+
+        wait_for(pulled, 30, "the message through the other frontend")
+        (m,) = got
+        assert (m["message"]["messageId"], unb64(m["message"]["data"])) == (sent, b"via-frontend")
+        two.ok("POST", f"{p}/subscriptions/rest-sub:acknowledge", {"ackIds": [m["ackId"]]})
+        assert two.error("GET", f"{p}/topics/no-such-topic")[:2] == (404, "NOT_FOUND")
+        one.ok("DELETE", f"{p}/subscriptions/rest-sub")
+        one.ok("DELETE", f"{p}/topics/rest-topic")
+    finally:
+        for rest in rests:
+            rest.close()
 
 
 def test_clients_go_through_either_frontend_and_survive_losing_one(

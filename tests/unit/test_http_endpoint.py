@@ -89,7 +89,7 @@ async def test_served_over_tcp_with_a_query() -> None:
     port = await e.start("127.0.0.1", 0)
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /api/topic?name=nope HTTP/1.1\r\nHost: x\r\n\r\n")
+        writer.write(b"GET /api/topic?name=nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         response = await asyncio.wait_for(reader.read(), 5)
         writer.close()
         assert response.startswith(b"HTTP/1.1 404 Not Found\r\n")

@@ -31,6 +31,7 @@ import grpc
 from prometheus_client import Gauge
 
 from pubsubd import runtime
+from pubsubd.api.rest import RestFront, local_target
 from pubsubd.control.routing_table import Forwarder
 from pubsubd.control.routing_views import NamesView, RoutingView
 from pubsubd.coordination.errors import CoordinationError
@@ -46,6 +47,7 @@ from pubsubd.observability.http import HttpEndpoint
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 5.0
+MAX_MESSAGE_BYTES = 64 << 20
 FORWARDERS = Gauge("pubsubd_frontend_forwarders", "Forwarders this frontend can send calls to")
 
 
@@ -77,6 +79,7 @@ class Frontend:
         self.proxy = Proxy(self.choose, self.forwarder_registered)
         self._forwarders_changed = asyncio.Event()
         self.http = HttpEndpoint(self.status, self.problem)
+        self.rest: RestFront | None = None
         self.server: grpc.aio.Server | None = None
         self.registration: Registration[dict[str, Any]] | None = None
         self.port = 0
@@ -114,8 +117,8 @@ class Frontend:
         config = self.config
         server = grpc.aio.server(
             options=[
-                ("grpc.max_receive_message_length", 64 << 20),
-                ("grpc.max_send_message_length", 64 << 20),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ]
         )
         server.add_generic_rpc_handlers([self.proxy])
@@ -141,6 +144,9 @@ class Frontend:
         await server.start()
         self.server = server
         if config.http_port >= 0:
+            # REST v1 on the HTTP port, through this frontend's own gRPC port (its proxy).
+            self.rest = RestFront(local_target(config.host, self.port), MAX_MESSAGE_BYTES)
+            self.http.rest = self.rest.handle
             self.http_port = await self.http.start(config.host, config.http_port)
         if config.pid_file is not None:
             config.pid_file.write_text(f"{os.getpid()}\n")
@@ -184,6 +190,8 @@ class Frontend:
         self.routing.close()
         self.names.close()
         await self.http.close()
+        if self.rest is not None:
+            await self.rest.close()
         await self.zk.stop()
         if self.config.pid_file is not None:
             self.config.pid_file.unlink(missing_ok=True)

@@ -67,6 +67,8 @@ SUBSCRIPTION_METHODS: dict[str, tuple[int, ...]] = {
     SUBSCRIBER + "ModifyPushConfig": (1,),
     SUBSCRIBER + "Seek": (1,),
     SUBSCRIBER + "CreateSnapshot": (2,),  # CreateSnapshotRequest.subscription
+    # A REST Pull response its client never got (api/rest/front.py): GiveBackRequest.subscription
+    "/pubsubd.internal.v1.Forwarder/GiveBack": (2,),
 }
 
 

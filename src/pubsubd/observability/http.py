@@ -10,6 +10,10 @@ restart would not free any, and start-up needs to write), and a readiness probe 
 it out of service, because subscribers pulling and acking are what lets it trim its logs and
 free space. Alerts read the ``pubsubd_disk_full`` gauge or /status.
 
+Connections are HTTP/1.1 with keep-alive (``http_conn.py``: h11, bounded heads and bodies).
+Paths under ``/v1/`` go to the REST front when one is given (``rest``: api/rest/front.py);
+every other path answers GET (and HEAD) only.
+
 Files are served only by exact known names (:data:`STATIC_FILES`, under ``/static/``): a path
 never reaches the file system, so no request can read anything else. An API handler raising
 ``LookupError`` answers 404, ``ValueError`` 400, both as ``{"error": ...}``.
@@ -28,9 +32,17 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from pubsubd.observability.http_conn import Handler, Request, Response, serve_connection
+
 log = logging.getLogger(__name__)
 
-MAX_REQUEST_HEAD = 8192
+# Requests under /v1/ go to the REST front (api/rest/) when the role serves one. Google accepts
+# a Publish of up to 10 MB, whose messages' data is base64 in JSON (4/3 larger): a body up to
+# MAX_REST_BODY reaches the service, which applies Google's limits to the decoded request.
+REST_PREFIX = "/v1/"
+MAX_REST_BODY = 16 << 20
+MAX_OTHER_BODY = 64 << 10
+NO_CACHE = (("Cache-Control", "no-cache"),)
 STATIC_DIR = Path(__file__).parent / "static"
 # Every file /static/ may serve, with its Content-Type; nothing else is ever opened.
 STATIC_FILES = {
@@ -62,6 +74,7 @@ class HttpEndpoint:
         json_routes: dict[str, Callable[[], Any]] | None = None,
         api_routes: dict[str, ApiHandler] | None = None,
         pages: dict[str, str] | None = None,
+        rest: Handler | None = None,
     ) -> None:
         self._status = status
         self._problem = problem  # a degraded condition to name in /healthz, /readyz
@@ -69,7 +82,9 @@ class HttpEndpoint:
         self._api = dict(api_routes or {})
         self._pages = dict(pages or {})  # path -> HTML file name in STATIC_DIR
         self._files: dict[str, bytes] = {}  # read once, on first use
+        self.rest = rest  # the REST front's handler for /v1/... (api/rest/front.py)
         self._server: asyncio.base_events.Server | None = None
+        self._connections: set[asyncio.Task[Any]] = set()
 
     async def start(self, host: str, port: int) -> int:
         self._server = await asyncio.start_server(self._handle, host, port)
@@ -79,6 +94,11 @@ class HttpEndpoint:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        # Kept-alive connections (and requests in flight) end with the endpoint.
+        for task in list(self._connections):
+            task.cancel()
+        if self._connections:
+            await asyncio.wait(list(self._connections), timeout=5)
 
     def _file(self, name: str) -> bytes:
         body = self._files.get(name)
@@ -115,25 +135,36 @@ class HttpEndpoint:
         return "404 Not Found", "text/plain", b"not found\n"
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._connections.add(task)
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-            parts = head[:MAX_REQUEST_HEAD].split(b" ", 2)
-            target = parts[1].decode("latin-1") if len(parts) > 1 else "/"
-            try:
-                code, ctype, body = await self.respond(target)
-            except Exception:
-                log.exception("HTTP GET %s failed", target[:200])
-                code, ctype, body = "500 Internal Server Error", "text/plain", b"error\n"
-            writer.write(
-                f"HTTP/1.1 {code}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                f"Cache-Control: no-cache\r\nConnection: close\r\n\r\n".encode()
-                + body
-            )
-            await writer.drain()
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, OSError):
-            pass
+            await serve_connection(reader, writer, self._dispatch, self._max_body, _error)
         finally:
-            writer.close()
+            if task is not None:
+                self._connections.discard(task)
+
+    def _is_rest(self, target: str) -> bool:
+        return self.rest is not None and target.startswith(REST_PREFIX)
+
+    def _max_body(self, target: str) -> int:
+        return MAX_REST_BODY if self._is_rest(target) else MAX_OTHER_BODY
+
+    async def _dispatch(self, request: Request) -> Response:
+        if self.rest is not None and self._is_rest(request.target):
+            return await self.rest(request)
+        if request.method not in ("GET", "HEAD"):
+            return Response(405, "text/plain", b"only GET is served here\n", (("Allow", "GET"),))
+        try:
+            code, ctype, body = await self.respond(request.target)
+        except Exception:
+            log.exception("HTTP GET %s failed", request.target[:200])
+            code, ctype, body = "500 Internal Server Error", "text/plain", b"error\n"
+        return Response(int(code.split(" ", 1)[0]), ctype, body, NO_CACHE)
+
+
+def _error(status: int, text: str) -> Response:
+    return Response(status, "text/plain", f"{text}\n".encode())
 
 
 def _json(value: Any) -> bytes:

@@ -1,9 +1,11 @@
 """THE map from domain errors to gRPC and HTTP status, and the decorator servicers use.
 
 Servicers raise ``PubsubError`` subclasses; ``rpc`` turns them into ``context.abort`` with the
-most specific mapped status. Anything unmapped becomes INTERNAL, logged with its traceback, and the
-server stays up. The codes match Google's for the same situation (docs/GOOGLE_API.md §6); note
-that permanent errors never use a code the official clients retry on.
+most specific mapped status. Anything unmapped becomes INTERNAL, logged with its traceback, and
+the server stays up. ``HTTP_STATUS`` is Google's HTTP code for each gRPC code, which the REST
+front (api/rest/front.py) answers with. The codes match Google's for the same situation
+(docs/GOOGLE_API.md §6); note that permanent errors never use a code the official clients retry
+on.
 """
 
 from __future__ import annotations
@@ -38,16 +40,37 @@ from pubsubd.observability import events, sli
 
 log = logging.getLogger(__name__)
 
-_STATUS: dict[type[PubsubError], tuple[grpc.StatusCode, int]] = {
-    InvalidArgument: (grpc.StatusCode.INVALID_ARGUMENT, 400),
-    OutOfRange: (grpc.StatusCode.OUT_OF_RANGE, 400),
-    NotFound: (grpc.StatusCode.NOT_FOUND, 404),
-    AlreadyExists: (grpc.StatusCode.ALREADY_EXISTS, 409),
-    FailedPrecondition: (grpc.StatusCode.FAILED_PRECONDITION, 400),
-    ResourceExhausted: (grpc.StatusCode.RESOURCE_EXHAUSTED, 429),
-    Unavailable: (grpc.StatusCode.UNAVAILABLE, 503),
-    InternalError: (grpc.StatusCode.INTERNAL, 500),
-    DataLoss: (grpc.StatusCode.DATA_LOSS, 500),
+# Google's HTTP status for each gRPC code (google/rpc/code.proto; what its REST API answers).
+HTTP_STATUS: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.OK: 200,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNKNOWN: 500,
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.INTERNAL: 500,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DATA_LOSS: 500,
+}
+
+_STATUS: dict[type[PubsubError], grpc.StatusCode] = {
+    InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    OutOfRange: grpc.StatusCode.OUT_OF_RANGE,
+    NotFound: grpc.StatusCode.NOT_FOUND,
+    AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Unavailable: grpc.StatusCode.UNAVAILABLE,
+    InternalError: grpc.StatusCode.INTERNAL,
+    DataLoss: grpc.StatusCode.DATA_LOSS,
 }
 
 
@@ -55,7 +78,8 @@ def to_status(exc: BaseException) -> tuple[grpc.StatusCode, int]:
     """The (gRPC, HTTP) status for an exception, most specific class first."""
     for cls in type(exc).__mro__:
         if cls in _STATUS:
-            return _STATUS[cls]  # type: ignore[index]
+            code = _STATUS[cls]  # type: ignore[index]
+            return code, HTTP_STATUS[code]
     return grpc.StatusCode.INTERNAL, 500
 
 
