@@ -145,13 +145,13 @@ class Consumer:
         self._buffer.clear()
 
     async def close(self) -> None:
-        """Give back what this consumer holds (redelivered at once) and end the stream."""
+        """End the stream, then give back what this consumer holds (redelivered at once).
+
+        The nack goes after the stream has ended (a unary ModifyAckDeadline): nacked on the
+        open stream, the messages could be sent straight back to it while it closes."""
         if self.closing:
             return
         self.closing = True
-        self._nack(list(self._sent.values()) + [r.ack_id for r in self._buffer])
-        self._sent.clear()
-        self._buffer.clear()
         self._requests.put_nowait(None)  # half-close: the server ends the stream
         for task in self._tasks:
             if task.get_name().startswith("pulsar_leases"):
@@ -164,6 +164,15 @@ class Consumer:
             self._call.cancel()
         for task in self._tasks:
             task.cancel()
+        held = list(self._sent.values()) + [r.ack_id for r in self._buffer]
+        self._sent.clear()
+        self._buffer.clear()
+        log.debug("closed Pulsar consumer %d: giving back %d", self.consumer_id, len(held))
+        if held:
+            try:
+                await self.gateway.nack(self.subscription, held)
+            except PulsarError as e:  # the subscription is gone: nothing to give back
+                log.info("Pulsar consumer %d: give-back failed: %s", self.consumer_id, e)
 
     async def _read(self) -> None:
         try:

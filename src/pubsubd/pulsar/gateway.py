@@ -61,6 +61,11 @@ class Gateway:
             pb.DeleteSubscriptionRequest.SerializeToString,
             pb.Empty.FromString,
         )
+        self._modack = ch.unary_unary(
+            _SUBSCRIBER + "ModifyAckDeadline",
+            pb.ModifyAckDeadlineRequest.SerializeToString,
+            pb.Empty.FromString,
+        )
         self._seek = ch.unary_unary(
             _SUBSCRIBER + "Seek", pb.SeekRequest.SerializeToString, pb.SeekResponse.FromString
         )
@@ -127,6 +132,19 @@ class Gateway:
             await self._delete_sub(pb.DeleteSubscriptionRequest(subscription=subscription))
         except grpc.aio.AioRpcError as e:
             raise errors.from_rpc_error(e, subscription=True) from e
+
+    async def nack(self, subscription: str, ack_ids: list[str]) -> None:
+        """ModifyAckDeadline(0): redeliver now (a stream that ended keeps what it was sent)."""
+        for start in range(0, len(ack_ids), 2500):
+            request = pb.ModifyAckDeadlineRequest(
+                subscription=subscription,
+                ack_ids=ack_ids[start : start + 2500],
+                ack_deadline_seconds=0,
+            )
+            try:
+                await self._modack(request)
+            except grpc.aio.AioRpcError as e:
+                raise errors.from_rpc_error(e, subscription=True) from e
 
     async def seek_time(self, subscription: str, millis: int) -> None:
         ts = timestamp_pb2.Timestamp(seconds=millis // 1000, nanos=(millis % 1000) * 1_000_000)

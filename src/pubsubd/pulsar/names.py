@@ -5,8 +5,11 @@
   ``TOPIC`` is ``persistent://public/default/TOPIC``, ``TENANT/NAMESPACE/TOPIC`` is
   ``persistent://TENANT/NAMESPACE/TOPIC``.
 - ``projects/P/topics/T`` is ``persistent://P/default/T`` (which maps back to it).
-- A Pulsar subscription S of a topic of tenant P is ``projects/P/subscriptions/S`` (Google's
-  subscriptions are per project, so S names one subscription across the tenant's topics).
+- A Pulsar subscription S of the topic whose Google name is ``projects/P/topics/T`` is
+  ``projects/P/subscriptions/T.S``: Pulsar subscriptions belong to their topic, Google's to the
+  project, and the topic ID keeps two topics' subscriptions named S apart. A Pulsar
+  subscription name that is a full Google name, ``projects/P/subscriptions/X``, names that
+  subscription as it is (one made with the Google API, for instance); it must be of the topic.
 - ``non-persistent://`` topics and partition suffixes (``-partition-N``) are refused: every
   pubsubd topic is persistent, and partitioned topics are not served yet.
 """
@@ -43,10 +46,17 @@ class TopicName:
         )
         return f"projects/{self.tenant}/topics/{topic_id}"
 
+    @property
+    def topic_id(self) -> str:
+        return self.google.rsplit("/", 1)[1]
+
     def subscription(self, name: str) -> str:
+        parts = name.split("/")
+        if len(parts) == 4 and parts[0] == "projects" and parts[2] == "subscriptions":
+            return name
         if not name or not _PART.match(name):
-            raise InvalidName(f"subscription name {name!r} cannot be a Google subscription ID")
-        return f"projects/{self.tenant}/subscriptions/{name}"
+            raise InvalidName(f"subscription name {name!r} cannot be part of a subscription ID")
+        return f"projects/{self.tenant}/subscriptions/{self.topic_id}.{name}"
 
 
 def parse_topic(name: str) -> TopicName:
