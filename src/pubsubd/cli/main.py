@@ -208,6 +208,9 @@ def forwarder(
         assigned=True,
         forwarder_id=forwarder_id,
     )
+    # No Pulsar front on a forwarder: its LOOKUP would have to name the topic's owner, which
+    # is not built (README, "Not built yet"); several forwarders on a host would collide on 6650.
+    cfg = replace(cfg, pulsar_port=-1)
     server_app.run(cfg)
 
 

@@ -30,7 +30,7 @@ from pubsubd.pulsar.gateway import Gateway, requests_from
 
 log = logging.getLogger(__name__)
 
-MAX_OUTSTANDING = 5000
+MAX_OUTSTANDING = 20000
 STREAM_DEADLINE_S = 60
 EXTEND_EVERY_S = 20.0
 
