@@ -478,3 +478,30 @@ def test_a_repeated_sequence_id_is_stored_once_and_a_bad_checksum_is_refused(
     reply = again.read()
     assert reply is not None and reply[0].producer_success.last_sequence_id == 1
     again.close()
+
+
+def test_earliest_position_and_seek_by_time(client: pulsar.Client) -> None:
+    topic, _ = _topic("seek")
+    keeper = client.subscribe(topic, "keeper", consumer_type=pulsar.ConsumerType.Shared)
+    producer = client.create_producer(topic)
+    before = int(time.time() * 1000) - 1
+    for i in range(3):
+        producer.send(f"s{i}".encode())
+    # A new subscription at Earliest starts at what the topic retains (the keeper's backlog).
+    late = client.subscribe(
+        topic,
+        "late",
+        consumer_type=pulsar.ConsumerType.Shared,
+        initial_position=pulsar.InitialPosition.Earliest,
+    )
+    first = sorted(late.receive(5000).data() for _ in range(3))
+    assert first == [b"s0", b"s1", b"s2"]
+    for _ in range(3):
+        keeper.acknowledge(keeper.receive(5000))
+    keeper.seek(before)
+    again = []
+    for _ in range(3):
+        msg = keeper.receive(5000)
+        again.append(msg.data())
+        keeper.acknowledge(msg)
+    assert sorted(again) == [b"s0", b"s1", b"s2"]

@@ -86,18 +86,20 @@ class Consumer:
         self._pump()
 
     def _pump(self) -> None:
-        buffer = self._buffer
-        while self.permits > 0 and buffer:
+        buffer, sent, consumer_id = self._buffer, self._sent, self.consumer_id
+        count = min(self.permits, len(buffer))
+        if not count:
+            return
+        out = []
+        for _ in range(count):
             received = buffer.popleft()
             message = received.message
             ledger, entry = ids.from_message_id(message.message_id)
-            self._sent[(ledger, entry)] = received.ack_id
-            self.write(
-                messages.message_frame(
-                    self.consumer_id, ledger, entry, max(received.delivery_attempt - 1, 0), message
-                )
-            )
-            self.permits -= 1
+            sent[(ledger, entry)] = received.ack_id
+            redelivery = received.delivery_attempt - 1 if received.delivery_attempt > 1 else 0
+            out.append(messages.message_frame(consumer_id, ledger, entry, redelivery, message))
+        self.permits -= count
+        self.write(b"".join(out))
 
     def ack(self, cmd: Any) -> None:
         """ACK individual (a list of IDs) or cumulative (everything up to an ID, same source)."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from pubsubd.core import delays
 from pubsubd.pulsar import compression, frames
-from pubsubd.pulsar.api import BaseCommand, MessageMetadata, SingleMessageMetadata, Type
+from pubsubd.pulsar.api import MessageMetadata, SingleMessageMetadata, Type
 
 EVENT_TIME_ATTRIBUTE = "pulsar.event_time"
 DEFAULT_PRODUCER = "pubsubd"
@@ -124,6 +124,27 @@ def pack_batch(entries: list[tuple[Any, bytes]]) -> bytes:
     return b"".join(parts)
 
 
+def _varint(n: int) -> bytes:
+    """Protobuf's base-128 varint of a non-negative int."""
+    if n < 0x80:
+        return _SMALL[n]
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_SMALL = [bytes([i]) for i in range(0x80)]
+_V = _varint
+# Fixed parts of the MESSAGE frame, encoded by hand (the hot path of every delivery; the unit
+# tests parse the result with the generated classes): BaseCommand.type = MESSAGE (field 1),
+# then CommandMessage as field 9; MessageMetadata.producer_name (field 1).
+_MESSAGE_TYPE = b"\x08" + _varint(Type.Value("MESSAGE")) + b"\x4a"
+_PRODUCER = b"\x0a" + _varint(len(DEFAULT_PRODUCER)) + DEFAULT_PRODUCER.encode()
+
+
 def message_frame(
     consumer_id: int,
     ledger: int,
@@ -131,24 +152,28 @@ def message_frame(
     redelivery_count: int,
     message: Any,
 ) -> bytes:
-    """The MESSAGE frame delivering a Pub/Sub ``message`` (a PubsubMessage) to a consumer."""
-    cmd = BaseCommand(type=Type.Value("MESSAGE"))
-    m = cmd.message
-    m.consumer_id = consumer_id
-    m.message_id.ledgerId = ledger
-    m.message_id.entryId = entry
+    """The MESSAGE frame delivering a Pub/Sub ``message`` (a PubsubMessage) to a consumer:
+    CommandMessage{consumer_id, message_id{ledger, entry}, redelivery_count} and
+    MessageMetadata{producer_name, sequence_id = entry, publish_time (ms), properties =
+    attributes, partition_key = ordering key, event_time}."""
+    mid = b"\x08" + _V(ledger) + b"\x10" + _V(entry)
+    body = b"\x08" + _V(consumer_id) + b"\x12" + _V(len(mid)) + mid
     if redelivery_count:
-        m.redelivery_count = redelivery_count
-    meta = MessageMetadata(producer_name=DEFAULT_PRODUCER, sequence_id=entry)
+        body += b"\x18" + _V(redelivery_count)
+    command = _MESSAGE_TYPE + _V(len(body)) + body
     pt = message.publish_time
-    meta.publish_time = pt.seconds * 1000 + pt.nanos // 1_000_000
+    parts = [_PRODUCER, b"\x10", _V(entry), b"\x18", _V(pt.seconds * 1000 + pt.nanos // 1_000_000)]
+    event_time = 0
     for key, value in message.attributes.items():
         if key == EVENT_TIME_ATTRIBUTE and value.isdigit():
-            meta.event_time = int(value)
-        else:
-            meta.properties.add(key=key, value=value)
+            event_time = int(value)
+            continue
+        k, v = key.encode(), value.encode()
+        kv = b"\x0a" + _V(len(k)) + k + b"\x12" + _V(len(v)) + v
+        parts += (b"\x22", _V(len(kv)), kv)
     if message.ordering_key:
-        meta.partition_key = message.ordering_key
-    return frames.encode_payload_command(
-        cmd.SerializeToString(), meta.SerializeToString(), message.data
-    )
+        key_bytes = message.ordering_key.encode()
+        parts += (b"\x32", _V(len(key_bytes)), key_bytes)
+    if event_time:
+        parts += (b"\x60", _V(event_time))
+    return frames.encode_payload_command(command, b"".join(parts), message.data)
