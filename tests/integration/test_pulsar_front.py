@@ -316,6 +316,15 @@ def test_deliver_after_holds_the_message(client: pulsar.Client) -> None:
     consumer.acknowledge(msg)
 
 
+def test_names_the_api_refuses_fail_at_once(client: pulsar.Client) -> None:
+    started = time.monotonic()
+    with pytest.raises(pulsar.NotAllowedError):
+        client.create_producer(f"persistent://{TENANT}/default/ab")  # a topic ID needs 3+ chars
+    with pytest.raises((_pulsar.InvalidTopicName, _pulsar.LookupError, _pulsar.TopicNotFound)):
+        client.create_producer(f"non-persistent://{TENANT}/default/volatile")
+    assert time.monotonic() - started < 3  # not retried until the 5 s operation timeout
+
+
 def test_unsubscribe_deletes_the_subscription(client: pulsar.Client, server: ServerProcess) -> None:
     topic, _ = _topic("unsub")
     sub = _name("gone")
@@ -480,22 +489,29 @@ def test_a_repeated_sequence_id_is_stored_once_and_a_bad_checksum_is_refused(
     again.close()
 
 
-def test_earliest_position_and_seek_by_time(client: pulsar.Client) -> None:
-    topic, _ = _topic("seek")
+def test_earliest_position_and_seek_by_time(client: pulsar.Client, server: ServerProcess) -> None:
+    # Google's rule: only a topic's retention lets a subscription go back before it existed,
+    # or back to acked messages. The topic is made with the Google API, retaining 10 minutes.
+    topic, google_topic = _topic("seek")
+    publisher = make_publisher(server.endpoint)
+    publisher.create_topic(
+        request={"name": google_topic, "message_retention_duration": {"seconds": 600}}
+    )
     keeper = client.subscribe(topic, "keeper", consumer_type=pulsar.ConsumerType.Shared)
     producer = client.create_producer(topic)
     before = int(time.time() * 1000) - 1
     for i in range(3):
         producer.send(f"s{i}".encode())
-    # A new subscription at Earliest starts at what the topic retains (the keeper's backlog).
     late = client.subscribe(
         topic,
         "late",
         consumer_type=pulsar.ConsumerType.Shared,
         initial_position=pulsar.InitialPosition.Earliest,
     )
-    first = sorted(late.receive(5000).data() for _ in range(3))
-    assert first == [b"s0", b"s1", b"s2"]
+    assert sorted(late.receive(5000).data() for _ in range(3)) == [b"s0", b"s1", b"s2"]
+    latest = client.subscribe(topic, "latest", consumer_type=pulsar.ConsumerType.Shared)
+    with pytest.raises(pulsar.Timeout):
+        latest.receive(300)
     for _ in range(3):
         keeper.acknowledge(keeper.receive(5000))
     keeper.seek(before)

@@ -317,9 +317,14 @@ class Connection:
         self._spawn(cmd, subscribe())
 
     def _consumer_lost(self, consumer: Consumer) -> None:
+        """The server ended the consumer's stream: give back what it held and tell the client,
+        which subscribes again."""
         if self.consumers.get(consumer.consumer_id) is consumer:
             del self.consumers[consumer.consumer_id]
             self.write(commands.close_consumer(consumer.consumer_id))
+            task = asyncio.create_task(consumer.close())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     def _consumer(self, consumer_id: int) -> Consumer:
         consumer = self.consumers.get(consumer_id)

@@ -14,7 +14,9 @@ from pubsubd.pulsar.api import ServerError
 
 _BY_STATUS = {
     grpc.StatusCode.NOT_FOUND: "TopicNotFound",
-    grpc.StatusCode.INVALID_ARGUMENT: "InvalidTopicName",
+    # The C++ client retries InvalidTopicName until its operation timeout; NotAllowedError
+    # fails the call at once, with the API's message naming what is invalid.
+    grpc.StatusCode.INVALID_ARGUMENT: "NotAllowedError",
     grpc.StatusCode.FAILED_PRECONDITION: "ConsumerBusy",
     grpc.StatusCode.ALREADY_EXISTS: "NotAllowedError",
     grpc.StatusCode.PERMISSION_DENIED: "AuthorizationError",
