@@ -193,7 +193,7 @@ class Connection:
         try:
             names.parse_topic(request.topic)
         except names.InvalidName as e:
-            raise PulsarError("InvalidTopicName", str(e)) from e
+            raise _invalid_name(e) from e
         self.write(commands.partitioned_metadata(request.request_id, 0))
 
     def _lookup(self, cmd: Any, frame: frames.Frame) -> None:
@@ -201,7 +201,7 @@ class Connection:
         try:
             names.parse_topic(request.topic)
         except names.InvalidName as e:
-            raise PulsarError("InvalidTopicName", str(e)) from e
+            raise _invalid_name(e) from e
         self.write(commands.lookup_connect(request.request_id, self.url))
 
     # --- producers -------------------------------------------------------------------------
@@ -278,7 +278,7 @@ class Connection:
         try:
             subscription = topic.subscription(request.subscription)
         except names.InvalidName as e:
-            raise PulsarError("InvalidTopicName", str(e)) from e
+            raise _invalid_name(e) from e
         if not request.durable:
             raise PulsarError(
                 "NotAllowedError", "non-durable subscriptions (readers) are not supported yet"
@@ -377,15 +377,33 @@ class Connection:
             )
 
         async def seek() -> None:
-            await self.gateway.seek_time(consumer.subscription, request.message_publish_time)
-            consumer.forget()
+            # As Pulsar does: answer, then close the consumer so the client subscribes again.
+            # Deliveries the stream makes around the reset would reach the client while its
+            # seek is in progress, and it drops those; closing gives them back instead.
+            consumer.paused = True
+            try:
+                await self.gateway.seek_time(consumer.subscription, request.message_publish_time)
+            except PulsarError:
+                consumer.paused = False
+                consumer.flow(0)
+                raise
             self.write(commands.success(request.request_id))
+            if self.consumers.get(consumer.consumer_id) is consumer:
+                del self.consumers[consumer.consumer_id]
+                self.write(commands.close_consumer(consumer.consumer_id))
+            await consumer.close()
 
         self._spawn(cmd, seek())
+
+
+def _invalid_name(e: names.InvalidName) -> PulsarError:
+    """A name the front cannot map: NotAllowedError, which the C++ client does not retry (it
+    retries InvalidTopicName until its operation timeout)."""
+    return PulsarError("NotAllowedError", f"invalid name: {e}")
 
 
 def _topic(name: str) -> names.TopicName:
     try:
         return names.parse_topic(name)
     except names.InvalidName as e:
-        raise PulsarError("InvalidTopicName", str(e)) from e
+        raise _invalid_name(e) from e

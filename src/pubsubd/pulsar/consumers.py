@@ -58,6 +58,7 @@ class Consumer:
         self._call: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self.closing = False
+        self.paused = False  # during a seek: nothing goes to the client
         self.on_lost: Callable[[Consumer], None] | None = None
 
     async def open(self) -> None:
@@ -87,7 +88,7 @@ class Consumer:
 
     def _pump(self) -> None:
         buffer, sent, consumer_id = self._buffer, self._sent, self.consumer_id
-        count = min(self.permits, len(buffer))
+        count = 0 if self.paused else min(self.permits, len(buffer))
         if not count:
             return
         out = []
@@ -140,11 +141,6 @@ class Consumer:
                     modify_deadline_ack_ids=ack_ids, modify_deadline_seconds=[0] * len(ack_ids)
                 )
             )
-
-    def forget(self) -> None:
-        """After a seek: the ack IDs held are void (pubsubd ignores them) and the buffer stale."""
-        self._sent.clear()
-        self._buffer.clear()
 
     async def close(self) -> None:
         """End the stream, then give back what this consumer holds (redelivered at once).

@@ -26,7 +26,7 @@ _PARTITION = re.compile(r"-partition-\d+$")
 
 
 class InvalidName(ValueError):
-    """A name the front cannot map (answered with InvalidTopicName)."""
+    """A name the front cannot map (answered with NotAllowedError, naming the problem)."""
 
 
 @dataclass(frozen=True, slots=True)
