@@ -27,6 +27,8 @@ from pubsubd.pulsar.api import BaseCommand, MessageMetadata, ServerError, Type
 from tests.conftest import make_publisher, make_subscriber
 from tests.support.server import ServerProcess, wait_for
 
+pytestmark = pytest.mark.integration
+
 TENANT = "test-project"
 
 

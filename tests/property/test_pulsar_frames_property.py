@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pubsubd.pulsar import frames, messages
 from pubsubd.pulsar.api import MessageMetadata, SingleMessageMetadata
+
+pytestmark = pytest.mark.property
 
 _frame = st.one_of(
     st.tuples(st.binary(min_size=1, max_size=64), st.none(), st.just(b"")),

@@ -11,6 +11,8 @@ from pubsubd.core import pb
 from pubsubd.pulsar import commands, compression, frames, ids, messages, names
 from pubsubd.pulsar.api import BaseCommand, MessageMetadata, SingleMessageMetadata, Type
 
+pytestmark = pytest.mark.unit
+
 
 def _cmd(kind: str) -> BaseCommand:
     return BaseCommand(type=Type.Value(kind))
