@@ -184,7 +184,8 @@ class Connection:
             raise PulsarError("NotAllowedError", "already connected")
         if cmd.connect.auth_method_name not in ("", "none"):
             self._fatal(f"authentication {cmd.connect.auth_method_name!r} is not supported")
-            raise PulsarError("AuthenticationError", "authentication is not supported")
+            self.writer.close()  # the read loop ends with the connection
+            return
         self.connected = True
         self.write(commands.connected(cmd.connect.protocol_version, self.state.server_version))
 
