@@ -123,7 +123,7 @@ PROTOC_VENV ?= .venv-protoc
 proto:
 	test -x $(PROTOC_VENV)/bin/python || ($(PYTHON) -m venv $(PROTOC_VENV) && $(PROTOC_VENV)/bin/pip install --quiet 'grpcio-tools>=1.85,<2')
 	rm -rf src/pubsubd/_gen && mkdir -p src/pubsubd/_gen
-	$(PROTOC_VENV)/bin/python -m grpc_tools.protoc -Iproto --python_out=src/pubsubd/_gen --pyi_out=src/pubsubd/_gen proto/pubsubd/v1/replay.proto proto/pubsubd/v1/admin.proto proto/pubsubd/internal/v1/storage.proto proto/pubsubd/internal/v1/routing.proto proto/pubsubd/internal/v1/forwarder.proto proto/pubsubd/internal/v1/sources.proto
+	$(PROTOC_VENV)/bin/python -m grpc_tools.protoc -Iproto --python_out=src/pubsubd/_gen --pyi_out=src/pubsubd/_gen proto/pubsubd/v1/replay.proto proto/pubsubd/v1/admin.proto proto/pubsubd/internal/v1/storage.proto proto/pubsubd/internal/v1/routing.proto proto/pubsubd/internal/v1/forwarder.proto proto/pubsubd/internal/v1/sources.proto proto/pubsubd/pulsar/api.proto
 	$(PYTHON) proto/postprocess.py src/pubsubd/_gen
 
 ## Example Spark pipeline (pubsubd[spark], Java 17+): topic -> transform -> topic on local[*].

@@ -30,6 +30,7 @@ def start_server(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
     log = data_dir / "pubsubd.log"
     out = log.open("wb")
     cmd = [sys.executable, "-m", "pubsubd", "serve", "--port", "0", "--http-port", "0"]
+    cmd += ["--pulsar-port", "-1"]  # a throwaway server leaves 6650 alone
     proc = subprocess.Popen([*cmd, "--data-dir", str(data_dir / "data")], stdout=out, stderr=out)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

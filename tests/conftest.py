@@ -20,6 +20,10 @@ from tests.support.server import ServerProcess
 
 PROJECT = "test-project"
 
+# Every server a test starts has the Pulsar front off unless the test turns it on (an ephemeral
+# port): the default, 6650, would collide between servers running side by side.
+os.environ.setdefault("PUBSUBD_PULSAR_PORT", "-1")
+
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ServerProcess]:

@@ -56,6 +56,7 @@ from pubsubd.observability.events import EVENTS_TOPIC, BacklogRotation, EventEmi
 from pubsubd.observability.http import HttpEndpoint
 from pubsubd.observability.slo import SloMonitor, load_slo, scaled_windows
 from pubsubd.prober.loop import ProbeLoop, ProberConfig
+from pubsubd.pulsar.server import PulsarServer
 from pubsubd.storage import cache_budget
 from pubsubd.storage.disk_space import DiskSpace
 from pubsubd.storage.ledgers.auditor import Auditor
@@ -203,6 +204,8 @@ class PubsubServer:
         self.port = 0
         self.http_port = 0
         self.rest: RestFront | None = None
+        self.pulsar_port = -1  # -1: the Pulsar front is off
+        self.pulsar: PulsarServer | None = None
         self._stopped = asyncio.Event()
         self._quota_task: asyncio.Task[None] | None = None
         self.sli_events: EventEmitter | None = None
@@ -277,6 +280,10 @@ class PubsubServer:
             self.rest = RestFront(local_target(self.config.host, self.port), MAX_RECEIVE_BYTES)
             self.http.rest = self.rest.handle
             self.http_port = await self.http.start(self.config.host, self.config.http_port)
+        if self.config.pulsar_port >= 0:
+            # A gateway to this process's own gRPC API (pulsar/__init__.py).
+            self.pulsar = PulsarServer(f"{self.config.host}:{self.port}", f"pubsubd-{version()}")
+            self.pulsar_port = await self.pulsar.start(self.config.host, self.config.pulsar_port)
         if self.config.prober_interval_s > 0:
             self.prober = ProbeLoop(
                 ProberConfig(
@@ -285,11 +292,12 @@ class PubsubServer:
             )
             self.prober.start()
         log.info(
-            "pubsubd ready grpc=%s:%d http=%s:%d data_dir=%s fsync=%s%s",
+            "pubsubd ready grpc=%s:%d http=%s:%d pulsar=%d data_dir=%s fsync=%s%s",
             self.config.host,
             self.port,
             self.config.host,
             self.http_port,
+            self.pulsar_port,
             self.config.storage.data_dir,
             self.config.storage.fsync.value,
             "" if self.cluster is None else f" cluster={self.cluster.coordinator.hosts}",
@@ -451,6 +459,8 @@ class PubsubServer:
         if self._slo_task is not None:
             self._slo_task.cancel()
         await self.dashboard.close()
+        if self.pulsar is not None:
+            await self.pulsar.stop()  # its consumers give back what they hold
         self._unregister_backlog()
         await self.subscribing.close()
         if self.grpc_server is not None:
@@ -536,6 +546,7 @@ class PubsubServer:
     def status(self) -> dict[str, Any]:
         return {
             "topics": len(self.catalog.topics),
+            "pulsar_port": self.pulsar_port,
             "subscriptions": {
                 name: subscribing.status(name)
                 for subscribing in self.routes.all_subscribing()

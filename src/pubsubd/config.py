@@ -15,6 +15,7 @@ from pubsubd.storage.log import FsyncPolicy
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8085  # the Google emulator's usual port, so PUBSUB_EMULATOR_HOST stays familiar
 DEFAULT_HTTP_PORT = 8086
+DEFAULT_PULSAR_PORT = 6650
 DEFAULT_DATA_DIR = Path("data")
 
 
@@ -60,6 +61,8 @@ class ServerConfig:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT  # 0 = pick a free port
     http_port: int = DEFAULT_HTTP_PORT  # 0 = pick a free port, -1 = no HTTP endpoint
+    # The Pulsar binary protocol (pulsar/): 0 = pick a free port, -1 = off.
+    pulsar_port: int = DEFAULT_PULSAR_PORT
     storage: StorageConfig = field(default_factory=StorageConfig)
     # How long a graceful stop waits for in-flight RPCs after ending the streams.
     shutdown_grace_s: float = 5.0
@@ -149,6 +152,7 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
         host=e.get("PUBSUBD_HOST", cfg.host),
         port=int(e.get("PUBSUBD_PORT", cfg.port)),
         http_port=int(e.get("PUBSUBD_HTTP_PORT", cfg.http_port)),
+        pulsar_port=int(e.get("PUBSUBD_PULSAR_PORT", cfg.pulsar_port)),
         storage=storage,
         quota_check_s=_interval(e, "PUBSUBD_QUOTA_CHECK_S", cfg.quota_check_s),
         expiry_check_s=float(e.get("PUBSUBD_EXPIRY_CHECK_S", cfg.expiry_check_s)),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tests.support.process import LoggedProcess
 
-READY = re.compile(r"pubsubd ready grpc=(\S+):(\d+) http=(\S+):(\d+)")
+READY = re.compile(r"pubsubd ready grpc=(\S+):(\d+) http=(\S+):(\d+) pulsar=(-?\d+)")
 
 
 @dataclass
@@ -23,6 +23,10 @@ class ServerProcess:
     host: str = "127.0.0.1"
     port: int = 0
     http_port: int = 0
+    # The Pulsar front: off unless a test asks for it (0: an ephemeral port; never 6650, so
+    # servers of parallel tests cannot collide). pulsar_port holds the bound port once started.
+    pulsar: bool = False
+    pulsar_port: int = -1
     process: LoggedProcess | None = None
 
     @property
@@ -50,6 +54,8 @@ class ServerProcess:
             str(port),
             "--http-port",
             "0",
+            "--pulsar-port",
+            "0" if self.pulsar else "-1",
             "--data-dir",
             str(self.data_dir),
             *self.args,
@@ -58,8 +64,8 @@ class ServerProcess:
         ready = self.process.launch(
             cmd, READY, env, timeout, "pubsubd", unset=("PUBSUB_EMULATOR_HOST",)
         )
-        host, p, _, hp = ready.groups()
-        self.host, self.port, self.http_port = host, int(p), int(hp)
+        host, p, _, hp, pp = ready.groups()
+        self.host, self.port, self.http_port, self.pulsar_port = host, int(p), int(hp), int(pp)
         return self
 
     def log(self) -> str:

@@ -91,3 +91,9 @@ async def _passes(forwarder: PublishingForwarder, count: int) -> None:
             return
         await asyncio.sleep(0.005)
     raise AssertionError(f"{forwarder.trim_passes} trim passes, not {count}")
+
+
+def test_pulsar_port_defaults_to_6650_and_follows_the_environment() -> None:
+    assert from_env({}).pulsar_port == 6650
+    assert from_env({"PUBSUBD_PULSAR_PORT": "-1"}).pulsar_port == -1
+    assert from_env({"PUBSUBD_PULSAR_PORT": "0"}).pulsar_port == 0

@@ -28,6 +28,8 @@ def test_queue_settings_defaults_and_values() -> None:
     assert s.nack_delay_s == 30 and s.max_outstanding_messages == 100
     assert s.max_outstanding_bytes == 1_000_000 and s.consumer_max_outstanding_messages == 10
     assert s.consumer_max_outstanding_bytes == 65536
+    assert not s.always_report_attempts
+    assert queue_settings.parse({"pubsubd-delivery-attempts": "always"}).always_report_attempts
 
 
 @pytest.mark.parametrize(
@@ -40,6 +42,7 @@ def test_queue_settings_defaults_and_values() -> None:
         {"pubsubd-consumer-max-outstanding-bytes": "0"},
         {"pubsubd-consumer-max-outstanding-messages": "lots"},
         {"pubsubd-typo": "1"},
+        {"pubsubd-delivery-attempts": "sometimes"},
     ],
 )
 def test_queue_settings_reject_bad_labels(labels: dict[str, str]) -> None:

@@ -77,6 +77,10 @@ def serve(
             help="ZooKeeper connect string: metadata in ZooKeeper, messages on storage nodes"
         ),
     ] = None,
+    pulsar_port: Annotated[
+        int | None,
+        typer.Option(help="Pulsar binary protocol port (default 6650; 0 = any, -1 = off)"),
+    ] = None,
     zk_root: Annotated[str | None, typer.Option(help="the cluster's ZooKeeper root")] = None,
     replicas: Annotated[
         int | None, typer.Option(help="storage nodes per ledger (cluster; default 3)")
@@ -105,6 +109,8 @@ def serve(
         cfg = replace(cfg, slo_file=slo)
     if prober_interval is not None:
         cfg = replace(cfg, prober_interval_s=prober_interval)
+    if pulsar_port is not None:
+        cfg = replace(cfg, pulsar_port=pulsar_port)
     try:
         load_slo(cfg.slo_file)  # a bad file stops here, with its error, before anything starts
     except SloFileError as e:
@@ -218,6 +224,9 @@ def forwarder(
         publishing=publishing,
         subscribing=subscribing,
     )
+    # No Pulsar front on a forwarder: its LOOKUP would have to name the topic's owner, which
+    # is not built (README, "Not built yet"); several forwarders on a host would collide on 6650.
+    cfg = replace(cfg, pulsar_port=-1)
     server_app.run(cfg)
 
 

@@ -13,6 +13,9 @@ digits, ``-`` and ``_``):
 | pubsubd-consumer-max-outstanding-messages   | cap per consumer (stream or Pull)        |
 | pubsubd-consumer-max-outstanding-bytes      | the same per-consumer cap in bytes       |
 | pubsubd-backlog-quota-*, pubsubd-backlog-policy | backlog quota (control/quotas.py)    |
+| pubsubd-delivery-attempts                   | ``always``: ``delivery_attempt`` set on  |
+|                                             | every delivery, without a dead-letter    |
+|                                             | policy too (the Pulsar redelivery count) |
 
 Subscription types: *shared* hands each message to one consumer, round-robin, message by
 message; *exclusive* admits one StreamingPull client (by ``client_id``) and refuses others with
@@ -44,6 +47,7 @@ MAX_OUTSTANDING_MESSAGES_LABEL = "pubsubd-max-outstanding-messages"
 MAX_OUTSTANDING_BYTES_LABEL = "pubsubd-max-outstanding-bytes"
 CONSUMER_MAX_OUTSTANDING_LABEL = "pubsubd-consumer-max-outstanding-messages"
 CONSUMER_MAX_OUTSTANDING_BYTES_LABEL = "pubsubd-consumer-max-outstanding-bytes"
+DELIVERY_ATTEMPTS_LABEL = "pubsubd-delivery-attempts"
 KNOWN = frozenset(
     {
         TYPE_LABEL,
@@ -52,6 +56,7 @@ KNOWN = frozenset(
         MAX_OUTSTANDING_BYTES_LABEL,
         CONSUMER_MAX_OUTSTANDING_LABEL,
         CONSUMER_MAX_OUTSTANDING_BYTES_LABEL,
+        DELIVERY_ATTEMPTS_LABEL,
     }
     | quotas.LABELS
 )
@@ -74,6 +79,7 @@ class QueueSettings:
     consumer_max_outstanding_messages: int = 0
     consumer_max_outstanding_bytes: int = 0
     quota: quotas.BacklogQuota | None = None  # the subscription's own backlog quota, if any
+    always_report_attempts: bool = False  # delivery_attempt without a dead-letter policy
 
 
 # What a subscription without labels gets; immutable, so every such subscription shares it.
@@ -107,6 +113,9 @@ def parse(labels: Mapping[str, str]) -> QueueSettings:
     except ValueError:
         allowed = ", ".join(t.value for t in SubscriptionType)
         raise InvalidArgument(f"labels[{TYPE_LABEL!r}]: {raw_type!r}; one of {allowed}") from None
+    attempts = labels.get(DELIVERY_ATTEMPTS_LABEL)
+    if attempts not in (None, "always"):
+        raise InvalidArgument(f"labels[{DELIVERY_ATTEMPTS_LABEL!r}]: {attempts!r}; only 'always'")
     big = 1 << 40
     return QueueSettings(
         type=kind,
@@ -116,4 +125,5 @@ def parse(labels: Mapping[str, str]) -> QueueSettings:
         consumer_max_outstanding_messages=_int(labels, CONSUMER_MAX_OUTSTANDING_LABEL, 1, big),
         consumer_max_outstanding_bytes=_int(labels, CONSUMER_MAX_OUTSTANDING_BYTES_LABEL, 1, big),
         quota=quotas.parse(labels),
+        always_report_attempts=attempts == "always",
     )

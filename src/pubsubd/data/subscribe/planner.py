@@ -297,7 +297,9 @@ class DeliveryPlanner:
                 self.remove_consumer(consumer)
 
     def _deliver(self, consumer: Consumer, batch: list[tuple[int, bytes, int]], now: float) -> None:
-        dead_letter = self.subscription.HasField("dead_letter_policy")
+        report = (
+            self.subscription.HasField("dead_letter_policy") or self.settings.always_report_attempts
+        )
         received = []
         total = 0
         grant = self.leases.grant
@@ -307,9 +309,7 @@ class DeliveryPlanner:
         for pos, message, size in batch:
             lease = grant(pos, now, deadline, consumer.id, size)
             ack_id = ids.encode_ack_id(incarnation, pos, lease.generation).encode()
-            received.append(
-                wire.received_message(ack_id, message, attempts(pos) if dead_letter else 0)
-            )
+            received.append(wire.received_message(ack_id, message, attempts(pos) if report else 0))
             total += size
         consumer.taken(len(batch), total)
         self._outstanding_bytes += total

@@ -1,0 +1,165 @@
+"""Building the broker's Pulsar commands (pure): replies, errors, receipts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pubsubd.pulsar import frames
+from pubsubd.pulsar.api import BaseCommand, Type
+
+# Protocol versions: the client sends its highest; the answer is the lower of that and ours.
+# v20 is the last whose features this front either serves or the client does without.
+PROTOCOL_VERSION = 20
+
+
+def frame(cmd: Any) -> bytes:
+    return frames.encode_command(cmd.SerializeToString())
+
+
+def connected(client_version: int, server_version: str) -> bytes:
+    cmd = BaseCommand(type=Type.Value("CONNECTED"))
+    cmd.connected.server_version = server_version
+    cmd.connected.protocol_version = min(client_version, PROTOCOL_VERSION)
+    cmd.connected.max_message_size = frames.MAX_MESSAGE_SIZE
+    cmd.connected.feature_flags.SetInParent()  # none: no auth refresh, no broker entry metadata
+    return frame(cmd)
+
+
+def pong() -> bytes:
+    cmd = BaseCommand(type=Type.Value("PONG"))
+    cmd.pong.SetInParent()
+    return frame(cmd)
+
+
+def ping() -> bytes:
+    cmd = BaseCommand(type=Type.Value("PING"))
+    cmd.ping.SetInParent()
+    return frame(cmd)
+
+
+def success(request_id: int) -> bytes:
+    cmd = BaseCommand(type=Type.Value("SUCCESS"))
+    cmd.success.request_id = request_id
+    return frame(cmd)
+
+
+def error(request_id: int, code: int, message: str) -> bytes:
+    cmd = BaseCommand(type=Type.Value("ERROR"))
+    cmd.error.request_id = request_id
+    cmd.error.error = code
+    cmd.error.message = message
+    return frame(cmd)
+
+
+def partitioned_metadata(request_id: int, partitions: int) -> bytes:
+    cmd = BaseCommand(type=Type.Value("PARTITIONED_METADATA_RESPONSE"))
+    r = cmd.partitionMetadataResponse
+    r.request_id = request_id
+    r.partitions = partitions
+    r.response = r.Success
+    return frame(cmd)
+
+
+def partitioned_metadata_error(request_id: int, code: int, message: str) -> bytes:
+    cmd = BaseCommand(type=Type.Value("PARTITIONED_METADATA_RESPONSE"))
+    r = cmd.partitionMetadataResponse
+    r.request_id = request_id
+    r.response = r.Failed
+    r.error = code
+    r.message = message
+    return frame(cmd)
+
+
+def lookup_connect(request_id: int, url: str) -> bytes:
+    cmd = BaseCommand(type=Type.Value("LOOKUP_RESPONSE"))
+    r = cmd.lookupTopicResponse
+    r.request_id = request_id
+    r.response = r.Connect
+    r.brokerServiceUrl = url
+    r.authoritative = True
+    return frame(cmd)
+
+
+def lookup_error(request_id: int, code: int, message: str) -> bytes:
+    cmd = BaseCommand(type=Type.Value("LOOKUP_RESPONSE"))
+    r = cmd.lookupTopicResponse
+    r.request_id = request_id
+    r.response = r.Failed
+    r.error = code
+    r.message = message
+    return frame(cmd)
+
+
+def producer_success(request_id: int, name: str, last_sequence_id: int) -> bytes:
+    cmd = BaseCommand(type=Type.Value("PRODUCER_SUCCESS"))
+    r = cmd.producer_success
+    r.request_id = request_id
+    r.producer_name = name
+    r.last_sequence_id = last_sequence_id
+    r.producer_ready = True
+    return frame(cmd)
+
+
+def send_receipt(
+    producer_id: int, sequence_id: int, highest_sequence_id: int, ledger: int, entry: int
+) -> bytes:
+    cmd = BaseCommand(type=Type.Value("SEND_RECEIPT"))
+    r = cmd.send_receipt
+    r.producer_id = producer_id
+    r.sequence_id = sequence_id
+    r.highest_sequence_id = highest_sequence_id
+    r.message_id.ledgerId = ledger
+    r.message_id.entryId = entry
+    return frame(cmd)
+
+
+def send_error(producer_id: int, sequence_id: int, code: int, message: str) -> bytes:
+    cmd = BaseCommand(type=Type.Value("SEND_ERROR"))
+    r = cmd.send_error
+    r.producer_id = producer_id
+    r.sequence_id = sequence_id
+    r.error = code
+    r.message = message
+    return frame(cmd)
+
+
+def ack_response(consumer_id: int, request_id: int) -> bytes:
+    cmd = BaseCommand(type=Type.Value("ACK_RESPONSE"))
+    cmd.ackResponse.consumer_id = consumer_id
+    cmd.ackResponse.request_id = request_id
+    return frame(cmd)
+
+
+def close_consumer(consumer_id: int) -> bytes:
+    """Broker-initiated: the client reconnects the consumer (looks up and subscribes again)."""
+    cmd = BaseCommand(type=Type.Value("CLOSE_CONSUMER"))
+    cmd.close_consumer.consumer_id = consumer_id
+    cmd.close_consumer.request_id = 0
+    return frame(cmd)
+
+
+def close_producer(producer_id: int) -> bytes:
+    cmd = BaseCommand(type=Type.Value("CLOSE_PRODUCER"))
+    cmd.close_producer.producer_id = producer_id
+    cmd.close_producer.request_id = 0
+    return frame(cmd)
+
+
+def last_message_id(request_id: int, ledger: int, entry: int) -> bytes:
+    cmd = BaseCommand(type=Type.Value("GET_LAST_MESSAGE_ID_RESPONSE"))
+    r = cmd.getLastMessageIdResponse
+    r.request_id = request_id
+    r.last_message_id.ledgerId = ledger
+    r.last_message_id.entryId = entry
+    return frame(cmd)
+
+
+def request_id_of(cmd: Any) -> int | None:
+    """The request_id of any command that carries one (to answer it with an error)."""
+    for field, value in cmd.ListFields():
+        if field.name == "type":
+            continue
+        for sub, sub_value in value.ListFields():
+            if sub.name == "request_id":
+                return int(sub_value)
+    return None

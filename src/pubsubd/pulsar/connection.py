@@ -1,0 +1,410 @@
+"""One Pulsar client connection (asyncio): frames in, commands dispatched, replies out.
+
+A malformed frame gets an ERROR and ends the connection (the byte stream cannot be trusted
+after it); a business error answers its request with an ERROR (or the command's own error
+field) and the connection stays. Commands that reach the gRPC API run as tasks, so a slow call
+never holds up PINGs or acks; the per-producer and per-consumer order is kept by their own
+objects (producers.py, consumers.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from pubsubd.core import queue_settings
+from pubsubd.pulsar import commands, frames, names
+from pubsubd.pulsar.api import BaseCommand, CommandSubscribe, ServerError, Type
+from pubsubd.pulsar.consumers import Consumer, check_subscription
+from pubsubd.pulsar.errors import PulsarError
+from pubsubd.pulsar.gateway import Gateway
+from pubsubd.pulsar.producers import Producer
+
+log = logging.getLogger(__name__)
+
+_ids = itertools.count(1)
+
+SUBSCRIPTION_TYPES = {
+    CommandSubscribe.Exclusive: queue_settings.SubscriptionType.EXCLUSIVE.value,
+    CommandSubscribe.Shared: queue_settings.SubscriptionType.SHARED.value,
+    CommandSubscribe.Failover: queue_settings.SubscriptionType.FAILOVER.value,
+    CommandSubscribe.Key_Shared: queue_settings.SubscriptionType.KEY_SHARED.value,
+}
+
+
+class ServerState:
+    """What the connections of one server share."""
+
+    def __init__(self, gateway: Gateway, incarnation: str, server_version: str) -> None:
+        self.gateway = gateway
+        self.incarnation = incarnation  # part of every dedup ID (see producers.py)
+        self.server_version = server_version
+        # (topic, producer name) -> highest sequence ID stored by this process, for
+        # PRODUCER_SUCCESS.last_sequence_id when a named producer comes back.
+        self.last_sequence: dict[tuple[str, str], int] = {}
+
+
+class Connection:
+    def __init__(
+        self, state: ServerState, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.state = state
+        self.gateway = state.gateway
+        self.reader = reader
+        self.writer = writer
+        self.id = next(_ids)
+        self.decoder = frames.FrameDecoder()
+        self.connected = False
+        self.producers: dict[int, Producer] = {}
+        self.consumers: dict[int, Consumer] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        host, port = writer.get_extra_info("sockname")[:2]
+        self.url = f"pulsar://{host}:{port}"
+        self._handlers: dict[int, Callable[[Any, frames.Frame], None]] = {
+            Type.Value("CONNECT"): self._connect,
+            Type.Value("PING"): lambda c, f: self.write(commands.pong()),
+            Type.Value("PONG"): lambda c, f: None,
+            Type.Value("PARTITIONED_METADATA"): self._partitioned_metadata,
+            Type.Value("LOOKUP"): self._lookup,
+            Type.Value("PRODUCER"): self._producer,
+            Type.Value("SEND"): self._send,
+            Type.Value("CLOSE_PRODUCER"): self._close_producer,
+            Type.Value("SUBSCRIBE"): self._subscribe,
+            Type.Value("FLOW"): self._flow,
+            Type.Value("ACK"): self._ack,
+            Type.Value("REDELIVER_UNACKNOWLEDGED_MESSAGES"): self._redeliver,
+            Type.Value("CLOSE_CONSUMER"): self._close_consumer,
+            Type.Value("UNSUBSCRIBE"): self._unsubscribe,
+            Type.Value("SEEK"): self._seek,
+        }
+
+    # --- I/O -------------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(data)
+
+    async def serve(self) -> None:
+        try:
+            while True:
+                data = await self.reader.read(256 * 1024)
+                if not data:
+                    return
+                try:
+                    received = self.decoder.feed(data)
+                except frames.FrameError as e:
+                    self._fatal(f"malformed frame: {e}")
+                    return
+                for frame in received:
+                    if not self._handle(frame):
+                        return
+                if self.writer.transport.get_write_buffer_size() > 8 * 1024 * 1024:
+                    await self.writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            await self._close()
+
+    def _fatal(self, message: str) -> None:
+        log.info("pulsar connection %d: %s; closing it", self.id, message)
+        self.write(commands.error(0, ServerError.Value("UnknownError"), message))
+
+    def _handle(self, frame: frames.Frame) -> bool:
+        cmd = BaseCommand()
+        try:
+            cmd.ParseFromString(frame.command)
+        except DecodeError as e:
+            self._fatal(f"malformed command: {e}")
+            return False
+        if not self.connected and cmd.type != Type.Value("CONNECT"):
+            self._fatal(f"expected CONNECT first, got command type {cmd.type}")
+            return False
+        handler = self._handlers.get(cmd.type)
+        if handler is None:
+            self._unsupported(cmd)
+            return True
+        try:
+            handler(cmd, frame)
+        except PulsarError as e:
+            self._answer_error(cmd, e)
+        return True
+
+    def _spawn(self, cmd: Any, work: Awaitable[None]) -> None:
+        async def run() -> None:
+            try:
+                await work
+            except PulsarError as e:
+                self._answer_error(cmd, e)
+            except Exception as e:  # an unexpected failure answers the request, never the loop
+                log.exception("pulsar command %s failed", Type.Name(cmd.type))
+                self._answer_error(cmd, PulsarError("UnknownError", f"internal error: {e}"))
+
+        task = asyncio.create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _answer_error(self, cmd: Any, e: PulsarError) -> None:
+        request_id = commands.request_id_of(cmd)
+        if cmd.type == Type.Value("PARTITIONED_METADATA"):
+            self.write(commands.partitioned_metadata_error(request_id or 0, e.code, e.message))
+        elif cmd.type == Type.Value("LOOKUP"):
+            self.write(commands.lookup_error(request_id or 0, e.code, e.message))
+        elif request_id is not None:
+            self.write(commands.error(request_id, e.code, e.message))
+        else:
+            log.info("pulsar connection %d: %s: %s", self.id, Type.Name(cmd.type), e.message)
+
+    def _unsupported(self, cmd: Any) -> None:
+        name = Type.Name(cmd.type) if cmd.type in Type.values() else str(cmd.type)
+        self._answer_error(
+            cmd, PulsarError("NotAllowedError", f"{name} is not supported by pubsubd")
+        )
+
+    async def _close(self) -> None:
+        for consumer in list(self.consumers.values()):
+            await consumer.close()
+        for producer in self.producers.values():
+            producer.abort()
+        for task in list(self._tasks):
+            task.cancel()
+        self.writer.close()
+        with contextlib.suppress(Exception):
+            await self.writer.wait_closed()
+
+    # --- connection and discovery ----------------------------------------------------------
+
+    def _connect(self, cmd: Any, frame: frames.Frame) -> None:
+        if self.connected:
+            raise PulsarError("NotAllowedError", "already connected")
+        if cmd.connect.auth_method_name not in ("", "none"):
+            self._fatal(f"authentication {cmd.connect.auth_method_name!r} is not supported")
+            self.writer.close()  # the read loop ends with the connection
+            return
+        self.connected = True
+        self.write(commands.connected(cmd.connect.protocol_version, self.state.server_version))
+
+    def _partitioned_metadata(self, cmd: Any, frame: frames.Frame) -> None:
+        request = cmd.partitionMetadata
+        try:
+            names.parse_topic(request.topic)
+        except names.InvalidName as e:
+            raise _invalid_name(e) from e
+        self.write(commands.partitioned_metadata(request.request_id, 0))
+
+    def _lookup(self, cmd: Any, frame: frames.Frame) -> None:
+        request = cmd.lookupTopic
+        try:
+            names.parse_topic(request.topic)
+        except names.InvalidName as e:
+            raise _invalid_name(e) from e
+        self.write(commands.lookup_connect(request.request_id, self.url))
+
+    # --- producers -------------------------------------------------------------------------
+
+    def _producer(self, cmd: Any, frame: frames.Frame) -> None:
+        request = cmd.producer
+        topic = _topic(request.topic)
+        if request.producer_access_mode != 0:
+            raise PulsarError(
+                "NotAllowedError", "only the Shared producer access mode is supported"
+            )
+        if request.txn_enabled:
+            raise PulsarError("NotAllowedError", "transactions are not supported")
+        existing = self.producers.get(request.producer_id)
+        if existing is not None:  # the client repeats PRODUCER after a timeout
+            self.write(commands.producer_success(request.request_id, existing.name, -1))
+            return
+        name = (
+            request.producer_name
+            or f"pubsubd-{self.state.incarnation}-{self.id}-{request.producer_id}"
+        )
+
+        async def create() -> None:
+            await self.gateway.ensure_topic(topic.google)
+            key = (topic.google, name)
+            last = self.state.last_sequence
+
+            def stored(seq: int) -> None:
+                last[key] = max(last.get(key, -1), seq)
+
+            self.producers[request.producer_id] = Producer(
+                self.gateway,
+                self.write,
+                request.producer_id,
+                topic.google,
+                name,
+                f"pulsar/{self.state.incarnation}/",
+                stored,
+            )
+            self.write(commands.producer_success(request.request_id, name, last.get(key, -1)))
+
+        self._spawn(cmd, create())
+
+    def _send(self, cmd: Any, frame: frames.Frame) -> None:
+        producer = self.producers.get(cmd.send.producer_id)
+        if producer is None:
+            self.write(
+                commands.send_error(
+                    cmd.send.producer_id,
+                    cmd.send.sequence_id,
+                    ServerError.Value("NotAllowedError"),
+                    f"no producer {cmd.send.producer_id} on this connection",
+                )
+            )
+            return
+        producer.send(cmd.send, frame)
+
+    def _close_producer(self, cmd: Any, frame: frames.Frame) -> None:
+        request = cmd.close_producer
+        producer = self.producers.pop(request.producer_id, None)
+
+        async def close() -> None:
+            if producer is not None:
+                await producer.close()
+            self.write(commands.success(request.request_id))
+
+        self._spawn(cmd, close())
+
+    # --- consumers -------------------------------------------------------------------------
+
+    def _subscribe(self, cmd: Any, frame: frames.Frame) -> None:
+        request = cmd.subscribe
+        topic = _topic(request.topic)
+        try:
+            subscription = topic.subscription(request.subscription)
+        except names.InvalidName as e:
+            raise _invalid_name(e) from e
+        if not request.durable:
+            raise PulsarError(
+                "NotAllowedError", "non-durable subscriptions (readers) are not supported yet"
+            )
+        if request.consumer_id in self.consumers:
+            self.write(commands.success(request.request_id))
+            return
+        kind = SUBSCRIPTION_TYPES.get(request.subType, "shared")
+
+        async def subscribe() -> None:
+            await self.gateway.ensure_topic(topic.google)
+            labels = {
+                queue_settings.TYPE_LABEL: kind,
+                queue_settings.DELIVERY_ATTEMPTS_LABEL: "always",
+            }
+            existing, created = await self.gateway.get_or_create_subscription(
+                subscription, topic.google, labels
+            )
+            if not created:
+                check_subscription(existing, topic.google, kind, queue_settings.TYPE_LABEL)
+            elif request.initialPosition == CommandSubscribe.Earliest:
+                await self.gateway.seek_time(subscription, 0)
+            consumer = Consumer(
+                self.gateway,
+                self.write,
+                request.consumer_id,
+                subscription,
+                f"pulsar-{self.state.incarnation}-{self.id}-{request.consumer_id}",
+                cumulative_ok=kind in ("exclusive", "failover"),
+            )
+            await consumer.open()
+            consumer.on_lost = self._consumer_lost
+            self.consumers[request.consumer_id] = consumer
+            self.write(commands.success(request.request_id))
+
+        self._spawn(cmd, subscribe())
+
+    def _consumer_lost(self, consumer: Consumer) -> None:
+        """The server ended the consumer's stream: give back what it held and tell the client,
+        which subscribes again."""
+        if self.consumers.get(consumer.consumer_id) is consumer:
+            del self.consumers[consumer.consumer_id]
+            self.write(commands.close_consumer(consumer.consumer_id))
+            task = asyncio.create_task(consumer.close())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _consumer(self, consumer_id: int) -> Consumer:
+        consumer = self.consumers.get(consumer_id)
+        if consumer is None:
+            raise PulsarError("ConsumerNotFound", f"no consumer {consumer_id} on this connection")
+        return consumer
+
+    def _flow(self, cmd: Any, frame: frames.Frame) -> None:
+        consumer = self.consumers.get(cmd.flow.consumer_id)
+        if consumer is not None:
+            consumer.flow(cmd.flow.messagePermits)
+
+    def _ack(self, cmd: Any, frame: frames.Frame) -> None:
+        self._consumer(cmd.ack.consumer_id).ack(cmd.ack)
+
+    def _redeliver(self, cmd: Any, frame: frames.Frame) -> None:
+        consumer = self.consumers.get(cmd.redeliverUnacknowledgedMessages.consumer_id)
+        if consumer is not None:
+            consumer.redeliver(cmd.redeliverUnacknowledgedMessages)
+
+    def _close_consumer(self, cmd: Any, frame: frames.Frame) -> None:
+        request = cmd.close_consumer
+        consumer = self.consumers.pop(request.consumer_id, None)
+
+        async def close() -> None:
+            if consumer is not None:
+                await consumer.close()
+            self.write(commands.success(request.request_id))
+
+        self._spawn(cmd, close())
+
+    def _unsubscribe(self, cmd: Any, frame: frames.Frame) -> None:
+        request = cmd.unsubscribe
+        consumer = self._consumer(request.consumer_id)
+
+        async def unsubscribe() -> None:
+            await consumer.close()
+            self.consumers.pop(request.consumer_id, None)
+            await self.gateway.delete_subscription(consumer.subscription)
+            self.write(commands.success(request.request_id))
+
+        self._spawn(cmd, unsubscribe())
+
+    def _seek(self, cmd: Any, frame: frames.Frame) -> None:
+        request = cmd.seek
+        consumer = self._consumer(request.consumer_id)
+        if not request.HasField("message_publish_time"):
+            raise PulsarError(
+                "NotAllowedError", "seek by message ID is not supported yet; seek by time"
+            )
+
+        async def seek() -> None:
+            # As Pulsar does: answer, then close the consumer so the client subscribes again.
+            # Deliveries the stream makes around the reset would reach the client while its
+            # seek is in progress, and it drops those; closing gives them back instead.
+            consumer.paused = True
+            try:
+                await self.gateway.seek_time(consumer.subscription, request.message_publish_time)
+            except PulsarError:
+                consumer.paused = False
+                consumer.flow(0)
+                raise
+            self.write(commands.success(request.request_id))
+            if self.consumers.get(consumer.consumer_id) is consumer:
+                del self.consumers[consumer.consumer_id]
+                self.write(commands.close_consumer(consumer.consumer_id))
+            await consumer.close()
+
+        self._spawn(cmd, seek())
+
+
+def _invalid_name(e: names.InvalidName) -> PulsarError:
+    """A name the front cannot map: NotAllowedError, which the C++ client does not retry (it
+    retries InvalidTopicName until its operation timeout)."""
+    return PulsarError("NotAllowedError", f"invalid name: {e}")
+
+
+def _topic(name: str) -> names.TopicName:
+    try:
+        return names.parse_topic(name)
+    except names.InvalidName as e:
+        raise _invalid_name(e) from e

@@ -1,0 +1,169 @@
+"""The gRPC calls the Pulsar front makes to this process's own API (asyncio).
+
+One channel per server; every Pulsar command that touches topics, subscriptions or messages
+becomes one of these calls, so the Pub/Sub API's rules (validation, quotas, dedup, delivery,
+leases, subscription types) apply unchanged. gRPC errors become PulsarError (errors.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from google.protobuf import timestamp_pb2
+
+from pubsubd._gen.pubsubd.v1 import replay_pb2
+from pubsubd.core import pb
+from pubsubd.pulsar import errors
+
+_PUBLISHER = "/google.pubsub.v1.Publisher/"
+_SUBSCRIBER = "/google.pubsub.v1.Subscriber/"
+_REPLAY = "/pubsubd.v1.Replay/"
+_OPTIONS = [
+    ("grpc.max_send_message_length", 32 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 32 * 1024 * 1024),
+]
+
+
+class Gateway:
+    def __init__(self, address: str) -> None:
+        self.channel = grpc.aio.insecure_channel(address, options=_OPTIONS)
+        ch = self.channel
+        self._create_topic = ch.unary_unary(
+            _PUBLISHER + "CreateTopic", pb.Topic.SerializeToString, pb.Topic.FromString
+        )
+        self._get_topic = ch.unary_unary(
+            _PUBLISHER + "GetTopic", pb.GetTopicRequest.SerializeToString, pb.Topic.FromString
+        )
+        self._publish = ch.unary_unary(
+            _REPLAY + "PublishDeduplicated",
+            replay_pb2.PublishDeduplicatedRequest.SerializeToString,
+            replay_pb2.PublishDeduplicatedResponse.FromString,
+        )
+        self._ranges = ch.unary_unary(
+            _REPLAY + "GetTopicRanges",
+            replay_pb2.GetTopicRangesRequest.SerializeToString,
+            replay_pb2.GetTopicRangesResponse.FromString,
+        )
+        self._create_sub = ch.unary_unary(
+            _SUBSCRIBER + "CreateSubscription",
+            pb.Subscription.SerializeToString,
+            pb.Subscription.FromString,
+        )
+        self._get_sub = ch.unary_unary(
+            _SUBSCRIBER + "GetSubscription",
+            pb.GetSubscriptionRequest.SerializeToString,
+            pb.Subscription.FromString,
+        )
+        self._delete_sub = ch.unary_unary(
+            _SUBSCRIBER + "DeleteSubscription",
+            pb.DeleteSubscriptionRequest.SerializeToString,
+            pb.Empty.FromString,
+        )
+        self._modack = ch.unary_unary(
+            _SUBSCRIBER + "ModifyAckDeadline",
+            pb.ModifyAckDeadlineRequest.SerializeToString,
+            pb.Empty.FromString,
+        )
+        self._seek = ch.unary_unary(
+            _SUBSCRIBER + "Seek", pb.SeekRequest.SerializeToString, pb.SeekResponse.FromString
+        )
+        self.streaming_pull = ch.stream_stream(
+            _SUBSCRIBER + "StreamingPull",
+            pb.StreamingPullRequest.SerializeToString,
+            pb.StreamingPullResponse.FromString,
+        )
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def ensure_topic(self, topic: str) -> None:
+        """Pulsar creates topics on first use: get the topic, create it when missing."""
+        try:
+            await self._get_topic(pb.GetTopicRequest(topic=topic))
+            return
+        except grpc.aio.AioRpcError as e:
+            if e.code() != grpc.StatusCode.NOT_FOUND:
+                raise errors.from_rpc_error(e) from e
+        try:
+            await self._create_topic(pb.Topic(name=topic))
+        except grpc.aio.AioRpcError as e:
+            if e.code() != grpc.StatusCode.ALREADY_EXISTS:
+                raise errors.from_rpc_error(e) from e
+
+    async def publish(self, topic: str, messages: list[Any]) -> list[str]:
+        """PublishDeduplicated: the message IDs in order (the original ID for a duplicate)."""
+        try:
+            response = await self._publish(
+                replay_pb2.PublishDeduplicatedRequest(topic=topic, messages=messages)
+            )
+        except grpc.aio.AioRpcError as e:
+            raise errors.from_rpc_error(e) from e
+        return list(response.message_ids)
+
+    async def topic_ranges(self, topic: str) -> Any:
+        try:
+            return await self._ranges(replay_pb2.GetTopicRangesRequest(topic=topic))
+        except grpc.aio.AioRpcError as e:
+            raise errors.from_rpc_error(e) from e
+
+    async def get_or_create_subscription(
+        self, subscription: str, topic: str, labels: dict[str, str]
+    ) -> tuple[Any, bool]:
+        """The subscription, created on ``topic`` with ``labels`` when missing; (it, created)."""
+        try:
+            return await self._get_sub(pb.GetSubscriptionRequest(subscription=subscription)), False
+        except grpc.aio.AioRpcError as e:
+            if e.code() != grpc.StatusCode.NOT_FOUND:
+                raise errors.from_rpc_error(e, subscription=True) from e
+        request = pb.Subscription(
+            name=subscription, topic=topic, labels=labels, ack_deadline_seconds=60
+        )
+        try:
+            return await self._create_sub(request), True
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.ALREADY_EXISTS:  # a concurrent subscribe won
+                return await self.get_or_create_subscription(subscription, topic, labels)
+            raise errors.from_rpc_error(e, subscription=True) from e
+
+    async def delete_subscription(self, subscription: str) -> None:
+        try:
+            await self._delete_sub(pb.DeleteSubscriptionRequest(subscription=subscription))
+        except grpc.aio.AioRpcError as e:
+            raise errors.from_rpc_error(e, subscription=True) from e
+
+    async def nack(self, subscription: str, ack_ids: list[str]) -> None:
+        """ModifyAckDeadline(0): redeliver now (a stream that ended keeps what it was sent)."""
+        for start in range(0, len(ack_ids), 2500):
+            request = pb.ModifyAckDeadlineRequest(
+                subscription=subscription,
+                ack_ids=ack_ids[start : start + 2500],
+                ack_deadline_seconds=0,
+            )
+            try:
+                await self._modack(request)
+            except grpc.aio.AioRpcError as e:
+                raise errors.from_rpc_error(e, subscription=True) from e
+
+    async def seek_time(self, subscription: str, millis: int) -> None:
+        ts = timestamp_pb2.Timestamp(seconds=millis // 1000, nanos=(millis % 1000) * 1_000_000)
+        try:
+            await self._seek(pb.SeekRequest(subscription=subscription, time=ts))
+        except grpc.aio.AioRpcError as e:
+            raise errors.from_rpc_error(e, subscription=True) from e
+
+
+def deduplicated(data: bytes, attributes: dict[str, str], ordering_key: str, dedup_id: str) -> Any:
+    return replay_pb2.DeduplicatedMessage(
+        dedup_id=dedup_id, data=data, attributes=attributes, ordering_key=ordering_key
+    )
+
+
+async def requests_from(queue: Any) -> AsyncIterator[Any]:
+    """A StreamingPull request iterator over an asyncio.Queue (None ends the stream)."""
+    while True:
+        item = await queue.get()
+        if item is None:
+            return
+        yield item

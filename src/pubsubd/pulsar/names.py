@@ -1,0 +1,87 @@
+"""Topic and subscription names: Pulsar <-> Google (pure). The rule, both ways:
+
+- ``persistent://TENANT/NAMESPACE/TOPIC`` is ``projects/TENANT/topics/TOPIC`` when NAMESPACE is
+  ``default``, otherwise ``projects/TENANT/topics/NAMESPACE.TOPIC``. Short forms follow Pulsar:
+  ``TOPIC`` is ``persistent://public/default/TOPIC``, ``TENANT/NAMESPACE/TOPIC`` is
+  ``persistent://TENANT/NAMESPACE/TOPIC``.
+- ``projects/P/topics/T`` is ``persistent://P/default/T`` (which maps back to it).
+- A Pulsar subscription S of the topic whose Google name is ``projects/P/topics/T`` is
+  ``projects/P/subscriptions/T.S``: Pulsar subscriptions belong to their topic, Google's to the
+  project, and the topic ID keeps two topics' subscriptions named S apart. A Pulsar
+  subscription name that is a full Google name, ``projects/P/subscriptions/X``, names that
+  subscription as it is (one made with the Google API, for instance); it must be of the topic.
+- ``non-persistent://`` topics and partition suffixes (``-partition-N``) are refused: every
+  pubsubd topic is persistent, and partitioned topics are not served yet.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+DEFAULT_TENANT = "public"
+DEFAULT_NAMESPACE = "default"
+_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._~%+-]*$")
+_PARTITION = re.compile(r"-partition-\d+$")
+
+
+class InvalidName(ValueError):
+    """A name the front cannot map (answered with NotAllowedError, naming the problem)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicName:
+    tenant: str
+    namespace: str
+    local: str
+
+    @property
+    def pulsar(self) -> str:
+        return f"persistent://{self.tenant}/{self.namespace}/{self.local}"
+
+    @property
+    def google(self) -> str:
+        topic_id = (
+            self.local if self.namespace == DEFAULT_NAMESPACE else f"{self.namespace}.{self.local}"
+        )
+        return f"projects/{self.tenant}/topics/{topic_id}"
+
+    @property
+    def topic_id(self) -> str:
+        return self.google.rsplit("/", 1)[1]
+
+    def subscription(self, name: str) -> str:
+        parts = name.split("/")
+        if len(parts) == 4 and parts[0] == "projects" and parts[2] == "subscriptions":
+            return name
+        if not name or not _PART.match(name):
+            raise InvalidName(f"subscription name {name!r} cannot be part of a subscription ID")
+        return f"projects/{self.tenant}/subscriptions/{self.topic_id}.{name}"
+
+
+def parse_topic(name: str) -> TopicName:
+    """The Pulsar topic ``name`` (full or short form); InvalidName if it cannot be mapped."""
+    if name.startswith("non-persistent://"):
+        raise InvalidName(
+            f"{name}: non-persistent topics are not supported (every topic is stored)"
+        )
+    rest = name.removeprefix("persistent://")
+    parts = rest.split("/")
+    if len(parts) == 1 and "://" not in name:
+        parts = [DEFAULT_TENANT, DEFAULT_NAMESPACE, parts[0]]
+    if len(parts) != 3 or not all(_PART.match(p) for p in parts):
+        raise InvalidName(f"{name}: expected persistent://TENANT/NAMESPACE/TOPIC")
+    tenant, namespace, local = parts
+    if _PARTITION.search(local):
+        raise InvalidName(f"{name}: partitioned topics are not supported yet")
+    if not local[0].isalpha():
+        raise InvalidName(f"{name}: a Google topic ID must start with a letter")
+    return TopicName(tenant, namespace, local)
+
+
+def from_google(topic: str) -> TopicName:
+    """The Pulsar name of the Google topic ``projects/P/topics/T``."""
+    parts = topic.split("/")
+    if len(parts) != 4 or parts[0] != "projects" or parts[2] != "topics":
+        raise InvalidName(f"{topic}: expected projects/PROJECT/topics/TOPIC")
+    return TopicName(parts[1], DEFAULT_NAMESPACE, parts[3])

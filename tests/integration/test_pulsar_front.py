@@ -1,0 +1,533 @@
+"""The official ``pulsar-client`` (PyPI) against a real ``pubsubd serve`` with --pulsar-port 0.
+
+One server for the module. Mixed use with the official google-cloud-pubsub client, a consumer
+process killed with unacked messages, and malformed frames on a raw socket.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import _pulsar
+import pulsar
+import pytest
+
+from pubsubd.pulsar import frames
+from pubsubd.pulsar.api import BaseCommand, MessageMetadata, ServerError, Type
+from tests.conftest import make_publisher, make_subscriber
+from tests.support.server import ServerProcess, wait_for
+
+pytestmark = pytest.mark.integration
+
+TENANT = "test-project"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    srv = ServerProcess(tmp_path_factory.mktemp("pulsar") / "data", pulsar=True).start()
+    yield srv
+    srv.kill()
+
+
+@pytest.fixture(scope="module")
+def url(server: ServerProcess) -> str:
+    assert server.pulsar_port > 0
+    return f"pulsar://127.0.0.1:{server.pulsar_port}"
+
+
+@pytest.fixture
+def client(url: str) -> Iterator[pulsar.Client]:
+    c = pulsar.Client(
+        url, operation_timeout_seconds=5, logger=pulsar.ConsoleLogger(_pulsar.LoggerLevel.Error)
+    )
+    yield c
+    c.close()
+
+
+def _name(tag: str) -> str:
+    return f"{tag}-{uuid.uuid4().hex[:8]}"
+
+
+def _topic(tag: str) -> tuple[str, str]:
+    """(Pulsar topic, its Google name): the documented mapping."""
+    local = _name(tag)
+    return f"persistent://{TENANT}/default/{local}", f"projects/{TENANT}/topics/{local}"
+
+
+@pytest.mark.parametrize(
+    "codec",
+    [
+        pulsar.CompressionType.NONE,
+        pulsar.CompressionType.LZ4,
+        pulsar.CompressionType.ZLib,
+        pulsar.CompressionType.ZSTD,
+        pulsar.CompressionType.SNAPPY,
+    ],
+)
+def test_batched_compressed_produce_reaches_a_shared_consumer(
+    client: pulsar.Client, codec: Any
+) -> None:
+    topic, _ = _topic("batch")
+    consumer = client.subscribe(topic, "sub-a", consumer_type=pulsar.ConsumerType.Shared)
+    producer = client.create_producer(
+        topic, compression_type=codec, batching_enabled=True, batching_max_publish_delay_ms=20
+    )
+    ids = []
+    for i in range(40):
+        producer.send_async(
+            f"m{i}".encode() * 20,
+            lambda res, mid: ids.append((res, mid)),
+            properties={"i": str(i)},
+            partition_key=f"k{i % 3}",
+            event_timestamp=1000 + i,
+        )
+    producer.flush()
+    wait_for(lambda: len(ids) == 40, 5, "40 receipts")
+    assert all(res == pulsar.Result.Ok for res, _ in ids)
+    got = {}
+    for _ in range(40):
+        msg = consumer.receive(5000)
+        got[msg.properties()["i"]] = msg
+        consumer.acknowledge(msg)
+    assert sorted(got, key=int) == [str(i) for i in range(40)]
+    sample = got["7"]
+    assert sample.data() == b"m7" * 20
+    assert sample.partition_key() == "k1"
+    assert sample.event_timestamp() == 1007
+    assert sample.redelivery_count() == 0
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(300)
+
+
+def test_pulsar_and_google_clients_see_each_others_messages(
+    client: pulsar.Client, server: ServerProcess
+) -> None:
+    topic, google_topic = _topic("mixed")
+    pulsar_sub = _name("psub")
+    consumer = client.subscribe(topic, pulsar_sub, consumer_type=pulsar.ConsumerType.Shared)
+    subscriber = make_subscriber(server.endpoint)
+    google_sub = f"projects/{TENANT}/subscriptions/{_name('gsub')}"
+    subscriber.create_subscription(name=google_sub, topic=google_topic)
+    # The subscription the Pulsar consumer created is an ordinary one.
+    listed = [s.name for s in subscriber.list_subscriptions(project=f"projects/{TENANT}")]
+    topic_id = google_topic.rsplit("/", 1)[1]
+    assert f"projects/{TENANT}/subscriptions/{topic_id}.{pulsar_sub}" in listed
+
+    producer = client.create_producer(topic)
+    producer.send(b"from pulsar", properties={"color": "red"}, partition_key="key-1")
+    publisher = make_publisher(server.endpoint)
+    publisher.publish(google_topic, b"from google", flavor="mint").result(timeout=10)
+
+    pulled: list[Any] = []
+    deadline = time.monotonic() + 10
+    while len(pulled) < 2 and time.monotonic() < deadline:
+        response = subscriber.pull(subscription=google_sub, max_messages=10, timeout=5)
+        pulled += response.received_messages
+        if response.received_messages:
+            subscriber.acknowledge(
+                subscription=google_sub, ack_ids=[m.ack_id for m in response.received_messages]
+            )
+    by_data = {m.message.data: m.message for m in pulled}
+    assert set(by_data) == {b"from pulsar", b"from google"}
+    assert dict(by_data[b"from pulsar"].attributes) == {"color": "red"}
+    assert by_data[b"from pulsar"].ordering_key == "key-1"
+
+    received = {}
+    for _ in range(2):
+        msg = consumer.receive(5000)
+        received[msg.data()] = msg
+        consumer.acknowledge(msg)
+    assert set(received) == {b"from pulsar", b"from google"}
+    assert received[b"from google"].properties() == {"flavor": "mint"}
+    # A Pulsar consumer names the Google-made subscription by its full name.
+    on_google_sub = client.subscribe(topic, google_sub, consumer_type=pulsar.ConsumerType.Shared)
+    publisher.publish(google_topic, b"third").result(timeout=10)
+    msg = on_google_sub.receive(5000)
+    assert msg.data() == b"third"
+    on_google_sub.acknowledge(msg)
+    subscriber.close()
+
+
+def test_nacks_count_redeliveries_and_the_clients_dead_letter_policy_works(
+    client: pulsar.Client,
+) -> None:
+    topic, _ = _topic("nack")
+    dlq, _ = _topic("nack-dlq")
+    dlq_consumer = client.subscribe(dlq, "dlq-watch", consumer_type=pulsar.ConsumerType.Shared)
+    consumer = client.subscribe(
+        topic,
+        "retrying",
+        consumer_type=pulsar.ConsumerType.Shared,
+        negative_ack_redelivery_delay_ms=100,
+        dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(
+            max_redeliver_count=2, dead_letter_topic=dlq
+        ),
+    )
+    client.create_producer(topic).send(b"poison")
+    counts = []
+    for _ in range(3):
+        msg = consumer.receive(5000)
+        counts.append(msg.redelivery_count())
+        consumer.negative_acknowledge(msg)
+    assert counts == [0, 1, 2]
+    dead = dlq_consumer.receive(10000)
+    assert dead.data() == b"poison"
+    dlq_consumer.acknowledge(dead)
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(500)
+
+
+def test_exclusive_subscription_refuses_a_second_consumer_and_cumulative_acks(
+    client: pulsar.Client,
+) -> None:
+    topic, _ = _topic("excl")
+    first = client.subscribe(topic, "only-one", consumer_type=pulsar.ConsumerType.Exclusive)
+    with pytest.raises(pulsar.ConsumerBusy):
+        client.subscribe(topic, "only-one", consumer_type=pulsar.ConsumerType.Exclusive)
+    producer = client.create_producer(topic)
+    for i in range(10):
+        producer.send(f"e{i}".encode())
+    msgs = [first.receive(5000) for _ in range(10)]
+    assert [m.data() for m in msgs] == [f"e{i}".encode() for i in range(10)]
+    first.acknowledge_cumulative(msgs[6])
+    first.close()
+    again = client.subscribe(topic, "only-one", consumer_type=pulsar.ConsumerType.Exclusive)
+    rest = [again.receive(5000).data() for _ in range(3)]
+    assert rest == [b"e7", b"e8", b"e9"]
+    with pytest.raises(pulsar.Timeout):
+        again.receive(300)
+
+
+def test_a_subscription_of_another_type_is_refused_clearly(client: pulsar.Client) -> None:
+    topic, _ = _topic("types")
+    client.subscribe(topic, "typed", consumer_type=pulsar.ConsumerType.Shared)
+    with pytest.raises(pulsar.NotAllowedError):
+        client.subscribe(topic, "typed", consumer_type=pulsar.ConsumerType.Failover)
+
+
+def test_failover_delivers_to_one_consumer_at_a_time(client: pulsar.Client) -> None:
+    topic, _ = _topic("failover")
+    a = client.subscribe(topic, "fo", consumer_type=pulsar.ConsumerType.Failover)
+    b = client.subscribe(topic, "fo", consumer_type=pulsar.ConsumerType.Failover)
+    producer = client.create_producer(topic)
+    for i in range(6):
+        producer.send(f"f{i}".encode())
+    received: dict[str, list[bytes]] = {"a": [], "b": []}
+    for tag, consumer in (("a", a), ("b", b)):
+        while True:
+            try:
+                msg = consumer.receive(700)
+            except pulsar.Timeout:
+                break
+            received[tag].append(msg.data())
+            consumer.acknowledge(msg)
+    assert sorted(received["a"] + received["b"]) == [f"f{i}".encode() for i in range(6)]
+    assert [] in received.values()  # one consumer took everything
+
+
+def test_key_shared_keeps_each_key_on_one_consumer(client: pulsar.Client) -> None:
+    topic, _ = _topic("keys")
+    consumers = [
+        client.subscribe(topic, "ks", consumer_type=pulsar.ConsumerType.KeyShared) for _ in range(2)
+    ]
+    producer = client.create_producer(topic, batching_type=pulsar.BatchingType.KeyBased)
+    for i in range(40):
+        producer.send(f"{i}".encode(), partition_key=f"key-{i % 8}")
+    owner: dict[str, int] = {}
+    seen = 0
+    deadline = time.monotonic() + 10
+    while seen < 40 and time.monotonic() < deadline:
+        for n, consumer in enumerate(consumers):
+            try:
+                msg = consumer.receive(100)
+            except pulsar.Timeout:
+                continue
+            seen += 1
+            assert owner.setdefault(msg.partition_key(), n) == n
+            consumer.acknowledge(msg)
+    assert seen == 40
+
+
+_KILLED_CONSUMER = textwrap.dedent(
+    """
+    import sys, time, pulsar, _pulsar
+    c = pulsar.Client(sys.argv[1], logger=pulsar.ConsoleLogger(_pulsar.LoggerLevel.Error))
+    consumer = c.subscribe(sys.argv[2], "work", consumer_type=pulsar.ConsumerType.Shared)
+    print("subscribed", flush=True)
+    for _ in range(int(sys.argv[3])):
+        consumer.receive(10000)
+    print("received", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_a_killed_consumers_unacked_messages_are_redelivered(
+    client: pulsar.Client, url: str, tmp_path: Path
+) -> None:
+    topic, _ = _topic("killed")
+    script = tmp_path / "consumer.py"
+    script.write_text(_KILLED_CONSUMER)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), url, topic, "10"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "subscribed"
+        producer = client.create_producer(topic)
+        for i in range(10):
+            producer.send(f"w{i}".encode())
+        assert proc.stdout.readline().strip() == "received"
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    started = time.monotonic()
+    other = client.subscribe(topic, "work", consumer_type=pulsar.ConsumerType.Shared)
+    got = []
+    for _ in range(10):
+        msg = other.receive(10000)
+        got.append((msg.data(), msg.redelivery_count()))
+        other.acknowledge(msg)
+    assert sorted(d for d, _ in got) == sorted(f"w{i}".encode() for i in range(10))
+    assert all(count == 1 for _, count in got)  # handed out once before
+    assert time.monotonic() - started < 5  # given back at once, not after a lease deadline
+
+
+def test_deliver_after_holds_the_message(client: pulsar.Client) -> None:
+    topic, _ = _topic("delay")
+    consumer = client.subscribe(topic, "later", consumer_type=pulsar.ConsumerType.Shared)
+    producer = client.create_producer(topic)
+    sent = time.monotonic()
+    producer.send(b"later", deliver_after=dt.timedelta(seconds=1.5))
+    producer.send(b"now")
+    assert consumer.receive(5000).data() == b"now"
+    msg = consumer.receive(5000)
+    assert msg.data() == b"later" and time.monotonic() - sent >= 1.4
+    consumer.acknowledge(msg)
+
+
+def test_names_the_api_refuses_fail_at_once(client: pulsar.Client) -> None:
+    started = time.monotonic()
+    with pytest.raises(pulsar.NotAllowedError):
+        client.create_producer(f"persistent://{TENANT}/default/ab")  # a topic ID needs 3+ chars
+    with pytest.raises(pulsar.NotAllowedError):
+        client.create_producer(f"non-persistent://{TENANT}/default/volatile")
+    assert time.monotonic() - started < 3  # not retried until the 5 s operation timeout
+
+
+def test_unsubscribe_deletes_the_subscription(client: pulsar.Client, server: ServerProcess) -> None:
+    topic, _ = _topic("unsub")
+    sub = _name("gone")
+    consumer = client.subscribe(topic, sub, consumer_type=pulsar.ConsumerType.Shared)
+    subscriber = make_subscriber(server.endpoint)
+    path = f"projects/{TENANT}/subscriptions/{topic.rsplit('/', 1)[1]}.{sub}"
+    assert path in [s.name for s in subscriber.list_subscriptions(project=f"projects/{TENANT}")]
+    consumer.unsubscribe()
+    assert path not in [s.name for s in subscriber.list_subscriptions(project=f"projects/{TENANT}")]
+    subscriber.close()
+
+
+# --- the raw protocol ----------------------------------------------------------------------
+
+
+class RawConnection:
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self.decoder = frames.FrameDecoder()
+        self.pending: list[frames.Frame] = []
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def command(self, cmd: Any) -> None:
+        self.send(frames.encode_command(cmd.SerializeToString()))
+
+    def read(self) -> tuple[Any, frames.Frame] | None:
+        """The next command from the server; None when it closed the connection."""
+        while not self.pending:
+            data = self.sock.recv(65536)
+            if not data:
+                return None
+            self.pending += self.decoder.feed(data)
+        frame = self.pending.pop(0)
+        cmd = BaseCommand()
+        cmd.ParseFromString(frame.command)
+        return cmd, frame
+
+    def connect(self) -> None:
+        cmd = BaseCommand(type=Type.Value("CONNECT"))
+        cmd.connect.client_version = "raw-test"
+        cmd.connect.protocol_version = 20
+        self.command(cmd)
+        reply = self.read()
+        assert reply is not None and reply[0].type == Type.Value("CONNECTED")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _expect_error_then_close(conn: RawConnection) -> str:
+    reply = conn.read()
+    assert reply is not None
+    cmd, _ = reply
+    assert cmd.type == Type.Value("ERROR")
+    assert conn.read() is None  # then the server closes the connection
+    return str(cmd.error.message)
+
+
+def test_malformed_frames_get_an_error_and_the_server_stays_up(
+    server: ServerProcess, client: pulsar.Client
+) -> None:
+    port = server.pulsar_port
+    oversized = RawConnection(port)
+    oversized.send(struct.pack(">I", 1 << 30) + b"junk")
+    assert "over the" in _expect_error_then_close(oversized)
+
+    garbage = RawConnection(port)
+    garbage.connect()
+    garbage.send(frames.encode_command(b"\xff\xff\xff\xff\xff"))
+    assert "malformed command" in _expect_error_then_close(garbage)
+
+    bad_sizes = RawConnection(port)
+    bad_sizes.send(struct.pack(">II", 8, 1000) + b"abcd")
+    assert "command size" in _expect_error_then_close(bad_sizes)
+
+    early = RawConnection(port)
+    ping = BaseCommand(type=Type.Value("PING"))
+    ping.ping.SetInParent()
+    early.command(ping)
+    assert "CONNECT first" in _expect_error_then_close(early)
+
+    token = RawConnection(port)
+    auth = BaseCommand(type=Type.Value("CONNECT"))
+    auth.connect.client_version = "raw-test"
+    auth.connect.auth_method_name = "token"
+    auth.connect.auth_data = b"secret"
+    token.command(auth)
+    assert "authentication" in _expect_error_then_close(token)
+
+    # An unsupported request is answered and the connection stays.
+    schema = RawConnection(port)
+    schema.connect()
+    ask = BaseCommand(type=Type.Value("GET_TOPICS_OF_NAMESPACE"))
+    ask.getTopicsOfNamespace.request_id = 9
+    ask.getTopicsOfNamespace.namespace = "public/default"
+    schema.command(ask)
+    reply = schema.read()
+    assert reply is not None and reply[0].type == Type.Value("ERROR")
+    assert reply[0].error.request_id == 9
+    assert reply[0].error.error == ServerError.Value("NotAllowedError")
+    schema.command(ping)
+    pong = schema.read()
+    assert pong is not None and pong[0].type == Type.Value("PONG")
+    for conn in (oversized, garbage, bad_sizes, early, token, schema):
+        conn.close()
+
+    topic, _ = _topic("still-up")
+    consumer = client.subscribe(topic, "up", consumer_type=pulsar.ConsumerType.Shared)
+    client.create_producer(topic).send(b"alive")
+    assert consumer.receive(5000).data() == b"alive"
+
+
+def _send(producer_id: int, sequence_id: int, payload: bytes, corrupt: bool = False) -> bytes:
+    cmd = BaseCommand(type=Type.Value("SEND"))
+    cmd.send.producer_id = producer_id
+    cmd.send.sequence_id = sequence_id
+    meta = MessageMetadata(producer_name="raw-producer", sequence_id=sequence_id, publish_time=1)
+    data = bytearray(
+        frames.encode_payload_command(cmd.SerializeToString(), meta.SerializeToString(), payload)
+    )
+    if corrupt:
+        data[-1] ^= 0xFF
+    return bytes(data)
+
+
+def test_a_repeated_sequence_id_is_stored_once_and_a_bad_checksum_is_refused(
+    server: ServerProcess,
+) -> None:
+    topic, google_topic = _topic("dedup")
+    subscriber = make_subscriber(server.endpoint)
+    conn = RawConnection(server.pulsar_port)
+    conn.connect()
+    producer = BaseCommand(type=Type.Value("PRODUCER"))
+    producer.producer.topic = topic
+    producer.producer.producer_id = 1
+    producer.producer.request_id = 1
+    producer.producer.producer_name = "raw-producer"
+    conn.command(producer)
+    reply = conn.read()
+    assert reply is not None and reply[0].type == Type.Value("PRODUCER_SUCCESS")
+    assert reply[0].producer_success.last_sequence_id == -1
+    google_sub = f"projects/{TENANT}/subscriptions/{_name('dd')}"
+    subscriber.create_subscription(name=google_sub, topic=google_topic)
+
+    receipts = []
+    for seq, payload in ((0, b"first"), (0, b"first"), (1, b"second")):
+        conn.send(_send(1, seq, payload))
+        reply = conn.read()
+        assert reply is not None and reply[0].type == Type.Value("SEND_RECEIPT")
+        receipts.append(reply[0].send_receipt)
+    assert receipts[0].message_id == receipts[1].message_id != receipts[2].message_id
+    conn.send(_send(1, 2, b"corrupt", corrupt=True))
+    reply = conn.read()
+    assert reply is not None and reply[0].type == Type.Value("SEND_ERROR")
+    assert reply[0].send_error.error == ServerError.Value("ChecksumError")
+    conn.close()
+
+    response = subscriber.pull(subscription=google_sub, max_messages=10, timeout=5)
+    assert sorted(m.message.data for m in response.received_messages) == [b"first", b"second"]
+    subscriber.close()
+
+    # The producer name comes back with the highest sequence ID stored.
+    again = RawConnection(server.pulsar_port)
+    again.connect()
+    again.command(producer)
+    reply = again.read()
+    assert reply is not None and reply[0].producer_success.last_sequence_id == 1
+    again.close()
+
+
+def test_earliest_position_and_seek_by_time(client: pulsar.Client, server: ServerProcess) -> None:
+    # Google's rule: only a topic's retention lets a subscription go back before it existed,
+    # or back to acked messages. The topic is made with the Google API, retaining 10 minutes.
+    topic, google_topic = _topic("seek")
+    publisher = make_publisher(server.endpoint)
+    publisher.create_topic(
+        request={"name": google_topic, "message_retention_duration": {"seconds": 600}}
+    )
+    keeper = client.subscribe(topic, "keeper", consumer_type=pulsar.ConsumerType.Shared)
+    producer = client.create_producer(topic)
+    before = int(time.time() * 1000) - 1
+    for i in range(3):
+        producer.send(f"s{i}".encode())
+    late = client.subscribe(
+        topic,
+        "late",
+        consumer_type=pulsar.ConsumerType.Shared,
+        initial_position=pulsar.InitialPosition.Earliest,
+    )
+    assert sorted(late.receive(5000).data() for _ in range(3)) == [b"s0", b"s1", b"s2"]
+    latest = client.subscribe(topic, "latest", consumer_type=pulsar.ConsumerType.Shared)
+    with pytest.raises(pulsar.Timeout):
+        latest.receive(300)
+    for _ in range(3):
+        keeper.acknowledge(keeper.receive(5000))
+    keeper.seek(before)
+    again = []
+    for _ in range(3):
+        msg = keeper.receive(5000)
+        again.append(msg.data())
+        keeper.acknowledge(msg)
+    assert sorted(again) == [b"s0", b"s1", b"s2"]
