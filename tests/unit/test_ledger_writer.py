@@ -17,7 +17,6 @@ from pubsubd.storage.ledgers.materialize import materialize
 from pubsubd.storage.ledgers.meta import LedgerState, StoragePolicy
 from pubsubd.storage.ledgers.writer import SourceLedgers
 from pubsubd.storage.log import FsyncPolicy, SourceLog
-from pubsubd.storage.replication import LocalDiskReplica
 from tests.support.ledger_fakes import DirectoryState, FakeDirectory, FakeNodes, cluster
 
 
@@ -486,45 +485,6 @@ async def test_a_replicated_log_waits_for_the_round_trip_while_little_is_pending
         await asyncio.sleep(0.002)
     assert await asyncio.gather(*appends) == list(range(12))
     assert remote.most_in_flight == 1 and len(remote.appended) < 12
-    await log.close()
-
-
-async def test_a_replicated_log_sends_the_next_group_before_the_last_ones_local_write(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The local write of a group the quorum answered (a thread hop) is not added to the next
-    group's round trip: the next group leaves for the nodes first. If that local write fails,
-    the group sent behind it fails too, whatever the nodes answer."""
-    remote = _SlowRemote()
-    log = SourceLog.open(tmp_path / "s", remote=remote)
-    seen_in_flight: list[int] = []
-    fail_local = False
-    real_append = LocalDiskReplica.append
-
-    async def local_append(self: LocalDiskReplica, base: int, data: bytes, sync: bool) -> None:
-        await asyncio.sleep(0.005)  # the next group's remote append (20 ms) has started
-        seen_in_flight.append(remote.in_flight)
-        if fail_local:
-            raise OSError(5, "Input/output error")
-        await real_append(self, base, data, sync)
-
-    monkeypatch.setattr(LocalDiskReplica, "append", local_append)
-    first = asyncio.ensure_future(log.append(b"a", 1, 0))
-    await asyncio.sleep(0.005)  # the first group is on its way; the second gathers behind it
-    second = asyncio.ensure_future(log.append(b"b", 1, 1))
-    assert await asyncio.gather(first, second) == [0, 1]
-    assert seen_in_flight == [1, 0]  # the second group was out during the first's local write
-    assert remote.appended == [(0, 1), (1, 2)]
-
-    fail_local = True
-    third = asyncio.ensure_future(log.append(b"c", 1, 2))
-    await asyncio.sleep(0.005)
-    fourth = asyncio.ensure_future(log.append(b"d", 1, 3))
-    results = await asyncio.gather(third, fourth, return_exceptions=True)
-    assert all(isinstance(r, StorageError) for r in results), results
-    assert seen_in_flight[2] == 1  # the fourth was sent before the third's local write failed
-    assert [e.payload for e in log.read(0, max_entries=4)] == [b"a", b"b"]
-    await asyncio.sleep(0.03)  # the remote answers what it still had
     await log.close()
 
 

@@ -661,9 +661,7 @@ class SourceLog:
         """The writer of a replicated log: up to REMOTE_PIPELINE groups travel to the storage
         nodes at once (their round trip is most of an append's time); as each one's quorum
         answers, in order, it is written to the local copy, made readable and acknowledged.
-        The next group leaves for the nodes before that local write, so the write (a thread
-        hop) is not added to every round trip. A group that fails fails every group behind it
-        (the remote log fails them too)."""
+        A group that fails fails every group behind it (the remote log fails them too)."""
         assert self._wakeup is not None
         wakeup = self._wakeup
         flights: deque[tuple[list[_Pending], asyncio.Task[None]]] = deque()
@@ -671,29 +669,12 @@ class SourceLog:
         def woken(_: object) -> None:
             wakeup.set()
 
-        def send() -> bool:
-            """Send the next group if the pipeline takes one now."""
-            if not self._pending or (
-                flights
-                and (len(flights) >= REMOTE_PIPELINE or self._pending_bytes < REMOTE_PIPELINE_BYTES)
-            ):
-                return False
-            group = self._take_group()
-            first, end = group[0].entry.base_offset, group[-1].entry.next_offset
-            data = group[0].frame if len(group) == 1 else b"".join(p.frame for p in group)
-            sent = asyncio.ensure_future(remote.append(first, data, end))
-            sent.add_done_callback(woken)
-            flights.append((group, sent))
-            return True
-
         while True:
             while flights and flights[0][1].done():
                 group, sent = flights.popleft()
                 error = StorageError("cancelled") if sent.cancelled() else sent.exception()
-                if error is None:
-                    send()
-                    if await self._write_group(group):
-                        continue
+                if error is None and await self._write_group(group):
+                    continue
                 behind = [p for g, _ in flights for p in g]
                 for _, later in flights:
                     later.add_done_callback(_retrieve)  # they fail too; nobody waits
@@ -701,7 +682,16 @@ class SourceLog:
                 if error is None:  # the local write failed (and failed the group's appends)
                     error = StorageError("an earlier write of the log failed")
                 self._fail([*group, *behind], error)
-            if send():
+            if self._pending and (
+                not flights
+                or (len(flights) < REMOTE_PIPELINE and self._pending_bytes >= REMOTE_PIPELINE_BYTES)
+            ):
+                group = self._take_group()
+                first, end = group[0].entry.base_offset, group[-1].entry.next_offset
+                data = group[0].frame if len(group) == 1 else b"".join(p.frame for p in group)
+                sent = asyncio.ensure_future(remote.append(first, data, end))
+                sent.add_done_callback(woken)
+                flights.append((group, sent))
                 continue
             if not self._pending and not flights:
                 if not await self._idle():
