@@ -13,6 +13,7 @@ import pytest
 from pubsubd._gen.pubsubd.internal.v1 import storage_pb2 as pb
 from pubsubd.core.records import Entry
 from pubsubd.storage import node_client as nc
+from pubsubd.storage.append_link import AppendLink
 from pubsubd.storage.framing import encode_entry
 from pubsubd.storage.node_client import (
     AppendGap,
@@ -289,6 +290,30 @@ async def test_append_port_pipelines_and_answers_refusals(
         assert e.value.fenced_epoch == 5
     finally:
         await client.close()
+
+
+async def test_append_port_answers_refusals_found_before_the_store_queues_the_append(
+    node_with_port: tuple[str, LedgerStore, AppendPort],
+) -> None:
+    """A version the node does not speak, frames that do not parse, and a stale epoch are
+    refused as the append is read (no group commit): each is answered on the connection, which
+    goes on carrying appends."""
+    _, store, append_port = node_with_port
+    link = AppendLink("n1", f"127.0.0.1:{append_port.port}")
+    try:
+        assert await link.append(nc.encode_append(4, 2, 0, frames(0, 2), -1), 5.0) == 2
+        newer = nc.encode_append(4, 2, 0, frames(2, 1), -1, nc.PROTOCOL_VERSION + 1)
+        with pytest.raises(ProtocolMismatch):
+            await link.append(newer, 5.0)
+        with pytest.raises(InvalidFrames):
+            await link.append(nc.encode_append(4, 2, 0, b"not frames", -1), 5.0)
+        await store.fence(4, 3)
+        with pytest.raises(LedgerFenced):
+            await link.append(nc.encode_append(4, 2, 0, frames(2, 1), -1), 5.0)
+        assert await link.append(nc.encode_append(4, 3, 0, frames(2, 1), -1), 5.0) == 3
+        assert link.broken is None and append_port.refused_connections == 0
+    finally:
+        await link.close()
 
 
 @pytest.mark.parametrize(

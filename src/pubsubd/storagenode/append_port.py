@@ -22,7 +22,7 @@ from google.protobuf.message import DecodeError
 
 from pubsubd._gen.pubsubd.internal.v1 import storage_pb2 as pb
 from pubsubd.storage.node_client import APPEND_PORT_MAGIC, MAX_MESSAGE_BYTES
-from pubsubd.storagenode.appends import answer_append
+from pubsubd.storagenode.appends import start_append
 from pubsubd.storagenode.ledger_store import LedgerStore
 
 log = logging.getLogger(__name__)
@@ -81,10 +81,10 @@ class AppendPort:
             self._refuse(peer, "it did not start with the append port's preamble")
             return
 
-        def answered(task: asyncio.Future[pb.AppendStreamResponse]) -> None:
-            if task.cancelled() or writer.is_closing():
+        def answered(answer: pb.AppendStreamResponse) -> None:
+            if writer.is_closing():
                 return
-            body = task.result().SerializeToString()
+            body = answer.SerializeToString()
             writer.write(len(body).to_bytes(4, "big") + body)
 
         while True:
@@ -98,8 +98,8 @@ class AppendPort:
             except DecodeError:
                 self._refuse(peer, "a frame that is not an AppendStreamRequest")
                 return
-            # Started in arrival order: a ledger's appends reach the store in the order sent.
-            asyncio.ensure_future(answer_append(self.store, request)).add_done_callback(answered)
+            # Queued in arrival order: a ledger's appends reach the store in the order sent.
+            start_append(self.store, request, answered)
 
     def _refuse(self, peer: object, why: str) -> None:
         self.refused_connections += 1

@@ -488,6 +488,13 @@ class LedgerStore:
         self, ledger_id: int, epoch: int, first_offset: int, data: bytes, lac: int = -1
     ) -> int:
         """Append frames (see the module docstring); returns the durable end offset."""
+        return await self.start_append(ledger_id, epoch, first_offset, data, lac)
+
+    def start_append(
+        self, ledger_id: int, epoch: int, first_offset: int, data: bytes, lac: int = -1
+    ) -> asyncio.Future[int]:
+        """:meth:`append` without a coroutine: queue the append now (a refusal found at once is
+        raised here) and return the future its group commit settles."""
         self._check_serving()
         try:
             frames = parse_frames(ledger_id, data) if data else Frames([], [], 0)
@@ -500,7 +507,7 @@ class LedgerStore:
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         ledger.ops.append(_Append(epoch, first_offset, data, frames, lac, future))
         self._kick(ledger)
-        return await future
+        return future
 
     async def fence(self, ledger_id: int, epoch: int) -> FenceResult:
         """Raise the ledger's fence to ``epoch`` (durable on a majority) and say what is here."""
