@@ -87,9 +87,14 @@ class Election:
         if self._remove_listener is not None:
             self._remove_listener()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # Cancelled again until it ends: on Python 3.11 a wait_for whose awaited event is
+            # set as the cancellation arrives returns normally and the cancellation is lost,
+            # and a leader would go on leading (seen as a router that never stopped).
+            while not self._task.done():
+                self._task.cancel()
+                await asyncio.wait({self._task}, timeout=1.0)
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                self._task.result()
         self._set_leading(False)
         if self._candidate is not None and self._zk.connected:
             with contextlib.suppress(CoordinationError, TimeoutError):
@@ -173,8 +178,10 @@ class Election:
 
     @staticmethod
     async def _wait(event: asyncio.Event, within: float) -> None:
+        # asyncio.timeout, not wait_for: it never swallows a cancellation (see close()).
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), within)
+            async with asyncio.timeout(within):
+                await event.wait()
 
     async def _lead(self, session: int | None) -> None:
         logger.info("%s: this process leads (%s)", self.name, self._candidate)

@@ -130,7 +130,8 @@ class Registration(Generic[T]):
     async def _follow(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._interval_s)
+                async with asyncio.timeout(self._interval_s):  # never swallows a cancellation
+                    await self._wake.wait()
             self._wake.clear()
             try:
                 await self.refresh()

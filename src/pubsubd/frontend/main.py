@@ -110,7 +110,8 @@ class Frontend:
                 return False
             self._forwarders_changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._forwarders_changed.wait(), left)
+                async with asyncio.timeout(left):  # never swallows a cancellation (3.11)
+                    await self._forwarders_changed.wait()
         return True
 
     async def start(self) -> None:

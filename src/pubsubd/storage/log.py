@@ -853,7 +853,8 @@ class SourceLog:
             await self._dirtied.wait()
             self._dirtied.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop_syncer.wait(), self._fsync_interval_s)
+                async with asyncio.timeout(self._fsync_interval_s):  # cancellable (3.11)
+                    await self._stop_syncer.wait()
             if self._dirty:
                 try:
                     await self._sync()

@@ -109,7 +109,8 @@ class SourcesServicer:
                     offset = entries[-1].next_offset
                     continue
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(committed.wait(), HEARTBEAT_S)
+                    async with asyncio.timeout(HEARTBEAT_S):  # never swallows a cancellation
+                        await committed.wait()
         finally:
             with contextlib.suppress(PubsubError):
                 publishing.remove_commit_listener(topic, listener)
