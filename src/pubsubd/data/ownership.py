@@ -26,6 +26,7 @@ moves in its own task; a gain that fails (the old owner did not let go in time) 
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import logging
@@ -51,7 +52,69 @@ __all__ = ["SubscriptionOwnership", "TopicOwnership"]
 RETRY_S = 1.0
 
 
-class TopicOwnership:
+class _Moves(abc.ABC):
+    """What a forwarder holds (topics or subscriptions, by uid: ``held``) brought to what the
+    published assignment gives it (``assigned()``): one task per move, at most one per uid at
+    a time; a move that fails is tried again after ``RETRY_S``."""
+
+    _what = "unit"  # for the log
+
+    def __init__(self, assigned: Callable[[], set[str]], held: set[str]) -> None:
+        self._assigned = assigned
+        self._held = held
+        self._moving: dict[str, asyncio.Task[None]] = {}
+        self._scheduled = False
+        self._closed = False
+        self.gained = 0
+        self.released = 0
+        self.failed_gains = 0
+
+    def changed(self) -> None:
+        """The assignment (may have) changed: bring what is held to it (once per loop turn)."""
+        if self._scheduled or self._closed:
+            return
+        self._scheduled = True
+        asyncio.get_running_loop().call_soon(self._reconcile)
+
+    def _reconcile(self) -> None:
+        self._scheduled = False
+        if self._closed:
+            return
+        wanted = self._assigned()
+        for uid in sorted(self._held - wanted):
+            if uid not in self._moving:
+                self._start(uid, self._release(uid))
+        for uid in sorted(wanted - self._held):
+            if uid not in self._moving:
+                self._start(uid, self._gain(uid))
+
+    def _start(self, uid: str, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work, name=f"{self._what} {uid}")
+        self._moving[uid] = task
+        task.add_done_callback(lambda t: self._moved(uid, t))
+
+    def _moved(self, uid: str, task: asyncio.Task[None]) -> None:
+        self._moving.pop(uid, None)
+        if task.cancelled() or self._closed:
+            return
+        error = task.exception()
+        if error is not None:
+            self.failed_gains += 1
+            log.warning("%s %s: taking it over failed, retrying: %s", self._what, uid, error)
+            asyncio.get_running_loop().call_later(RETRY_S, self.changed)
+            return
+        self.changed()  # the assignment may have moved on meanwhile
+
+    @abc.abstractmethod
+    async def _gain(self, uid: str) -> None:
+        """Take ``uid`` over (each kind says how)."""
+
+    @abc.abstractmethod
+    async def _release(self, uid: str) -> None:
+        """Let ``uid`` go (each kind says how)."""
+
+
+class TopicOwnership(_Moves):
     """The topics this forwarder serves (``owned``), brought to what the assignment says."""
 
     def __init__(
@@ -74,7 +137,8 @@ class TopicOwnership:
         named cursors); ``subscriptions_of(uid)``: the uids of its subscriptions; ``owned``:
         the set the forwarders' predicates read (kept current here); ``on_moved(uid,
         gained)``: called once a topic is served here, or no longer."""
-        self._assigned = assigned
+        super().__init__(assigned, owned)
+        self._what = "topic storage"
         self._records_of = records_of
         self._subscriptions_of = subscriptions_of
         self._storage = storage
@@ -85,51 +149,9 @@ class TopicOwnership:
         self._subscribing_reconciler = subscribing_reconciler
         self.owned = owned
         self._on_moved = on_moved
-        self._moving: dict[str, asyncio.Task[None]] = {}
-        self._scheduled = False
-        self._closed = False
-        self.gained = 0
-        self.released = 0
-        self.failed_gains = 0
 
     def owns(self, topic_uid: str) -> bool:
         return topic_uid in self.owned
-
-    def changed(self) -> None:
-        """The assignment (may have) changed: bring ownership to it (once per loop turn)."""
-        if self._scheduled or self._closed:
-            return
-        self._scheduled = True
-        asyncio.get_running_loop().call_soon(self._reconcile)
-
-    def _reconcile(self) -> None:
-        self._scheduled = False
-        if self._closed:
-            return
-        wanted = self._assigned()
-        for uid in sorted(self.owned - wanted):
-            if uid not in self._moving:
-                self._start(uid, self._release(uid))
-        for uid in sorted(wanted - self.owned):
-            if uid not in self._moving:
-                self._start(uid, self._gain(uid))
-
-    def _start(self, uid: str, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(work, name=f"move {uid}")
-        self._moving[uid] = task
-        task.add_done_callback(lambda t: self._moved(uid, t))
-
-    def _moved(self, uid: str, task: asyncio.Task[None]) -> None:
-        self._moving.pop(uid, None)
-        if task.cancelled() or self._closed:
-            return
-        error = task.exception()
-        if error is not None:
-            self.failed_gains += 1
-            log.warning("topic storage %s: taking it over failed, retrying: %s", uid, error)
-            asyncio.get_running_loop().call_later(RETRY_S, self.changed)
-            return
-        self.changed()  # the assignment may have moved on meanwhile
 
     async def _gain(self, uid: str) -> None:
         subscriptions = self._subscriptions_of(uid)
@@ -202,7 +224,7 @@ class TopicOwnership:
                 await task
 
 
-class SubscriptionOwnership:
+class SubscriptionOwnership(_Moves):
     """The subscriptions this forwarder serves (``ready``), brought to what the assignment says.
 
     A subscription's unit ``s/{uid}/0`` names the forwarder that serves it (Pull, StreamingPull,
@@ -230,7 +252,8 @@ class SubscriptionOwnership:
         forwarder; ``topic_assigned(uid)``: whether it gives it the topic; ``record_of(uid)``:
         the subscription's record (None: not known here yet); ``ready``: the set
         the predicates read, kept current here."""
-        self._assigned = assigned
+        super().__init__(assigned, ready)
+        self._what = "subscription storage"
         self._topic_assigned = topic_assigned
         self._record_of = record_of
         self._subscribing = subscribing
@@ -240,22 +263,9 @@ class SubscriptionOwnership:
         self.ready = ready
         self._remote_topic: dict[str, str] = {}  # subscription uid -> topic uid, read remotely
         self._names: dict[str, str] = {}  # subscription uid -> name, of those served here
-        self._moving: dict[str, asyncio.Task[None]] = {}
-        self._scheduled = False
-        self._closed = False
-        self.gained = 0
-        self.released = 0
-        self.failed_gains = 0
 
     def serves(self, subscription_uid: str) -> bool:
         return subscription_uid in self.ready
-
-    def changed(self) -> None:
-        """The assignment or the topics served here (may have) changed (once per turn)."""
-        if self._scheduled or self._closed:
-            return
-        self._scheduled = True
-        asyncio.get_running_loop().call_soon(self._reconcile)
 
     def topic_moved(self, topic_uid: str, gained: bool) -> None:
         """A topic came here or went: subscriptions read on its local sources were closed
@@ -266,35 +276,6 @@ class SubscriptionOwnership:
                 if record is None or record.topic_uid == topic_uid:
                     self.ready.discard(sub_uid)
                     self._names.pop(sub_uid, None)
-        self.changed()
-
-    def _reconcile(self) -> None:
-        self._scheduled = False
-        if self._closed:
-            return
-        wanted = self._assigned()
-        for uid in sorted(self.ready - wanted):
-            if uid not in self._moving:
-                self._start(uid, self._release(uid))
-        for uid in sorted(wanted - self.ready):
-            if uid not in self._moving:
-                self._start(uid, self._gain(uid))
-
-    def _start(self, uid: str, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(work, name=f"subscription {uid}")
-        self._moving[uid] = task
-        task.add_done_callback(lambda t: self._moved(uid, t))
-
-    def _moved(self, uid: str, task: asyncio.Task[None]) -> None:
-        self._moving.pop(uid, None)
-        if task.cancelled() or self._closed:
-            return
-        error = task.exception()
-        if error is not None:
-            self.failed_gains += 1
-            log.warning("subscription storage %s: serving it failed, retrying: %s", uid, error)
-            asyncio.get_running_loop().call_later(RETRY_S, self.changed)
-            return
         self.changed()
 
     async def _gain(self, uid: str) -> None:
