@@ -375,6 +375,13 @@ class PubsubServer:
             subscriptions.changed()
 
         self.routing = RoutingView(cluster.coordinator, routing_changed)
+        # A subscription routed here before this process's catalog had its record opens as
+        # soon as the record arrives (the catalog applies it first: it watched first).
+        self.store.changes.watch(
+            lambda change: (
+                subscriptions.changed() if isinstance(change.record, SubscriptionRecord) else None
+            )
+        )
         self.routing.start()
         # What its topics cost, for the router to weigh them by (data/load_report.py).
         routing_store = RoutingStore(cluster.coordinator)

@@ -50,6 +50,9 @@ __all__ = ["SubscriptionOwnership", "TopicOwnership"]
 
 # A gain that failed is tried again after this long (the assignment may have changed by then).
 RETRY_S = 1.0
+# A subscription routed here whose record this process has not read yet is looked for again
+# this soon (its change also calls changed()).
+RECORD_RETRY_S = 0.2
 
 
 class _Moves(abc.ABC):
@@ -280,8 +283,8 @@ class SubscriptionOwnership(_Moves):
 
     async def _gain(self, uid: str) -> None:
         record = self._record_of(uid)
-        if record is None:  # not in this process's catalog yet
-            asyncio.get_running_loop().call_later(RETRY_S, self.changed)
+        if record is None:  # not in this process's catalog yet: its change calls changed()
+            asyncio.get_running_loop().call_later(RECORD_RETRY_S, self.changed)
             return
         topic_uid = record.topic_uid
         if topic_uid not in self._owned_topics:
