@@ -17,6 +17,7 @@ from pubsubd.storage.ledgers.materialize import materialize
 from pubsubd.storage.ledgers.meta import LedgerState, StoragePolicy
 from pubsubd.storage.ledgers.writer import SourceLedgers
 from pubsubd.storage.log import FsyncPolicy, SourceLog
+from pubsubd.storage.replication import QuorumWriter
 from tests.support.ledger_fakes import DirectoryState, FakeDirectory, FakeNodes, cluster
 
 
@@ -521,3 +522,34 @@ async def test_a_writer_goes_on_over_the_auditors_change_from_another_process() 
     writer.roll_next()
     with pytest.raises(LostOwnership):
         await _append(writer, end, 1)
+
+
+async def test_a_local_write_that_fails_after_the_quorum_took_the_group_is_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The storage nodes hold the group, so its offsets are never handed out again: its
+    appends are acknowledged, the local copy is written again until it takes, readers see
+    the entries then, and later appends go on at the next offsets (they used to be refused
+    until a restart: the ledger was ahead of the local log)."""
+    monkeypatch.setattr(log_module, "LOCAL_RETRY_FIRST_S", 0.01)
+    remote = _SlowRemote()
+    log = SourceLog.open(tmp_path / "s", remote=remote)
+    assert await log.append(b"a", 1, 0) == 0
+    real_append = QuorumWriter.append
+    failures = 2
+
+    async def flaky_append(self: QuorumWriter, segment_base: int, data: bytes, sync: bool) -> None:
+        nonlocal failures
+        if failures:
+            failures -= 1
+            raise StorageError("No space left on device (local copy)")
+        await real_append(self, segment_base, data, sync)
+
+    monkeypatch.setattr(QuorumWriter, "append", flaky_append)
+    assert await log.append(b"b", 1, 1) == 1  # durable on the quorum: acknowledged
+    assert await log.append(b"c", 1, 2) == 2  # waited behind the retries, then written
+    assert failures == 0 and log.stats()["local_write_retries"] == 2
+    assert log.committed_offset == 3
+    assert [e.payload for e in log.read(0, max_entries=5)] == [b"a", b"b", b"c"]
+    assert remote.appended == [(0, 1), (1, 2), (2, 3)]
+    await log.close()

@@ -92,6 +92,10 @@ MAX_GROUP_BYTES = 16 << 20  # bytes written per group; a bigger backlog forms se
 # round trip would leave the nodes idle. At most REMOTE_PIPELINE groups are on their way.
 REMOTE_PIPELINE = 4
 REMOTE_PIPELINE_BYTES = 4 << 20
+# A replicated log's local copy that could not be written is tried again after this pause,
+# doubled after each failure up to the second figure (the data is durable meanwhile).
+LOCAL_RETRY_FIRST_S = 0.1
+LOCAL_RETRY_MAX_S = 5.0
 MAX_OPEN_READ_FDS = 16  # read-only segment fds kept open per log (LRU)
 DEFAULT_READ_MAX_ENTRIES = 1000
 DEFAULT_READ_MAX_BYTES = 4 << 20
@@ -442,6 +446,7 @@ class SourceLog:
         "_fsync_interval_s",
         "_fsyncs",
         "_listeners",
+        "_local_write_retries",
         "_on_disk",
         "_pending",
         "_pending_bytes",
@@ -518,6 +523,7 @@ class SourceLog:
         self._release_requested = False
         self._fsyncs = 0
         self._write_groups = 0
+        self._local_write_retries = 0
 
     @classmethod
     def open(
@@ -652,16 +658,21 @@ class SourceLog:
                 continue
             group = self._take_group()
             try:
-                await self._write_group(group)
+                failure = await self._write_group(group)
             except Exception as exc:  # a bug; never leave appends hanging
                 logger.exception("log %s: writer failed", self._directory)
                 self._fail(group, exc)
+                continue
+            if failure is not None:
+                unwritten, cause = failure
+                self._fail(group[unwritten:], cause)
 
     async def _run_replicated_writer(self, remote: RemoteLog) -> None:
         """The writer of a replicated log: up to REMOTE_PIPELINE groups travel to the storage
         nodes at once (their round trip is most of an append's time); as each one's quorum
         answers, in order, it is written to the local copy, made readable and acknowledged.
-        A group that fails fails every group behind it (the remote log fails them too)."""
+        A group the quorum refused fails every group behind it (the remote log fails them
+        too); one the quorum took is never failed (see :meth:`_write_durable_group`)."""
         assert self._wakeup is not None
         wakeup = self._wakeup
         flights: deque[tuple[list[_Pending], asyncio.Task[None]]] = deque()
@@ -673,14 +684,13 @@ class SourceLog:
             while flights and flights[0][1].done():
                 group, sent = flights.popleft()
                 error = StorageError("cancelled") if sent.cancelled() else sent.exception()
-                if error is None and await self._write_group(group):
+                if error is None:
+                    await self._write_durable_group(group)
                     continue
                 behind = [p for g, _ in flights for p in g]
                 for _, later in flights:
                     later.add_done_callback(_retrieve)  # they fail too; nobody waits
                 flights.clear()
-                if error is None:  # the local write failed (and failed the group's appends)
-                    error = StorageError("an earlier write of the log failed")
                 self._fail([*group, *behind], error)
             if self._pending and (
                 not flights
@@ -726,16 +736,53 @@ class SourceLog:
         self._pending_bytes -= size
         return group
 
-    async def _write_group(self, group: list[_Pending]) -> bool:
-        """Write ``group`` (fsynced unless replicated), commit and resolve it; False if the
-        write failed (then the group and everything queued behind it failed)."""
+    async def _write_durable_group(self, group: list[_Pending]) -> None:
+        """Write to the local copy a group the storage nodes' quorum already holds.
+
+        Its offsets are the ledger's now, so they are never handed out again: if the local
+        write fails (a full or failing local disk), the group's appends are acknowledged
+        anyway (they are durable) and the rest of it is written again, with a growing pause,
+        until it is written or the log closes; readers see it once it is. Appends behind it
+        wait, and the publish memory budget pushes back on publishers. A log closed before
+        that reopens from the ledgers, which fill the local copy in (materialize).
+        """
+        pause = LOCAL_RETRY_FIRST_S
+        while (failure := await self._write_group(group)) is not None:
+            unwritten, cause = failure
+            group = group[unwritten:]
+            self._resolve(group)
+            logger.log(
+                logging.DEBUG if disk_full_reason(cause) else logging.WARNING,
+                "log %s: local copy of offsets %d-%d not written (%s); they are durable on "
+                "the storage nodes; retrying in %.1f s",
+                self._directory,
+                group[0].entry.base_offset,
+                group[-1].entry.next_offset - 1,
+                cause,
+                pause,
+            )
+            self._local_write_retries += 1
+            wakeup = self._wakeup
+            assert wakeup is not None
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(pause):  # woken early only to close
+                    while not self._closing:
+                        await wakeup.wait()
+                        wakeup.clear()
+            if self._closing:
+                return
+            pause = min(pause * 2, LOCAL_RETRY_MAX_S)
+
+    async def _write_group(self, group: list[_Pending]) -> tuple[int, BaseException] | None:
+        """Write ``group`` (fsynced unless replicated), commit and resolve it. On a failed
+        write: the index of the first item not written (those before it are committed and
+        resolved) and the cause; the caller fails or retries the rest."""
         self._write_groups += 1
         if not self._on_disk:
             try:
                 await asyncio.to_thread(_create_log_files, self._directory, self._segments[0].path)
             except OSError as exc:
-                self._fail(group, exc)
-                return False
+                return 0, exc
             self._on_disk = True
         # A replicated log's groups reach here once the storage nodes' quorum has them: the
         # local copy is not fsynced.
@@ -747,8 +794,7 @@ class SourceLog:
                 try:
                     await self._roll()
                 except StorageError as exc:
-                    self._fail(group[start:], exc)
-                    return False
+                    return start, exc
                 active = self._segments[-1]
             room = self._segment_bytes - active.size
             stop, size = start + 1, len(group[start].frame)
@@ -761,8 +807,7 @@ class SourceLog:
             try:
                 await self._writer.append(active.base, data, sync)
             except StorageError as exc:
-                self._fail(group[start:], exc)
-                return False
+                return start, exc
             metrics.LOG_WRITE_SECONDS.observe(time.perf_counter() - started)
             if sync:
                 self._fsyncs += 1
@@ -786,7 +831,7 @@ class SourceLog:
             finally:
                 self._resolve(chunk)
             start = stop
-        return True
+        return None
 
     def _commit(self, segment: _Segment, chunk: list[_Pending]) -> None:
         for item in chunk:
@@ -1317,6 +1362,7 @@ class SourceLog:
             "committed_offset": self._committed_offset,
             "fsyncs": self._fsyncs,
             "write_groups": self._write_groups,
+            "local_write_retries": self._local_write_retries,
             "cached_bytes": self._cache.bytes,
             "pending_appends": len(self._pending or ()),
             "damaged_ranges": len(self._damage or ()),
