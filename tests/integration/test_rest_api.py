@@ -473,3 +473,32 @@ async def test_a_pull_response_that_was_not_written_goes_back(
         timeout=10,
     )
     assert [m.message.data for m in resp.received_messages] == [b"unsent"]
+
+
+def test_fields_selects_a_partial_response(rest: Rest, names: Any) -> None:
+    """The ``fields`` system parameter, as Google's REST APIs apply it; a bad selection is
+    refused before the call does anything."""
+    topic, sub = _topic_with_subscription(rest, names, labels={"team": "a"})
+    got = rest.ok("GET", f"{P}/subscriptions/{sub}?fields=name,labels")
+    assert got == {"name": f"projects/{PROJECT}/subscriptions/{sub}", "labels": {"team": "a"}}
+    listed = rest.ok("GET", f"{P}/topics?fields=topics/name")
+    assert listed["topics"] and all(set(t) == {"name"} for t in listed["topics"])
+    body = {"messages": [{"data": b64(b"x"), "attributes": {"k": "v"}}]}
+    ids = rest.ok("POST", f"{P}/topics/{topic}:publish?fields=messageIds", body)["messageIds"]
+
+    def pulled() -> list[dict[str, Any]]:
+        query = "fields=receivedMessages(ackId,message/data)"
+        got = rest.ok(
+            "POST",
+            f"{P}/subscriptions/{sub}:pull?{query}",
+            {"maxMessages": 10, "returnImmediately": True},
+        )
+        return list(got.get("receivedMessages", []))
+
+    received: list[dict[str, Any]] = []
+    wait_for(lambda: bool(received.extend(pulled()) or received), 10, "the message over REST")
+    assert len(ids) == 1 and [set(m) for m in received] == [{"ackId", "message"}]
+    assert received[0]["message"] == {"data": b64(b"x")}
+    status = rest.error("DELETE", f"{P}/topics/{topic}?fields=nosuchfield")
+    assert status[:2] == (400, "INVALID_ARGUMENT") and "nosuchfield" in status[2]
+    assert rest.ok("GET", f"{P}/topics/{topic}")["name"].endswith(topic)  # still there

@@ -31,7 +31,7 @@ from prometheus_client import Counter
 from pubsubd._gen.pubsubd.internal.v1.forwarder_pb2 import GiveBackRequest
 from pubsubd.api.grpc.forwarder_service import GIVE_BACK
 from pubsubd.api.grpc.status import HTTP_STATUS
-from pubsubd.api.rest import routes
+from pubsubd.api.rest import fields, routes
 from pubsubd.api.rest.transcode import (
     RestError,
     build_request,
@@ -123,6 +123,12 @@ class RestFront:
             message = build_request(found, query, request.body)
         except RestError as e:
             return _error(e.http, e.status, e.message, e.details)
+        selection = None
+        if "fields" in query:  # checked before the call: a bad selection changes nothing
+            try:
+                selection = fields.parse(query["fields"][-1], rule.response.DESCRIPTOR)
+            except fields.FieldSelectionError as e:
+                return _error(400, "INVALID_ARGUMENT", str(e))
         timeout = _timeout(request.headers.get("x-server-timeout"))
         if isinstance(timeout, RestError):
             return _error(timeout.http, timeout.status, timeout.message)
@@ -137,7 +143,7 @@ class RestFront:
         except DecodeError:
             log.exception("%s answered bytes that are not a %s", rule.method, rule.response)
             return _error(500, "INTERNAL", "the service's answer could not be decoded")
-        body = response_body(answer, pretty(query))
+        body = response_body(answer, pretty(query), selection)
         unsent = None
         if rule.method == PULL and answer.received_messages:
             ack_ids = [m.ack_id for m in answer.received_messages]

@@ -27,6 +27,7 @@ from typing import Any
 from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
+from pubsubd.api.rest import fields
 from pubsubd.api.rest.fast_json import (
     flat_request_from,
     publish_request_from,
@@ -96,11 +97,16 @@ def error_body(
     return (json.dumps({"error": error}, indent=2) + "\n").encode()
 
 
-def response_body(message: Any, pretty: bool = True) -> bytes:
-    """A response message as Google's REST API writes it (fields at their default left out)."""
-    if message.DESCRIPTOR is _PULL_RESPONSE:
+def response_body(
+    message: Any, pretty: bool = True, selection: fields.Selection | None = None
+) -> bytes:
+    """A response message as Google's REST API writes it (fields at their default left out),
+    with only the ``selection`` of a ``fields`` parameter when there is one."""
+    if message.DESCRIPTOR is _PULL_RESPONSE and selection is None:
         return pull_response_json(message, pretty)
     value = json_format.MessageToDict(message)
+    if selection is not None:
+        value = fields.apply(value, selection)
     if not pretty:
         return json.dumps(value, separators=(",", ":")).encode()
     return (json.dumps(value, indent=2) + "\n").encode()
