@@ -67,7 +67,9 @@ def _errors(e: Exception) -> str:
         else:
             text = str(err.message)
         # protoc counts lines and columns from 0; -1: not at a place in the file.
-        found.append(f"line {err.line + 1} column {err.column + 1}: {text}" if err.line >= 0 else text)
+        found.append(
+            f"line {err.line + 1} column {err.column + 1}: {text}" if err.line >= 0 else text
+        )
     if not found:
         return str(e)
     more = len(found) - MAX_ERRORS_SHOWN

@@ -1,4 +1,4 @@
-"""Metadata store: where topics, subscriptions (and snapshots, cursors, schemas) live across restarts (embedded, one machine).
+"""Metadata store: where topics, subscriptions, snapshots, cursors and schemas live (one machine).
 
 ``MetadataStore`` is the narrow interface the catalog writes through; ``SqliteMetadataStore`` is the
 embedded implementation (SQLite in WAL mode, ``synchronous=FULL``, so a create acknowledged to a

@@ -24,6 +24,13 @@ from pubsubd.core import ids, names, pb, validation
 from pubsubd.core.clock import SYSTEM_CLOCK, Clock
 from pubsubd.core.errors import InvalidArgument, ResourceExhausted
 from pubsubd.core.flow_control import MemoryBudget, PublishRate, RateLimiter
+from pubsubd.core.schemas import (
+    ENCODING_NAMES,
+    SCHEMA_ENCODING_ATTRIBUTE,
+    SCHEMA_NAME_ATTRIBUTE,
+    SCHEMA_REVISION_ATTRIBUTE,
+    conforming_revision,
+)
 from pubsubd.observability import events, metrics, sli
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
@@ -120,6 +127,8 @@ class PublisherServicer:
         sli.PUBLISH_TOPIC.set(request.topic)
         entry = self.catalog.topic(request.topic)
         validation.publish_request(request, len(raw), raw, now_s=self.clock.time_us() / 1e6)
+        if entry.schema_settings is not None:  # topics without a schema skip this
+            raw = self._conform(entry.schema_settings, request)
         uid = entry.record.uid
         publishing = self.routes.publishing(uid)
         blocked = publishing.publish_blocked(uid)  # a block_publishers backlog quota
@@ -149,6 +158,28 @@ class PublisherServicer:
         metrics.PUBLISHED_BYTES.inc(len(raw))
         first = ids.position(source, base)
         return pb.PublishResponse(message_ids=[str(first + i) for i in range(count)])
+
+    def _conform(self, settings: Any, request: Any) -> bytes:
+        """Check every message against the topic's schema revisions; the batch as it is
+        stored, each message carrying Google's googclient_schema* attributes. One message
+        that conforms to no revision fails the whole Publish (INVALID_ARGUMENT naming it) and
+        nothing is stored."""
+        candidates = self.catalog.schemas.candidates(settings)
+        encoding = settings.encoding
+        for i, message in enumerate(request.messages):
+            try:
+                revision = conforming_revision(message.data, encoding, candidates)
+            except InvalidArgument as e:
+                raise InvalidArgument(
+                    f"messages[{i}]: does not conform to schema {settings.schema} "
+                    f"({ENCODING_NAMES.get(encoding, encoding)} encoding): {e}"
+                ) from None
+            attributes = message.attributes
+            attributes[SCHEMA_NAME_ATTRIBUTE] = settings.schema
+            attributes[SCHEMA_ENCODING_ATTRIBUTE] = ENCODING_NAMES.get(encoding, "JSON")
+            attributes[SCHEMA_REVISION_ATTRIBUTE] = revision
+        serialized: bytes = request.SerializeToString()
+        return serialized
 
 
 def handlers(servicer: PublisherServicer) -> grpc.GenericRpcHandler:
