@@ -123,8 +123,8 @@ class SchemaRegistry:
     def _revision(self, schema: Any, name: str) -> Any:
         """A new revision of ``schema``'s type and definition (compiled first: invalid ones
         never get stored), stamped now."""
-        self.compile(schema.type, schema.definition)
-        revision = pb.Schema(name=name, type=schema.type, definition=schema.definition)
+        self.compile(schema.type_, schema.definition)
+        revision = pb.Schema(name=name, type_=schema.type_, definition=schema.definition)
         revision.revision_id = secrets.token_hex(4)
         now_us = self.clock.time_us()
         revision.revision_create_time.FromMicroseconds(now_us)
@@ -241,14 +241,14 @@ class SchemaRegistry:
     def validate_schema(self, parent: str, schema: Any) -> None:
         """ValidateSchema: InvalidArgument saying what is wrong with the definition."""
         names.project(parent)
-        self.compile(schema.type, schema.definition)
+        self.compile(schema.type_, schema.definition)
 
     def validate_message(self, parent: str, request: Any) -> None:
         """ValidateMessage: a named schema (newest revision, or ``name@revision``) or an inline
         one; InvalidArgument naming what failed."""
         names.project(parent)
         if request.HasField("schema"):
-            compiled = self.compile(request.schema.type, request.schema.definition)
+            compiled = self.compile(request.schema.type_, request.schema.definition)
         elif request.name:
             revision = self.get(request.name, VIEW_FULL)
             compiled = self._compiled_revision(revision)
@@ -304,5 +304,5 @@ class SchemaRegistry:
         key = (revision.name, revision.revision_id)
         compiled = self._compiled.get(key)
         if compiled is None:
-            compiled = self._compiled[key] = self.compile(revision.type, revision.definition)
+            compiled = self._compiled[key] = self.compile(revision.type_, revision.definition)
         return compiled
