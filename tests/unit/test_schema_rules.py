@@ -244,3 +244,21 @@ def test_topic_settings_and_their_revision_range() -> None:
         registry.check_settings(settings)
     with pytest.raises(FailedPrecondition):
         registry.candidates(settings)
+
+
+def test_conform_stamps_each_message_or_names_the_first_that_fails() -> None:
+    registry, _, _ = _registry()
+    revision = registry.create("projects/p", "readings", _schema('"string"')).revision_id
+    settings = pb.Topic().schema_settings
+    settings.schema, settings.encoding = NAME, JSON
+    batch = pb.PublishRequest(messages=[{"data": b'"a"', "attributes": {"k": "v"}}])
+    registry.conform(settings, batch.messages)
+    assert dict(batch.messages[0].attributes) == {
+        "k": "v",
+        "googclient_schemaname": NAME,
+        "googclient_schemaencoding": "JSON",
+        "googclient_schemarevisionid": revision,
+    }
+    bad = pb.PublishRequest(messages=[{"data": b'"a"'}, {"data": b"7"}])
+    with pytest.raises(InvalidArgument, match=r"messages\[1\]: does not conform to schema"):
+        registry.conform(settings, bad.messages)

@@ -32,7 +32,16 @@ from pubsubd.control.paging import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, SortedNames
 from pubsubd.core import names, pb
 from pubsubd.core.clock import SYSTEM_CLOCK, Clock
 from pubsubd.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from pubsubd.core.schemas import Candidate, CompiledSchema, compile_schema
+from pubsubd.core.schemas import (
+    ENCODING_NAMES,
+    SCHEMA_ENCODING_ATTRIBUTE,
+    SCHEMA_NAME_ATTRIBUTE,
+    SCHEMA_REVISION_ATTRIBUTE,
+    Candidate,
+    CompiledSchema,
+    compile_schema,
+    conforming_revision,
+)
 from pubsubd.storage.metadata import Change, MetadataStore, SchemaRecord
 
 # What a topic's schema_settings show once its schema is deleted (Google's value).
@@ -299,6 +308,27 @@ class SchemaRegistry:
             else len(ids)
         )
         return [Candidate(r.revision_id, self._compiled_revision(r)) for r in revisions[start:end]]
+
+    def conform(self, settings: Any, messages: Sequence[Any]) -> None:
+        """Check each message (``data`` and an ``attributes`` map) against a topic's schema and
+        add Google's googclient_schema* attributes naming the revision it conforms to. The first
+        that conforms to no revision raises InvalidArgument naming it, before any is stamped
+        beyond it: the caller stores nothing then."""
+        candidates = self.candidates(settings)
+        encoding = settings.encoding
+        encoding_name = ENCODING_NAMES.get(encoding, "JSON")
+        for i, message in enumerate(messages):
+            try:
+                revision = conforming_revision(message.data, encoding, candidates)
+            except InvalidArgument as e:
+                raise InvalidArgument(
+                    f"messages[{i}]: does not conform to schema {settings.schema} "
+                    f"({encoding_name} encoding): {e}"
+                ) from None
+            attributes = message.attributes
+            attributes[SCHEMA_NAME_ATTRIBUTE] = settings.schema
+            attributes[SCHEMA_ENCODING_ATTRIBUTE] = encoding_name
+            attributes[SCHEMA_REVISION_ATTRIBUTE] = revision
 
     def _compiled_revision(self, revision: Any) -> CompiledSchema:
         key = (revision.name, revision.revision_id)

@@ -24,13 +24,6 @@ from pubsubd.core import ids, names, pb, validation
 from pubsubd.core.clock import SYSTEM_CLOCK, Clock
 from pubsubd.core.errors import InvalidArgument, ResourceExhausted
 from pubsubd.core.flow_control import MemoryBudget, PublishRate, RateLimiter
-from pubsubd.core.schemas import (
-    ENCODING_NAMES,
-    SCHEMA_ENCODING_ATTRIBUTE,
-    SCHEMA_NAME_ATTRIBUTE,
-    SCHEMA_REVISION_ATTRIBUTE,
-    conforming_revision,
-)
 from pubsubd.observability import events, metrics, sli
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
@@ -160,24 +153,9 @@ class PublisherServicer:
         return pb.PublishResponse(message_ids=[str(first + i) for i in range(count)])
 
     def _conform(self, settings: Any, request: Any) -> bytes:
-        """Check every message against the topic's schema revisions; the batch as it is
-        stored, each message carrying Google's googclient_schema* attributes. One message
-        that conforms to no revision fails the whole Publish (INVALID_ARGUMENT naming it) and
-        nothing is stored."""
-        candidates = self.catalog.schemas.candidates(settings)
-        encoding = settings.encoding
-        for i, message in enumerate(request.messages):
-            try:
-                revision = conforming_revision(message.data, encoding, candidates)
-            except InvalidArgument as e:
-                raise InvalidArgument(
-                    f"messages[{i}]: does not conform to schema {settings.schema} "
-                    f"({ENCODING_NAMES.get(encoding, encoding)} encoding): {e}"
-                ) from None
-            attributes = message.attributes
-            attributes[SCHEMA_NAME_ATTRIBUTE] = settings.schema
-            attributes[SCHEMA_ENCODING_ATTRIBUTE] = ENCODING_NAMES.get(encoding, "JSON")
-            attributes[SCHEMA_REVISION_ATTRIBUTE] = revision
+        """The batch as stored: every message checked against the topic's schema and stamped
+        with Google's attributes (a message that conforms to no revision fails it whole)."""
+        self.catalog.schemas.conform(settings, request.messages)
         serialized: bytes = request.SerializeToString()
         return serialized
 
