@@ -15,11 +15,13 @@ from typing import Any
 
 import fastavro
 import pytest
+from google.protobuf import descriptor_pb2
 
 from pubsubd.control.schemas import MAX_REVISIONS, SchemaRegistry
 from pubsubd.core import pb
 from pubsubd.core.clock import ManualClock
 from pubsubd.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from pubsubd.core.proto_compiler import compile_definition
 from pubsubd.core.schemas import (
     AVRO,
     BINARY,
@@ -262,3 +264,27 @@ def test_conform_stamps_each_message_or_names_the_first_that_fails() -> None:
     bad = pb.PublishRequest(messages=[{"data": b'"a"'}, {"data": b"7"}])
     with pytest.raises(InvalidArgument, match=r"messages\[1\]: does not conform to schema"):
         registry.conform(settings, bad.messages)
+
+
+def test_a_precompiled_proto_schema_is_loaded_as_given() -> None:
+    """Schema.compiled_proto_schema: a FileDescriptorSet and the root message's full name."""
+    files = descriptor_pb2.FileDescriptorSet(file=[compile_definition(PROTO_DEF)])
+    registry, _, _ = _registry()
+    schema = pb.Schema(type_=PROTOCOL_BUFFER)
+    schema.compiled_proto_schema.root_message = "acme.Reading"
+    schema.compiled_proto_schema.compiled_bytes = files.SerializeToString()
+    created = registry.create("projects/p", "readings", schema)
+    assert created.compiled_proto_schema.root_message == "acme.Reading"
+    settings = pb.Topic().schema_settings
+    settings.schema, settings.encoding = NAME, JSON
+    [candidate] = registry.candidates(settings)
+    candidate.schema.check(b'{"sensor": "a"}', JSON)
+    schema.compiled_proto_schema.root_message = "acme.Missing"
+    with pytest.raises(InvalidArgument, match="no message type"):
+        registry.compile(schema)
+    schema.compiled_proto_schema.compiled_bytes = b"\xff"
+    with pytest.raises(InvalidArgument, match="FileDescriptorSet"):
+        registry.compile(schema)
+    schema.type_ = AVRO
+    with pytest.raises(InvalidArgument, match="PROTOCOL_BUFFER"):
+        registry.compile(schema)

@@ -34,11 +34,13 @@ from pubsubd.core.clock import SYSTEM_CLOCK, Clock
 from pubsubd.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from pubsubd.core.schemas import (
     ENCODING_NAMES,
+    PROTOCOL_BUFFER,
     SCHEMA_ENCODING_ATTRIBUTE,
     SCHEMA_NAME_ATTRIBUTE,
     SCHEMA_REVISION_ATTRIBUTE,
     Candidate,
     CompiledSchema,
+    compile_descriptor_set,
     compile_schema,
     conforming_revision,
 )
@@ -132,16 +134,26 @@ class SchemaRegistry:
     def _revision(self, schema: Any, name: str) -> Any:
         """A new revision of ``schema``'s type and definition (compiled first: invalid ones
         never get stored), stamped now."""
-        self.compile(schema.type_, schema.definition)
-        revision = pb.Schema(name=name, type_=schema.type_, definition=schema.definition)
+        self.compile(schema)
+        revision = pb.Schema(name=name, type_=schema.type_)
+        if schema.HasField("compiled_proto_schema"):
+            revision.compiled_proto_schema.CopyFrom(schema.compiled_proto_schema)
+        else:
+            revision.definition = schema.definition
         revision.revision_id = secrets.token_hex(4)
         now_us = self.clock.time_us()
         revision.revision_create_time.FromMicroseconds(now_us)
         return revision
 
     @staticmethod
-    def compile(schema_type: int, definition: str) -> CompiledSchema:
-        return compile_schema(schema_type, definition)
+    def compile(schema: Any) -> CompiledSchema:
+        """A Schema message's definition, compiled; InvalidArgument saying what is wrong."""
+        if schema.HasField("compiled_proto_schema"):
+            if schema.type_ != PROTOCOL_BUFFER:
+                raise InvalidArgument("compiled_proto_schema: the type must be PROTOCOL_BUFFER")
+            compiled = schema.compiled_proto_schema
+            return compile_descriptor_set(compiled.root_message, compiled.compiled_bytes)
+        return compile_schema(schema.type_, schema.definition)
 
     # --- SchemaService ---------------------------------------------------------------------------
 
@@ -250,14 +262,14 @@ class SchemaRegistry:
     def validate_schema(self, parent: str, schema: Any) -> None:
         """ValidateSchema: InvalidArgument saying what is wrong with the definition."""
         names.project(parent)
-        self.compile(schema.type_, schema.definition)
+        self.compile(schema)
 
     def validate_message(self, parent: str, request: Any) -> None:
         """ValidateMessage: a named schema (newest revision, or ``name@revision``) or an inline
         one; InvalidArgument naming what failed."""
         names.project(parent)
         if request.HasField("schema"):
-            compiled = self.compile(request.schema.type_, request.schema.definition)
+            compiled = self.compile(request.schema)
         elif request.name:
             revision = self.get(request.name, VIEW_FULL)
             compiled = self._compiled_revision(revision)
@@ -334,5 +346,5 @@ class SchemaRegistry:
         key = (revision.name, revision.revision_id)
         compiled = self._compiled.get(key)
         if compiled is None:
-            compiled = self._compiled[key] = self.compile(revision.type_, revision.definition)
+            compiled = self._compiled[key] = self.compile(revision)
         return compiled

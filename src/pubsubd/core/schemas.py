@@ -4,7 +4,9 @@ Rules (Google's, docs/GOOGLE_API.md §6 "Schemas"):
 
 - A schema is ``AVRO`` (an Avro schema in JSON, parsed by fastavro) or ``PROTOCOL_BUFFER`` (the
   text of one ``.proto`` file, compiled by protoc, core/proto_compiler.py) with exactly one
-  top-level message type, which messages are checked against; imports are not supported.
+  top-level message type, which messages are checked against; imports are not supported. A
+  ``PROTOCOL_BUFFER`` schema may instead come precompiled (``compiled_proto_schema``: a
+  FileDescriptorSet and the root message's full name), loaded into a private pool as it is.
 - A message's ``data`` is checked in its topic's encoding: ``BINARY`` (Avro binary encoding of
   one datum, every byte used; the protobuf wire format) or ``JSON`` (the Avro JSON encoding, so
   a union value is written ``{"type": value}``, or the proto3 JSON mapping; unknown fields are
@@ -27,7 +29,7 @@ from typing import Any, Protocol
 
 import fastavro
 from fastavro.validation import ValidationError as AvroValidationError
-from google.protobuf import descriptor_pool, json_format, message_factory
+from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
 from google.protobuf.message import DecodeError
 
 from pubsubd.core import proto_compiler
@@ -140,6 +142,32 @@ def compile_schema(schema_type: int, definition: str) -> CompiledSchema:
     if schema_type == PROTOCOL_BUFFER:
         return _proto(definition)
     raise InvalidArgument("type: must be AVRO or PROTOCOL_BUFFER")
+
+
+def compile_descriptor_set(root_message: str, compiled_bytes: bytes) -> CompiledSchema:
+    """A Protocol Buffer schema given precompiled (Schema.compiled_proto_schema): a serialized
+    FileDescriptorSet, dependencies before the files that import them, and the full name of the
+    message type to check against. Raises InvalidArgument saying what is wrong."""
+    if not root_message:
+        raise InvalidArgument("compiled_proto_schema.root_message: required")
+    try:
+        files = descriptor_pb2.FileDescriptorSet.FromString(compiled_bytes).file
+    except DecodeError:
+        raise InvalidArgument(
+            "compiled_proto_schema.compiled_bytes: not a serialized FileDescriptorSet"
+        ) from None
+    pool = descriptor_pool.DescriptorPool()
+    try:
+        for file in files:
+            pool.Add(file)
+        descriptor = pool.FindMessageTypeByName(root_message)
+    except KeyError:
+        raise InvalidArgument(
+            f"compiled_proto_schema.root_message: no message type {root_message!r} in the set"
+        ) from None
+    except (TypeError, ValueError) as e:
+        raise InvalidArgument(f"compiled_proto_schema.compiled_bytes: {e}") from None
+    return ProtoSchema(message_factory.GetMessageClass(descriptor))
 
 
 def _avro(definition: str) -> AvroSchema:
