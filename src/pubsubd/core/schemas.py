@@ -61,6 +61,11 @@ class CompiledSchema(Protocol):
 @dataclass(frozen=True, slots=True)
 class AvroSchema:
     parsed: Any  # fastavro's parsed schema
+    # No unions, bytes, fixed or field defaults anywhere: then a message's Avro JSON encoding is
+    # its plain JSON value, checked by fastavro's (compiled) validator alone, without its
+    # pure-Python JSON decoder (~10x faster; the decoder is what unwraps unions, reads bytes
+    # as code points and fills defaults).
+    plain_json: bool = False
 
     def check(self, data: bytes, encoding: int) -> None:
         if encoding == BINARY:
@@ -82,6 +87,12 @@ class AvroSchema:
 
     def _json(self, data: bytes) -> None:
         value = _json_value(data)
+        if self.plain_json:
+            try:
+                fastavro.validate(value, self.parsed, raise_errors=True)
+            except AvroValidationError as e:
+                raise InvalidArgument(f"message does not conform to the Avro schema: {e}") from e
+            return
         try:
             # The Avro JSON encoding (unions as {"type": value}), then the datum's types.
             line = io.StringIO(json.dumps(value, separators=(",", ":")))
@@ -180,7 +191,33 @@ def _avro(definition: str) -> AvroSchema:
         parsed = fastavro.parse_schema(raw, named_schemas={}, _write_hint=False)
     except Exception as e:  # SchemaParseException, UnknownType, ValueError, TypeError...
         raise InvalidArgument(f"definition: not a valid Avro schema: {e}") from None
-    return AvroSchema(parsed)
+    return AvroSchema(parsed, _plain_json(raw))
+
+
+def _plain_json(node: Any) -> bool:
+    """Whether an Avro schema (its JSON) needs nothing of the Avro JSON decoder (see
+    ``AvroSchema.plain_json``)."""
+    if isinstance(node, list):
+        return False  # a union
+    if isinstance(node, str):
+        return node not in ("bytes", "fixed")
+    if not isinstance(node, dict):
+        return False
+    kind = node.get("type")
+    if kind in ("bytes", "fixed"):
+        return False
+    if kind == "record" or kind == "error":
+        return all(
+            isinstance(f, dict) and "default" not in f and _plain_json(f.get("type"))
+            for f in node.get("fields", ())
+        )
+    if kind == "array":
+        return _plain_json(node.get("items"))
+    if kind == "map":
+        return _plain_json(node.get("values"))
+    if kind == "enum":
+        return True
+    return _plain_json(kind)  # {"type": "string", "logicalType": ...} or a nested schema
 
 
 def _proto(definition: str) -> ProtoSchema:
