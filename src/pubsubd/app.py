@@ -27,6 +27,7 @@ from pubsubd.api.grpc import (
     liveness,
     publisher,
     replay,
+    schema,
     sources_service,
     subscriber,
 )
@@ -257,6 +258,7 @@ class PubsubServer:
                     )
                 ),
                 sources_service.handlers(sources_service.SourcesServicer(self.routes)),
+                schema.handlers(schema.SchemaServicer(self.catalog)),
             ]
         )
         self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")

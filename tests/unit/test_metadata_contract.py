@@ -6,9 +6,9 @@ What the protocol promises, as the catalog, snapshots and named cursors use it (
 change feed the forwarders follow, the end of this file):
 - ``put_*`` stores a record under its key (topics, subscriptions and snapshots by name, cursors
   by topic uid and name); a second put under the same key replaces the first.
-- ``put_topic``/``put_subscription`` with ``create=True`` store only under a new key: a name
-  already there raises AlreadyExists and keeps the record (two processes creating one name at
-  once: one wins).
+- ``put_topic``/``put_subscription``/``put_schema`` with ``create=True`` store only under a new
+  key: a name already there raises AlreadyExists and keeps the record (two processes creating
+  one name at once: one wins).
 - ``delete_*`` removes the record under a key; deleting a missing key is a no-op.
 - ``load_*`` yields every stored record of its kind, equal to what was put, once each. No order is
   promised (every caller indexes what it loads by key), so the suite compares by key.
@@ -38,6 +38,7 @@ from pubsubd.storage.metadata import (
     CursorRecord,
     MemoryMetadataStore,
     MetadataStore,
+    SchemaRecord,
     SnapshotRecord,
     SqliteMetadataStore,
     SubscriptionRecord,
@@ -113,7 +114,7 @@ def store(impl: Store, tmp_path: Path) -> Iterator[MetadataStore]:
     opened.close()
 
 
-# --- the four kinds of records ------------------------------------------------------------------
+# --- the five kinds of records ------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,11 @@ def _cursor(i: int, tag: str) -> CursorRecord:
     )
 
 
+def _schema(i: int, tag: str) -> SchemaRecord:
+    # A schema's revisions travel as one opaque body (control/schemas.py).
+    return SchemaRecord(f"projects/p/schemas/sc{i}", b"\x0a\x02" + tag.encode() * (i + 1))
+
+
 KINDS = [
     Kind(
         "topics",
@@ -198,6 +204,14 @@ KINDS = [
         lambda s, r: s.delete_cursor(r.topic_uid, r.name),
         lambda s: s.load_cursors(),
         lambda r: (r.topic_uid, r.name),
+    ),
+    Kind(
+        "schemas",
+        _schema,
+        lambda s, r: s.put_schema(r),
+        lambda s, r: s.delete_schema(r.name),
+        lambda s: s.load_schemas(),
+        lambda r: r.name,
     ),
 ]
 
@@ -262,6 +276,11 @@ def test_a_create_under_an_existing_name_is_refused_and_keeps_the_record(
     with pytest.raises(AlreadyExists):
         store.put_subscription(_subscription(1, "b"), create=True)
     assert list(store.load_subscriptions()) == [sub]
+    schema = _schema(1, "a")
+    store.put_schema(schema, create=True)
+    with pytest.raises(AlreadyExists):
+        store.put_schema(_schema(1, "b"), create=True)
+    assert list(store.load_schemas()) == [schema]
     store.put_topic(_topic(1, "c"))  # without create: replaced
     assert [t.body for t in store.load_topics()] == [_topic(1, "c").body]
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from pubsubd.control.paging import SortedNames, apply_mask, check_mask
 from pubsubd.control.router import Routes
+from pubsubd.control.schemas import DELETED_SCHEMA, SchemaRegistry
 from pubsubd.coordination.errors import CoordinationUnavailable
 from pubsubd.core import (
     damage_policy,
@@ -87,6 +88,9 @@ class TopicEntry:
     topic: Any  # google.pubsub.v1.Topic
     quota: quotas.BacklogQuota | None = None  # from the topic's labels
     publish_rate: flow_control.PublishRate | None = None  # from the topic's labels too
+    # The topic's google.pubsub.v1.SchemaSettings, None without a schema: Publish checks
+    # every message against it (nothing else on the publish path looks at schemas).
+    schema_settings: Any = None
 
 
 @dataclass(slots=True)
@@ -113,6 +117,9 @@ class Catalog:
         self.activity: dict[str, float] = {}
         # Called with a deleted topic's storage uid (e.g. the replay API's cursors).
         self.topic_deleted_listeners: list[Callable[[str], None]] = []
+        # The schemas topics validate against (SchemaService, control/schemas.py).
+        self.schemas = SchemaRegistry(store, clock)
+        self.schemas.deleted_listeners.append(self._schema_deleted)
 
     def topic_uid(self, name: str) -> str | None:
         """The storage uid of a live topic (None if there is no such topic)."""
@@ -124,6 +131,7 @@ class Catalog:
     def load(self) -> None:
         """Restore the catalog's view of topics and subscriptions from the metadata store (the
         forwarders restore theirs from the same store, data/reconcile.py)."""
+        self.schemas.load()
         for t in self.store.load_topics():
             topic = pb.Topic.FromString(t.body)
             self._add_topic(TopicEntry(t, topic, _quota(topic), _rate(topic)))
@@ -137,6 +145,7 @@ class Catalog:
         """Apply other processes' writes too (a cluster's forwarders share one store): a
         topic created through one forwarder is known to every other one."""
         self.store.changes.watch(self._remote_change)
+        self.schemas.follow()
 
     async def caught_up(self) -> None:
         """Apply what other processes changed before now (a cluster's shared store), so that
@@ -164,6 +173,7 @@ class Catalog:
                 else:
                     entry.record, entry.topic, entry.quota = record, topic, _quota(topic)
                     entry.publish_rate = _rate(topic)
+                    entry.schema_settings = _schema_settings(topic)
         elif isinstance(record, SubscriptionRecord):
             found = self.subscriptions.get(record.name)
             if found is not None and (change.deleted or found.record.uid != record.uid):
@@ -195,6 +205,7 @@ class Catalog:
         return entry
 
     def _add_topic(self, entry: TopicEntry) -> None:
+        entry.schema_settings = _schema_settings(entry.topic)
         self.topics[entry.record.name] = entry
         self._topic_names.add(entry.record.name)
         self._live_topic_uids.add(entry.record.uid)
@@ -224,6 +235,8 @@ class Catalog:
         storage_policy.parse(topic)  # validate; a cluster's ledgers follow it
         if self._topic_entry(topic.name) is not None:
             raise AlreadyExists("topic", topic.name)
+        if topic.HasField("schema_settings"):
+            self.schemas.check_settings(topic.schema_settings)
         stored = pb.Topic()
         stored.CopyFrom(topic)
         stored.ClearField("tags")  # input only
@@ -256,6 +269,10 @@ class Catalog:
         quotas.retention_bytes(updated.labels)
         damage_policy.parse(updated.labels)
         storage_policy.parse(updated)
+        if updated.HasField("schema_settings") and any(
+            p.split(".")[0] == "schema_settings" for p in paths
+        ):
+            self.schemas.check_settings(updated.schema_settings)
         record = replace(entry.record, body=updated.SerializeToString())
         # Durable before any new source takes a message; the forwarders follow the record.
         self.store.put_topic(record)
@@ -263,7 +280,23 @@ class Catalog:
         entry.topic = updated
         entry.quota = quota
         entry.publish_rate = rate
+        entry.schema_settings = _schema_settings(updated)
         return updated
+
+    def _schema_deleted(self, schema: str) -> None:
+        """Topics that named a deleted schema show ``_deleted-schema_`` (Google's value) and
+        refuse publishes from now on."""
+        for entry in list(self.topics.values()):
+            settings = entry.schema_settings
+            if settings is None or settings.schema != schema:
+                continue
+            shown = pb.Topic()
+            shown.CopyFrom(entry.topic)
+            shown.schema_settings.schema = DELETED_SCHEMA
+            record = replace(entry.record, body=shown.SerializeToString())
+            self.store.put_topic(record)
+            entry.record, entry.topic = record, shown
+            entry.schema_settings = _schema_settings(shown)
 
     async def delete_topic(self, name: str) -> None:
         entry = self.topic(name)
@@ -417,6 +450,10 @@ class Catalog:
         names.project(project)
         page, next_token = self._sub_names.page(f"{project}/subscriptions/", page_size, token)
         return [self.subscriptions[n].subscription for n in page], next_token
+
+
+def _schema_settings(topic: Any) -> Any:
+    return topic.schema_settings if topic.HasField("schema_settings") else None
 
 
 def _rate(topic: Any) -> flow_control.PublishRate | None:

@@ -64,8 +64,8 @@ FieldMask: Any = field_mask_pb2.FieldMask
 Timestamp: Any = timestamp_pb2.Timestamp
 Duration: Any = duration_pb2.Duration
 
-# google.pubsub.v1.SchemaService and google.iam.v1.IAMPolicy: not served yet (README, "Not built
-# yet"); the REST front still transcodes their calls, which the gRPC port answers UNIMPLEMENTED.
+# google.pubsub.v1.SchemaService (api/grpc/schema.py). Note the raw Schema's type field is
+# ``type_`` (proto-plus renames it; the wire number and the JSON name "type" are Google's).
 Schema: Any = _t.Schema.pb()
 CreateSchemaRequest: Any = _t.CreateSchemaRequest.pb()
 GetSchemaRequest: Any = _t.GetSchemaRequest.pb()
@@ -82,6 +82,8 @@ ValidateSchemaResponse: Any = _t.ValidateSchemaResponse.pb()
 ValidateMessageRequest: Any = _schema.ValidateMessageRequest.pb()
 ValidateMessageResponse: Any = _schema.ValidateMessageResponse.pb()
 
+# google.iam.v1.IAMPolicy: not served yet (README, "Not built yet"); the REST front still
+# transcodes its calls, which the gRPC port answers UNIMPLEMENTED.
 GetIamPolicyRequest: Any = iam_policy_pb2.GetIamPolicyRequest
 SetIamPolicyRequest: Any = iam_policy_pb2.SetIamPolicyRequest
 TestIamPermissionsRequest: Any = iam_policy_pb2.TestIamPermissionsRequest

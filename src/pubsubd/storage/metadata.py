@@ -1,4 +1,4 @@
-"""Metadata store: where topics and subscriptions live across restarts (embedded, one machine).
+"""Metadata store: where topics, subscriptions, snapshots, cursors and schemas live (one machine).
 
 ``MetadataStore`` is the narrow interface the catalog writes through; ``SqliteMetadataStore`` is the
 embedded implementation (SQLite in WAL mode, ``synchronous=FULL``, so a create acknowledged to a
@@ -73,7 +73,17 @@ class CursorRecord:
     commit_time_us: int = 0
 
 
-Record: TypeAlias = TopicRecord | SubscriptionRecord | SnapshotRecord | CursorRecord
+@dataclass(slots=True)
+class SchemaRecord:
+    """A schema of the SchemaService (control/schemas.py) with every revision it keeps."""
+
+    name: str
+    # Serialized google.pubsub.v1.ListSchemaRevisionsResponse used as a container: the
+    # revisions (full Schema messages), newest first; the response's page token is unused.
+    body: bytes
+
+
+Record: TypeAlias = TopicRecord | SubscriptionRecord | SnapshotRecord | CursorRecord | SchemaRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +162,10 @@ class MetadataStore(Protocol):
     def load_cursors(self) -> Iterator[CursorRecord]: ...
     def put_cursor(self, record: CursorRecord) -> Applied: ...
     def delete_cursor(self, topic_uid: str, name: str) -> Applied: ...
+    def load_schemas(self) -> Iterator[SchemaRecord]: ...
+    # ``create``: only if no schema has the name (AlreadyExists otherwise).
+    def put_schema(self, record: SchemaRecord, *, create: bool = False) -> Applied: ...
+    def delete_schema(self, name: str) -> Applied: ...
     # Until ``changes`` has published every change other processes completed before the call
     # (a store no other process writes: at once).
     async def caught_up(self) -> None: ...
@@ -166,6 +180,7 @@ class MemoryMetadataStore:
         self.subscriptions: dict[str, SubscriptionRecord] = {}
         self.snapshots: dict[str, SnapshotRecord] = {}
         self.cursors: dict[tuple[str, str], CursorRecord] = {}
+        self.schemas: dict[str, SchemaRecord] = {}
         self._changes = ChangeFeed()
 
     @property
@@ -216,6 +231,18 @@ class MemoryMetadataStore:
     def delete_cursor(self, topic_uid: str, name: str) -> Applied:
         return _deleted(self._changes, self.cursors.pop((topic_uid, name), None))
 
+    def load_schemas(self) -> Iterator[SchemaRecord]:
+        yield from list(self.schemas.values())
+
+    def put_schema(self, record: SchemaRecord, *, create: bool = False) -> Applied:
+        if create and record.name in self.schemas:
+            raise AlreadyExists("schema", record.name)
+        self.schemas[record.name] = record
+        return self._changes.publish(Change(record))
+
+    def delete_schema(self, name: str) -> Applied:
+        return _deleted(self._changes, self.schemas.pop(name, None))
+
     async def caught_up(self) -> None:
         """Nothing to wait for: no other process writes this store."""
 
@@ -237,6 +264,7 @@ CREATE TABLE IF NOT EXISTS snapshots (
 CREATE TABLE IF NOT EXISTS cursors (
     topic_uid TEXT NOT NULL, name TEXT NOT NULL, topic TEXT NOT NULL, offsets TEXT NOT NULL,
     commit_time_us INTEGER NOT NULL, PRIMARY KEY (topic_uid, name));
+CREATE TABLE IF NOT EXISTS schemas (name TEXT PRIMARY KEY, body BLOB NOT NULL);
 """
 
 
@@ -383,6 +411,26 @@ class SqliteMetadataStore:
         where = "WHERE topic_uid = ? AND name = ?"
         found = list(self._cursors(where, (topic_uid, name)))
         self._write(f"DELETE FROM cursors {where}", (topic_uid, name))
+        return _deleted(self._changes, found[0] if found else None)
+
+    def load_schemas(self) -> Iterator[SchemaRecord]:
+        return self._schemas("", ())
+
+    def _schemas(self, where: str, params: tuple[Any, ...]) -> Iterator[SchemaRecord]:
+        for name, body in self._db.execute(f"SELECT name, body FROM schemas {where}", params):
+            yield SchemaRecord(name, bytes(body))
+
+    def put_schema(self, record: SchemaRecord, *, create: bool = False) -> Applied:
+        self._write(
+            f"INSERT {'' if create else 'OR REPLACE '}INTO schemas (name, body) VALUES (?, ?)",
+            (record.name, record.body),
+            exists=("schema", record.name),
+        )
+        return self._changes.publish(Change(record))
+
+    def delete_schema(self, name: str) -> Applied:
+        found = list(self._schemas("WHERE name = ?", (name,)))
+        self._write("DELETE FROM schemas WHERE name = ?", (name,))
         return _deleted(self._changes, found[0] if found else None)
 
     def _write(

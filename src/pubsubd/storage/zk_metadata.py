@@ -13,6 +13,7 @@ in one call (256 buckets named by a hash prefix, ``paths.bucket``)::
     subscriptions/<bucket(name)>/<escape(name)>
     snapshots/<bucket(name)>/<escape(name)>
     cursors/<bucket(uid/name)>/<escape(escape(topic uid) + "/" + escape(name))>
+    schemas/<bucket(name)>/<escape(name)>
 
 A znode's data is one record: a format byte, then a JSON header line (every field but the
 body) and the protobuf body bytes; above 64 KiB the two are zlib-compressed (format 2). A
@@ -20,7 +21,7 @@ record that would still exceed ZooKeeper's 1 MB limit is refused. Buckets are cr
 first used and never deleted. ``load_*`` read every bucket in name order (pipelined: one
 round trip per 512 records), so two loads of the same data yield the same order.
 
-Changes by other processes (``follow()``, on the event loop): the store watches the four
+Changes by other processes (``follow()``, on the event loop): the store watches the five
 kinds' parents and buckets (children) and every record (data), and publishes what others
 changed on the same ``changes`` feed: a put for a created or updated record, a delete (with the
 record last seen) for a deleted one, a delete then a put for one deleted and created again
@@ -58,6 +59,7 @@ from pubsubd.storage.metadata import (
     ChangeFeed,
     CursorRecord,
     Record,
+    SchemaRecord,
     SnapshotRecord,
     SubscriptionRecord,
     TopicRecord,
@@ -65,7 +67,7 @@ from pubsubd.storage.metadata import (
 
 log = logging.getLogger(__name__)
 
-R = TypeVar("R", TopicRecord, SubscriptionRecord, SnapshotRecord, CursorRecord)
+R = TypeVar("R", TopicRecord, SubscriptionRecord, SnapshotRecord, CursorRecord, SchemaRecord)
 
 # --- records as znode data (pure) ----------------------------------------------------------------
 
@@ -93,6 +95,8 @@ def _header(record: Record) -> tuple[dict[str, Any], bytes]:
             str(k): [md, [list(r) for r in ranges]] for k, (md, ranges) in record.cursors.items()
         }
         return {"name": record.name, "topic_uid": record.topic_uid, "cursors": cursors}, record.body
+    if isinstance(record, SchemaRecord):
+        return {"name": record.name}, record.body
     cursor: dict[str, Any] = {
         "topic_uid": record.topic_uid,
         "name": record.name,
@@ -137,6 +141,8 @@ def decode(kind: str, data: bytes) -> Record:
             for k, (md, ranges) in h["cursors"].items()
         }
         return SnapshotRecord(h["name"], h["topic_uid"], body, cursors)
+    if kind == "schemas":
+        return SchemaRecord(h["name"], body)
     return CursorRecord(
         h["topic_uid"], h["name"], h["topic"], _offsets(h["offsets"]), int(h["commit_time_us"])
     )
@@ -149,7 +155,7 @@ def decode(kind: str, data: bytes) -> Record:
 class Kind:
     """One kind of record: where it lives and how a record names its znode."""
 
-    name: str  # topics, subscriptions, snapshots, cursors
+    name: str  # topics, subscriptions, snapshots, cursors, schemas
     key: Callable[[Any], str]  # what the bucket is a hash of
     node: Callable[[Any], str]  # the znode's name in its bucket
     updated_often: bool  # most puts replace a record: try a set before a create
@@ -165,11 +171,12 @@ TOPICS = Kind("topics", lambda r: r.name, lambda r: paths.escape(r.name), False)
 SUBSCRIPTIONS = Kind("subscriptions", lambda r: r.name, lambda r: paths.escape(r.name), False)
 SNAPSHOTS = Kind("snapshots", lambda r: r.name, lambda r: paths.escape(r.name), False)
 CURSORS = Kind("cursors", lambda r: f"{r.topic_uid}/{r.name}", _cursor_node, True)
-KINDS = (TOPICS, SUBSCRIPTIONS, SNAPSHOTS, CURSORS)
+SCHEMAS = Kind("schemas", lambda r: r.name, lambda r: paths.escape(r.name), False)
+KINDS = (TOPICS, SUBSCRIPTIONS, SNAPSHOTS, CURSORS, SCHEMAS)
 
 
 class MetadataLayout:
-    """Znode paths of the four kinds under ``Layout(root).metadata``."""
+    """Znode paths of the five kinds under ``Layout(root).metadata``."""
 
     def __init__(self, root: str = DEFAULT_ROOT) -> None:
         self.metadata = paths.Layout(root).metadata
@@ -270,6 +277,9 @@ class ZooKeeperMetadataStore:
     def load_cursors(self) -> Iterator[CursorRecord]:
         return self._load(CURSORS, CursorRecord)
 
+    def load_schemas(self) -> Iterator[SchemaRecord]:
+        return self._load(SCHEMAS, SchemaRecord)
+
     def _load(self, kind: Kind, of: type[R]) -> Iterator[R]:
         parent = self.layout.parent(kind)
         buckets = [f"{parent}/{b}" for b in sorted(self._zk.children(parent))]
@@ -301,6 +311,10 @@ class ZooKeeperMetadataStore:
     def find_snapshot(self, name: str) -> SnapshotRecord | None:
         found = self._find(SNAPSHOTS, SnapshotRecord(name, "", b""))
         return found if isinstance(found, SnapshotRecord) else None
+
+    def find_schema(self, name: str) -> SchemaRecord | None:
+        found = self._find(SCHEMAS, SchemaRecord(name, b""))
+        return found if isinstance(found, SchemaRecord) else None
 
     def _find(self, kind: Kind, key: Record) -> Record | None:
         path = self.layout.record(kind, key)
@@ -336,6 +350,12 @@ class ZooKeeperMetadataStore:
 
     def delete_cursor(self, topic_uid: str, name: str) -> Applied:
         return self._delete(CURSORS, CursorRecord(topic_uid, name, ""))
+
+    def put_schema(self, record: SchemaRecord, *, create: bool = False) -> Applied:
+        return self._put(SCHEMAS, record, create=create)
+
+    def delete_schema(self, name: str) -> Applied:
+        return self._delete(SCHEMAS, SchemaRecord(name, b""))
 
     def _put(self, kind: Kind, record: Record, *, create: bool = False) -> Applied:
         path = self.layout.record(kind, record)

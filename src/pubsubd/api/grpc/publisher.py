@@ -120,6 +120,8 @@ class PublisherServicer:
         sli.PUBLISH_TOPIC.set(request.topic)
         entry = self.catalog.topic(request.topic)
         validation.publish_request(request, len(raw), raw, now_s=self.clock.time_us() / 1e6)
+        if entry.schema_settings is not None:  # topics without a schema skip this
+            raw = self._conform(entry.schema_settings, request)
         uid = entry.record.uid
         publishing = self.routes.publishing(uid)
         blocked = publishing.publish_blocked(uid)  # a block_publishers backlog quota
@@ -149,6 +151,13 @@ class PublisherServicer:
         metrics.PUBLISHED_BYTES.inc(len(raw))
         first = ids.position(source, base)
         return pb.PublishResponse(message_ids=[str(first + i) for i in range(count)])
+
+    def _conform(self, settings: Any, request: Any) -> bytes:
+        """The batch as stored: every message checked against the topic's schema and stamped
+        with Google's attributes (a message that conforms to no revision fails it whole)."""
+        self.catalog.schemas.conform(settings, request.messages)
+        serialized: bytes = request.SerializeToString()
+        return serialized
 
 
 def handlers(servicer: PublisherServicer) -> grpc.GenericRpcHandler:

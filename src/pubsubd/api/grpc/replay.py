@@ -333,6 +333,8 @@ class ReplayServicer:
         entry = self.catalog.topic(request.topic)
         messages = [(m.dedup_id, m) for m in request.messages]  # stored without a copy
         validate_messages(messages, request.ByteSize(), now_s=self.clock.time_us() / 1e6)
+        if entry.schema_settings is not None:  # the same schema checks as Publish
+            self.catalog.schemas.conform(entry.schema_settings, request.messages)
         uid = entry.record.uid
         publishing = self.routes.publishing(uid)
         blocked = publishing.publish_blocked(uid)
