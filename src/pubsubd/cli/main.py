@@ -23,6 +23,7 @@ from rich.table import Table
 from pubsubd import config as config_mod
 from pubsubd.cli.cluster import cluster_app
 from pubsubd.cli.routing import routing_app
+from pubsubd.cli.security import certs_app, tokens_app
 from pubsubd.cli.slo import alerts, slo_app
 from pubsubd.storage.log import FsyncPolicy
 
@@ -38,6 +39,8 @@ app.add_typer(cursors_app, name="cursors")
 app.add_typer(cluster_app, name="cluster")
 app.add_typer(routing_app, name="routing")
 app.add_typer(slo_app, name="slo")
+app.add_typer(certs_app, name="certs")
+app.add_typer(tokens_app, name="tokens")
 app.command("alerts")(alerts)
 
 # Piped output is not cut to 80 columns: names must stay whole for grep and scripts.
@@ -52,6 +55,43 @@ Project = Annotated[str, typer.Option(envvar="PUBSUB_PROJECT_ID", help="project 
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
 ClusterOption = Annotated[
     str, typer.Option("--cluster", envvar="PUBSUBD_CLUSTER", help="ZooKeeper connect string")
+]
+TlsCert = Annotated[
+    Path | None,
+    typer.Option(envvar="PUBSUBD_TLS_CERT", help="TLS on every port: the certificate (PEM)"),
+]
+TlsKey = Annotated[
+    Path | None, typer.Option(envvar="PUBSUBD_TLS_KEY", help="the certificate's key (PEM)")
+]
+TlsClientCa = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="PUBSUBD_TLS_CLIENT_CA", help="mutual TLS: the CA client certificates chain to"
+    ),
+]
+AuthSecretFile = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="PUBSUBD_AUTH_SECRET_FILE", help="authentication: HS256 JWTs signed with this"
+    ),
+]
+AuthPublicKey = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="PUBSUBD_AUTH_PUBLIC_KEY", help="authentication: RS256 JWTs (PEM public key)"
+    ),
+]
+AuthTokensFile = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="PUBSUBD_AUTH_TOKENS_FILE", help="authentication: static 'TOKEN SUBJECT' lines"
+    ),
+]
+AuthAudience = Annotated[
+    str | None, typer.Option(envvar="PUBSUBD_AUTH_AUDIENCE", help="JWTs must carry this aud")
+]
+AuthIssuer = Annotated[
+    str | None, typer.Option(envvar="PUBSUBD_AUTH_ISSUER", help="JWTs must carry this iss")
 ]
 ZkSessionOption = Annotated[
     float, typer.Option(envvar="PUBSUBD_ZK_SESSION_TIMEOUT_S", help="ZooKeeper session, s")
@@ -96,9 +136,18 @@ def serve(
         float | None,
         typer.Option(help="probe this server's own endpoint every N seconds (0 = off, default)"),
     ] = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_client_ca: TlsClientCa = None,
+    auth_secret_file: AuthSecretFile = None,
+    auth_public_key: AuthPublicKey = None,
+    auth_tokens_file: AuthTokensFile = None,
+    auth_audience: AuthAudience = None,
+    auth_issuer: AuthIssuer = None,
 ) -> None:
     """Run every role of the service in one process: with embedded storage, or (--cluster)
-    over ZooKeeper and storage nodes."""
+    over ZooKeeper and storage nodes. TLS and authentication are off unless --tls-* and
+    --auth-* say otherwise (README, "TLS and authentication")."""
     from pubsubd import app as server_app
     from pubsubd.observability.logging import setup
     from pubsubd.observability.slo import SloFileError, load_slo
@@ -111,6 +160,20 @@ def serve(
         cfg = replace(cfg, prober_interval_s=prober_interval)
     if pulsar_port is not None:
         cfg = replace(cfg, pulsar_port=pulsar_port)
+    try:
+        cfg = config_mod.with_security(
+            cfg,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            tls_client_ca=tls_client_ca,
+            auth_secret_file=auth_secret_file,
+            auth_public_key=auth_public_key,
+            auth_tokens_file=auth_tokens_file,
+            auth_audience=auth_audience,
+            auth_issuer=auth_issuer,
+        )
+    except ValueError as e:
+        _fail(e)
     try:
         load_slo(cfg.slo_file)  # a bad file stops here, with its error, before anything starts
     except SloFileError as e:
