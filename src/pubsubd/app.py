@@ -73,6 +73,7 @@ from pubsubd.storage.metadata import (
     SqliteMetadataStore,
     SubscriptionRecord,
 )
+from pubsubd.storage.node_client import new_channel
 from pubsubd.storage.zk_metadata import ZooKeeperMetadataStore
 
 log = logging.getLogger(__name__)
@@ -449,7 +450,7 @@ class PubsubServer:
             raise Unavailable(f"no forwarder owns topic storage {topic_uid} yet")
         channel = self._publish_channels.get(address)
         if channel is None:
-            channel = self._publish_channels[address] = grpc.aio.insecure_channel(address)
+            channel = self._publish_channels[address] = new_channel(address)
         try:
             await channel.unary_unary("/google.pubsub.v1.Publisher/Publish")(request, timeout=30)
         except grpc.aio.AioRpcError as e:

@@ -69,6 +69,13 @@ TlsClientCa = Annotated[
         envvar="PUBSUBD_TLS_CLIENT_CA", help="mutual TLS: the CA client certificates chain to"
     ),
 ]
+TlsCa = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="PUBSUBD_TLS_CA",
+        help="a cluster speaking TLS: the CA this process's clients of the others trust",
+    ),
+]
 AuthSecretFile = Annotated[
     Path | None,
     typer.Option(
@@ -139,6 +146,7 @@ def serve(
     tls_cert: TlsCert = None,
     tls_key: TlsKey = None,
     tls_client_ca: TlsClientCa = None,
+    tls_ca: TlsCa = None,
     auth_secret_file: AuthSecretFile = None,
     auth_public_key: AuthPublicKey = None,
     auth_tokens_file: AuthTokensFile = None,
@@ -172,6 +180,7 @@ def serve(
             auth_audience=auth_audience,
             auth_issuer=auth_issuer,
         )
+        _internal_tls(tls_ca, tls_cert, tls_key)
     except ValueError as e:
         _fail(e)
     try:
@@ -260,6 +269,10 @@ def forwarder(
     subscribing: Annotated[
         bool, typer.Option(help="serve subscriptions the routers assign")
     ] = True,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_client_ca: TlsClientCa = None,
+    tls_ca: TlsCa = None,
 ) -> None:
     """A forwarder of a cluster: serves the topics and subscriptions the routers' assignment
     gives it, taking them over and handing them on as the assignment moves; calls for others
@@ -290,6 +303,13 @@ def forwarder(
     # No Pulsar front on a forwarder: its LOOKUP would have to name the topic's owner, which
     # is not built (README, "Not built yet"); several forwarders on a host would collide on 6650.
     cfg = replace(cfg, pulsar_port=-1)
+    try:
+        cfg = config_mod.with_security(
+            cfg, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca
+        )
+        _internal_tls(tls_ca, tls_cert, tls_key)
+    except ValueError as e:
+        _fail(e)
     server_app.run(cfg)
 
 
@@ -327,13 +347,22 @@ def storage(
         ),
     ] = 0,
     log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_client_ca: TlsClientCa = None,
 ) -> None:
-    """Run a storage node: ledgers on its data directories, served to the cluster over gRPC."""
+    """Run a storage node: ledgers on its data directories, served to the cluster over gRPC
+    (with --tls-*: TLS on its gRPC, append and HTTP ports; --tls-client-ca: mutual TLS)."""
     from pubsubd.observability.logging import setup
     from pubsubd.storagenode.main import StartupError, StorageNodeConfig, run
 
     setup(log_level)
+    try:
+        tls = _server_tls(tls_cert, tls_key, tls_client_ca)
+    except ValueError as e:
+        _fail(e)
     config = StorageNodeConfig(
+        tls=tls,
         data_dirs=data_dir,
         port=port,
         http_port=http_port,
@@ -369,6 +398,10 @@ def router(
     zk_session_timeout: ZkSessionOption = 10.0,
     pid_file: Annotated[Path | None, typer.Option(help="write the PID here when ready")] = None,
     log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_client_ca: TlsClientCa = None,
+    tls_ca: TlsCa = None,
 ) -> None:
     """Run a router: active/standby, it assigns publish message sources and subscriptions to
     forwarders (bounded-load consistent hashing) and publishes the lists in ZooKeeper."""
@@ -377,7 +410,9 @@ def router(
 
     setup(log_level)
     try:
+        _internal_tls(tls_ca, tls_cert, tls_key)
         config = RouterConfig(
+            tls=_server_tls(tls_cert, tls_key, tls_client_ca),
             zk=cluster,
             zk_root=zk_root,
             router_id=router_id,
@@ -408,6 +443,10 @@ def frontend(
     zk_session_timeout: ZkSessionOption = 10.0,
     pid_file: Annotated[Path | None, typer.Option(help="write the PID here when ready")] = None,
     log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_client_ca: TlsClientCa = None,
+    tls_ca: TlsCa = None,
 ) -> None:
     """Run a frontend: a stateless proxy that sends each client call to the forwarder the
     routers assigned its topic or subscription to."""
@@ -416,8 +455,14 @@ def frontend(
 
     setup(log_level)
     try:
+        _internal_tls(tls_ca, tls_cert, tls_key)
+        tls = _server_tls(tls_cert, tls_key, tls_client_ca)
+    except ValueError as e:
+        _fail(e)
+    try:
         run(
             FrontendConfig(
+                tls=tls,
                 zk=cluster,
                 zk_root=zk_root,
                 frontend_id=frontend_id,
@@ -520,6 +565,26 @@ def _clients(endpoint: str) -> tuple[Any, Any]:
 
 def _name(project: str, kind: str, name: str) -> str:
     return name if name.startswith("projects/") else f"projects/{project}/{kind}/{name}"
+
+
+def _server_tls(cert: Path | None, key: Path | None, client_ca: Path | None) -> Any:
+    """A cluster process's listeners' TLS (core.tls.ServerTls), None when off."""
+    if cert is None and key is None and client_ca is None:
+        return None
+    if cert is None or key is None:
+        raise ValueError("TLS needs both --tls-cert and --tls-key")
+    from pubsubd.core.tls import ServerTls
+
+    return ServerTls(cert, key, client_ca).check()
+
+
+def _internal_tls(ca: Path | None, cert: Path | None, key: Path | None) -> None:
+    """With --tls-ca, this process's clients of the cluster's other processes speak TLS,
+    trusting that CA and showing the process's own certificate (for mutual TLS)."""
+    from pubsubd.core.tls import INTERNAL, ClientTls
+
+    if ca is not None:
+        INTERNAL.configure(ClientTls(ca, cert, key))
 
 
 def _fail(e: Exception) -> None:

@@ -68,16 +68,19 @@ def write_dev_certs(directory: Path, *, now: dt.datetime | None = None) -> dict[
     written[CA_KEY] = _write_key(directory / CA_KEY, ca_key)
     sans: list[x509.GeneralName] = [x509.DNSName(n) for n in SERVER_NAMES]
     sans += [x509.IPAddress(ipaddress.ip_address(a)) for a in SERVER_ADDRESSES]
+    # The server certificate is also a client one: in a cluster each process shows its own
+    # certificate to the others' mutually authenticated ports.
+    server_usage = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
     for cert_file, key_file, common_name, usage, names in (
-        (SERVER_CERT, SERVER_KEY, "localhost", ExtendedKeyUsageOID.SERVER_AUTH, sans),
-        (CLIENT_CERT, CLIENT_KEY, "pubsubd dev client", ExtendedKeyUsageOID.CLIENT_AUTH, []),
+        (SERVER_CERT, SERVER_KEY, "localhost", server_usage, sans),
+        (CLIENT_CERT, CLIENT_KEY, "pubsubd dev client", [ExtendedKeyUsageOID.CLIENT_AUTH], []),
     ):
         key = ec.generate_private_key(ec.SECP256R1())
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
         builder = (
             _builder(subject, ca_name, key.public_key(), now)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage(usage), critical=False)
             .add_extension(
                 x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
             )

@@ -6,6 +6,10 @@ shows no certificate, or one the CA did not sign, is refused during the handshak
 files serve every listener of the process: gRPC (``api/grpc/tls.py`` makes grpcio's
 credentials from :meth:`ServerTls.pems`), and the HTTP and Pulsar ports (asyncio servers over
 :meth:`ServerTls.context`).
+
+In a cluster, the process's clients of the other processes (storage nodes' gRPC and append
+ports, other forwarders, the frontends' proxy) trust ``--tls-ca`` and show the process's own
+certificate to listeners that ask for one: :data:`INTERNAL` (a :class:`ClientTls`).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ServerTls", "client_context"]
+__all__ = ["INTERNAL", "ClientTls", "InternalClients", "ServerTls", "client_context"]
 
 
 @dataclass(frozen=True)
@@ -57,3 +61,45 @@ def client_context(
     if cert is not None:
         ctx.load_cert_chain(cert, key)
     return ctx
+
+
+@dataclass(frozen=True)
+class ClientTls:
+    """How this process's clients of the cluster's other processes (storage nodes, forwarders)
+    connect: trusting ``ca`` and, for listeners that ask (mutual TLS), showing ``cert``."""
+
+    ca: Path | None  # PEM; None: the system's roots
+    cert: Path | None = None
+    key: Path | None = None
+
+    def context(self) -> ssl.SSLContext:
+        return client_context(self.ca, self.cert, self.key)
+
+    def pems(self) -> tuple[bytes | None, bytes | None, bytes | None]:
+        """(CA, key, certificate chain) as PEM bytes, None where not set."""
+        return (
+            self.ca.read_bytes() if self.ca is not None else None,
+            self.key.read_bytes() if self.key is not None else None,
+            self.cert.read_bytes() if self.cert is not None else None,
+        )
+
+
+class InternalClients:
+    """The process's one setting for its internal clients: None is plaintext (the default).
+    Set once at start-up by the composition root (``configure``), before any channel opens,
+    like ``storage.cache_budget.PROCESS``: every internal channel and append connection of
+    the process is secured the same way, so it is a process setting, not a per-call one."""
+
+    def __init__(self) -> None:
+        self.tls: ClientTls | None = None
+
+    def configure(self, tls: ClientTls | None) -> None:
+        if tls is not None:
+            try:
+                tls.context()  # a missing or bad file stops start-up here
+            except (OSError, ssl.SSLError) as e:
+                raise ValueError(f"TLS files of the internal clients: {e}") from None
+        self.tls = tls
+
+
+INTERNAL = InternalClients()
