@@ -12,6 +12,9 @@ rotating order) so they share the machine's state: ``plain`` (the default), ``to
 * ``--batches`` Publish requests of 100 messages of 1 KB (8 in flight): messages per second,
   where the bytes TLS encrypts show.
 
+``--micro`` times the token check alone, in process (``TokenVerifier.verify``): a token seen
+before (the verifier remembers it until it expires), a new HS256 and a new RS256 token.
+
 Servers run with ``--fsync interval`` so the figures are the request path's, not the disk's.
 Prints JSON with every round and the medians; BENCHMARKS.md quotes the medians.
 
@@ -185,12 +188,49 @@ def run(rounds: int, requests: int, batches: int) -> dict[str, Any]:
     }
 
 
+def micro(n: int = 20000) -> dict[str, float]:
+    """Microseconds per ``TokenVerifier.verify``: remembered, new HS256, new RS256."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    from pubsubd.core.tokens import TokenSettings, TokenVerifier
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    public = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    now = time.time()
+    hs = create_token("bench", secret=SECRET, expires_in_s=3600, now=now)
+    rs = create_token("bench", private_key=private, expires_in_s=3600, now=now)
+    out = {}
+    verifier = TokenVerifier(TokenSettings(secret=SECRET, public_key=public))
+    for name, token, remembered in (
+        ("remembered_us", hs, True),
+        ("new_hs256_us", hs, False),
+        ("new_rs256_us", rs, False),
+    ):
+        started = time.perf_counter()
+        for _ in range(n):
+            if not remembered:
+                verifier._verified.clear()  # a token not seen before, every time
+            verifier.verify(token)
+        out[name] = round((time.perf_counter() - started) / n * 1e6, 2)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=10000)
     parser.add_argument("--batches", type=int, default=1000)
+    parser.add_argument("--micro", action="store_true", help="only time the token check")
     a = parser.parse_args()
+    if a.micro:
+        print(json.dumps(micro(), indent=2))
+        return
     print(json.dumps(run(a.rounds, a.requests, a.batches), indent=2))
 
 
