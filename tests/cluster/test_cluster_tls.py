@@ -1,12 +1,14 @@
 """TLS between a cluster's processes: ZooKeeper, a storage node with mutual TLS on its gRPC and
 append ports, ``serve --cluster`` with TLS on its own ports whose ledger writes and reads reach
 the node over TLS (``--tls-ca``, showing its own certificate), a router, and a frontend with TLS
-proxying to it over TLS. The official client publishes and pulls through the frontend; a
+proxying to it over TLS. The official client publishes and pulls through the frontend (and REST
+answers on its HTTPS port); a
 plaintext client reaches neither the node nor the frontend."""
 
 from __future__ import annotations
 
 import re
+import ssl
 import sys
 import time
 import uuid
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
 import pytest
 from google.api_core import exceptions
 from google.cloud import pubsub_v1
@@ -31,7 +34,7 @@ from tests.support.storage_node import StorageNodeProcess
 pytest_plugins = ["tests.support.zookeeper"]
 pytestmark = [pytest.mark.cluster, pytest.mark.integration, pytest.mark.timeout(180)]
 
-FRONTEND_READY = re.compile(r"pubsubd frontend ready grpc=(\S+)")
+FRONTEND_READY = re.compile(r"pubsubd frontend ready grpc=(\S+) http=(\S+)")
 ROUTER_READY = re.compile(r"pubsubd router ready")
 
 
@@ -67,14 +70,20 @@ def cluster(
         control = []
         for role, ready, extra in (
             ("router", ROUTER_READY, []),
-            ("frontend", FRONTEND_READY, ["--port", "0", *_tls(certs)]),
+            ("frontend", FRONTEND_READY, ["--port", "0", "--http-port", "0", *_tls(certs)]),
         ):
             process = LoggedProcess(base / f"{role}.log")
             command = [sys.executable, "-m", "pubsubd", role, "--cluster", zk, "--zk-root", root]
             match = process.launch([*command, *extra, *_tls(certs)[4:]], ready, {}, 60, role)
             started.append(process)
             control.append(match)
-        yield {"certs": certs, "node": node, "serve": serve, "frontend": control[1].group(1)}
+        yield {
+            "certs": certs,
+            "node": node,
+            "serve": serve,
+            "frontend": control[1].group(1),
+            "frontend_http": control[1].group(2),
+        }
     finally:
         for process in reversed(started):
             process.kill()
@@ -115,6 +124,12 @@ def test_publish_and_pull_through_a_tls_frontend_over_tls_storage(cluster: dict[
         got += sub.pull(subscription=subscription, max_messages=10, timeout=10).received_messages
     assert sorted(m.message.message_id for m in got) == sorted(ids)
     sub.close()
+    # REST on the frontend's HTTPS port, through its own gRPC port (a Unix socket with TLS on).
+    ca = ssl.create_default_context(cafile=certs / "ca.pem")
+    with httpx.Client(verify=ca) as http:
+        answer = http.get(f"https://{cluster['frontend_http']}/v1/{subscription}")
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["topic"] == topic
     # Every message went to the storage node's ledger: over TLS, as nothing else is served.
     assert "tls=mutual" in cluster["serve"].log()
 
