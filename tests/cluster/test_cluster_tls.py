@@ -2,8 +2,7 @@
 append ports, ``serve --cluster`` with TLS on its own ports whose ledger writes and reads reach
 the node over TLS (``--tls-ca``, showing its own certificate), a router, and a frontend with TLS
 proxying to it over TLS. The official client publishes and pulls through the frontend (and REST
-answers on its HTTPS port); a
-plaintext client reaches neither the node nor the frontend."""
+answers on its HTTPS port); a plaintext client reaches neither the node nor the frontend."""
 
 from __future__ import annotations
 
