@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import socket
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +25,7 @@ from pubsubd import node, runtime
 from pubsubd.acks.replicated import cursor_source, restore_journal
 from pubsubd.api.grpc import (
     admin,
+    authn,
     forwarder_service,
     liveness,
     publisher,
@@ -31,6 +34,7 @@ from pubsubd.api.grpc import (
     sources_service,
     subscriber,
 )
+from pubsubd.api.grpc import tls as grpc_tls
 from pubsubd.api.rest import RestFront, local_target
 from pubsubd.config import ClusterConfig, ServerConfig
 from pubsubd.control.expiry import Maintenance
@@ -46,6 +50,7 @@ from pubsubd.core.errors import AlreadyExists, Unavailable
 from pubsubd.core.flow_control import MemoryBudget
 from pubsubd.core.records import DamagedRange
 from pubsubd.core.release import version
+from pubsubd.core.tokens import TokenVerifier
 from pubsubd.dashboard import Dashboard
 from pubsubd.data.load_report import LoadReporter
 from pubsubd.data.ownership import SubscriptionOwnership, TopicOwnership
@@ -69,6 +74,7 @@ from pubsubd.storage.metadata import (
     SqliteMetadataStore,
     SubscriptionRecord,
 )
+from pubsubd.storage.node_client import new_channel
 from pubsubd.storage.zk_metadata import ZooKeeperMetadataStore
 
 log = logging.getLogger(__name__)
@@ -195,12 +201,20 @@ class PubsubServer:
         self._unregister_backlog = sli.register_backlog(self._backlogs)
         # The web dashboard: its JSON API (dashboard.py) and pages on the HTTP port.
         self.dashboard = Dashboard(self)
+        # Authentication (--auth-*): one verifier, so one cache of checked tokens, for the
+        # gRPC port, the HTTP port and the Pulsar port.
+        self.verifier = TokenVerifier(config.tokens) if config.tokens is not None else None
+        # With TLS on, the REST and Pulsar fronts reach this process's gRPC API over a Unix
+        # socket in a directory only this user can open (mkdtemp: mode 0700), not over TLS.
+        self._local_dir: str | None = None
+        self.local_target = ""
         self.http = HttpEndpoint(
             self.status,
             self.disk.problem,
             {"/alerts": lambda: self.slo.alerts(time.monotonic())},
             api_routes=self.dashboard.routes(),
             pages=DASHBOARD_PAGES,
+            authenticate=self.verifier.principal if self.verifier is not None else None,
         )
         self.port = 0
         self.http_port = 0
@@ -226,7 +240,10 @@ class PubsubServer:
         self._slo_task = asyncio.create_task(self._slo_loop(), name="slo_monitor")
         self.dashboard.start()
         self._damage_gauges()
-        server = grpc.aio.server(options=GRPC_OPTIONS)
+        server = grpc.aio.server(
+            options=GRPC_OPTIONS,
+            interceptors=[authn.AuthInterceptor(self.verifier)] if self.verifier else None,
+        )
         server.add_generic_rpc_handlers(
             [
                 publisher.handlers(
@@ -261,9 +278,19 @@ class PubsubServer:
                 schema.handlers(schema.SchemaServicer(self.catalog)),
             ]
         )
-        self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        address = f"{self.config.host}:{self.config.port}"
+        tls = self.config.tls
+        if tls is None:
+            self.port = server.add_insecure_port(address)
+        else:
+            self.port = server.add_secure_port(address, grpc_tls.server_credentials(tls))
+            self._local_dir = tempfile.mkdtemp(prefix="pubsubd-")
+            self.local_target = f"unix:{self._local_dir}/grpc.sock"
+            server.add_insecure_port(self.local_target)
         if self.port == 0:
-            raise OSError(f"cannot bind gRPC port {self.config.host}:{self.config.port}")
+            raise OSError(f"cannot bind gRPC port {address}")
+        if tls is None:
+            self.local_target = local_target(self.config.host, self.port)
         await server.start()
         self.grpc_server = server
         if self.cluster is not None:
@@ -279,12 +306,19 @@ class PubsubServer:
         )
         if self.config.http_port >= 0:
             # REST v1 on the HTTP port: each call goes to this process's gRPC port.
-            self.rest = RestFront(local_target(self.config.host, self.port), MAX_RECEIVE_BYTES)
+            self.rest = RestFront(self.local_target, MAX_RECEIVE_BYTES)
             self.http.rest = self.rest.handle
-            self.http_port = await self.http.start(self.config.host, self.config.http_port)
+            self.http_port = await self.http.start(
+                self.config.host, self.config.http_port, ssl=tls.context() if tls else None
+            )
         if self.config.pulsar_port >= 0:
             # A gateway to this process's own gRPC API (pulsar/__init__.py).
-            self.pulsar = PulsarServer(f"{self.config.host}:{self.port}", f"pubsubd-{version()}")
+            self.pulsar = PulsarServer(
+                self.local_target,
+                f"pubsubd-{version()}",
+                ssl=tls.context() if tls else None,
+                verifier=self.verifier,
+            )
             self.pulsar_port = await self.pulsar.start(self.config.host, self.config.pulsar_port)
         if self.config.prober_interval_s > 0:
             self.prober = ProbeLoop(
@@ -294,7 +328,7 @@ class PubsubServer:
             )
             self.prober.start()
         log.info(
-            "pubsubd ready grpc=%s:%d http=%s:%d pulsar=%d data_dir=%s fsync=%s%s",
+            "pubsubd ready grpc=%s:%d http=%s:%d pulsar=%d data_dir=%s fsync=%s tls=%s auth=%s%s",
             self.config.host,
             self.port,
             self.config.host,
@@ -302,6 +336,8 @@ class PubsubServer:
             self.pulsar_port,
             self.config.storage.data_dir,
             self.config.storage.fsync.value,
+            "off" if tls is None else "mutual" if tls.client_ca else "on",
+            "off" if self.verifier is None else "token",
             "" if self.cluster is None else f" cluster={self.cluster.coordinator.hosts}",
         )
         if self.auditor is not None:
@@ -416,7 +452,7 @@ class PubsubServer:
             raise Unavailable(f"no forwarder owns topic storage {topic_uid} yet")
         channel = self._publish_channels.get(address)
         if channel is None:
-            channel = self._publish_channels[address] = grpc.aio.insecure_channel(address)
+            channel = self._publish_channels[address] = new_channel(address)
         try:
             await channel.unary_unary("/google.pubsub.v1.Publisher/Publish")(request, timeout=30)
         except grpc.aio.AioRpcError as e:
@@ -477,6 +513,8 @@ class PubsubServer:
         await self.http.close()
         if self.rest is not None:
             await self.rest.close()
+        if self._local_dir is not None:
+            shutil.rmtree(self._local_dir, ignore_errors=True)
         await self.publishing.close()
         self.store.close()
         if self.cluster is not None:

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from pubsubd.core.tls import ServerTls
+from pubsubd.core.tokens import TokenSettings, load_static_tokens
 from pubsubd.data.subscribe.budget import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES
 from pubsubd.storage.cache_budget import DEFAULT_PROCESS_CACHE_BYTES
 from pubsubd.storage.ledgers.repair import RepairSettings
@@ -97,6 +99,11 @@ class ServerConfig:
     log_cache_bytes: int = DEFAULT_PROCESS_CACHE_BYTES
     # Probe this server's own endpoint every so many seconds (prober/loop.py; 0 = off).
     prober_interval_s: float = 0.0
+    # TLS on every listener (gRPC, HTTP, Pulsar); None: plaintext (the default, like the
+    # emulator). See with_security.
+    tls: ServerTls | None = None
+    # Bearer-token authentication (core/tokens.py); None: every caller is anonymous.
+    tokens: TokenSettings | None = None
     # None: one machine (embedded metadata, local disks). Set: metadata in ZooKeeper and every
     # publish message source replicated on storage nodes (storage/ledgers/).
     cluster: ClusterConfig | None = None
@@ -218,3 +225,40 @@ def _replicas(value: str) -> int:
     if not 1 <= replicas <= 15:
         raise ValueError(f"replicas must be between 1 and 15, not {value!r}")
     return replicas
+
+
+def with_security(
+    cfg: ServerConfig,
+    *,
+    tls_cert: Path | None = None,
+    tls_key: Path | None = None,
+    tls_client_ca: Path | None = None,
+    auth_secret_file: Path | None = None,
+    auth_public_key: Path | None = None,
+    auth_tokens_file: Path | None = None,
+    auth_audience: str | None = None,
+    auth_issuer: str | None = None,
+) -> ServerConfig:
+    """``cfg`` with TLS (a certificate and its key, optionally a client CA for mutual TLS)
+    and authentication (an HS256 secret file, an RS256 public key, a static tokens file: any
+    of them turns it on). Every file is read and checked here: ValueError names a bad one."""
+    tls = cfg.tls
+    if tls_cert is not None or tls_key is not None or tls_client_ca is not None:
+        if tls_cert is None or tls_key is None:
+            raise ValueError("TLS needs both --tls-cert and --tls-key")
+        tls = ServerTls(tls_cert, tls_key, tls_client_ca).check()
+    tokens = cfg.tokens
+    if auth_secret_file is not None or auth_public_key is not None or auth_tokens_file is not None:
+        try:
+            tokens = TokenSettings(
+                secret=auth_secret_file.read_bytes().strip() if auth_secret_file else None,
+                public_key=auth_public_key.read_bytes() if auth_public_key else None,
+                static_tokens=load_static_tokens(auth_tokens_file) if auth_tokens_file else {},
+                audience=auth_audience or None,
+                issuer=auth_issuer or None,
+            )
+        except OSError as e:
+            raise ValueError(f"authentication: {e}") from None
+    elif auth_audience or auth_issuer:
+        raise ValueError("--auth-audience and --auth-issuer need a secret or a public key")
+    return replace(cfg, tls=tls, tokens=tokens)

@@ -23,6 +23,7 @@ from rich.table import Table
 from pubsubd import config as config_mod
 from pubsubd.cli.cluster import cluster_app
 from pubsubd.cli.routing import routing_app
+from pubsubd.cli.security import certs_app, tokens_app
 from pubsubd.cli.slo import alerts, slo_app
 from pubsubd.storage.log import FsyncPolicy
 
@@ -38,6 +39,8 @@ app.add_typer(cursors_app, name="cursors")
 app.add_typer(cluster_app, name="cluster")
 app.add_typer(routing_app, name="routing")
 app.add_typer(slo_app, name="slo")
+app.add_typer(certs_app, name="certs")
+app.add_typer(tokens_app, name="tokens")
 app.command("alerts")(alerts)
 
 # Piped output is not cut to 80 columns: names must stay whole for grep and scripts.
@@ -52,6 +55,50 @@ Project = Annotated[str, typer.Option(envvar="PUBSUB_PROJECT_ID", help="project 
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
 ClusterOption = Annotated[
     str, typer.Option("--cluster", envvar="PUBSUBD_CLUSTER", help="ZooKeeper connect string")
+]
+TlsCert = Annotated[
+    Path | None,
+    typer.Option(envvar="PUBSUBD_TLS_CERT", help="TLS on every port: the certificate (PEM)"),
+]
+TlsKey = Annotated[
+    Path | None, typer.Option(envvar="PUBSUBD_TLS_KEY", help="the certificate's key (PEM)")
+]
+TlsClientCa = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="PUBSUBD_TLS_CLIENT_CA", help="mutual TLS: the CA client certificates chain to"
+    ),
+]
+TlsCa = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="PUBSUBD_TLS_CA",
+        help="a cluster speaking TLS: the CA this process's clients of the others trust",
+    ),
+]
+AuthSecretFile = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="PUBSUBD_AUTH_SECRET_FILE", help="authentication: HS256 JWTs signed with this"
+    ),
+]
+AuthPublicKey = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="PUBSUBD_AUTH_PUBLIC_KEY", help="authentication: RS256 JWTs (PEM public key)"
+    ),
+]
+AuthTokensFile = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="PUBSUBD_AUTH_TOKENS_FILE", help="authentication: static 'TOKEN SUBJECT' lines"
+    ),
+]
+AuthAudience = Annotated[
+    str | None, typer.Option(envvar="PUBSUBD_AUTH_AUDIENCE", help="JWTs must carry this aud")
+]
+AuthIssuer = Annotated[
+    str | None, typer.Option(envvar="PUBSUBD_AUTH_ISSUER", help="JWTs must carry this iss")
 ]
 ZkSessionOption = Annotated[
     float, typer.Option(envvar="PUBSUBD_ZK_SESSION_TIMEOUT_S", help="ZooKeeper session, s")
@@ -96,9 +143,19 @@ def serve(
         float | None,
         typer.Option(help="probe this server's own endpoint every N seconds (0 = off, default)"),
     ] = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_client_ca: TlsClientCa = None,
+    tls_ca: TlsCa = None,
+    auth_secret_file: AuthSecretFile = None,
+    auth_public_key: AuthPublicKey = None,
+    auth_tokens_file: AuthTokensFile = None,
+    auth_audience: AuthAudience = None,
+    auth_issuer: AuthIssuer = None,
 ) -> None:
     """Run every role of the service in one process: with embedded storage, or (--cluster)
-    over ZooKeeper and storage nodes."""
+    over ZooKeeper and storage nodes. TLS and authentication are off unless --tls-* and
+    --auth-* say otherwise (README, "TLS and authentication")."""
     from pubsubd import app as server_app
     from pubsubd.observability.logging import setup
     from pubsubd.observability.slo import SloFileError, load_slo
@@ -111,6 +168,21 @@ def serve(
         cfg = replace(cfg, prober_interval_s=prober_interval)
     if pulsar_port is not None:
         cfg = replace(cfg, pulsar_port=pulsar_port)
+    try:
+        cfg = config_mod.with_security(
+            cfg,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            tls_client_ca=tls_client_ca,
+            auth_secret_file=auth_secret_file,
+            auth_public_key=auth_public_key,
+            auth_tokens_file=auth_tokens_file,
+            auth_audience=auth_audience,
+            auth_issuer=auth_issuer,
+        )
+        _internal_tls(tls_ca, tls_cert, tls_key)
+    except ValueError as e:
+        _fail(e)
     try:
         load_slo(cfg.slo_file)  # a bad file stops here, with its error, before anything starts
     except SloFileError as e:
@@ -197,6 +269,10 @@ def forwarder(
     subscribing: Annotated[
         bool, typer.Option(help="serve subscriptions the routers assign")
     ] = True,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_client_ca: TlsClientCa = None,
+    tls_ca: TlsCa = None,
 ) -> None:
     """A forwarder of a cluster: serves the topics and subscriptions the routers' assignment
     gives it, taking them over and handing them on as the assignment moves; calls for others
@@ -227,6 +303,13 @@ def forwarder(
     # No Pulsar front on a forwarder: its LOOKUP would have to name the topic's owner, which
     # is not built (README, "Not built yet"); several forwarders on a host would collide on 6650.
     cfg = replace(cfg, pulsar_port=-1)
+    try:
+        cfg = config_mod.with_security(
+            cfg, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca
+        )
+        _internal_tls(tls_ca, tls_cert, tls_key)
+    except ValueError as e:
+        _fail(e)
     server_app.run(cfg)
 
 
@@ -264,13 +347,22 @@ def storage(
         ),
     ] = 0,
     log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_client_ca: TlsClientCa = None,
 ) -> None:
-    """Run a storage node: ledgers on its data directories, served to the cluster over gRPC."""
+    """Run a storage node: ledgers on its data directories, served to the cluster over gRPC
+    (with --tls-*: TLS on its gRPC, append and HTTP ports; --tls-client-ca: mutual TLS)."""
     from pubsubd.observability.logging import setup
     from pubsubd.storagenode.main import StartupError, StorageNodeConfig, run
 
     setup(log_level)
+    try:
+        tls = _server_tls(tls_cert, tls_key, tls_client_ca)
+    except ValueError as e:
+        _fail(e)
     config = StorageNodeConfig(
+        tls=tls,
         data_dirs=data_dir,
         port=port,
         http_port=http_port,
@@ -306,6 +398,10 @@ def router(
     zk_session_timeout: ZkSessionOption = 10.0,
     pid_file: Annotated[Path | None, typer.Option(help="write the PID here when ready")] = None,
     log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_client_ca: TlsClientCa = None,
+    tls_ca: TlsCa = None,
 ) -> None:
     """Run a router: active/standby, it assigns publish message sources and subscriptions to
     forwarders (bounded-load consistent hashing) and publishes the lists in ZooKeeper."""
@@ -314,7 +410,9 @@ def router(
 
     setup(log_level)
     try:
+        _internal_tls(tls_ca, tls_cert, tls_key)
         config = RouterConfig(
+            tls=_server_tls(tls_cert, tls_key, tls_client_ca),
             zk=cluster,
             zk_root=zk_root,
             router_id=router_id,
@@ -345,6 +443,10 @@ def frontend(
     zk_session_timeout: ZkSessionOption = 10.0,
     pid_file: Annotated[Path | None, typer.Option(help="write the PID here when ready")] = None,
     log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_client_ca: TlsClientCa = None,
+    tls_ca: TlsCa = None,
 ) -> None:
     """Run a frontend: a stateless proxy that sends each client call to the forwarder the
     routers assigned its topic or subscription to."""
@@ -353,8 +455,14 @@ def frontend(
 
     setup(log_level)
     try:
+        _internal_tls(tls_ca, tls_cert, tls_key)
+        tls = _server_tls(tls_cert, tls_key, tls_client_ca)
+    except ValueError as e:
+        _fail(e)
+    try:
         run(
             FrontendConfig(
+                tls=tls,
                 zk=cluster,
                 zk_root=zk_root,
                 frontend_id=frontend_id,
@@ -457,6 +565,26 @@ def _clients(endpoint: str) -> tuple[Any, Any]:
 
 def _name(project: str, kind: str, name: str) -> str:
     return name if name.startswith("projects/") else f"projects/{project}/{kind}/{name}"
+
+
+def _server_tls(cert: Path | None, key: Path | None, client_ca: Path | None) -> Any:
+    """A cluster process's listeners' TLS (core.tls.ServerTls), None when off."""
+    if cert is None and key is None and client_ca is None:
+        return None
+    if cert is None or key is None:
+        raise ValueError("TLS needs both --tls-cert and --tls-key")
+    from pubsubd.core.tls import ServerTls
+
+    return ServerTls(cert, key, client_ca).check()
+
+
+def _internal_tls(ca: Path | None, cert: Path | None, key: Path | None) -> None:
+    """With --tls-ca, this process's clients of the cluster's other processes speak TLS,
+    trusting that CA and showing the process's own certificate (for mutual TLS)."""
+    from pubsubd.core.tls import INTERNAL, ClientTls
+
+    if ca is not None:
+        INTERNAL.configure(ClientTls(ca, cert, key))
 
 
 def _fail(e: Exception) -> None:

@@ -53,6 +53,11 @@ class AckIdsInvalid(InvalidArgument):
         )
 
 
+class Unauthenticated(PubsubError):
+    """The call carried no valid credentials (authentication is on): a missing, malformed,
+    badly signed, expired or not-yet-valid bearer token; the message says which."""
+
+
 class NotFound(PubsubError):
     """A named resource does not exist."""
 

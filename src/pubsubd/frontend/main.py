@@ -21,8 +21,10 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import socket
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ import grpc
 from prometheus_client import Gauge
 
 from pubsubd import runtime
+from pubsubd.api.grpc import tls as grpc_tls
 from pubsubd.api.rest import RestFront, local_target
 from pubsubd.control.routing_table import Forwarder
 from pubsubd.control.routing_views import NamesView, RoutingView
@@ -39,6 +42,7 @@ from pubsubd.coordination.paths import DEFAULT_ROOT
 from pubsubd.coordination.registration import Registration, as_json
 from pubsubd.coordination.zk import Coordinator
 from pubsubd.core.release import version
+from pubsubd.core.tls import ServerTls
 from pubsubd.frontend.proxy import Proxy
 from pubsubd.frontend.targets import resource_name, targets
 from pubsubd.observability import metrics
@@ -66,6 +70,9 @@ class FrontendConfig:
     http_port: int = -1
     zk_session_timeout_s: float = 10.0
     pid_file: Path | None = None
+    # TLS on its gRPC and HTTP ports (core/tls.py); its proxy's channels to forwarders follow
+    # core.tls.INTERNAL (--tls-ca).
+    tls: ServerTls | None = None
 
 
 class Frontend:
@@ -85,6 +92,7 @@ class Frontend:
         self.port = 0
         self.http_port = 0
         self.frontend_id = config.frontend_id or ""
+        self._local_dir: str | None = None  # with TLS: the REST front's Unix socket
 
     def choose(self, method: str, request: bytes) -> list[Forwarder]:
         return targets(
@@ -123,7 +131,18 @@ class Frontend:
             ]
         )
         server.add_generic_rpc_handlers([self.proxy])
-        self.port = server.add_insecure_port(f"{config.host}:{config.port}")
+        tls = config.tls
+        if tls is None:
+            self.port = server.add_insecure_port(f"{config.host}:{config.port}")
+            rest_target = local_target(config.host, self.port)
+        else:
+            self.port = server.add_secure_port(
+                f"{config.host}:{config.port}", grpc_tls.server_credentials(tls)
+            )
+            # The REST front reaches the proxy over a Unix socket only this user can open.
+            self._local_dir = tempfile.mkdtemp(prefix="pubsubd-frontend-")
+            rest_target = f"unix:{self._local_dir}/grpc.sock"
+            server.add_insecure_port(rest_target)
         if self.port == 0:
             raise StartupError(f"cannot bind gRPC port {config.host}:{config.port}")
         self.frontend_id = config.frontend_id or f"{socket.gethostname()}-{self.port}"
@@ -146,9 +165,11 @@ class Frontend:
         self.server = server
         if config.http_port >= 0:
             # REST v1 on the HTTP port, through this frontend's own gRPC port (its proxy).
-            self.rest = RestFront(local_target(config.host, self.port), MAX_MESSAGE_BYTES)
+            self.rest = RestFront(rest_target, MAX_MESSAGE_BYTES)
             self.http.rest = self.rest.handle
-            self.http_port = await self.http.start(config.host, config.http_port)
+            self.http_port = await self.http.start(
+                config.host, config.http_port, ssl=tls.context() if tls else None
+            )
         if config.pid_file is not None:
             config.pid_file.write_text(f"{os.getpid()}\n")
         http = f" http={config.host}:{self.http_port}" if config.http_port >= 0 else ""
@@ -193,6 +214,8 @@ class Frontend:
         await self.http.close()
         if self.rest is not None:
             await self.rest.close()
+        if self._local_dir is not None:
+            shutil.rmtree(self._local_dir, ignore_errors=True)
         await self.zk.stop()
         if self.config.pid_file is not None:
             self.config.pid_file.unlink(missing_ok=True)

@@ -42,6 +42,7 @@ from pubsubd.core.errors import NOT_SERVED_HERE, STREAM_ACCEPTED
 from pubsubd.core.pb import PullResponse, StreamingPullResponse
 from pubsubd.frontend.targets import resource_name
 from pubsubd.observability.sli import CONTROL_PLANE_METHODS, PUBLISH_METHODS, PULL_METHODS
+from pubsubd.storage.node_client import new_channel
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +143,7 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]
     def channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            channel = new_channel(address, CHANNEL_OPTIONS)  # TLS when the cluster speaks it
             self._channels[address] = channel
         return channel
 

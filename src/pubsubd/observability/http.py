@@ -14,6 +14,13 @@ Connections are HTTP/1.1 with keep-alive (``http_conn.py``: h11, bounded heads a
 Paths under ``/v1/`` go to the REST front when one is given (``rest``: api/rest/front.py);
 every other path answers GET (and HEAD) only.
 
+With authentication on (``authenticate``: the process's token check, core/tokens.py), every
+path but :data:`OPEN_PATHS` (/healthz, /readyz: probes carry no token) needs
+``Authorization: Bearer T``; a request without a valid one answers 401 with Google's JSON error
+body and a ``WWW-Authenticate: Bearer`` header, before anything else is looked at. The REST
+front passes the header on to the gRPC call, so the call runs as the same caller. With TLS
+(``start(..., ssl=...)``) the port speaks HTTPS only.
+
 Files are served only by exact known names (:data:`STATIC_FILES`, under ``/static/``): a path
 never reaches the file system, so no request can read anything else. An API handler raising
 ``LookupError`` answers 404, ``ValueError`` 400, both as ``{"error": ...}``.
@@ -27,11 +34,13 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from ssl import SSLContext
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from pubsubd.core.errors import Unauthenticated
 from pubsubd.observability.http_conn import Handler, Request, Response, serve_connection
 
 log = logging.getLogger(__name__)
@@ -53,6 +62,8 @@ STATIC_FILES = {
     "vendor/uplot/LICENSE": "text/plain; charset=utf-8",
 }
 HTML = "text/html; charset=utf-8"
+# Paths that answer without a token when authentication is on: liveness and readiness probes.
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 
 Query = Mapping[str, str]
 ApiHandler = Callable[[Query], Any | Awaitable[Any]]
@@ -75,6 +86,7 @@ class HttpEndpoint:
         api_routes: dict[str, ApiHandler] | None = None,
         pages: dict[str, str] | None = None,
         rest: Handler | None = None,
+        authenticate: Callable[[str | None], object] | None = None,
     ) -> None:
         self._status = status
         self._problem = problem  # a degraded condition to name in /healthz, /readyz
@@ -83,11 +95,15 @@ class HttpEndpoint:
         self._pages = dict(pages or {})  # path -> HTML file name in STATIC_DIR
         self._files: dict[str, bytes] = {}  # read once, on first use
         self.rest = rest  # the REST front's handler for /v1/... (api/rest/front.py)
+        # Checks an Authorization header, raising Unauthenticated (None: authentication off).
+        self.authenticate = authenticate
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
 
-    async def start(self, host: str, port: int) -> int:
-        self._server = await asyncio.start_server(self._handle, host, port)
+    async def start(self, host: str, port: int, ssl: SSLContext | None = None) -> int:
+        """Listen on host:port (0: any free port), with TLS when ``ssl`` is given; the bound
+        port."""
+        self._server = await asyncio.start_server(self._handle, host, port, ssl=ssl)
         return int(self._server.sockets[0].getsockname()[1])
 
     async def close(self) -> None:
@@ -151,6 +167,10 @@ class HttpEndpoint:
         return MAX_REST_BODY if self._is_rest(target) else MAX_OTHER_BODY
 
     async def _dispatch(self, request: Request) -> Response:
+        if self.authenticate is not None:
+            refused = self._refuse(request)
+            if refused is not None:
+                return refused
         if self.rest is not None and self._is_rest(request.target):
             return await self.rest(request)
         if request.method not in ("GET", "HEAD"):
@@ -161,6 +181,20 @@ class HttpEndpoint:
             log.exception("HTTP GET %s failed", request.target[:200])
             code, ctype, body = "500 Internal Server Error", "text/plain", b"error\n"
         return Response(int(code.split(" ", 1)[0]), ctype, body, NO_CACHE)
+
+    def _refuse(self, request: Request) -> Response | None:
+        """401 for a request that needs a token and has no valid one; None to go on."""
+        assert self.authenticate is not None
+        if parse_target(request.target)[0] in OPEN_PATHS:
+            return None
+        try:
+            self.authenticate(request.headers.get("authorization"))
+        except Unauthenticated as e:
+            error = {"code": 401, "message": str(e), "status": "UNAUTHENTICATED"}
+            body = (json.dumps({"error": error}, indent=2) + "\n").encode()
+            headers = (("WWW-Authenticate", "Bearer"), *NO_CACHE)
+            return Response(401, "application/json; charset=UTF-8", body, headers)
+        return None
 
 
 def _error(status: int, text: str) -> Response:

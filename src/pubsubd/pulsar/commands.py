@@ -76,6 +76,8 @@ def lookup_connect(request_id: int, url: str) -> bytes:
     r.request_id = request_id
     r.response = r.Connect
     r.brokerServiceUrl = url
+    if url.startswith("pulsar+ssl://"):  # a TLS client reads this one
+        r.brokerServiceUrlTls = url
     r.authoritative = True
     return frame(cmd)
 

@@ -5,6 +5,13 @@ after it); a business error answers its request with an ERROR (or the command's 
 field) and the connection stays. Commands that reach the gRPC API run as tasks, so a slow call
 never holds up PINGs or acks; the per-producer and per-consumer order is kept by their own
 objects (producers.py, consumers.py).
+
+Authentication: with a token verifier (authentication on), CONNECT must carry
+``auth_method_name`` "token" and the JWT (or static token) in ``auth_data``, as the
+pulsar-client's ``AuthenticationToken`` sends; anything else is answered with an ERROR of
+AuthenticationError and the connection ends. The token then goes with every gRPC call the
+connection makes (``Gateway.as_caller``). Without a verifier a "token" CONNECT is accepted and
+its token passed on all the same (the gRPC port ignores it).
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from pubsubd.core import queue_settings
+from pubsubd.core.errors import Unauthenticated
+from pubsubd.core.tokens import TokenVerifier
 from pubsubd.pulsar import commands, frames, names
 from pubsubd.pulsar.api import BaseCommand, CommandSubscribe, ServerError, Type
 from pubsubd.pulsar.consumers import Consumer, check_subscription
@@ -41,8 +50,17 @@ SUBSCRIPTION_TYPES = {
 class ServerState:
     """What the connections of one server share."""
 
-    def __init__(self, gateway: Gateway, incarnation: str, server_version: str) -> None:
+    def __init__(
+        self,
+        gateway: Gateway,
+        incarnation: str,
+        server_version: str,
+        verifier: TokenVerifier | None = None,
+        tls: bool = False,
+    ) -> None:
         self.gateway = gateway
+        self.verifier = verifier  # None: authentication off
+        self.tls = tls  # the port speaks TLS: lookups answer pulsar+ssl:// URLs
         self.incarnation = incarnation  # part of every dedup ID (see producers.py)
         self.server_version = server_version
         # (topic, producer name) -> highest sequence ID stored by this process, for
@@ -65,7 +83,7 @@ class Connection:
         self.consumers: dict[int, Consumer] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         host, port = writer.get_extra_info("sockname")[:2]
-        self.url = f"pulsar://{host}:{port}"
+        self.url = f"pulsar+ssl://{host}:{port}" if state.tls else f"pulsar://{host}:{port}"
         self._handlers: dict[int, Callable[[Any, frames.Frame], None]] = {
             Type.Value("CONNECT"): self._connect,
             Type.Value("PING"): lambda c, f: self.write(commands.pong()),
@@ -182,10 +200,22 @@ class Connection:
     def _connect(self, cmd: Any, frame: frames.Frame) -> None:
         if self.connected:
             raise PulsarError("NotAllowedError", "already connected")
-        if cmd.connect.auth_method_name not in ("", "none"):
-            self._fatal(f"authentication {cmd.connect.auth_method_name!r} is not supported")
+        method = cmd.connect.auth_method_name
+        token = cmd.connect.auth_data.decode(errors="replace") if method == "token" else ""
+        try:
+            if method not in ("", "none", "token"):
+                raise Unauthenticated(f"authentication {method!r} is not supported; use token")
+            if self.state.verifier is not None:
+                if not token:
+                    raise Unauthenticated("this server needs a token (AuthenticationToken)")
+                self.state.verifier.verify(token)
+        except Unauthenticated as e:
+            log.info("pulsar connection %d refused: %s", self.id, e)
+            self.write(commands.error(0, ServerError.Value("AuthenticationError"), str(e)))
             self.writer.close()  # the read loop ends with the connection
             return
+        if token:
+            self.gateway = self.state.gateway.as_caller(token)
         self.connected = True
         self.write(commands.connected(cmd.connect.protocol_version, self.state.server_version))
 

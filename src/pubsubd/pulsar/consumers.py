@@ -71,7 +71,9 @@ class Consumer:
                 client_id=self.client_id,
             )
         )
-        self._call = self.gateway.streaming_pull(requests_from(self._requests))
+        self._call = self.gateway.streaming_pull(
+            requests_from(self._requests), metadata=self.gateway.metadata
+        )
         headers = await self._call.initial_metadata()
         if STREAM_ACCEPTED not in tuple(headers or ()):
             code = await self._call.code()

@@ -3,10 +3,15 @@
 One channel per server; every Pulsar command that touches topics, subscriptions or messages
 becomes one of these calls, so the Pub/Sub API's rules (validation, quotas, dedup, delivery,
 leases, subscription types) apply unchanged. gRPC errors become PulsarError (errors.py).
+
+With authentication on, each connection's calls carry the token its CONNECT presented
+(:meth:`Gateway.as_caller`: the same channel, the token as ``authorization`` metadata), so the
+gRPC handlers check it, and run as that caller, as for any other client.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -29,6 +34,7 @@ _OPTIONS = [
 class Gateway:
     def __init__(self, address: str) -> None:
         self.channel = grpc.aio.insecure_channel(address, options=_OPTIONS)
+        self.metadata: tuple[tuple[str, str], ...] | None = None  # sent with every call
         ch = self.channel
         self._create_topic = ch.unary_unary(
             _PUBLISHER + "CreateTopic", pb.Topic.SerializeToString, pb.Topic.FromString
@@ -78,16 +84,22 @@ class Gateway:
     async def close(self) -> None:
         await self.channel.close()
 
+    def as_caller(self, token: str) -> Gateway:
+        """This gateway (its channel) making every call with ``token`` as its credentials."""
+        view = copy.copy(self)
+        view.metadata = (("authorization", f"Bearer {token}"),)
+        return view
+
     async def ensure_topic(self, topic: str) -> None:
         """Pulsar creates topics on first use: get the topic, create it when missing."""
         try:
-            await self._get_topic(pb.GetTopicRequest(topic=topic))
+            await self._get_topic(pb.GetTopicRequest(topic=topic), metadata=self.metadata)
             return
         except grpc.aio.AioRpcError as e:
             if e.code() != grpc.StatusCode.NOT_FOUND:
                 raise errors.from_rpc_error(e) from e
         try:
-            await self._create_topic(pb.Topic(name=topic))
+            await self._create_topic(pb.Topic(name=topic), metadata=self.metadata)
         except grpc.aio.AioRpcError as e:
             if e.code() != grpc.StatusCode.ALREADY_EXISTS:
                 raise errors.from_rpc_error(e) from e
@@ -96,7 +108,8 @@ class Gateway:
         """PublishDeduplicated: the message IDs in order (the original ID for a duplicate)."""
         try:
             response = await self._publish(
-                replay_pb2.PublishDeduplicatedRequest(topic=topic, messages=messages)
+                replay_pb2.PublishDeduplicatedRequest(topic=topic, messages=messages),
+                metadata=self.metadata,
             )
         except grpc.aio.AioRpcError as e:
             raise errors.from_rpc_error(e) from e
@@ -104,7 +117,9 @@ class Gateway:
 
     async def topic_ranges(self, topic: str) -> Any:
         try:
-            return await self._ranges(replay_pb2.GetTopicRangesRequest(topic=topic))
+            return await self._ranges(
+                replay_pb2.GetTopicRangesRequest(topic=topic), metadata=self.metadata
+            )
         except grpc.aio.AioRpcError as e:
             raise errors.from_rpc_error(e) from e
 
@@ -113,7 +128,9 @@ class Gateway:
     ) -> tuple[Any, bool]:
         """The subscription, created on ``topic`` with ``labels`` when missing; (it, created)."""
         try:
-            return await self._get_sub(pb.GetSubscriptionRequest(subscription=subscription)), False
+            return await self._get_sub(
+                pb.GetSubscriptionRequest(subscription=subscription), metadata=self.metadata
+            ), False
         except grpc.aio.AioRpcError as e:
             if e.code() != grpc.StatusCode.NOT_FOUND:
                 raise errors.from_rpc_error(e, subscription=True) from e
@@ -121,7 +138,7 @@ class Gateway:
             name=subscription, topic=topic, labels=labels, ack_deadline_seconds=60
         )
         try:
-            return await self._create_sub(request), True
+            return await self._create_sub(request, metadata=self.metadata), True
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.ALREADY_EXISTS:  # a concurrent subscribe won
                 return await self.get_or_create_subscription(subscription, topic, labels)
@@ -129,7 +146,9 @@ class Gateway:
 
     async def delete_subscription(self, subscription: str) -> None:
         try:
-            await self._delete_sub(pb.DeleteSubscriptionRequest(subscription=subscription))
+            await self._delete_sub(
+                pb.DeleteSubscriptionRequest(subscription=subscription), metadata=self.metadata
+            )
         except grpc.aio.AioRpcError as e:
             raise errors.from_rpc_error(e, subscription=True) from e
 
@@ -142,14 +161,16 @@ class Gateway:
                 ack_deadline_seconds=0,
             )
             try:
-                await self._modack(request)
+                await self._modack(request, metadata=self.metadata)
             except grpc.aio.AioRpcError as e:
                 raise errors.from_rpc_error(e, subscription=True) from e
 
     async def seek_time(self, subscription: str, millis: int) -> None:
         ts = timestamp_pb2.Timestamp(seconds=millis // 1000, nanos=(millis % 1000) * 1_000_000)
         try:
-            await self._seek(pb.SeekRequest(subscription=subscription, time=ts))
+            await self._seek(
+                pb.SeekRequest(subscription=subscription, time=ts), metadata=self.metadata
+            )
         except grpc.aio.AioRpcError as e:
             raise errors.from_rpc_error(e, subscription=True) from e
 

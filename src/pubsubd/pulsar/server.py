@@ -1,4 +1,8 @@
-"""The Pulsar port: accepts connections and serves each (connection.py) until it closes."""
+"""The Pulsar port: accepts connections and serves each (connection.py) until it closes.
+
+With ``ssl`` the port speaks TLS only (the clients' ``pulsar+ssl://`` URLs); with a token
+``verifier`` every connection must authenticate in its CONNECT (connection.py).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,9 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from ssl import SSLContext
 
+from pubsubd.core.tokens import TokenVerifier
 from pubsubd.pulsar.connection import Connection, ServerState
 from pubsubd.pulsar.gateway import Gateway
 
@@ -14,14 +20,30 @@ log = logging.getLogger(__name__)
 
 
 class PulsarServer:
-    def __init__(self, grpc_address: str, server_version: str) -> None:
-        self.state = ServerState(Gateway(grpc_address), uuid.uuid4().hex[:8], server_version)
+    def __init__(
+        self,
+        grpc_address: str,
+        server_version: str,
+        *,
+        ssl: SSLContext | None = None,
+        verifier: TokenVerifier | None = None,
+    ) -> None:
+        self.state = ServerState(
+            Gateway(grpc_address),
+            uuid.uuid4().hex[:8],
+            server_version,
+            verifier=verifier,
+            tls=ssl is not None,
+        )
+        self._ssl = ssl
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
 
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port (0: any free port); the bound port."""
-        self._server = await asyncio.start_server(self._serve, host, port, limit=1 << 20)
+        self._server = await asyncio.start_server(
+            self._serve, host, port, limit=1 << 20, ssl=self._ssl
+        )
         return int(self._server.sockets[0].getsockname()[1])
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -53,6 +53,7 @@ from pubsubd.coordination.paths import DEFAULT_ROOT
 from pubsubd.coordination.zk import Coordinator
 from pubsubd.core.load import weight
 from pubsubd.core.release import version
+from pubsubd.core.tls import ServerTls
 from pubsubd.observability import metrics
 from pubsubd.observability.http import HttpEndpoint
 from pubsubd.router.liveness import ForwarderWatch
@@ -87,6 +88,7 @@ class RouterConfig:
     colocate: bool = True
     zk_session_timeout_s: float = 10.0
     pid_file: Path | None = None  # written when ready, removed on a clean stop
+    tls: ServerTls | None = None  # TLS on its HTTP port (core/tls.py)
 
     def __post_init__(self) -> None:
         if not self.epsilon > 0:
@@ -155,7 +157,10 @@ class Router:
         self.watch.start()
         metrics.describe_process("router", self.router_id, self.config.zone, version())
         if self.config.http_port >= 0:
-            self.http_port = await self.http.start(self.config.host, self.config.http_port)
+            tls = self.config.tls
+            self.http_port = await self.http.start(
+                self.config.host, self.config.http_port, ssl=tls.context() if tls else None
+            )
         if self.config.pid_file is not None:
             self.config.pid_file.write_text(f"{os.getpid()}\n")
         http = f" http={self.config.host}:{self.http_port}" if self.config.http_port >= 0 else ""

@@ -17,6 +17,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from pubsubd._gen.pubsubd.internal.v1 import storage_pb2 as pb
+from pubsubd.core.tls import INTERNAL
 from pubsubd.storage.node_client import (
     APPEND_PORT_MAGIC,
     MAX_MESSAGE_BYTES,
@@ -71,10 +72,17 @@ class AppendLink:
     async def _connect(self) -> None:
         host, _, port = self.append_address.rpartition(":")
         try:
+            tls = INTERNAL.tls  # the append port speaks TLS when the cluster does
             reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, int(port)), CONNECT_TIMEOUT_S
+                asyncio.open_connection(
+                    host,
+                    int(port),
+                    ssl=tls.context() if tls is not None else None,
+                    server_hostname=host.strip("[]") if tls is not None else None,
+                ),
+                CONNECT_TIMEOUT_S,
             )
-        except (OSError, TimeoutError, ValueError) as e:
+        except (OSError, TimeoutError, ValueError) as e:  # ssl.SSLError is an OSError
             self._backlog.clear()
             self._end(LinkEnded(self.address, grpc.StatusCode.UNAVAILABLE, f"append port: {e}"))
             return

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from pubsubd._gen.pubsubd.internal.v1 import storage_pb2 as pb
+from pubsubd.core.tls import INTERNAL
 from pubsubd.storage.errors import StorageError
 
 if TYPE_CHECKING:
@@ -280,8 +281,15 @@ class NodeHealth:
 # --- the client ------------------------------------------------------------------------------
 
 
-def new_channel(address: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+def new_channel(address: str, options: Any = CHANNEL_OPTIONS) -> grpc.aio.Channel:
+    """A channel to another process of the cluster: TLS when the process's internal clients
+    use it (``core.tls.INTERNAL``), else plaintext. Every internal channel is made here."""
+    tls = INTERNAL.tls
+    if tls is None:
+        return grpc.aio.insecure_channel(address, options=options)
+    ca, key, cert = tls.pems()
+    credentials = grpc.ssl_channel_credentials(ca, key, cert)
+    return grpc.aio.secure_channel(address, credentials, options=options)
 
 
 _U64 = (1 << 64) - 1

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from ssl import SSLContext
 
 from google.protobuf.message import DecodeError
 
@@ -33,8 +34,11 @@ __all__ = ["AppendPort"]
 class AppendPort:
     """A TCP listener taking appends for ``store``; :meth:`start` returns its port."""
 
-    def __init__(self, store: LedgerStore, host: str, port: int = 0) -> None:
+    def __init__(
+        self, store: LedgerStore, host: str, port: int = 0, ssl: SSLContext | None = None
+    ) -> None:
         self.store = store
+        self._ssl = ssl  # TLS when the node's ports speak it
         self.host = host
         self.port = port
         self._server: asyncio.Server | None = None
@@ -47,7 +51,7 @@ class AppendPort:
         return len(self._connections)
 
     async def start(self) -> int:
-        self._server = await asyncio.start_server(self._accept, self.host, self.port)
+        self._server = await asyncio.start_server(self._accept, self.host, self.port, ssl=self._ssl)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 

@@ -28,10 +28,12 @@ from typing import Any
 import grpc
 
 from pubsubd import runtime
+from pubsubd.api.grpc import tls as grpc_tls
 from pubsubd.coordination.errors import CoordinationError
 from pubsubd.coordination.paths import DEFAULT_ROOT
 from pubsubd.coordination.registration import Registration, as_json, storage_info_changed
 from pubsubd.core.release import version
+from pubsubd.core.tls import ServerTls
 from pubsubd.observability.http import HttpEndpoint
 from pubsubd.observability.metrics import describe_process
 from pubsubd.storage.files import fdatasync, fsync_directory, make_dirs, write_all
@@ -71,6 +73,9 @@ class StorageNodeConfig:
     zk_root: str = DEFAULT_ROOT
     zk_session_timeout_s: float = 10.0
     append_port: int = 0  # the append port (append_port.py); -1 = none, appends over gRPC only
+    # TLS on its gRPC, append and HTTP ports (core/tls.py); a client CA: mutual TLS, so only
+    # the cluster's processes (showing certificates that CA signed) reach its ledgers.
+    tls: ServerTls | None = None
 
     def __post_init__(self) -> None:
         if not self.zk_session_timeout_s > 0:
@@ -181,9 +186,14 @@ class StorageNode:
         config = self.config
         await self.store.open()
         server = grpc.aio.server(options=GRPC_OPTIONS)
-        self.port = server.add_insecure_port(f"{config.host}:{config.port}")
+        address = f"{config.host}:{config.port}"
+        tls = config.tls
+        if tls is None:
+            self.port = server.add_insecure_port(address)
+        else:
+            self.port = server.add_secure_port(address, grpc_tls.server_credentials(tls))
         if self.port == 0:
-            raise OSError(f"cannot bind gRPC port {config.host}:{config.port}")
+            raise OSError(f"cannot bind gRPC port {address}")
         self.node_id = await asyncio.to_thread(
             resolve_node_id, config.data_dirs[0], config.node_id, self.port
         )
@@ -194,10 +204,14 @@ class StorageNode:
         await server.start()
         self.grpc_server = server
         if config.append_port >= 0:
-            self.append_port = AppendPort(self.store, config.host, config.append_port)
+            self.append_port = AppendPort(
+                self.store, config.host, config.append_port, ssl=tls.context() if tls else None
+            )
             await self.append_port.start()
         if config.http_port >= 0:
-            self.http_port = await self.http.start(config.host, config.http_port)
+            self.http_port = await self.http.start(
+                config.host, config.http_port, ssl=tls.context() if tls else None
+            )
         if config.zk:
             await self._register(config.zk, config.zk_root)
         http = f" http={config.host}:{self.http_port}" if config.http_port >= 0 else ""

@@ -13,13 +13,14 @@ import grpc
 from pubsubd._gen.pubsubd.internal.v1 import forwarder_pb2 as f
 from pubsubd.api.grpc.forwarder_service import IDENTIFY, PROTOCOL_VERSION
 from pubsubd.core.liveness import Liveness, probe_verdict
+from pubsubd.storage.node_client import new_channel
 
 PROBE_TIMEOUT_S = 1.0
 
 
 async def identify(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> f.IdentifyResponse:
     """Ask ``address`` who it is; raises ``grpc.aio.AioRpcError``."""
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with new_channel(address) as channel:
         call = channel.unary_unary(
             IDENTIFY,
             request_serializer=f.IdentifyRequest.SerializeToString,

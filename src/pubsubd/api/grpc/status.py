@@ -34,6 +34,7 @@ from pubsubd.core.errors import (
     OutOfRange,
     PubsubError,
     ResourceExhausted,
+    Unauthenticated,
     Unavailable,
 )
 from pubsubd.observability import events, sli
@@ -71,6 +72,7 @@ _STATUS: dict[type[PubsubError], grpc.StatusCode] = {
     Unavailable: grpc.StatusCode.UNAVAILABLE,
     InternalError: grpc.StatusCode.INTERNAL,
     DataLoss: grpc.StatusCode.DATA_LOSS,
+    Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
 }
 
 

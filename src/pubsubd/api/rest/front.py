@@ -13,6 +13,11 @@ closes its connection while its call runs cancels the call (``observability/http
 a waiting Pull ends and anything it had taken is given back at once. A Pull response that
 cannot be written to the client is given back too (``pubsubd.internal.v1.Forwarder/GiveBack``),
 so its messages are redelivered at once, not after their ack deadline.
+
+The request's ``Authorization`` header goes with the gRPC call as its ``authorization``
+metadata, so with authentication on the call is checked, and runs, as the REST caller
+(api/grpc/authn.py). With TLS on, ``target`` is the process's loopback-only Unix socket
+(app.py), not its TLS port.
 """
 
 from __future__ import annotations
@@ -132,9 +137,11 @@ class RestFront:
         timeout = _timeout(request.headers.get("x-server-timeout"))
         if isinstance(timeout, RestError):
             return _error(timeout.http, timeout.status, timeout.message)
+        authorization = request.headers.get("authorization")
+        metadata = (("authorization", authorization),) if authorization else None
         try:
             raw = await self._open().unary_unary(rule.method)(
-                message.SerializeToString(), timeout=timeout
+                message.SerializeToString(), timeout=timeout, metadata=metadata
             )
         except grpc.aio.AioRpcError as e:
             return _rpc_error(e)
@@ -150,17 +157,19 @@ class RestFront:
             subscription = message.subscription
 
             async def unsent() -> None:
-                await self._give_back(subscription, ack_ids)
+                await self._give_back(subscription, ack_ids, metadata)
 
         return Response(200, JSON, body, unsent=unsent)
 
-    async def _give_back(self, subscription: str, ack_ids: list[str]) -> None:
+    async def _give_back(self, subscription: str, ack_ids: list[str], metadata: Any = None) -> None:
         """A Pull response never reached its client: its messages go back at once."""
         request = GiveBackRequest(
             protocol_version=GIVE_BACK_PROTOCOL_VERSION, subscription=subscription, ack_ids=ack_ids
         )
         try:
-            await self._open().unary_unary(GIVE_BACK)(request.SerializeToString(), timeout=10)
+            await self._open().unary_unary(GIVE_BACK)(
+                request.SerializeToString(), timeout=10, metadata=metadata
+            )
         except grpc.aio.AioRpcError as e:
             log.info("giving back %d messages of %s failed: %s", len(ack_ids), subscription, e)
 

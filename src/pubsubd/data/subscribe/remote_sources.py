@@ -48,6 +48,7 @@ from pubsubd.data.publish.forwarder import PublishingForwarder
 from pubsubd.storage.files import fsync_directory, make_dirs
 from pubsubd.storage.framing import decode_frames
 from pubsubd.storage.log import FsyncPolicy, SourceLog
+from pubsubd.storage.node_client import new_channel
 from pubsubd.storage.replication import segment_file_name
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ class RemoteSources:
         self.flush_interval_s = flush_interval_s
         # The read-only copies (and the delay index over them); its housekeeping never starts.
         self.copy = PublishingForwarder(directory, fsync=FsyncPolicy.NEVER)
-        self._channel_factory = channel or (lambda a: grpc.aio.insecure_channel(a))
+        self._channel_factory = channel or new_channel  # TLS when the cluster speaks it
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._subscriptions: dict[tuple[str, str], _Subscription] = {}
         self._policies: dict[str, DamagePolicy] = {}

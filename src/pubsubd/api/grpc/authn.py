@@ -1,0 +1,93 @@
+"""Authentication of gRPC calls: a server interceptor that checks each call's bearer token and
+runs the handler as its caller.
+
+With authentication on (``--auth-*`` flags; ``ServerConfig.tokens``), every method except the
+ones in :data:`OPEN_METHODS` needs ``authorization: Bearer T`` metadata (what
+``grpc.access_token_call_credentials`` sends). A call without a valid token ends with
+UNAUTHENTICATED before its handler runs; a valid one runs its handler with
+``core.principal.CALLER`` set to the token's principal, in the handler's own task (the
+interceptor wraps the method handler's behavior, so the variable is set in the context the
+servicer method runs in, for unary and streaming methods alike).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from pubsubd.api.grpc.status import to_status
+from pubsubd.core.errors import Unauthenticated
+from pubsubd.core.principal import CALLER
+from pubsubd.core.tokens import TokenVerifier
+
+__all__ = ["OPEN_METHODS", "AuthInterceptor"]
+
+# Methods any caller may make: a process of the cluster asking who serves at an address
+# (api/grpc/liveness.py) learns only the answer's identity fields.
+OPEN_METHODS = frozenset({"/pubsubd.internal.v1.Forwarder/Identify"})
+_BEHAVIORS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    def __init__(self, verifier: TokenVerifier) -> None:
+        self.verifier = verifier
+        # method -> (its handler, the handler wrapped): wrapped once per method, not per call.
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or details.method in OPEN_METHODS:
+            return handler
+        known = self._wrapped.get(details.method)
+        if known is not None and known[0] is handler:
+            return known[1]
+        wrapped = _as_caller(handler, self.verifier)
+        self._wrapped[details.method] = (handler, wrapped)
+        return wrapped
+
+
+def _as_caller(handler: grpc.RpcMethodHandler, verifier: TokenVerifier) -> grpc.RpcMethodHandler:
+    """``handler`` with its behavior run as the caller its call's token names."""
+    for kind in _BEHAVIORS:
+        behavior = getattr(handler, kind)
+        if behavior is not None:
+            return handler._replace(**{kind: _wrap(behavior, verifier)})
+    return handler
+
+
+def _wrap(behavior: Any, verifier: TokenVerifier) -> Any:
+    # Each call runs in its own task (a copy of the context), so the value set here is seen by
+    # the handler and everything it awaits, and goes with the task: no reset is needed.
+    if inspect.isasyncgenfunction(behavior):
+
+        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            await _enter(verifier, context)
+            async for response in behavior(request, context):
+                yield response
+
+        return stream
+
+    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await _enter(verifier, context)
+        return await behavior(request, context)
+
+    return call
+
+
+async def _enter(verifier: TokenVerifier, context: grpc.aio.ServicerContext) -> None:
+    """Set the caller of the call ``context`` is of, or end the call UNAUTHENTICATED."""
+    header = None
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization":
+            header = value if isinstance(value, str) else value.decode(errors="replace")
+    try:
+        CALLER.set(verifier.principal(header))
+    except Unauthenticated as e:
+        await context.abort(to_status(e)[0], str(e))

@@ -1,0 +1,277 @@
+"""TLS and authentication with the official clients against real ``pubsubd serve`` processes.
+
+Two servers for the module: one with TLS and bearer-token authentication on every port (gRPC,
+HTTP/REST, Pulsar), and one with mutual TLS. The certificates come from ``pubsubd certs dev``
+and the tokens from ``pubsubd tokens create``, as an operator makes them. Servers without TLS
+or authentication are what every other integration test runs against.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import _pulsar
+import grpc
+import httpx
+import pulsar
+import pytest
+from google.api_core import exceptions
+from google.cloud import pubsub_v1
+from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
+from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
+
+from pubsubd.core.tokens import create_token
+from pubsubd.pulsar import frames
+from pubsubd.pulsar.api import BaseCommand, ServerError, Type
+from tests.conftest import PROJECT, make_publisher
+from tests.support.server import ServerProcess
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+# A connection the server refuses: UNAVAILABLE, or the deadline when the handshake hangs.
+REFUSED = (exceptions.ServiceUnavailable, exceptions.DeadlineExceeded)
+
+SECRET = b"integration-test-secret-of-32-bytes!"
+STATIC_TOKEN = "static-token-for-ci-0123456789"
+
+
+def _cli(*args: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "pubsubd", *args], check=True, capture_output=True, timeout=60
+    )
+    return out.stdout.decode().strip()
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("certs")
+    _cli("certs", "dev", str(directory))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def secret_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("secret") / "secret"
+    path.write_bytes(SECRET + b"\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(
+    tmp_path_factory: pytest.TempPathFactory, certs: Path, secret_file: Path
+) -> Iterator[ServerProcess]:
+    """TLS and tokens on every port."""
+    base = tmp_path_factory.mktemp("tls-auth")
+    static = base / "tokens"
+    static.write_text(f"{STATIC_TOKEN} serviceAccount:ci@{PROJECT}.iam.gserviceaccount.com\n")
+    args = [
+        *("--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server-key.pem")),
+        *("--auth-secret-file", str(secret_file), "--auth-tokens-file", str(static)),
+    ]
+    srv = ServerProcess(base / "data", args=args, pulsar=True).start()
+    assert "tls=on auth=token" in srv.log()
+    yield srv
+    srv.kill()
+
+
+@pytest.fixture(scope="module")
+def mutual(tmp_path_factory: pytest.TempPathFactory, certs: Path) -> Iterator[ServerProcess]:
+    """Mutual TLS: clients must show a certificate the dev CA signed; no tokens."""
+    args = [
+        *("--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server-key.pem")),
+        *("--tls-client-ca", str(certs / "ca.pem")),
+    ]
+    srv = ServerProcess(tmp_path_factory.mktemp("mtls") / "data", args=args).start()
+    assert "tls=mutual auth=off" in srv.log()
+    yield srv
+    srv.kill()
+
+
+@pytest.fixture(scope="module")
+def token(secret_file: Path) -> str:
+    return _cli("tokens", "create", "--subject", "alice@example.com", "--secret-file",
+                str(secret_file), "--expires-in", "3600")  # fmt: skip
+
+
+def _credentials(certs: Path, token: str | None, client_cert: bool = False) -> Any:
+    """The official client's TLS channel credentials: the dev CA, and the token as call
+    credentials (``authorization: Bearer T`` on every call)."""
+    tls = grpc.ssl_channel_credentials(
+        root_certificates=(certs / "ca.pem").read_bytes(),
+        private_key=(certs / "client-key.pem").read_bytes() if client_cert else None,
+        certificate_chain=(certs / "client.pem").read_bytes() if client_cert else None,
+    )
+    if token is None:
+        return tls
+    return grpc.composite_channel_credentials(tls, grpc.access_token_call_credentials(token))
+
+
+def _clients(
+    srv: ServerProcess, creds: Any
+) -> tuple[pubsub_v1.PublisherClient, pubsub_v1.SubscriberClient]:
+    pub_channel = grpc.secure_channel(srv.endpoint, creds)
+    sub_channel = grpc.secure_channel(srv.endpoint, creds)
+    return (
+        pubsub_v1.PublisherClient(transport=PublisherGrpcTransport(channel=pub_channel)),
+        pubsub_v1.SubscriberClient(transport=SubscriberGrpcTransport(channel=sub_channel)),
+    )
+
+
+def test_official_client_over_tls_with_a_token_publishes_and_pulls(
+    server: ServerProcess, certs: Path, token: str, names: Any
+) -> None:
+    pub, sub = _clients(server, _credentials(certs, token))
+    topic, subscription = names.topic(), names.subscription()
+    pub.create_topic(name=topic)
+    sub.create_subscription(name=subscription, topic=topic)
+    message_id = pub.publish(topic, b"over tls", k="v").result(timeout=30)
+    got: list[Any] = []
+    deadline = time.monotonic() + 20
+    while not got and time.monotonic() < deadline:
+        got = list(
+            sub.pull(subscription=subscription, max_messages=10, timeout=5).received_messages
+        )
+    assert [(m.message.message_id, m.message.data) for m in got] == [(message_id, b"over tls")]
+    sub.acknowledge(subscription=subscription, ack_ids=[m.ack_id for m in got])
+    # StreamingPull runs as the caller too.
+    received: list[bytes] = []
+    pub.publish(topic, b"streamed").result(timeout=30)
+    future = sub.subscribe(subscription, lambda m: (received.append(m.data), m.ack()))
+    deadline = time.monotonic() + 20
+    while not received and time.monotonic() < deadline:
+        time.sleep(0.05)
+    future.cancel()
+    future.result(timeout=10)
+    assert received == [b"streamed"]
+    sub.close()
+
+
+def test_static_token_is_accepted(server: ServerProcess, certs: Path, names: Any) -> None:
+    pub, _ = _clients(server, _credentials(certs, STATIC_TOKEN))
+    topic = names.topic()
+    assert pub.create_topic(name=topic).name == topic
+
+
+@pytest.mark.parametrize("kind", ["missing", "bad signature", "expired", "garbage"])
+def test_a_call_without_a_valid_token_is_unauthenticated_and_does_nothing(
+    server: ServerProcess, certs: Path, token: str, names: Any, kind: str
+) -> None:
+    bad = {
+        "missing": None,
+        "bad signature": create_token("alice", secret=b"x" * 32, now=time.time()),
+        "expired": create_token("alice", secret=SECRET, expires_in_s=10, now=time.time() - 60),
+        "garbage": "not-a-token",
+    }[kind]
+    refused, _ = _clients(server, _credentials(certs, bad))
+    topic = names.topic()
+    with pytest.raises(exceptions.Unauthenticated):
+        refused.create_topic(name=topic, retry=None, timeout=10)
+    good, _ = _clients(server, _credentials(certs, token))
+    with pytest.raises(exceptions.NotFound):  # nothing was created
+        good.get_topic(topic=topic)
+
+
+def test_a_plaintext_client_cannot_reach_a_tls_port(server: ServerProcess, token: str) -> None:
+    plain = make_publisher(server.endpoint)  # PUBSUB_EMULATOR_HOST: no TLS
+    with pytest.raises(REFUSED):
+        plain.get_topic(topic=f"projects/{PROJECT}/topics/never", retry=None, timeout=3)
+
+
+def test_rest_and_http_need_a_token_except_health(
+    server: ServerProcess, certs: Path, token: str, names: Any
+) -> None:
+    base = f"https://127.0.0.1:{server.http_port}"
+    topic = names.topic()
+    path = f"{base}/v1/{topic}"
+    with httpx.Client(verify=ssl.create_default_context(cafile=certs / "ca.pem")) as http:
+        for open_path in ("/healthz", "/readyz"):
+            assert http.get(base + open_path).status_code == 200
+        refused = http.put(path, json={})
+        assert refused.status_code == 401
+        assert refused.headers["www-authenticate"] == "Bearer"
+        assert refused.json()["error"]["status"] == "UNAUTHENTICATED"
+        forged = create_token("alice", secret=b"y" * 32, now=time.time())
+        assert (
+            http.put(path, json={}, headers={"Authorization": f"Bearer {forged}"}).status_code
+            == 401
+        )
+        for guarded in ("/metrics", "/status", "/api/overview"):
+            assert http.get(base + guarded).status_code == 401, guarded
+        auth = {"Authorization": f"Bearer {token}"}
+        # The REST front calls the gRPC port with the caller's token: a token it dropped would
+        # be refused there (401 as well).
+        created = http.put(path, json={}, headers=auth)
+        assert created.status_code == 200, created.text
+        assert http.get(path, headers=auth).json()["name"] == topic
+        assert http.get(base + "/metrics", headers=auth).status_code == 200
+    with pytest.raises(httpx.TransportError):  # the HTTP port speaks TLS only
+        httpx.get(f"http://127.0.0.1:{server.http_port}/healthz", timeout=3)
+
+
+def test_pulsar_token_over_tls(server: ServerProcess, certs: Path, token: str) -> None:
+    url = f"pulsar+ssl://127.0.0.1:{server.pulsar_port}"
+    quiet = pulsar.ConsoleLogger(_pulsar.LoggerLevel.Error)
+    client = pulsar.Client(
+        url,
+        tls_trust_certs_file_path=str(certs / "ca.pem"),
+        authentication=pulsar.AuthenticationToken(token),
+        operation_timeout_seconds=5,
+        logger=quiet,
+    )
+    try:
+        topic = f"persistent://{PROJECT}/default/tls-{time.monotonic_ns()}"
+        consumer = client.subscribe(topic, "s")
+        client.create_producer(topic).send(b"pulsar over tls")
+        assert consumer.receive(10_000).data() == b"pulsar over tls"
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("auth", [("token", b"forged"), ("", b""), ("athenz", b"x")])
+def test_pulsar_connect_without_a_valid_token_gets_authentication_error(
+    server: ServerProcess, certs: Path, auth: tuple[str, bytes]
+) -> None:
+    context = ssl.create_default_context(cafile=certs / "ca.pem")
+    raw = socket.create_connection(("127.0.0.1", server.pulsar_port), timeout=5)
+    with context.wrap_socket(raw, server_hostname="127.0.0.1") as conn:
+        cmd = BaseCommand(type=Type.Value("CONNECT"))
+        cmd.connect.client_version = "raw-test"
+        cmd.connect.protocol_version = 20
+        cmd.connect.auth_method_name, cmd.connect.auth_data = auth
+        conn.sendall(frames.encode_command(cmd.SerializeToString()))
+        decoder = frames.FrameDecoder()
+        received: list[frames.Frame] = []
+        while not received:
+            data = conn.recv(65536)
+            assert data, "closed without an answer"
+            received += decoder.feed(data)
+        reply = BaseCommand()
+        reply.ParseFromString(received[0].command)
+        assert reply.type == Type.Value("ERROR")
+        assert reply.error.error == ServerError.Value("AuthenticationError")
+        assert conn.recv(65536) == b""  # then the connection ends
+
+
+def test_mutual_tls_refuses_a_client_without_a_certificate(
+    mutual: ServerProcess, certs: Path, names: Any
+) -> None:
+    anonymous, _ = _clients(mutual, _credentials(certs, None))
+    with pytest.raises(REFUSED):
+        anonymous.get_topic(topic=names.topic(), retry=None, timeout=3)
+    pub, _ = _clients(mutual, _credentials(certs, None, client_cert=True))
+    topic = names.topic()
+    assert pub.create_topic(name=topic).name == topic
+    ca = ssl.create_default_context(cafile=certs / "ca.pem")
+    with pytest.raises(httpx.HTTPError), httpx.Client(verify=ca) as http:
+        http.get(f"https://127.0.0.1:{mutual.http_port}/healthz").raise_for_status()
+    ca.load_cert_chain(certs / "client.pem", certs / "client-key.pem")
+    with httpx.Client(verify=ca) as http:
+        answer = http.get(f"https://127.0.0.1:{mutual.http_port}/v1/{topic}")
+        assert answer.status_code == 200
