@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -266,6 +267,29 @@ async def test_delete(store: LedgerStore) -> None:
     assert store.summaries() == []
     with pytest.raises(UnknownLedger):
         await store.read(21, 0)
+    for d in store.disks:
+        assert list((d.path / "ledgers").iterdir()) == []
+
+
+async def test_delete_waits_for_a_slow_disks_fence_record(
+    store: LedgerStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fence answers once a majority of disks wrote its record; the slowest disk's write
+    may still be running when a delete comes: the delete waits for it, so no record of the
+    deleted ledger is left behind (CI once found one under load)."""
+    slow = store.disks[-1]
+    real = Disk.write_fence
+
+    def slow_write_fence(self: Disk, ledger_id: int, record: bytes) -> None:
+        if self is slow:
+            time.sleep(0.3)
+        real(self, ledger_id, record)
+
+    monkeypatch.setattr(Disk, "write_fence", slow_write_fence)
+    await store.append(22, 1, 0, frames(0, 2))
+    await store.fence(22, 3)  # answered by the two fast disks
+    assert await store.delete(22) is True
+    await asyncio.sleep(0.5)  # past the slow write
     for d in store.disks:
         assert list((d.path / "ledgers").iterdir()) == []
 

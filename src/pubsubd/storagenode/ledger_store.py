@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import mmap
@@ -355,6 +356,9 @@ class Ledger:
     worker: asyncio.Task[None] | None = None
     active: int = 0  # reads in flight
     last_used: float = 0.0
+    # Fence record writes still running on the slower disks after a majority answered: a
+    # delete waits for them, or one could write the record again after the delete.
+    record_tails: set[asyncio.Future[None]] = field(default_factory=set)
 
     @property
     def end_offset(self) -> int:
@@ -993,12 +997,22 @@ class LedgerStore:
                     self._disk_error(calls[call], exc)
         if ok >= self.majority:
             ledger.lac_saved = lac
+            for tail in pending:
+                ledger.record_tails.add(tail)
+                tail.add_done_callback(ledger.record_tails.discard)
+                tail.add_done_callback(functools.partial(self._record_tail_done, calls[tail]))
             return
         detail = "; ".join(f"{d.path}: {e}" for d, e in failed)
         full = sum(1 for d, e in failed if _is_full(e, d))
         if full and ok + full >= self.majority:
             raise DisksFull(what, detail)
         raise TooFewDisks(what, detail)
+
+    def _record_tail_done(self, disk: Disk, tail: asyncio.Future[None]) -> None:
+        """A slower disk's fence record write, finished after the majority answered."""
+        exc = None if tail.cancelled() else tail.exception()
+        if exc is not None:
+            self._disk_error(disk, exc)
 
     async def _apply_fence(self, ledger: Ledger, op: _Fence) -> None:
         epoch = max(ledger.fence, op.epoch)
@@ -1044,6 +1058,8 @@ class LedgerStore:
         ledger.parked.clear()
         for file in ledger.files:
             file.close()
+        if ledger.record_tails:
+            await asyncio.gather(*ledger.record_tails, return_exceptions=True)
         loop = asyncio.get_running_loop()
         targets = [d for d in self.disks if d.healthy]
         results = await asyncio.gather(
