@@ -24,15 +24,18 @@ from pubsubd.acks.replicated import cursor_source, restore_journal
 from pubsubd.api.grpc import (
     admin,
     forwarder_service,
+    iam,
     liveness,
     publisher,
     replay,
     sources_service,
     subscriber,
 )
+from pubsubd.api.grpc.authorization import Authorization, trusted_caller_header
 from pubsubd.api.rest import RestFront, local_target
 from pubsubd.config import ClusterConfig, ServerConfig
 from pubsubd.control.expiry import Maintenance
+from pubsubd.control.policies import ResourcePolicies, load_policy_file
 from pubsubd.control.routing_store import RoutingStore, encode_forwarder
 from pubsubd.control.routing_table import Forwarder, publishing_unit
 from pubsubd.control.routing_views import RoutingView
@@ -173,6 +176,8 @@ class PubsubServer:
             ttl_divisor=config.test_ttl_divisor,
             clock=self.clock,
         )
+        # IAM policies (control/policies.py), enforced on every call with --iam.
+        self.policies = ResourcePolicies(self.store, load_policy_file(config.iam_policy_file))
         self.grpc_server: grpc.aio.Server | None = None
         # Request SLIs and the SLO burn-rate monitor (observability/sli.py, slo.py).
         slo_config = load_slo(config.slo_file)
@@ -225,7 +230,9 @@ class PubsubServer:
         self._slo_task = asyncio.create_task(self._slo_loop(), name="slo_monitor")
         self.dashboard.start()
         self._damage_gauges()
-        server = grpc.aio.server(options=GRPC_OPTIONS)
+        server = grpc.aio.server(
+            options=GRPC_OPTIONS, interceptors=authorization(self.config, self.policies)
+        )
         server.add_generic_rpc_handlers(
             [
                 publisher.handlers(
@@ -257,6 +264,11 @@ class PubsubServer:
                     )
                 ),
                 sources_service.handlers(sources_service.SourcesServicer(self.routes)),
+                iam.handlers(
+                    iam.IamPolicyServicer(
+                        self.catalog, self.snapshots, self.policies, enforced=self.config.iam
+                    )
+                ),
             ]
         )
         self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
@@ -645,6 +657,20 @@ class ClusterParts:
 
 # How long a clustered server waits at start-up for the storage nodes its ledgers need.
 STORAGE_NODES_WAIT_S = 30.0
+
+
+def authorization(config: ServerConfig, policies: ResourcePolicies) -> list[Authorization]:
+    """The server interceptors of ``--iam``: none when authorization is off."""
+    if not config.iam:
+        return []
+    identify = trusted_caller_header if config.trust_caller_header else None
+    if identify is not None:
+        log.warning(
+            "--trust-caller-header: the %s header is believed as the caller's identity; "
+            "for tests and development only",
+            "x-pubsubd-caller",
+        )
+    return [Authorization(policies.check, identify)]
 
 
 async def connect_cluster(config: ServerConfig) -> ClusterParts:

@@ -96,6 +96,24 @@ def serve(
         float | None,
         typer.Option(help="probe this server's own endpoint every N seconds (0 = off, default)"),
     ] = None,
+    iam: Annotated[
+        bool | None,
+        typer.Option(
+            "--iam/--no-iam",
+            help="authorize every call with IAM policies (PUBSUBD_IAM; default off)",
+        ),
+    ] = None,
+    iam_policy_file: Annotated[
+        Path | None,
+        typer.Option(help="JSON project-level IAM policies for admins (PUBSUBD_IAM_POLICY_FILE)"),
+    ] = None,
+    trust_caller_header: Annotated[
+        bool | None,
+        typer.Option(
+            "--trust-caller-header",
+            help="TESTS/DEV ONLY: believe the x-pubsubd-caller header as the caller's identity",
+        ),
+    ] = None,
 ) -> None:
     """Run every role of the service in one process: with embedded storage, or (--cluster)
     over ZooKeeper and storage nodes."""
@@ -111,11 +129,34 @@ def serve(
         cfg = replace(cfg, prober_interval_s=prober_interval)
     if pulsar_port is not None:
         cfg = replace(cfg, pulsar_port=pulsar_port)
+    cfg = _with_iam(cfg, iam, iam_policy_file, trust_caller_header)
     try:
         load_slo(cfg.slo_file)  # a bad file stops here, with its error, before anything starts
     except SloFileError as e:
         _fail(e)
     server_app.run(cfg)
+
+
+def _with_iam(
+    cfg: config_mod.ServerConfig,
+    iam: bool | None,
+    policy_file: Path | None,
+    trust_caller_header: bool | None,
+) -> config_mod.ServerConfig:
+    """The IAM flags over the environment; a bad policy file stops here, with its error."""
+    from pubsubd.control.policies import PolicyFileError, load_policy_file
+
+    cfg = replace(
+        cfg,
+        iam=iam if iam is not None else cfg.iam,
+        iam_policy_file=policy_file if policy_file is not None else cfg.iam_policy_file,
+        trust_caller_header=bool(trust_caller_header) or cfg.trust_caller_header,
+    )
+    try:
+        load_policy_file(cfg.iam_policy_file)
+    except PolicyFileError as e:
+        _fail(e)
+    return cfg
 
 
 def _server_config(

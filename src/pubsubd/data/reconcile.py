@@ -28,6 +28,7 @@ from pubsubd.storage.metadata import (
     Change,
     CursorRecord,
     MetadataStore,
+    PolicyRecord,
     SnapshotRecord,
     SubscriptionRecord,
     TopicRecord,
@@ -83,6 +84,8 @@ class PublishingReconciler:
 
     def __call__(self, change: Change) -> Awaitable[None] | None:
         record = change.record
+        if isinstance(record, PolicyRecord):
+            return None  # access control: nothing a forwarder stores
         uid = record.topic_uid if not isinstance(record, TopicRecord) else record.uid
         if not self.owns(uid):
             return None

@@ -13,6 +13,7 @@ in one call (256 buckets named by a hash prefix, ``paths.bucket``)::
     subscriptions/<bucket(name)>/<escape(name)>
     snapshots/<bucket(name)>/<escape(name)>
     cursors/<bucket(uid/name)>/<escape(escape(topic uid) + "/" + escape(name))>
+    policies/<bucket(resource)>/<escape(resource)>
 
 A znode's data is one record: a format byte, then a JSON header line (every field but the
 body) and the protobuf body bytes; above 64 KiB the two are zlib-compressed (format 2). A
@@ -57,6 +58,7 @@ from pubsubd.storage.metadata import (
     Change,
     ChangeFeed,
     CursorRecord,
+    PolicyRecord,
     Record,
     SnapshotRecord,
     SubscriptionRecord,
@@ -65,7 +67,7 @@ from pubsubd.storage.metadata import (
 
 log = logging.getLogger(__name__)
 
-R = TypeVar("R", TopicRecord, SubscriptionRecord, SnapshotRecord, CursorRecord)
+R = TypeVar("R", TopicRecord, SubscriptionRecord, SnapshotRecord, CursorRecord, PolicyRecord)
 
 # --- records as znode data (pure) ----------------------------------------------------------------
 
@@ -93,6 +95,8 @@ def _header(record: Record) -> tuple[dict[str, Any], bytes]:
             str(k): [md, [list(r) for r in ranges]] for k, (md, ranges) in record.cursors.items()
         }
         return {"name": record.name, "topic_uid": record.topic_uid, "cursors": cursors}, record.body
+    if isinstance(record, PolicyRecord):
+        return {"resource": record.resource}, record.body
     cursor: dict[str, Any] = {
         "topic_uid": record.topic_uid,
         "name": record.name,
@@ -137,6 +141,8 @@ def decode(kind: str, data: bytes) -> Record:
             for k, (md, ranges) in h["cursors"].items()
         }
         return SnapshotRecord(h["name"], h["topic_uid"], body, cursors)
+    if kind == "policies":
+        return PolicyRecord(h["resource"], body)
     return CursorRecord(
         h["topic_uid"], h["name"], h["topic"], _offsets(h["offsets"]), int(h["commit_time_us"])
     )
@@ -165,11 +171,12 @@ TOPICS = Kind("topics", lambda r: r.name, lambda r: paths.escape(r.name), False)
 SUBSCRIPTIONS = Kind("subscriptions", lambda r: r.name, lambda r: paths.escape(r.name), False)
 SNAPSHOTS = Kind("snapshots", lambda r: r.name, lambda r: paths.escape(r.name), False)
 CURSORS = Kind("cursors", lambda r: f"{r.topic_uid}/{r.name}", _cursor_node, True)
-KINDS = (TOPICS, SUBSCRIPTIONS, SNAPSHOTS, CURSORS)
+POLICIES = Kind("policies", lambda r: r.resource, lambda r: paths.escape(r.resource), True)
+KINDS = (TOPICS, SUBSCRIPTIONS, SNAPSHOTS, CURSORS, POLICIES)
 
 
 class MetadataLayout:
-    """Znode paths of the four kinds under ``Layout(root).metadata``."""
+    """Znode paths of the kinds under ``Layout(root).metadata``."""
 
     def __init__(self, root: str = DEFAULT_ROOT) -> None:
         self.metadata = paths.Layout(root).metadata
@@ -336,6 +343,15 @@ class ZooKeeperMetadataStore:
 
     def delete_cursor(self, topic_uid: str, name: str) -> Applied:
         return self._delete(CURSORS, CursorRecord(topic_uid, name, ""))
+
+    def load_policies(self) -> Iterator[PolicyRecord]:
+        return self._load(POLICIES, PolicyRecord)
+
+    def put_policy(self, record: PolicyRecord) -> Applied:
+        return self._put(POLICIES, record)
+
+    def delete_policy(self, resource: str) -> Applied:
+        return self._delete(POLICIES, PolicyRecord(resource, b""))
 
     def _put(self, kind: Kind, record: Record, *, create: bool = False) -> Applied:
         path = self.layout.record(kind, record)
