@@ -38,6 +38,7 @@ from pubsubd.storage.metadata import (
     CursorRecord,
     MemoryMetadataStore,
     MetadataStore,
+    PolicyRecord,
     SnapshotRecord,
     SqliteMetadataStore,
     SubscriptionRecord,
@@ -113,7 +114,7 @@ def store(impl: Store, tmp_path: Path) -> Iterator[MetadataStore]:
     opened.close()
 
 
-# --- the four kinds of records ------------------------------------------------------------------
+# --- the kinds of records ------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,11 @@ def _cursor(i: int, tag: str) -> CursorRecord:
     )
 
 
+def _policy(i: int, tag: str) -> PolicyRecord:
+    kind = ("topics", "subscriptions", "snapshots", "schemas")[i % 4]
+    return PolicyRecord(f"projects/p/{kind}/r{i}", b"\x08\x01" + tag.encode() * (i + 1))
+
+
 KINDS = [
     Kind(
         "topics",
@@ -198,6 +204,14 @@ KINDS = [
         lambda s, r: s.delete_cursor(r.topic_uid, r.name),
         lambda s: s.load_cursors(),
         lambda r: (r.topic_uid, r.name),
+    ),
+    Kind(
+        "policies",
+        _policy,
+        lambda s, r: s.put_policy(r),
+        lambda s, r: s.delete_policy(r.resource),
+        lambda s: s.load_policies(),
+        lambda r: r.resource,
     ),
 ]
 

@@ -50,6 +50,9 @@ DEFAULT_TIMEOUT_S = 60.0
 MAX_TIMEOUT_S = 600.0
 PULL = routes.SUBSCRIBER + "Pull"
 GIVE_BACK_PROTOCOL_VERSION = 1
+# HTTP headers passed on to the gRPC call as metadata: who the caller is (the bearer token;
+# x-pubsubd-caller, believed only by a server started with --trust-caller-header, for tests).
+FORWARDED_HEADERS = ("authorization", "x-pubsubd-caller")
 REQUESTS = Counter(
     "pubsubd_rest_requests",
     "REST v1 calls answered, by the gRPC method they stand for and the HTTP code",
@@ -127,8 +130,9 @@ class RestFront:
         if isinstance(timeout, RestError):
             return _error(timeout.http, timeout.status, timeout.message)
         try:
+            metadata = [(h, request.headers[h]) for h in FORWARDED_HEADERS if h in request.headers]
             raw = await self._open().unary_unary(rule.method)(
-                message.SerializeToString(), timeout=timeout
+                message.SerializeToString(), timeout=timeout, metadata=metadata or None
             )
         except grpc.aio.AioRpcError as e:
             return _rpc_error(e)
