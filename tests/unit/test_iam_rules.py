@@ -270,7 +270,7 @@ def test_test_permissions_answers_the_held_subset_and_refuses_foreign_ones() -> 
     assert policies.test(ALICE, SUB, asked) == ["pubsub.subscriptions.consume"]
     assert policies.test(BOB, SUB, asked) == []
     assert policies.test(BOB, SUB, asked, everything=True) == asked
-    with pytest.raises(InvalidArgument, match="pubsub.topics.publish"):
+    with pytest.raises(InvalidArgument, match=r"pubsub\.topics\.publish"):
         policies.test(ALICE, SUB, ["pubsub.topics.publish"])
 
 
