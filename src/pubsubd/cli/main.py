@@ -386,6 +386,21 @@ def frontend(
     zk_session_timeout: ZkSessionOption = 10.0,
     pid_file: Annotated[Path | None, typer.Option(help="write the PID here when ready")] = None,
     log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
+    iam: Annotated[
+        bool | None,
+        typer.Option("--iam/--no-iam", help="authorize every call (PUBSUBD_IAM; default off)"),
+    ] = None,
+    iam_policy_file: Annotated[
+        Path | None,
+        typer.Option(help="JSON project-level IAM policies for admins (PUBSUBD_IAM_POLICY_FILE)"),
+    ] = None,
+    trust_caller_header: Annotated[
+        bool | None,
+        typer.Option(
+            "--trust-caller-header",
+            help="TESTS/DEV ONLY: believe the x-pubsubd-caller header as the caller's identity",
+        ),
+    ] = None,
 ) -> None:
     """Run a frontend: a stateless proxy that sends each client call to the forwarder the
     routers assigned its topic or subscription to."""
@@ -393,6 +408,7 @@ def frontend(
     from pubsubd.observability.logging import setup
 
     setup(log_level)
+    security = _with_iam(config_mod.from_env(), iam, iam_policy_file, trust_caller_header)
     try:
         run(
             FrontendConfig(
@@ -405,6 +421,9 @@ def frontend(
                 http_port=http_port,
                 zk_session_timeout_s=zk_session_timeout,
                 pid_file=pid_file,
+                iam=security.iam,
+                iam_policy_file=security.iam_policy_file,
+                trust_caller_header=security.trust_caller_header,
             )
         )
     except StartupError as e:

@@ -23,6 +23,7 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,18 +32,23 @@ import grpc
 from prometheus_client import Gauge
 
 from pubsubd import runtime
+from pubsubd.api.grpc.authorization import Authorization, trusted_caller_header
 from pubsubd.api.rest import RestFront, local_target
+from pubsubd.control.policies import ResourcePolicies, load_policy_file
 from pubsubd.control.routing_table import Forwarder
 from pubsubd.control.routing_views import NamesView, RoutingView
 from pubsubd.coordination.errors import CoordinationError
 from pubsubd.coordination.paths import DEFAULT_ROOT
 from pubsubd.coordination.registration import Registration, as_json
 from pubsubd.coordination.zk import Coordinator
+from pubsubd.core.iam import Requirement
+from pubsubd.core.principal import Principal
 from pubsubd.core.release import version
 from pubsubd.frontend.proxy import Proxy
 from pubsubd.frontend.targets import resource_name, targets
 from pubsubd.observability import metrics
 from pubsubd.observability.http import HttpEndpoint
+from pubsubd.storage.zk_metadata import POLICIES, ZooKeeperMetadataStore
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +72,11 @@ class FrontendConfig:
     http_port: int = -1
     zk_session_timeout_s: float = 10.0
     pid_file: Path | None = None
+    # Authorization (``--iam``, as ``pubsubd serve``): the same check, over the policies the
+    # cluster keeps in ZooKeeper and this frontend's policy file.
+    iam: bool = False
+    iam_policy_file: Path | None = None
+    trust_caller_header: bool = False  # TESTS AND DEVELOPMENT ONLY
 
 
 class Frontend:
@@ -85,6 +96,15 @@ class Frontend:
         self.port = 0
         self.http_port = 0
         self.frontend_id = config.frontend_id or ""
+        self._projects = load_policy_file(config.iam_policy_file)
+        self.policies: ResourcePolicies | None = None  # once ZooKeeper is reached (start)
+        self._policy_store: ZooKeeperMetadataStore | None = None
+
+    def authorize(self, principal: Principal, needs: Iterable[Requirement]) -> None:
+        """The check of ``--iam`` (api/grpc/authorization.py); no call is served before
+        ``start`` has read the policies."""
+        assert self.policies is not None, "no call is served before the policies are read"
+        self.policies.check(principal, needs)
 
     def choose(self, method: str, request: bytes) -> list[Forwarder]:
         return targets(
@@ -116,11 +136,13 @@ class Frontend:
 
     async def start(self) -> None:
         config = self.config
+        identify = trusted_caller_header if config.trust_caller_header else None
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ]
+            ],
+            interceptors=[Authorization(self.authorize, identify)] if config.iam else [],
         )
         server.add_generic_rpc_handlers([self.proxy])
         self.port = server.add_insecure_port(f"{config.host}:{config.port}")
@@ -131,6 +153,10 @@ class Frontend:
         try:
             await self.zk.start()
             await self.names.start()
+            if config.iam:  # only the policies: no watch on every topic and subscription
+                self._policy_store = ZooKeeperMetadataStore(self.zk, kinds=(POLICIES,))
+                await self._policy_store.follow()
+                self.policies = ResourcePolicies(self._policy_store, self._projects)
             self.routing.start()
             self.registration = Registration(
                 self.zk,
@@ -190,6 +216,8 @@ class Frontend:
         await self.proxy.close()
         self.routing.close()
         self.names.close()
+        if self._policy_store is not None:
+            self._policy_store.close()
         await self.http.close()
         if self.rest is not None:
             await self.rest.close()

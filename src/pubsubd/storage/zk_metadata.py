@@ -178,9 +178,9 @@ KINDS = (TOPICS, SUBSCRIPTIONS, SNAPSHOTS, CURSORS, POLICIES)
 class MetadataLayout:
     """Znode paths of the kinds under ``Layout(root).metadata``."""
 
-    def __init__(self, root: str = DEFAULT_ROOT) -> None:
+    def __init__(self, root: str = DEFAULT_ROOT, kinds: tuple[Kind, ...] = KINDS) -> None:
         self.metadata = paths.Layout(root).metadata
-        self._kinds = {self.parent(k): k for k in KINDS}
+        self._kinds = {self.parent(k): k for k in kinds}
 
     def parent(self, kind: Kind) -> str:
         return f"{self.metadata}/{kind.name}"
@@ -206,16 +206,25 @@ class MetadataLayout:
 
 class ZooKeeperMetadataStore:
     """``MetadataStore`` on ZooKeeper (see the module docstring). ``coordinator`` must be
-    started; ``owns_coordinator``: ``close()`` stops it (``connect`` makes such a store)."""
+    started; ``owns_coordinator``: ``close()`` stops it (``connect`` makes such a store).
+    ``kinds``: the kinds it follows (a frontend follows only ``POLICIES``; loading or writing
+    another kind is then a bug)."""
 
-    def __init__(self, coordinator: Coordinator, *, owns_coordinator: bool = False) -> None:
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        *,
+        owns_coordinator: bool = False,
+        kinds: tuple[Kind, ...] = KINDS,
+    ) -> None:
         self.coordinator = coordinator
-        self.layout = MetadataLayout(coordinator.root)
+        self.kinds = kinds
+        self.layout = MetadataLayout(coordinator.root, kinds)
         self._owns = owns_coordinator
         self._zk = coordinator.blocking
         self._changes = ChangeFeed()
         self._follower: _Follower | None = None
-        for kind in KINDS:
+        for kind in kinds:
             self._zk.ensure_path(self.layout.parent(kind))
 
     @classmethod
@@ -452,7 +461,7 @@ class _Follower:
 
     async def scan(self) -> None:
         """Read (and watch) every parent, bucket and record once, publishing nothing."""
-        for kind in KINDS:
+        for kind in self.store.kinds:
             parent = self.layout.parent(kind)
             buckets = [f"{parent}/{b}" for b in await self._children(parent)]
             listings = await asyncio.gather(*(self._children(b) for b in buckets))
