@@ -64,8 +64,8 @@ FieldMask: Any = field_mask_pb2.FieldMask
 Timestamp: Any = timestamp_pb2.Timestamp
 Duration: Any = duration_pb2.Duration
 
-# google.pubsub.v1.SchemaService and google.iam.v1.IAMPolicy: not served yet (README, "Not built
-# yet"); the REST front still transcodes their calls, which the gRPC port answers UNIMPLEMENTED.
+# google.pubsub.v1.SchemaService (not served yet: README, "Not built yet"; the REST front still
+# transcodes its calls, which the gRPC port answers UNIMPLEMENTED) and google.iam.v1.IAMPolicy.
 Schema: Any = _t.Schema.pb()
 CreateSchemaRequest: Any = _t.CreateSchemaRequest.pb()
 GetSchemaRequest: Any = _t.GetSchemaRequest.pb()
