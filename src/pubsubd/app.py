@@ -660,17 +660,19 @@ STORAGE_NODES_WAIT_S = 30.0
 
 
 def authorization(config: ServerConfig, policies: ResourcePolicies) -> list[Authorization]:
-    """The server interceptors of ``--iam``: none when authorization is off."""
+    """The server interceptors of ``--iam``: none when authorization is off. A forwarder of a
+    cluster (behind frontends, which check every call) only names the caller."""
     if not config.iam:
         return []
     identify = trusted_caller_header if config.trust_caller_header else None
+    enforce = not (config.cluster is not None and config.cluster.assigned)
     if identify is not None:
         log.warning(
             "--trust-caller-header: the %s header is believed as the caller's identity; "
             "for tests and development only",
             "x-pubsubd-caller",
         )
-    return [Authorization(policies.check, identify)]
+    return [Authorization(policies.check, identify, enforce=enforce)]
 
 
 async def connect_cluster(config: ServerConfig) -> ClusterParts:

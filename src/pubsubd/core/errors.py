@@ -107,7 +107,10 @@ class PermissionDenied(PubsubError):
 
 
 class Aborted(PubsubError):
-    """A compare-and-set lost to a concurrent change (an IAM policy's etag): ABORTED, 409."""
+    """A compare-and-set lost to a concurrent change (an IAM policy's etag): ABORTED, 409.
+    Retriable as a whole: read again, then write."""
+
+    retriable = True
 
 
 class ResourceExhausted(PubsubError):

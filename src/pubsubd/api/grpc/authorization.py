@@ -1,11 +1,16 @@
 """Authorization of every call at the edge: a gRPC server interceptor that refuses a call its
 caller may not make (PERMISSION_DENIED naming the permission), before the handler runs.
 
-``pubsubd serve`` (and ``forwarder``) and ``pubsubd frontend`` install the same
+``pubsubd serve`` and ``pubsubd frontend`` (the edges clients call) install the same
 :class:`Authorization` when ``--iam`` is on; REST calls reach it too, since the REST front sends
-each of them to the process's own gRPC port. What a call needs is decided by
-:mod:`pubsubd.core.iam_calls` from the request's bytes (a StreamingPull by its first request),
-and whether the caller holds it by :mod:`pubsubd.core.iam` over ``decide``'s policies.
+each of them to the process's own gRPC port. A ``pubsubd forwarder`` is behind frontends, which
+checked each call: it only names the caller (``enforce=False``), for TestIamPermissions, and its
+own calls to other forwarders (dead letters and SLI events published to a topic another
+forwarder owns) are not refused as anonymous. Its port must not be open to clients.
+
+What a call needs is decided by :mod:`pubsubd.core.iam_calls` from the request's bytes (a
+StreamingPull by its first request), and whether the caller holds it by :mod:`pubsubd.core.iam`
+over ``decide``'s policies.
 
 Who the caller is, is :func:`pubsubd.core.principal.caller`: authentication sets
 ``principal.CALLER``. The one seam is ``identify``, a function from a call's metadata to its
@@ -61,9 +66,17 @@ def trusted_caller_header(metadata: Metadata) -> Principal | None:
 class Authorization(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Wraps the handler of every checked method (core/iam_calls.py) with the check."""
 
-    def __init__(self, decide: Decide, identify: Identify | None = None) -> None:
+    def __init__(
+        self, decide: Decide, identify: Identify | None = None, *, enforce: bool = True
+    ) -> None:
+        """``enforce`` False: only name the caller (a forwarder behind frontends, which
+        checked the call; its TestIamPermissions still answers for the caller)."""
         self._decide = decide
         self._identify = identify
+        self._enforce = enforce
+        # method -> (the handler served, its wrapped twin): a servicer's handlers are the same
+        # objects call after call, so each is wrapped once (a proxy's, made per call, each time).
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     async def intercept_service(
         self,
@@ -74,6 +87,15 @@ class Authorization(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         method = details.method
         if handler is None or not iam_calls.checked(method):
             return handler
+        known = self._wrapped.get(method)
+        if known is not None and known[0] is handler:
+            return known[1]
+        wrapped = self._wrap(method, handler)
+        if method in iam_calls.RULES:  # a proxy serves any name: keep the known ones only
+            self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 self._unary(method, handler.unary_unary),
@@ -105,6 +127,8 @@ class Authorization(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     async def _check(
         self, method: str, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
+        if not self._enforce:
+            return
         raw = request if isinstance(request, bytes) else request.SerializeToString()
         try:
             self._decide(caller(), iam_calls.requirements(method, raw))
