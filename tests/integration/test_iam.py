@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -307,3 +309,16 @@ def test_without_iam_every_call_is_allowed_and_policies_still_work(
         anyone.close()
     finally:
         server.kill()
+
+
+def test_a_bad_policy_file_stops_the_server_before_it_starts(tmp_path: Path) -> None:
+    bad = tmp_path / "policy.json"
+    bad.write_text(json.dumps({"projects": {"p": {"bindings": [{"role": "roles/pubsub.king"}]}}}))
+    done = subprocess.run(
+        [sys.executable, "-m", "pubsubd", "serve", "--port", "0", "--http-port", "-1",
+         "--pulsar-port", "-1", "--data-dir", str(tmp_path / "d"), "--iam",
+         "--iam-policy-file", str(bad)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "roles/pubsub.king" in done.stderr and "is not one of" in done.stderr
