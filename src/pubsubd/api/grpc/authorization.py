@@ -19,7 +19,8 @@ anonymous). An authentication interceptor listed before this one may instead set
 its own ``intercept_service``: grpc.aio runs the interceptors and the handler in one task, so
 the value reaches the handler (checked with grpcio 1.85). The only ``identify`` here is
 :func:`trusted_caller_header`, for tests and development: it believes the ``x-pubsubd-caller``
-header, so anyone who can reach the port can claim to be anyone (``--trust-caller-header``; never in production, never together with authentication).
+header, so anyone who can reach the port can claim to be anyone (``--trust-caller-header``;
+never in production, never together with authentication).
 """
 
 from __future__ import annotations
