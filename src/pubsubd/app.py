@@ -27,6 +27,7 @@ from pubsubd.api.grpc import (
     admin,
     authn,
     forwarder_service,
+    iam,
     liveness,
     publisher,
     replay,
@@ -35,9 +36,11 @@ from pubsubd.api.grpc import (
     subscriber,
 )
 from pubsubd.api.grpc import tls as grpc_tls
+from pubsubd.api.grpc.authorization import Authorization, trusted_caller_header
 from pubsubd.api.rest import RestFront, local_target
 from pubsubd.config import ClusterConfig, ServerConfig
 from pubsubd.control.expiry import Maintenance
+from pubsubd.control.policies import ResourcePolicies, load_policy_file
 from pubsubd.control.routing_store import RoutingStore, encode_forwarder
 from pubsubd.control.routing_table import Forwarder, publishing_unit
 from pubsubd.control.routing_views import RoutingView
@@ -180,6 +183,8 @@ class PubsubServer:
             ttl_divisor=config.test_ttl_divisor,
             clock=self.clock,
         )
+        # IAM policies (control/policies.py), enforced on every call with --iam.
+        self.policies = ResourcePolicies(self.store, load_policy_file(config.iam_policy_file))
         self.grpc_server: grpc.aio.Server | None = None
         # Request SLIs and the SLO burn-rate monitor (observability/sli.py, slo.py).
         slo_config = load_slo(config.slo_file)
@@ -242,7 +247,11 @@ class PubsubServer:
         self._damage_gauges()
         server = grpc.aio.server(
             options=GRPC_OPTIONS,
-            interceptors=[authn.AuthInterceptor(self.verifier)] if self.verifier else None,
+            # Authentication first: it names the caller that authorization checks.
+            interceptors=[
+                *([authn.AuthInterceptor(self.verifier)] if self.verifier else []),
+                *authorization(self.config, self.policies),
+            ],
         )
         server.add_generic_rpc_handlers(
             [
@@ -276,6 +285,11 @@ class PubsubServer:
                 ),
                 sources_service.handlers(sources_service.SourcesServicer(self.routes)),
                 schema.handlers(schema.SchemaServicer(self.catalog)),
+                iam.handlers(
+                    iam.IamPolicyServicer(
+                        self.catalog, self.snapshots, self.policies, enforced=self.config.iam
+                    )
+                ),
             ]
         )
         address = f"{self.config.host}:{self.config.port}"
@@ -685,6 +699,22 @@ class ClusterParts:
 
 # How long a clustered server waits at start-up for the storage nodes its ledgers need.
 STORAGE_NODES_WAIT_S = 30.0
+
+
+def authorization(config: ServerConfig, policies: ResourcePolicies) -> list[Authorization]:
+    """The server interceptors of ``--iam``: none when authorization is off. A forwarder of a
+    cluster (behind frontends, which check every call) only names the caller."""
+    if not config.iam:
+        return []
+    identify = trusted_caller_header if config.trust_caller_header else None
+    enforce = not (config.cluster is not None and config.cluster.assigned)
+    if identify is not None:
+        log.warning(
+            "--trust-caller-header: the %s header is believed as the caller's identity; "
+            "for tests and development only",
+            "x-pubsubd-caller",
+        )
+    return [Authorization(policies.check, identify, enforce=enforce)]
 
 
 async def connect_cluster(config: ServerConfig) -> ClusterParts:

@@ -104,6 +104,13 @@ class ServerConfig:
     tls: ServerTls | None = None
     # Bearer-token authentication (core/tokens.py); None: every caller is anonymous.
     tokens: TokenSettings | None = None
+    # Authorization with IAM policies on every call (api/grpc/authorization.py; off: anyone who
+    # reaches the port may do anything, as with Google's emulator), and the operator's
+    # project-level policy file (control/policies.py).
+    iam: bool = False
+    iam_policy_file: Path | None = None
+    # TESTS AND DEVELOPMENT ONLY: believe the x-pubsubd-caller header as the caller's identity.
+    trust_caller_header: bool = False
     # None: one machine (embedded metadata, local disks). Set: metadata in ZooKeeper and every
     # publish message source replicated on storage nodes (storage/ledgers/).
     cluster: ClusterConfig | None = None
@@ -116,7 +123,8 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
     PUBSUBD_SLI_EVENTS_S, PUBSUBD_SLO_FILE, PUBSUBD_SLO_SAMPLE_S, PUBSUBD_METRICS_MAX_TOPICS,
     _SUBSCRIPTIONS, PUBSUBD_PROBER_INTERVAL_S, PUBSUBD_MAX_INFLIGHT_PUBLISH_BYTES,
     PUBSUBD_REQUEST_SLIS, PUBSUBD_MAX_OUTSTANDING_MESSAGES, PUBSUBD_MAX_OUTSTANDING_BYTES,
-    PUBSUBD_LOG_CACHE_BYTES, PUBSUBD_CLUSTER (ZooKeeper connect string), PUBSUBD_ZK_ROOT,
+    PUBSUBD_LOG_CACHE_BYTES, PUBSUBD_IAM, PUBSUBD_IAM_POLICY_FILE, PUBSUBD_TRUST_CALLER_HEADER,
+    PUBSUBD_CLUSTER (ZooKeeper connect string), PUBSUBD_ZK_ROOT,
     PUBSUBD_REPLICAS, PUBSUBD_ZK_SESSION_TIMEOUT_S, PUBSUBD_ZONE, PUBSUBD_FORWARDER_ID and
     PUBSUBD_REPAIR_INTERVAL_S, _GRACE_S, _RATE_BYTES (PUBSUBD_TEST_TTL_DIVISOR and
     PUBSUBD_TEST_SLO_WINDOW_DIVISOR are for tests only). An interval that is not a positive
@@ -187,7 +195,17 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
             e, "PUBSUBD_MAX_OUTSTANDING_BYTES", cfg.max_outstanding_bytes
         ),
         log_cache_bytes=_whole(e, "PUBSUBD_LOG_CACHE_BYTES", cfg.log_cache_bytes),
+        iam=_flag(e, "PUBSUBD_IAM"),
+        iam_policy_file=(
+            Path(e["PUBSUBD_IAM_POLICY_FILE"]) if e.get("PUBSUBD_IAM_POLICY_FILE") else None
+        ),
+        trust_caller_header=_flag(e, "PUBSUBD_TRUST_CALLER_HEADER"),
     )
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    """An on/off variable: 1, true, on, yes (any case) are on; unset or anything else off."""
+    return env.get(name, "").strip().lower() in ("1", "true", "on", "yes")
 
 
 def _whole(env: Mapping[str, str], name: str, default: int) -> int:

@@ -296,8 +296,8 @@ def test_exactly_once_failures_carry_error_info(rest: Rest, names: Any) -> None:
         ("GET", "/queues/q-{s}", None, (404, "NOT_FOUND")),
         ("GET", "/topics?pageSize=abc", None, (400, "INVALID_ARGUMENT")),
         ("GET", "/topics?unknown=1", None, (400, "INVALID_ARGUMENT")),
-        ("GET", "/topics/t-{s}:getIamPolicy", None, (501, "UNIMPLEMENTED")),  # IAM: not built
-        ("POST", "/topics/t-{s}:setIamPolicy", b"{}", (501, "UNIMPLEMENTED")),
+        ("GET", "/topics/t-{s}:getIamPolicy", None, (404, "NOT_FOUND")),
+        ("POST", "/topics/t-{s}:setIamPolicy", b"{}", (404, "NOT_FOUND")),
     ],
 )
 def test_bad_requests_get_googles_errors(

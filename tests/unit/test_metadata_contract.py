@@ -38,6 +38,7 @@ from pubsubd.storage.metadata import (
     CursorRecord,
     MemoryMetadataStore,
     MetadataStore,
+    PolicyRecord,
     SchemaRecord,
     SnapshotRecord,
     SqliteMetadataStore,
@@ -114,7 +115,7 @@ def store(impl: Store, tmp_path: Path) -> Iterator[MetadataStore]:
     opened.close()
 
 
-# --- the five kinds of records ------------------------------------------------------------------
+# --- the kinds of records ------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,11 @@ def _schema(i: int, tag: str) -> SchemaRecord:
     return SchemaRecord(f"projects/p/schemas/sc{i}", b"\x0a\x02" + tag.encode() * (i + 1))
 
 
+def _policy(i: int, tag: str) -> PolicyRecord:
+    kind = ("topics", "subscriptions", "snapshots", "schemas")[i % 4]
+    return PolicyRecord(f"projects/p/{kind}/r{i}", b"\x08\x01" + tag.encode() * (i + 1))
+
+
 KINDS = [
     Kind(
         "topics",
@@ -212,6 +218,14 @@ KINDS = [
         lambda s, r: s.delete_schema(r.name),
         lambda s: s.load_schemas(),
         lambda r: r.name,
+    ),
+    Kind(
+        "policies",
+        _policy,
+        lambda s, r: s.put_policy(r),
+        lambda s, r: s.delete_policy(r.resource),
+        lambda s: s.load_policies(),
+        lambda r: r.resource,
     ),
 ]
 

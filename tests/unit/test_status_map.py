@@ -10,6 +10,7 @@ import pytest
 from pubsubd.api.grpc.status import to_status
 from pubsubd.core import errors
 from pubsubd.core.errors import (
+    Aborted,
     AlreadyExists,
     FailedPrecondition,
     InternalError,
@@ -18,6 +19,7 @@ from pubsubd.core.errors import (
     InvalidResourceName,
     NotFound,
     OutOfRange,
+    PermissionDenied,
     PubsubError,
     ResourceExhausted,
     SubscriptionNotFound,
@@ -108,6 +110,12 @@ def test_permanent_errors_are_not_retried_by_clients(cls: type[PubsubError]) -> 
         (TopicNotFound("projects/p/topics/t"), C.NOT_FOUND, 404),
         (SubscriptionNotFound("projects/p/subscriptions/s"), C.NOT_FOUND, 404),
         (AlreadyExists("topic", "projects/p/topics/t"), C.ALREADY_EXISTS, 409),
+        (
+            PermissionDenied("pubsub.topics.get", "projects/p/topics/t", "allUsers"),
+            C.PERMISSION_DENIED,
+            403,
+        ),
+        (Aborted("etag"), C.ABORTED, 409),
         (FailedPrecondition("detached"), C.FAILED_PRECONDITION, 400),
         (ResourceExhausted("quota"), C.RESOURCE_EXHAUSTED, 429),
         (Unavailable("shutting down"), C.UNAVAILABLE, 503),

@@ -152,6 +152,24 @@ def serve(
     auth_tokens_file: AuthTokensFile = None,
     auth_audience: AuthAudience = None,
     auth_issuer: AuthIssuer = None,
+    iam: Annotated[
+        bool | None,
+        typer.Option(
+            "--iam/--no-iam",
+            help="authorize every call with IAM policies (PUBSUBD_IAM; default off)",
+        ),
+    ] = None,
+    iam_policy_file: Annotated[
+        Path | None,
+        typer.Option(help="JSON project-level IAM policies for admins (PUBSUBD_IAM_POLICY_FILE)"),
+    ] = None,
+    trust_caller_header: Annotated[
+        bool | None,
+        typer.Option(
+            "--trust-caller-header",
+            help="TESTS/DEV ONLY: believe the x-pubsubd-caller header as the caller's identity",
+        ),
+    ] = None,
 ) -> None:
     """Run every role of the service in one process: with embedded storage, or (--cluster)
     over ZooKeeper and storage nodes. TLS and authentication are off unless --tls-* and
@@ -168,6 +186,7 @@ def serve(
         cfg = replace(cfg, prober_interval_s=prober_interval)
     if pulsar_port is not None:
         cfg = replace(cfg, pulsar_port=pulsar_port)
+    cfg = _with_iam(cfg, iam, iam_policy_file, trust_caller_header)
     try:
         cfg = config_mod.with_security(
             cfg,
@@ -180,6 +199,11 @@ def serve(
             auth_audience=auth_audience,
             auth_issuer=auth_issuer,
         )
+        if cfg.tokens is not None and cfg.trust_caller_header:
+            raise ValueError(
+                "--trust-caller-header (tests and development only) would let any caller "
+                "name itself: it cannot be used with authentication"
+            )
         _internal_tls(tls_ca, tls_cert, tls_key)
     except ValueError as e:
         _fail(e)
@@ -188,6 +212,28 @@ def serve(
     except SloFileError as e:
         _fail(e)
     server_app.run(cfg)
+
+
+def _with_iam(
+    cfg: config_mod.ServerConfig,
+    iam: bool | None,
+    policy_file: Path | None,
+    trust_caller_header: bool | None,
+) -> config_mod.ServerConfig:
+    """The IAM flags over the environment; a bad policy file stops here, with its error."""
+    from pubsubd.control.policies import PolicyFileError, load_policy_file
+
+    cfg = replace(
+        cfg,
+        iam=iam if iam is not None else cfg.iam,
+        iam_policy_file=policy_file if policy_file is not None else cfg.iam_policy_file,
+        trust_caller_header=bool(trust_caller_header) or cfg.trust_caller_header,
+    )
+    try:
+        load_policy_file(cfg.iam_policy_file)
+    except PolicyFileError as e:
+        _fail(e)
+    return cfg
 
 
 def _server_config(
@@ -447,6 +493,21 @@ def frontend(
     tls_key: TlsKey = None,
     tls_client_ca: TlsClientCa = None,
     tls_ca: TlsCa = None,
+    iam: Annotated[
+        bool | None,
+        typer.Option("--iam/--no-iam", help="authorize every call (PUBSUBD_IAM; default off)"),
+    ] = None,
+    iam_policy_file: Annotated[
+        Path | None,
+        typer.Option(help="JSON project-level IAM policies for admins (PUBSUBD_IAM_POLICY_FILE)"),
+    ] = None,
+    trust_caller_header: Annotated[
+        bool | None,
+        typer.Option(
+            "--trust-caller-header",
+            help="TESTS/DEV ONLY: believe the x-pubsubd-caller header as the caller's identity",
+        ),
+    ] = None,
 ) -> None:
     """Run a frontend: a stateless proxy that sends each client call to the forwarder the
     routers assigned its topic or subscription to."""
@@ -454,6 +515,7 @@ def frontend(
     from pubsubd.observability.logging import setup
 
     setup(log_level)
+    security = _with_iam(config_mod.from_env(), iam, iam_policy_file, trust_caller_header)
     try:
         _internal_tls(tls_ca, tls_cert, tls_key)
         tls = _server_tls(tls_cert, tls_key, tls_client_ca)
@@ -472,6 +534,9 @@ def frontend(
                 http_port=http_port,
                 zk_session_timeout_s=zk_session_timeout,
                 pid_file=pid_file,
+                iam=security.iam,
+                iam_policy_file=security.iam_policy_file,
+                trust_caller_header=security.trust_caller_header,
             )
         )
     except StartupError as e:

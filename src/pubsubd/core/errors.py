@@ -98,6 +98,26 @@ class FailedPrecondition(PubsubError):
     """The resource is in a state that does not allow the call (e.g. a detached subscription)."""
 
 
+class PermissionDenied(PubsubError):
+    """The caller lacks a permission the call needs (IAM, core/iam.py): PERMISSION_DENIED, 403."""
+
+    def __init__(self, permission: str, resource: str, member: str) -> None:
+        self.permission = permission
+        self.resource = resource
+        self.member = member
+        super().__init__(
+            f"User not authorized to perform this action: {member} lacks permission "
+            f"'{permission}' on resource '{resource}' (or it may not exist)"
+        )
+
+
+class Aborted(PubsubError):
+    """A compare-and-set lost to a concurrent change (an IAM policy's etag): ABORTED, 409.
+    Retriable as a whole: read again, then write."""
+
+    retriable = True
+
+
 class ResourceExhausted(PubsubError):
     """A quota or flow-control limit was hit; the client may retry later."""
 

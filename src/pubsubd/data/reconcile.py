@@ -28,6 +28,7 @@ from pubsubd.storage.metadata import (
     Change,
     CursorRecord,
     MetadataStore,
+    PolicyRecord,
     SchemaRecord,
     SnapshotRecord,
     SubscriptionRecord,
@@ -86,6 +87,8 @@ class PublishingReconciler:
         record = change.record
         if isinstance(record, SchemaRecord):
             return None  # schemas are the control plane's (control/schemas.py)
+        if isinstance(record, PolicyRecord):
+            return None  # access control: nothing a forwarder stores
         uid = record.topic_uid if not isinstance(record, TopicRecord) else record.uid
         if not self.owns(uid):
             return None

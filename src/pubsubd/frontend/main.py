@@ -25,6 +25,7 @@ import shutil
 import socket
 import sys
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,19 +35,24 @@ from prometheus_client import Gauge
 
 from pubsubd import runtime
 from pubsubd.api.grpc import tls as grpc_tls
+from pubsubd.api.grpc.authorization import Authorization, trusted_caller_header
 from pubsubd.api.rest import RestFront, local_target
+from pubsubd.control.policies import ResourcePolicies, load_policy_file
 from pubsubd.control.routing_table import Forwarder
 from pubsubd.control.routing_views import NamesView, RoutingView
 from pubsubd.coordination.errors import CoordinationError
 from pubsubd.coordination.paths import DEFAULT_ROOT
 from pubsubd.coordination.registration import Registration, as_json
 from pubsubd.coordination.zk import Coordinator
+from pubsubd.core.iam import Requirement
+from pubsubd.core.principal import Principal
 from pubsubd.core.release import version
 from pubsubd.core.tls import ServerTls
 from pubsubd.frontend.proxy import Proxy
 from pubsubd.frontend.targets import resource_name, targets
 from pubsubd.observability import metrics
 from pubsubd.observability.http import HttpEndpoint
+from pubsubd.storage.zk_metadata import POLICIES, ZooKeeperMetadataStore
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +79,11 @@ class FrontendConfig:
     # TLS on its gRPC and HTTP ports (core/tls.py); its proxy's channels to forwarders follow
     # core.tls.INTERNAL (--tls-ca).
     tls: ServerTls | None = None
+    # Authorization (``--iam``, as ``pubsubd serve``): the same check, over the policies the
+    # cluster keeps in ZooKeeper and this frontend's policy file.
+    iam: bool = False
+    iam_policy_file: Path | None = None
+    trust_caller_header: bool = False  # TESTS AND DEVELOPMENT ONLY
 
 
 class Frontend:
@@ -93,6 +104,15 @@ class Frontend:
         self.http_port = 0
         self.frontend_id = config.frontend_id or ""
         self._local_dir: str | None = None  # with TLS: the REST front's Unix socket
+        self._projects = load_policy_file(config.iam_policy_file)
+        self.policies: ResourcePolicies | None = None  # once ZooKeeper is reached (start)
+        self._policy_store: ZooKeeperMetadataStore | None = None
+
+    def authorize(self, principal: Principal, needs: Iterable[Requirement]) -> None:
+        """The check of ``--iam`` (api/grpc/authorization.py); no call is served before
+        ``start`` has read the policies."""
+        assert self.policies is not None, "no call is served before the policies are read"
+        self.policies.check(principal, needs)
 
     def choose(self, method: str, request: bytes) -> list[Forwarder]:
         return targets(
@@ -124,11 +144,13 @@ class Frontend:
 
     async def start(self) -> None:
         config = self.config
+        identify = trusted_caller_header if config.trust_caller_header else None
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ]
+            ],
+            interceptors=[Authorization(self.authorize, identify)] if config.iam else [],
         )
         server.add_generic_rpc_handlers([self.proxy])
         tls = config.tls
@@ -150,6 +172,10 @@ class Frontend:
         try:
             await self.zk.start()
             await self.names.start()
+            if config.iam:  # only the policies: no watch on every topic and subscription
+                self._policy_store = ZooKeeperMetadataStore(self.zk, kinds=(POLICIES,))
+                await self._policy_store.follow()
+                self.policies = ResourcePolicies(self._policy_store, self._projects)
             self.routing.start()
             self.registration = Registration(
                 self.zk,
@@ -211,6 +237,8 @@ class Frontend:
         await self.proxy.close()
         self.routing.close()
         self.names.close()
+        if self._policy_store is not None:
+            self._policy_store.close()
         await self.http.close()
         if self.rest is not None:
             await self.rest.close()

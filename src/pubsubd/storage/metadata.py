@@ -83,7 +83,17 @@ class SchemaRecord:
     body: bytes
 
 
-Record: TypeAlias = TopicRecord | SubscriptionRecord | SnapshotRecord | CursorRecord | SchemaRecord
+@dataclass(slots=True)
+class PolicyRecord:
+    """A resource's IAM policy (control/policies.py); deleted with its resource."""
+
+    resource: str  # projects/P/topics/T, .../subscriptions/S, .../snapshots/N, .../schemas/X
+    body: bytes  # serialized google.iam.v1.Policy, etag included
+
+
+Record: TypeAlias = (
+    TopicRecord | SubscriptionRecord | SnapshotRecord | CursorRecord | SchemaRecord | PolicyRecord
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +176,9 @@ class MetadataStore(Protocol):
     # ``create``: only if no schema has the name (AlreadyExists otherwise).
     def put_schema(self, record: SchemaRecord, *, create: bool = False) -> Applied: ...
     def delete_schema(self, name: str) -> Applied: ...
+    def load_policies(self) -> Iterator[PolicyRecord]: ...
+    def put_policy(self, record: PolicyRecord) -> Applied: ...
+    def delete_policy(self, resource: str) -> Applied: ...
     # Until ``changes`` has published every change other processes completed before the call
     # (a store no other process writes: at once).
     async def caught_up(self) -> None: ...
@@ -181,6 +194,7 @@ class MemoryMetadataStore:
         self.snapshots: dict[str, SnapshotRecord] = {}
         self.cursors: dict[tuple[str, str], CursorRecord] = {}
         self.schemas: dict[str, SchemaRecord] = {}
+        self.policies: dict[str, PolicyRecord] = {}
         self._changes = ChangeFeed()
 
     @property
@@ -243,6 +257,16 @@ class MemoryMetadataStore:
     def delete_schema(self, name: str) -> Applied:
         return _deleted(self._changes, self.schemas.pop(name, None))
 
+    def load_policies(self) -> Iterator[PolicyRecord]:
+        yield from list(self.policies.values())
+
+    def put_policy(self, record: PolicyRecord) -> Applied:
+        self.policies[record.resource] = record
+        return self._changes.publish(Change(record))
+
+    def delete_policy(self, resource: str) -> Applied:
+        return _deleted(self._changes, self.policies.pop(resource, None))
+
     async def caught_up(self) -> None:
         """Nothing to wait for: no other process writes this store."""
 
@@ -265,6 +289,7 @@ CREATE TABLE IF NOT EXISTS cursors (
     topic_uid TEXT NOT NULL, name TEXT NOT NULL, topic TEXT NOT NULL, offsets TEXT NOT NULL,
     commit_time_us INTEGER NOT NULL, PRIMARY KEY (topic_uid, name));
 CREATE TABLE IF NOT EXISTS schemas (name TEXT PRIMARY KEY, body BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS policies (resource TEXT PRIMARY KEY, body BLOB NOT NULL);
 """
 
 
@@ -431,6 +456,23 @@ class SqliteMetadataStore:
     def delete_schema(self, name: str) -> Applied:
         found = list(self._schemas("WHERE name = ?", (name,)))
         self._write("DELETE FROM schemas WHERE name = ?", (name,))
+        return _deleted(self._changes, found[0] if found else None)
+
+    def load_policies(self) -> Iterator[PolicyRecord]:
+        for resource, body in self._db.execute("SELECT resource, body FROM policies"):
+            yield PolicyRecord(resource, bytes(body))
+
+    def put_policy(self, record: PolicyRecord) -> Applied:
+        self._write(
+            "INSERT OR REPLACE INTO policies (resource, body) VALUES (?, ?)",
+            (record.resource, record.body),
+        )
+        return self._changes.publish(Change(record))
+
+    def delete_policy(self, resource: str) -> Applied:
+        rows = self._db.execute("SELECT body FROM policies WHERE resource = ?", (resource,))
+        found = [PolicyRecord(resource, bytes(body)) for (body,) in rows]
+        self._write("DELETE FROM policies WHERE resource = ?", (resource,))
         return _deleted(self._changes, found[0] if found else None)
 
     def _write(

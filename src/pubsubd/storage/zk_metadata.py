@@ -14,6 +14,7 @@ in one call (256 buckets named by a hash prefix, ``paths.bucket``)::
     snapshots/<bucket(name)>/<escape(name)>
     cursors/<bucket(uid/name)>/<escape(escape(topic uid) + "/" + escape(name))>
     schemas/<bucket(name)>/<escape(name)>
+    policies/<bucket(resource)>/<escape(resource)>
 
 A znode's data is one record: a format byte, then a JSON header line (every field but the
 body) and the protobuf body bytes; above 64 KiB the two are zlib-compressed (format 2). A
@@ -21,7 +22,7 @@ record that would still exceed ZooKeeper's 1 MB limit is refused. Buckets are cr
 first used and never deleted. ``load_*`` read every bucket in name order (pipelined: one
 round trip per 512 records), so two loads of the same data yield the same order.
 
-Changes by other processes (``follow()``, on the event loop): the store watches the five
+Changes by other processes (``follow()``, on the event loop): the store watches the six
 kinds' parents and buckets (children) and every record (data), and publishes what others
 changed on the same ``changes`` feed: a put for a created or updated record, a delete (with the
 record last seen) for a deleted one, a delete then a put for one deleted and created again
@@ -58,6 +59,7 @@ from pubsubd.storage.metadata import (
     Change,
     ChangeFeed,
     CursorRecord,
+    PolicyRecord,
     Record,
     SchemaRecord,
     SnapshotRecord,
@@ -67,7 +69,9 @@ from pubsubd.storage.metadata import (
 
 log = logging.getLogger(__name__)
 
-R = TypeVar("R", TopicRecord, SubscriptionRecord, SnapshotRecord, CursorRecord, SchemaRecord)
+R = TypeVar(
+    "R", TopicRecord, SubscriptionRecord, SnapshotRecord, CursorRecord, SchemaRecord, PolicyRecord
+)
 
 # --- records as znode data (pure) ----------------------------------------------------------------
 
@@ -97,6 +101,8 @@ def _header(record: Record) -> tuple[dict[str, Any], bytes]:
         return {"name": record.name, "topic_uid": record.topic_uid, "cursors": cursors}, record.body
     if isinstance(record, SchemaRecord):
         return {"name": record.name}, record.body
+    if isinstance(record, PolicyRecord):
+        return {"resource": record.resource}, record.body
     cursor: dict[str, Any] = {
         "topic_uid": record.topic_uid,
         "name": record.name,
@@ -143,6 +149,8 @@ def decode(kind: str, data: bytes) -> Record:
         return SnapshotRecord(h["name"], h["topic_uid"], body, cursors)
     if kind == "schemas":
         return SchemaRecord(h["name"], body)
+    if kind == "policies":
+        return PolicyRecord(h["resource"], body)
     return CursorRecord(
         h["topic_uid"], h["name"], h["topic"], _offsets(h["offsets"]), int(h["commit_time_us"])
     )
@@ -155,7 +163,7 @@ def decode(kind: str, data: bytes) -> Record:
 class Kind:
     """One kind of record: where it lives and how a record names its znode."""
 
-    name: str  # topics, subscriptions, snapshots, cursors, schemas
+    name: str  # topics, subscriptions, snapshots, cursors, schemas, policies
     key: Callable[[Any], str]  # what the bucket is a hash of
     node: Callable[[Any], str]  # the znode's name in its bucket
     updated_often: bool  # most puts replace a record: try a set before a create
@@ -172,15 +180,16 @@ SUBSCRIPTIONS = Kind("subscriptions", lambda r: r.name, lambda r: paths.escape(r
 SNAPSHOTS = Kind("snapshots", lambda r: r.name, lambda r: paths.escape(r.name), False)
 CURSORS = Kind("cursors", lambda r: f"{r.topic_uid}/{r.name}", _cursor_node, True)
 SCHEMAS = Kind("schemas", lambda r: r.name, lambda r: paths.escape(r.name), False)
-KINDS = (TOPICS, SUBSCRIPTIONS, SNAPSHOTS, CURSORS, SCHEMAS)
+POLICIES = Kind("policies", lambda r: r.resource, lambda r: paths.escape(r.resource), True)
+KINDS = (TOPICS, SUBSCRIPTIONS, SNAPSHOTS, CURSORS, SCHEMAS, POLICIES)
 
 
 class MetadataLayout:
-    """Znode paths of the five kinds under ``Layout(root).metadata``."""
+    """Znode paths of the kinds under ``Layout(root).metadata``."""
 
-    def __init__(self, root: str = DEFAULT_ROOT) -> None:
+    def __init__(self, root: str = DEFAULT_ROOT, kinds: tuple[Kind, ...] = KINDS) -> None:
         self.metadata = paths.Layout(root).metadata
-        self._kinds = {self.parent(k): k for k in KINDS}
+        self._kinds = {self.parent(k): k for k in kinds}
 
     def parent(self, kind: Kind) -> str:
         return f"{self.metadata}/{kind.name}"
@@ -206,16 +215,25 @@ class MetadataLayout:
 
 class ZooKeeperMetadataStore:
     """``MetadataStore`` on ZooKeeper (see the module docstring). ``coordinator`` must be
-    started; ``owns_coordinator``: ``close()`` stops it (``connect`` makes such a store)."""
+    started; ``owns_coordinator``: ``close()`` stops it (``connect`` makes such a store).
+    ``kinds``: the kinds it follows (a frontend follows only ``POLICIES``; loading or writing
+    another kind is then a bug)."""
 
-    def __init__(self, coordinator: Coordinator, *, owns_coordinator: bool = False) -> None:
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        *,
+        owns_coordinator: bool = False,
+        kinds: tuple[Kind, ...] = KINDS,
+    ) -> None:
         self.coordinator = coordinator
-        self.layout = MetadataLayout(coordinator.root)
+        self.kinds = kinds
+        self.layout = MetadataLayout(coordinator.root, kinds)
         self._owns = owns_coordinator
         self._zk = coordinator.blocking
         self._changes = ChangeFeed()
         self._follower: _Follower | None = None
-        for kind in KINDS:
+        for kind in kinds:
             self._zk.ensure_path(self.layout.parent(kind))
 
     @classmethod
@@ -357,6 +375,15 @@ class ZooKeeperMetadataStore:
     def delete_schema(self, name: str) -> Applied:
         return self._delete(SCHEMAS, SchemaRecord(name, b""))
 
+    def load_policies(self) -> Iterator[PolicyRecord]:
+        return self._load(POLICIES, PolicyRecord)
+
+    def put_policy(self, record: PolicyRecord) -> Applied:
+        return self._put(POLICIES, record)
+
+    def delete_policy(self, resource: str) -> Applied:
+        return self._delete(POLICIES, PolicyRecord(resource, b""))
+
     def _put(self, kind: Kind, record: Record, *, create: bool = False) -> Applied:
         path = self.layout.record(kind, record)
         data = encode(record)
@@ -456,7 +483,7 @@ class _Follower:
 
     async def scan(self) -> None:
         """Read (and watch) every parent, bucket and record once, publishing nothing."""
-        for kind in KINDS:
+        for kind in self.store.kinds:
             parent = self.layout.parent(kind)
             buckets = [f"{parent}/{b}" for b in await self._children(parent)]
             listings = await asyncio.gather(*(self._children(b) for b in buckets))

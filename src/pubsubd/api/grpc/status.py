@@ -23,6 +23,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from pubsubd.core.errors import (
+    Aborted,
     AckIdsInvalid,
     AlreadyExists,
     DataLoss,
@@ -32,6 +33,7 @@ from pubsubd.core.errors import (
     NotFound,
     NotServedHere,
     OutOfRange,
+    PermissionDenied,
     PubsubError,
     ResourceExhausted,
     Unauthenticated,
@@ -73,6 +75,8 @@ _STATUS: dict[type[PubsubError], grpc.StatusCode] = {
     InternalError: grpc.StatusCode.INTERNAL,
     DataLoss: grpc.StatusCode.DATA_LOSS,
     Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    Aborted: grpc.StatusCode.ABORTED,
 }
 
 

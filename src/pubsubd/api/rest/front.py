@@ -55,6 +55,9 @@ DEFAULT_TIMEOUT_S = 60.0
 MAX_TIMEOUT_S = 600.0
 PULL = routes.SUBSCRIBER + "Pull"
 GIVE_BACK_PROTOCOL_VERSION = 1
+# HTTP headers passed on to the gRPC call as metadata: who the caller is (the bearer token;
+# x-pubsubd-caller, believed only by a server started with --trust-caller-header, for tests).
+FORWARDED_HEADERS = ("authorization", "x-pubsubd-caller")
 REQUESTS = Counter(
     "pubsubd_rest_requests",
     "REST v1 calls answered, by the gRPC method they stand for and the HTTP code",
@@ -137,11 +140,11 @@ class RestFront:
         timeout = _timeout(request.headers.get("x-server-timeout"))
         if isinstance(timeout, RestError):
             return _error(timeout.http, timeout.status, timeout.message)
-        authorization = request.headers.get("authorization")
-        metadata = (("authorization", authorization),) if authorization else None
+        # Who calls, for authentication and authorization (checked again by the gRPC port).
+        metadata = [(h, request.headers[h]) for h in FORWARDED_HEADERS if h in request.headers]
         try:
             raw = await self._open().unary_unary(rule.method)(
-                message.SerializeToString(), timeout=timeout, metadata=metadata
+                message.SerializeToString(), timeout=timeout, metadata=metadata or None
             )
         except grpc.aio.AioRpcError as e:
             return _rpc_error(e)
