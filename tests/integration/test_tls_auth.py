@@ -8,6 +8,7 @@ or authentication are what every other integration test runs against.
 
 from __future__ import annotations
 
+import json
 import socket
 import ssl
 import subprocess
@@ -24,6 +25,7 @@ import pulsar
 import pytest
 from google.api_core import exceptions
 from google.cloud import pubsub_v1
+from google.pubsub_v1.services.publisher import PublisherClient as GapicPublisher
 from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 
@@ -275,3 +277,65 @@ def test_mutual_tls_refuses_a_client_without_a_certificate(
     with httpx.Client(verify=ca) as http:
         answer = http.get(f"https://127.0.0.1:{mutual.http_port}/v1/{topic}")
         assert answer.status_code == 200
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory, secret_file: Path) -> Iterator[ServerProcess]:
+    """Authentication and IAM together, plaintext: the token's subject is the caller the
+    policies are checked for."""
+    base = tmp_path_factory.mktemp("authz")
+    policies = base / "policies.json"
+    policies.write_text(
+        json.dumps(
+            {
+                "projects": {
+                    PROJECT: {
+                        "bindings": [
+                            {"role": "roles/pubsub.editor", "members": ["user:alice@example.com"]},
+                            {"role": "roles/pubsub.viewer", "members": ["user:bob@example.com"]},
+                        ]
+                    }
+                }
+            }
+        )
+    )
+    args = [
+        *("--auth-secret-file", str(secret_file)),
+        *("--iam", "--iam-policy-file", str(policies)),
+    ]
+    srv = ServerProcess(base / "data", args=args).start()
+    yield srv
+    srv.kill()
+
+
+def test_iam_decides_for_the_caller_the_token_names(
+    guarded: ServerProcess, secret_file: Path, names: Any
+) -> None:
+    def bearer(subject: str) -> list[tuple[str, str]]:
+        token = create_token(subject, secret=SECRET, now=time.time(), expires_in_s=600)
+        return [("authorization", f"Bearer {token}")]
+
+    alice, bob = bearer("alice@example.com"), bearer("bob@example.com")
+    pub = make_publisher(guarded.endpoint)
+    topic = names.topic()
+    assert pub.create_topic(name=topic, metadata=alice).name == topic  # editor
+    assert pub.get_topic(topic=topic, metadata=bob).name == topic  # viewer may read
+    with pytest.raises(exceptions.PermissionDenied, match=r"user:bob@example\.com"):
+        pub.delete_topic(topic=topic, metadata=bob)
+    with pytest.raises(exceptions.Unauthenticated):
+        pub.get_topic(topic=topic)  # no token: refused before authorization
+    # The generated client's Publish (the batching one takes no metadata).
+    gapic = GapicPublisher(
+        transport=PublisherGrpcTransport(channel=grpc.insecure_channel(guarded.endpoint))
+    )
+    request = {"topic": topic, "messages": [{"data": b"x"}]}
+    assert gapic.publish(request=request, metadata=alice).message_ids
+    with pytest.raises(exceptions.PermissionDenied, match=r"pubsub\.topics\.publish"):
+        gapic.publish(request=request, metadata=bob)
+    # REST: the same caller, the same answers.
+    base = f"http://127.0.0.1:{guarded.http_port}/v1/{topic}"
+    body = {"messages": [{"data": "eA=="}]}
+    for who, status in ((alice, 200), (bob, 403)):
+        got = httpx.post(f"{base}:publish", json=body, headers=dict(who), timeout=10)
+        assert got.status_code == status, got.text
+    assert httpx.get(base, timeout=10).status_code == 401
