@@ -151,12 +151,16 @@ def message_frame(
     entry: int,
     redelivery_count: int,
     message: Any,
+    partition: int = -1,
 ) -> bytes:
     """The MESSAGE frame delivering a Pub/Sub ``message`` (a PubsubMessage) to a consumer:
-    CommandMessage{consumer_id, message_id{ledger, entry}, redelivery_count} and
+    CommandMessage{consumer_id, message_id{ledger, entry, partition when >= 0},
+    redelivery_count} and
     MessageMetadata{producer_name, sequence_id = entry, publish_time (ms), properties =
     attributes, partition_key = ordering key, event_time}."""
     mid = b"\x08" + _V(ledger) + b"\x10" + _V(entry)
+    if partition >= 0:
+        mid += b"\x18" + _V(partition)
     body = b"\x08" + _V(consumer_id) + b"\x12" + _V(len(mid)) + mid
     if redelivery_count:
         body += b"\x18" + _V(redelivery_count)
