@@ -391,7 +391,7 @@ class Connection:
         if consumer.auto_ack:
             try:
                 await self.gateway.delete_subscription(consumer.subscription)
-            except PulsarError as e:
+            except Exception as e:  # the server may be stopping: the subscription stays
                 log.info("reader subscription %s not deleted: %s", consumer.subscription, e)
 
     async def _seek_to(

@@ -29,6 +29,7 @@ import grpc
 
 from pubsubd.core import pb
 from pubsubd.core.errors import STREAM_ACCEPTED
+from pubsubd.core.ids import OFFSET_BITS, OFFSET_MASK
 from pubsubd.core.publish_sources import STREAM_SOURCES_HEADER
 from pubsubd.pulsar import commands, errors, ids, messages
 from pubsubd.pulsar.errors import PulsarError
@@ -109,18 +110,19 @@ class Consumer:
             return
         out = []
         acked: list[str] = []
-        for _ in range(count):
-            received = buffer.popleft()
+        auto_ack, take, frame = self.auto_ack, buffer.popleft, messages.message_frame
+        for _ in range(count):  # once per delivered message: kept lean
+            received = take()
             message = received.message
-            ledger, entry = ids.from_message_id(message.message_id)
-            if self.auto_ack:
+            pos = int(message.message_id)  # a position: source << 48 | offset (ids.py)
+            ledger, entry = pos >> OFFSET_BITS, pos & OFFSET_MASK
+            if auto_ack:
                 acked.append(received.ack_id)
             else:
                 sent[(ledger, entry)] = received.ack_id
-            redelivery = received.delivery_attempt - 1 if received.delivery_attempt > 1 else 0
-            out.append(
-                messages.message_frame(consumer_id, ledger, entry, redelivery, message, partition)
-            )
+            attempt = received.delivery_attempt
+            redelivery = attempt - 1 if attempt > 1 else 0
+            out.append(frame(consumer_id, ledger, entry, redelivery, message, partition))
         self.permits -= count
         self.write(b"".join(out))
         if acked:
@@ -138,8 +140,9 @@ class Consumer:
                 done = [k for k in self._sent if k[0] == ledger and k[1] <= entry]
                 ack_ids += [self._sent.pop(k) for k in done]
         else:
+            pop = self._sent.pop
             for mid in cmd.message_id:
-                ack_id = self._sent.pop(ids.key(mid), None)
+                ack_id = pop(ids.key(mid), None)
                 if ack_id is not None:
                     ack_ids.append(ack_id)
         if ack_ids:
