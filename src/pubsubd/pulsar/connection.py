@@ -298,9 +298,10 @@ class Connection:
         temporary = not request.durable  # a reader, or a non-durable subscription
         client_id = f"pulsar-{self.state.incarnation}-{self.id}-"
         # One Pulsar consumer of a partitioned topic is a consumer per partition, all with its
-        # name: one client_id makes them one client (failover, exclusive and key_shared rules).
-        if topic.partition is not None and request.consumer_name:
-            client_id += f"name-{request.consumer_name}"
+        # name (a reader's have none, but their own subscription): one client_id makes them
+        # one client (failover, exclusive and key_shared rules).
+        if topic.partition is not None:
+            client_id += f"name-{request.consumer_name or request.subscription}"
         else:
             client_id += str(request.consumer_id)
 
