@@ -595,6 +595,13 @@ def test_a_topics_publish_message_sources_are_its_partitions(
         read.append(reader.read_next(5000).data())
     assert sorted(read) == in_1
     reader.close()
+    # A reader of the whole topic is a reader per partition: it reads everything.
+    whole = client.create_reader(topic, pulsar.MessageId.earliest)
+    read = []
+    while whole.has_message_available():
+        read.append(whole.read_next(5000).data())
+    assert sorted(read) == sorted(m.data() for m in got)
+    whole.close()
     with pytest.raises(pulsar.NotAllowedError):
         client.create_producer(f"{topic}-partition-3")  # the topic has sources 0..2
     # A partitioned consumer is one client: one consumer of a Failover subscription (the
