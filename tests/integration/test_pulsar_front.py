@@ -19,9 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import _pulsar
+import grpc
 import pulsar
 import pytest
 
+from pubsubd._gen.pubsubd.v1 import replay_pb2
+from pubsubd.core import pb
 from pubsubd.pulsar import frames
 from pubsubd.pulsar.api import BaseCommand, MessageMetadata, ServerError, Type
 from tests.conftest import make_publisher, make_subscriber
@@ -554,6 +557,7 @@ def test_a_topics_publish_message_sources_are_its_partitions(
         request={"name": google_topic, "labels": {"pubsubd-publish-sources": "3"}}
     )
     assert client.get_topic_partitions(topic) == [f"{topic}-partition-{n}" for n in range(3)]
+    before = int(time.time() * 1000) - 1
     everything = client.subscribe(
         topic, "all", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=100
     )
@@ -588,6 +592,9 @@ def test_a_topics_publish_message_sources_are_its_partitions(
     in_1 = sorted(m.data() for m in got if m.message_id().partition() == 1)
     # A consumer of partition 1 gets its messages and no other.
     assert sorted(m.data() for m in _drain(only_1)) == in_1
+    # seek(time) of a partition's consumer: that partition again, acked messages included.
+    only_1.seek(before)
+    assert sorted(m.data() for m in _drain(only_1, 1000)) == in_1
     # A reader of partition 1 reads the same, then has nothing more.
     reader = client.create_reader(f"{topic}-partition-1", pulsar.MessageId.earliest)
     read = []
@@ -663,3 +670,40 @@ def test_readers_last_message_id_and_seek_by_message_id(
     keeper.seek(ids[2])
     assert [m.data() for m in _drain(keeper, 1000)] == [b"m3", b"m4"]
     subscriber.close()
+
+
+def test_the_servers_source_pieces_refuse_bad_input(
+    client: pulsar.Client, server: ServerProcess
+) -> None:
+    """What the front relies on, called as any client would: a malformed ``pubsubd-sources``
+    stream header and a SeekOffsets of a source the topic lacks are INVALID_ARGUMENT; a seek to
+    another partition's message ID is refused; the server stays up."""
+    topic, google_topic = _topic("badsrc")
+    consumer = client.subscribe(topic, "s", consumer_type=pulsar.ConsumerType.Exclusive)
+    topic_id = google_topic.rsplit("/", 1)[1]
+    subscription = f"projects/{TENANT}/subscriptions/{topic_id}.s"
+    with grpc.insecure_channel(server.endpoint) as channel:
+        seek = channel.unary_unary(
+            "/pubsubd.v1.Replay/SeekOffsets",
+            request_serializer=replay_pb2.SeekOffsetsRequest.SerializeToString,
+            response_deserializer=replay_pb2.SeekOffsetsResponse.FromString,
+        )
+        with pytest.raises(grpc.RpcError) as bad:
+            seek(replay_pb2.SeekOffsetsRequest(subscription=subscription, offsets={3: 0}))
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        seek(replay_pb2.SeekOffsetsRequest(subscription=subscription, offsets={0: 0}))
+        pull = channel.stream_stream(
+            "/google.pubsub.v1.Subscriber/StreamingPull",
+            request_serializer=pb.StreamingPullRequest.SerializeToString,
+            response_deserializer=pb.StreamingPullResponse.FromString,
+        )
+        first = pb.StreamingPullRequest(subscription=subscription, stream_ack_deadline_seconds=10)
+        with pytest.raises(grpc.RpcError) as bad:
+            next(iter(pull(iter([first]), metadata=(("pubsubd-sources", "one"),))))
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "pubsubd-sources" in (bad.value.details() or "")
+    with pytest.raises(pulsar.NotAllowedError):
+        consumer.seek(pulsar.MessageId(-1, 7, 0, -1))  # ledger = source 7: not this topic's
+    producer = client.create_producer(topic)
+    producer.send(b"still up")
+    assert consumer.receive(5000).data() == b"still up"
