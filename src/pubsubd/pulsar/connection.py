@@ -319,6 +319,13 @@ class Connection:
             )
             if not created:
                 check_subscription(existing, topic.google, kind, queue_settings.TYPE_LABEL)
+                if temporary and existing.labels.get(READER_LABEL) != "true":
+                    # A reader acks what it reads and deletes its subscription: never a
+                    # durable one's.
+                    raise PulsarError(
+                        "NotAllowedError",
+                        f"subscription {subscription} is durable; a reader needs a name of its own",
+                    )
             if temporary and request.HasField("start_message_id"):
                 await self._seek_to(subscription, topic.google, sources, request.start_message_id)
             elif created and request.initialPosition == CommandSubscribe.Earliest:
