@@ -11,15 +11,19 @@ Workloads (100-byte messages, one client process, the official ``pulsar-client``
 
 Targets: ``pubsubd serve --fsync always`` (and ``--fsync never`` for the produce workloads), and
 ``bench/pulsar_null_broker.py``, a broker that stores nothing (the client's ceiling; it is Python
-too, so for consume it may be the limit itself). Each workload and target runs 3 times; the median
-is reported. Run under the benchmark lock: ``flock /tmp/pubsubd-bench.lock python -m
-bench.pulsar_bench``.
+too, so for consume it may be the limit itself). Each workload and target runs 3 times
+(``--runs``), interleaved; the median is reported. ``--baseline REV`` adds pubsubd at another
+revision (``git archive`` of its ``src/``, first on ``PYTHONPATH``), fsync always, for a
+before/after comparison; ``--only consume,produce-sync`` picks workloads. Run under the
+benchmark lock: ``flock /tmp/pubsubd-bench.lock python -m bench.pulsar_bench``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -27,7 +31,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import _pulsar
@@ -36,8 +39,12 @@ import pulsar
 PAYLOAD = b"x" * 100
 
 
-def _start(cmd: list[str], ready: re.Pattern[str]) -> tuple[subprocess.Popen[str], int]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _start(
+    cmd: list[str], ready: re.Pattern[str], env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
     assert proc.stdout is not None
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -119,19 +126,39 @@ def consume(port: int, n: int, null: bool) -> float:
     return n / elapsed
 
 
-def _runs(fn: Callable[[], float], runs: int) -> dict[str, object]:
-    values = [fn() for _ in range(runs)]
-    return {"median": statistics.median(values), "runs": values}
+WORKLOADS = ("produce-batched", "produce-sync", "consume")
 
 
-def _measure(port: int, fsync: str | None, args: argparse.Namespace) -> dict[str, object]:
-    row: dict[str, object] = {
-        "produce-batched": _runs(lambda: produce_batched(port, args.messages), args.runs),
-        "produce-sync": _runs(lambda: produce_sync(port, args.sync_seconds), args.runs),
-    }
-    if fsync != "never":
-        row["consume"] = _runs(lambda: consume(port, args.messages, fsync is None), args.runs)
-    return row
+def _one(workload: str, port: int, null: bool, args: argparse.Namespace) -> float:
+    if workload == "produce-batched":
+        return produce_batched(port, args.messages)
+    if workload == "produce-sync":
+        return produce_sync(port, args.sync_seconds)
+    return consume(port, args.messages, null)
+
+
+def _targets(args: argparse.Namespace, baseline_src: Path | None) -> list[tuple[str, str | None]]:
+    """(name, fsync) of each target; fsync None is the null broker."""
+    out: list[tuple[str, str | None]] = [("null", None), ("pubsubd-fsync-always", "always")]
+    if baseline_src is not None:
+        out.append((f"baseline-{args.baseline}-fsync-always", "always"))
+    if not args.no_fsync_never:
+        out.append(("pubsubd-fsync-never", "never"))
+    return out
+
+
+def _start_target(
+    fsync: str | None, tmp: str, src: Path | None
+) -> tuple[subprocess.Popen[str], int]:
+    if fsync is None:
+        cmd = [sys.executable, "-m", "bench.pulsar_null_broker", "--port", "0"]
+        return _start(cmd, re.compile(r"null-pulsar ready port=(\d+)"))
+    cmd = [
+        sys.executable, "-m", "pubsubd", "serve", "--port", "0", "--http-port", "-1",
+        "--pulsar-port", "0", "--fsync", fsync, "--data-dir", tmp,
+    ]  # fmt: skip
+    env = None if src is None else {**os.environ, "PYTHONPATH": str(src)}
+    return _start(cmd, re.compile(r"pubsubd ready .* pulsar=(\d+)"), env)
 
 
 def main() -> None:
@@ -139,28 +166,51 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--sync-seconds", type=float, default=3.0)
+    parser.add_argument("--only", default=",".join(WORKLOADS), help="workloads, comma-separated")
+    parser.add_argument(
+        "--baseline",
+        help="also run pubsubd at this git revision (its src/ exported, fsync always); "
+        "runs interleave with this tree's",
+    )
+    parser.add_argument("--no-fsync-never", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
-    results: dict[str, dict[str, object]] = {}
-    targets = [("null", None), ("pubsubd-fsync-always", "always"), ("pubsubd-fsync-never", "never")]
-    for name, fsync in targets:
-        with tempfile.TemporaryDirectory() as tmp:
-            if fsync is None:
-                cmd = [sys.executable, "-m", "bench.pulsar_null_broker", "--port", "0"]
-                proc, port = _start(cmd, re.compile(r"null-pulsar ready port=(\d+)"))
-            else:
-                cmd = [
-                    sys.executable, "-m", "pubsubd", "serve", "--port", "0", "--http-port", "-1",
-                    "--pulsar-port", "0", "--fsync", fsync, "--data-dir", tmp,
-                ]  # fmt: skip
-                proc, port = _start(cmd, re.compile(r"pubsubd ready .* pulsar=(\d+)"))
-            try:
-                row = _measure(port, fsync, args)
-                results[name] = row
-            finally:
-                proc.kill()
-                proc.wait()
-        print(name, json.dumps({k: round(v["median"]) for k, v in row.items()}), flush=True)  # type: ignore[index]
+    workloads = [w for w in args.only.split(",") if w]
+    unknown = set(workloads) - set(WORKLOADS)
+    if unknown:
+        parser.error(f"unknown workloads {sorted(unknown)}; known: {', '.join(WORKLOADS)}")
+    with contextlib.ExitStack() as stack:
+        baseline_src = None
+        if args.baseline:
+            from bench.targets import exported
+
+            baseline_src = stack.enter_context(exported(args.baseline)).src
+        targets = _targets(args, baseline_src)
+        ports: dict[str, int] = {}
+        for name, fsync in targets:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory())
+            src = baseline_src if name.startswith("baseline-") else None
+            proc, ports[name] = _start_target(fsync, tmp, src)
+            stack.callback(proc.wait)
+            stack.callback(proc.kill)
+        values: dict[str, dict[str, list[float]]] = {name: {} for name, _ in targets}
+        # Interleaved: run i of every target before run i + 1, the order rotating, so a drift
+        # of the shared machine affects every target alike.
+        for run in range(args.runs):
+            order = targets[run % len(targets) :] + targets[: run % len(targets)]
+            for name, fsync in order:
+                for workload in workloads:
+                    if workload == "consume" and fsync == "never":
+                        continue
+                    rate = _one(workload, ports[name], fsync is None, args)
+                    values[name].setdefault(workload, []).append(rate)
+                    print(f"run {run + 1} {name} {workload} {rate:.0f}", flush=True)
+    results = {
+        name: {w: {"median": statistics.median(v), "runs": v} for w, v in row.items()}
+        for name, row in values.items()
+    }
+    for name, row in results.items():
+        print(name, json.dumps({k: round(v["median"]) for k, v in row.items()}), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"pulsar-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(results, indent=2))

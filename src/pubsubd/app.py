@@ -264,7 +264,9 @@ class PubsubServer:
                     subscriber.SubscriberServicer(self.catalog, self.snapshots, self.routes)
                 ),
                 replay.handlers(
-                    replay.ReplayServicer(self.catalog, self.routes, self.cursors, self.clock)
+                    replay.ReplayServicer(
+                        self.catalog, self.routes, self.cursors, self.snapshots, self.clock
+                    )
                 ),
                 admin.handlers(
                     admin.AdminServicer(

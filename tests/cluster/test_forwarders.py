@@ -20,7 +20,9 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+import _pulsar
 import grpc
+import pulsar
 import pytest
 
 from pubsubd.cluster.launcher import LocalCluster
@@ -139,6 +141,45 @@ def test_topics_are_spread_and_each_forwarder_serves_only_its_own(
         )
         assert get(pb.GetTopicRequest(topic=topic)).name == topic
     sub.close()
+
+
+def test_the_pulsar_protocol_through_a_frontend(cluster: LocalCluster, names: Any) -> None:
+    """A frontend's --pulsar-port: the official pulsar-client looks up, produces to and
+    consumes from a partitioned topic owned by some forwarder, and reads it with a reader,
+    each call proxied to the owner like any gRPC call."""
+    frontend = cluster.process("frontend-1")
+    port = frontend.args[frontend.args.index("--pulsar-port") + 1]
+    topic = names.topic("pulsar")
+    pub = make_publisher(cluster.grpc)
+    pub.create_topic(request={"name": topic, "labels": {"pubsubd-publish-sources": "2"}})
+    wait_for(lambda: _serving(cluster, topic), 30, "the topic is served")
+    _, project, _, topic_id = topic.split("/")
+    pulsar_topic = f"persistent://{project}/default/{topic_id}"
+    client = pulsar.Client(
+        f"pulsar://127.0.0.1:{port}",
+        operation_timeout_seconds=30,
+        logger=pulsar.ConsoleLogger(_pulsar.LoggerLevel.Error),
+    )
+    try:
+        assert len(client.get_topic_partitions(pulsar_topic)) == 2
+        consumer = client.subscribe(pulsar_topic, "sub", consumer_type=pulsar.ConsumerType.Shared)
+        producer = client.create_producer(pulsar_topic)
+        sent = {producer.send(f"m{i}".encode()).partition(): i for i in range(10)}
+        assert set(sent) == {0, 1}  # round-robin over both partitions
+        received = []
+        for _ in range(10):
+            msg = consumer.receive(30_000)
+            received.append(msg)
+            consumer.acknowledge(msg)
+        assert sorted(m.data() for m in received) == sorted(f"m{i}".encode() for i in range(10))
+        in_0 = sorted(m.data() for m in received if m.message_id().partition() == 0)
+        reader = client.create_reader(f"{pulsar_topic}-partition-0", pulsar.MessageId.earliest)
+        read = []
+        while reader.has_message_available():
+            read.append(reader.read_next(30_000).data())
+        assert sorted(read) == in_0
+    finally:
+        client.close()
 
 
 def _moves_under_load(

@@ -19,9 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import _pulsar
+import grpc
 import pulsar
 import pytest
 
+from pubsubd._gen.pubsubd.v1 import replay_pb2
+from pubsubd.core import pb
 from pubsubd.pulsar import frames
 from pubsubd.pulsar.api import BaseCommand, MessageMetadata, ServerError, Type
 from tests.conftest import make_publisher, make_subscriber
@@ -533,3 +536,176 @@ def test_earliest_position_and_seek_by_time(client: pulsar.Client, server: Serve
         again.append(msg.data())
         keeper.acknowledge(msg)
     assert sorted(again) == [b"s0", b"s1", b"s2"]
+
+
+def _drain(consumer: Any, timeout_ms: int = 300) -> list[Any]:
+    """Every message the consumer gets until none comes for ``timeout_ms`` (acked)."""
+    out = []
+    while True:
+        try:
+            msg = consumer.receive(timeout_ms)
+        except pulsar.Timeout:
+            return out
+        out.append(msg)
+        consumer.acknowledge(msg)
+
+
+def test_a_topics_publish_message_sources_are_its_partitions(
+    client: pulsar.Client, server: ServerProcess
+) -> None:
+    topic, google_topic = _topic("parts")
+    publisher = make_publisher(server.endpoint)
+    publisher.create_topic(
+        request={"name": google_topic, "labels": {"pubsubd-publish-sources": "3"}}
+    )
+    assert client.get_topic_partitions(topic) == [f"{topic}-partition-{n}" for n in range(3)]
+    before = int(time.time() * 1000) - 1
+    everything = client.subscribe(
+        topic, "all", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=100
+    )
+    only_1 = client.subscribe(
+        f"{topic}-partition-1", "one", consumer_type=pulsar.ConsumerType.Shared
+    )
+    # The client routes a key to one partition (its hash); unkeyed messages go round-robin.
+    keyed = client.create_producer(topic, batching_enabled=True, block_if_queue_full=True)
+    for i in range(60):
+        keyed.send_async(f"{i % 6}:{i // 6}".encode(), None, partition_key=f"key-{i % 6}")
+    keyed.flush()
+    round_robin = client.create_producer(topic)
+    unkeyed = [round_robin.send(f"u{i}".encode()) for i in range(6)]
+    assert sorted(m.partition() for m in unkeyed) == [0, 0, 1, 1, 2, 2]
+    assert all(m.ledger_id() == m.partition() for m in unkeyed)  # ledger = source = partition
+    direct = client.create_producer(f"{topic}-partition-2").send(b"direct")
+    assert direct.ledger_id() == 2  # stored in source 2
+
+    got = _drain(everything)
+    assert len(got) == 67
+    per_key: dict[str, list[int]] = {}
+    key_partition: dict[str, int] = {}
+    for msg in got:
+        mid = msg.message_id()
+        assert mid.ledger_id() == mid.partition()  # the message's source is its partition
+        if msg.partition_key():
+            key, n = msg.data().decode().split(":")
+            per_key.setdefault(key, []).append(int(n))
+            assert key_partition.setdefault(key, mid.partition()) == mid.partition()
+    assert per_key == {str(k): list(range(10)) for k in range(6)}  # each key in order
+    assert len(set(key_partition.values())) > 1  # spread over partitions
+    in_1 = sorted(m.data() for m in got if m.message_id().partition() == 1)
+    # A consumer of partition 1 gets its messages and no other.
+    assert sorted(m.data() for m in _drain(only_1)) == in_1
+    # seek(time) of a partition's consumer: that partition again, acked messages included.
+    only_1.seek(before)
+    assert sorted(m.data() for m in _drain(only_1, 1000)) == in_1
+    # A reader of partition 1 reads the same, then has nothing more.
+    reader = client.create_reader(f"{topic}-partition-1", pulsar.MessageId.earliest)
+    read = []
+    while reader.has_message_available():
+        read.append(reader.read_next(5000).data())
+    assert sorted(read) == in_1
+    reader.close()
+    # A reader of the whole topic is a reader per partition: it reads everything.
+    whole = client.create_reader(topic, pulsar.MessageId.earliest)
+    read = []
+    while whole.has_message_available():
+        read.append(whole.read_next(5000).data())
+    assert sorted(read) == sorted(m.data() for m in got)
+    whole.close()
+    with pytest.raises(pulsar.NotAllowedError):
+        client.create_producer(f"{topic}-partition-3")  # the topic has sources 0..2
+    # A partitioned consumer is one client: one consumer of a Failover subscription (the
+    # first by name) gets every partition (Pulsar would share partitions out), an Exclusive
+    # subscription refuses a second.
+    one = client.subscribe(topic, "fo", consumer_type=pulsar.ConsumerType.Failover)
+    two = client.subscribe(topic, "fo", consumer_type=pulsar.ConsumerType.Failover)
+    for i in range(6):
+        round_robin.send(f"f{i}".encode())
+    assert sorted([len(_drain(one)), len(_drain(two, 100))]) == [0, 6]
+    client.subscribe(topic, "ex", consumer_type=pulsar.ConsumerType.Exclusive)
+    with pytest.raises(pulsar.ConsumerBusy):
+        client.subscribe(topic, "ex", consumer_type=pulsar.ConsumerType.Exclusive)
+
+
+def test_readers_last_message_id_and_seek_by_message_id(
+    client: pulsar.Client, server: ServerProcess
+) -> None:
+    topic, google_topic = _topic("reader")
+    keeper = client.subscribe(topic, "keeper", consumer_type=pulsar.ConsumerType.Exclusive)
+    empty = client.create_reader(topic, pulsar.MessageId.earliest)
+    assert not empty.has_message_available()  # nothing published yet
+    empty.close()
+    producer = client.create_producer(topic)
+    ids = [producer.send(f"m{i}".encode()) for i in range(5)]
+    assert [m.data() for m in _drain(keeper)] == [f"m{i}".encode() for i in range(5)]
+
+    # A reader is a temporary subscription: listed while it reads, deleted when it closes.
+    reader = client.create_reader(topic, pulsar.MessageId.earliest)
+    read = []
+    while reader.has_message_available():
+        read.append(reader.read_next(5000).data())
+    assert read == [f"m{i}".encode() for i in range(5)]  # acked messages too, in order
+    subscriber = make_subscriber(server.endpoint)
+    readers = [
+        s.name
+        for s in subscriber.list_subscriptions(project=f"projects/{TENANT}")
+        if s.topic == google_topic and s.labels.get("pulsar-reader") == "true"
+    ]
+    assert len(readers) == 1
+    reader.close()
+    wait_for(
+        lambda: (
+            not any(
+                s.name in readers
+                for s in subscriber.list_subscriptions(project=f"projects/{TENANT}")
+            )
+        ),
+        timeout=5,
+    )
+    after = client.create_reader(topic, ids[1])
+    assert after.read_next(5000).data() == b"m2"  # the start message itself is excluded
+    after.close()
+    inclusive = client.create_reader(topic, ids[1], start_message_id_inclusive=True)
+    assert inclusive.read_next(5000).data() == b"m1"
+    inclusive.close()
+
+    # seek(ID) on a durable subscription: the messages after it come again, nothing else.
+    keeper.seek(ids[2])
+    assert [m.data() for m in _drain(keeper, 1000)] == [b"m3", b"m4"]
+    subscriber.close()
+
+
+def test_the_servers_source_pieces_refuse_bad_input(
+    client: pulsar.Client, server: ServerProcess
+) -> None:
+    """What the front relies on, called as any client would: a malformed ``pubsubd-sources``
+    stream header and a SeekOffsets of a source the topic lacks are INVALID_ARGUMENT; a seek to
+    another partition's message ID is refused; the server stays up."""
+    topic, google_topic = _topic("badsrc")
+    consumer = client.subscribe(topic, "s", consumer_type=pulsar.ConsumerType.Exclusive)
+    topic_id = google_topic.rsplit("/", 1)[1]
+    subscription = f"projects/{TENANT}/subscriptions/{topic_id}.s"
+    with grpc.insecure_channel(server.endpoint) as channel:
+        seek = channel.unary_unary(
+            "/pubsubd.v1.Replay/SeekOffsets",
+            request_serializer=replay_pb2.SeekOffsetsRequest.SerializeToString,
+            response_deserializer=replay_pb2.SeekOffsetsResponse.FromString,
+        )
+        with pytest.raises(grpc.RpcError) as bad:
+            seek(replay_pb2.SeekOffsetsRequest(subscription=subscription, offsets={3: 0}))
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        seek(replay_pb2.SeekOffsetsRequest(subscription=subscription, offsets={0: 0}))
+        pull = channel.stream_stream(
+            "/google.pubsub.v1.Subscriber/StreamingPull",
+            request_serializer=pb.StreamingPullRequest.SerializeToString,
+            response_deserializer=pb.StreamingPullResponse.FromString,
+        )
+        first = pb.StreamingPullRequest(subscription=subscription, stream_ack_deadline_seconds=10)
+        with pytest.raises(grpc.RpcError) as bad:
+            next(iter(pull(iter([first]), metadata=(("pubsubd-sources", "one"),))))
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "pubsubd-sources" in (bad.value.details() or "")
+    with pytest.raises(pulsar.NotAllowedError):
+        consumer.seek(pulsar.MessageId(-1, 7, 0, -1))  # ledger = source 7: not this topic's
+    producer = client.create_producer(topic)
+    producer.send(b"still up")
+    assert consumer.receive(5000).data() == b"still up"

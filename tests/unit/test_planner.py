@@ -363,3 +363,57 @@ def test_reset_forgets_leases_and_old_ack_ids_stop_working() -> None:
     assert all(generation < p.generation_floor for _, generation in old)
     run(p, 0.0)
     assert len(c.received) == 4  # both again
+
+
+def test_a_consumer_of_some_sources_gets_only_their_messages_new_and_redelivered() -> None:
+    topic = MemoryTopic(sources=[[], [], []])
+    p = planner(topic)
+    only_1 = Recorder()
+    only_1.sources = frozenset({1})
+    p.add_consumer(only_1)
+    in_0 = topic.publish(b"a", b"b", source=0)
+    in_1 = topic.publish(b"c", b"d", source=1)
+    topic.publish(b"e", source=2)
+    run(p, 0.0)
+    assert only_1.positions() == in_1  # sources 0 and 2 wait for a consumer of theirs
+    rest = Recorder()
+    rest.sources = frozenset({0, 2})
+    p.add_consumer(rest)
+    run(p, 1.0)
+    assert sorted(rest.positions())[:2] == in_0 and len(rest.positions()) == 3
+    # A nacked message of source 1 goes back to source 1's consumer only.
+    first = ack_ids(p, only_1)[0]
+    p.modify_deadline([first], 0, 2.0)
+    run(p, 2.0)
+    assert only_1.positions() == [*in_1, in_1[0]]
+    assert len(rest.positions()) == 3
+
+
+def test_key_shared_and_failover_treat_streams_of_one_client_id_as_one_client() -> None:
+    topic = MemoryTopic(sources=[[], []])
+    p = planner(topic, subscription(labels={"pubsubd-subscription-type": "failover"}))
+    # One client's consumers of partitions 0 and 1 (the Pulsar front), and a standby client.
+    part0, part1 = StreamConsumer(10, 0, 0, "client-a"), StreamConsumer(10, 0, 0, "client-a")
+    part0.sources, part1.sources = frozenset({0}), frozenset({1})
+    standby = StreamConsumer(10, 0, 0, "client-b")
+    for c in (standby, part0, part1):
+        p.add_consumer(c)
+    topic.publish(b"x", source=0)
+    topic.publish(b"y", source=1)
+    p.plan(0.0)
+    got = {d.consumer.id: d.positions for d in p.effects().deliveries}
+    assert set(got) == {part0.id, part1.id}
+    ks = planner(topic, subscription(labels={"pubsubd-subscription-type": "key_shared"}))
+    k0, k1 = StreamConsumer(10, 0, 0, "client-a"), StreamConsumer(10, 0, 0, "client-a")
+    k0.sources, k1.sources = frozenset({0}), frozenset({1})
+    ks.add_consumer(k0)
+    ks.add_consumer(k1)
+    key0 = topic.publish(b"k", key="same", source=0)
+    key1 = topic.publish(b"k", key="other", source=1)
+    ks.plan(0.0)
+    by_consumer: dict[int, list[int]] = {}
+    for d in ks.effects().deliveries:
+        by_consumer.setdefault(d.consumer.id, []).extend(d.positions)
+    # Each key is the one client's, and each message goes to the stream of its source.
+    assert set(key0) <= set(by_consumer.get(k0.id, []))
+    assert set(key1) <= set(by_consumer.get(k1.id, []))

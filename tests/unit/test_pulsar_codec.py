@@ -159,6 +159,10 @@ def test_message_frame_carries_attributes_key_and_event_time_back() -> None:
     assert {kv.key: kv.value for kv in meta.properties} == {"a": "b"}
     assert (meta.partition_key, meta.event_time, meta.publish_time) == ("k", 99, 2000)
     assert frame.payload == b"d" and frame.checksum_ok is True
+    assert not cmd.message.message_id.HasField("partition")
+    (frame,) = frames.FrameDecoder().feed(messages.message_frame(3, 2, 41, 0, msg, partition=2))
+    cmd.ParseFromString(frame.command)
+    assert cmd.message.message_id.partition == 2  # a partition consumer's IDs name it
 
 
 def test_topic_names_map_both_ways() -> None:
@@ -172,7 +176,12 @@ def test_topic_names_map_both_ways() -> None:
     assert t.subscription("audit") == "projects/acme/subscriptions/orders.audit"
     assert other.subscription("audit") == "projects/acme/subscriptions/billing.orders.audit"
     assert t.subscription("projects/acme/subscriptions/x") == "projects/acme/subscriptions/x"
-    for bad in ("non-persistent://a/b/c", "persistent://a/b", "a/b/c-partition-3", "x/y/9z"):
+    part = names.parse_topic("acme/default/orders-partition-3")
+    assert (part.google, part.partition) == ("projects/acme/topics/orders", 3)
+    assert part.pulsar == "persistent://acme/default/orders-partition-3"
+    assert part.subscription("audit") == t.subscription("audit")  # one subscription, all parts
+    assert names.parse_topic("orders").partition is None
+    for bad in ("non-persistent://a/b/c", "persistent://a/b", "a/b/c-partition-16", "x/y/9z"):
         with pytest.raises(names.InvalidName):
             names.parse_topic(bad)
 

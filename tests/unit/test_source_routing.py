@@ -174,6 +174,19 @@ async def test_publish_reads_the_key_from_the_payload_when_not_given(tmp_path: P
         await fwd.close()
 
 
+async def test_a_publish_into_a_named_source_goes_there_whatever_its_key(tmp_path: Path) -> None:
+    fwd = PublishingForwarder(tmp_path, fsync=FsyncPolicy.NEVER)
+    try:
+        fwd.configure_topic("t", 3, 3)
+        for key in KEYS[:10]:
+            source, _ = await fwd.publish("t", _request(key), 1, key, source=2)
+            assert source == 2
+        with pytest.raises(InvalidArgument, match="not a source"):
+            await fwd.publish("t", _request(""), 1, "", source=3)
+    finally:
+        await fwd.close()
+
+
 async def test_sources_reopen_from_disk_and_new_subscription_cursors(tmp_path: Path) -> None:
     fwd = PublishingForwarder(tmp_path, fsync=FsyncPolicy.ALWAYS)
     fwd.configure_topic("t", 3, 1)
@@ -210,3 +223,11 @@ async def test_a_cursor_opens_its_source_even_without_a_directory(tmp_path: Path
         assert len(fwd.topics["t"].logs) == 4
     finally:
         await fwd.close()
+
+
+def test_the_stream_sources_header_names_sources_or_is_invalid() -> None:
+    assert ps.stream_sources("2") == frozenset({2})
+    assert ps.stream_sources("0, 3,3") == frozenset({0, 3})
+    for bad in ("", "x", "-1", "16", "1;2"):
+        with pytest.raises(InvalidArgument, match="pubsubd-sources"):
+            ps.stream_sources(bad)

@@ -486,6 +486,12 @@ def frontend(
     http_port: Annotated[
         int, typer.Option(help="HTTP port for /healthz, /metrics, /status (0 = any, -1 = off)")
     ] = -1,
+    pulsar_port: Annotated[
+        int,
+        typer.Option(
+            help="the Pulsar binary protocol, proxied like every gRPC call (0 = any, -1 = off)"
+        ),
+    ] = -1,
     zk_session_timeout: ZkSessionOption = 10.0,
     pid_file: Annotated[Path | None, typer.Option(help="write the PID here when ready")] = None,
     log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
@@ -532,6 +538,7 @@ def frontend(
                 host=host,
                 port=port,
                 http_port=http_port,
+                pulsar_port=pulsar_port,
                 zk_session_timeout_s=zk_session_timeout,
                 pid_file=pid_file,
                 iam=security.iam,

@@ -44,7 +44,7 @@ STORAGE_READY = re.compile(
 SERVE_READY = re.compile(r"pubsubd ready grpc=(\S+):(\d+) http=(\S+):(\d+)")
 ROUTER_READY = re.compile(r"pubsubd router ready router_id=(\S+) zone=(\S+) http=(\S+)")
 FRONTEND_READY = re.compile(
-    r"pubsubd frontend ready grpc=(\S+) http=(\S+) frontend_id=(\S+) zone=(\S+)"
+    r"pubsubd frontend ready grpc=(\S+) http=(\S+) frontend_id=(\S+) zone=(\S+)(?: pulsar=(\d+))?"
 )
 PROBER_READY = re.compile(r"pubsubd prober ready endpoints=(\d+) http=(\S+)")
 READY = {
@@ -401,13 +401,17 @@ class LocalCluster:
 
     def _start_frontend(self, i: int, zones: int, timeout: float) -> Process:
         name = f"frontend-{i + 1}"
-        args = [*self._control_args("frontend", name, f"zone-{i % zones + 1}"), "--port", "0"]
+        args = [
+            *self._control_args("frontend", name, f"zone-{i % zones + 1}"),
+            *("--port", "0", "--pulsar-port", "0"),
+        ]
         log = self.directory / f"{name}.log"
         pid, ready = _start(args, log, FRONTEND_READY, timeout)
-        grpc, http, _, zone = ready.groups()
+        grpc, http, _, zone, pulsar = ready.groups()
         # Restarts keep the ports, so the address clients were given stays right.
         args[args.index("--port") + 1] = grpc.rsplit(":", 1)[1]
         args[args.index("--http-port") + 1] = http.rsplit(":", 1)[1]
+        args[args.index("--pulsar-port") + 1] = pulsar
         return Process("frontend", pid, grpc, zone, str(log), name, args)
 
     def _start_prober(self, i: int, timeout: float) -> Process:

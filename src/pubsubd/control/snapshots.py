@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -301,6 +302,37 @@ class Snapshots:
             states = self._seek_time_states(sub, publishing, retention.timestamp_us(request.time))
         # The new state is durable before Seek answers.
         await self.routes.subscribing(sub.record.uid).reset(sub.record.name, states)
+
+    async def seek_offsets(self, name: str, offsets: Mapping[int, int]) -> None:
+        """Replay API SeekOffsets: in each source named, every message from its offset on is
+        unacked (anything the log still holds: the log's start is the floor, not retention)
+        and every one before it acked; an offset past the committed end counts as the end.
+        Other sources keep their ack state; as with Seek, outstanding ack IDs stop working
+        and what was delivered but not acked is delivered again."""
+        names.subscription(name)
+        sub = self.catalog.subscription(name)
+        self._check_attached(sub)
+        topic_uid = sub.record.topic_uid
+        publishing = self.routes.reader(topic_uid)
+        count = publishing.source_count(topic_uid)
+        for source, offset in offsets.items():
+            if not 0 <= source < count:
+                raise InvalidArgument(
+                    f"offsets: {source} is not a source of the topic (it has 0..{count - 1})"
+                )
+            if offset < 0:
+                raise InvalidArgument(f"offsets[{source}]: must not be negative")
+        subscribing = self.routes.subscribing(sub.record.uid)
+        current = subscribing.cursor_states(sub.record.name)
+        states: dict[int, CursorState] = {}
+        for source, offset in offsets.items():
+            log_ = LogView(publishing, topic_uid, source)
+            start = log_.start_offset
+            target = min(offset, log_.committed_offset)
+            states[source] = retention.seek_state(
+                current.get(source, CursorState(0, ())), target, start, start
+            )
+        await subscribing.reset(sub.record.name, states)
 
     def _seek_time_states(
         self, sub: SubscriptionEntry, publishing: PublishingForwarderApi, time_us: int

@@ -86,3 +86,23 @@ def on_update(current: Mapping[str, str], labels: MutableMapping[str, str]) -> S
             f"{key_sources}"
         )
     return SourceCounts(sources, key_sources)
+
+
+# A StreamingPull stream that sends this request header takes the messages of these sources only
+# (decimal indexes, comma-separated): the Pulsar front's consumers of ``TOPIC-partition-N``.
+STREAM_SOURCES_HEADER = "pubsubd-sources"
+
+
+def stream_sources(value: str) -> frozenset[int]:
+    """The sources a ``pubsubd-sources`` header names; INVALID_ARGUMENT if it is malformed.
+    A source the topic does not have (yet) is allowed: that stream gets nothing from it."""
+    out: set[int] = set()
+    for part in value.split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) >= MAX_SOURCES:
+            raise InvalidArgument(
+                f"{STREAM_SOURCES_HEADER}: {value!r} is not a comma-separated list of sources "
+                f"0..{MAX_SOURCES - 1}"
+            )
+        out.add(int(part))
+    return frozenset(out)

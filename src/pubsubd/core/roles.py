@@ -65,14 +65,20 @@ class PublishingForwarderApi(Protocol):
     # --- publishing -----------------------------------------------------------------------
 
     async def publish(
-        self, topic_uid: str, payload: bytes, count: int, ordering_key: str | None = None
+        self,
+        topic_uid: str,
+        payload: bytes,
+        count: int,
+        ordering_key: str | None = None,
+        source: int | None = None,
     ) -> tuple[int, int]:
         """Persist one batch (a serialized PublishRequest of ``count`` messages); returns
-        (source, base offset) once durable."""
+        (source, base offset) once durable. ``source``: store it there instead of routing it
+        (an existing source)."""
         ...
 
     async def publish_deduplicated(
-        self, topic_uid: str, messages: Sequence[tuple[str, Any]]
+        self, topic_uid: str, messages: Sequence[tuple[str, Any]], source: int | None = None
     ) -> tuple[list[str], int]:
         """Persist the messages whose dedup ID the topic's window does not know; returns
         every message ID (the original one for a duplicate) and the duplicates count."""
@@ -281,7 +287,11 @@ class SubscribingForwarderApi(Protocol):
         max_messages: int,
         max_bytes: int,
         client_id: str = "",
-    ) -> StreamHandle: ...
+        sources: frozenset[int] | None = None,
+    ) -> StreamHandle:
+        """A StreamingPull consumer; ``sources``: it takes messages of these publish message
+        sources only (None: of every source)."""
+        ...
 
     def acknowledge(self, name: str, ack_ids: list[str]) -> None: ...
 

@@ -52,6 +52,7 @@ from pubsubd.frontend.proxy import Proxy
 from pubsubd.frontend.targets import resource_name, targets
 from pubsubd.observability import metrics
 from pubsubd.observability.http import HttpEndpoint
+from pubsubd.pulsar.server import PulsarServer
 from pubsubd.storage.zk_metadata import POLICIES, ZooKeeperMetadataStore
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class FrontendConfig:
     host: str = "127.0.0.1"
     port: int = 0
     http_port: int = -1
+    pulsar_port: int = -1  # the Pulsar binary protocol, through this frontend's gRPC port
     zk_session_timeout_s: float = 10.0
     pid_file: Path | None = None
     # TLS on its gRPC and HTTP ports (core/tls.py); its proxy's channels to forwarders follow
@@ -98,6 +100,8 @@ class Frontend:
         self._forwarders_changed = asyncio.Event()
         self.http = HttpEndpoint(self.status, self.problem)
         self.rest: RestFront | None = None
+        self.pulsar: PulsarServer | None = None
+        self.pulsar_port = -1
         self.server: grpc.aio.Server | None = None
         self.registration: Registration[dict[str, Any]] | None = None
         self.port = 0
@@ -196,12 +200,24 @@ class Frontend:
             self.http_port = await self.http.start(
                 config.host, config.http_port, ssl=tls.context() if tls else None
             )
+        if config.pulsar_port >= 0:
+            # The Pulsar front answers LOOKUP with itself and calls this frontend's gRPC port
+            # (over the REST front's local target), whose proxy sends each call to the
+            # forwarder that owns its topic or subscription.
+            self.pulsar = PulsarServer(
+                rest_target,
+                f"pubsubd-frontend-{version()}",
+                ssl=tls.context() if tls else None,
+            )
+            self.pulsar_port = await self.pulsar.start(config.host, config.pulsar_port)
         if config.pid_file is not None:
             config.pid_file.write_text(f"{os.getpid()}\n")
         http = f" http={config.host}:{self.http_port}" if config.http_port >= 0 else ""
         sys.stdout.write(
             f"pubsubd frontend ready grpc={config.host}:{self.port}{http}"
-            f" frontend_id={self.frontend_id} zone={config.zone}\n"
+            f" frontend_id={self.frontend_id} zone={config.zone}"
+            + (f" pulsar={self.pulsar_port}" if self.pulsar is not None else "")
+            + "\n"
         )
         sys.stdout.flush()
 
@@ -232,6 +248,8 @@ class Frontend:
     async def stop(self) -> None:
         if self.registration is not None:
             await self.registration.stop()
+        if self.pulsar is not None:
+            await self.pulsar.stop()
         if self.server is not None:
             await self.server.stop(STOP_GRACE_S)
         await self.proxy.close()

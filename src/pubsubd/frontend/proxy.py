@@ -325,6 +325,7 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]
         # The client's requests after the first, as sent so far: kept only until the stream
         # answers (after that it is never opened again).
         taken = _Taken()
+        accepted = False  # the client was told (STREAM_ACCEPTED): at most once
         while True:
             candidates = await self._candidates(method, first, context)
             call = self.channel(candidates[0].address).stream_stream(method)(
@@ -337,6 +338,14 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]
             )
             response, started = b"", False
             try:
+                if not accepted:
+                    # Pass the forwarder's acceptance on at once, as a serving process sends
+                    # it, not with the first message: a client may wait for it (the Pulsar
+                    # front's consumers answer SUBSCRIBE on it). A refusal has no such header.
+                    headers = await call.initial_metadata()
+                    if STREAM_ACCEPTED in tuple(headers or ()):
+                        await context.send_initial_metadata((STREAM_ACCEPTED,))
+                        accepted = True
                 async for response in call:
                     if not started:
                         started, taken.keep = True, False

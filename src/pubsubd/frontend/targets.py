@@ -9,7 +9,8 @@ ordered forwarders that serve it.
   (SCALE_OUT.md §3: the nearest first, the next zone when none there is healthy).
 * Calls on one subscription (Pull, StreamingPull's first request, Acknowledge,
   ModifyAckDeadline, GetSubscription, UpdateSubscription, DeleteSubscription,
-  ModifyPushConfig, Seek, CreateSnapshot by the subscription it names) go to the owner of
+  ModifyPushConfig, Seek, the replay API's SeekOffsets, CreateSnapshot by the subscription it
+  names) go to the owner of
   ``s/{uid}/0``, then its fallbacks.
 * Everything else (topic creation, lists, other snapshot calls, schemas, IAM), and a name no
   route knows yet (just created, not routed), goes to any forwarder: those of the frontend's
@@ -67,6 +68,7 @@ SUBSCRIPTION_METHODS: dict[str, tuple[int, ...]] = {
     SUBSCRIBER + "ModifyPushConfig": (1,),
     SUBSCRIBER + "Seek": (1,),
     SUBSCRIBER + "CreateSnapshot": (2,),  # CreateSnapshotRequest.subscription
+    REPLAY + "SeekOffsets": (1,),  # SeekOffsetsRequest.subscription
     # A REST Pull response its client never got (api/rest/front.py): GiveBackRequest.subscription
     "/pubsubd.internal.v1.Forwarder/GiveBack": (2,),
 }

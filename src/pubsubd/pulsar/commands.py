@@ -147,12 +147,16 @@ def close_producer(producer_id: int) -> bytes:
     return frame(cmd)
 
 
-def last_message_id(request_id: int, ledger: int, entry: int) -> bytes:
+def last_message_id(request_id: int, ledger: int, entry: int, partition: int = -1) -> bytes:
+    """GET_LAST_MESSAGE_ID's answer; ``partition`` >= 0 for a partition's consumer (the client
+    compares it with the IDs it received, which name their partition)."""
     cmd = BaseCommand(type=Type.Value("GET_LAST_MESSAGE_ID_RESPONSE"))
     r = cmd.getLastMessageIdResponse
     r.request_id = request_id
     r.last_message_id.ledgerId = ledger
     r.last_message_id.entryId = entry
+    if partition >= 0:
+        r.last_message_id.partition = partition
     return frame(cmd)
 
 

@@ -25,10 +25,10 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from pubsubd.core import queue_settings
+from pubsubd.core import publish_sources, queue_settings
 from pubsubd.core.errors import Unauthenticated
 from pubsubd.core.tokens import TokenVerifier
-from pubsubd.pulsar import commands, frames, names
+from pubsubd.pulsar import commands, frames, ids, names
 from pubsubd.pulsar.api import BaseCommand, CommandSubscribe, ServerError, Type
 from pubsubd.pulsar.consumers import Consumer, check_subscription
 from pubsubd.pulsar.errors import PulsarError
@@ -100,6 +100,7 @@ class Connection:
             Type.Value("CLOSE_CONSUMER"): self._close_consumer,
             Type.Value("UNSUBSCRIBE"): self._unsubscribe,
             Type.Value("SEEK"): self._seek,
+            Type.Value("GET_LAST_MESSAGE_ID"): self._last_message_id,
         }
 
     # --- I/O -------------------------------------------------------------------------------
@@ -186,7 +187,7 @@ class Connection:
 
     async def _close(self) -> None:
         for consumer in list(self.consumers.values()):
-            await consumer.close()
+            await self._end_consumer(consumer)
         for producer in self.producers.values():
             producer.abort()
         for task in list(self._tasks):
@@ -220,12 +221,20 @@ class Connection:
         self.write(commands.connected(cmd.connect.protocol_version, self.state.server_version))
 
     def _partitioned_metadata(self, cmd: Any, frame: frames.Frame) -> None:
+        """A topic of K > 1 publish message sources has K partitions; one source (or a topic
+        not created yet, or a partition's own name) is a non-partitioned topic (0)."""
         request = cmd.partitionMetadata
-        try:
-            names.parse_topic(request.topic)
-        except names.InvalidName as e:
-            raise _invalid_name(e) from e
-        self.write(commands.partitioned_metadata(request.request_id, 0))
+        topic = _topic(request.topic)
+        if topic.partition is not None:
+            self.write(commands.partitioned_metadata(request.request_id, 0))
+            return
+
+        async def answer() -> None:
+            found = await self.gateway.get_topic(topic.google)
+            count = _source_count(found) if found is not None else 1
+            self.write(commands.partitioned_metadata(request.request_id, count if count > 1 else 0))
+
+        self._spawn(cmd, answer())
 
     def _lookup(self, cmd: Any, frame: frames.Frame) -> None:
         request = cmd.lookupTopic
@@ -256,8 +265,8 @@ class Connection:
         )
 
         async def create() -> None:
-            await self.gateway.ensure_topic(topic.google)
-            key = (topic.google, name)
+            source = _partition_source(topic, await self.gateway.ensure_topic(topic.google))
+            key = (topic.pulsar, name)
             last = self.state.last_sequence
 
             def stored(seq: int) -> None:
@@ -269,8 +278,10 @@ class Connection:
                 request.producer_id,
                 topic.google,
                 name,
-                f"pulsar/{self.state.incarnation}/",
+                f"pulsar/{self.state.incarnation}/"
+                + ("" if source is None else f"partition-{source}/"),
                 stored,
+                source,
             )
             self.write(commands.producer_success(request.request_id, name, last.get(key, -1)))
 
@@ -310,35 +321,59 @@ class Connection:
             subscription = topic.subscription(request.subscription)
         except names.InvalidName as e:
             raise _invalid_name(e) from e
-        if not request.durable:
-            raise PulsarError(
-                "NotAllowedError", "non-durable subscriptions (readers) are not supported yet"
-            )
         if request.consumer_id in self.consumers:
             self.write(commands.success(request.request_id))
             return
         kind = SUBSCRIPTION_TYPES.get(request.subType, "shared")
+        temporary = not request.durable  # a reader, or a non-durable subscription
+        client_id = f"pulsar-{self.state.incarnation}-{self.id}-"
+        # One Pulsar consumer of a partitioned topic is a consumer per partition, all with its
+        # name (a reader's have none, but their own subscription): one client_id makes them
+        # one client (failover, exclusive and key_shared rules).
+        if topic.partition is not None:
+            client_id += f"name-{request.consumer_name or request.subscription}"
+        else:
+            client_id += str(request.consumer_id)
 
         async def subscribe() -> None:
-            await self.gateway.ensure_topic(topic.google)
+            source = _partition_source(topic, await self.gateway.ensure_topic(topic.google))
+            sources = None if source is None else frozenset({source})
             labels = {
                 queue_settings.TYPE_LABEL: kind,
                 queue_settings.DELIVERY_ATTEMPTS_LABEL: "always",
             }
+            if temporary:
+                labels[READER_LABEL] = "true"
             existing, created = await self.gateway.get_or_create_subscription(
                 subscription, topic.google, labels
             )
             if not created:
                 check_subscription(existing, topic.google, kind, queue_settings.TYPE_LABEL)
-            elif request.initialPosition == CommandSubscribe.Earliest:
-                await self.gateway.seek_time(subscription, 0)
+                if temporary and existing.labels.get(READER_LABEL) != "true":
+                    # A reader acks what it reads and deletes its subscription: never a
+                    # durable one's.
+                    raise PulsarError(
+                        "NotAllowedError",
+                        f"subscription {subscription} is durable; a reader needs a name of its own",
+                    )
+            if temporary and request.HasField("start_message_id"):
+                await self._seek_to(subscription, topic.google, sources, request.start_message_id)
+            elif created and request.initialPosition == CommandSubscribe.Earliest:
+                if temporary:
+                    earliest = ids.message_id_data(ids.EARLIEST, ids.EARLIEST)
+                    await self._seek_to(subscription, topic.google, sources, earliest)
+                else:
+                    await self.gateway.seek_time(subscription, 0)
             consumer = Consumer(
                 self.gateway,
                 self.write,
                 request.consumer_id,
                 subscription,
-                f"pulsar-{self.state.incarnation}-{self.id}-{request.consumer_id}",
+                client_id,
                 cumulative_ok=kind in ("exclusive", "failover"),
+                topic=topic.google,
+                sources=sources,
+                auto_ack=temporary,
             )
             await consumer.open()
             consumer.on_lost = self._consumer_lost
@@ -382,10 +417,70 @@ class Connection:
 
         async def close() -> None:
             if consumer is not None:
-                await consumer.close()
+                await self._end_consumer(consumer)
             self.write(commands.success(request.request_id))
 
         self._spawn(cmd, close())
+
+    async def _end_consumer(self, consumer: Consumer) -> None:
+        """The client closed the consumer (or its connection): a reader's temporary
+        subscription goes with it."""
+        await consumer.close()
+        if consumer.auto_ack:
+            try:
+                await self.gateway.delete_subscription(consumer.subscription)
+            except Exception as e:  # the server may be stopping: the subscription stays
+                log.info("reader subscription %s not deleted: %s", consumer.subscription, e)
+
+    async def _seek_to(
+        self,
+        subscription: str,
+        topic: str,
+        sources: frozenset[int] | None,
+        mid: Any,
+        after: bool = False,
+    ) -> None:
+        """Deliver again from the message ``mid`` names (``after``: from the one after it;
+        earliest/latest: of every source the consumer reads): its source's ack state moves
+        there, exactly (SeekOffsets)."""
+        ranges = (await self.gateway.topic_ranges(topic)).sources
+        wanted = [r for r in ranges if sources is None or r.source in sources]
+        if ids.EARLIEST in (mid.ledgerId, mid.entryId):
+            offsets = {r.source: r.earliest_offset for r in wanted}
+        elif ids.LATEST in (mid.ledgerId, mid.entryId):
+            offsets = {r.source: r.latest_offset for r in wanted}
+        else:
+            source, offset = ids.key(mid)
+            if not any(r.source == source for r in wanted):
+                raise PulsarError(
+                    "NotAllowedError",
+                    f"message ID ({mid.ledgerId}, {mid.entryId}) is not of a partition (publish "
+                    f"message source) this consumer reads",
+                )
+            offsets = {source: offset + 1 if after else offset}
+        await self.gateway.seek_offsets(subscription, offsets)
+
+    def _last_message_id(self, cmd: Any, frame: frames.Frame) -> None:
+        """The ID of the last message the consumer's partition (source) holds; with no
+        message retained, the entry is -1."""
+        request = cmd.getLastMessageId
+        consumer = self._consumer(request.consumer_id)
+
+        async def answer() -> None:
+            ranges = (await self.gateway.topic_ranges(consumer.topic)).sources
+            mine = [r for r in ranges if consumer.sources is None or r.source in consumer.sources]
+            held = [
+                (r.source, r.latest_offset - 1) for r in mine if r.latest_offset > r.earliest_offset
+            ]
+            if held:
+                ledger, entry = max(held)
+            else:
+                ledger = min(consumer.sources) if consumer.sources else 0
+                entry = ids.EARLIEST
+            partition = min(consumer.sources) if consumer.sources else -1
+            self.write(commands.last_message_id(request.request_id, ledger, entry, partition))
+
+        self._spawn(cmd, answer())
 
     def _unsubscribe(self, cmd: Any, frame: frames.Frame) -> None:
         request = cmd.unsubscribe
@@ -402,10 +497,8 @@ class Connection:
     def _seek(self, cmd: Any, frame: frames.Frame) -> None:
         request = cmd.seek
         consumer = self._consumer(request.consumer_id)
-        if not request.HasField("message_publish_time"):
-            raise PulsarError(
-                "NotAllowedError", "seek by message ID is not supported yet; seek by time"
-            )
+        if not request.HasField("message_publish_time") and not request.HasField("message_id"):
+            raise PulsarError("NotAllowedError", "SEEK needs a message ID or a publish time")
 
         async def seek() -> None:
             # As Pulsar does: answer, then close the consumer so the client subscribes again.
@@ -413,7 +506,7 @@ class Connection:
             # seek is in progress, and it drops those; closing gives them back instead.
             consumer.paused = True
             try:
-                await self.gateway.seek_time(consumer.subscription, request.message_publish_time)
+                await self._seek_consumer(consumer, request)
             except PulsarError:
                 consumer.paused = False
                 consumer.flow(0)
@@ -425,6 +518,54 @@ class Connection:
             await consumer.close()
 
         self._spawn(cmd, seek())
+
+    async def _seek_consumer(self, consumer: Consumer, request: Any) -> None:
+        """By message ID: that message's source from the message after it on (SeekOffsets; the
+        client drops the message itself, so a reader, which acks what it is sent, is sent it
+        and a durable consumer is not, which would hold it unacked). By publish time: the
+        whole subscription (Seek, Google's rule: acked messages come back only within retention),
+        or for a partition's consumer its source alone, from its first message at or after the
+        time (SeekOffsets: anything the log still holds)."""
+        if request.HasField("message_id"):
+            await self._seek_to(
+                consumer.subscription,
+                consumer.topic,
+                consumer.sources,
+                request.message_id,
+                after=not consumer.auto_ack,
+            )
+        elif consumer.sources is None:
+            await self.gateway.seek_time(consumer.subscription, request.message_publish_time)
+        else:
+            found = await self.gateway.offsets_for_time(
+                consumer.topic, request.message_publish_time
+            )
+            await self.gateway.seek_offsets(
+                consumer.subscription, {s: found[s] for s in consumer.sources if s in found}
+            )
+
+
+# A reader's temporary subscription carries this label (not pubsubd-*: those are settings).
+READER_LABEL = "pulsar-reader"
+
+
+def _source_count(topic: Any) -> int:
+    return publish_sources.parse(topic.labels).sources
+
+
+def _partition_source(topic: names.TopicName, found: Any) -> int | None:
+    """The publish message source a ``TOPIC-partition-N`` name means (None: the whole topic);
+    NotAllowedError if the topic has no source N."""
+    if topic.partition is None:
+        return None
+    count = _source_count(found)
+    if topic.partition >= count:
+        raise PulsarError(
+            "NotAllowedError",
+            f"{topic.pulsar}: the topic has {count} partition(s) (publish message sources "
+            f"0..{count - 1})",
+        )
+    return topic.partition
 
 
 def _invalid_name(e: names.InvalidName) -> PulsarError:

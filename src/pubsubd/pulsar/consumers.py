@@ -9,6 +9,11 @@ messages. Pulsar has no ack deadline, so the leases of everything this consumer 
 extended every ``EXTEND_EVERY_S``; closing the consumer (or losing its connection) nacks them,
 so they are redelivered at once. The redelivery count is the stream's ``delivery_attempt`` - 1
 (subscriptions carry ``pubsubd-delivery-attempts: always``).
+
+A consumer of partition N (``TOPIC-partition-N``) opens its stream with the request header
+``pubsubd-sources: N``, so the server hands it only source N's messages. A reader's consumer
+(``auto_ack``) acknowledges what it sends at once: a reader's position is the client's, which
+it sends again when it resubscribes (``start_message_id``).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import grpc
 
 from pubsubd.core import pb
 from pubsubd.core.errors import STREAM_ACCEPTED
+from pubsubd.core.ids import OFFSET_BITS, OFFSET_MASK
+from pubsubd.core.publish_sources import STREAM_SOURCES_HEADER
 from pubsubd.pulsar import commands, errors, ids, messages
 from pubsubd.pulsar.errors import PulsarError
 from pubsubd.pulsar.gateway import Gateway, requests_from
@@ -44,11 +51,17 @@ class Consumer:
         subscription: str,
         client_id: str,
         cumulative_ok: bool,
+        topic: str = "",
+        sources: frozenset[int] | None = None,
+        auto_ack: bool = False,
     ) -> None:
         self.gateway = gateway
         self.write = write
         self.consumer_id = consumer_id
         self.subscription = subscription
+        self.topic = topic
+        self.sources = sources  # the partition's source; None: every source
+        self.auto_ack = auto_ack  # a reader: acked as sent
         self.client_id = client_id
         self.cumulative_ok = cumulative_ok
         self.permits = 0
@@ -71,9 +84,11 @@ class Consumer:
                 client_id=self.client_id,
             )
         )
-        self._call = self.gateway.streaming_pull(
-            requests_from(self._requests), metadata=self.gateway.metadata
-        )
+        metadata = self.gateway.metadata
+        if self.sources is not None:
+            header = (STREAM_SOURCES_HEADER, ",".join(map(str, sorted(self.sources))))
+            metadata = (*(metadata or ()), header)
+        self._call = self.gateway.streaming_pull(requests_from(self._requests), metadata=metadata)
         headers = await self._call.initial_metadata()
         if STREAM_ACCEPTED not in tuple(headers or ()):
             code = await self._call.code()
@@ -90,19 +105,29 @@ class Consumer:
 
     def _pump(self) -> None:
         buffer, sent, consumer_id = self._buffer, self._sent, self.consumer_id
+        partition = next(iter(self.sources)) if self.sources is not None else -1
         count = 0 if self.paused else min(self.permits, len(buffer))
         if not count:
             return
         out = []
-        for _ in range(count):
-            received = buffer.popleft()
+        acked: list[str] = []
+        auto_ack, take, frame = self.auto_ack, buffer.popleft, messages.message_frame
+        for _ in range(count):  # once per delivered message: kept lean
+            received = take()
             message = received.message
-            ledger, entry = ids.from_message_id(message.message_id)
-            sent[(ledger, entry)] = received.ack_id
-            redelivery = received.delivery_attempt - 1 if received.delivery_attempt > 1 else 0
-            out.append(messages.message_frame(consumer_id, ledger, entry, redelivery, message))
+            pos = int(message.message_id)  # a position: source << 48 | offset (ids.py)
+            ledger, entry = pos >> OFFSET_BITS, pos & OFFSET_MASK
+            if auto_ack:
+                acked.append(received.ack_id)
+            else:
+                sent[(ledger, entry)] = received.ack_id
+            attempt = received.delivery_attempt
+            redelivery = attempt - 1 if attempt > 1 else 0
+            out.append(frame(consumer_id, ledger, entry, redelivery, message, partition))
         self.permits -= count
         self.write(b"".join(out))
+        if acked:
+            self._requests.put_nowait(pb.StreamingPullRequest(ack_ids=acked))
 
     def ack(self, cmd: Any) -> None:
         """ACK individual (a list of IDs) or cumulative (everything up to an ID, same source)."""
@@ -116,8 +141,9 @@ class Consumer:
                 done = [k for k in self._sent if k[0] == ledger and k[1] <= entry]
                 ack_ids += [self._sent.pop(k) for k in done]
         else:
+            pop = self._sent.pop
             for mid in cmd.message_id:
-                ack_id = self._sent.pop(ids.key(mid), None)
+                ack_id = pop(ids.key(mid), None)
                 if ack_id is not None:
                     ack_ids.append(ack_id)
         if ack_ids:

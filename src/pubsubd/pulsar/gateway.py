@@ -47,6 +47,16 @@ class Gateway:
             replay_pb2.PublishDeduplicatedRequest.SerializeToString,
             replay_pb2.PublishDeduplicatedResponse.FromString,
         )
+        self._seek_offsets = ch.unary_unary(
+            _REPLAY + "SeekOffsets",
+            replay_pb2.SeekOffsetsRequest.SerializeToString,
+            replay_pb2.SeekOffsetsResponse.FromString,
+        )
+        self._lookup_offsets = ch.unary_unary(
+            _REPLAY + "LookupOffsets",
+            replay_pb2.LookupOffsetsRequest.SerializeToString,
+            replay_pb2.LookupOffsetsResponse.FromString,
+        )
         self._ranges = ch.unary_unary(
             _REPLAY + "GetTopicRanges",
             replay_pb2.GetTopicRangesRequest.SerializeToString,
@@ -90,27 +100,37 @@ class Gateway:
         view.metadata = (("authorization", f"Bearer {token}"),)
         return view
 
-    async def ensure_topic(self, topic: str) -> None:
-        """Pulsar creates topics on first use: get the topic, create it when missing."""
+    async def get_topic(self, topic: str) -> Any | None:
+        """The topic, None when it does not exist."""
         try:
-            await self._get_topic(pb.GetTopicRequest(topic=topic), metadata=self.metadata)
-            return
+            return await self._get_topic(pb.GetTopicRequest(topic=topic), metadata=self.metadata)
         except grpc.aio.AioRpcError as e:
             if e.code() != grpc.StatusCode.NOT_FOUND:
                 raise errors.from_rpc_error(e) from e
+        return None
+
+    async def ensure_topic(self, topic: str) -> Any:
+        """Pulsar creates topics on first use: get the topic, create it when missing."""
+        found = await self.get_topic(topic)
+        if found is not None:
+            return found
         try:
-            await self._create_topic(pb.Topic(name=topic), metadata=self.metadata)
+            return await self._create_topic(pb.Topic(name=topic), metadata=self.metadata)
         except grpc.aio.AioRpcError as e:
             if e.code() != grpc.StatusCode.ALREADY_EXISTS:
                 raise errors.from_rpc_error(e) from e
+        return await self.ensure_topic(topic)
 
-    async def publish(self, topic: str, messages: list[Any]) -> list[str]:
-        """PublishDeduplicated: the message IDs in order (the original ID for a duplicate)."""
+    async def publish(
+        self, topic: str, messages: list[Any], source: int | None = None
+    ) -> list[str]:
+        """PublishDeduplicated: the message IDs in order (the original ID for a duplicate);
+        ``source``: into that publish message source (a partition's producer)."""
+        request = replay_pb2.PublishDeduplicatedRequest(topic=topic, messages=messages)
+        if source is not None:
+            request.source = source
         try:
-            response = await self._publish(
-                replay_pb2.PublishDeduplicatedRequest(topic=topic, messages=messages),
-                metadata=self.metadata,
-            )
+            response = await self._publish(request, metadata=self.metadata)
         except grpc.aio.AioRpcError as e:
             raise errors.from_rpc_error(e) from e
         return list(response.message_ids)
@@ -164,6 +184,26 @@ class Gateway:
                 await self._modack(request, metadata=self.metadata)
             except grpc.aio.AioRpcError as e:
                 raise errors.from_rpc_error(e, subscription=True) from e
+
+    async def seek_offsets(self, subscription: str, offsets: dict[int, int]) -> None:
+        try:
+            await self._seek_offsets(
+                replay_pb2.SeekOffsetsRequest(subscription=subscription, offsets=offsets),
+                metadata=self.metadata,
+            )
+        except grpc.aio.AioRpcError as e:
+            raise errors.from_rpc_error(e, subscription=True) from e
+
+    async def offsets_for_time(self, topic: str, millis: int) -> dict[int, int]:
+        """Per source, the first offset published at or after ``millis``."""
+        ts = timestamp_pb2.Timestamp(seconds=millis // 1000, nanos=(millis % 1000) * 1_000_000)
+        try:
+            found = await self._lookup_offsets(
+                replay_pb2.LookupOffsetsRequest(topic=topic, time=ts), metadata=self.metadata
+            )
+        except grpc.aio.AioRpcError as e:
+            raise errors.from_rpc_error(e) from e
+        return dict(found.offsets)
 
     async def seek_time(self, subscription: str, millis: int) -> None:
         ts = timestamp_pb2.Timestamp(seconds=millis // 1000, nanos=(millis % 1000) * 1_000_000)

@@ -23,6 +23,8 @@ from pubsubd.pulsar.api import MessageMetadata, SingleMessageMetadata, Type
 EVENT_TIME_ATTRIBUTE = "pulsar.event_time"
 DEFAULT_PRODUCER = "pubsubd"
 _U32 = struct.Struct(">I")
+_HEAD = struct.Struct(">II")  # totalSize, commandSize
+_CHECKSUM = struct.Struct(">HI")  # magic, crc32c
 
 
 class BadPayload(Exception):
@@ -151,29 +153,49 @@ def message_frame(
     entry: int,
     redelivery_count: int,
     message: Any,
+    partition: int = -1,
 ) -> bytes:
     """The MESSAGE frame delivering a Pub/Sub ``message`` (a PubsubMessage) to a consumer:
-    CommandMessage{consumer_id, message_id{ledger, entry}, redelivery_count} and
-    MessageMetadata{producer_name, sequence_id = entry, publish_time (ms), properties =
-    attributes, partition_key = ordering key, event_time}."""
+    CommandMessage{consumer_id, message_id{ledger, entry, partition when >= 0},
+    redelivery_count} and MessageMetadata{producer_name, sequence_id = entry, publish_time (ms),
+    properties = attributes, partition_key = ordering key, event_time}, with its checksum.
+    Written out in one piece (``frames.encode_payload_command``'s layout): it runs once per
+    delivered message."""
     mid = b"\x08" + _V(ledger) + b"\x10" + _V(entry)
+    if partition >= 0:
+        mid += b"\x18" + _V(partition)
     body = b"\x08" + _V(consumer_id) + b"\x12" + _V(len(mid)) + mid
     if redelivery_count:
         body += b"\x18" + _V(redelivery_count)
     command = _MESSAGE_TYPE + _V(len(body)) + body
     pt = message.publish_time
-    parts = [_PRODUCER, b"\x10", _V(entry), b"\x18", _V(pt.seconds * 1000 + pt.nanos // 1_000_000)]
-    event_time = 0
-    for key, value in message.attributes.items():
-        if key == EVENT_TIME_ATTRIBUTE and value.isdigit():
-            event_time = int(value)
-            continue
-        k, v = key.encode(), value.encode()
-        kv = b"\x0a" + _V(len(k)) + k + b"\x12" + _V(len(v)) + v
-        parts += (b"\x22", _V(len(kv)), kv)
-    if message.ordering_key:
-        key_bytes = message.ordering_key.encode()
-        parts += (b"\x32", _V(len(key_bytes)), key_bytes)
-    if event_time:
-        parts += (b"\x60", _V(event_time))
-    return frames.encode_payload_command(command, b"".join(parts), message.data)
+    meta = _PRODUCER + b"\x10" + _V(entry) + b"\x18" + _V(pt.seconds * 1000 + pt.nanos // 1_000_000)
+    attributes = message.attributes
+    key = message.ordering_key
+    if attributes:
+        event_time = 0
+        parts = [meta]
+        for name, value in attributes.items():
+            if name == EVENT_TIME_ATTRIBUTE and value.isdigit():
+                event_time = int(value)
+                continue
+            k, v = name.encode(), value.encode()
+            kv = b"\x0a" + _V(len(k)) + k + b"\x12" + _V(len(v)) + v
+            parts += (b"\x22", _V(len(kv)), kv)
+        if key:
+            key_bytes = key.encode()
+            parts += (b"\x32", _V(len(key_bytes)), key_bytes)
+        if event_time:
+            parts += (b"\x60", _V(event_time))
+        meta = b"".join(parts)
+    elif key:
+        key_bytes = key.encode()
+        meta += b"\x32" + _V(len(key_bytes)) + key_bytes
+    data: bytes = message.data
+    tail = _U32.pack(len(meta)) + meta + data
+    return (
+        _HEAD.pack(10 + len(command) + len(tail), len(command))
+        + command
+        + _CHECKSUM.pack(frames.MAGIC_CHECKSUM, frames.crc32c(tail))
+        + tail
+    )

@@ -10,8 +10,9 @@
   project, and the topic ID keeps two topics' subscriptions named S apart. A Pulsar
   subscription name that is a full Google name, ``projects/P/subscriptions/X``, names that
   subscription as it is (one made with the Google API, for instance); it must be of the topic.
-- ``non-persistent://`` topics and partition suffixes (``-partition-N``) are refused: every
-  pubsubd topic is persistent, and partitioned topics are not served yet.
+- ``TOPIC-partition-N`` is partition N of TOPIC: the same Google topic, its publish message
+  source N (a topic with K > 1 sources is a Pulsar topic of K partitions).
+- ``non-persistent://`` topics are refused: every pubsubd topic is persistent.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from pubsubd.core.publish_sources import MAX_SOURCES
+
 DEFAULT_TENANT = "public"
 DEFAULT_NAMESPACE = "default"
 _PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._~%+-]*$")
-_PARTITION = re.compile(r"-partition-\d+$")
+_PARTITION = re.compile(r"^(.+)-partition-(\d+)$")
 
 
 class InvalidName(ValueError):
@@ -33,11 +36,13 @@ class InvalidName(ValueError):
 class TopicName:
     tenant: str
     namespace: str
-    local: str
+    local: str  # without the partition suffix
+    partition: int | None = None  # TOPIC-partition-N: N, the publish message source
 
     @property
     def pulsar(self) -> str:
-        return f"persistent://{self.tenant}/{self.namespace}/{self.local}"
+        suffix = "" if self.partition is None else f"-partition-{self.partition}"
+        return f"persistent://{self.tenant}/{self.namespace}/{self.local}{suffix}"
 
     @property
     def google(self) -> str:
@@ -72,11 +77,15 @@ def parse_topic(name: str) -> TopicName:
     if len(parts) != 3 or not all(_PART.match(p) for p in parts):
         raise InvalidName(f"{name}: expected persistent://TENANT/NAMESPACE/TOPIC")
     tenant, namespace, local = parts
-    if _PARTITION.search(local):
-        raise InvalidName(f"{name}: partitioned topics are not supported yet")
+    partition = None
+    suffixed = _PARTITION.match(local)
+    if suffixed:
+        local, partition = suffixed.group(1), int(suffixed.group(2))
+        if partition >= MAX_SOURCES:
+            raise InvalidName(f"{name}: a topic has at most {MAX_SOURCES} partitions (sources)")
     if not local[0].isalpha():
         raise InvalidName(f"{name}: a Google topic ID must start with a letter")
-    return TopicName(tenant, namespace, local)
+    return TopicName(tenant, namespace, local, partition)
 
 
 def from_google(topic: str) -> TopicName:

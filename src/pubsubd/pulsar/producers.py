@@ -5,7 +5,10 @@ taking every queued SEND that fits one request (1,000 messages, 9 MB) so a produ
 are stored in the order sent, and writes the SEND_RECEIPTs in that order (the client requires
 it). A batch of n messages is stored at n consecutive offsets and its receipt names the first.
 Each message's dedup ID is ``pulsar/INCARNATION/PRODUCER/SEQUENCE_ID``: a SEND the client
-repeats after a reconnect is stored once and acknowledged with the original ID.
+repeats after a reconnect is stored once and acknowledged with the original ID. A producer of
+partition N (``TOPIC-partition-N``) stores every message in publish message source N, and its
+dedup IDs carry the partition (``pulsar/INCARNATION/partition-N/...``): the client numbers each
+partition's sends on its own.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class Producer:
         name: str,
         dedup_prefix: str,
         on_stored: Callable[[int], None],
+        source: int | None = None,
     ) -> None:
         self.gateway = gateway
         self.write = write
@@ -55,6 +59,7 @@ class Producer:
         self.name = name
         self.dedup_prefix = dedup_prefix
         self.on_stored = on_stored  # the highest sequence ID stored so far (for reconnects)
+        self.source = source  # a partition's producer: its publish message source
         self._queue: deque[PendingSend] = deque()
         self._wake = asyncio.Event()
         self._task = asyncio.create_task(self._run(), name=f"pulsar_producer_{producer_id}")
@@ -134,7 +139,7 @@ class Producer:
             found: list[str] = []
             for start in range(0, len(batch), MAX_REQUEST_MESSAGES):
                 chunk = batch[start : start + MAX_REQUEST_MESSAGES]
-                found += await self.gateway.publish(self.topic, chunk)
+                found += await self.gateway.publish(self.topic, chunk, self.source)
         except PulsarError as e:
             for p in group:
                 p.error = p.error or e

@@ -22,6 +22,7 @@ from pubsubd.api.grpc.status import rpc, unary_method
 from pubsubd.control.catalog import Catalog, TopicEntry
 from pubsubd.control.cursors import Cursors
 from pubsubd.control.router import Routes
+from pubsubd.control.snapshots import Snapshots
 from pubsubd.core import ids
 from pubsubd.core.clock import SYSTEM_CLOCK, Clock
 from pubsubd.core.damage_policy import DamagePolicy
@@ -233,9 +234,15 @@ DECODE_CACHE_TOPICS = 16
 
 class ReplayServicer:
     def __init__(
-        self, catalog: Catalog, routes: Routes, cursors: Cursors, clock: Clock = SYSTEM_CLOCK
+        self,
+        catalog: Catalog,
+        routes: Routes,
+        cursors: Cursors,
+        snapshots: Snapshots,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.catalog = catalog
+        self.snapshots = snapshots
         self.clock = clock
         self.routes = routes
         self.cursors = cursors
@@ -341,12 +348,19 @@ class ReplayServicer:
         if blocked is not None:
             raise ResourceExhausted(blocked)
         started = time.perf_counter()
-        message_ids, duplicates = await publishing.publish_deduplicated(uid, messages)
+        source = request.source if request.HasField("source") else None
+        message_ids, duplicates = await publishing.publish_deduplicated(uid, messages, source)
         metrics.PUBLISH_LATENCY.observe(time.perf_counter() - started)
         stored = len(messages) - duplicates
         metrics.PUBLISHED_MESSAGES.inc(stored)
         metrics.DEDUP_DUPLICATES.inc(duplicates)
         return r.PublishDeduplicatedResponse(message_ids=message_ids, duplicates=duplicates)
+
+    @rpc
+    async def SeekOffsets(self, request: Any, context: Context) -> Any:
+        await self.catalog.caught_up()
+        await self.snapshots.seek_offsets(request.subscription, dict(request.offsets))
+        return r.SeekOffsetsResponse()
 
 
 def handlers(servicer: ReplayServicer) -> grpc.GenericRpcHandler:
@@ -369,5 +383,6 @@ def handlers(servicer: ReplayServicer) -> grpc.GenericRpcHandler:
             ),
             "ListCursors": unary(s.ListCursors, r.ListCursorsRequest, r.ListCursorsResponse),
             "DeleteCursor": unary(s.DeleteCursor, r.DeleteCursorRequest, r.DeleteCursorResponse),
+            "SeekOffsets": unary(s.SeekOffsets, r.SeekOffsetsRequest, r.SeekOffsetsResponse),
         },
     )

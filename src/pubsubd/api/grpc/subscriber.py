@@ -34,6 +34,7 @@ from pubsubd.core.errors import (
     NotServedHere,
     PubsubError,
 )
+from pubsubd.core.publish_sources import STREAM_SOURCES_HEADER, stream_sources
 from pubsubd.core.roles import StreamHandle, SubscribingForwarderApi
 from pubsubd.observability import metrics, sli
 
@@ -211,7 +212,7 @@ class SubscriberServicer:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
                 raise  # unreachable: abort raises
             try:
-                forwarder, entry, stream = self._open_stream(first)
+                forwarder, entry, stream = self._open_stream(first, _stream_sources(context))
             except PubsubError as e:
                 code = None if isinstance(e, NotServedHere) else to_status(e)[0].name
                 await context.abort(to_status(e)[0], str(e))
@@ -254,7 +255,9 @@ class SubscriberServicer:
                 log.debug("stream %d closed; %d outstanding", stream.id, stream.outstanding)
                 stream.close()
 
-    def _open_stream(self, first: Any) -> tuple[SubscribingForwarderApi, Any, StreamHandle]:
+    def _open_stream(
+        self, first: Any, sources: frozenset[int] | None
+    ) -> tuple[SubscribingForwarderApi, Any, StreamHandle]:
         if not first.subscription:
             raise InvalidArgument("subscription: the first request of a stream must name it")
         names.subscription(first.subscription)
@@ -273,6 +276,7 @@ class SubscriberServicer:
             first.max_outstanding_messages,
             first.max_outstanding_bytes,
             first.client_id,
+            sources,
         )
         try:
             self._apply(forwarder, first.subscription, first)
@@ -325,6 +329,14 @@ class SubscriberServicer:
             stream.end(_HalfClosed())
         else:
             stream.end(_HalfClosed())
+
+
+def _stream_sources(context: Context) -> frozenset[int] | None:
+    """The ``pubsubd-sources`` request header: the stream takes only these sources' messages."""
+    for key, value in context.invocation_metadata() or ():
+        if key == STREAM_SOURCES_HEADER:
+            return stream_sources(value if isinstance(value, str) else value.decode())
+    return None
 
 
 async def _parsed(raw: AsyncIterator[bytes]) -> AsyncIterator[Any]:

@@ -134,14 +134,15 @@ class Deduplicator:
     # --- publish ------------------------------------------------------------------------------
 
     async def publish(
-        self, topic_uid: str, messages: Sequence[tuple[str, Any]]
+        self, topic_uid: str, messages: Sequence[tuple[str, Any]], source: int | None = None
     ) -> tuple[list[str], int]:
         """Store the messages whose dedup ID is not in the window; return the message ID of
         every message (the original one for a duplicate) and how many were duplicates.
 
         ``messages`` are (dedup ID, message) pairs, already validated; a message is anything
         with ``data``, ``attributes`` and ``ordering_key`` (a PubsubMessage or the API's
-        DeduplicatedMessage), without the reserved attribute."""
+        DeduplicatedMessage), without the reserved attribute. ``source``: store them in that
+        publish message source instead of routing them."""
         sources = self.publishing.open_topic(topic_uid)
         window = self._window(topic_uid, sources)
         now = self.clock.time_us()
@@ -172,7 +173,9 @@ class Deduplicator:
                 pending[messages[i][0]] = (mine, k)
             # The append runs in its own task: a client cancelling its call must not leave a
             # stored message whose ID the window does not know.
-            store = asyncio.ensure_future(self._store(topic_uid, window, messages, new, mine))
+            store = asyncio.ensure_future(
+                self._store(topic_uid, window, messages, new, mine, source)
+            )
             store.add_done_callback(_retrieve)
             await asyncio.shield(store)
             for i, message_id in zip(new, mine.result(), strict=True):
@@ -196,6 +199,7 @@ class Deduplicator:
         messages: Sequence[tuple[str, Any]],
         new: list[int],
         mine: asyncio.Future[list[str]],
+        source: int | None = None,
     ) -> None:
         try:
             stored = [messages[i] for i in new]
@@ -211,10 +215,10 @@ class Deduplicator:
                     attributes[DEDUP_ID_ATTRIBUTE] = dedup_id
                 raw = request.SerializeToString()
                 count = stop - start
-                source, base = await self.publishing.publish(
-                    topic_uid, raw, count, ordering_key=request.messages[0].ordering_key
+                stored_in, base = await self.publishing.publish(
+                    topic_uid, raw, count, request.messages[0].ordering_key, source
                 )
-                first = ids.position(source, base)
+                first = ids.position(stored_in, base)
                 window.remember(
                     (dedup_id for dedup_id, _ in stored[start:stop]),
                     first,

@@ -29,6 +29,7 @@ from pubsubd.core.errors import (
     DataLoss,
     DiskFull,
     InternalError,
+    InvalidArgument,
     NotServedHere,
     SubscriptionNotFound,
     Unavailable,
@@ -334,15 +335,28 @@ class PublishingForwarder:
     # --- data path ----------------------------------------------------------------------------
 
     async def publish(
-        self, topic_uid: str, payload: bytes, count: int, ordering_key: str | None = None
+        self,
+        topic_uid: str,
+        payload: bytes,
+        count: int,
+        ordering_key: str | None = None,
+        source: int | None = None,
     ) -> tuple[int, int]:
         """Persist one batch; return (source, base offset) once it is durable.
 
         ``ordering_key`` is the batch's (every message of a PublishRequest has the same one);
-        None: read it from ``payload`` when the topic has several sources."""
+        None: read it from ``payload`` when the topic has several sources. ``source``: store
+        the batch there instead of routing it (INVALID_ARGUMENT if there is no such source)."""
         sources = self.open_topic(topic_uid)
-        source = 0
-        if len(sources.logs) > 1:
+        if source is not None:
+            if not 0 <= source < len(sources.logs):
+                raise InvalidArgument(
+                    f"source: {source} is not a source of this topic "
+                    f"(it has sources 0..{len(sources.logs) - 1})"
+                )
+        elif len(sources.logs) <= 1:
+            source = 0
+        else:
             if ordering_key is None:
                 request = pb.PublishRequest.FromString(payload)
                 ordering_key = request.messages[0].ordering_key if request.messages else ""
@@ -375,10 +389,10 @@ class PublishingForwarder:
         return source, base
 
     async def publish_deduplicated(
-        self, topic_uid: str, messages: Sequence[tuple[str, Any]]
+        self, topic_uid: str, messages: Sequence[tuple[str, Any]], source: int | None = None
     ) -> tuple[list[str], int]:
         """Publish what the topic's dedup window does not know (data/publish/dedup.py)."""
-        return await self.dedup.publish(topic_uid, messages)
+        return await self.dedup.publish(topic_uid, messages, source)
 
     def publish_blocked(self, topic_uid: str) -> str | None:
         blocks = self._publish_blocks.get(topic_uid)

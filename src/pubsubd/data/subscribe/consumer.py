@@ -29,6 +29,8 @@ class Consumer(abc.ABC):
     # One Pull call: served first, removed once it got a response.
     is_pull = False
     client_id = ""  # a stream's, stable across the client's reconnects
+    # The publish message sources whose messages this consumer takes; None: every source.
+    sources: frozenset[int] | None = None
 
     def __init__(self, ack_deadline_s: float, max_messages: int, max_bytes: int) -> None:
         self.id = next(_ids)

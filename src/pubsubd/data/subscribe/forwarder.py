@@ -349,12 +349,14 @@ class SubscribingForwarder:
         max_messages: int,
         max_bytes: int,
         client_id: str = "",
+        sources: frozenset[int] | None = None,
     ) -> Stream:
         if self.closing:
             raise Unavailable("the server is shutting down")
         d = self.dispatcher(name)
         d.admit(client_id)
         consumer = StreamConsumer(ack_deadline_s, max_messages, max_bytes, client_id)
+        consumer.sources = sources
         d.add_consumer(consumer)
         return Stream(d, consumer)
 

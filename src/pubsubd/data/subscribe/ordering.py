@@ -47,6 +47,11 @@ class KeyOrdering:
     def has_pending(self, key: str) -> bool:
         return key in self._pending
 
+    def head(self, key: str) -> int | None:
+        """The position of the key's next message waiting to be delivered, if any."""
+        pending = self._pending.get(key)
+        return pending[0] if pending else None
+
     def outstanding(self, key: str) -> bool:
         return key in self._outstanding
 

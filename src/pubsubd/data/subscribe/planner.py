@@ -49,7 +49,7 @@ from pubsubd.data.subscribe.dead_letter import should_dead_letter
 from pubsubd.data.subscribe.leases import Lease, LeaseTable
 from pubsubd.data.subscribe.ordering import KeyOrdering
 from pubsubd.data.subscribe.retry import DelayQueue, backoff_s
-from pubsubd.data.subscribe.roster import Roster, held_by_stream, room
+from pubsubd.data.subscribe.roster import Roster, held_by_stream, room, same_client
 from pubsubd.storage.damage import DamagedRange
 from pubsubd.storage.errors import DamagedEntries, OffsetOutOfRange
 
@@ -269,7 +269,7 @@ class DeliveryPlanner:
             max_msgs, max_bytes = room(
                 consumer, settings, len(self.leases), self._outstanding_bytes
             )
-            if max_msgs <= 0 or (active is not None and consumer is not active):
+            if max_msgs <= 0 or (active is not None and not same_client(consumer, active)):
                 idle += 1
                 continue
             if budget is not None:
@@ -338,20 +338,26 @@ class DeliveryPlanner:
         max_msgs: int,
         max_bytes: int,
         consumer: Consumer,
-        key_owner: Callable[[str], int | None] | None = None,
+        key_owner: Callable[[str], Consumer | None] | None = None,
     ) -> list[tuple[int, bytes, int]]:
         """Up to max_msgs messages (at least one if any, then up to max_bytes) to deliver next:
         free ordering keys' queues first, then redeliveries, then new messages from the log.
-        With ``key_owner`` (Key_Shared) a key's messages go only to the consumer owning it."""
+        With ``key_owner`` (Key_Shared) a key's messages go only to the client owning it; a
+        consumer with ``sources`` takes only those sources' messages."""
         out: list[tuple[int, bytes, int]] = []
         size = 0
         ordered = bool(self.subscription.enable_message_ordering) or key_owner is not None
+        sources = consumer.sources
 
         def mine(key: str) -> bool:
+            if sources is not None:
+                head = self.ordering.head(key)
+                if head is not None and ids.source_of(head) not in sources:
+                    return False
             if key_owner is None:
                 return True
             owner = key_owner(key)
-            return owner is None or owner == consumer.id
+            return owner is None or same_client(consumer, owner)
 
         batch_keys: set[str] = set()  # keys this response already carries (one batch per key)
         if ordered:
@@ -369,8 +375,13 @@ class DeliveryPlanner:
                     self.ordering.delivered(key, pos)
                 batch_keys.add(key)
         # Redeliveries, oldest position first.
+        others: list[int] = []  # another source's, for another consumer
+        bytes_full = False
         while self._redeliver and len(out) < max_msgs:
             pos = heapq.heappop(self._redeliver)
+            if sources is not None and ids.source_of(pos) not in sources:
+                others.append(pos)
+                continue
             if self._redeliver_set is not None:
                 self._redeliver_set.discard(pos)
             if pos in self.leases or self._is_dead_lettering(pos):
@@ -380,15 +391,22 @@ class DeliveryPlanner:
                 continue
             if out and size + len(message) > max_bytes:
                 self._requeue(pos)
-                return out
+                bytes_full = True
+                break
             out.append((pos, message, len(message)))
             size += len(message)
+        for pos in others:
+            heapq.heappush(self._redeliver, pos)
+        if bytes_full:
+            return out
         # New messages from each source's read offset.
         flt = self._current_filter()
         auto_acked: list[int] = []
         lost: list[int] = []
         reader = self.reader
         for source in self._sources_in_turn():
+            if sources is not None and source not in sources:
+                continue
             cursor = self._cursor(source)
             offset = self.read_offsets.get(source, cursor.mark_delete)
             committed = reader.committed_offset(source)

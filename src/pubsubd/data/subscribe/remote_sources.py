@@ -554,12 +554,17 @@ class RemoteSources:
         raise self._owners_only(f"topic storage {topic_uid}")
 
     async def publish(
-        self, topic_uid: str, payload: bytes, count: int, ordering_key: str | None = None
+        self,
+        topic_uid: str,
+        payload: bytes,
+        count: int,
+        ordering_key: str | None = None,
+        source: int | None = None,
     ) -> tuple[int, int]:
         raise self._owners_only(f"topic storage {topic_uid}")
 
     async def publish_deduplicated(
-        self, topic_uid: str, messages: Sequence[tuple[str, Any]]
+        self, topic_uid: str, messages: Sequence[tuple[str, Any]], source: int | None = None
     ) -> tuple[list[str], int]:
         raise self._owners_only(f"topic storage {topic_uid}")
 

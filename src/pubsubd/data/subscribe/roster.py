@@ -3,11 +3,14 @@
 Rules:
 1. Round-robin: consumers are served in turn, one response each, a waiting Pull before streams
    (it asked for an answer now); a consumer that cannot take anything is skipped.
-2. Failover and exclusive: only the active stream receives, the first by client_id (Pulsar's
-   rule); a Pull, having no client_id, ranks after every stream: on a failover subscription it
-   receives only while no stream is open, on an exclusive one it is refused while one is.
-3. Key_Shared: a key's messages go to the stream that ranks first for it by rendezvous hash of
+2. Failover and exclusive: only the active client's streams receive, the first by client_id
+   (Pulsar's rule; the streams of one client_id are one client, e.g. the Pulsar front's
+   consumers of each partition of a topic); a Pull, having no client_id, ranks after every
+   stream: on a failover subscription it receives only while no stream is open, on an
+   exclusive one it is refused while one is.
+3. Key_Shared: a key's messages go to the client that ranks first for it by rendezvous hash of
    the client IDs, so a key stays with one consumer while the set of consumers stays.
+5. A consumer with ``sources`` takes only those publish message sources' messages.
 4. What a consumer may take is its own flow control (``Consumer.room``) within the
    subscription's and the consumer's outstanding caps (messages and bytes; a byte cap pauses
    once reached, the message that crosses it still goes).
@@ -74,13 +77,13 @@ class Roster:
             return None
         return min(streams, key=lambda c: (c.client_id, c.id))
 
-    def key_owner(self, key: str) -> int | None:
-        """Key_Shared: the consumer id owning ``key`` (rendezvous hash over client IDs)."""
+    def key_owner(self, key: str) -> Consumer | None:
+        """Key_Shared: a stream of the client owning ``key`` (rendezvous hash over client
+        IDs; see ``same_client``)."""
         streams = self.streams()
         if not streams:
             return None
-        best = max(streams, key=lambda c: (_weight(c.client_id, key), c.id))
-        return best.id
+        return max(streams, key=lambda c: (_weight(c.client_id, key), c.id))
 
     def check_stream(self, settings: QueueSettings, client_id: str, name: str) -> list[Consumer]:
         """Admit a StreamingPull client: an exclusive subscription refuses a second client
@@ -103,6 +106,12 @@ class Roster:
         streams = self.streams()
         if streams:
             raise held_by_stream(name, streams[0].client_id)
+
+
+def same_client(consumer: Consumer, other: Consumer) -> bool:
+    """Whether two consumers are one client: the same one, or streams of one non-empty
+    client_id."""
+    return consumer is other or bool(other.client_id and consumer.client_id == other.client_id)
 
 
 def held_by_stream(name: str, client_id: str) -> FailedPrecondition:

@@ -185,12 +185,14 @@ class DeduplicatedMessage(_message.Message):
     def __init__(self, dedup_id: _Optional[str] = ..., data: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, str]] = ..., ordering_key: _Optional[str] = ...) -> None: ...
 
 class PublishDeduplicatedRequest(_message.Message):
-    __slots__ = ("topic", "messages")
+    __slots__ = ("topic", "messages", "source")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     topic: str
     messages: _containers.RepeatedCompositeFieldContainer[DeduplicatedMessage]
-    def __init__(self, topic: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[DeduplicatedMessage, _Mapping]]] = ...) -> None: ...
+    source: int
+    def __init__(self, topic: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[DeduplicatedMessage, _Mapping]]] = ..., source: _Optional[int] = ...) -> None: ...
 
 class PublishDeduplicatedResponse(_message.Message):
     __slots__ = ("message_ids", "duplicates")
@@ -199,6 +201,25 @@ class PublishDeduplicatedResponse(_message.Message):
     message_ids: _containers.RepeatedScalarFieldContainer[str]
     duplicates: int
     def __init__(self, message_ids: _Optional[_Iterable[str]] = ..., duplicates: _Optional[int] = ...) -> None: ...
+
+class SeekOffsetsRequest(_message.Message):
+    __slots__ = ("subscription", "offsets")
+    class OffsetsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    subscription: str
+    offsets: _containers.ScalarMap[int, int]
+    def __init__(self, subscription: _Optional[str] = ..., offsets: _Optional[_Mapping[int, int]] = ...) -> None: ...
+
+class SeekOffsetsResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class ListCursorsRequest(_message.Message):
     __slots__ = ("topic",)
