@@ -1,7 +1,8 @@
 """The pipeline from a Spark Connect client: the data source registered from the client.
 
 A Spark Connect server (``pubsubd.spark.connect_server``, local[2], its Python workers on this
-interpreter) on an ephemeral port; the test is only a client (``SparkSession.builder.remote``).
+interpreter) on an ephemeral port; the clients (``SparkSession.builder.remote``) are processes
+of their own (tests/spark/connect_client.py), as a user's would be.
 It registers ``format("pubsubd")``, runs the streaming pipeline of tests/spark/cluster_job.py
 (source -> Python UDF -> sink) to the end of the topic, then from a second client session, after
 more messages, restarts it from the checkpoint: every message in the target exactly once. A batch
@@ -11,6 +12,9 @@ read through the same client checks the source side on its own.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +22,7 @@ from typing import Any
 import pytest
 
 from pubsubd.spark.connect_server import ConnectServer
-from tests.spark.cluster_job import ROOT, pipeline
+from tests.spark.cluster_job import ROOT
 from tests.spark.helpers import create_topics, publish, read_topic
 from tests.support.server import ServerProcess
 
@@ -34,28 +38,18 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Connect
         yield server
 
 
-def client_session(url: str) -> Any:
-    from pyspark.sql import SparkSession
-
-    from pubsubd.spark import PubsubdDataSource
-
-    spark = SparkSession.builder.remote(url).getOrCreate()
-    assert type(spark).__module__ == "pyspark.sql.connect.session"  # a client, not a JVM
-    spark.dataSource.register(PubsubdDataSource)
-    return spark
-
-
-def run_to_end(url: str, endpoint: str, source: str, target: str, checkpoint: str) -> list[int]:
-    """One client session: the pipeline with availableNow; rows per micro-batch."""
-    spark = client_session(url)
-    try:
-        query = pipeline(spark, endpoint, source, target, checkpoint)
-        query = query.trigger(availableNow=True).start()
-        query.awaitTermination(180)
-        assert query.exception() is None, query.exception()
-        return [p.numInputRows for p in query.recentProgress if p.numInputRows]
-    finally:
-        spark.stop()
+def client(url: str, *args: str) -> Any:
+    """Run tests/spark/connect_client.py (a Connect client in its own process); its JSON line."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.spark.connect_client", url, *args],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        timeout=240,
+    )
+    out = done.stdout.decode(errors="replace")
+    assert done.returncode == 0, out + done.stderr.decode(errors="replace")[-4000:]
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def test_pipeline_from_a_connect_client(
@@ -67,25 +61,15 @@ def test_pipeline_from_a_connect_client(
     publish(endpoint, source, 0, 500)
     checkpoint = str(tmp_path / "checkpoint")
 
-    first = run_to_end(connect_server.url, endpoint, source, target, checkpoint)
+    url = connect_server.url
+    first = client(url, "pipeline", endpoint, source, target, checkpoint)
     assert first == [300, 200]  # maxOffsetsPerTrigger holds under availableNow
     publish(endpoint, source, 500, 250)
-    second = run_to_end(connect_server.url, endpoint, source, target, checkpoint)
-    assert second == [250]  # resumed from the checkpoint, nothing read twice
+    second = client(url, "pipeline", endpoint, source, target, checkpoint)
+    assert second == [250]  # a new client session resumed from the checkpoint
 
     out = sorted(m.data for m in read_topic(endpoint, target))
     assert out == sorted(f"M{i}".encode() for i in range(750)), f"{len(out)} in the target"
 
-    spark = client_session(connect_server.url)
-    try:
-        backfill = (
-            spark.read.format("pubsubd")
-            .option("endpoint", endpoint)
-            .option("topic", source)
-            .option("startingOffsets", json.dumps({source: {"0": 100}}))
-            .load()
-        )
-        offsets = sorted(r["offset"] for r in backfill.select("offset").collect())
-        assert offsets == list(range(100, 750))
-    finally:
-        spark.stop()
+    offsets = client(url, "offsets", endpoint, source, json.dumps({source: {"0": 100}}))
+    assert offsets == list(range(100, 750))

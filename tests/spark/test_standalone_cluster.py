@@ -138,11 +138,15 @@ def test_exactly_once_across_executor_worker_and_driver_kills(
         producer.start()
         step("driver started")
 
+        wait_for(
+            lambda: all(executors(w) for w in standalone.live_workers()),
+            90,
+            "an executor on each worker",
+        )
+
         # 1. kill -9 an executor JVM in the middle of a micro-batch.
         batch = wait_mid_batch(checkpoint, driver, log)
-        worker = standalone.live_workers()[0]
-        victims = executors(worker)
-        assert victims, f"no executor on {worker.name}"
+        victims = executors(standalone.live_workers()[0])
         os.kill(victims[0], signal.SIGKILL)
         step(f"executor {victims[0]} killed in batch {batch}")
         wait_progress(checkpoint, driver, log, batch)
@@ -150,8 +154,8 @@ def test_exactly_once_across_executor_worker_and_driver_kills(
 
         # 2. kill -9 a worker JVM in the middle of a micro-batch; a new worker replaces it.
         batch = wait_mid_batch(checkpoint, driver, log)
-        worker = standalone.live_workers()[-1]
-        assert executors(worker), f"no executor on {worker.name}"
+        worker = standalone.live_workers()[-1]  # not the one whose executor was killed
+        wait_for(lambda: executors(worker), 60, f"an executor on {worker.name}")
         worker.kill()
         step(f"{worker.name} killed in batch {batch}")
         standalone.start_worker(wait=False)
