@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from pubsubd.spark.standalone import Daemon, StandaloneCluster, children
@@ -188,6 +189,16 @@ def test_exactly_once_across_executor_worker_and_driver_kills(
         if restarted.poll() is None:
             os.killpg(restarted.pid, signal.SIGKILL)
     step(f"restarted driver drained {total} messages ({committed(checkpoint)} batches)")
+
+    # How many rows the three kills made Spark publish again (informational: a task killed
+    # before its one publish call had sent nothing, so the count may be 0).
+    metrics = httpx.get(f"http://{server.host}:{server.http_port}/metrics", timeout=10).text
+    dropped = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("pubsubd_dedup_duplicates_total")
+    )
+    step(f"the server dropped {dropped:.0f} replayed rows")
 
     out = sorted(m.data for m in read_topic(endpoint, target))
     assert len(out) == total, f"{len(out)} in the target, {len(set(out))} distinct, of {total}"
