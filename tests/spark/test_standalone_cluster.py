@@ -3,13 +3,15 @@
 A master and two one-core workers on loopback (``pubsubd.spark.standalone``); the driver
 (tests/spark/cluster_job.py) runs in its own process group, so its executors are separate JVMs
 with their own Python workers. While a producer keeps publishing, one scenario kills, each time
-in the middle of a micro-batch (planned in the checkpoint's offsets log, not yet committed):
+in the middle of a micro-batch (planned in the checkpoint's offsets log, not yet committed, and
+part of its output already in the target topic):
 
 1. an executor JVM: its tasks run again on the other executor and the worker starts a new one;
 2. a worker JVM (its executor exits with it): a replacement worker joins;
 3. the driver with its JVM: a new driver restarts the query from the checkpoint and drains it.
 
-Every message published must then be in the target topic exactly once, transformed.
+Every message published must then be in the target topic exactly once, transformed, and the
+server must have dropped replayed rows as duplicates (the kills were not between publishes).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pubsubd.spark.client import get_client
 from pubsubd.spark.standalone import Daemon, StandaloneCluster, children
 from tests.spark.cluster_job import ROOT
 from tests.spark.helpers import create_topics, publish, read_topic
@@ -83,18 +86,26 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-def wait_mid_batch(checkpoint: Path, job: subprocess.Popen[bytes], log: Path) -> int:
+def wait_mid_batch(
+    checkpoint: Path, job: subprocess.Popen[bytes], log: Path, endpoint: str, target: str
+) -> int:
+    """Until a micro-batch is in flight and part of its output is already in the target."""
+    client = get_client(endpoint)
+    seen: dict[int, int] = {}  # batch -> target size when first seen in flight
     found: list[int] = []
 
     def mid_batch() -> bool:
         assert job.poll() is None, log.read_text()
         batch = in_flight(checkpoint)
-        if batch is not None and batch > 0:
+        if batch is None or batch == 0:
+            return False
+        size = sum(b.latest for b in client.topic_bounds(target).values())
+        if size > seen.setdefault(batch, size) and in_flight(checkpoint) == batch:
             found.append(batch)
             return True
         return False
 
-    wait_for(mid_batch, 90, "a micro-batch in flight")
+    wait_for(mid_batch, 90, "a micro-batch in flight with part of its output published")
     return found[-1]
 
 
@@ -146,7 +157,7 @@ def test_exactly_once_across_executor_worker_and_driver_kills(
         )
 
         # 1. kill -9 an executor JVM in the middle of a micro-batch.
-        batch = wait_mid_batch(checkpoint, driver, log)
+        batch = wait_mid_batch(checkpoint, driver, log, endpoint, target)
         victims = executors(standalone.live_workers()[0])
         os.kill(victims[0], signal.SIGKILL)
         step(f"executor {victims[0]} killed in batch {batch}")
@@ -154,7 +165,7 @@ def test_exactly_once_across_executor_worker_and_driver_kills(
         step("recovered")
 
         # 2. kill -9 a worker JVM in the middle of a micro-batch; a new worker replaces it.
-        batch = wait_mid_batch(checkpoint, driver, log)
+        batch = wait_mid_batch(checkpoint, driver, log, endpoint, target)
         worker = standalone.live_workers()[-1]  # not the one whose executor was killed
         wait_for(lambda: executors(worker), 60, f"an executor on {worker.name}")
         worker.kill()
@@ -164,7 +175,7 @@ def test_exactly_once_across_executor_worker_and_driver_kills(
         step("recovered")
 
         # 3. kill -9 the driver (with its JVM) in the middle of a micro-batch.
-        batch = wait_mid_batch(checkpoint, driver, log)
+        batch = wait_mid_batch(checkpoint, driver, log, endpoint, target)
         os.killpg(driver.pid, signal.SIGKILL)
         step(f"driver killed in batch {batch}")
     finally:
@@ -190,8 +201,8 @@ def test_exactly_once_across_executor_worker_and_driver_kills(
             os.killpg(restarted.pid, signal.SIGKILL)
     step(f"restarted driver drained {total} messages ({committed(checkpoint)} batches)")
 
-    # How many rows the three kills made Spark publish again (informational: a task killed
-    # before its one publish call had sent nothing, so the count may be 0).
+    # Each kill came after part of its micro-batch was published: the replayed rows came again
+    # with the same dedup IDs (at least those of the batch the driver died in) and were dropped.
     metrics = httpx.get(f"http://{server.host}:{server.http_port}/metrics", timeout=10).text
     dropped = sum(
         float(line.rsplit(" ", 1)[1])
@@ -199,6 +210,7 @@ def test_exactly_once_across_executor_worker_and_driver_kills(
         if line.startswith("pubsubd_dedup_duplicates_total")
     )
     step(f"the server dropped {dropped:.0f} replayed rows")
+    assert dropped > 0
 
     out = sorted(m.data for m in read_topic(endpoint, target))
     assert len(out) == total, f"{len(out)} in the target, {len(set(out))} distinct, of {total}"
