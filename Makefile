@@ -126,7 +126,8 @@ proto:
 	$(PROTOC_VENV)/bin/python -m grpc_tools.protoc -Iproto --python_out=src/pubsubd/_gen --pyi_out=src/pubsubd/_gen proto/pubsubd/v1/replay.proto proto/pubsubd/v1/admin.proto proto/pubsubd/internal/v1/storage.proto proto/pubsubd/internal/v1/routing.proto proto/pubsubd/internal/v1/forwarder.proto proto/pubsubd/internal/v1/sources.proto proto/pubsubd/pulsar/api.proto
 	$(PYTHON) proto/postprocess.py src/pubsubd/_gen
 
-## Example Spark pipeline (pubsubd[spark], Java 17+): topic -> transform -> topic on local[*].
+## Example Spark pipeline (pubsubd[spark], Java 17+): topic -> transform -> topic on local[*];
+## ARGS=--cluster on a throwaway standalone cluster, ARGS=--connect from a Spark Connect client.
 ## Starts a throwaway pubsubd unless PUBSUB_EMULATOR_HOST is set.
 spark-demo: $(VENV)/.installed-test
 	$(BIN)/python examples/spark_demo.py $(ARGS)

@@ -1,6 +1,8 @@
 """Example pipeline: a pubsubd topic -> PySpark Structured Streaming -> another pubsubd topic.
 
     make spark-demo                    # starts a throwaway pubsubd, or uses PUBSUB_EMULATOR_HOST
+    make spark-demo ARGS=--cluster     # on a throwaway Spark standalone cluster (two workers)
+    make spark-demo ARGS=--connect     # from a Spark Connect client (throwaway Connect server)
     python examples/spark_demo.py --messages 5000
 
 Publishes JSON orders to ``orders``, runs a streaming query that parses them, keeps the large
@@ -21,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 PROJECT = "spark-demo"
 READY = re.compile(r"pubsubd ready grpc=(\S+):(\d+)")
@@ -61,10 +64,58 @@ def publish_orders(endpoint: str, source: str, target: str, count: int) -> None:
         f.result(timeout=60)
 
 
+def spark_session(args: argparse.Namespace, work: Path, services: contextlib.ExitStack) -> Any:
+    """local[*], a throwaway standalone cluster (--cluster) or a Connect client (--connect)."""
+    from pyspark.sql import SparkSession
+
+    if args.connect:
+        from pubsubd.spark.connect_server import ConnectServer
+
+        started = time.monotonic()
+        server = services.enter_context(ConnectServer(work / "spark-connect"))
+        print(f"Spark Connect server at {server.url} in {time.monotonic() - started:.1f}s")
+        return SparkSession.builder.remote(server.url).getOrCreate()
+    builder = SparkSession.builder.appName("pubsubd-spark-demo")
+    master = args.master
+    if args.cluster:
+        from pubsubd.spark.standalone import StandaloneCluster
+
+        started = time.monotonic()
+        cluster = services.enter_context(StandaloneCluster(work / "spark-cluster", workers=2))
+        master = cluster.master_url
+        print(f"Spark standalone cluster at {master} in {time.monotonic() - started:.1f}s")
+        builder = (
+            builder.config("spark.executor.cores", "1")
+            .config("spark.executor.memory", "512m")
+            .config("spark.cores.max", "2")
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+        )
+    spark = (
+        builder.master(master)
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=3000)
     parser.add_argument("--master", default="local[*]")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--cluster",
+        action="store_true",
+        help="start a Spark standalone cluster on loopback (master + 2 workers) and run on it",
+    )
+    where.add_argument(
+        "--connect",
+        action="store_true",
+        help="start a Spark Connect server on loopback and run from a Connect client session",
+    )
     args = parser.parse_args()
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers need pyarrow + pubsubd
@@ -77,25 +128,18 @@ def main() -> None:
         print(f"started pubsubd on {endpoint} (data in {work})")
     source = f"projects/{PROJECT}/topics/orders-{int(time.time())}"
     target = f"projects/{PROJECT}/topics/large-orders-{int(time.time())}"
+    spark_services = contextlib.ExitStack()
     try:
         started = time.monotonic()
         publish_orders(endpoint, source, target, args.messages)
         print(f"published {args.messages} orders to {source} in {time.monotonic() - started:.1f}s")
 
-        from pyspark.sql import SparkSession
         from pyspark.sql import functions as F
 
         from pubsubd.spark import PubsubdDataSource
 
-        spark = (
-            SparkSession.builder.master(args.master)
-            .appName("pubsubd-spark-demo")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", "4")
-            .getOrCreate()
-        )
-        spark.sparkContext.setLogLevel("ERROR")
-        spark.dataSource.register(PubsubdDataSource)
+        spark = spark_session(args, work, spark_services)
+        spark.dataSource.register(PubsubdDataSource)  # from a Connect client too
 
         schema = "id long, customer string, amount double"
         orders = (
@@ -132,7 +176,7 @@ def main() -> None:
             .start()
         )
         query.awaitTermination()
-        batches = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+        batches = [p.numInputRows for p in query.recentProgress if p.numInputRows]
         print(
             f"streaming query: {sum(batches)} orders read in {len(batches)} micro-batches "
             f"{batches} in {time.monotonic() - started:.1f}s"
@@ -155,6 +199,7 @@ def main() -> None:
         if count != expected:
             raise SystemExit("count mismatch")
     finally:
+        spark_services.close()  # the Spark cluster or Connect server, by PID
         if server is not None:
             server.terminate()
             server.wait(20)

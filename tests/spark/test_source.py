@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from pubsubd.spark import offsets as off
 from pubsubd.spark.client import ReplayClient
 from tests.spark.helpers import create_topics, publish
 from tests.support.clients import instant_between_publishes
@@ -55,7 +56,8 @@ def test_stream_exactly_once_across_restart(
     batches = run_available_now(stream(spark, endpoint, topic, **options), out, checkpoint)
     assert batches == [300, 300, 300, 100]  # admission control under availableNow
     offsets = json.loads((checkpoint / "offsets" / "3").read_text().splitlines()[-1])
-    assert offsets == {topic: {"0": 1000}}  # Kafka's JSON form, in Spark's checkpoint
+    assert offsets[topic] == {"0": 1000}  # Kafka's JSON form, in Spark's checkpoint
+    assert offsets[off.SPLIT_KEY] == {"minPartitions": 0, "maxOffsetsPerPartition": 0}
 
     publish(endpoint, topic, 1000, 500)
     batches = run_available_now(stream(spark, endpoint, topic, **options), out, checkpoint)

@@ -164,3 +164,30 @@ def test_timestamps_millis_or_iso() -> None:
     assert parse_timestamp("2023-11-14T22:13:20.123", "t") == 1_700_000_000_123_000
     with pytest.raises(OptionError):
         parse_timestamp("yesterday", "t")
+
+
+def test_split_recorded_in_the_end_offset_round_trips() -> None:
+    assert off.split_from_json({T: {"0": 1}}) is None  # an offset from before the key
+    recorded = {T: {"0": 1}, off.SPLIT_KEY: off.split_to_json(2, None)}
+    assert off.split_from_json(recorded) == (2, None)
+    assert off.positions_from_json(recorded, T) == {0: 1}  # still Kafka's form for the topic
+    assert off.split_from_json({off.SPLIT_KEY: off.split_to_json(None, 500)}) == (None, 500)
+    with pytest.raises(off.OffsetSpecError):
+        off.split_from_json({off.SPLIT_KEY: {"minPartitions": -1}})
+
+
+def test_a_replayed_batch_keeps_its_split_when_the_options_change() -> None:
+    """A driver restarted with another minPartitions replays the last planned batch: its Spark
+    partitions (and so the sink's dedup IDs) must be those of the first plan."""
+    from pubsubd.spark.source import PubsubdStreamReader
+
+    def reader(**options: str) -> PubsubdStreamReader:
+        return PubsubdStreamReader(SourceOptions.parse({"endpoint": "h:1", "topic": T, **options}))
+
+    start = {T: {"0": 0}}
+    planned = {T: {"0": 300}, off.SPLIT_KEY: off.split_to_json(2, None)}
+    restarted = reader(minPartitions="1")
+    pieces = [(p.start, p.end) for p in restarted.partitions(start, planned)]
+    assert pieces == [(0, 150), (150, 300)]
+    # Offsets written before the split was recorded: the options decide, as before.
+    assert [(p.start, p.end) for p in restarted.partitions(start, {T: {"0": 300}})] == [(0, 300)]

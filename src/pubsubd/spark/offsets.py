@@ -248,6 +248,34 @@ def ranges(start: Mapping[int, int], end: Mapping[int, int]) -> list[OffsetRange
     return out
 
 
+# The key under which a micro-batch's end offset records how its ranges were split. Spark replays
+# the last planned batch after a driver crash by calling ``partitions(start, end)`` again with the
+# ``end`` from its offsets log, but with the *new* driver's options: were the split taken from
+# them, a changed minPartitions / maxOffsetsPerPartition would renumber the batch's Spark
+# partitions and rows, and the sink's dedup IDs with them. Other code reading offsets ignores the
+# key (positions_from_json reads only the topic's entry), so an endOffset stays pasteable into
+# startingOffsets.
+SPLIT_KEY = "_split"
+
+
+def split_to_json(min_partitions: int | None, max_per_partition: int | None) -> dict[str, int]:
+    return {"minPartitions": min_partitions or 0, "maxOffsetsPerPartition": max_per_partition or 0}
+
+
+def split_from_json(obj: Any) -> tuple[int | None, int | None] | None:
+    """The split recorded in an end offset, or None (an offset from before the key existed)."""
+    recorded = obj.get(SPLIT_KEY) if isinstance(obj, dict) else None
+    if not isinstance(recorded, dict):
+        return None
+    values = []
+    for name in ("minPartitions", "maxOffsetsPerPartition"):
+        value = recorded.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise OffsetSpecError(f"{SPLIT_KEY}.{name} must be an integer >= 0, got {value!r}")
+        values.append(value or None)
+    return values[0], values[1]
+
+
 def split(
     parts: list[OffsetRange],
     min_partitions: int | None = None,

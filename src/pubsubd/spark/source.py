@@ -178,8 +178,15 @@ def read_range(p: RangePartition) -> Iterator[pa.RecordBatch]:
             )
 
 
-def _partitions(opts: SourceOptions, parts: list[off.OffsetRange]) -> list[RangePartition]:
-    pieces = off.split(parts, opts.min_partitions, opts.max_offsets_per_partition)
+def _partitions(
+    opts: SourceOptions,
+    parts: list[off.OffsetRange],
+    frozen: tuple[int | None, int | None] | None = None,
+) -> list[RangePartition]:
+    """One RangePartition per piece of ``parts``, split by ``frozen`` (the split recorded in a
+    micro-batch's end offset) or else by the options."""
+    min_parts, max_per_part = frozen or (opts.min_partitions, opts.max_offsets_per_partition)
+    pieces = off.split(parts, min_parts, max_per_part)
     return [
         RangePartition(
             topic=opts.topic,
@@ -269,7 +276,12 @@ class PubsubdStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 max_bytes = limit.max_bytes
         avg = self._sample_sizes(begin, head) if max_bytes else None
         end = off.admit(begin, head, max_rows, max_bytes, avg)
-        return self._json(end)
+        if end == begin and self._positions(start) == begin:
+            return start  # no data: the same offset, so Spark plans no batch
+        # Record the split with the batch, so that a replay after a restart with other options
+        # plans the same Spark partitions (see offsets.SPLIT_KEY).
+        split = off.split_to_json(opts.min_partitions, opts.max_offsets_per_partition)
+        return {**self._json(end), off.SPLIT_KEY: split}
 
     def _sample_sizes(self, begin: off.Positions, head: off.Positions) -> dict[int, float]:
         """Average message size per partition with a backlog, from its first few messages."""
@@ -305,7 +317,7 @@ class PubsubdStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if any(p not in begin for p in stop):  # partitions added since ``start`` was planned
             bounds = get_client(self.opts.endpoint).topic_bounds(self.opts.topic)
             begin = off.with_new_partitions(begin, bounds)
-        return _partitions(self.opts, off.ranges(begin, stop))
+        return _partitions(self.opts, off.ranges(begin, stop), off.split_from_json(end))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)
