@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 
 from pubsubd.core import queue_settings
 from pubsubd.pulsar import commands, frames, names
-from pubsubd.pulsar.api import BaseCommand, CommandSubscribe, ServerError, Type
+from pubsubd.pulsar.api import CommandSubscribe, ServerError, Type
 from pubsubd.pulsar.consumers import Consumer, check_subscription
 from pubsubd.pulsar.errors import PulsarError
 from pubsubd.pulsar.gateway import Gateway
@@ -116,9 +116,8 @@ class Connection:
         self.write(commands.error(0, ServerError.Value("UnknownError"), message))
 
     def _handle(self, frame: frames.Frame) -> bool:
-        cmd = BaseCommand()
         try:
-            cmd.ParseFromString(frame.command)
+            cmd = commands.parse_command(frame.command)
         except DecodeError as e:
             self._fatal(f"malformed command: {e}")
             return False
