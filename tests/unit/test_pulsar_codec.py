@@ -105,7 +105,7 @@ def test_a_compression_bomb_is_refused_without_decompressing_it_whole(kind: int)
     bomb = compression.compress(kind, bytes(64 << 20))  # zstd: ~2 KB for 64 MB
     tracemalloc.start()
     try:
-        with pytest.raises(compression.CompressionError, match=r"more than|buffer"):
+        with pytest.raises(compression.CompressionError, match=r"more than|buffer|says"):
             compression.decompress(kind, bomb, 1000)
         _, peak = tracemalloc.get_traced_memory()
     finally:

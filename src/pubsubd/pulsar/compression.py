@@ -20,9 +20,14 @@ ZSTD = CompressionType.Value("ZSTD")
 SNAPPY = CompressionType.Value("SNAPPY")
 
 
-# The largest payload a SEND may declare: far above any message the front accepts (5 MB), and
-# what one decompression may allocate at most.
-MAX_UNCOMPRESSED_BYTES = 64 * 1024 * 1024
+# The largest uncompressed payload a SEND may declare, and so what one decompression may
+# allocate: a SEND's messages are published in requests of at most 9 MB (producers.py), and
+# the official clients batch 128 KB by default. A zeroed buffer this size costs ~1 ms; one of
+# 64 MB (the limit before fuzzing) cost ~100 ms, for a SEND of a few bytes.
+MAX_UNCOMPRESSED_BYTES = 16 * 1024 * 1024
+# LZ4 cannot expand its input more than ~255 times: a larger declared size is not one of its
+# outputs, refused before its buffer is allocated.
+_LZ4_MAX_RATIO = 255
 
 
 # Decompression into a buffer of the declared size (cramjam): it cannot write past it.
@@ -46,7 +51,16 @@ def decompress(kind: int, data: bytes, uncompressed_size: int) -> bytes:
         return data
     if not 0 <= uncompressed_size <= MAX_UNCOMPRESSED_BYTES:
         raise CompressionError(f"uncompressed size {uncompressed_size} is too large")
+    if kind == LZ4 and uncompressed_size > _LZ4_MAX_RATIO * len(data) + 16:
+        raise CompressionError(
+            f"payload of {len(data)} bytes cannot decompress to {uncompressed_size} (LZ4)"
+        )
     try:
+        if kind == SNAPPY and cramjam.snappy.decompress_raw_len(data) != uncompressed_size:
+            raise CompressionError(
+                f"payload says it decompresses to {cramjam.snappy.decompress_raw_len(data)}"
+                f" bytes, metadata says {uncompressed_size}"
+            )
         if kind == ZLIB:
             inflater = zlib.decompressobj()
             out = inflater.decompress(data, uncompressed_size + 1)
