@@ -16,7 +16,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,11 +77,24 @@ def run_target(name: str, inputs: int, max_seconds: int, work: Path) -> Outcome:
 
 
 def campaign(
-    names: list[str], total: int, jobs: int, max_seconds: int, work: Path
+    names: list[str],
+    total: int,
+    jobs: int,
+    max_seconds: int,
+    work: Path,
+    progress: Callable[[Outcome], None] | None = None,
 ) -> list[Outcome]:
+    """Run ``names`` with ``total // len(names)`` inputs each; ``progress`` is called as each
+    target finishes. Outcomes come back in the order of ``names``."""
     share = max(1, total // len(names))
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(lambda n: run_target(n, share, max_seconds, work), names))
+        futures = {pool.submit(run_target, n, share, max_seconds, work): n for n in names}
+        done = {}
+        for future in as_completed(futures):
+            done[futures[future]] = outcome = future.result()
+            if progress is not None:
+                progress(outcome)
+    return [done[n] for n in names]
 
 
 def report(outcomes: list[Outcome]) -> str:
@@ -107,8 +121,16 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown targets: {', '.join(sorted(unknown))}")
     work = args.work or Path(tempfile.mkdtemp(prefix="pubsubd-fuzz-"))
-    print(f"fuzzing {len(names)} targets, {args.inputs} inputs in all; work dir {work}")
-    outcomes = campaign(names, args.inputs, args.jobs, args.max_seconds, work)
+    print(f"fuzzing {len(names)} targets, {args.inputs} inputs in all; work dir {work}", flush=True)
+
+    def progress(o: Outcome) -> None:
+        print(
+            f"done: {o.target} {o.inputs} inputs in {o.seconds:.0f} s, crashes: "
+            f"{len(o.crashes) if o.ok or o.crashes else 'exit ' + str(o.returncode)}",
+            flush=True,
+        )
+
+    outcomes = campaign(names, args.inputs, args.jobs, args.max_seconds, work, progress)
     print(report(outcomes))
     for o in outcomes:
         if not o.ok:
