@@ -38,7 +38,7 @@ from pubsubd.core.errors import InvalidArgument, PubsubError
 from pubsubd.core.load import weight
 from pubsubd.core.records import Entry
 from pubsubd.data import sources_wire
-from pubsubd.observability import http_conn
+from pubsubd.observability import http, http_conn
 from pubsubd.pulsar import commands, compression, frames, messages
 from pubsubd.pulsar import ids as pulsar_ids
 from pubsubd.pulsar import names as pulsar_names
@@ -201,6 +201,8 @@ def _rest(data: bytes) -> None:
     head, _, body = data.partition(b"\n")
     timeout, _, body = body.partition(b"\n")
     method, _, target = head.decode("latin-1").partition(" ")
+    if not target.startswith(http.REST_PREFIX):
+        return  # not the REST front's (observability/http.py): the http_connection target's
     parts = urlsplit(target)
     found = routes.match(method, parts.path)
     if found is None:
@@ -253,24 +255,21 @@ class _Writer:
         return None
 
 
-async def _echo(request: http_conn.Request) -> http_conn.Response:
-    return http_conn.Response(200, "text/plain", request.body)
-
-
-def _refusal(status: int, text: str) -> http_conn.Response:
-    return http_conn.Response(status, "text/plain", text.encode())
-
-
 _loop: asyncio.AbstractEventLoop | None = None
+_endpoint: http.HttpEndpoint | None = None
 
 
 def _http(data: bytes) -> None:
-    """One connection of the HTTP port (observability/http_conn.py): the input is everything
-    the client sends before closing its side. The server must answer with whole HTTP/1.1
-    responses (or nothing), never 500 (the handler does not fail), and close the connection."""
-    global _loop
-    if _loop is None:
+    """One connection of the HTTP port (observability/http_conn.py) served by its real
+    dispatch (observability/http.py: health, status, static files, 404s; the REST front is
+    the rest_request target): the input is everything the client sends before closing its
+    side. The server must answer with whole HTTP/1.1 responses (or nothing), never 500, and
+    close the connection."""
+    global _loop, _endpoint
+    if _loop is None or _endpoint is None:
         _loop = asyncio.new_event_loop()
+        _endpoint = http.HttpEndpoint(lambda: {"ok": True})
+    endpoint = _endpoint
 
     async def serve() -> bytes:
         reader = asyncio.StreamReader()
@@ -281,9 +280,9 @@ def _http(data: bytes) -> None:
             http_conn.serve_connection(
                 reader,
                 writer,  # type: ignore[arg-type]
-                _echo,
+                endpoint._dispatch,
                 lambda target: 64,
-                _refusal,
+                http._error,
             ),
             5,
         )
