@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test check bench bench-quick dashboard-bench dashboard-screenshots clean spark-demo spark-bench proto cluster cluster-down
+.PHONY: run test check fuzz bench bench-quick dashboard-bench dashboard-screenshots clean spark-demo spark-bench proto cluster cluster-down
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -96,6 +96,17 @@ $(NODE_CLIENT): tests/node/package.json tests/node/package-lock.json | $(NODE) $
 ## Run the whole suite (unit, property, integration, crash, cluster).
 test: $(VENV)/.installed-test $(ZOOKEEPER_JAR) $(NFT) $(IP) $(PROMTOOL) $(CHROMIUM) $(NODE_CLIENT)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## Fuzz every decoder that reads outside input (tests/fuzz/targets.py) with atheris: ten
+## million inputs in all, split evenly across the targets, two targets at a time, each stopped
+## after FUZZ_MAX_SECONDS at the latest. Prints inputs run and crashes per target; a crash's
+## input is left in FUZZ_WORK/TARGET/ (turn it into tests/fuzz/corpus/TARGET/NAME once fixed).
+FUZZ_INPUTS ?= 10000000
+FUZZ_JOBS ?= 2
+FUZZ_MAX_SECONDS ?= 1800
+FUZZ_WORK ?= $(CURDIR)/.fuzz
+fuzz: $(VENV)/.installed-test
+	$(BIN)/python -m tests.fuzz.campaign --inputs $(FUZZ_INPUTS) --jobs $(FUZZ_JOBS) --max-seconds $(FUZZ_MAX_SECONDS) --work $(FUZZ_WORK) $(ARGS)
 
 ## Lint, type-check, and check the layering of ARCHITECTURE.md (import-linter contracts in
 ## pyproject.toml).

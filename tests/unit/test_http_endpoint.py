@@ -60,6 +60,13 @@ async def test_routes_with_queries() -> None:
     assert code == "200 OK" and ctype == "text/plain"
 
 
+async def test_a_target_that_is_not_a_url_is_a_bad_request() -> None:
+    # urlsplit refuses "//h[" (a bracketed host that is no IPv6 address); it answered 500
+    # with a traceback in the log until fuzzing found it (tests/fuzz/corpus/http_connection).
+    code, _, body = await _endpoint().respond("//vv[x")
+    assert code == "400 Bad Request" and b"malformed request target" in body
+
+
 async def test_pages_and_static_files_by_known_names_only() -> None:
     e = _endpoint()
     code, ctype, body = await e.respond("/ui/topic?name=projects%2Fp%2Ftopics%2Fa")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import struct
+import tracemalloc
 
 import pytest
+from google.protobuf.message import DecodeError
 
 from pubsubd.core import ids as core_ids
 from pubsubd.core import pb
@@ -94,6 +96,56 @@ def test_every_codec_round_trips_and_checks_the_size(kind: int) -> None:
             compression.decompress(kind, packed, len(data) - 1)
         with pytest.raises(compression.CompressionError):
             compression.decompress(kind, b"\xff" * 16, len(data))
+
+
+@pytest.mark.parametrize(
+    "kind", [compression.LZ4, compression.ZLIB, compression.ZSTD, compression.SNAPPY]
+)
+def test_a_compression_bomb_is_refused_without_decompressing_it_whole(kind: int) -> None:
+    bomb = compression.compress(kind, bytes(64 << 20))  # zstd: ~2 KB for 64 MB
+    tracemalloc.start()
+    try:
+        with pytest.raises(compression.CompressionError, match=r"more than|buffer|says"):
+            compression.decompress(kind, bomb, 1000)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+
+
+def test_a_truncated_zlib_stream_and_a_padded_lz4_size_are_refused() -> None:
+    data = b"pulsar " * 500
+    with pytest.raises(compression.CompressionError, match="truncated"):
+        compression.decompress(
+            compression.ZLIB, compression.compress(compression.ZLIB, data)[:-4], len(data)
+        )
+    with pytest.raises(compression.CompressionError, match="metadata says"):
+        compression.decompress(
+            compression.LZ4, compression.compress(compression.LZ4, data), len(data) + 7
+        )
+
+
+def test_a_send_whose_text_is_not_utf8_or_time_is_out_of_range_is_a_bad_payload() -> None:
+    # proto2 parsing hands a string field that is not UTF-8 over as bytes (fuzzing found it).
+    meta = MessageMetadata(producer_name="p", sequence_id=1, publish_time=1)
+    raw = meta.SerializeToString() + b"\x22\x08\x0a\x02\xff\xfe\x12\x02\xc3\x28"
+    with pytest.raises(messages.BadPayload, match="not UTF-8"):
+        messages.unpack_send("p", 1, raw, b"x")
+    late = MessageMetadata(
+        producer_name="p", sequence_id=1, publish_time=1, deliver_at_time=1 << 60
+    )
+    with pytest.raises(messages.BadPayload, match="deliver_at_time"):
+        messages.unpack_send("p", 1, late.SerializeToString(), b"x")
+
+
+def test_a_command_whose_topic_is_not_utf8_does_not_parse() -> None:
+    lookup = _cmd("LOOKUP")
+    lookup.lookupTopic.request_id = 1
+    lookup.lookupTopic.topic = "persistent://public/default/tt"
+    raw = lookup.SerializeToString().replace(b"persistent:/", b"persistent:\xd1")
+    with pytest.raises(DecodeError, match=r"lookupTopic\.topic is not UTF-8"):
+        commands.parse_command(raw)
+    assert commands.parse_command(lookup.SerializeToString()) == lookup
 
 
 def _batch_send(count: int, kind: int) -> tuple[bytes, bytes]:

@@ -23,6 +23,8 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 
+from google.protobuf.message import DecodeError
+
 from pubsubd._gen.pubsubd.internal.v1 import routing_pb2 as pb
 from pubsubd.control.routing_table import Constraints, Forwarder
 from pubsubd.coordination.errors import BadVersion, NodeExists, NoNode
@@ -68,6 +70,20 @@ def decode_forwarder(data: bytes) -> Forwarder:
         info.publishing,
         info.subscribing,
     )
+
+
+def decode_load_report(data: bytes) -> tuple[dict[str, Load], dict[str, Load]]:
+    """(topic loads, subscription loads) of one forwarder's LoadReport; DecodeError if the
+    bytes are not one."""
+    report = pb.LoadReport.FromString(data)
+    return (
+        {uid: _load(entry) for uid, entry in report.topics.items()},
+        {uid: _load(entry) for uid, entry in report.subscriptions.items()},
+    )
+
+
+def _load(entry: pb.Load) -> Load:
+    return Load(entry.messages_per_s, entry.bytes_per_s, entry.outstanding_messages)
 
 
 def encode_constraints(constraints: Constraints) -> bytes:
@@ -284,13 +300,12 @@ class RoutingStore:
             if got is None:
                 continue
             try:
-                report = pb.LoadReport.FromString(got[0])
-            except Exception as e:  # a report we cannot read must not stop routing
+                topics, subs = decode_load_report(got[0])
+            except DecodeError as e:  # a report we cannot read must not stop routing
                 log.warning("load report %s unreadable: %s", unescape(name), e)
                 continue
-            for field, into in ((report.topics, out), (report.subscriptions, subscriptions)):
-                for uid, entry in field.items():
-                    load = Load(entry.messages_per_s, entry.bytes_per_s, entry.outstanding_messages)
+            for found, into in ((topics, out), (subs, subscriptions)):
+                for uid, load in found.items():
                     seen = into.get(uid)
                     into[uid] = load if seen is None else seen.larger(load)
         return out, subscriptions

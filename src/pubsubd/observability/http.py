@@ -71,7 +71,7 @@ ApiHandler = Callable[[Query], Any | Awaitable[Any]]
 
 def parse_target(target: str) -> tuple[str, dict[str, str]]:
     """A request target's percent-decoded path and query parameters (the last of a repeated
-    name wins)."""
+    name wins); ValueError if it is not a URL."""
     parts = urlsplit(target)
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
     return unquote(parts.path) or "/", query
@@ -124,7 +124,10 @@ class HttpEndpoint:
 
     async def respond(self, target: str) -> tuple[str, str, bytes]:
         """(status line, Content-Type, body) for a GET of ``target``."""
-        path, query = parse_target(target)
+        try:
+            path, query = parse_target(target)
+        except ValueError as e:  # e.g. "//h[": a bracketed host that is no IPv6 address
+            return "400 Bad Request", "text/plain", f"malformed request target: {e}\n".encode()
         if path in ("/healthz", "/readyz"):
             problem = self._problem()
             text = "ok\n" if problem is None else f"degraded: {problem}\n"

@@ -4,12 +4,49 @@ from __future__ import annotations
 
 from typing import Any
 
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import DecodeError
+
 from pubsubd.pulsar import frames
 from pubsubd.pulsar.api import BaseCommand, Type
 
 # Protocol versions: the client sends its highest; the answer is the lower of that and ours.
 # v20 is the last whose features this front either serves or the client does without.
 PROTOCOL_VERSION = 20
+
+
+# Commands whose text fields the front never reads (the hot ones): not checked for UTF-8.
+_TEXT_UNREAD = frozenset(Type.Value(name) for name in ("SEND", "FLOW", "ACK", "PING", "PONG"))
+
+
+def parse_command(raw: bytes) -> Any:
+    """The BaseCommand in ``raw``; DecodeError if it does not parse, or if a text field the
+    front reads is not UTF-8 (Pulsar's proto is proto2, whose Python parsing hands such a
+    string over as ``bytes`` instead of refusing it)."""
+    cmd = BaseCommand()
+    cmd.ParseFromString(raw)
+    if cmd.type not in _TEXT_UNREAD:
+        path = non_utf8_field(cmd)
+        if path is not None:
+            raise DecodeError(f"{path} is not UTF-8")
+    return cmd
+
+
+def non_utf8_field(message: Any, at: str = "") -> str | None:
+    """The path of the first string field of ``message`` (nested messages included) whose
+    value is not UTF-8, or None."""
+    for fd, value in message.ListFields():
+        path = f"{at}.{fd.name}" if at else fd.name
+        values = value if fd.is_repeated else (value,)
+        if fd.type == FieldDescriptor.TYPE_STRING:
+            if any(isinstance(v, bytes) for v in values):
+                return path
+        elif fd.type == FieldDescriptor.TYPE_MESSAGE:
+            for v in values:
+                found = non_utf8_field(v, path)
+                if found is not None:
+                    return found
+    return None
 
 
 def frame(cmd: Any) -> bytes:

@@ -29,7 +29,7 @@ from pubsubd.core import publish_sources, queue_settings
 from pubsubd.core.errors import Unauthenticated
 from pubsubd.core.tokens import TokenVerifier
 from pubsubd.pulsar import commands, frames, ids, names
-from pubsubd.pulsar.api import BaseCommand, CommandSubscribe, ServerError, Type
+from pubsubd.pulsar.api import CommandSubscribe, ServerError, Type
 from pubsubd.pulsar.consumers import Consumer, check_subscription
 from pubsubd.pulsar.errors import PulsarError
 from pubsubd.pulsar.gateway import Gateway
@@ -135,9 +135,8 @@ class Connection:
         self.write(commands.error(0, ServerError.Value("UnknownError"), message))
 
     def _handle(self, frame: frames.Frame) -> bool:
-        cmd = BaseCommand()
         try:
-            cmd.ParseFromString(frame.command)
+            cmd = commands.parse_command(frame.command)
         except DecodeError as e:
             self._fatal(f"malformed command: {e}")
             return False

@@ -46,9 +46,22 @@ def _attributes(props: Any, event_time: int, deliver_at_ms: int) -> dict[str, st
     if event_time:
         attrs[EVENT_TIME_ATTRIBUTE] = str(event_time)
     if deliver_at_ms > 0:
-        at = dt.datetime.fromtimestamp(deliver_at_ms / 1000, dt.UTC)
+        try:
+            at = dt.datetime.fromtimestamp(deliver_at_ms / 1000, dt.UTC)
+        except (OverflowError, ValueError, OSError):
+            raise BadPayload(f"deliver_at_time {deliver_at_ms} is not a time") from None
         attrs[delays.DELIVER_AT] = at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     return attrs
+
+
+def _check_text(meta: Any, what: str) -> None:
+    """Refuse properties or a partition key that are not UTF-8 (proto2 parsing hands them
+    over as ``bytes``; a Pub/Sub attribute or ordering key is text)."""
+    if isinstance(meta.partition_key, bytes):
+        raise BadPayload(f"{what}: the partition key is not UTF-8")
+    for kv in meta.properties:
+        if isinstance(kv.key, bytes) or isinstance(kv.value, bytes):
+            raise BadPayload(f"{what}: property {kv.key!r} is not UTF-8")
 
 
 def _ordering_key(partition_key: str, ordering_key: bytes) -> str:
@@ -78,6 +91,7 @@ def unpack_send(
     deliver_at = meta.deliver_at_time if meta.HasField("deliver_at_time") else 0
     first_seq = meta.sequence_id if meta.HasField("sequence_id") else sequence_id
     if not meta.HasField("num_messages_in_batch"):
+        _check_text(meta, "message metadata")
         return [
             OutMessage(
                 body,
@@ -101,6 +115,7 @@ def unpack_send(
         end = start + single.payload_size
         if size > len(body) or end > len(body) or single.payload_size < 0:
             raise BadPayload(f"batch message {i} runs past the payload")
+        _check_text(single, f"batch message {i}")
         at = end
         if single.compacted_out:
             continue

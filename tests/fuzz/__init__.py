@@ -1,0 +1,1 @@
+"""Fuzz targets of the decoders that read outside input, and their atheris runner."""
