@@ -357,8 +357,8 @@ def test_cli_client_commands_with_a_ca_file_and_a_token(
     names: Any,
 ) -> None:  # fmt: skip
     """``pubsubd --ca-file CA --token-file F topics create ...``: TLS and the token; without
-    the token the server refuses (UNAUTHENTICATED, printed as 401; exit 1); a token over plaintext (a server
-    with authentication and no TLS) goes as metadata."""
+    the token the server refuses (UNAUTHENTICATED, printed as 401; exit 1); a token over
+    plaintext (a server with authentication and no TLS) goes as metadata."""
     token_file = tmp_path / "token"
     token_file.write_text(token + "\n")
     topic = names.topic()
