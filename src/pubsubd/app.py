@@ -48,6 +48,7 @@ from pubsubd.coordination.liveness import OwnerCheck, this_process
 from pubsubd.coordination.registration import Registration
 from pubsubd.coordination.zk import Coordinator
 from pubsubd.core import pb
+from pubsubd.core.client_security import ClientSecurity
 from pubsubd.core.clock import SYSTEM_CLOCK
 from pubsubd.core.errors import AlreadyExists, Unavailable
 from pubsubd.core.flow_control import MemoryBudget
@@ -337,9 +338,15 @@ class PubsubServer:
             )
             self.pulsar_port = await self.pulsar.start(self.config.host, self.config.pulsar_port)
         if self.config.prober_interval_s > 0:
+            # With TLS on, through the local socket the REST front uses (the same server and
+            # interceptors, so its calls count and are checked like a client's); with
+            # authentication on, carrying --prober-token-file's token.
+            endpoint = self.local_target if tls is not None else f"{self.config.host}:{self.port}"
             self.prober = ProbeLoop(
                 ProberConfig(
-                    (f"{self.config.host}:{self.port}",), interval_s=self.config.prober_interval_s
+                    (endpoint,),
+                    interval_s=self.config.prober_interval_s,
+                    security=ClientSecurity(token_file=self.config.prober_token_file),
                 )
             )
             self.prober.start()

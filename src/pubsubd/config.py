@@ -99,6 +99,8 @@ class ServerConfig:
     log_cache_bytes: int = DEFAULT_PROCESS_CACHE_BYTES
     # Probe this server's own endpoint every so many seconds (prober/loop.py; 0 = off).
     prober_interval_s: float = 0.0
+    # With authentication on, the token its probes carry (a file, read on every call).
+    prober_token_file: Path | None = None
     # TLS on every listener (gRPC, HTTP, Pulsar); None: plaintext (the default, like the
     # emulator). See with_security.
     tls: ServerTls | None = None
@@ -184,6 +186,11 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
             e.get("PUBSUBD_METRICS_MAX_SUBSCRIPTIONS", cfg.metrics_max_subscriptions)
         ),
         prober_interval_s=float(e.get("PUBSUBD_PROBER_INTERVAL_S", cfg.prober_interval_s)),
+        prober_token_file=(
+            Path(e["PUBSUBD_PROBER_TOKEN_FILE"])
+            if e.get("PUBSUBD_PROBER_TOKEN_FILE")
+            else cfg.prober_token_file
+        ),
         request_slis=e.get("PUBSUBD_REQUEST_SLIS", "1") not in ("0", "false", "off"),
         max_inflight_publish_bytes=int(
             e.get("PUBSUBD_MAX_INFLIGHT_PUBLISH_BYTES", cfg.max_inflight_publish_bytes)

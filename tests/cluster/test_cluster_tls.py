@@ -2,7 +2,11 @@
 append ports, ``serve --cluster`` with TLS on its own ports whose ledger writes and reads reach
 the node over TLS (``--tls-ca``, showing its own certificate), a router, and a frontend with TLS
 proxying to it over TLS. The official client publishes and pulls through the frontend (and REST
-answers on its HTTPS port); a plaintext client reaches neither the node nor the frontend."""
+answers on its HTTPS port); a plaintext client reaches neither the node nor the frontend.
+
+Authentication is on at ``serve --cluster`` and at the frontend (the same ``--auth-secret-file``):
+the frontend checks each call's token itself (no token: UNAUTHENTICATED there, HTTP 401) and
+passes it on with the call, which the forwarder checks again."""
 
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransp
 
 from pubsubd.cli.security import write_dev_certs
 from pubsubd.coordination.ensemble import Ensemble
+from pubsubd.core.tokens import create_token
 from tests.conftest import PROJECT
 from tests.support.process import LoggedProcess
 from tests.support.server import ServerProcess
@@ -35,6 +40,9 @@ pytestmark = [pytest.mark.cluster, pytest.mark.integration, pytest.mark.timeout(
 
 FRONTEND_READY = re.compile(r"pubsubd frontend ready grpc=(\S+) http=(\S+)")
 ROUTER_READY = re.compile(r"pubsubd router ready")
+
+
+SECRET = b"cluster-test-secret-of-32-bytes!!"
 
 
 def _tls(certs: Path, *, client_ca: bool = False, ca: bool = True) -> list[str]:
@@ -53,6 +61,9 @@ def cluster(
     base = tmp_path_factory.mktemp("cluster-tls")
     certs = base / "certs"
     write_dev_certs(certs)
+    secret = base / "secret"
+    secret.write_bytes(SECRET)
+    auth = ["--auth-secret-file", str(secret)]
     zk, root = zookeeper.connect_string, f"/t-{uuid.uuid4().hex}"
     started: list[Any] = []
     try:
@@ -62,14 +73,14 @@ def cluster(
         started.append(node)
         serve = ServerProcess(
             base / "serve",
-            args=["--zk-root", root, "--replicas", "1", *_tls(certs, client_ca=True)],
+            args=["--zk-root", root, "--replicas", "1", *_tls(certs, client_ca=True), *auth],
             env={"PUBSUBD_CLUSTER": zk},
         ).start()
         started.append(serve)
         control = []
         for role, ready, extra in (
             ("router", ROUTER_READY, []),
-            ("frontend", FRONTEND_READY, ["--port", "0", "--http-port", "0", *_tls(certs)]),
+            ("frontend", FRONTEND_READY, ["--port", "0", "--http-port", "0", *_tls(certs), *auth]),
         ):
             process = LoggedProcess(base / f"{role}.log")
             command = [sys.executable, "-m", "pubsubd", role, "--cluster", zk, "--zk-root", root]
@@ -88,19 +99,26 @@ def cluster(
             process.kill()
 
 
-def _channel(certs: Path, endpoint: str) -> grpc.Channel:
-    return grpc.secure_channel(
-        endpoint, grpc.ssl_channel_credentials((certs / "ca.pem").read_bytes())
-    )
+def _token() -> str:
+    return create_token("alice@example.com", secret=SECRET, now=time.time(), expires_in_s=600)
+
+
+def _channel(certs: Path, endpoint: str, token: str | None = None) -> grpc.Channel:
+    credentials = grpc.ssl_channel_credentials((certs / "ca.pem").read_bytes())
+    if token is not None:
+        credentials = grpc.composite_channel_credentials(
+            credentials, grpc.access_token_call_credentials(token)
+        )
+    return grpc.secure_channel(endpoint, credentials)
 
 
 def test_publish_and_pull_through_a_tls_frontend_over_tls_storage(cluster: dict[str, Any]) -> None:
-    certs, frontend = cluster["certs"], cluster["frontend"]
+    certs, frontend, token = cluster["certs"], cluster["frontend"], _token()
     pub = pubsub_v1.PublisherClient(
-        transport=PublisherGrpcTransport(channel=_channel(certs, frontend))
+        transport=PublisherGrpcTransport(channel=_channel(certs, frontend, token))
     )
     sub = pubsub_v1.SubscriberClient(
-        transport=SubscriberGrpcTransport(channel=_channel(certs, frontend))
+        transport=SubscriberGrpcTransport(channel=_channel(certs, frontend, token))
     )
     suffix = time.monotonic_ns()
     topic = f"projects/{PROJECT}/topics/tls-{suffix}"
@@ -116,6 +134,20 @@ def test_publish_and_pull_through_a_tls_frontend_over_tls_storage(cluster: dict[
                 raise
             time.sleep(0.2)
     sub.create_subscription(name=subscription, topic=topic)
+    # No token: the frontend refuses the call itself, before its proxy sends it anywhere (its
+    # count of proxied calls stays put); its /status needs a token too.
+    ca = ssl.create_default_context(cafile=certs / "ca.pem")
+    status_url = f"https://{cluster['frontend_http']}/status"
+    bearer = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(verify=ca) as http:
+        assert http.get(status_url).status_code == 401
+        calls = http.get(status_url, headers=bearer).json()["calls"]
+        anonymous = pubsub_v1.PublisherClient(
+            transport=PublisherGrpcTransport(channel=_channel(certs, frontend))
+        )
+        with pytest.raises(exceptions.Unauthenticated, match="no credentials"):
+            anonymous.get_topic(topic=topic, retry=None, timeout=10)
+        assert http.get(status_url, headers=bearer).json()["calls"] == calls
     ids = [pub.publish(topic, f"m{i}".encode()).result(timeout=60) for i in range(3)]
     got: list[Any] = []
     deadline = time.monotonic() + 30
@@ -124,9 +156,10 @@ def test_publish_and_pull_through_a_tls_frontend_over_tls_storage(cluster: dict[
     assert sorted(m.message.message_id for m in got) == sorted(ids)
     sub.close()
     # REST on the frontend's HTTPS port, through its own gRPC port (a Unix socket with TLS on).
-    ca = ssl.create_default_context(cafile=certs / "ca.pem")
     with httpx.Client(verify=ca) as http:
-        answer = http.get(f"https://{cluster['frontend_http']}/v1/{subscription}")
+        url = f"https://{cluster['frontend_http']}/v1/{subscription}"
+        assert http.get(url).status_code == 401
+        answer = http.get(url, headers={"Authorization": f"Bearer {token}"})
         assert answer.status_code == 200, answer.text
         assert answer.json()["topic"] == topic
     # Every message went to the storage node's ledger: over TLS, as nothing else is served.

@@ -9,6 +9,7 @@ or authentication are what every other integration test runs against.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import ssl
 import subprocess
@@ -73,9 +74,13 @@ def server(
     base = tmp_path_factory.mktemp("tls-auth")
     static = base / "tokens"
     static.write_text(f"{STATIC_TOKEN} serviceAccount:ci@{PROJECT}.iam.gserviceaccount.com\n")
+    prober_token = base / "prober-token"
+    prober_token.write_text(STATIC_TOKEN + "\n")
     args = [
         *("--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server-key.pem")),
         *("--auth-secret-file", str(secret_file), "--auth-tokens-file", str(static)),
+        # The in-server prober, with TLS and authentication on: its own token.
+        *("--prober-interval", "0.5", "--prober-token-file", str(prober_token)),
     ]
     srv = ServerProcess(base / "data", args=args, pulsar=True).start()
     assert "tls=on auth=token" in srv.log()
@@ -339,3 +344,67 @@ def test_iam_decides_for_the_caller_the_token_names(
         got = httpx.post(f"{base}:publish", json=body, headers=dict(who), timeout=10)
         assert got.status_code == status, got.text
     assert httpx.get(base, timeout=10).status_code == 401
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pubsubd", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_cli_client_commands_with_a_ca_file_and_a_token(
+    server: ServerProcess, guarded: ServerProcess, certs: Path, token: str, tmp_path: Path,
+    names: Any,
+) -> None:  # fmt: skip
+    """``pubsubd --ca-file CA --token-file F topics create ...``: TLS and the token; without
+    the token the server refuses (UNAUTHENTICATED, printed as 401; exit 1); a token over
+    plaintext (a server with authentication and no TLS) goes as metadata."""
+    token_file = tmp_path / "token"
+    token_file.write_text(token + "\n")
+    topic = names.topic()
+    secure = ("--ca-file", str(certs / "ca.pem"), "--endpoint", server.endpoint)
+    created = _run(*secure[:2], "--token-file", str(token_file), "topics", "create", topic,
+                   *secure[2:], "--json")  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    assert json.loads(created.stdout)[0]["name"] == topic
+    refused = _run(*secure[:2], "topics", "list", *secure[2:])
+    # The CLI prints the official client's error: 401 is UNAUTHENTICATED.
+    assert refused.returncode == 1 and "401" in refused.stderr, refused.stderr
+    # The token in the environment, to a server without TLS.
+    plain = subprocess.run(
+        [sys.executable, "-m", "pubsubd", "topics", "create", names.topic(), "--endpoint",
+         guarded.endpoint, "--json"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "PUBSUBD_TOKEN": token},
+    )  # fmt: skip
+    assert plain.returncode == 0, plain.stderr
+
+
+def test_prober_with_a_ca_file_and_a_token(server: ServerProcess, certs: Path, token: str) -> None:
+    """``pubsubd prober --once`` through a TLS endpoint with authentication on: both probes
+    pass with the token and fail, naming UNAUTHENTICATED, without it."""
+    base = ("prober", "--endpoint", server.endpoint, "--once", "--json", "--http-port", "-1",
+            "--ca-file", str(certs / "ca.pem"))  # fmt: skip
+    ok = _run(*base, "--token", token)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    results = json.loads(ok.stdout)
+    assert {r["probe"] for r in results} == {"publish_receive", "control_plane"}
+    assert all(r["ok"] for r in results), results
+    refused = _run(*base)
+    assert refused.returncode == 1
+    assert all(not r["ok"] and "UNAUTHENTICATED" in r["error"] for r in json.loads(refused.stdout))
+
+
+def test_in_server_prober_carries_its_token(server: ServerProcess, certs: Path, token: str) -> None:
+    """``serve --prober-interval --prober-token-file`` with TLS and authentication on: its
+    probes (through the server's local socket) pass, as /status shows."""
+    url = f"https://127.0.0.1:{server.http_port}/status"
+    auth = {"Authorization": f"Bearer {token}"}
+    deadline = time.monotonic() + 30
+    with httpx.Client(verify=ssl.create_default_context(cafile=certs / "ca.pem")) as http:
+        while True:
+            probes = http.get(url, headers=auth).json()["prober"]["probes"]
+            if len(probes) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    assert {p["probe"] for p in probes} == {"publish_receive", "control_plane"}
+    assert all(p["ok"] for p in probes), probes

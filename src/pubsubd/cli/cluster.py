@@ -74,6 +74,13 @@ def up(
     probers: Annotated[
         int, typer.Option(help="probers (pubsubd prober) through every frontend")
     ] = 1,
+    tls_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="TLS on every process's ports with `pubsubd certs dev` files here (made if "
+            "missing); clients trust DIR/ca.pem"
+        ),
+    ] = None,
     as_json: AsJson = False,
 ) -> None:
     """Start a cluster on loopback and print where clients connect."""
@@ -91,6 +98,10 @@ def up(
         + ["--no-publishing"] * (i >= forwarders - subscribing_only)
         for i in range(forwarders)
     ]
+    if tls_dir is not None and not (tls_dir / "ca.pem").exists():
+        from pubsubd.cli.security import write_dev_certs
+
+        write_dev_certs(tls_dir)
     try:
         cluster = LocalCluster(data_dir).up(
             zk_nodes=zk_nodes,
@@ -103,6 +114,7 @@ def up(
             forwarders=forwarders,
             forwarder_args=roles,
             probers=probers,
+            tls_dir=tls_dir,
         )
     except (ClusterError, EnsembleError, ZooKeeperMissing, OSError) as e:
         _fail(e)
@@ -114,7 +126,13 @@ def up(
     _print_processes(described)
     listed: list[str] = described["frontends"]
     host = f"ipv4:{','.join(listed)}" if len(listed) > 1 else described["grpc"]
-    console.print(f"clients: export PUBSUB_EMULATOR_HOST={host}")
+    if described["tls_ca"]:
+        console.print(
+            f'clients: TLS to {host}, trusting {described["tls_ca"]} (README, "TLS and '
+            'authentication"; PUBSUB_EMULATOR_HOST is plaintext only)'
+        )
+    else:
+        console.print(f"clients: export PUBSUB_EMULATOR_HOST={host}")
 
 
 @cluster_app.command()

@@ -43,9 +43,45 @@ app.add_typer(certs_app, name="certs")
 app.add_typer(tokens_app, name="tokens")
 app.command("alerts")(alerts)
 
+
+@app.callback()
+def _client_security(
+    ca_file: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="PUBSUBD_CA_FILE",
+            help="client commands: speak TLS to the server, trusting this CA (PEM)",
+        ),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="PUBSUBD_TOKEN", help="client commands: send this bearer token (authentication)"
+        ),
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="PUBSUBD_TOKEN_FILE", help="client commands: send the bearer token in this file"
+        ),
+    ] = None,
+) -> None:
+    """pubsubd: pub/sub and queues. Client commands reach the server with --ca-file (TLS)
+    and --token / --token-file (authentication), given before the command."""
+    from pubsubd.core.client_security import ClientSecurity
+
+    global _SECURITY
+    try:
+        _SECURITY = ClientSecurity(ca_file, token, token_file)
+    except ValueError as e:
+        _fail(e)
+
+
 # Piped output is not cut to 80 columns: names must stay whole for grep and scripts.
 console = Console() if sys.stdout.isatty() else Console(width=100_000)
 err_console = Console(stderr=True)
+# How client commands reach the server (TLS, a token): set by the global options.
+_SECURITY: Any = None
 
 Endpoint = Annotated[
     str,
@@ -143,6 +179,13 @@ def serve(
         float | None,
         typer.Option(help="probe this server's own endpoint every N seconds (0 = off, default)"),
     ] = None,
+    prober_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="PUBSUBD_PROBER_TOKEN_FILE",
+            help="with authentication on: the bearer token the in-server prober sends (a file)",
+        ),
+    ] = None,
     tls_cert: TlsCert = None,
     tls_key: TlsKey = None,
     tls_client_ca: TlsClientCa = None,
@@ -184,6 +227,8 @@ def serve(
         cfg = replace(cfg, slo_file=slo)
     if prober_interval is not None:
         cfg = replace(cfg, prober_interval_s=prober_interval)
+    if prober_token_file is not None:
+        cfg = replace(cfg, prober_token_file=prober_token_file)
     if pulsar_port is not None:
         cfg = replace(cfg, pulsar_port=pulsar_port)
     cfg = _with_iam(cfg, iam, iam_policy_file, trust_caller_header)
@@ -199,11 +244,16 @@ def serve(
             auth_audience=auth_audience,
             auth_issuer=auth_issuer,
         )
-        if cfg.tokens is not None and cfg.trust_caller_header:
+        _no_trusted_header_with_tokens(cfg)
+        if cfg.tokens is not None and cfg.prober_interval_s > 0 and cfg.prober_token_file is None:
             raise ValueError(
-                "--trust-caller-header (tests and development only) would let any caller "
-                "name itself: it cannot be used with authentication"
+                "--prober-interval with authentication needs --prober-token-file "
+                "(the token its probes carry)"
             )
+        if cfg.prober_token_file is not None:
+            from pubsubd.core.client_security import ClientSecurity
+
+            ClientSecurity(token_file=cfg.prober_token_file)  # a missing file fails here
         _internal_tls(tls_ca, tls_cert, tls_key)
     except ValueError as e:
         _fail(e)
@@ -212,6 +262,14 @@ def serve(
     except SloFileError as e:
         _fail(e)
     server_app.run(cfg)
+
+
+def _no_trusted_header_with_tokens(cfg: config_mod.ServerConfig) -> None:
+    if cfg.tokens is not None and cfg.trust_caller_header:
+        raise ValueError(
+            "--trust-caller-header (tests and development only) would let any caller "
+            "name itself: it cannot be used with authentication"
+        )
 
 
 def _with_iam(
@@ -499,6 +557,11 @@ def frontend(
     tls_key: TlsKey = None,
     tls_client_ca: TlsClientCa = None,
     tls_ca: TlsCa = None,
+    auth_secret_file: AuthSecretFile = None,
+    auth_public_key: AuthPublicKey = None,
+    auth_tokens_file: AuthTokensFile = None,
+    auth_audience: AuthAudience = None,
+    auth_issuer: AuthIssuer = None,
     iam: Annotated[
         bool | None,
         typer.Option("--iam/--no-iam", help="authorize every call (PUBSUBD_IAM; default off)"),
@@ -516,13 +579,23 @@ def frontend(
     ] = None,
 ) -> None:
     """Run a frontend: a stateless proxy that sends each client call to the forwarder the
-    routers assigned its topic or subscription to."""
+    routers assigned its topic or subscription to. With --auth-* it checks every call's token
+    itself (as ``serve``) and passes it on to the forwarder."""
     from pubsubd.frontend.main import FrontendConfig, StartupError, run
     from pubsubd.observability.logging import setup
 
     setup(log_level)
     security = _with_iam(config_mod.from_env(), iam, iam_policy_file, trust_caller_header)
     try:
+        security = config_mod.with_security(
+            security,
+            auth_secret_file=auth_secret_file,
+            auth_public_key=auth_public_key,
+            auth_tokens_file=auth_tokens_file,
+            auth_audience=auth_audience,
+            auth_issuer=auth_issuer,
+        )
+        _no_trusted_header_with_tokens(security)
         _internal_tls(tls_ca, tls_cert, tls_key)
         tls = _server_tls(tls_cert, tls_key, tls_client_ca)
     except ValueError as e:
@@ -531,6 +604,7 @@ def frontend(
         run(
             FrontendConfig(
                 tls=tls,
+                tokens=security.tokens,
                 zk=cluster,
                 zk_root=zk_root,
                 frontend_id=frontend_id,
@@ -573,10 +647,24 @@ def prober(
     as_json: Annotated[bool, typer.Option("--json", help="--once: print JSON")] = False,
     pid_file: Annotated[Path | None, typer.Option(help="write the PID here when ready")] = None,
     log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
+    ca_file: Annotated[
+        Path | None,
+        typer.Option(envvar="PUBSUBD_CA_FILE", help="speak TLS to the endpoints, trusting this CA"),
+    ] = None,
+    token: Annotated[
+        str | None, typer.Option(envvar="PUBSUBD_TOKEN", help="send this bearer token")
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="PUBSUBD_TOKEN_FILE", help="send the bearer token in this file (read each call)"
+        ),
+    ] = None,
 ) -> None:
     """Probe the service as clients use it: publish and receive a message, and create, get,
     update and delete a topic and a subscription, through every endpoint; the results are
     SLIs on /metrics, the last ones on /status."""
+    from pubsubd.core.client_security import ClientSecurity
     from pubsubd.observability.logging import setup
     from pubsubd.prober.main import ProberConfig, run, run_once
     from pubsubd.prober.probes import CONTROL_PLANE, PUBLISH_RECEIVE
@@ -590,6 +678,7 @@ def prober(
             http_port=http_port,
             probes=tuple(probe) if probe else (PUBLISH_RECEIVE, CONTROL_PLANE),
             pid_file=pid_file,
+            security=ClientSecurity(ca_file, token, token_file),
         )
     except ValueError as e:
         _fail(e)
@@ -618,21 +707,29 @@ def prober(
 
 
 def _clients(endpoint: str) -> tuple[Any, Any]:
-    import grpc
     from google.pubsub_v1 import PublisherClient, SubscriberClient
     from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
     from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 
-    # Plain-text gRPC to a local server, as the official clients do with PUBSUB_EMULATOR_HOST.
+    # Plain-text gRPC to a local server, as the official clients do with PUBSUB_EMULATOR_HOST,
+    # unless --ca-file (TLS) and --token / --token-file say otherwise.
     options = [("grpc.max_receive_message_length", -1)]
+    security = _security()
     return (
         PublisherClient(
-            transport=PublisherGrpcTransport(channel=grpc.insecure_channel(endpoint, options))
+            transport=PublisherGrpcTransport(channel=security.channel(endpoint, options))
         ),
         SubscriberClient(
-            transport=SubscriberGrpcTransport(channel=grpc.insecure_channel(endpoint, options))
+            transport=SubscriberGrpcTransport(channel=security.channel(endpoint, options))
         ),
     )
+
+
+def _security() -> Any:
+    """The global options' ClientSecurity (the environment's when no callback ran)."""
+    from pubsubd.core.client_security import ClientSecurity
+
+    return _SECURITY if _SECURITY is not None else ClientSecurity.from_env()
 
 
 def _name(project: str, kind: str, name: str) -> str:
@@ -916,7 +1013,7 @@ def _replay_call(
     """One pubsubd.v1 call (Replay or Admin); a failure is printed with its status code."""
     import grpc
 
-    with grpc.insecure_channel(endpoint) as channel:
+    with _security().channel(endpoint) as channel:
         call = channel.unary_unary(
             f"/pubsubd.v1.{service}/{method}",
             request_serializer=lambda m: m.SerializeToString(),

@@ -151,6 +151,10 @@ def _spawn(args: list[str], log: Path) -> int:
     return proc.pid
 
 
+# What ``pubsubd certs dev DIR`` writes, and ``up(tls_dir=DIR)`` passes to the processes.
+TLS_FILES = ("ca.pem", "server.pem", "server-key.pem")
+
+
 class LocalCluster:
     """A cluster recorded in ``directory/cluster.json``."""
 
@@ -160,6 +164,8 @@ class LocalCluster:
         self.grpc = ""
         self.http = ""
         self.zk = ""
+        # With TLS (``up(tls_dir=...)``): the directory of ``pubsubd certs dev``'s files.
+        self.tls_dir: Path | None = None
 
     @property
     def state_path(self) -> Path:
@@ -173,6 +179,7 @@ class LocalCluster:
             "grpc": self.grpc,
             "http": self.http,
             "zookeeper": self.zk,
+            "tls_dir": str(self.tls_dir) if self.tls_dir is not None else None,
             "processes": [asdict(p) for p in self.processes],
         }
         temporary = self.state_path.with_suffix(".tmp")
@@ -189,6 +196,7 @@ class LocalCluster:
                 f"no cluster in {cluster.directory} ({STATE_FILE} missing)"
             ) from None
         cluster.grpc, cluster.http, cluster.zk = state["grpc"], state["http"], state["zookeeper"]
+        cluster.tls_dir = Path(state["tls_dir"]) if state.get("tls_dir") else None
         cluster.processes = [Process(**p) for p in state["processes"]]
         return cluster
 
@@ -199,6 +207,7 @@ class LocalCluster:
             "http": self.http,
             "zookeeper": self.zk,
             "frontends": self.frontends,
+            "tls_ca": str(self.tls_dir / "ca.pem") if self.tls_dir is not None else None,
             "processes": [
                 {
                     "role": p.role,
@@ -232,12 +241,15 @@ class LocalCluster:
         timeout: float = 60.0,
         serve_args: list[str] | None = None,
         forwarder_args: Sequence[Sequence[str]] = (),
+        tls_dir: Path | None = None,
     ) -> LocalCluster:
         """Start ZooKeeper, the storage nodes, the serving process (or, with ``forwarders``,
         that many forwarders serving the topics the routers assign them), ``routers`` routers
         and ``frontends`` frontends (then clients connect to the frontends: ``grpc`` is the
         first), and ``probers`` probers through every frontend; wait until all are ready.
         ``forwarder_args[i]``: more flags for forwarder i (``--no-publishing``, ...).
+        ``tls_dir``: ``pubsubd certs dev``'s files there, passed to every process (TLS on every
+        port but ZooKeeper's; mutual TLS on the storage nodes; the probers trust its CA).
         Whatever started is stopped again if a later step fails."""
         if forwarders and (not routers or not frontends):
             raise ClusterError("forwarders need at least one router and one frontend")
@@ -247,6 +259,11 @@ class LocalCluster:
                 raise ClusterError(f"a cluster is already running in {self.directory}")
         require_zookeeper()
         self.directory.mkdir(parents=True, exist_ok=True)
+        if tls_dir is not None:
+            missing = [f for f in TLS_FILES if not (tls_dir / f).is_file()]
+            if missing:
+                raise ClusterError(f"{tls_dir} lacks {', '.join(missing)} (pubsubd certs dev)")
+            self.tls_dir = tls_dir.resolve()
         try:
             ensemble = Ensemble(self.directory / "zookeeper", zk_nodes).start(timeout)
             self.zk = ensemble.connect_string
@@ -313,6 +330,21 @@ class LocalCluster:
         ]
         for k in range(disks):
             args += ["--data-dir", str(self.directory / f"storage-{i + 1}" / f"disk-{k + 1}")]
+        # Mutual TLS: only the cluster's processes (showing certs dev's certificate) reach it.
+        return args + self._tls(client_ca=True, ca=False)
+
+    def _tls(self, *, client_ca: bool = False, ca: bool = True, listen: bool = True) -> list[str]:
+        """A process's TLS flags (none without ``tls_dir``): its listeners' certificate, a
+        client CA for mutual TLS, the CA its clients of the other processes trust."""
+        d = self.tls_dir
+        if d is None:
+            return []
+        args = ["--tls-cert", str(d / "server.pem"), "--tls-key", str(d / "server-key.pem")]
+        args = args if listen else []
+        if client_ca:
+            args += ["--tls-client-ca", str(d / "ca.pem")]
+        if ca:
+            args += ["--tls-ca", str(d / "ca.pem")]
         return args
 
     def _start_storage(self, i: int, zones: int, disks: int, timeout: float) -> Process:
@@ -346,6 +378,7 @@ class LocalCluster:
             str(replicas),
             "--zone",
             "zone-1",
+            *self._tls(),
             *extra,
         ]
         log = self.directory / "serve.log"
@@ -368,6 +401,7 @@ class LocalCluster:
             "--replicas", str(replicas),
             "--zone", f"zone-{i % min(zones, 2) + 1}",  # two zones: a zone's loss is survivable
             "--forwarder-id", name,
+            *self._tls(),
             *extra,
         ]  # fmt: skip
         log = self.directory / f"{name}.log"
@@ -388,6 +422,7 @@ class LocalCluster:
             "--cluster", self.zk, "--zk-root", ZK_ROOT,
             f"--{role}-id", name, "--zone", zone, "--http-port", "0",
             "--pid-file", str(self.directory / f"{name}.pid"),
+            *self._tls(),
         ]  # fmt: skip
 
     def _start_router(self, i: int, zones: int, timeout: float) -> Process:
@@ -421,6 +456,8 @@ class LocalCluster:
             sys.executable, "-m", "pubsubd", "prober", *endpoints, "--http-port", "0",
             "--pid-file", str(self.directory / f"{name}.pid"),
         ]  # fmt: skip
+        if self.tls_dir is not None:
+            args += ["--ca-file", str(self.tls_dir / "ca.pem")]
         log = self.directory / f"{name}.log"
         pid, ready = _start(args, log, PROBER_READY, timeout)
         http = ready.group(2)

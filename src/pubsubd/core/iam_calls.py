@@ -27,8 +27,9 @@ we differ or extend it:
   TestIamPermissions needs nothing (it answers what the caller holds).
 * pubsubd.v1.Replay: reading messages or moving a named cursor (Read, CommitCursor,
   DeleteCursor) is ``topics.attachSubscription`` on the topic (the subscriber role's right to
-  read a topic), PublishDeduplicated ``topics.publish``, SeekOffsets (a Seek to exact offsets)
-  ``subscriptions.consume`` on the subscription, as Seek; the rest ``topics.get``.
+  read a topic), PublishDeduplicated ``topics.publish``, SeekOffsets (the Pulsar front's seek
+  by message ID) ``subscriptions.consume`` on the subscription, as Seek; the rest
+  ``topics.get``.
 * pubsubd.v1.Admin: SkipDamagedRanges ``topics.update`` on the topic, ListDamagedRanges
   ``topics.get`` on it; the routing constraints (the whole cluster) ``topics.get`` /
   ``topics.update`` on ``projects/*``, which only the policy file's ``"*"`` entry grants.
@@ -301,6 +302,7 @@ RULES: dict[str, Rule] = {
     REPLAY + "CommitCursor": _topic("attachSubscription"),
     REPLAY + "DeleteCursor": _topic("attachSubscription"),
     REPLAY + "PublishDeduplicated": _topic("publish"),
+    # Field 1 is the subscription: moving its delivery back, as Seek (consume) does.
     REPLAY + "SeekOffsets": _subscription("consume"),
     # pubsubd.v1.Admin
     ADMIN + "ListDamagedRanges": Rule(parse=_damaged_ranges),

@@ -35,6 +35,7 @@ from prometheus_client import Gauge
 
 from pubsubd import runtime
 from pubsubd.api.grpc import tls as grpc_tls
+from pubsubd.api.grpc.authn import AuthInterceptor
 from pubsubd.api.grpc.authorization import Authorization, trusted_caller_header
 from pubsubd.api.rest import RestFront, local_target
 from pubsubd.control.policies import ResourcePolicies, load_policy_file
@@ -48,6 +49,7 @@ from pubsubd.core.iam import Requirement
 from pubsubd.core.principal import Principal
 from pubsubd.core.release import version
 from pubsubd.core.tls import ServerTls
+from pubsubd.core.tokens import TokenSettings, TokenVerifier
 from pubsubd.frontend.proxy import Proxy
 from pubsubd.frontend.targets import resource_name, targets
 from pubsubd.observability import metrics
@@ -81,6 +83,9 @@ class FrontendConfig:
     # TLS on its gRPC and HTTP ports (core/tls.py); its proxy's channels to forwarders follow
     # core.tls.INTERNAL (--tls-ca).
     tls: ServerTls | None = None
+    # Authentication (``--auth-*``, as ``pubsubd serve``): every call's bearer token is checked
+    # here, on the gRPC, HTTP and Pulsar ports, and passed on to the forwarders with the call.
+    tokens: TokenSettings | None = None
     # Authorization (``--iam``, as ``pubsubd serve``): the same check, over the policies the
     # cluster keeps in ZooKeeper and this frontend's policy file.
     iam: bool = False
@@ -98,7 +103,13 @@ class Frontend:
         self.routing = RoutingView(self.zk, self._routing_changed)
         self.proxy = Proxy(self.choose, self.forwarder_registered)
         self._forwarders_changed = asyncio.Event()
-        self.http = HttpEndpoint(self.status, self.problem)
+        # One verifier (one cache of checked tokens) for the gRPC, HTTP and Pulsar ports.
+        self.verifier = TokenVerifier(config.tokens) if config.tokens is not None else None
+        self.http = HttpEndpoint(
+            self.status,
+            self.problem,
+            authenticate=self.verifier.principal if self.verifier is not None else None,
+        )
         self.rest: RestFront | None = None
         self.pulsar: PulsarServer | None = None
         self.pulsar_port = -1
@@ -154,7 +165,11 @@ class Frontend:
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ],
-            interceptors=[Authorization(self.authorize, identify)] if config.iam else [],
+            # Authentication first: it names the caller that authorization checks.
+            interceptors=[
+                *([AuthInterceptor(self.verifier)] if self.verifier is not None else []),
+                *([Authorization(self.authorize, identify)] if config.iam else []),
+            ],
         )
         server.add_generic_rpc_handlers([self.proxy])
         tls = config.tls
@@ -208,6 +223,7 @@ class Frontend:
                 rest_target,
                 f"pubsubd-frontend-{version()}",
                 ssl=tls.context() if tls else None,
+                verifier=self.verifier,
             )
             self.pulsar_port = await self.pulsar.start(config.host, config.pulsar_port)
         if config.pid_file is not None:

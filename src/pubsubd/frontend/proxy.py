@@ -16,7 +16,8 @@ Messages a client never got go back at once, as when a client talks to the forwa
 Pull is served as server-streaming with one response (as the forwarder serves it) so the write
 tells whether it reached the client, and a Pull response, or the StreamingPull response in
 hand, that did not is handed back to its forwarder (``pubsubd.internal.v1.Forwarder/GiveBack``:
-no delivery attempt counted). What a cancelled call had not received yet, the forwarder gives
+no delivery attempt counted), with the original call's metadata (its token, with
+authentication on). What a cancelled call had not received yet, the forwarder gives
 back itself when the proxied call is cancelled.
 
 Every call is counted as its client saw it (``pubsubd_frontend_requests_total{method,code}``):
@@ -236,22 +237,31 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]
         try:
             await context.write(response)
         except asyncio.CancelledError:
-            self._give_back(forwarder, request, response, PullResponse)
+            self._give_back(forwarder, request, response, PullResponse, context)
             raise
         except Exception:
             # Never reached the client: the forwarder gives the messages to others at once.
-            self._give_back(forwarder, request, response, PullResponse)
+            self._give_back(forwarder, request, response, PullResponse, context)
             log.debug("Pull response not sent: the client is gone", exc_info=True)
             raise asyncio.CancelledError() from None
 
-    def _give_back(self, forwarder: Forwarder, request: bytes, response: bytes, kind: Any) -> None:
+    def _give_back(
+        self,
+        forwarder: Forwarder,
+        request: bytes,
+        response: bytes,
+        kind: Any,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> None:
+        """Hand ``response``'s messages back, as the caller of ``context`` (its metadata, so its
+        token: a forwarder with authentication on refuses a call without one)."""
         ack_ids = [m.ack_id for m in kind.FromString(response).received_messages]
         subscription = _subscription_of(request)
         if not ack_ids or not subscription:
             return
         self.given_back += len(ack_ids)
         task = asyncio.get_running_loop().create_task(
-            _give_back(self.channel(forwarder.address), subscription, ack_ids)
+            _give_back(self.channel(forwarder.address), subscription, ack_ids, _metadata(context))
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -363,7 +373,7 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]
                 await _abort_with(context, e)
             except BaseException:
                 if response:  # read from the forwarder, never written to the client
-                    self._give_back(candidates[0], first, response, StreamingPullResponse)
+                    self._give_back(candidates[0], first, response, StreamingPullResponse, context)
                 raise
             finally:
                 pump.cancel()
@@ -385,7 +395,12 @@ def _subscription_of(request: bytes) -> str:
     return found[1] if found is not None else ""
 
 
-async def _give_back(channel: grpc.aio.Channel, subscription: str, ack_ids: list[str]) -> None:
+async def _give_back(
+    channel: grpc.aio.Channel,
+    subscription: str,
+    ack_ids: list[str],
+    metadata: list[tuple[str, str | bytes]],
+) -> None:
     request = GiveBackRequest(
         protocol_version=FORWARDER_PROTOCOL_VERSION, subscription=subscription, ack_ids=ack_ids
     )
@@ -394,7 +409,7 @@ async def _give_back(channel: grpc.aio.Channel, subscription: str, ack_ids: list
             GIVE_BACK,
             request_serializer=GiveBackRequest.SerializeToString,
             response_deserializer=GiveBackResponse.FromString,
-        )(request, timeout=5.0)
+        )(request, timeout=5.0, metadata=metadata)
     except grpc.aio.AioRpcError as e:  # their leases expire instead: redelivered later
         log.info("giving back %d messages of %s failed: %s", len(ack_ids), subscription, e)
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from pubsubd.core.client_security import ClientSecurity
 from pubsubd.observability import sli
 from pubsubd.observability.sli import PROBE_FAILURE, PROBE_SUCCESS, PROBES_METRIC
 from pubsubd.prober.probes import (
@@ -56,6 +57,8 @@ class ProberConfig:
     http_port: int = -1
     probes: tuple[str, ...] = field(default=(PUBLISH_RECEIVE, CONTROL_PLANE))
     pid_file: Path | None = None  # written when ready, removed on a clean stop
+    # TLS (a CA file) and a bearer token for every endpoint (core/client_security.py).
+    security: ClientSecurity = field(default_factory=ClientSecurity)
 
     def __post_init__(self) -> None:
         if not self.endpoints:
@@ -87,7 +90,7 @@ def probe_round(config: ProberConfig, clients: dict[str, Clients]) -> list[Probe
 
 
 def run_once(config: ProberConfig) -> list[ProbeResult]:
-    clients = {e: Clients(e) for e in config.endpoints}
+    clients = {e: Clients(e, config.security) for e in config.endpoints}
     try:
         return probe_round(config, clients)
     finally:
@@ -100,7 +103,7 @@ class ProbeLoop:
 
     def __init__(self, config: ProberConfig) -> None:
         self.config = config
-        self.clients = {e: Clients(e) for e in config.endpoints}
+        self.clients = {e: Clients(e, config.security) for e in config.endpoints}
         self.last: dict[tuple[str, str], ProbeResult] = {}
         self.rounds = 0
         self._task: asyncio.Task[None] | None = None

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pubsubd.core.client_security import ClientSecurity
+
 __all__ = ["CONTROL_PLANE", "PUBLISH_RECEIVE", "Clients", "ProbeResult", "control_plane"]
 
 PUBLISH_RECEIVE = "publish_receive"
@@ -56,16 +58,17 @@ class ProbeResult:
 
 
 class Clients:
-    """The official generated clients on one endpoint (plain-text gRPC)."""
+    """The official generated clients on one endpoint (plain-text gRPC, or TLS and a token
+    as ``security`` says)."""
 
-    def __init__(self, endpoint: str) -> None:
-        import grpc
+    def __init__(self, endpoint: str, security: ClientSecurity | None = None) -> None:
         from google.pubsub_v1 import PublisherClient, SubscriberClient
         from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
         from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 
         self.endpoint = endpoint
-        self._channels = [grpc.insecure_channel(endpoint) for _ in range(2)]
+        security = security or ClientSecurity()
+        self._channels = [security.channel(endpoint) for _ in range(2)]
         self.publisher = PublisherClient(
             transport=PublisherGrpcTransport(channel=self._channels[0])
         )

@@ -19,6 +19,7 @@ import grpc
 from google.protobuf import timestamp_pb2
 
 from pubsubd._gen.pubsubd.v1 import replay_pb2
+from pubsubd.core.client_security import ClientSecurity
 from pubsubd.spark.offsets import SourceBounds
 
 _SERVICE = "/pubsubd.v1.Replay/"
@@ -58,10 +59,13 @@ def resolve_endpoint(option: str | None) -> str:
 class ReplayClient:
     """Blocking calls to one pubsubd. Thread-safe (a gRPC channel is)."""
 
-    def __init__(self, endpoint: str, timeout: float = 30.0) -> None:
+    def __init__(
+        self, endpoint: str, timeout: float = 30.0, security: ClientSecurity | None = None
+    ) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(endpoint, options=_CHANNEL_OPTIONS)
+        # Plaintext, or TLS and a bearer token (the caFile, token, tokenFile options).
+        self._channel = (security or ClientSecurity()).channel(endpoint, _CHANNEL_OPTIONS)
         self._calls: dict[str, Any] = {}
 
     def close(self) -> None:
@@ -203,19 +207,20 @@ def columns_from_rows(messages: Sequence[Any]) -> Any:
     return cols
 
 
-_clients: dict[tuple[int, str], ReplayClient] = {}
+_clients: dict[tuple[int, str, ClientSecurity], ReplayClient] = {}
 _lock = threading.Lock()
 
 
-def get_client(endpoint: str) -> ReplayClient:
+def get_client(endpoint: str, security: ClientSecurity | None = None) -> ReplayClient:
     """This process's client for ``endpoint`` (a forked worker never reuses its parent's)."""
-    key = (os.getpid(), endpoint)
+    security = security or ClientSecurity()
+    key = (os.getpid(), endpoint, security)
     client = _clients.get(key)
     if client is None:
         with _lock:
             client = _clients.get(key)
             if client is None:
-                client = ReplayClient(endpoint)
+                client = ReplayClient(endpoint, security=security)
                 _clients[key] = client
     return client
 

@@ -12,8 +12,10 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+from pubsubd.core.client_security import ClientSecurity
 from pubsubd.spark.client import resolve_endpoint
 
 # Rows per replay Read call. Each call costs ~0.5 ms of server CPU whatever its size (gRPC), so
@@ -112,6 +114,7 @@ class SourceOptions:
     max_offsets_per_partition: int | None
     fail_on_data_loss: bool
     fetch_size: int
+    security: ClientSecurity
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> SourceOptions:
@@ -131,6 +134,7 @@ class SourceOptions:
             max_offsets_per_partition=_int(options, "maxOffsetsPerPartition"),
             fail_on_data_loss=_bool(options, "failOnDataLoss", True),
             fetch_size=_int(options, "fetchSize") or DEFAULT_FETCH_SIZE,
+            security=client_security(options),
         )
 
 
@@ -142,6 +146,7 @@ class SinkOptions:
     topic: str
     batch_size: int
     write_id: str
+    security: ClientSecurity
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> SinkOptions:
@@ -150,4 +155,23 @@ class SinkOptions:
             topic=topic_path(options),
             batch_size=min(1000, _int(options, "publishBatchSize") or 1000),
             write_id=_get(options, "writeId") or uuid.uuid4().hex,
+            security=client_security(options),
         )
+
+
+def client_security(options: Mapping[str, Any]) -> ClientSecurity:
+    """TLS (``caFile``: a PEM CA, at this path on the driver and every executor) and a bearer
+    token (``token``, or ``tokenFile``: read on every call) for the server's calls; the
+    ``PUBSUBD_CA_FILE`` / ``PUBSUBD_TOKEN`` / ``PUBSUBD_TOKEN_FILE`` environment of the
+    driver when no option is given."""
+    ca, token, token_file = (_get(options, k) for k in ("caFile", "token", "tokenFile"))
+    try:
+        if ca is None and token is None and token_file is None:
+            return ClientSecurity.from_env()
+        return ClientSecurity(
+            ca_file=Path(ca) if ca else None,
+            token=token or None,
+            token_file=Path(token_file) if token_file else None,
+        )
+    except ValueError as e:
+        raise OptionError(str(e)) from None

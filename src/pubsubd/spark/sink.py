@@ -78,7 +78,7 @@ def publish_batches(
     opts: SinkOptions, batches: Iterator[pa.RecordBatch], id_prefix: str, partition_id: int
 ) -> PublishCommit:
     """Publish every row of ``batches`` in requests of at most ``opts.batch_size`` messages."""
-    client = get_client(opts.endpoint)
+    client = get_client(opts.endpoint, opts.security)
     pending: list[OutgoingMessage] = []
     pending_bytes = 0
     published = duplicates = row = 0

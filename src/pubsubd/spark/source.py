@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -43,6 +43,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from pubsubd.core import ids
+from pubsubd.core.client_security import ClientSecurity
 from pubsubd.spark import offsets as off
 from pubsubd.spark.client import ReplayError, get_client
 from pubsubd.spark.options import SourceOptions
@@ -87,6 +88,7 @@ class RangePartition(InputPartition):
     endpoint: str
     fetch_size: int
     fail_on_data_loss: bool
+    security: ClientSecurity = field(default_factory=ClientSecurity)
 
 
 def _report_loss(loss: off.DataLoss, topic: str, fail: bool) -> None:
@@ -141,7 +143,7 @@ def columns_to_record_batch(topic: str, partition: int, columns: Any) -> pa.Reco
 
 def read_range(p: RangePartition) -> Iterator[pa.RecordBatch]:
     """Read ``[p.start, p.end)`` in pages; a retention gap is data loss (fail or skip)."""
-    client = get_client(p.endpoint)
+    client = get_client(p.endpoint, p.security)
     cur = p.start
     while cur < p.end:
         try:
@@ -194,6 +196,7 @@ def _partitions(
             start=r.start,
             end=r.end,
             endpoint=opts.endpoint,
+            security=opts.security,
             fetch_size=opts.fetch_size,
             fail_on_data_loss=opts.fail_on_data_loss,
         )
@@ -212,7 +215,7 @@ class PubsubdStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._committed: off.Positions | None = None
 
     def _bounds(self) -> dict[int, off.SourceBounds]:
-        bounds = get_client(self.opts.endpoint).topic_bounds(self.opts.topic)
+        bounds = get_client(self.opts.endpoint, self.opts.security).topic_bounds(self.opts.topic)
         self._head = {p: b.latest for p, b in bounds.items()}
         return bounds
 
@@ -229,7 +232,7 @@ class PubsubdStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _resolve_initial(self) -> off.Positions:
         opts = self.opts
-        client = get_client(opts.endpoint)
+        client = get_client(opts.endpoint, opts.security)
         bounds = self._bounds()
         if opts.subscription:
             cursor = client.get_cursor(opts.topic, opts.subscription)
@@ -285,7 +288,7 @@ class PubsubdStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _sample_sizes(self, begin: off.Positions, head: off.Positions) -> dict[int, float]:
         """Average message size per partition with a backlog, from its first few messages."""
-        client = get_client(self.opts.endpoint)
+        client = get_client(self.opts.endpoint, self.opts.security)
         sizes: dict[int, float] = {}
         for p, pos in begin.items():
             if head.get(p, pos) <= pos:
@@ -315,7 +318,9 @@ class PubsubdStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin = self._positions(start)
         stop = self._positions(end)
         if any(p not in begin for p in stop):  # partitions added since ``start`` was planned
-            bounds = get_client(self.opts.endpoint).topic_bounds(self.opts.topic)
+            bounds = get_client(self.opts.endpoint, self.opts.security).topic_bounds(
+                self.opts.topic
+            )
             begin = off.with_new_partitions(begin, bounds)
         return _partitions(self.opts, off.ranges(begin, stop), off.split_from_json(end))
 
@@ -331,7 +336,9 @@ class PubsubdStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if positions == self._committed:
             return
         try:
-            get_client(self.opts.endpoint).commit_cursor(self.opts.topic, name, positions)
+            get_client(self.opts.endpoint, self.opts.security).commit_cursor(
+                self.opts.topic, name, positions
+            )
         except ReplayError as exc:  # the next commit catches up; Spark's checkpoint is the truth
             log.warning("could not advance cursor %s of %s: %s", name, self.opts.topic, exc)
             return
@@ -351,7 +358,7 @@ class PubsubdBatchReader(DataSourceReader):
 
     def plan(self) -> list[off.OffsetRange]:
         opts = self.opts
-        client = get_client(opts.endpoint)
+        client = get_client(opts.endpoint, opts.security)
         bounds = client.topic_bounds(opts.topic)
         if opts.starting_timestamp is not None:
             begin = off.with_new_partitions(
