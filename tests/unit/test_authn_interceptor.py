@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -110,3 +111,26 @@ async def test_without_a_valid_token_the_handler_is_never_reached(
                         pass
             assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert who.calls == 0
+
+
+async def test_handlers_made_per_call_by_a_proxy_do_not_grow_the_cache() -> None:
+    """A proxy (the frontend) makes a handler per call for whatever method name a client
+    sends: the interceptor's cache stays bounded, and a registered method stays cached."""
+    interceptor = AuthInterceptor(TokenVerifier(TokenSettings(SECRET)))
+
+    async def per_call(details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        return grpc.unary_unary_rpc_method_handler(lambda request, context: request)
+
+    for i in range(3000):
+        details = SimpleNamespace(method=f"/x.Any/M{i % 1500}", invocation_metadata=())
+        await interceptor.intercept_service(per_call, details)
+    assert len(interceptor._wrapped) <= 1024
+    fixed = grpc.unary_unary_rpc_method_handler(lambda request, context: request)
+
+    async def registered(details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        return fixed
+
+    details = SimpleNamespace(method="/x.Known/Call", invocation_metadata=())
+    interceptor._wrapped.clear()
+    first = await interceptor.intercept_service(registered, details)
+    assert await interceptor.intercept_service(registered, details) is first

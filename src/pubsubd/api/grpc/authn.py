@@ -29,6 +29,7 @@ __all__ = ["OPEN_METHODS", "AuthInterceptor"]
 # (api/grpc/liveness.py) learns only the answer's identity fields.
 OPEN_METHODS = frozenset({"/pubsubd.internal.v1.Forwarder/Identify"})
 _BEHAVIORS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+MAX_CACHED_METHODS = 1024  # more than every service this process registers
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
@@ -49,7 +50,13 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if known is not None and known[0] is handler:
             return known[1]
         wrapped = _as_caller(handler, self.verifier)
-        self._wrapped[details.method] = (handler, wrapped)
+        # A registered method's handler is the same object on every call: cache it. A proxy
+        # (the frontend) makes a handler per call for any name a client sends: caching those
+        # would only grow without bound, so a method whose handler changed is not cached.
+        if known is None and len(self._wrapped) < MAX_CACHED_METHODS:
+            self._wrapped[details.method] = (handler, wrapped)
+        elif known is not None:
+            self._wrapped.pop(details.method, None)
         return wrapped
 
 
