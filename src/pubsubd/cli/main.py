@@ -1164,14 +1164,44 @@ def sli_report(
         str | None, typer.Option(help="only events from this time on (ISO-8601 or epoch ms)")
     ] = None,
     endpoint: Endpoint = "127.0.0.1:8085",
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow",
+            help="a streaming query (checkpointed under OUT) refreshing the tables and the "
+            "report at each micro-batch, until SIGTERM/Ctrl-C",
+        ),
+    ] = False,
+    interval: Annotated[
+        str, typer.Option(help="--follow: micro-batch trigger interval (Spark duration)")
+    ] = "10 seconds",
+    max_batches: Annotated[
+        int | None, typer.Option(min=1, help="--follow: stop after N micro-batches with events")
+    ] = None,
+    available_now: Annotated[
+        bool,
+        typer.Option("--available-now", help="--follow: process what is published now, then stop"),
+    ] = False,
 ) -> None:
     """Spark job over the server's SLI events: per-minute percentiles, error rates, backlog,
     SLO verdicts, Parquet and an HTML report. Needs pubsubd[spark]. Exit code 2 if an SLO fails."""
+    if (max_batches is not None or available_now) and not follow:
+        _fail(ValueError("--max-batches and --available-now need --follow"))
     try:
         from pubsubd.spark import sli
     except ImportError as e:
         _fail(e)
-    result = sli.main(endpoint, out, slo, since)
+    if follow:
+        progress = sli.follow_main(endpoint, out, slo, since, available_now, interval, max_batches)
+        console.print(
+            f"{progress.batches} micro-batches, {progress.events} new events", highlight=False
+        )
+        if progress.last is None:
+            console.print("no new events: tables and report unchanged", highlight=False)
+            return
+        result = progress.last
+    else:
+        result = sli.main(endpoint, out, slo, since)
     failed = [c for c in result.checks if c.status == "FAIL"]
     for c in result.checks:
         console.print(

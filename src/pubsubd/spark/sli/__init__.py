@@ -18,6 +18,12 @@ connector in batch, and writes under ``--out``:
   p99 publish latency, p99 delivery latency, error rate and backlog age over time against their
   targets.
 
+``--follow`` runs the same job as a streaming query (``stream``): checkpointed under ``--out``,
+restartable without double counting, refreshing the tables and the report at each micro-batch.
+The minute tables and the report's totals also carry volume-weighted quantiles
+(``weighted_p50_ms`` .. ``weighted_p99_ms``, module ``quantiles``): each interval's samples
+weighted by its calls or acked messages.
+
 Modules: ``jobs`` (the Spark computations and the job itself), ``slo`` (targets and verdicts,
 pure), ``report`` (the HTML page from the ``report.html`` template). SLO targets default to
 :data:`DEFAULT_SLO`; ``--slo FILE`` (TOML or JSON) overrides them, globally at the top level and
@@ -26,18 +32,25 @@ per topic under ``[topics."projects/p/topics/t"]``.
 
 from __future__ import annotations
 
-from pubsubd.spark.sli.jobs import Result, main, run
+from pubsubd.spark.sli.jobs import Result, main, refresh, run
+from pubsubd.spark.sli.quantiles import weighted_quantile
 from pubsubd.spark.sli.report import render_html
 from pubsubd.spark.sli.slo import DEFAULT_SLO, Check, SloConfig, evaluate, load_slo
+from pubsubd.spark.sli.stream import Progress, follow, follow_main
 
 __all__ = [
     "DEFAULT_SLO",
     "Check",
+    "Progress",
     "Result",
     "SloConfig",
     "evaluate",
+    "follow",
+    "follow_main",
     "load_slo",
     "main",
+    "refresh",
     "render_html",
     "run",
+    "weighted_quantile",
 ]

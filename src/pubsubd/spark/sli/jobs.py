@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pubsubd.observability.events import EVENTS_TOPIC
+from pubsubd.spark.sli.quantiles import weighted_quantiles, weighted_samples
 from pubsubd.spark.sli.report import render_html
 from pubsubd.spark.sli.slo import Check, SloConfig, evaluate, load_slo
 
@@ -30,18 +31,41 @@ def read_events(
     spark: Any, endpoint: str, since: str | None = None, topic: str = EVENTS_TOPIC
 ) -> Any:
     """The monitoring events as typed rows (``ts`` a timestamp, ``minute`` its minute)."""
-    from pyspark.sql import functions as F
 
     reader = spark.read.format("pubsubd").option("endpoint", endpoint).option("topic", topic)
     if since:
         reader = reader.option("startingTimestamp", since)
-    raw = reader.load()
+    return parse_events(reader.load())
+
+
+def parse_events(raw: Any) -> Any:
+    """The connector's rows (batch or stream) as typed events."""
+    from pyspark.sql import functions as F
+
     events = raw.select(F.from_json(F.col("data").cast("string"), EVENT_SCHEMA).alias("e")).select(
         "e.*"
     )
     return events.withColumn("ts", F.timestamp_seconds("ts")).withColumn(
         "minute", F.date_trunc("minute", "ts")
     )
+
+
+def publish_weights(events: Any, keys: tuple[str, ...] = ("topic", "minute")) -> Any:
+    """Volume-weighted publish latency quantiles per ``keys`` (a sample stands for its
+    interval's successful calls / samples)."""
+    from pyspark.sql import functions as F
+
+    volume = F.col("count") - F.coalesce(F.col("failed"), F.lit(0))
+    return weighted_quantiles(weighted_samples(events, "publish", keys, volume), keys)
+
+
+def delivery_weights(
+    events: Any, keys: tuple[str, ...] = ("subscription", "topic", "minute")
+) -> Any:
+    """Volume-weighted delivery latency quantiles per ``keys`` (weighted by messages acked)."""
+    from pyspark.sql import functions as F
+
+    return weighted_quantiles(weighted_samples(events, "delivery", keys, F.col("count")), keys)
 
 
 def publish_minutes(events: Any) -> Any:
@@ -73,6 +97,7 @@ def publish_minutes(events: Any) -> Any:
             F.col("q")[2].alias("p99_ms"),
             "latency_sketch",
         )
+        .join(publish_weights(events), ["topic", "minute"], "left")
     )
 
 
@@ -158,6 +183,7 @@ def delivery_minutes(events: Any) -> Any:
             q[2].alias("p99_ms"),
             "latency_sketch",
         )
+        .join(delivery_weights(events), ["subscription", "topic", "minute"], "left")
     )
 
 
@@ -200,11 +226,20 @@ def run(
     topic: str = EVENTS_TOPIC,
 ) -> Result:
     """Run the whole job: read, aggregate, write Parquet, evaluate the SLOs, render the report."""
+    return refresh(spark, read_events(spark, endpoint, since, topic), out, slo, endpoint)
+
+
+def refresh(
+    spark: Any, events: Any, out: Path, slo: SloConfig | None = None, source: str = ""
+) -> Result:
+    """Aggregate ``events`` (typed, see :func:`parse_events`), rewrite every table under
+    ``out``, evaluate the SLOs and render the report (the batch job, and each micro-batch of
+    ``--follow`` over its stored events)."""
     from pyspark.sql import functions as F
 
     slo = slo or load_slo(None)
     out.mkdir(parents=True, exist_ok=True)
-    events = read_events(spark, endpoint, since, topic).cache()
+    events = events.cache()
     try:
         pub = publish_minutes(events).cache()
         pub.write.mode("overwrite").partitionBy("date").parquet(str(out / "publish_minute"))
@@ -219,6 +254,7 @@ def run(
             r.asDict()
             for r in rollup(pub.withColumn("minute", F.lit("1970-01-01").cast("timestamp")), "day")
             .select("topic", "publishes", "failed", "p50_ms", "p95_ms", "p99_ms")
+            .join(publish_weights(events, ("topic",)), ["topic"], "left")
             .collect()
         ]
         errors = [r.asDict() for r in errs.orderBy("minute").collect()]
@@ -234,6 +270,11 @@ def run(
                 dlv.withColumn("minute", F.lit("1970-01-01").cast("timestamp")), "day"
             )
             .select("subscription", "topic", "acked", "p50_ms", "p95_ms", "p99_ms")
+            .join(
+                delivery_weights(events, ("subscription", "topic")),
+                ["subscription", "topic"],
+                "left",
+            )
             .collect()
         ]
         dlv.unpersist()
@@ -247,16 +288,18 @@ def run(
         "minutes int, status string",
     ).write.mode("overwrite").parquet(str(out / "slo"))
     report = out / "report.html"
-    report.write_text(
+    tmp = out / ".report.html.tmp"  # readers of a followed report never see half a page
+    tmp.write_text(
         render_html(
-            checks, publish, totals, errors, backlog, slo, endpoint, delivery, delivery_totals
+            checks, publish, totals, errors, backlog, slo, source, delivery, delivery_totals
         )
     )
+    tmp.replace(report)
     return Result(out, checks, len(publish), report, len(delivery))
 
 
-def main(endpoint: str, out: Path, slo_file: Path | None, since: str | None) -> Result:
-    """Entry point of ``pubsubd sli-report``: a local Spark session unless one is active."""
+def spark_session() -> Any:
+    """The active Spark session, else a local one for the command line (pubsubd registered)."""
     import os
     import sys
 
@@ -277,4 +320,9 @@ def main(endpoint: str, out: Path, slo_file: Path | None, since: str | None) -> 
         )
         spark.sparkContext.setLogLevel("ERROR")
     register(spark)
-    return run(spark, endpoint, out, load_slo(slo_file), since)
+    return spark
+
+
+def main(endpoint: str, out: Path, slo_file: Path | None, since: str | None) -> Result:
+    """Entry point of ``pubsubd sli-report``: a local Spark session unless one is active."""
+    return run(spark_session(), endpoint, out, load_slo(slo_file), since)

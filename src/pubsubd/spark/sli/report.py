@@ -176,10 +176,13 @@ def _top(series: dict[str, list[tuple[float, float]]]) -> dict[str, list[tuple[f
 
 
 def _percentile_cells(row: Any) -> str:
-    """The p50/p95/p99 table cells of one report row (a dash where there is no value)."""
+    """The p50/p95/p99 and volume-weighted p99 table cells of one report row (a dash where
+    there is no value)."""
+    keys = ("p50_ms", "p95_ms", "p99_ms", "weighted_p99_ms")
+    values = [row.get(k) if hasattr(row, "get") else row[k] for k in keys]
     return "".join(
-        f"<td class='num'>{_fmt(float(row[k]), 'ms') if row[k] is not None else '&ndash;'}</td>"
-        for k in ("p50_ms", "p95_ms", "p99_ms")
+        f"<td class='num'>{_fmt(float(v), 'ms') if v is not None else '&ndash;'}</td>"
+        for v in values
     )
 
 
@@ -264,7 +267,7 @@ def render_html(
     if delivery_totals:
         subscriptions = [
             "<table><thead><tr><th>Subscription</th><th>Topic</th><th>Acked</th><th>p50</th>"
-            "<th>p95</th><th>p99</th></tr></thead><tbody>"
+            "<th>p95</th><th>p99</th><th>p99 by volume</th></tr></thead><tbody>"
         ]
         subscriptions.extend(
             f"<tr><td>{e(t['subscription'])}</td><td>{e(t['topic'])}</td>"
