@@ -317,7 +317,14 @@ class Connection:
         request = cmd.subscribe
         topic = _topic(request.topic)
         try:
-            subscription = topic.subscription(request.subscription)
+            name = request.subscription
+            if not request.durable and topic.partition is not None and "/" not in name:
+                # A reader (or non-durable consumer) of a partitioned topic is one per partition,
+                # all with one subscription name: each gets a temporary subscription of its
+                # own, so one partition's positioning (a SeekOffsets, which redelivers what the
+                # subscription has outstanding) never replays another's messages.
+                name = f"{name}-partition-{topic.partition}"
+            subscription = topic.subscription(name)
         except names.InvalidName as e:
             raise _invalid_name(e) from e
         if request.consumer_id in self.consumers:
