@@ -7,6 +7,7 @@ lost (its local copies are rebuilt from the storage nodes)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import time
 import urllib.request
@@ -183,6 +184,62 @@ def test_a_lost_disk_on_the_serving_machine_is_rebuilt_from_the_storage_nodes(
     cluster.restart("serve")
     received = drain(server.endpoint, subscription, payloads)
     assert payloads <= received
+
+
+SEGMENT_FAULT_HOOK = Path(__file__).resolve().parent.parent / "support" / "segment_fault_hook"
+
+
+def test_kill9_while_the_local_copy_is_retried_loses_no_acknowledged_publish(
+    cluster: LocalCluster, names: Any, tmp_path: Path
+) -> None:
+    """The serving machine's disk fails its topic log writes (EIO, tests/support/
+    segment_fault_hook) after the storage nodes' quorum took a group: the group is acknowledged
+    and its local copy retried; kill -9 mid-retry, the disk replaced, a restart: every
+    acknowledged publish is delivered (the local copy is filled from the ledgers)."""
+    server = ClusterServer(cluster)
+    topic, subscription = _create(server.endpoint, names)
+    uid = topic_uid(cluster, topic)
+    before = [b"before-%04d" % i for i in range(200)]
+    pub = make_publisher(server.endpoint)
+    for f in [pub.publish(topic, p) for p in before]:
+        f.result(60)
+    flag = tmp_path / "segment-fault.flag"
+    env = {
+        "PUBSUBD_TEST_SEGMENT_FAULT": str(flag),
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(SEGMENT_FAULT_HOOK), os.environ.get("PYTHONPATH")])
+        ),
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    cluster.kill("serve")
+    os.environ.update(env)
+    try:
+        cluster.restart("serve")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    def retries() -> int:
+        return sum(s.get("local_write_retries", 0) for s in server.status()["storage"].get(uid, []))
+
+    flag.touch()  # the disk fails from here on
+    pub = make_publisher(server.endpoint)
+    during = [b"during-%04d" % i for i in range(300)]
+    futures = {p: pub.publish(topic, p) for p in during}
+    wait_for(lambda: retries() >= 2 and any(f.done() for f in futures.values()), 60, "retries")
+    cluster.kill("serve")  # mid-retry: the acknowledged group is only on the storage nodes
+    acked = set(before)
+    for payload, future in futures.items():
+        if future.done() and future.exception() is None:
+            acked.add(payload)
+    assert len(acked) > len(before), "no publish was acknowledged while the disk failed"
+    flag.unlink()  # a new disk; the process starts without the hook
+    cluster.restart("serve")
+    received = drain(server.endpoint, subscription, acked)
+    assert not acked - received, f"{len(acked - received)} acknowledged messages lost"
 
 
 def test_acks_survive_the_loss_of_the_serving_machine(cluster: LocalCluster, names: Any) -> None:
