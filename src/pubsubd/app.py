@@ -44,6 +44,7 @@ from pubsubd.control.policies import ResourcePolicies, load_policy_file
 from pubsubd.control.routing_store import RoutingStore, encode_forwarder
 from pubsubd.control.routing_table import Forwarder, publishing_unit
 from pubsubd.control.routing_views import RoutingView
+from pubsubd.control.source_growth_loop import SourceGrowthLoop
 from pubsubd.coordination.liveness import OwnerCheck, this_process
 from pubsubd.coordination.registration import Registration
 from pubsubd.coordination.zk import Coordinator
@@ -148,6 +149,7 @@ class PubsubServer:
             else None
         )
         self.load_report: LoadReporter | None = None
+        self.source_growth: SourceGrowthLoop | None = None
         self.routing: RoutingView | None = None
         self._publish_channels: dict[str, grpc.aio.Channel] = {}
         cache_budget.PROCESS.set_max_bytes(config.log_cache_bytes)
@@ -365,6 +367,16 @@ class PubsubServer:
         )
         if self.auditor is not None:
             self.auditor.start()
+        if self.config.source_growth is not None:
+            # Busy topics get more publish message sources (core/source_growth.py); in a
+            # cluster, each forwarder decides for the topics it owns.
+            self.source_growth = SourceGrowthLoop(
+                self.config.source_growth,
+                self.catalog,
+                lambda: self.publishing.published,
+                owns=self.owned.__contains__ if self.assigned else None,
+            )
+            self.source_growth.start()
         if self.cluster is not None and self.config.cluster is not None:
             if self.assigned:
                 self._follow_assignment(self.cluster, self._forwarder_id(self.config.cluster))
@@ -507,6 +519,8 @@ class PubsubServer:
             await self.registration.stop()  # routers move its units before it goes
         if self.load_report is not None:
             await self.load_report.close()
+        if self.source_growth is not None:
+            await self.source_growth.close()
         if self.subscription_ownership is not None:
             await self.subscription_ownership.close()  # acks read on copies to their owners
         if self.ownership is not None:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from pubsubd.core.source_growth import GrowthSettings
 from pubsubd.core.tls import ServerTls
 from pubsubd.core.tokens import TokenSettings, load_static_tokens
 from pubsubd.data.subscribe.budget import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES
@@ -113,6 +114,9 @@ class ServerConfig:
     iam_policy_file: Path | None = None
     # TESTS AND DEVELOPMENT ONLY: believe the x-pubsubd-caller header as the caller's identity.
     trust_caller_header: bool = False
+    # Source growth (core/source_growth.py): a busy topic gets more publish message sources,
+    # a quiet one fewer active ones. None: off (the default; PUBSUBD_SOURCE_CAPACITY).
+    source_growth: GrowthSettings | None = None
     # None: one machine (embedded metadata, local disks). Set: metadata in ZooKeeper and every
     # publish message source replicated on storage nodes (storage/ledgers/).
     cluster: ClusterConfig | None = None
@@ -128,7 +132,10 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
     PUBSUBD_LOG_CACHE_BYTES, PUBSUBD_IAM, PUBSUBD_IAM_POLICY_FILE, PUBSUBD_TRUST_CALLER_HEADER,
     PUBSUBD_CLUSTER (ZooKeeper connect string), PUBSUBD_ZK_ROOT,
     PUBSUBD_REPLICAS, PUBSUBD_ZK_SESSION_TIMEOUT_S, PUBSUBD_ZONE, PUBSUBD_FORWARDER_ID and
-    PUBSUBD_REPAIR_INTERVAL_S, _GRACE_S, _RATE_BYTES (PUBSUBD_TEST_TTL_DIVISOR and
+    PUBSUBD_REPAIR_INTERVAL_S, _GRACE_S, _RATE_BYTES, PUBSUBD_SOURCE_CAPACITY (messages/s
+    a publish message source takes; unset or 0: no source growth) with
+    PUBSUBD_SOURCE_CAPACITY_BYTES, _GROW_AFTER_S, _SHRINK_AFTER_S, _SAMPLE_S
+    (PUBSUBD_TEST_TTL_DIVISOR and
     PUBSUBD_TEST_SLO_WINDOW_DIVISOR are for tests only). An interval that is not a positive
     number raises ValueError here, not when its loop first runs."""
     e = os.environ if env is None else env
@@ -207,7 +214,26 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
             Path(e["PUBSUBD_IAM_POLICY_FILE"]) if e.get("PUBSUBD_IAM_POLICY_FILE") else None
         ),
         trust_caller_header=_flag(e, "PUBSUBD_TRUST_CALLER_HEADER"),
+        source_growth=source_growth(e),
     )
+
+
+def source_growth(env: Mapping[str, str]) -> GrowthSettings | None:
+    """Source growth's settings from the environment (see :func:`from_env`); None: off."""
+    capacity = float(env.get("PUBSUBD_SOURCE_CAPACITY", "0") or "0")
+    if capacity == 0:
+        return None
+    base = GrowthSettings(messages_per_source=1.0)
+    try:
+        return GrowthSettings(
+            messages_per_source=capacity,
+            bytes_per_source=float(env.get("PUBSUBD_SOURCE_CAPACITY_BYTES", base.bytes_per_source)),
+            grow_after_s=float(env.get("PUBSUBD_SOURCE_GROW_AFTER_S", base.grow_after_s)),
+            shrink_after_s=float(env.get("PUBSUBD_SOURCE_SHRINK_AFTER_S", base.shrink_after_s)),
+            sample_interval_s=float(env.get("PUBSUBD_SOURCE_SAMPLE_S", base.sample_interval_s)),
+        )
+    except ValueError as e:
+        raise ValueError(f"PUBSUBD_SOURCE_*: {e}") from e
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:

@@ -319,3 +319,74 @@ def test_restart_reopens_every_source_and_delivers_the_unacked(tmp_path: Path) -
         replay.close()
     finally:
         server.kill()
+
+
+def test_a_busy_topic_grows_its_sources_by_itself_and_shrinks_when_quiet(
+    tmp_path: Path, names: Any
+) -> None:
+    """Source growth (core/source_growth.py) with a small capacity and short windows: a topic
+    published to faster than one source takes gets more sources by itself (unkeyed messages
+    land in several, each key stays in source 0 and in order, nothing lost or duplicated);
+    once quiet, its active sources go back down to one."""
+    server = ServerProcess(
+        tmp_path / "data",
+        env={
+            "PUBSUBD_SOURCE_CAPACITY": "300",
+            "PUBSUBD_SOURCE_GROW_AFTER_S": "1",
+            "PUBSUBD_SOURCE_SHRINK_AFTER_S": "1",
+            "PUBSUBD_SOURCE_SAMPLE_S": "0.25",
+        },
+    ).start()
+    try:
+        pub = _ordered_publisher(server.endpoint)
+        sub = make_subscriber(server.endpoint)
+        topic, name = names.topic(), names.subscription()
+        pub.create_topic(name=topic)
+        sub.create_subscription(
+            request={"name": name, "topic": topic, "enable_message_ordering": True}
+        )
+        collector = Collector(server.endpoint, name)
+        keys = [f"key{i}" for i in range(4)]
+
+        def sources() -> int:
+            return int(dict(pub.get_topic(topic=topic).labels).get(SOURCES, "1"))
+
+        futures: dict[str, Any] = {}
+        deadline = time.monotonic() + 60
+        grown_at = None
+        i = 0
+        while time.monotonic() < deadline and len(futures) < 60_000:
+            for _ in range(50):  # about 2,000 messages/s
+                k = keys[i % len(keys)]
+                futures[f"{k}:{i}"] = pub.publish(topic, f"{k}:{i}".encode(), ordering_key=k)
+                futures[f"plain:{i}"] = pub.publish(topic, f"plain:{i}".encode())
+                i += 1
+            time.sleep(0.05)
+            if grown_at is None and i % 500 == 0 and sources() > 1:
+                grown_at = time.monotonic()
+            if grown_at is not None and time.monotonic() - grown_at > 1.5:
+                break
+        assert grown_at is not None, f"the topic never grew ({len(futures)} published)"
+        ids = {data: f.result(timeout=60) for data, f in futures.items()}
+        plain = {_source_of(m) for d, m in ids.items() if d.startswith("plain:")}
+        keyed = {_source_of(m) for d, m in ids.items() if not d.startswith("plain:")}
+        assert len(plain) > 1, f"unkeyed messages all in sources {plain}"
+        assert keyed == {0}, "an ordering key left the topic's one ordering-key source"
+        got = collector.wait(len(ids))
+        collector.close()
+        assert len(got) == len(ids), "a message was delivered more than once"
+        assert sorted(m for _, m, _ in got) == sorted(ids.values())
+        _check_key_order(got)
+        # Quiet now: the active sources come back down to the ordering-key source.
+        wait_for(
+            lambda: (
+                dict(pub.get_topic(topic=topic).labels).get("pubsubd-active-publish-sources") == "1"
+            ),
+            60,
+            "the active sources back to 1",
+        )
+        after = pub.publish(topic, b"plain:after").result(timeout=30)
+        assert _source_of(after) == 0
+        assert "active publish message sources" in server.log()
+    finally:
+        server.stop()

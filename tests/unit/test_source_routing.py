@@ -231,3 +231,49 @@ def test_the_stream_sources_header_names_sources_or_is_invalid() -> None:
     for bad in ("", "x", "-1", "16", "1;2"):
         with pytest.raises(InvalidArgument, match="pubsubd-sources"):
             ps.stream_sources(bad)
+
+
+# --- active sources (source growth) -----------------------------------------------------------
+
+
+def test_unkeyed_publishes_go_to_the_active_sources_keys_stay_put() -> None:
+    rr = Balancer()
+    got = [route("", 2, 6, rr, 1, active=3) for _ in range(300)]
+    assert Counter(got) == {0: 100, 1: 100, 2: 100}
+    before = {k: route(k, 2, 6, Balancer(), 1) for k in KEYS[:300]}
+    assert {k: route(k, 2, 6, Balancer(), 1, active=2) for k in KEYS[:300]} == before
+    # Growing back: every active source starts level (no burst into the ones that rested).
+    got = [route("", 2, 6, rr, 1, active=6) for _ in range(600)]
+    assert Counter(got) == dict.fromkeys(range(6), 100)
+    assert {route("", 2, 6, rr, 1, active=1) for _ in range(10)} == {0}
+
+
+def test_the_active_label_is_validated_and_dropped_when_sources_are_raised() -> None:
+    labels = {ps.SOURCES_LABEL: "4", ps.KEY_SOURCES_LABEL: "2", ps.ACTIVE_SOURCES_LABEL: "3"}
+    assert ps.parse(labels) == ps.SourceCounts(4, 2, 3)
+    assert ps.parse(labels).serving == 3
+    assert ps.parse({**labels, ps.ACTIVE_SOURCES_LABEL: "4"}).serving == 4
+    assert ps.parse({ps.SOURCES_LABEL: "4"}).serving == 4
+    with pytest.raises(InvalidArgument, match="fewer than the topic's 2 ordering-key"):
+        ps.parse({**labels, ps.ACTIVE_SOURCES_LABEL: "1"})
+    with pytest.raises(InvalidArgument):
+        ps.parse({**labels, ps.ACTIVE_SOURCES_LABEL: "5"})
+    # Left out of an update: kept, unless the update raises the sources (all active again).
+    kept = {"team": "a"}
+    assert ps.on_update(labels, kept).serving == 3
+    assert kept[ps.ACTIVE_SOURCES_LABEL] == "3"
+    raised = {ps.SOURCES_LABEL: "6"}
+    assert ps.on_update(labels, raised) == ps.SourceCounts(6, 2, 0)
+    assert ps.ACTIVE_SOURCES_LABEL not in raised
+    lowered = {ps.ACTIVE_SOURCES_LABEL: "2"}
+    assert ps.on_update(labels, lowered).serving == 2
+
+
+async def test_a_topic_configured_with_fewer_active_sources_routes_there(tmp_path: Path) -> None:
+    fwd = PublishingForwarder(tmp_path, fsync=FsyncPolicy.NEVER)
+    fwd.configure_topic("t", 4, 1, active=2)
+    sources = fwd.open_topic("t")
+    assert {sources.route("", 1) for _ in range(20)} == {0, 1}
+    fwd.configure_topic("t", 4, 1)
+    assert {sources.route("", 1) for _ in range(20)} == {0, 1, 2, 3}
+    await fwd.close()

@@ -59,7 +59,9 @@ def replay(store: MetadataStore) -> Iterable[Change]:
         yield Change(cursor)
 
 
-def _storage_settings(record: TopicRecord) -> tuple[int, int, damage_policy.DamagePolicy]:
+def _storage_settings(
+    record: TopicRecord,
+) -> tuple[publish_sources.SourceCounts, damage_policy.DamagePolicy]:
     labels = pb.Topic.FromString(record.body).labels
     try:
         counts = publish_sources.parse(labels)
@@ -70,7 +72,7 @@ def _storage_settings(record: TopicRecord) -> tuple[int, int, damage_policy.Dama
         policy = damage_policy.parse(labels)
     except InvalidArgument:
         policy = damage_policy.DamagePolicy.STOP
-    return counts.sources, counts.key_sources, policy
+    return counts, policy
 
 
 class PublishingReconciler:
@@ -116,9 +118,11 @@ class PublishingReconciler:
             self._live.discard(uid)
             return self._drop_if_unread(uid)
         self._live.add(uid)
-        sources, key_sources, policy = _storage_settings(record)
+        counts, policy = _storage_settings(record)
         try:
-            added = self.forwarder.configure_topic(uid, sources, key_sources, policy)
+            added = self.forwarder.configure_topic(
+                uid, counts.sources, counts.key_sources, policy, counts.active
+            )
         except DataLoss:
             return None  # logged by the forwarder: this topic answers DATA_LOSS, others serve
         if added:

@@ -220,12 +220,15 @@ class PublishingForwarder:
         source_count: int,
         key_sources: int,
         damage_policy: DamagePolicy = DamagePolicy.STOP,
+        active: int = 0,
     ) -> list[int]:
         """Open a topic with at least ``source_count`` sources (adding the missing ones at
-        runtime), fix which of them take ordering keys and what delivery does at damaged
-        messages; returns the sources added."""
+        runtime), fix which of them take ordering keys, how many take unkeyed publishes
+        (``active``, 0: all) and what delivery does at damaged messages; returns the sources
+        added."""
         sources = self.open_topic(topic_uid, source_count)
         sources.key_sources = key_sources
+        sources.active = active
         sources.damage_policy = damage_policy
         return self._grow(topic_uid, sources, source_count)
 

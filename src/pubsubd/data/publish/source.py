@@ -36,6 +36,7 @@ class TopicSources:
         "_remote_logs",
         "_remotes",
         "_segment_bytes",
+        "active",
         "damage_policy",
         "directory",
         "journals",
@@ -65,6 +66,8 @@ class TopicSources:
         self.logs: list[SourceLog] = []
         # Sources 0 .. key_sources-1 take ordering keys (fixed when the topic was created).
         self.key_sources = 1
+        # Sources 0 .. active-1 take unkeyed publishes (0: every source; source growth).
+        self.active = 0
         # What subscriptions do at damaged messages (topic label, core/damage_policy.py).
         self.damage_policy = DamagePolicy.STOP
         self._balancer = routing.Balancer()  # spreads unkeyed publishes
@@ -139,7 +142,9 @@ class TopicSources:
 
     def route(self, ordering_key: str, count: int) -> int:
         """The source of the next publish of ``count`` messages (data/publish/routing.py)."""
-        return routing.route(ordering_key, self.key_sources, len(self.logs), self._balancer, count)
+        return routing.route(
+            ordering_key, self.key_sources, len(self.logs), self._balancer, count, self.active
+        )
 
     def end_offsets(self) -> dict[int, int]:
         return {i: log.end_offset for i, log in enumerate(self.logs)}
