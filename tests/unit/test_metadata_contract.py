@@ -9,6 +9,8 @@ change feed the forwarders follow, the end of this file):
 - ``put_topic``/``put_subscription``/``put_schema`` with ``create=True`` store only under a new
   key: a name already there raises AlreadyExists and keeps the record (two processes creating
   one name at once: one wins).
+- ``put_policy`` with ``expected`` stores only over that stored body (None: none stored), else
+  raises PolicyChanged (two processes' SetIamPolicy at once: one wins).
 - ``delete_*`` removes the record under a key; deleting a missing key is a no-op.
 - ``load_*`` yields every stored record of its kind, equal to what was put, once each. No order is
   promised (every caller indexes what it loads by key), so the suite compares by key.
@@ -38,6 +40,7 @@ from pubsubd.storage.metadata import (
     CursorRecord,
     MemoryMetadataStore,
     MetadataStore,
+    PolicyChanged,
     PolicyRecord,
     SchemaRecord,
     SnapshotRecord,
@@ -297,6 +300,24 @@ def test_a_create_under_an_existing_name_is_refused_and_keeps_the_record(
     assert list(store.load_schemas()) == [schema]
     store.put_topic(_topic(1, "c"))  # without create: replaced
     assert [t.body for t in store.load_topics()] == [_topic(1, "c").body]
+
+
+def test_a_conditional_policy_put_stores_only_over_the_expected_policy(
+    store: MetadataStore,
+) -> None:
+    """SetIamPolicy's compare-and-set: ``expected`` is the body the caller last saw (None: no
+    policy); any other stored body raises PolicyChanged and keeps what is stored."""
+    first = PolicyRecord("projects/p/topics/t", b"first")
+    store.put_policy(first, expected=None)
+    with pytest.raises(PolicyChanged):
+        store.put_policy(PolicyRecord(first.resource, b"lost"), expected=None)
+    second = PolicyRecord(first.resource, b"second")
+    store.put_policy(second, expected=b"first")
+    with pytest.raises(PolicyChanged):  # a writer that still saw the first one
+        store.put_policy(PolicyRecord(first.resource, b"stale"), expected=b"first")
+    assert list(store.load_policies()) == [second]
+    store.put_policy(PolicyRecord(first.resource, b"any"))  # unconditional: replaced
+    assert [p.body for p in store.load_policies()] == [b"any"]
 
 
 def test_delete_removes_only_its_record_and_a_missing_key_is_a_no_op(

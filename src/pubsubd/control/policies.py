@@ -9,9 +9,10 @@ resource's policy too (a re-created resource of the same name starts without one
 policies are kept the same way; deleting them with their schema is the schema service's job.
 
 SetIamPolicy is a compare-and-set on the etag: the servicer first applies what other processes
-wrote (``caught_up``), then the etag in the request must be the current one. Two processes of a
-cluster setting one resource's policy at the same instant can both pass that check (the last
-write wins): the store has no conditional write for policies yet.
+wrote (``caught_up``), then the etag in the request must be the current one, and the store
+writes the new policy only if the stored one is still the one this view holds (in ZooKeeper, on
+the znode's version): of two processes setting one resource's policy at the same instant, one
+wins and the other answers ABORTED, as for a stale etag.
 
 The policy file (``--iam-policy-file``), JSON::
 
@@ -37,6 +38,7 @@ from pubsubd.storage.metadata import (
     Applied,
     Change,
     MetadataStore,
+    PolicyChanged,
     PolicyRecord,
     SnapshotRecord,
     SubscriptionRecord,
@@ -114,6 +116,7 @@ class ResourcePolicies:
     ) -> None:
         self.store = store
         self._policies: dict[str, Any] = {}  # resource -> google.iam.v1.Policy
+        self._bodies: dict[str, bytes] = {}  # resource -> its stored record's body
         self._compiled: dict[str, iam.CompiledPolicy] = {}
         self.decisions = iam.Policies(dict(projects or {}), self._compiled)
         for record in store.load_policies():
@@ -125,10 +128,12 @@ class ResourcePolicies:
     def _apply(self, record: PolicyRecord, *, deleted: bool) -> None:
         if deleted:
             self._policies.pop(record.resource, None)
+            self._bodies.pop(record.resource, None)
             self._compiled.pop(record.resource, None)
             return
         policy = pb.Policy.FromString(record.body)
         self._policies[record.resource] = policy
+        self._bodies[record.resource] = record.body
         self._compiled[record.resource] = _compiled(policy)
 
     def _changed(self, change: Change) -> Applied:
@@ -184,8 +189,12 @@ class ResourcePolicies:
         updated.version = POLICY_VERSION
         updated.etag = b""
         updated.etag = iam.next_etag(current.etag, updated.SerializeToString(deterministic=True))
-        self.store.put_policy(PolicyRecord(resource, updated.SerializeToString()))
-        self._apply(PolicyRecord(resource, updated.SerializeToString()), deleted=False)
+        record = PolicyRecord(resource, updated.SerializeToString())
+        try:
+            self.store.put_policy(record, expected=self._bodies.get(resource))
+        except PolicyChanged as e:  # another process set it after this view was read
+            raise iam.PolicyConflict(resource) from e
+        self._apply(record, deleted=False)
         return updated
 
     def test(

@@ -24,6 +24,7 @@ import sqlite3
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import EllipsisType
 from typing import Any, Protocol, TypeAlias
 
 from pubsubd.core.errors import AlreadyExists
@@ -177,12 +178,26 @@ class MetadataStore(Protocol):
     def put_schema(self, record: SchemaRecord, *, create: bool = False) -> Applied: ...
     def delete_schema(self, name: str) -> Applied: ...
     def load_policies(self) -> Iterator[PolicyRecord]: ...
-    def put_policy(self, record: PolicyRecord) -> Applied: ...
+    # ``expected``: store only if the resource's stored policy body is this one (None: it has
+    # none), else raise PolicyChanged: SetIamPolicy's compare-and-set across processes.
+    def put_policy(
+        self, record: PolicyRecord, *, expected: bytes | EllipsisType | None = ...
+    ) -> Applied: ...
     def delete_policy(self, resource: str) -> Applied: ...
     # Until ``changes`` has published every change other processes completed before the call
     # (a store no other process writes: at once).
     async def caught_up(self) -> None: ...
     def close(self) -> None: ...
+
+
+class PolicyChanged(Exception):
+    """A conditional ``put_policy`` found another policy than the one it expected (another
+    process set it first)."""
+
+
+def _check_policy(resource: str, stored: bytes | None, expected: bytes | None) -> None:
+    if stored != expected:
+        raise PolicyChanged(resource)
 
 
 class MemoryMetadataStore:
@@ -260,7 +275,12 @@ class MemoryMetadataStore:
     def load_policies(self) -> Iterator[PolicyRecord]:
         yield from list(self.policies.values())
 
-    def put_policy(self, record: PolicyRecord) -> Applied:
+    def put_policy(
+        self, record: PolicyRecord, *, expected: bytes | EllipsisType | None = ...
+    ) -> Applied:
+        if expected is not ...:
+            stored = self.policies.get(record.resource)
+            _check_policy(record.resource, stored.body if stored else None, expected)
         self.policies[record.resource] = record
         return self._changes.publish(Change(record))
 
@@ -462,7 +482,15 @@ class SqliteMetadataStore:
         for resource, body in self._db.execute("SELECT resource, body FROM policies"):
             yield PolicyRecord(resource, bytes(body))
 
-    def put_policy(self, record: PolicyRecord) -> Applied:
+    def put_policy(
+        self, record: PolicyRecord, *, expected: bytes | EllipsisType | None = ...
+    ) -> Applied:
+        if expected is not ...:  # one process writes this store: read, compare, write
+            rows = self._db.execute(
+                "SELECT body FROM policies WHERE resource = ?", (record.resource,)
+            )
+            stored = [bytes(body) for (body,) in rows]
+            _check_policy(record.resource, stored[0] if stored else None, expected)
         self._write(
             "INSERT OR REPLACE INTO policies (resource, body) VALUES (?, ?)",
             (record.resource, record.body),

@@ -42,6 +42,7 @@ import logging
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import EllipsisType
 from typing import Any, TypeVar
 
 from pubsubd.coordination import paths
@@ -59,6 +60,7 @@ from pubsubd.storage.metadata import (
     Change,
     ChangeFeed,
     CursorRecord,
+    PolicyChanged,
     PolicyRecord,
     Record,
     SchemaRecord,
@@ -378,8 +380,35 @@ class ZooKeeperMetadataStore:
     def load_policies(self) -> Iterator[PolicyRecord]:
         return self._load(POLICIES, PolicyRecord)
 
-    def put_policy(self, record: PolicyRecord) -> Applied:
-        return self._put(POLICIES, record)
+    def put_policy(
+        self, record: PolicyRecord, *, expected: bytes | EllipsisType | None = ...
+    ) -> Applied:
+        if expected is ...:
+            return self._put(POLICIES, record)
+        # Compare-and-set on the znode's version: another process's write in between is a
+        # BadVersion (or a NodeExists), never lost.
+        path = self.layout.record(POLICIES, record)
+        data = encode(record)
+        try:
+            stored, stat = self._zk.get(path)
+        except NoNode:
+            stored_body, stat = None, None
+        else:
+            found = _decoded(POLICIES, path, stored)
+            assert isinstance(found, PolicyRecord)
+            stored_body = found.body
+        if stored_body != expected:
+            raise PolicyChanged(record.resource)
+        try:
+            if stat is None:
+                _, stat = self._zk.create_with_stat(path, data, makepath=True)
+            else:
+                stat = self._zk.set(path, data, version=stat.version)
+        except (NodeExists, BadVersion) as e:
+            raise PolicyChanged(record.resource) from e
+        if self._follower is not None:
+            self._follower.wrote(path, stat, record)
+        return self._changes.publish(Change(record))
 
     def delete_policy(self, resource: str) -> Applied:
         return self._delete(POLICIES, PolicyRecord(resource, b""))
