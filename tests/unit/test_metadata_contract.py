@@ -10,7 +10,7 @@ change feed the forwarders follow, the end of this file):
   key: a name already there raises AlreadyExists and keeps the record (two processes creating
   one name at once: one wins).
 - ``put_policy`` with ``expected`` stores only over that stored body (None: none stored), else
-  raises PolicyChanged (two processes' SetIamPolicy at once: one wins).
+  raises RecordChanged (two processes' SetIamPolicy at once: one wins).
 - ``delete_*`` removes the record under a key; deleting a missing key is a no-op.
 - ``load_*`` yields every stored record of its kind, equal to what was put, once each. No order is
   promised (every caller indexes what it loads by key), so the suite compares by key.
@@ -40,8 +40,8 @@ from pubsubd.storage.metadata import (
     CursorRecord,
     MemoryMetadataStore,
     MetadataStore,
-    PolicyChanged,
     PolicyRecord,
+    RecordChanged,
     SchemaRecord,
     SnapshotRecord,
     SqliteMetadataStore,
@@ -306,18 +306,34 @@ def test_a_conditional_policy_put_stores_only_over_the_expected_policy(
     store: MetadataStore,
 ) -> None:
     """SetIamPolicy's compare-and-set: ``expected`` is the body the caller last saw (None: no
-    policy); any other stored body raises PolicyChanged and keeps what is stored."""
+    policy); any other stored body raises RecordChanged and keeps what is stored."""
     first = PolicyRecord("projects/p/topics/t", b"first")
     store.put_policy(first, expected=None)
-    with pytest.raises(PolicyChanged):
+    with pytest.raises(RecordChanged):
         store.put_policy(PolicyRecord(first.resource, b"lost"), expected=None)
     second = PolicyRecord(first.resource, b"second")
     store.put_policy(second, expected=b"first")
-    with pytest.raises(PolicyChanged):  # a writer that still saw the first one
+    with pytest.raises(RecordChanged):  # a writer that still saw the first one
         store.put_policy(PolicyRecord(first.resource, b"stale"), expected=b"first")
     assert list(store.load_policies()) == [second]
     store.put_policy(PolicyRecord(first.resource, b"any"))  # unconditional: replaced
     assert [p.body for p in store.load_policies()] == [b"any"]
+
+
+def test_a_conditional_schema_put_stores_only_over_the_expected_revisions(
+    store: MetadataStore,
+) -> None:
+    schema = _schema(1, "a")
+    store.put_schema(schema, create=True)
+    newer = dataclasses.replace(schema, body=b"a+b")
+    store.put_schema(newer, expected=schema.body)
+    with pytest.raises(RecordChanged):  # a commit that still saw the first revision
+        store.put_schema(dataclasses.replace(schema, body=b"a+c"), expected=schema.body)
+    assert list(store.load_schemas()) == [newer]
+    with pytest.raises(RecordChanged):  # deleted meanwhile
+        store.delete_schema(schema.name)
+        store.put_schema(newer, expected=newer.body)
+    assert list(store.load_schemas()) == []
 
 
 def test_delete_removes_only_its_record_and_a_missing_key_is_a_no_op(

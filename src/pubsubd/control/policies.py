@@ -38,8 +38,8 @@ from pubsubd.storage.metadata import (
     Applied,
     Change,
     MetadataStore,
-    PolicyChanged,
     PolicyRecord,
+    RecordChanged,
     SnapshotRecord,
     SubscriptionRecord,
     TopicRecord,
@@ -192,7 +192,7 @@ class ResourcePolicies:
         record = PolicyRecord(resource, updated.SerializeToString())
         try:
             self.store.put_policy(record, expected=self._bodies.get(resource))
-        except PolicyChanged as e:  # another process set it after this view was read
+        except RecordChanged as e:  # another process set it after this view was read
             raise iam.PolicyConflict(resource) from e
         self._apply(record, deleted=False)
         return updated

@@ -31,7 +31,13 @@ from typing import Any
 from pubsubd.control.paging import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, SortedNames
 from pubsubd.core import names, pb
 from pubsubd.core.clock import SYSTEM_CLOCK, Clock
-from pubsubd.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from pubsubd.core.errors import (
+    Aborted,
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+)
 from pubsubd.core.schemas import (
     ENCODING_NAMES,
     PROTOCOL_BUFFER,
@@ -44,7 +50,7 @@ from pubsubd.core.schemas import (
     compile_schema,
     conforming_revision,
 )
-from pubsubd.storage.metadata import Change, MetadataStore, SchemaRecord
+from pubsubd.storage.metadata import Change, MetadataStore, RecordChanged, SchemaRecord
 
 # What a topic's schema_settings show once its schema is deleted (Google's value).
 DELETED_SCHEMA = "_deleted-schema_"
@@ -75,6 +81,7 @@ class SchemaRegistry:
         self.store = store
         self.clock = clock
         self._revisions: dict[str, list[Any]] = {}  # name -> Schema revisions, newest first
+        self._bodies: dict[str, bytes] = {}  # name -> its stored record's body
         self._names = SortedNames()
         self._compiled: dict[tuple[str, str], CompiledSchema] = {}
         # Called with a deleted schema's name (the catalog marks its topics).
@@ -104,8 +111,10 @@ class SchemaRegistry:
             self._names.add(record.name)
         self._drop_compiled(record.name)
         self._revisions[record.name] = revisions
+        self._bodies[record.name] = record.body
 
     def _forget(self, name: str) -> None:
+        self._bodies.pop(name, None)
         if self._revisions.pop(name, None) is not None:
             self._names.remove(name)
         self._drop_compiled(name)
@@ -128,7 +137,18 @@ class SchemaRegistry:
     def _write(self, name: str, revisions: list[Any], *, create: bool = False) -> None:
         body = pb.ListSchemaRevisionsResponse(schemas=revisions).SerializeToString()
         record = SchemaRecord(name, body)
-        self.store.put_schema(record, create=create)
+        if create:
+            self.store.put_schema(record, create=True)
+        else:
+            # Only over the revisions this view holds: of two processes committing to one
+            # schema at the same moment, one wins and the other answers ABORTED.
+            try:
+                self.store.put_schema(record, expected=self._bodies.get(name))
+            except RecordChanged as e:
+                raise Aborted(
+                    f"schema {name} was changed by another request at the same time; "
+                    "read it again and retry"
+                ) from e
         self._apply(record)
 
     def _revision(self, schema: Any, name: str) -> Any:

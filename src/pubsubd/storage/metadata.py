@@ -175,11 +175,17 @@ class MetadataStore(Protocol):
     def delete_cursor(self, topic_uid: str, name: str) -> Applied: ...
     def load_schemas(self) -> Iterator[SchemaRecord]: ...
     # ``create``: only if no schema has the name (AlreadyExists otherwise).
-    def put_schema(self, record: SchemaRecord, *, create: bool = False) -> Applied: ...
+    def put_schema(
+        self,
+        record: SchemaRecord,
+        *,
+        create: bool = False,
+        expected: bytes | EllipsisType | None = ...,
+    ) -> Applied: ...
     def delete_schema(self, name: str) -> Applied: ...
     def load_policies(self) -> Iterator[PolicyRecord]: ...
-    # ``expected``: store only if the resource's stored policy body is this one (None: it has
-    # none), else raise PolicyChanged: SetIamPolicy's compare-and-set across processes.
+    # ``expected``: store only if the stored record's body is this one (None: none stored), else
+    # raise RecordChanged: SetIamPolicy's and schema commits' compare-and-set across processes.
     def put_policy(
         self, record: PolicyRecord, *, expected: bytes | EllipsisType | None = ...
     ) -> Applied: ...
@@ -190,14 +196,14 @@ class MetadataStore(Protocol):
     def close(self) -> None: ...
 
 
-class PolicyChanged(Exception):
-    """A conditional ``put_policy`` found another policy than the one it expected (another
-    process set it first)."""
+class RecordChanged(Exception):
+    """A conditional put (``expected=``) found another record than the one it expected
+    (another process wrote it first)."""
 
 
-def _check_policy(resource: str, stored: bytes | None, expected: bytes | None) -> None:
-    if stored != expected:
-        raise PolicyChanged(resource)
+def _check_body(key: str, stored: bytes | None, expected: bytes | EllipsisType | None) -> None:
+    if expected is not ... and stored != expected:
+        raise RecordChanged(key)
 
 
 class MemoryMetadataStore:
@@ -263,9 +269,17 @@ class MemoryMetadataStore:
     def load_schemas(self) -> Iterator[SchemaRecord]:
         yield from list(self.schemas.values())
 
-    def put_schema(self, record: SchemaRecord, *, create: bool = False) -> Applied:
+    def put_schema(
+        self,
+        record: SchemaRecord,
+        *,
+        create: bool = False,
+        expected: bytes | EllipsisType | None = ...,
+    ) -> Applied:
         if create and record.name in self.schemas:
             raise AlreadyExists("schema", record.name)
+        stored = self.schemas.get(record.name)
+        _check_body(record.name, stored.body if stored else None, expected)
         self.schemas[record.name] = record
         return self._changes.publish(Change(record))
 
@@ -278,9 +292,8 @@ class MemoryMetadataStore:
     def put_policy(
         self, record: PolicyRecord, *, expected: bytes | EllipsisType | None = ...
     ) -> Applied:
-        if expected is not ...:
-            stored = self.policies.get(record.resource)
-            _check_policy(record.resource, stored.body if stored else None, expected)
+        stored = self.policies.get(record.resource)
+        _check_body(record.resource, stored.body if stored else None, expected)
         self.policies[record.resource] = record
         return self._changes.publish(Change(record))
 
@@ -465,7 +478,17 @@ class SqliteMetadataStore:
         for name, body in self._db.execute(f"SELECT name, body FROM schemas {where}", params):
             yield SchemaRecord(name, bytes(body))
 
-    def put_schema(self, record: SchemaRecord, *, create: bool = False) -> Applied:
+    def put_schema(
+        self,
+        record: SchemaRecord,
+        *,
+        create: bool = False,
+        expected: bytes | EllipsisType | None = ...,
+    ) -> Applied:
+        if expected is not ...:  # one process writes this store: read, compare, write
+            rows = self._db.execute("SELECT body FROM schemas WHERE name = ?", (record.name,))
+            stored = [bytes(body) for (body,) in rows]
+            _check_body(record.name, stored[0] if stored else None, expected)
         self._write(
             f"INSERT {'' if create else 'OR REPLACE '}INTO schemas (name, body) VALUES (?, ?)",
             (record.name, record.body),
@@ -490,7 +513,7 @@ class SqliteMetadataStore:
                 "SELECT body FROM policies WHERE resource = ?", (record.resource,)
             )
             stored = [bytes(body) for (body,) in rows]
-            _check_policy(record.resource, stored[0] if stored else None, expected)
+            _check_body(record.resource, stored[0] if stored else None, expected)
         self._write(
             "INSERT OR REPLACE INTO policies (resource, body) VALUES (?, ?)",
             (record.resource, record.body),

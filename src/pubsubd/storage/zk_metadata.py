@@ -60,9 +60,9 @@ from pubsubd.storage.metadata import (
     Change,
     ChangeFeed,
     CursorRecord,
-    PolicyChanged,
     PolicyRecord,
     Record,
+    RecordChanged,
     SchemaRecord,
     SnapshotRecord,
     SubscriptionRecord,
@@ -371,8 +371,16 @@ class ZooKeeperMetadataStore:
     def delete_cursor(self, topic_uid: str, name: str) -> Applied:
         return self._delete(CURSORS, CursorRecord(topic_uid, name, ""))
 
-    def put_schema(self, record: SchemaRecord, *, create: bool = False) -> Applied:
-        return self._put(SCHEMAS, record, create=create)
+    def put_schema(
+        self,
+        record: SchemaRecord,
+        *,
+        create: bool = False,
+        expected: bytes | EllipsisType | None = ...,
+    ) -> Applied:
+        if expected is ... or create:
+            return self._put(SCHEMAS, record, create=create)
+        return self._put_over(SCHEMAS, record, expected)
 
     def delete_schema(self, name: str) -> Applied:
         return self._delete(SCHEMAS, SchemaRecord(name, b""))
@@ -385,30 +393,7 @@ class ZooKeeperMetadataStore:
     ) -> Applied:
         if expected is ...:
             return self._put(POLICIES, record)
-        # Compare-and-set on the znode's version: another process's write in between is a
-        # BadVersion (or a NodeExists), never lost.
-        path = self.layout.record(POLICIES, record)
-        data = encode(record)
-        try:
-            stored, stat = self._zk.get(path)
-        except NoNode:
-            stored_body, stat = None, None
-        else:
-            found = _decoded(POLICIES, path, stored)
-            assert isinstance(found, PolicyRecord)
-            stored_body = found.body
-        if stored_body != expected:
-            raise PolicyChanged(record.resource)
-        try:
-            if stat is None:
-                _, stat = self._zk.create_with_stat(path, data, makepath=True)
-            else:
-                stat = self._zk.set(path, data, version=stat.version)
-        except (NodeExists, BadVersion) as e:
-            raise PolicyChanged(record.resource) from e
-        if self._follower is not None:
-            self._follower.wrote(path, stat, record)
-        return self._changes.publish(Change(record))
+        return self._put_over(POLICIES, record, expected)
 
     def delete_policy(self, resource: str) -> Applied:
         return self._delete(POLICIES, PolicyRecord(resource, b""))
@@ -430,6 +415,35 @@ class ZooKeeperMetadataStore:
                 _, stat = self._zk.create_with_stat(path, data, makepath=True)
             except NodeExists:  # replacing, or another process created it meanwhile
                 stat = self._set(path, data)
+        if self._follower is not None:
+            self._follower.wrote(path, stat, record)
+        return self._changes.publish(Change(record))
+
+    def _put_over(
+        self, kind: Kind, record: PolicyRecord | SchemaRecord, expected: bytes | None
+    ) -> Applied:
+        """Store ``record`` only over a stored record whose body is ``expected`` (None: none
+        stored), else raise RecordChanged: a compare-and-set on the znode's version, so another
+        process's write in between is a BadVersion (or a NodeExists), never lost."""
+        path = self.layout.record(kind, record)
+        data = encode(record)
+        try:
+            stored, stat = self._zk.get(path)
+        except NoNode:
+            stored_body, stat = None, None
+        else:
+            found = _decoded(kind, path, stored)
+            assert isinstance(found, (PolicyRecord, SchemaRecord))
+            stored_body = found.body
+        if stored_body != expected:
+            raise RecordChanged(path)
+        try:
+            if stat is None:
+                _, stat = self._zk.create_with_stat(path, data, makepath=True)
+            else:
+                stat = self._zk.set(path, data, version=stat.version)
+        except (NodeExists, BadVersion) as e:
+            raise RecordChanged(path) from e
         if self._follower is not None:
             self._follower.wrote(path, stat, record)
         return self._changes.publish(Change(record))
