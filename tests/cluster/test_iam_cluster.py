@@ -6,7 +6,6 @@ ZooKeeper (forwarders, behind frontends, do not check: they only name the caller
 from __future__ import annotations
 
 import json
-import os
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -16,7 +15,7 @@ from google.api_core import exceptions
 
 from pubsubd.cluster.launcher import LocalCluster
 from tests.conftest import PROJECT
-from tests.support.cluster import running_cluster
+from tests.support.cluster import environment, running_cluster
 from tests.support.iam import publisher_as
 from tests.support.server import wait_for
 
@@ -38,10 +37,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         "PUBSUBD_TRUST_CALLER_HEADER": "1",
         "PUBSUBD_IAM_POLICY_FILE": str(policy_file),
     }
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # every process of the cluster inherits it
-    try:
-        with running_cluster(
+    with (
+        environment(env),  # every process of the cluster inherits it
+        running_cluster(
             directory / "c",
             zk_nodes=1,
             storage_nodes=1,
@@ -49,14 +47,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
             routers=1,
             frontends=1,
             forwarders=2,
-        ) as c:
-            yield c
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        ) as c,
+    ):
+        yield c
 
 
 def _forwarders(cluster: LocalCluster) -> list[str]:

@@ -28,7 +28,7 @@ from pubsubd.storage.ledgers.meta import LedgerList, LedgerMeta, LedgerState, St
 from pubsubd.storage.ledgers.repair import RepairSettings
 from pubsubd.storage.node_client import LedgerSummary, StorageNodeClient, StorageNodePool
 from tests.conftest import make_publisher, make_subscriber
-from tests.support.cluster import ClusterServer, running_cluster, topic_uid
+from tests.support.cluster import ClusterServer, environment, running_cluster, topic_uid
 from tests.support.drain import drain
 from tests.support.flood import Flood
 from tests.support.server import wait_for
@@ -47,17 +47,11 @@ REPAIR_ENV = {
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    saved = {k: os.environ.get(k) for k in REPAIR_ENV}
-    os.environ.update(REPAIR_ENV)
-    try:
-        with running_cluster(tmp_path_factory.mktemp("repair"), storage_nodes=4) as c:
-            yield c
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with (
+        environment(REPAIR_ENV),
+        running_cluster(tmp_path_factory.mktemp("repair"), storage_nodes=4) as c,
+    ):
+        yield c
 
 
 # -- what ZooKeeper and the storage nodes say -------------------------------------------------

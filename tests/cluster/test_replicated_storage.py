@@ -24,7 +24,13 @@ from pubsubd.cluster.status import cluster_status
 from pubsubd.storage.node_client import LedgerSummary, StorageNodeClient
 from tests.conftest import emulator_host, make_publisher, make_subscriber
 from tests.support.clients import pull_until
-from tests.support.cluster import ClusterServer, ledger_nodes, running_cluster, topic_uid
+from tests.support.cluster import (
+    ClusterServer,
+    environment,
+    ledger_nodes,
+    running_cluster,
+    topic_uid,
+)
 from tests.support.drain import drain
 from tests.support.flood import Flood
 from tests.support.server import wait_for
@@ -210,17 +216,9 @@ def test_kill9_while_the_local_copy_is_retried_loses_no_acknowledged_publish(
             filter(None, [str(SEGMENT_FAULT_HOOK), os.environ.get("PYTHONPATH")])
         ),
     }
-    saved = {k: os.environ.get(k) for k in env}
     cluster.kill("serve")
-    os.environ.update(env)
-    try:
+    with environment(env):
         cluster.restart("serve")
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
     def retries() -> int:
         return sum(s.get("local_write_retries", 0) for s in server.status()["storage"].get(uid, []))

@@ -11,7 +11,7 @@ import asyncio
 import json
 import os
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +91,22 @@ def _get_status(http: str) -> dict[str, Any]:
 
 
 @contextmanager
+def environment(env: Mapping[str, str]) -> Iterator[None]:
+    """``env`` set in this process's environment for the block (the cluster's processes
+    inherit it when they start or restart), the previous values back after."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextmanager
 def running_cluster(
     directory: Path,
     *,
@@ -104,19 +120,13 @@ def running_cluster(
     env = dict(CLUSTER_ENV)
     if session_timeout_s is not None:
         env["PUBSUBD_ZK_SESSION_TIMEOUT_S"] = str(session_timeout_s)
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    cluster = LocalCluster(directory)
-    try:
-        cluster.up(zk_nodes=zk_nodes, storage_nodes=storage_nodes, **kwargs)
-        yield cluster
-    finally:
-        cluster.down()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with environment(env):
+        cluster = LocalCluster(directory)
+        try:
+            cluster.up(zk_nodes=zk_nodes, storage_nodes=storage_nodes, **kwargs)
+            yield cluster
+        finally:
+            cluster.down()
 
 
 def topic_uid(cluster: LocalCluster, topic: str) -> str:
