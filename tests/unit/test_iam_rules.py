@@ -16,7 +16,12 @@ from pubsubd.core import iam, iam_calls, pb
 from pubsubd.core.errors import InvalidArgument, PermissionDenied
 from pubsubd.core.iam import CompiledPolicy, Policies, Requirement
 from pubsubd.core.principal import ANONYMOUS, Principal
-from pubsubd.storage.metadata import MemoryMetadataStore, SubscriptionRecord, TopicRecord
+from pubsubd.storage.metadata import (
+    MemoryMetadataStore,
+    SchemaRecord,
+    SubscriptionRecord,
+    TopicRecord,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -311,6 +316,22 @@ def test_a_deleted_resource_takes_its_policy_with_it() -> None:
     store.delete_topic(TOPIC)
     assert TOPIC not in store.policies and policies.get(TOPIC).etag == iam.EMPTY_ETAG
     assert SUB in store.policies
+
+
+def test_a_deleted_schema_takes_its_policy_with_it() -> None:
+    """A schema re-created under the same name starts without the old one's grants."""
+    store = MemoryMetadataStore()
+    policies = ResourcePolicies(store)
+    schema, other = "projects/p/schemas/s", "projects/p/schemas/other"
+    store.put_schema(SchemaRecord(schema, b""), create=True)
+    store.put_schema(SchemaRecord(other, b""), create=True)
+    policies.set(schema, _policy(("roles/pubsub.viewer", [ALICE.member])))
+    policies.set(other, _policy(("roles/pubsub.viewer", [ALICE.member])))
+    store.delete_schema(schema)
+    assert schema not in store.policies and policies.get(schema).etag == iam.EMPTY_ETAG
+    assert other in store.policies
+    store.put_schema(SchemaRecord(schema, b""), create=True)
+    assert policies.test(ALICE, schema, ["pubsub.schemas.get"]) == []
 
 
 def test_the_policy_file_names_projects_roles_and_members() -> None:
