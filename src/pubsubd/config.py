@@ -113,6 +113,9 @@ class ServerConfig:
     iam_policy_file: Path | None = None
     # TESTS AND DEVELOPMENT ONLY: believe the x-pubsubd-caller header as the caller's identity.
     trust_caller_header: bool = False
+    # A forwarder's own calls to other forwarders carry the token in this file
+    # (core/internal_token.py); its principal passes IAM.
+    internal_token_file: Path | None = None
     # None: one machine (embedded metadata, local disks). Set: metadata in ZooKeeper and every
     # publish message source replicated on storage nodes (storage/ledgers/).
     cluster: ClusterConfig | None = None
