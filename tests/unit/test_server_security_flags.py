@@ -16,7 +16,13 @@ import typer
 from typer.testing import CliRunner
 
 from pubsubd.cli.main import app
-from pubsubd.cli.server_security import NO_FLAGS, SecurityFlags, security_options
+from pubsubd.cli.security import write_dev_certs
+from pubsubd.cli.server_security import (
+    NO_FLAGS,
+    SecurityFlags,
+    configure_zookeeper_tls,
+    security_options,
+)
 from pubsubd.cluster.launcher import (
     ADMIN,
     ADMIN_TOKEN_FILE,
@@ -28,6 +34,7 @@ from pubsubd.cluster.launcher import (
 )
 from pubsubd.config import ServerConfig
 from pubsubd.core.internal_token import INTERNAL_TOKEN, InternalToken
+from pubsubd.core.tls import ZOOKEEPER, ClientTls
 from pubsubd.core.tokens import TokenSettings, TokenVerifier, create_token
 
 pytestmark = pytest.mark.unit
@@ -38,7 +45,8 @@ SECRET = b"s" * 40
 @pytest.fixture(autouse=True)
 def _no_internal_token() -> Iterator[None]:
     yield
-    INTERNAL_TOKEN.configure(None)  # a process setting: leave it as found
+    INTERNAL_TOKEN.configure(None)  # process settings: leave them as found
+    ZOOKEEPER.configure(None)
 
 
 def test_the_decorator_adds_every_flag_and_passes_them_as_one_value(tmp_path: Path) -> None:
@@ -137,3 +145,25 @@ def test_cluster_auth_files_are_private_and_kept(tmp_path: Path) -> None:
         assert f.stat().st_mode & 0o077 == 0, f
     write_cluster_auth(directory)  # a cluster started again keeps its secret and tokens
     assert (directory / ADMIN_TOKEN_FILE).read_text().strip() == admin
+
+
+def test_zookeeper_tls_flags_on_every_zookeeper_client(tmp_path: Path) -> None:
+    group: Any = typer.main.get_command(app)
+    for command in ("serve", "forwarder", "frontend", "router", "storage"):
+        options = {o for p in group.commands[command].params for o in p.opts}
+        assert {"--zk-tls-ca", "--zk-tls-cert", "--zk-tls-key"} <= options, command
+    assert "--zk-tls-ca" in {o for p in group.commands["routing"].params for o in p.opts}
+    refused = CliRunner().invoke(app, ["router", "--cluster", "x", "--zk-tls-cert", "c.pem"])
+    assert refused.exit_code == 2 and "--zk-tls-ca" in refused.output
+    with pytest.raises(ValueError, match="go together"):
+        configure_zookeeper_tls(tmp_path / "ca.pem", tmp_path / "c.pem", None)
+    with pytest.raises(ValueError):  # a CA that cannot be read stops start-up
+        configure_zookeeper_tls(tmp_path / "missing.pem", None, None)
+    assert ZOOKEEPER.tls is None
+    write_dev_certs(tmp_path)
+    configure_zookeeper_tls(
+        tmp_path / "ca.pem", tmp_path / "client.pem", tmp_path / "client-key.pem"
+    )
+    assert ZOOKEEPER.tls == ClientTls(
+        tmp_path / "ca.pem", tmp_path / "client.pem", tmp_path / "client-key.pem"
+    )

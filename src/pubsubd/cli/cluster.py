@@ -179,7 +179,7 @@ def status(data_dir: DataDir, as_json: AsJson = False) -> None:
     try:
         cluster = LocalCluster.load(data_dir)
         described = cluster.described()
-        described["storage"] = cluster_status(cluster.zk) if cluster.zk else {}
+        described["storage"] = cluster_status(cluster.zk, tls=cluster.zk_tls) if cluster.zk else {}
     except ClusterError as e:
         _fail(e)
         return

@@ -33,6 +33,7 @@ from pubsubd.cli.server_security import (
     TlsKey,
     security_options,
     server_tls,
+    zookeeper_tls_options,
 )
 from pubsubd.cli.slo import alerts, slo_app
 from pubsubd.storage.log import FsyncPolicy
@@ -108,6 +109,7 @@ ZkSessionOption = Annotated[
 
 
 @app.command()
+@zookeeper_tls_options
 @security_options()
 def serve(
     port: Annotated[int | None, typer.Option(help="gRPC port (0 = any free port)")] = None,
@@ -245,6 +247,7 @@ def _server_config(
 
 
 @app.command()
+@zookeeper_tls_options
 @security_options(internal_token=True)
 def forwarder(
     cluster: Annotated[
@@ -311,6 +314,7 @@ def forwarder(
 
 
 @app.command()
+@zookeeper_tls_options
 def storage(
     data_dir: Annotated[
         list[Path],
@@ -377,6 +381,7 @@ def storage(
 
 
 @app.command()
+@zookeeper_tls_options
 def router(
     cluster: ClusterOption,
     zk_root: Annotated[str, typer.Option(help="the cluster's ZooKeeper root")] = "/pubsubd",
@@ -427,6 +432,7 @@ def router(
 
 
 @app.command()
+@zookeeper_tls_options
 @security_options()
 def frontend(
     cluster: ClusterOption,

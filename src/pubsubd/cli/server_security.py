@@ -1,7 +1,9 @@
 """The security flags of the processes clients call (``serve``, ``forwarder``, ``frontend``),
 declared once: TLS (``--tls-*``), authentication (``--auth-*``), IAM (``--iam``,
 ``--iam-policy-file``, ``--trust-caller-header``) and, for forwarders, the cluster's internal
-token (``--internal-token-file``, ``core/internal_token.py``).
+token (``--internal-token-file``, ``core/internal_token.py``). Every process of a cluster also
+takes the ZooKeeper TLS flags (:func:`zookeeper_tls_options`: ``--zk-tls-ca``, ``--zk-tls-cert``,
+``--zk-tls-key``), which set ``core.tls.ZOOKEEPER`` before the command runs.
 
 :func:`security_options` adds the flags to a typer command, which receives them as one
 :class:`SecurityFlags` in its ``security`` parameter; :meth:`SecurityFlags.apply` puts them on a
@@ -22,7 +24,14 @@ import typer
 
 from pubsubd import config as config_mod
 
-__all__ = ["SecurityFlags", "security_options", "server_tls"]
+__all__ = [
+    "NO_FLAGS",
+    "SecurityFlags",
+    "configure_zookeeper_tls",
+    "security_options",
+    "server_tls",
+    "zookeeper_tls_options",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -96,7 +105,34 @@ InternalTokenFile = Annotated[
     ),
 ]
 
+ZkTlsCa = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="PUBSUBD_ZK_TLS_CA",
+        help="TLS to ZooKeeper (its secureClientPort), trusting this CA (PEM)",
+    ),
+]
+ZkTlsCert = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="PUBSUBD_ZK_TLS_CERT",
+        help="the client certificate shown to ZooKeeper (PEM; mutual TLS)",
+    ),
+]
+ZkTlsKey = Annotated[
+    Path | None,
+    typer.Option(envvar="PUBSUBD_ZK_TLS_KEY", help="its key (PEM)"),
+]
+
 _KW = inspect.Parameter.KEYWORD_ONLY
+_ZK_FLAGS = tuple(
+    inspect.Parameter(name, _KW, default=None, annotation=annotation)
+    for name, annotation in (
+        ("zk_tls_ca", ZkTlsCa),
+        ("zk_tls_cert", ZkTlsCert),
+        ("zk_tls_key", ZkTlsKey),
+    )
+)
 _FLAGS = tuple(
     inspect.Parameter(name, _KW, default=None, annotation=annotation)
     for name, annotation in (
@@ -228,3 +264,38 @@ def security_options(*, internal_token: bool = False) -> Callable[[F], F]:
         return cast(F, with_flags)
 
     return decorate
+
+
+def configure_zookeeper_tls(ca: Path | None, cert: Path | None, key: Path | None) -> None:
+    """Set the process's ZooKeeper TLS (``core.tls.ZOOKEEPER``): on with ``ca``; ``cert`` and
+    ``key`` (both or neither) for a ZooKeeper that asks for client certificates. ValueError
+    names what is wrong."""
+    from pubsubd.core.tls import ZOOKEEPER, ClientTls
+
+    if ca is None and cert is None and key is None:
+        return
+    if ca is None:
+        raise ValueError("--zk-tls-cert and --zk-tls-key need --zk-tls-ca (TLS to ZooKeeper)")
+    if (cert is None) != (key is None):
+        raise ValueError("--zk-tls-cert and --zk-tls-key go together")
+    ZOOKEEPER.configure(ClientTls(ca, cert, key))
+
+
+def zookeeper_tls_options(command: F) -> F:
+    """Add ``--zk-tls-ca``, ``--zk-tls-cert`` and ``--zk-tls-key`` to a command; they configure
+    the process's ZooKeeper TLS before it runs (a bad file is a usage error)."""
+    signature = inspect.signature(command, eval_str=True)
+
+    @functools.wraps(command)
+    def with_flags(*args: Any, **kwargs: Any) -> Any:
+        given = [kwargs.pop(p.name, None) for p in _ZK_FLAGS]
+        try:
+            configure_zookeeper_tls(*given)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
+        return command(*args, **kwargs)
+
+    parameters = [*signature.parameters.values(), *_ZK_FLAGS]
+    with_flags.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    with_flags.__annotations__ = {p.name: p.annotation for p in parameters}
+    return cast(F, with_flags)

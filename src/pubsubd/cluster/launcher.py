@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from pubsubd.coordination.ensemble import Ensemble, require_zookeeper
+from pubsubd.core.tls import ClientTls
 
 STATE_FILE = "cluster.json"
 STORAGE_READY = re.compile(
@@ -273,6 +274,15 @@ class LocalCluster:
         }
 
     @property
+    def zk_tls(self) -> ClientTls | None:
+        """With ``tls_dir``: how the cluster's processes (and its tools) reach ZooKeeper, which
+        then speaks TLS only and asks for their certificate (certs dev's server pair)."""
+        d = self.tls_dir
+        if d is None:
+            return None
+        return ClientTls(d / "ca.pem", d / "server.pem", d / "server-key.pem")
+
+    @property
     def admin_token(self) -> str | None:
         """The admin's bearer token (``up(tokens=True)``), None without authentication."""
         if self.auth_dir is None:
@@ -309,7 +319,8 @@ class LocalCluster:
         first), and ``probers`` probers through every frontend; wait until all are ready.
         ``forwarder_args[i]``: more flags for forwarder i (``--no-publishing``, ...).
         ``tls_dir``: ``pubsubd certs dev``'s files there, passed to every process (TLS on every
-        port but ZooKeeper's; mutual TLS on the storage nodes; the probers trust its CA).
+        port; mutual TLS on the storage nodes and ZooKeeper, whose only client port is its
+        ``secureClientPort``; the probers trust its CA).
         ``tokens``: authentication on every process clients or forwarders call (serve,
         forwarders, frontends), with a secret and tokens made under DIR/auth
         (:func:`write_cluster_auth`): the probers and clients send the admin's token, the
@@ -335,7 +346,8 @@ class LocalCluster:
                 raise ClusterError(f"{tls_dir} lacks {', '.join(missing)} (pubsubd certs dev)")
             self.tls_dir = tls_dir.resolve()
         try:
-            ensemble = Ensemble(self.directory / "zookeeper", zk_nodes).start(timeout)
+            ensemble = Ensemble(self.directory / "zookeeper", zk_nodes, tls=self.zk_tls)
+            ensemble.start(timeout)
             self.zk = ensemble.connect_string
             for i, pid in enumerate(ensemble.pids):
                 self.processes.append(
@@ -415,7 +427,9 @@ class LocalCluster:
             args += ["--tls-client-ca", str(d / "ca.pem")]
         if ca:
             args += ["--tls-ca", str(d / "ca.pem")]
-        return args
+        # Every process that takes this is a client of ZooKeeper (TLS only, mutual).
+        args += ["--zk-tls-ca", str(d / "ca.pem"), "--zk-tls-cert", str(d / "server.pem")]
+        return [*args, "--zk-tls-key", str(d / "server-key.pem")]
 
     def _auth(self, *, internal: bool = False) -> list[str]:
         """The authentication (and IAM) flags of a process clients or forwarders call."""
