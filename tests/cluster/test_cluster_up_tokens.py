@@ -10,6 +10,9 @@ pass IAM as the cluster's own identity. The official client, with the admin toke
 call without a token is UNAUTHENTICATED at the frontend and at a forwarder reached directly,
 and a forwarder reached directly refuses a valid token whose subject holds no role
 (PERMISSION_DENIED: it checks IAM itself). The cluster's prober probes with the admin token.
+The frontend's Pulsar port checks tokens too: the official pulsar-client with
+``AuthenticationToken`` produces, consumes and reads through it; without a token, or with a
+forged one, it gets no producer.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import _pulsar
 import grpc
+import pulsar
 import pytest
 from google.api_core import exceptions
 from google.pubsub_v1 import PublisherClient, SubscriberClient
@@ -167,3 +172,55 @@ def test_calls_without_a_token_or_permission_are_refused_at_the_forwarder_too(
             publisher.create_topic(name=name)
         with pytest.raises(exceptions.PermissionDenied):
             publisher.create_topic(name=name, metadata=nobody)
+
+
+def test_pulsar_front_of_a_frontend_with_authentication(cluster: LocalCluster) -> None:
+    frontend = cluster.process("frontend-1")
+    port = frontend.args[frontend.args.index("--pulsar-port") + 1]
+    admin = cluster.admin_token or ""
+    publisher, _ = _clients(cluster.frontends[0])
+    topic_id = f"pulsar-{uuid.uuid4().hex[:8]}"
+    publisher.create_topic(name=f"projects/{PROJECT}/topics/{topic_id}", metadata=_bearer(admin))
+    wait_for(
+        lambda: topic_owner(cluster, f"projects/{PROJECT}/topics/{topic_id}") == "forwarder-1",
+        30,
+        "topic placed",
+    )
+    pulsar_topic = f"persistent://{PROJECT}/default/{topic_id}"
+    quiet = pulsar.ConsoleLogger(_pulsar.LoggerLevel.Error)
+
+    def client(token: str | None, timeout_s: int = 30) -> pulsar.Client:
+        auth = pulsar.AuthenticationToken(token) if token is not None else None
+        return pulsar.Client(
+            f"pulsar://127.0.0.1:{port}",
+            authentication=auth,
+            operation_timeout_seconds=timeout_s,
+            logger=quiet,
+        )
+
+    trusted = client(admin)
+    try:
+        consumer = trusted.subscribe(pulsar_topic, "s", consumer_type=pulsar.ConsumerType.Shared)
+        producer = trusted.create_producer(pulsar_topic)
+        for i in range(3):
+            producer.send(f"p{i}".encode())
+        got = []
+        for _ in range(3):
+            message = consumer.receive(30_000)
+            got.append(message.data())
+            consumer.acknowledge(message)
+        assert sorted(got) == [b"p0", b"p1", b"p2"]
+        reader = trusted.create_reader(pulsar_topic, pulsar.MessageId.earliest)
+        read = [reader.read_next(30_000).data() for _ in range(3)]
+        assert sorted(read) == [b"p0", b"p1", b"p2"]
+    finally:
+        trusted.close()
+    assert cluster.auth_dir is not None
+    forged = create_token("admin@pubsubd.local", secret=b"f" * 40, now=time.time())
+    for token in (None, forged):
+        refused = client(token, timeout_s=3)
+        try:
+            with pytest.raises(pulsar.PulsarException):
+                refused.create_producer(pulsar_topic)
+        finally:
+            refused.close()
