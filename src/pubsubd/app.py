@@ -53,6 +53,8 @@ from pubsubd.core.client_security import ClientSecurity
 from pubsubd.core.clock import SYSTEM_CLOCK
 from pubsubd.core.errors import AlreadyExists, Unavailable
 from pubsubd.core.flow_control import MemoryBudget
+from pubsubd.core.internal_token import INTERNAL_TOKEN, read_token
+from pubsubd.core.principal import Principal
 from pubsubd.core.records import DamagedRange
 from pubsubd.core.release import version
 from pubsubd.core.tokens import TokenVerifier
@@ -212,6 +214,13 @@ class PubsubServer:
         # Authentication (--auth-*): one verifier, so one cache of checked tokens, for the
         # gRPC port, the HTTP port and the Pulsar port.
         self.verifier = TokenVerifier(config.tokens) if config.tokens is not None else None
+        # The cluster's own identity: the principal of the token this process's calls to
+        # other forwarders carry (--internal-token-file), which authorization lets pass.
+        self.internal_principal = (
+            self.verifier.verify(read_token(config.internal_token_file))
+            if self.verifier is not None and config.internal_token_file is not None
+            else None
+        )
         # With TLS on, the REST and Pulsar fronts reach this process's gRPC API over a Unix
         # socket in a directory only this user can open (mkdtemp: mode 0700), not over TLS.
         self._local_dir: str | None = None
@@ -253,7 +262,7 @@ class PubsubServer:
             # Authentication first: it names the caller that authorization checks.
             interceptors=[
                 *([authn.AuthInterceptor(self.verifier)] if self.verifier else []),
-                *authorization(self.config, self.policies),
+                *authorization(self.config, self.policies, self.internal_principal),
             ],
         )
         server.add_generic_rpc_handlers(
@@ -489,7 +498,9 @@ class PubsubServer:
         if channel is None:
             channel = self._publish_channels[address] = new_channel(address)
         try:
-            await channel.unary_unary("/google.pubsub.v1.Publisher/Publish")(request, timeout=30)
+            await channel.unary_unary("/google.pubsub.v1.Publisher/Publish")(
+                request, timeout=30, metadata=INTERNAL_TOKEN.metadata()
+            )
         except grpc.aio.AioRpcError as e:
             raise Unavailable(f"publishing to {address} failed: {e.details()}") from e
 
@@ -724,20 +735,25 @@ class ClusterParts:
 STORAGE_NODES_WAIT_S = 30.0
 
 
-def authorization(config: ServerConfig, policies: ResourcePolicies) -> list[Authorization]:
+def authorization(
+    config: ServerConfig, policies: ResourcePolicies, internal: Principal | None = None
+) -> list[Authorization]:
     """The server interceptors of ``--iam``: none when authorization is off. A forwarder of a
-    cluster (behind frontends, which check every call) only names the caller."""
+    cluster without authentication (behind frontends, which check every call) only names the
+    caller; with authentication it checks every call too, but lets ``internal`` (the principal
+    of the cluster's internal token: other forwarders' dead letters, SLI events) pass."""
     if not config.iam:
         return []
     identify = trusted_caller_header if config.trust_caller_header else None
-    enforce = not (config.cluster is not None and config.cluster.assigned)
+    assigned = config.cluster is not None and config.cluster.assigned
+    enforce = not assigned or config.tokens is not None
     if identify is not None:
         log.warning(
             "--trust-caller-header: the %s header is believed as the caller's identity; "
             "for tests and development only",
             "x-pubsubd-caller",
         )
-    return [Authorization(policies.check, identify, enforce=enforce)]
+    return [Authorization(policies.check, identify, enforce=enforce, trusted=internal)]
 
 
 async def connect_cluster(config: ServerConfig) -> ClusterParts:

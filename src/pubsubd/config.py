@@ -117,6 +117,9 @@ class ServerConfig:
     # Source growth (core/source_growth.py): a busy topic gets more publish message sources,
     # a quiet one fewer active ones. None: off (the default; PUBSUBD_SOURCE_CAPACITY).
     source_growth: GrowthSettings | None = None
+    # A forwarder's own calls to other forwarders carry the token in this file
+    # (core/internal_token.py); its principal passes IAM.
+    internal_token_file: Path | None = None
     # None: one machine (embedded metadata, local disks). Set: metadata in ZooKeeper and every
     # publish message source replicated on storage nodes (storage/ledgers/).
     cluster: ClusterConfig | None = None

@@ -316,6 +316,72 @@ def test_avro_json_topic_accepts_conforming_batches_only_and_delivers_attributes
         gapic.publish(topic=topic, messages=[T.PubsubMessage(data=good[0])])
 
 
+def test_dead_letters_are_checked_against_the_dead_letter_topics_schema(
+    schema_client: SchemaServiceClient, clients: Any, names: Any
+) -> None:
+    """A dead-lettered copy is published to its dead-letter topic as a client's Publish is:
+    one that conforms to that topic's schema arrives there with the googclient_schema*
+    attributes of that schema; one that does not is refused (INVALID_ARGUMENT), so it stays
+    in its subscription, held for the next try, and never reaches the dead-letter topic."""
+    pub, sub = clients
+    sid = _sid("dead")
+    schema = f"{PARENT}/schemas/{sid}"
+    revision = _create(schema_client, sid, T.Schema.Type.AVRO, AVRO).revision_id
+    topic, dead = names.topic(), names.topic("dead")
+    subscription, dead_subscription = names.subscription(), names.subscription("dead")
+    pub.create_topic(name=topic)  # no schema: anything is published to it
+    pub.create_topic(
+        request={"name": dead, "schema_settings": {"schema": schema, "encoding": T.Encoding.JSON}}
+    )
+    sub.create_subscription(
+        request={
+            "name": subscription,
+            "topic": topic,
+            "dead_letter_policy": {"dead_letter_topic": dead, "max_delivery_attempts": 5},
+        }
+    )
+    sub.create_subscription(name=dead_subscription, topic=dead)
+    good = json.dumps({"name": "Ohio", "post_abbr": "OH"}).encode()
+    bad = b"not the schema"
+    for data in (good, bad):
+        pub.publish(topic, data).result(timeout=30)
+    for attempt in range(1, 6):  # five deliveries, each nacked: then dead-lettered
+        seen: dict[bytes, str] = {}
+        for _ in range(40):
+            response = sub.pull(
+                request={"subscription": subscription, "max_messages": 10}, timeout=10
+            )
+            for m in response.received_messages:
+                assert m.delivery_attempt == attempt
+                seen[m.message.data] = m.ack_id
+            if len(seen) == 2:
+                break
+        assert set(seen) == {good, bad}, attempt
+        sub.modify_ack_deadline(
+            request={
+                "subscription": subscription,
+                "ack_ids": list(seen.values()),
+                "ack_deadline_seconds": 0,
+            }
+        )
+    received = _pull_all(sub, dead_subscription, 1)
+    received += sub.pull(  # dead-lettered with the good one: nothing else came
+        request={"subscription": dead_subscription, "max_messages": 10, "return_immediately": True},
+        timeout=10,
+    ).received_messages
+    assert [m.message.data for m in received] == [good]
+    attributes = dict(received[0].message.attributes)
+    assert attributes["googclient_schemaname"] == schema
+    assert attributes["googclient_schemarevisionid"] == revision
+    assert attributes["CloudPubSubDeadLetterSourceDeliveryCount"] == "5"
+    # The refused copy is held in its subscription (retried later), not redelivered now.
+    again = sub.pull(
+        request={"subscription": subscription, "max_messages": 10, "return_immediately": True},
+        timeout=10,
+    )
+    assert [m.message.data for m in again.received_messages] == []
+
+
 def test_proto_binary_topic_with_a_revision_range(
     schema_client: SchemaServiceClient, clients: Any, names: Any, shared_server: Any
 ) -> None:

@@ -218,6 +218,14 @@ def test_rest_and_http_need_a_token_except_health(
         assert created.status_code == 200, created.text
         assert http.get(path, headers=auth).json()["name"] == topic
         assert http.get(base + "/metrics", headers=auth).status_code == 200
+        # The dashboard signs in with a cookie (Secure over HTTPS), good for reads only.
+        assert http.get(base + "/").headers["location"] == "/login"
+        signed = http.post(base + "/login", data={"token": token})
+        assert signed.status_code == 303 and "; Secure" in signed.headers["set-cookie"]
+        assert http.get(base + "/api/overview").status_code == 200  # the client kept it
+        assert http.get(path).status_code == 401  # REST: never by cookie
+        http.get(base + "/logout")
+        assert http.get(base + "/api/overview").status_code == 401
     with pytest.raises(httpx.TransportError):  # the HTTP port speaks TLS only
         httpx.get(f"http://127.0.0.1:{server.http_port}/healthz", timeout=3)
 

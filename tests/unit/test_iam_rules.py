@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from pubsubd._gen.pubsubd.internal.v1 import forwarder_pb2
 from pubsubd._gen.pubsubd.v1 import admin_pb2, replay_pb2
 from pubsubd.api.rest import routes as rest_routes
 from pubsubd.control.policies import PolicyFileError, ResourcePolicies, parse_policy_file
@@ -15,7 +16,12 @@ from pubsubd.core import iam, iam_calls, pb
 from pubsubd.core.errors import InvalidArgument, PermissionDenied
 from pubsubd.core.iam import CompiledPolicy, Policies, Requirement
 from pubsubd.core.principal import ANONYMOUS, Principal
-from pubsubd.storage.metadata import MemoryMetadataStore, SubscriptionRecord, TopicRecord
+from pubsubd.storage.metadata import (
+    MemoryMetadataStore,
+    SchemaRecord,
+    SubscriptionRecord,
+    TopicRecord,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -202,12 +208,38 @@ def test_every_method_of_the_checked_services_has_a_rule() -> None:
     missing = [m for m in methods if m not in iam_calls.RULES]
     assert missing == []
     assert iam_calls.checked(P + "Publish")
-    assert not iam_calls.checked("/pubsubd.internal.v1.Forwarder/GiveBack")
+    assert iam_calls.checked("/pubsubd.internal.v1.Forwarder/GiveBack")  # field 2, as Pull
+    assert not iam_calls.checked("/pubsubd.internal.v1.Forwarder/Identify")
+    assert not iam_calls.checked("/pubsubd.internal.v1.Sources/Tail")
     unknown = iam_calls.requirements(P + "NoSuchMethod", b"")
     with pytest.raises(PermissionDenied):
         Policies({"*": CompiledPolicy.of([("roles/owner", ["allUsers"])])}, {}).check(
             ALICE, unknown
         )
+
+
+def test_give_back_needs_consume_on_its_subscription_as_pull() -> None:
+    """An unsent Pull response given back (the REST front, a frontend: with the client's
+    metadata) is checked as the Pull was: ``subscriptions.consume`` on field 2's subscription,
+    whoever holds only the viewer role is refused, and a malformed name is INVALID_ARGUMENT."""
+    give_back = "/pubsubd.internal.v1.Forwarder/GiveBack"
+    request = forwarder_pb2.GiveBackRequest(protocol_version=1, subscription=SUB, ack_ids=["a"])
+    needs = iam_calls.requirements(give_back, request.SerializeToString())
+    assert needs == [Requirement("pubsub.subscriptions.consume", SUB)]
+    assert needs == iam_calls.requirements(
+        S + "Pull", pb.PullRequest(subscription=SUB).SerializeToString()
+    )
+    decisions = Policies(
+        {"p": CompiledPolicy.of([("roles/pubsub.subscriber", [ALICE.member]),
+                                 ("roles/pubsub.viewer", [BOB.member])])},
+        {},
+    )  # fmt: skip
+    decisions.check(ALICE, needs)
+    with pytest.raises(PermissionDenied):
+        decisions.check(BOB, needs)
+    bad = forwarder_pb2.GiveBackRequest(subscription="projects/p/topics/t")
+    with pytest.raises(InvalidArgument):
+        iam_calls.requirements(give_back, bad.SerializeToString())
 
 
 # --- policies as metadata ------------------------------------------------------------------------
@@ -284,6 +316,22 @@ def test_a_deleted_resource_takes_its_policy_with_it() -> None:
     store.delete_topic(TOPIC)
     assert TOPIC not in store.policies and policies.get(TOPIC).etag == iam.EMPTY_ETAG
     assert SUB in store.policies
+
+
+def test_a_deleted_schema_takes_its_policy_with_it() -> None:
+    """A schema re-created under the same name starts without the old one's grants."""
+    store = MemoryMetadataStore()
+    policies = ResourcePolicies(store)
+    schema, other = "projects/p/schemas/s", "projects/p/schemas/other"
+    store.put_schema(SchemaRecord(schema, b""), create=True)
+    store.put_schema(SchemaRecord(other, b""), create=True)
+    policies.set(schema, _policy(("roles/pubsub.viewer", [ALICE.member])))
+    policies.set(other, _policy(("roles/pubsub.viewer", [ALICE.member])))
+    store.delete_schema(schema)
+    assert schema not in store.policies and policies.get(schema).etag == iam.EMPTY_ETAG
+    assert other in store.policies
+    store.put_schema(SchemaRecord(schema, b""), create=True)
+    assert policies.test(ALICE, schema, ["pubsub.schemas.get"]) == []
 
 
 def test_the_policy_file_names_projects_roles_and_members() -> None:

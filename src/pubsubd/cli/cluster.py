@@ -81,6 +81,18 @@ def up(
             "missing); clients trust DIR/ca.pem"
         ),
     ] = None,
+    tokens: Annotated[
+        bool,
+        typer.Option(
+            "--tokens",
+            help="authentication on: a secret and an admin token made under DATA_DIR/auth "
+            "(the token printed with --json), forwarders calling each other with their own",
+        ),
+    ] = False,
+    iam: Annotated[
+        bool,
+        typer.Option("--iam", help="with --tokens: IAM on too, the admin token's subject an admin"),
+    ] = False,
     as_json: AsJson = False,
 ) -> None:
     """Start a cluster on loopback and print where clients connect."""
@@ -115,6 +127,8 @@ def up(
             forwarder_args=roles,
             probers=probers,
             tls_dir=tls_dir,
+            tokens=tokens,
+            iam=iam,
         )
     except (ClusterError, EnsembleError, ZooKeeperMissing, OSError) as e:
         _fail(e)
@@ -133,6 +147,11 @@ def up(
         )
     else:
         console.print(f"clients: export PUBSUB_EMULATOR_HOST={host}")
+    if described["token_file"]:
+        console.print(
+            f"clients: send the bearer token in {described['token_file']} "
+            '(pubsubd --token-file FILE ...; README, "TLS and authentication")'
+        )
 
 
 @cluster_app.command()
@@ -160,7 +179,7 @@ def status(data_dir: DataDir, as_json: AsJson = False) -> None:
     try:
         cluster = LocalCluster.load(data_dir)
         described = cluster.described()
-        described["storage"] = cluster_status(cluster.zk) if cluster.zk else {}
+        described["storage"] = cluster_status(cluster.zk, tls=cluster.zk_tls) if cluster.zk else {}
     except ClusterError as e:
         _fail(e)
         return

@@ -24,6 +24,17 @@ from pubsubd import config as config_mod
 from pubsubd.cli.cluster import cluster_app
 from pubsubd.cli.routing import routing_app
 from pubsubd.cli.security import certs_app, tokens_app
+from pubsubd.cli.server_security import (
+    NO_FLAGS,
+    SecurityFlags,
+    TlsCa,
+    TlsCert,
+    TlsClientCa,
+    TlsKey,
+    security_options,
+    server_tls,
+    zookeeper_tls_options,
+)
 from pubsubd.cli.slo import alerts, slo_app
 from pubsubd.storage.log import FsyncPolicy
 
@@ -92,56 +103,14 @@ AsJson = Annotated[bool, typer.Option("--json", help="print JSON instead of a ta
 ClusterOption = Annotated[
     str, typer.Option("--cluster", envvar="PUBSUBD_CLUSTER", help="ZooKeeper connect string")
 ]
-TlsCert = Annotated[
-    Path | None,
-    typer.Option(envvar="PUBSUBD_TLS_CERT", help="TLS on every port: the certificate (PEM)"),
-]
-TlsKey = Annotated[
-    Path | None, typer.Option(envvar="PUBSUBD_TLS_KEY", help="the certificate's key (PEM)")
-]
-TlsClientCa = Annotated[
-    Path | None,
-    typer.Option(
-        envvar="PUBSUBD_TLS_CLIENT_CA", help="mutual TLS: the CA client certificates chain to"
-    ),
-]
-TlsCa = Annotated[
-    Path | None,
-    typer.Option(
-        envvar="PUBSUBD_TLS_CA",
-        help="a cluster speaking TLS: the CA this process's clients of the others trust",
-    ),
-]
-AuthSecretFile = Annotated[
-    Path | None,
-    typer.Option(
-        envvar="PUBSUBD_AUTH_SECRET_FILE", help="authentication: HS256 JWTs signed with this"
-    ),
-]
-AuthPublicKey = Annotated[
-    Path | None,
-    typer.Option(
-        envvar="PUBSUBD_AUTH_PUBLIC_KEY", help="authentication: RS256 JWTs (PEM public key)"
-    ),
-]
-AuthTokensFile = Annotated[
-    Path | None,
-    typer.Option(
-        envvar="PUBSUBD_AUTH_TOKENS_FILE", help="authentication: static 'TOKEN SUBJECT' lines"
-    ),
-]
-AuthAudience = Annotated[
-    str | None, typer.Option(envvar="PUBSUBD_AUTH_AUDIENCE", help="JWTs must carry this aud")
-]
-AuthIssuer = Annotated[
-    str | None, typer.Option(envvar="PUBSUBD_AUTH_ISSUER", help="JWTs must carry this iss")
-]
 ZkSessionOption = Annotated[
     float, typer.Option(envvar="PUBSUBD_ZK_SESSION_TIMEOUT_S", help="ZooKeeper session, s")
 ]
 
 
 @app.command()
+@zookeeper_tls_options
+@security_options()
 def serve(
     port: Annotated[int | None, typer.Option(help="gRPC port (0 = any free port)")] = None,
     http_port: Annotated[
@@ -186,33 +155,7 @@ def serve(
             help="with authentication on: the bearer token the in-server prober sends (a file)",
         ),
     ] = None,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
-    tls_client_ca: TlsClientCa = None,
-    tls_ca: TlsCa = None,
-    auth_secret_file: AuthSecretFile = None,
-    auth_public_key: AuthPublicKey = None,
-    auth_tokens_file: AuthTokensFile = None,
-    auth_audience: AuthAudience = None,
-    auth_issuer: AuthIssuer = None,
-    iam: Annotated[
-        bool | None,
-        typer.Option(
-            "--iam/--no-iam",
-            help="authorize every call with IAM policies (PUBSUBD_IAM; default off)",
-        ),
-    ] = None,
-    iam_policy_file: Annotated[
-        Path | None,
-        typer.Option(help="JSON project-level IAM policies for admins (PUBSUBD_IAM_POLICY_FILE)"),
-    ] = None,
-    trust_caller_header: Annotated[
-        bool | None,
-        typer.Option(
-            "--trust-caller-header",
-            help="TESTS/DEV ONLY: believe the x-pubsubd-caller header as the caller's identity",
-        ),
-    ] = None,
+    security: SecurityFlags = NO_FLAGS,
 ) -> None:
     """Run every role of the service in one process: with embedded storage, or (--cluster)
     over ZooKeeper and storage nodes. TLS and authentication are off unless --tls-* and
@@ -231,20 +174,8 @@ def serve(
         cfg = replace(cfg, prober_token_file=prober_token_file)
     if pulsar_port is not None:
         cfg = replace(cfg, pulsar_port=pulsar_port)
-    cfg = _with_iam(cfg, iam, iam_policy_file, trust_caller_header)
     try:
-        cfg = config_mod.with_security(
-            cfg,
-            tls_cert=tls_cert,
-            tls_key=tls_key,
-            tls_client_ca=tls_client_ca,
-            auth_secret_file=auth_secret_file,
-            auth_public_key=auth_public_key,
-            auth_tokens_file=auth_tokens_file,
-            auth_audience=auth_audience,
-            auth_issuer=auth_issuer,
-        )
-        _no_trusted_header_with_tokens(cfg)
+        cfg = security.apply(cfg)
         if cfg.tokens is not None and cfg.prober_interval_s > 0 and cfg.prober_token_file is None:
             raise ValueError(
                 "--prober-interval with authentication needs --prober-token-file "
@@ -254,7 +185,6 @@ def serve(
             from pubsubd.core.client_security import ClientSecurity
 
             ClientSecurity(token_file=cfg.prober_token_file)  # a missing file fails here
-        _internal_tls(tls_ca, tls_cert, tls_key)
     except ValueError as e:
         _fail(e)
     try:
@@ -262,36 +192,6 @@ def serve(
     except SloFileError as e:
         _fail(e)
     server_app.run(cfg)
-
-
-def _no_trusted_header_with_tokens(cfg: config_mod.ServerConfig) -> None:
-    if cfg.tokens is not None and cfg.trust_caller_header:
-        raise ValueError(
-            "--trust-caller-header (tests and development only) would let any caller "
-            "name itself: it cannot be used with authentication"
-        )
-
-
-def _with_iam(
-    cfg: config_mod.ServerConfig,
-    iam: bool | None,
-    policy_file: Path | None,
-    trust_caller_header: bool | None,
-) -> config_mod.ServerConfig:
-    """The IAM flags over the environment; a bad policy file stops here, with its error."""
-    from pubsubd.control.policies import PolicyFileError, load_policy_file
-
-    cfg = replace(
-        cfg,
-        iam=iam if iam is not None else cfg.iam,
-        iam_policy_file=policy_file if policy_file is not None else cfg.iam_policy_file,
-        trust_caller_header=bool(trust_caller_header) or cfg.trust_caller_header,
-    )
-    try:
-        load_policy_file(cfg.iam_policy_file)
-    except PolicyFileError as e:
-        _fail(e)
-    return cfg
 
 
 def _server_config(
@@ -347,6 +247,8 @@ def _server_config(
 
 
 @app.command()
+@zookeeper_tls_options
+@security_options(internal_token=True)
 def forwarder(
     cluster: Annotated[
         str, typer.Option(envvar="PUBSUBD_CLUSTER", help="ZooKeeper connect string")
@@ -373,10 +275,7 @@ def forwarder(
     subscribing: Annotated[
         bool, typer.Option(help="serve subscriptions the routers assign")
     ] = True,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
-    tls_client_ca: TlsClientCa = None,
-    tls_ca: TlsCa = None,
+    security: SecurityFlags = NO_FLAGS,
 ) -> None:
     """A forwarder of a cluster: serves the topics and subscriptions the routers' assignment
     gives it, taking them over and handing them on as the assignment moves; calls for others
@@ -408,16 +307,14 @@ def forwarder(
     # is not built (README, "Not built yet"); several forwarders on a host would collide on 6650.
     cfg = replace(cfg, pulsar_port=-1)
     try:
-        cfg = config_mod.with_security(
-            cfg, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca
-        )
-        _internal_tls(tls_ca, tls_cert, tls_key)
+        cfg = security.apply(cfg, forwarder=True)
     except ValueError as e:
         _fail(e)
     server_app.run(cfg)
 
 
 @app.command()
+@zookeeper_tls_options
 def storage(
     data_dir: Annotated[
         list[Path],
@@ -462,7 +359,7 @@ def storage(
 
     setup(log_level)
     try:
-        tls = _server_tls(tls_cert, tls_key, tls_client_ca)
+        tls = server_tls(tls_cert, tls_key, tls_client_ca)
     except ValueError as e:
         _fail(e)
     config = StorageNodeConfig(
@@ -484,6 +381,7 @@ def storage(
 
 
 @app.command()
+@zookeeper_tls_options
 def router(
     cluster: ClusterOption,
     zk_root: Annotated[str, typer.Option(help="the cluster's ZooKeeper root")] = "/pubsubd",
@@ -516,7 +414,7 @@ def router(
     try:
         _internal_tls(tls_ca, tls_cert, tls_key)
         config = RouterConfig(
-            tls=_server_tls(tls_cert, tls_key, tls_client_ca),
+            tls=server_tls(tls_cert, tls_key, tls_client_ca),
             zk=cluster,
             zk_root=zk_root,
             router_id=router_id,
@@ -534,6 +432,8 @@ def router(
 
 
 @app.command()
+@zookeeper_tls_options
+@security_options()
 def frontend(
     cluster: ClusterOption,
     port: Annotated[int, typer.Option(help="gRPC port clients connect to (0 = any)")] = 8085,
@@ -553,30 +453,7 @@ def frontend(
     zk_session_timeout: ZkSessionOption = 10.0,
     pid_file: Annotated[Path | None, typer.Option(help="write the PID here when ready")] = None,
     log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
-    tls_client_ca: TlsClientCa = None,
-    tls_ca: TlsCa = None,
-    auth_secret_file: AuthSecretFile = None,
-    auth_public_key: AuthPublicKey = None,
-    auth_tokens_file: AuthTokensFile = None,
-    auth_audience: AuthAudience = None,
-    auth_issuer: AuthIssuer = None,
-    iam: Annotated[
-        bool | None,
-        typer.Option("--iam/--no-iam", help="authorize every call (PUBSUBD_IAM; default off)"),
-    ] = None,
-    iam_policy_file: Annotated[
-        Path | None,
-        typer.Option(help="JSON project-level IAM policies for admins (PUBSUBD_IAM_POLICY_FILE)"),
-    ] = None,
-    trust_caller_header: Annotated[
-        bool | None,
-        typer.Option(
-            "--trust-caller-header",
-            help="TESTS/DEV ONLY: believe the x-pubsubd-caller header as the caller's identity",
-        ),
-    ] = None,
+    security: SecurityFlags = NO_FLAGS,
 ) -> None:
     """Run a frontend: a stateless proxy that sends each client call to the forwarder the
     routers assigned its topic or subscription to. With --auth-* it checks every call's token
@@ -585,26 +462,16 @@ def frontend(
     from pubsubd.observability.logging import setup
 
     setup(log_level)
-    security = _with_iam(config_mod.from_env(), iam, iam_policy_file, trust_caller_header)
     try:
-        security = config_mod.with_security(
-            security,
-            auth_secret_file=auth_secret_file,
-            auth_public_key=auth_public_key,
-            auth_tokens_file=auth_tokens_file,
-            auth_audience=auth_audience,
-            auth_issuer=auth_issuer,
-        )
-        _no_trusted_header_with_tokens(security)
-        _internal_tls(tls_ca, tls_cert, tls_key)
-        tls = _server_tls(tls_cert, tls_key, tls_client_ca)
+        cfg = security.apply(config_mod.from_env())
+        tls = server_tls(security.tls_cert, security.tls_key, security.tls_client_ca)
     except ValueError as e:
         _fail(e)
     try:
         run(
             FrontendConfig(
                 tls=tls,
-                tokens=security.tokens,
+                tokens=cfg.tokens,
                 zk=cluster,
                 zk_root=zk_root,
                 frontend_id=frontend_id,
@@ -615,9 +482,9 @@ def frontend(
                 pulsar_port=pulsar_port,
                 zk_session_timeout_s=zk_session_timeout,
                 pid_file=pid_file,
-                iam=security.iam,
-                iam_policy_file=security.iam_policy_file,
-                trust_caller_header=security.trust_caller_header,
+                iam=cfg.iam,
+                iam_policy_file=cfg.iam_policy_file,
+                trust_caller_header=cfg.trust_caller_header,
             )
         )
     except StartupError as e:
@@ -734,17 +601,6 @@ def _security() -> Any:
 
 def _name(project: str, kind: str, name: str) -> str:
     return name if name.startswith("projects/") else f"projects/{project}/{kind}/{name}"
-
-
-def _server_tls(cert: Path | None, key: Path | None, client_ca: Path | None) -> Any:
-    """A cluster process's listeners' TLS (core.tls.ServerTls), None when off."""
-    if cert is None and key is None and client_ca is None:
-        return None
-    if cert is None or key is None:
-        raise ValueError("TLS needs both --tls-cert and --tls-key")
-    from pubsubd.core.tls import ServerTls
-
-    return ServerTls(cert, key, client_ca).check()
 
 
 def _internal_tls(ca: Path | None, cert: Path | None, key: Path | None) -> None:

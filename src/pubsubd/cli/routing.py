@@ -18,6 +18,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from pubsubd.cli.server_security import zookeeper_tls_options
+
 routing_app = typer.Typer(
     no_args_is_help=True,
     help="Drain forwarders or zones, pin topics, and show who owns what (a cluster).",
@@ -34,6 +36,13 @@ Cluster = Annotated[
 ZkRoot = Annotated[str, typer.Option(help="the cluster's ZooKeeper root")]
 Project = Annotated[str, typer.Option(envvar="PUBSUB_PROJECT_ID", help="project ID")]
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON")]
+
+
+@routing_app.callback()
+@zookeeper_tls_options
+def _zookeeper_tls() -> None:
+    """Drain forwarders or zones, pin topics, and show who owns what (a cluster). A ZooKeeper
+    speaking TLS: --zk-tls-ca (and --zk-tls-cert, --zk-tls-key) before the command."""
 
 
 def _fail(message: str) -> None:

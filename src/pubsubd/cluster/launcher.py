@@ -14,6 +14,10 @@ Layout under the cluster's directory::
     DIR/router-N.log, .pid      router N (pubsubd router)
     DIR/frontend-N.log, .pid    frontend N (pubsubd frontend); clients connect to these
     DIR/prober-N.log, .pid      prober N (pubsubd prober), through every frontend
+    DIR/auth/                   with ``tokens``: the HS256 secret every process checks tokens
+                                with, an admin token (clients, probers), the internal token
+                                (forwarders' calls to each other) and, with ``iam``, the
+                                project policy file making the admin an admin everywhere
 
 Every process runs in its own session (it outlives the CLI that started it) and is signalled
 only by its recorded PID, after checking that the PID still runs a command naming this
@@ -36,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from pubsubd.coordination.ensemble import Ensemble, require_zookeeper
+from pubsubd.core.tls import ClientTls
 
 STATE_FILE = "cluster.json"
 STORAGE_READY = re.compile(
@@ -151,6 +156,43 @@ def _spawn(args: list[str], log: Path) -> int:
     return proc.pid
 
 
+# What ``up(tokens=True)`` writes under DIR/auth (0600): the HS256 secret, the admin's token
+# (subject ADMIN), the forwarders' internal token (subject INTERNAL), the IAM policy file.
+AUTH_DIR = "auth"
+SECRET_FILE, ADMIN_TOKEN_FILE, INTERNAL_TOKEN_FILE = "secret", "admin.token", "internal.token"
+POLICY_FILE = "policies.json"
+ADMIN = "admin@pubsubd.local"
+INTERNAL = "serviceAccount:pubsubd-internal@pubsubd.local"
+
+
+def write_cluster_auth(directory: Path) -> Path:
+    """A fresh secret and the admin's and the forwarders' tokens under ``directory`` (kept if
+    there already: a cluster started again keeps its tokens); the directory."""
+    import secrets
+
+    from pubsubd.core.tokens import create_token
+
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    secret_path = directory / SECRET_FILE
+    if not secret_path.exists():
+        _write_private(secret_path, secrets.token_hex(32))
+    secret = secret_path.read_bytes().strip()
+    for name, subject in ((ADMIN_TOKEN_FILE, ADMIN), (INTERNAL_TOKEN_FILE, INTERNAL)):
+        if not (directory / name).exists():
+            token = create_token(subject, secret=secret, now=time.time())
+            _write_private(directory / name, token + "\n")
+    policies = {"projects": {"*": {"bindings": [{"role": "roles/pubsub.admin",
+                                                 "members": [f"user:{ADMIN}"]}]}}}  # fmt: skip
+    _write_private(directory / POLICY_FILE, json.dumps(policies, indent=2) + "\n")
+    return directory
+
+
+def _write_private(path: Path, text: str) -> None:
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as f:
+        f.write(text)
+
+
 # What ``pubsubd certs dev DIR`` writes, and ``up(tls_dir=DIR)`` passes to the processes.
 TLS_FILES = ("ca.pem", "server.pem", "server-key.pem")
 
@@ -166,6 +208,9 @@ class LocalCluster:
         self.zk = ""
         # With TLS (``up(tls_dir=...)``): the directory of ``pubsubd certs dev``'s files.
         self.tls_dir: Path | None = None
+        # With authentication (``up(tokens=True)``): DIR/auth; ``iam``: IAM on too.
+        self.auth_dir: Path | None = None
+        self.iam = False
 
     @property
     def state_path(self) -> Path:
@@ -180,6 +225,8 @@ class LocalCluster:
             "http": self.http,
             "zookeeper": self.zk,
             "tls_dir": str(self.tls_dir) if self.tls_dir is not None else None,
+            "auth_dir": str(self.auth_dir) if self.auth_dir is not None else None,
+            "iam": self.iam,
             "processes": [asdict(p) for p in self.processes],
         }
         temporary = self.state_path.with_suffix(".tmp")
@@ -197,6 +244,8 @@ class LocalCluster:
             ) from None
         cluster.grpc, cluster.http, cluster.zk = state["grpc"], state["http"], state["zookeeper"]
         cluster.tls_dir = Path(state["tls_dir"]) if state.get("tls_dir") else None
+        cluster.auth_dir = Path(state["auth_dir"]) if state.get("auth_dir") else None
+        cluster.iam = bool(state.get("iam"))
         cluster.processes = [Process(**p) for p in state["processes"]]
         return cluster
 
@@ -208,6 +257,9 @@ class LocalCluster:
             "zookeeper": self.zk,
             "frontends": self.frontends,
             "tls_ca": str(self.tls_dir / "ca.pem") if self.tls_dir is not None else None,
+            "token": self.admin_token,
+            "token_file": str(self.auth_dir / ADMIN_TOKEN_FILE) if self.auth_dir else None,
+            "iam": self.iam,
             "processes": [
                 {
                     "role": p.role,
@@ -220,6 +272,22 @@ class LocalCluster:
                 for p in self.processes
             ],
         }
+
+    @property
+    def zk_tls(self) -> ClientTls | None:
+        """With ``tls_dir``: how the cluster's processes (and its tools) reach ZooKeeper, which
+        then speaks TLS only and asks for their certificate (certs dev's server pair)."""
+        d = self.tls_dir
+        if d is None:
+            return None
+        return ClientTls(d / "ca.pem", d / "server.pem", d / "server-key.pem")
+
+    @property
+    def admin_token(self) -> str | None:
+        """The admin's bearer token (``up(tokens=True)``), None without authentication."""
+        if self.auth_dir is None:
+            return None
+        return (self.auth_dir / ADMIN_TOKEN_FILE).read_text().strip()
 
     def _marker(self, process: Process) -> Path:
         return self.directory / "zookeeper" if process.role == "zookeeper" else self.directory
@@ -242,6 +310,8 @@ class LocalCluster:
         serve_args: list[str] | None = None,
         forwarder_args: Sequence[Sequence[str]] = (),
         tls_dir: Path | None = None,
+        tokens: bool = False,
+        iam: bool = False,
     ) -> LocalCluster:
         """Start ZooKeeper, the storage nodes, the serving process (or, with ``forwarders``,
         that many forwarders serving the topics the routers assign them), ``routers`` routers
@@ -249,7 +319,13 @@ class LocalCluster:
         first), and ``probers`` probers through every frontend; wait until all are ready.
         ``forwarder_args[i]``: more flags for forwarder i (``--no-publishing``, ...).
         ``tls_dir``: ``pubsubd certs dev``'s files there, passed to every process (TLS on every
-        port but ZooKeeper's; mutual TLS on the storage nodes; the probers trust its CA).
+        port; mutual TLS on the storage nodes and ZooKeeper, whose only client port is its
+        ``secureClientPort``; the probers trust its CA).
+        ``tokens``: authentication on every process clients or forwarders call (serve,
+        forwarders, frontends), with a secret and tokens made under DIR/auth
+        (:func:`write_cluster_auth`): the probers and clients send the admin's token, the
+        forwarders the internal one to each other; ``iam`` (needs ``tokens``): IAM on there
+        too, the admin granted roles/pubsub.admin on every project by the policy file.
         Whatever started is stopped again if a later step fails."""
         if forwarders and (not routers or not frontends):
             raise ClusterError("forwarders need at least one router and one frontend")
@@ -257,15 +333,21 @@ class LocalCluster:
             existing = LocalCluster.load(self.directory)
             if any(p.running(existing._marker(p)) for p in existing.processes):
                 raise ClusterError(f"a cluster is already running in {self.directory}")
+        if iam and not tokens:
+            raise ClusterError("IAM needs authentication (tokens): the caller it checks")
         require_zookeeper()
         self.directory.mkdir(parents=True, exist_ok=True)
+        if tokens:
+            self.auth_dir = write_cluster_auth(self.directory / AUTH_DIR)
+            self.iam = iam
         if tls_dir is not None:
             missing = [f for f in TLS_FILES if not (tls_dir / f).is_file()]
             if missing:
                 raise ClusterError(f"{tls_dir} lacks {', '.join(missing)} (pubsubd certs dev)")
             self.tls_dir = tls_dir.resolve()
         try:
-            ensemble = Ensemble(self.directory / "zookeeper", zk_nodes).start(timeout)
+            ensemble = Ensemble(self.directory / "zookeeper", zk_nodes, tls=self.zk_tls)
+            ensemble.start(timeout)
             self.zk = ensemble.connect_string
             for i, pid in enumerate(ensemble.pids):
                 self.processes.append(
@@ -345,6 +427,20 @@ class LocalCluster:
             args += ["--tls-client-ca", str(d / "ca.pem")]
         if ca:
             args += ["--tls-ca", str(d / "ca.pem")]
+        # Every process that takes this is a client of ZooKeeper (TLS only, mutual).
+        args += ["--zk-tls-ca", str(d / "ca.pem"), "--zk-tls-cert", str(d / "server.pem")]
+        return [*args, "--zk-tls-key", str(d / "server-key.pem")]
+
+    def _auth(self, *, internal: bool = False) -> list[str]:
+        """The authentication (and IAM) flags of a process clients or forwarders call."""
+        d = self.auth_dir
+        if d is None:
+            return []
+        args = ["--auth-secret-file", str(d / SECRET_FILE)]
+        if internal:
+            args += ["--internal-token-file", str(d / INTERNAL_TOKEN_FILE)]
+        if self.iam:
+            args += ["--iam", "--iam-policy-file", str(d / POLICY_FILE)]
         return args
 
     def _start_storage(self, i: int, zones: int, disks: int, timeout: float) -> Process:
@@ -379,6 +475,7 @@ class LocalCluster:
             "--zone",
             "zone-1",
             *self._tls(),
+            *self._auth(),
             *extra,
         ]
         log = self.directory / "serve.log"
@@ -402,6 +499,7 @@ class LocalCluster:
             "--zone", f"zone-{i % min(zones, 2) + 1}",  # two zones: a zone's loss is survivable
             "--forwarder-id", name,
             *self._tls(),
+            *self._auth(internal=True),
             *extra,
         ]  # fmt: skip
         log = self.directory / f"{name}.log"
@@ -439,6 +537,7 @@ class LocalCluster:
         args = [
             *self._control_args("frontend", name, f"zone-{i % zones + 1}"),
             *("--port", "0", "--pulsar-port", "0"),
+            *self._auth(),
         ]
         log = self.directory / f"{name}.log"
         pid, ready = _start(args, log, FRONTEND_READY, timeout)
@@ -458,6 +557,8 @@ class LocalCluster:
         ]  # fmt: skip
         if self.tls_dir is not None:
             args += ["--ca-file", str(self.tls_dir / "ca.pem")]
+        if self.auth_dir is not None:
+            args += ["--token-file", str(self.auth_dir / ADMIN_TOKEN_FILE)]
         log = self.directory / f"{name}.log"
         pid, ready = _start(args, log, PROBER_READY, timeout)
         http = ready.group(2)

@@ -10,10 +10,11 @@ from typing import Any
 from pubsubd.control.cluster_view import storage_and_routing
 from pubsubd.coordination.errors import CoordinationError
 from pubsubd.coordination.zk import Coordinator
+from pubsubd.core.tls import ClientTls
 
 
-async def _collect(zk: str, root: str) -> dict[str, Any]:
-    coordinator = Coordinator(zk, root, session_timeout=5.0)
+async def _collect(zk: str, root: str, tls: ClientTls | None) -> dict[str, Any]:
+    coordinator = Coordinator(zk, root, session_timeout=5.0, tls=tls)
     await coordinator.start(connect_timeout=5.0)
     try:
         return await storage_and_routing(coordinator)
@@ -21,9 +22,10 @@ async def _collect(zk: str, root: str) -> dict[str, Any]:
         await coordinator.stop()
 
 
-def cluster_status(zk: str, root: str = "/pubsubd") -> dict[str, Any]:
-    """The storage side of a cluster; ``{"error": ...}`` when ZooKeeper cannot be reached."""
+def cluster_status(zk: str, root: str = "/pubsubd", tls: ClientTls | None = None) -> dict[str, Any]:
+    """The storage side of a cluster; ``{"error": ...}`` when ZooKeeper cannot be reached.
+    ``tls``: a ZooKeeper speaking TLS (``cluster up --tls-dir``)."""
     try:
-        return asyncio.run(_collect(zk, root))
+        return asyncio.run(_collect(zk, root, tls))
     except (CoordinationError, TimeoutError, OSError) as e:
         return {"error": f"ZooKeeper at {zk}: {e}"}

@@ -4,9 +4,8 @@ project policies from a file, and the view every call is authorized against.
 A resource's policy is a ``PolicyRecord`` (its serialized ``google.iam.v1.Policy``) in the
 metadata store, so it is as durable as the resource and, in a cluster (ZooKeeper), every process
 follows it through the store's change feed: this view is updated by every policy change any
-process makes. When this process deletes a topic, subscription or snapshot, it deletes the
-resource's policy too (a re-created resource of the same name starts without one). Schemas'
-policies are kept the same way; deleting them with their schema is the schema service's job.
+process makes. When this process deletes a topic, subscription, snapshot or schema, it deletes
+the resource's policy too (a re-created resource of the same name starts without one).
 
 SetIamPolicy is a compare-and-set on the etag: the servicer first applies what other processes
 wrote (``caught_up``), then the etag in the request must be the current one, and the store
@@ -40,6 +39,7 @@ from pubsubd.storage.metadata import (
     MetadataStore,
     PolicyRecord,
     RecordChanged,
+    SchemaRecord,
     SnapshotRecord,
     SubscriptionRecord,
     TopicRecord,
@@ -146,7 +146,7 @@ class ResourcePolicies:
         if (
             change.deleted
             and not change.remote
-            and isinstance(record, (TopicRecord, SubscriptionRecord, SnapshotRecord))
+            and isinstance(record, (TopicRecord, SubscriptionRecord, SnapshotRecord, SchemaRecord))
             and record.name in self._policies
         ):
             return self.store.delete_policy(record.name)

@@ -14,6 +14,13 @@ session (``setsid``), so they outlive a CLI that started them and ignore its ter
 signals; every signal is sent by recorded PID after checking that the PID still runs this
 node's configuration, never by name. A node is ready when ``srvr`` on its client port answers
 ``Mode: leader|follower|standalone``.
+
+With ``tls`` (a ``core.tls.ClientTls``: a CA, a certificate and its key) the ensemble speaks
+TLS only: the client port is a ``secureClientPort`` (Netty, PEM key and trust stores; client
+certificates required and checked against the CA), there is no plaintext client port, and with
+several nodes the quorum's own connections are TLS too (``sslQuorum``). Each node's key store
+is ``DIR/node-N/keystore.pem`` (the key then the certificate, mode 0600). Clients connect with
+kazoo's ``use_ssl`` (``Coordinator(tls=...)``); ``srvr`` is asked over TLS too.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+
+from pubsubd.core.tls import ClientTls, client_context
 
 JAR_DIR = Path("/usr/share/java")
 INSTALL_COMMAND = "apt-get install -y --no-install-recommends zookeeper"
@@ -128,15 +137,42 @@ class NodePorts:
     election: int  # leader election
 
 
-def render_config(data_dir: Path, own: NodePorts, ensemble: Sequence[NodePorts]) -> str:
-    """zoo.cfg of one node; one node alone runs standalone (no ``server.N`` lines)."""
+NETTY = "org.apache.zookeeper.server.NettyServerCnxnFactory"
+
+
+def render_config(
+    data_dir: Path,
+    own: NodePorts,
+    ensemble: Sequence[NodePorts],
+    tls: tuple[Path, Path] | None = None,
+) -> str:
+    """zoo.cfg of one node; one node alone runs standalone (no ``server.N`` lines). ``tls``:
+    (key store, trust store) PEM files: TLS only, client certificates required."""
+    if tls is None:
+        client = [f"clientPort={own.client}", f"clientPortAddress={HOST}"]
+    else:
+        keystore, truststore = tls
+        stores = [
+            f"keyStore.location={keystore}",
+            "keyStore.type=PEM",
+            f"trustStore.location={truststore}",
+            "trustStore.type=PEM",
+        ]
+        client = [
+            f"secureClientPort={own.client}",
+            f"secureClientPortAddress={HOST}",
+            f"serverCnxnFactory={NETTY}",
+            *(f"ssl.{line}" for line in stores),
+            "ssl.clientAuth=need",
+        ]
+        if len(ensemble) > 1:
+            client += ["sslQuorum=true", *(f"ssl.quorum.{line}" for line in stores)]
     lines = [
         f"tickTime={TICK_MS}",
         "initLimit=10",
         "syncLimit=5",
         f"dataDir={data_dir}",
-        f"clientPort={own.client}",
-        f"clientPortAddress={HOST}",
+        *client,
         "admin.enableServer=false",
         "4lw.commands.whitelist=srvr,ruok,mntr",
         "preAllocSize=4096",  # KiB per transaction log file, not 64 MiB
@@ -165,15 +201,22 @@ def parse_mode(answer: str) -> str | None:
 # --- probing and processes -------------------------------------------------------------------
 
 
-def mode(port: int, host: str = HOST, timeout: float = 1.0) -> str | None:
-    """Ask a node ``srvr``: leader, follower, standalone, or None (down, or not serving)."""
+def mode(
+    port: int, host: str = HOST, timeout: float = 1.0, tls: ClientTls | None = None
+) -> str | None:
+    """Ask a node ``srvr``: leader, follower, standalone, or None (down, or not serving).
+    ``tls``: over TLS, showing its certificate (a TLS-only ensemble)."""
     try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
+        with contextlib.ExitStack() as stack:
+            sock = stack.enter_context(socket.create_connection((host, port), timeout=timeout))
+            if tls is not None:
+                context = client_context(tls.ca, tls.cert, tls.key)
+                sock = stack.enter_context(context.wrap_socket(sock, server_hostname=host))
             sock.sendall(b"srvr")
             chunks = []
             while chunk := sock.recv(4096):
                 chunks.append(chunk)
-    except OSError:
+    except OSError:  # ssl.SSLError included
         return None
     return parse_mode(b"".join(chunks).decode("utf-8", errors="replace"))
 
@@ -247,12 +290,20 @@ class Ensemble:
     """
 
     def __init__(
-        self, directory: Path, nodes: int = 3, *, install: ZooKeeperInstall | None = None
+        self,
+        directory: Path,
+        nodes: int = 3,
+        *,
+        install: ZooKeeperInstall | None = None,
+        tls: ClientTls | None = None,
     ) -> None:
         if nodes < 1:
             raise ValueError(f"an ensemble has at least one node, got {nodes}")
+        if tls is not None and None in (tls.ca, tls.cert, tls.key):
+            raise ValueError("a TLS ensemble needs a CA, a certificate and its key")
         self.directory = directory.resolve()
         self.size = nodes
+        self.tls = tls
         self._install = install
         self.ports: list[NodePorts] = []
         self._pids: list[int | None] = [None] * nodes
@@ -262,7 +313,13 @@ class Ensemble:
         """The ensemble recorded in ``directory/ensemble.json`` (raises FileNotFoundError)."""
         state = json.loads((directory / STATE_FILE).read_text())
         nodes = state["nodes"]
-        ensemble = cls(directory, len(nodes), install=install)
+        tls = state.get("tls")
+        ensemble = cls(
+            directory,
+            len(nodes),
+            install=install,
+            tls=ClientTls(Path(tls["ca"]), Path(tls["cert"]), Path(tls["key"])) if tls else None,
+        )
         ensemble.ports = [
             NodePorts(n["client_port"], n["peer_port"], n["election_port"]) for n in nodes
         ]
@@ -298,7 +355,9 @@ class Ensemble:
 
     def mode(self, i: int, timeout: float = 1.0) -> str | None:
         """Node ``i``'s answer to ``srvr`` (None: down or not serving)."""
-        return mode(self.ports[i].client, timeout=timeout) if self.ports else None
+        if not self.ports:
+            return None
+        return mode(self.ports[i].client, timeout=timeout, tls=self.tls)
 
     def leader(self) -> int | None:
         """The index of the node that leads (a standalone node leads itself), or None."""
@@ -401,7 +460,15 @@ class Ensemble:
         data = self.node_dir(i) / "data"
         data.mkdir(parents=True, exist_ok=True)
         (data / "myid").write_text(f"{i + 1}\n")
-        self.config_path(i).write_text(render_config(data, self.ports[i], self.ports))
+        stores = None
+        if self.tls is not None:
+            assert self.tls.key is not None and self.tls.cert is not None and self.tls.ca
+            keystore = self.node_dir(i) / "keystore.pem"
+            descriptor = os.open(keystore, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(descriptor, "wb") as f:
+                f.write(self.tls.key.read_bytes() + b"\n" + self.tls.cert.read_bytes())
+            stores = (keystore, self.tls.ca)
+        self.config_path(i).write_text(render_config(data, self.ports[i], self.ports, stores))
 
     def _launch(self, i: int) -> None:
         if self._install is None:
@@ -427,8 +494,14 @@ class Ensemble:
         return left
 
     def _save(self) -> None:
+        tls = self.tls
         state = {
             "connect_string": connect_string(self.ports),
+            "tls": (
+                {"ca": str(tls.ca), "cert": str(tls.cert), "key": str(tls.key)}
+                if tls is not None
+                else None
+            ),
             "nodes": [
                 {
                     "id": i + 1,

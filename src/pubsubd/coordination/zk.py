@@ -30,7 +30,7 @@ import enum
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, Literal, TypeVar, cast
 
 from kazoo import exceptions as kz
 from kazoo.client import KazooClient
@@ -49,6 +49,7 @@ from pubsubd.coordination.errors import (
 )
 from pubsubd.coordination.lease import SessionLease, lease_clock
 from pubsubd.coordination.paths import DEFAULT_ROOT, Layout
+from pubsubd.core.tls import ZOOKEEPER, ClientTls
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +250,10 @@ class Coordinator:
         *,
         session_timeout: float = 10.0,
         request_timeout: float | None = None,
+        tls: ClientTls | Literal["process"] | None = "process",
     ) -> None:
+        """``tls``: how to reach ZooKeeper over TLS (None: plaintext); by default the
+        process's setting, ``core.tls.ZOOKEEPER``."""
         kazoo_log = logging.getLogger("kazoo")
         if kazoo_log.level == logging.NOTSET:
             kazoo_log.setLevel(logging.WARNING)  # kazoo logs every connection step at INFO
@@ -257,8 +261,21 @@ class Coordinator:
         self.layout = Layout(root)
         self.session_timeout = session_timeout
         self.request_timeout = request_timeout if request_timeout is not None else session_timeout
+        tls = ZOOKEEPER.tls if tls == "process" else tls
+        secure: dict[str, Any] = {}
+        if tls is not None:  # kazoo checks the server's certificate against the CA
+            secure = {
+                "use_ssl": True,
+                "verify_certs": True,
+                "ca": str(tls.ca) if tls.ca is not None else None,
+                "certfile": str(tls.cert) if tls.cert is not None else None,
+                "keyfile": str(tls.key) if tls.key is not None else None,
+            }
         self._client = KazooClient(
-            hosts=hosts, timeout=session_timeout, connection_retry=dict(_CONNECTION_RETRY)
+            hosts=hosts,
+            timeout=session_timeout,
+            connection_retry=dict(_CONNECTION_RETRY),
+            **secure,
         )
         self._client.add_listener(self._kazoo_state)
         self._state = SessionState.LOST

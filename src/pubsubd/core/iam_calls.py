@@ -34,7 +34,12 @@ we differ or extend it:
   ``topics.get`` on it; the routing constraints (the whole cluster) ``topics.get`` /
   ``topics.update`` on ``projects/*``, which only the policy file's ``"*"`` entry grants.
 * Internal services (``pubsubd.internal.v1``: forwarders' and storage nodes' own calls) are not
-  checked: they belong to the cluster's network, which TLS protects (issue 14 part 1).
+  checked: they belong to the cluster's network, which TLS protects (issue 14 part 1); with
+  authentication on they need a valid token (the internal token, ``core/internal_token.py``).
+  One exception: ``Forwarder/GiveBack`` (a Pull response that never reached its client goes
+  back for redelivery) is made with the client's own metadata by the REST front and the
+  frontends, and is reachable on ``serve``'s port: it needs ``subscriptions.consume`` on its
+  subscription (field 2), as Pull.
 * A method of a checked service that this table does not list is refused.
 """
 
@@ -60,37 +65,38 @@ IAM = "/google.iam.v1.IAMPolicy/"
 REPLAY = "/pubsubd.v1.Replay/"
 ADMIN = "/pubsubd.v1.Admin/"
 CHECKED_SERVICES = (PUBLISHER, SUBSCRIBER, SCHEMAS, IAM, REPLAY, ADMIN)
+GIVE_BACK = "/pubsubd.internal.v1.Forwarder/GiveBack"  # the one checked internal method
 EVERY_PROJECT = "projects/*"  # the cluster itself: granted by the policy file's "*" entry
 
 
-def _field1_message() -> Any:
-    """A message class with only ``string name = 1``: parsing a request with it reads field 1
+def _one_field_message(number: int) -> Any:
+    """A message class with only ``string name = number``: parsing a request with it reads field 1
     with protobuf's own (C) parser, the last value winning as for the real request, and keeps
     the rest as unknown bytes without decoding them (25 times faster than a Python scan of a
     100-message Publish)."""
     pool = descriptor_pool.DescriptorPool()
     proto = descriptor_pb2.FileDescriptorProto(
-        name="pubsubd_iam_field1.proto", package="pubsubd.iam", syntax="proto3"
+        name=f"pubsubd_iam_field{number}.proto", package="pubsubd.iam", syntax="proto3"
     )
-    message = proto.message_type.add(name="Field1")
+    message = proto.message_type.add(name=f"Field{number}")
     message.field.add(
         name="name",
-        number=1,
+        number=number,
         type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
         label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL,
     )
     pool.Add(proto)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("pubsubd.iam.Field1"))
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"pubsubd.iam.Field{number}"))
 
 
-_FIELD1: Any = _field1_message()
+_FIELDS: dict[int, Any] = {1: _one_field_message(1), 2: _one_field_message(2)}
 
 
-def field1(data: bytes) -> str:
-    """A serialized request's string field 1 (``""`` if absent); InvalidArgument for bytes
-    that do not parse or a name that is not UTF-8."""
+def field1(data: bytes, number: int = 1) -> str:
+    """A serialized request's string field 1 (or ``number``: 2) (``""`` if absent);
+    InvalidArgument for bytes that do not parse or a name that is not UTF-8."""
     try:
-        name: str = _FIELD1.FromString(data).name
+        name: str = _FIELDS[number].FromString(data).name
     except DecodeError:
         raise InvalidArgument("request: not a valid protocol buffer") from None
     return name
@@ -115,6 +121,7 @@ class Rule:
     kind: str = ""
     request: Any = None
     parse: Callable[[Any], list[Requirement]] | None = None
+    field: int = 1  # the field naming the resource (1, or 2: GiveBack)
 
 
 def _on(kind: str, permission: str) -> Rule:
@@ -309,6 +316,8 @@ RULES: dict[str, Rule] = {
     ADMIN + "SkipDamagedRanges": _topic("update"),
     ADMIN + "GetRoutingConstraints": _every_project("pubsub.topics.get"),
     ADMIN + "ChangeRoutingConstraints": _every_project("pubsub.topics.update"),
+    # pubsubd.internal.v1.Forwarder: an unsent Pull response given back (field 2), as Pull.
+    GIVE_BACK: Rule(permission="pubsub.subscriptions.consume", kind="subscription", field=2),
 }
 
 
@@ -321,7 +330,7 @@ class _Field1:
 
 def checked(method: str) -> bool:
     """Whether calls of ``method`` are authorized (its service is a checked one)."""
-    return method.startswith(CHECKED_SERVICES)
+    return method.startswith(CHECKED_SERVICES) or method == GIVE_BACK
 
 
 def requirements(method: str, raw: bytes) -> list[Requirement]:
@@ -333,7 +342,7 @@ def requirements(method: str, raw: bytes) -> list[Requirement]:
     if rule is None:
         return [Requirement(f"(no rule for {method.rsplit('/', 1)[-1]})", EVERY_PROJECT)]
     if rule.parse is None:
-        name = field1(raw)
+        name = field1(raw, rule.field)
         if rule.kind == "project":
             return [Requirement(rule.permission, _named(name, "project", "parent"))]
         return [Requirement(rule.permission, _named(name, rule.kind, "name"))]

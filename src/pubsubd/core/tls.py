@@ -10,6 +10,10 @@ credentials from :meth:`ServerTls.pems`), and the HTTP and Pulsar ports (asyncio
 In a cluster, the process's clients of the other processes (storage nodes' gRPC and append
 ports, other forwarders, the frontends' proxy) trust ``--tls-ca`` and show the process's own
 certificate to listeners that ask for one: :data:`INTERNAL` (a :class:`ClientTls`).
+
+Every process's ZooKeeper sessions (``coordination/zk.py``) follow :data:`ZOOKEEPER` the same
+way (``--zk-tls-ca``, ``--zk-tls-cert``, ``--zk-tls-key``): with it, they connect to ZooKeeper's
+``secureClientPort`` over TLS, showing that certificate when ZooKeeper asks for one.
 """
 
 from __future__ import annotations
@@ -18,7 +22,14 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["INTERNAL", "ClientTls", "InternalClients", "ServerTls", "client_context"]
+__all__ = [
+    "INTERNAL",
+    "ZOOKEEPER",
+    "ClientTls",
+    "InternalClients",
+    "ServerTls",
+    "client_context",
+]
 
 
 @dataclass(frozen=True)
@@ -103,3 +114,4 @@ class InternalClients:
 
 
 INTERNAL = InternalClients()
+ZOOKEEPER = InternalClients()  # the process's ZooKeeper sessions (TLS to secureClientPort)

@@ -21,6 +21,15 @@ body and a ``WWW-Authenticate: Bearer`` header, before anything else is looked a
 front passes the header on to the gRPC call, so the call runs as the same caller. With TLS
 (``start(..., ssl=...)``) the port speaks HTTPS only.
 
+A browser cannot add a bearer header to the dashboard's page loads, so the dashboard signs in
+with a cookie: ``/login`` (open) shows a form that POSTs a token; a valid one is set as the
+``pubsubd-token`` cookie (HttpOnly, SameSite=Strict, Secure with TLS, for the browser session)
+and the browser goes to ``/``; ``/logout`` clears it. The cookie is accepted in place of the
+header only for GET and HEAD outside ``/v1/`` (the dashboard's pages, files and JSON API,
+/status, /metrics: reads), never for REST calls, so a page elsewhere cannot make the browser
+change anything with it. A dashboard page asked for without a valid token redirects to
+``/login``; other paths answer 401 as above.
+
 Files are served only by exact known names (:data:`STATIC_FILES`, under ``/static/``): a path
 never reaches the file system, so no request can read anything else. An API handler raising
 ``LookupError`` answers 404, ``ValueError`` 400, both as ``{"error": ...}``.
@@ -32,7 +41,9 @@ import asyncio
 import inspect
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping
+from http.cookies import CookieError, SimpleCookie
 from pathlib import Path
 from ssl import SSLContext
 from typing import Any
@@ -64,6 +75,10 @@ STATIC_FILES = {
 HTML = "text/html; charset=utf-8"
 # Paths that answer without a token when authentication is on: liveness and readiness probes.
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+# The dashboard's sign-in with authentication on (see the module docstring).
+LOGIN_PATH, LOGOUT_PATH = "/login", "/logout"
+TOKEN_COOKIE = "pubsubd-token"
+_COOKIE_SAFE = re.compile(r"[A-Za-z0-9._~+/=-]{1,4096}")  # JWTs; static tokens of these characters
 
 Query = Mapping[str, str]
 ApiHandler = Callable[[Query], Any | Awaitable[Any]]
@@ -98,11 +113,13 @@ class HttpEndpoint:
         # Checks an Authorization header, raising Unauthenticated (None: authentication off).
         self.authenticate = authenticate
         self._server: asyncio.base_events.Server | None = None
+        self._secure = False
         self._connections: set[asyncio.Task[Any]] = set()
 
     async def start(self, host: str, port: int, ssl: SSLContext | None = None) -> int:
         """Listen on host:port (0: any free port), with TLS when ``ssl`` is given; the bound
         port."""
+        self._secure = ssl is not None  # the token cookie is Secure over HTTPS
         self._server = await asyncio.start_server(self._handle, host, port, ssl=ssl)
         return int(self._server.sockets[0].getsockname()[1])
 
@@ -171,6 +188,11 @@ class HttpEndpoint:
 
     async def _dispatch(self, request: Request) -> Response:
         if self.authenticate is not None:
+            path = _path(request.target)
+            if path == LOGIN_PATH:
+                return self._login(request)
+            if path == LOGOUT_PATH:
+                return _redirect(LOGIN_PATH, self._cookie("", expire=True))
             refused = self._refuse(request)
             if refused is not None:
                 return refused
@@ -188,16 +210,71 @@ class HttpEndpoint:
     def _refuse(self, request: Request) -> Response | None:
         """401 for a request that needs a token and has no valid one; None to go on."""
         assert self.authenticate is not None
-        if parse_target(request.target)[0] in OPEN_PATHS:
+        path = _path(request.target)
+        if path in OPEN_PATHS:
             return None
+        header = request.headers.get("authorization")
+        reads = request.method in ("GET", "HEAD") and not path.startswith(REST_PREFIX)
+        if header is None and reads:  # the dashboard's cookie: reads only
+            token = _cookie_token(request.headers.get("cookie"))
+            header = f"Bearer {token}" if token else None
         try:
-            self.authenticate(request.headers.get("authorization"))
+            self.authenticate(header)
         except Unauthenticated as e:
+            if reads and path in self._pages:  # a person at a browser: sign in first
+                return _redirect(LOGIN_PATH)
             error = {"code": 401, "message": str(e), "status": "UNAUTHENTICATED"}
             body = (json.dumps({"error": error}, indent=2) + "\n").encode()
             headers = (("WWW-Authenticate", "Bearer"), *NO_CACHE)
             return Response(401, "application/json; charset=UTF-8", body, headers)
         return None
+
+    def _login(self, request: Request) -> Response:
+        """GET: the sign-in form. POST: a valid token becomes the cookie (303 to ``/``); an
+        invalid one answers 401 with the reason."""
+        assert self.authenticate is not None
+        if request.method != "POST":
+            return Response(200, HTML, self._file("login.html"), NO_CACHE)
+        fields = dict(parse_qsl(request.body.decode("utf-8", "replace")))
+        token = fields.get("token", "").strip()
+        try:
+            if not _COOKIE_SAFE.fullmatch(token):
+                raise Unauthenticated("the token has characters a cookie cannot hold")
+            self.authenticate(f"Bearer {token}")
+        except Unauthenticated as e:
+            text = f"not signed in: {e}\n(back to {LOGIN_PATH})\n"
+            return Response(401, "text/plain; charset=utf-8", text.encode(), NO_CACHE)
+        return _redirect("/", self._cookie(token))
+
+    def _cookie(self, token: str, *, expire: bool = False) -> tuple[str, str]:
+        attributes = "; Path=/; HttpOnly; SameSite=Strict" + ("; Secure" if self._secure else "")
+        if expire:
+            attributes += "; Max-Age=0"
+        return ("Set-Cookie", f"{TOKEN_COOKIE}={token}{attributes}")
+
+
+def _path(target: str) -> str:
+    try:
+        return parse_target(target)[0]
+    except ValueError:
+        return ""
+
+
+def _cookie_token(header: str | None) -> str | None:
+    """The dashboard's token in a ``Cookie`` header (None: none, or a malformed header)."""
+    if not header:
+        return None
+    cookies: SimpleCookie = SimpleCookie()
+    try:
+        cookies.load(header)
+    except CookieError:
+        return None
+    morsel = cookies.get(TOKEN_COOKIE)
+    return morsel.value if morsel is not None and morsel.value else None
+
+
+def _redirect(location: str, *headers: tuple[str, str]) -> Response:
+    return Response(303, "text/plain", b"", (("Location", location), *headers, *NO_CACHE))
 
 
 def _error(status: int, text: str) -> Response:

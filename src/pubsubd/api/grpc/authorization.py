@@ -3,10 +3,13 @@ caller may not make (PERMISSION_DENIED naming the permission), before the handle
 
 ``pubsubd serve`` and ``pubsubd frontend`` (the edges clients call) install the same
 :class:`Authorization` when ``--iam`` is on; REST calls reach it too, since the REST front sends
-each of them to the process's own gRPC port. A ``pubsubd forwarder`` is behind frontends, which
-checked each call: it only names the caller (``enforce=False``), for TestIamPermissions, and its
-own calls to other forwarders (dead letters and SLI events published to a topic another
-forwarder owns) are not refused as anonymous. Its port must not be open to clients.
+each of them to the process's own gRPC port. A ``pubsubd forwarder`` without authentication is
+behind frontends, which checked each call: it only names the caller (``enforce=False``), for
+TestIamPermissions, and its own calls to other forwarders (dead letters and SLI events published
+to a topic another forwarder owns) are not refused as anonymous; its port must not be open to
+clients. With authentication (``--auth-*``) a forwarder checks every call as ``serve`` does
+(the frontends pass the client's token on), except those of ``trusted``: the principal of the
+cluster's internal token (``core/internal_token.py``), which its peers' own calls carry.
 
 What a call needs is decided by :mod:`pubsubd.core.iam_calls` from the request's bytes (a
 StreamingPull by its first request), and whether the caller holds it by :mod:`pubsubd.core.iam`
@@ -70,13 +73,20 @@ class Authorization(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Wraps the handler of every checked method (core/iam_calls.py) with the check."""
 
     def __init__(
-        self, decide: Decide, identify: Identify | None = None, *, enforce: bool = True
+        self,
+        decide: Decide,
+        identify: Identify | None = None,
+        *,
+        enforce: bool = True,
+        trusted: Principal | None = None,
     ) -> None:
         """``enforce`` False: only name the caller (a forwarder behind frontends, which
-        checked the call; its TestIamPermissions still answers for the caller)."""
+        checked the call; its TestIamPermissions still answers for the caller). ``trusted``:
+        a principal every call of which passes (a forwarder's: the cluster's internal token)."""
         self._decide = decide
         self._identify = identify
         self._enforce = enforce
+        self._trusted = trusted
         # method -> (the handler served, its wrapped twin): a servicer's handlers are the same
         # objects call after call, so each is wrapped once (a proxy's, made per call, each time).
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
@@ -132,9 +142,12 @@ class Authorization(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     ) -> None:
         if not self._enforce:
             return
+        principal = caller()
+        if principal == self._trusted:
+            return
         raw = request if isinstance(request, bytes) else request.SerializeToString()
         try:
-            self._decide(caller(), iam_calls.requirements(method, raw))
+            self._decide(principal, iam_calls.requirements(method, raw))
         except PubsubError as e:
             code, _ = to_status(e)
             if code is grpc.StatusCode.PERMISSION_DENIED:

@@ -42,6 +42,7 @@ import grpc
 from pubsubd._gen.pubsubd.internal.v1 import sources_pb2 as s
 from pubsubd.core.damage_policy import DamagePolicy
 from pubsubd.core.errors import NotServedHere, Unavailable
+from pubsubd.core.internal_token import INTERNAL_TOKEN
 from pubsubd.core.records import CursorState, DamagedRange, Entry, SourceRange
 from pubsubd.data import sources_wire as wire
 from pubsubd.data.publish.forwarder import PublishingForwarder
@@ -121,7 +122,9 @@ class RemoteSources:
                 response_deserializer=response_type.FromString,
             )
             try:
-                return await call(request, timeout=CALL_TIMEOUT_S)
+                return await call(
+                    request, timeout=CALL_TIMEOUT_S, metadata=INTERNAL_TOKEN.metadata()
+                )
             except grpc.aio.AioRpcError as e:
                 if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     raise
@@ -194,7 +197,8 @@ class RemoteSources:
                     topic_uid=topic_uid,
                     source=source,
                     from_offset=self._copy_log(topic_uid, source).end_offset,
-                )
+                ),
+                metadata=INTERNAL_TOKEN.metadata(),
             )
             try:
                 async for response in stream:

@@ -1,0 +1,301 @@
+"""The security flags of the processes clients call (``serve``, ``forwarder``, ``frontend``),
+declared once: TLS (``--tls-*``), authentication (``--auth-*``), IAM (``--iam``,
+``--iam-policy-file``, ``--trust-caller-header``) and, for forwarders, the cluster's internal
+token (``--internal-token-file``, ``core/internal_token.py``). Every process of a cluster also
+takes the ZooKeeper TLS flags (:func:`zookeeper_tls_options`: ``--zk-tls-ca``, ``--zk-tls-cert``,
+``--zk-tls-key``), which set ``core.tls.ZOOKEEPER`` before the command runs.
+
+:func:`security_options` adds the flags to a typer command, which receives them as one
+:class:`SecurityFlags` in its ``security`` parameter; :meth:`SecurityFlags.apply` puts them on a
+``ServerConfig`` and configures the process's internal clients (TLS, token), raising ValueError
+with the reason when a file or a combination is bad.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Annotated, Any, TypeVar, cast
+
+import typer
+
+from pubsubd import config as config_mod
+
+__all__ = [
+    "NO_FLAGS",
+    "SecurityFlags",
+    "configure_zookeeper_tls",
+    "security_options",
+    "server_tls",
+    "zookeeper_tls_options",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+TlsCert = Annotated[
+    Path | None,
+    typer.Option(envvar="PUBSUBD_TLS_CERT", help="TLS on every port: the certificate (PEM)"),
+]
+TlsKey = Annotated[
+    Path | None, typer.Option(envvar="PUBSUBD_TLS_KEY", help="the certificate's key (PEM)")
+]
+TlsClientCa = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="PUBSUBD_TLS_CLIENT_CA", help="mutual TLS: the CA client certificates chain to"
+    ),
+]
+TlsCa = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="PUBSUBD_TLS_CA",
+        help="a cluster speaking TLS: the CA this process's clients of the others trust",
+    ),
+]
+AuthSecretFile = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="PUBSUBD_AUTH_SECRET_FILE", help="authentication: HS256 JWTs signed with this"
+    ),
+]
+AuthPublicKey = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="PUBSUBD_AUTH_PUBLIC_KEY", help="authentication: RS256 JWTs (PEM public key)"
+    ),
+]
+AuthTokensFile = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="PUBSUBD_AUTH_TOKENS_FILE", help="authentication: static 'TOKEN SUBJECT' lines"
+    ),
+]
+AuthAudience = Annotated[
+    str | None, typer.Option(envvar="PUBSUBD_AUTH_AUDIENCE", help="JWTs must carry this aud")
+]
+AuthIssuer = Annotated[
+    str | None, typer.Option(envvar="PUBSUBD_AUTH_ISSUER", help="JWTs must carry this iss")
+]
+Iam = Annotated[
+    bool | None,
+    typer.Option(
+        "--iam/--no-iam", help="authorize every call with IAM policies (PUBSUBD_IAM; default off)"
+    ),
+]
+IamPolicyFile = Annotated[
+    Path | None,
+    typer.Option(help="JSON project-level IAM policies for admins (PUBSUBD_IAM_POLICY_FILE)"),
+]
+TrustCallerHeader = Annotated[
+    bool | None,
+    typer.Option(
+        "--trust-caller-header",
+        help="TESTS/DEV ONLY: believe the x-pubsubd-caller header as the caller's identity",
+    ),
+]
+InternalTokenFile = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="PUBSUBD_INTERNAL_TOKEN_FILE",
+        help="the bearer token (a file) this forwarder's own calls to other forwarders carry; "
+        "needed with --auth-*, its subject passes IAM (a cluster secret)",
+    ),
+]
+
+ZkTlsCa = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="PUBSUBD_ZK_TLS_CA",
+        help="TLS to ZooKeeper (its secureClientPort), trusting this CA (PEM)",
+    ),
+]
+ZkTlsCert = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="PUBSUBD_ZK_TLS_CERT",
+        help="the client certificate shown to ZooKeeper (PEM; mutual TLS)",
+    ),
+]
+ZkTlsKey = Annotated[
+    Path | None,
+    typer.Option(envvar="PUBSUBD_ZK_TLS_KEY", help="its key (PEM)"),
+]
+
+_KW = inspect.Parameter.KEYWORD_ONLY
+_ZK_FLAGS = tuple(
+    inspect.Parameter(name, _KW, default=None, annotation=annotation)
+    for name, annotation in (
+        ("zk_tls_ca", ZkTlsCa),
+        ("zk_tls_cert", ZkTlsCert),
+        ("zk_tls_key", ZkTlsKey),
+    )
+)
+_FLAGS = tuple(
+    inspect.Parameter(name, _KW, default=None, annotation=annotation)
+    for name, annotation in (
+        ("tls_cert", TlsCert),
+        ("tls_key", TlsKey),
+        ("tls_client_ca", TlsClientCa),
+        ("tls_ca", TlsCa),
+        ("auth_secret_file", AuthSecretFile),
+        ("auth_public_key", AuthPublicKey),
+        ("auth_tokens_file", AuthTokensFile),
+        ("auth_audience", AuthAudience),
+        ("auth_issuer", AuthIssuer),
+        ("iam", Iam),
+        ("iam_policy_file", IamPolicyFile),
+        ("trust_caller_header", TrustCallerHeader),
+        ("internal_token_file", InternalTokenFile),
+    )
+)
+
+
+@dataclass(frozen=True)
+class SecurityFlags:
+    """The security flags as given (None: not given)."""
+
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    tls_ca: Path | None = None
+    auth_secret_file: Path | None = None
+    auth_public_key: Path | None = None
+    auth_tokens_file: Path | None = None
+    auth_audience: str | None = None
+    auth_issuer: str | None = None
+    iam: bool | None = None
+    iam_policy_file: Path | None = None
+    trust_caller_header: bool | None = None
+    internal_token_file: Path | None = None
+
+    def apply(
+        self, cfg: config_mod.ServerConfig, *, forwarder: bool = False
+    ) -> config_mod.ServerConfig:
+        """``cfg`` (from the environment) with these flags over it; configures the process's
+        internal clients (``--tls-ca``, ``--internal-token-file``). ValueError: what is wrong.
+        ``forwarder``: authentication needs an internal token that this process accepts."""
+        from pubsubd.control.policies import PolicyFileError, load_policy_file
+        from pubsubd.core.internal_token import INTERNAL_TOKEN
+        from pubsubd.core.tls import INTERNAL, ClientTls
+
+        cfg = replace(
+            cfg,
+            iam=self.iam if self.iam is not None else cfg.iam,
+            iam_policy_file=self.iam_policy_file or cfg.iam_policy_file,
+            trust_caller_header=bool(self.trust_caller_header) or cfg.trust_caller_header,
+            internal_token_file=self.internal_token_file or cfg.internal_token_file,
+        )
+        try:
+            load_policy_file(cfg.iam_policy_file)
+        except PolicyFileError as e:
+            raise ValueError(str(e)) from None
+        cfg = config_mod.with_security(
+            cfg,
+            tls_cert=self.tls_cert,
+            tls_key=self.tls_key,
+            tls_client_ca=self.tls_client_ca,
+            auth_secret_file=self.auth_secret_file,
+            auth_public_key=self.auth_public_key,
+            auth_tokens_file=self.auth_tokens_file,
+            auth_audience=self.auth_audience,
+            auth_issuer=self.auth_issuer,
+        )
+        if cfg.tokens is not None and cfg.trust_caller_header:
+            raise ValueError(
+                "--trust-caller-header (tests and development only) would let any caller "
+                "name itself: it cannot be used with authentication"
+            )
+        if forwarder and cfg.tokens is not None and cfg.internal_token_file is None:
+            raise ValueError(
+                "a forwarder with authentication needs --internal-token-file: the token its "
+                "own calls to other forwarders carry (dead letters, reads of copies)"
+            )
+        if cfg.internal_token_file is not None:
+            token = INTERNAL_TOKEN.configure(cfg.internal_token_file)
+            if cfg.tokens is not None and token is not None:
+                from pubsubd.core.errors import Unauthenticated
+                from pubsubd.core.tokens import TokenVerifier
+
+                try:
+                    TokenVerifier(cfg.tokens).verify(token)
+                except Unauthenticated as e:
+                    raise ValueError(
+                        f"--internal-token-file: this process refuses its own token ({e})"
+                    ) from None
+        if self.tls_ca is not None:
+            INTERNAL.configure(ClientTls(self.tls_ca, self.tls_cert, self.tls_key))
+        return cfg
+
+
+NO_FLAGS = SecurityFlags()  # a command's default: the decorator always passes the flags given
+
+
+def server_tls(cert: Path | None, key: Path | None, client_ca: Path | None) -> Any:
+    """A cluster process's listeners' TLS (core.tls.ServerTls), None when off."""
+    if cert is None and key is None and client_ca is None:
+        return None
+    if cert is None or key is None:
+        raise ValueError("TLS needs both --tls-cert and --tls-key")
+    from pubsubd.core.tls import ServerTls
+
+    return ServerTls(cert, key, client_ca).check()
+
+
+def security_options(*, internal_token: bool = False) -> Callable[[F], F]:
+    """Add the security flags to a command whose ``security`` parameter receives them (a
+    :class:`SecurityFlags`); ``internal_token``: ``--internal-token-file`` too."""
+
+    def decorate(command: F) -> F:
+        signature = inspect.signature(command, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.name != "security"]
+        flags = [p for p in _FLAGS if internal_token or p.name != "internal_token_file"]
+
+        @functools.wraps(command)
+        def with_flags(*args: Any, **kwargs: Any) -> Any:
+            given = {p.name: kwargs.pop(p.name, None) for p in flags}
+            return command(*args, security=SecurityFlags(**given), **kwargs)
+
+        parameters = [*own, *flags]
+        with_flags.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+        with_flags.__annotations__ = {p.name: p.annotation for p in parameters}
+        return cast(F, with_flags)
+
+    return decorate
+
+
+def configure_zookeeper_tls(ca: Path | None, cert: Path | None, key: Path | None) -> None:
+    """Set the process's ZooKeeper TLS (``core.tls.ZOOKEEPER``): on with ``ca``; ``cert`` and
+    ``key`` (both or neither) for a ZooKeeper that asks for client certificates. ValueError
+    names what is wrong."""
+    from pubsubd.core.tls import ZOOKEEPER, ClientTls
+
+    if ca is None and cert is None and key is None:
+        return
+    if ca is None:
+        raise ValueError("--zk-tls-cert and --zk-tls-key need --zk-tls-ca (TLS to ZooKeeper)")
+    if (cert is None) != (key is None):
+        raise ValueError("--zk-tls-cert and --zk-tls-key go together")
+    ZOOKEEPER.configure(ClientTls(ca, cert, key))
+
+
+def zookeeper_tls_options(command: F) -> F:
+    """Add ``--zk-tls-ca``, ``--zk-tls-cert`` and ``--zk-tls-key`` to a command; they configure
+    the process's ZooKeeper TLS before it runs (a bad file is a usage error)."""
+    signature = inspect.signature(command, eval_str=True)
+
+    @functools.wraps(command)
+    def with_flags(*args: Any, **kwargs: Any) -> Any:
+        given = [kwargs.pop(p.name, None) for p in _ZK_FLAGS]
+        try:
+            configure_zookeeper_tls(*given)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
+        return command(*args, **kwargs)
+
+    parameters = [*signature.parameters.values(), *_ZK_FLAGS]
+    with_flags.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    with_flags.__annotations__ = {p.name: p.annotation for p in parameters}
+    return cast(F, with_flags)

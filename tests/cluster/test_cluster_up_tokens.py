@@ -1,0 +1,226 @@
+"""``pubsubd cluster up --tokens --iam`` (``LocalCluster.up(tokens=True, iam=True)``): a secured
+cluster in one command, and forwarders that check tokens themselves (issue 14).
+
+The cluster runs a publishing-only and a subscribing-only forwarder behind a router and a
+frontend, so a subscription is served on the other forwarder than its topic: its reads (the
+owner's ``Sources/Tail``), acks and dead letters (published to the topic's owner) are calls
+between forwarders, which carry the cluster's internal token (``--internal-token-file``) and
+pass IAM as the cluster's own identity. The official client, with the admin token
+``up`` printed, publishes, pulls, acks and gets a dead-lettered message through the frontend; a
+call without a token is UNAUTHENTICATED at the frontend and at a forwarder reached directly,
+and a forwarder reached directly refuses a valid token whose subject holds no role
+(PERMISSION_DENIED: it checks IAM itself). The cluster's prober probes with the admin token.
+The frontend's Pulsar port checks tokens too: the official pulsar-client with
+``AuthenticationToken`` produces, consumes and reads through it; without a token, or with a
+forged one, it gets no producer.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import _pulsar
+import grpc
+import pulsar
+import pytest
+from google.api_core import exceptions
+from google.pubsub_v1 import PublisherClient, SubscriberClient
+from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
+from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
+
+from pubsubd.cluster.launcher import AUTH_DIR, SECRET_FILE, LocalCluster
+from pubsubd.core.tokens import create_token
+from tests.conftest import PROJECT
+from tests.support.cluster import running_cluster, subscription_server, topic_owner
+from tests.support.server import wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with running_cluster(
+        tmp_path_factory.mktemp("cluster-up-tokens") / "c",
+        storage_nodes=1,
+        replicas=1,
+        routers=1,
+        frontends=1,
+        forwarders=2,
+        forwarder_args=[["--no-subscribing"], ["--no-publishing"]],
+        probers=1,
+        tokens=True,
+        iam=True,
+    ) as c:
+        yield c
+
+
+def _clients(endpoint: str) -> tuple[PublisherClient, SubscriberClient]:
+    channel = grpc.insecure_channel(endpoint)
+    publisher = PublisherClient(transport=PublisherGrpcTransport(channel=channel))
+    subscriber = SubscriberClient(transport=SubscriberGrpcTransport(channel=channel))
+    return publisher, subscriber
+
+
+def _bearer(token: str) -> list[tuple[str, str]]:
+    return [("authorization", f"Bearer {token}")]
+
+
+def test_up_prints_the_admin_token_and_passes_auth_flags(cluster: LocalCluster) -> None:
+    described = cluster.described()
+    token = described["token"]
+    assert token and described["iam"] is True
+    assert Path(described["token_file"]).read_text().strip() == token
+    for p in cluster.processes:
+        if p.role in ("forwarder", "frontend"):
+            assert "--auth-secret-file" in p.args and "--iam" in p.args, p.name
+        if p.role == "forwarder":
+            assert "--internal-token-file" in p.args
+        if p.role == "prober":
+            assert "--token-file" in p.args
+    prober = cluster.process("prober-1").address
+
+    def probed() -> list[dict[str, Any]] | None:
+        with urllib.request.urlopen(f"http://{prober}/status", timeout=10) as r:
+            probes: list[dict[str, Any]] = json.loads(r.read())["probes"]
+        return probes if len(probes) == 2 and all(p["ok"] for p in probes) else None
+
+    wait_for(probed, 60, "a successful probe round with the admin token")
+
+
+def test_admin_token_publishes_pulls_and_dead_letters_across_forwarders(
+    cluster: LocalCluster,
+) -> None:
+    admin = _bearer(cluster.admin_token or "")
+    publisher, subscriber = _clients(cluster.frontends[0])
+    suffix = uuid.uuid4().hex[:8]
+    topic = f"projects/{PROJECT}/topics/t-{suffix}"
+    dead = f"projects/{PROJECT}/topics/dead-{suffix}"
+    sub = f"projects/{PROJECT}/subscriptions/s-{suffix}"
+    dead_sub = f"projects/{PROJECT}/subscriptions/dead-s-{suffix}"
+    publisher.create_topic(name=topic, metadata=admin)
+    publisher.create_topic(name=dead, metadata=admin)
+    subscriber.create_subscription(
+        request={
+            "name": sub,
+            "topic": topic,
+            "dead_letter_policy": {"dead_letter_topic": dead, "max_delivery_attempts": 5},
+        },
+        metadata=admin,
+    )
+    subscriber.create_subscription(name=dead_sub, topic=dead, metadata=admin)
+    # Placed apart: the subscription on the subscribing forwarder, its topic on the other.
+    wait_for(lambda: topic_owner(cluster, topic) == "forwarder-1", 30, "topic placed")
+    wait_for(lambda: subscription_server(cluster, sub) == "forwarder-2", 30, "sub placed")
+
+    def published(data: bytes) -> None:
+        def attempt() -> bool:
+            try:
+                request = {"topic": topic, "messages": [{"data": data}]}
+                return bool(publisher.publish(request=request, metadata=admin).message_ids)
+            except exceptions.ServiceUnavailable:
+                return False  # the topic is being taken over
+
+        wait_for(attempt, 30, "a publish through the frontend")
+
+    def pulled(subscription: str) -> Any:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                response = subscriber.pull(
+                    request={"subscription": subscription, "max_messages": 10},
+                    metadata=admin,
+                    timeout=10,
+                )
+            except (exceptions.ServiceUnavailable, exceptions.DeadlineExceeded):
+                continue
+            if response.received_messages:
+                return response.received_messages[0]
+        raise AssertionError(f"nothing pulled from {subscription}")
+
+    published(b"kept")
+    received = pulled(sub)  # read on forwarder-2's copy, over forwarder-1's Tail
+    assert received.message.data == b"kept"
+    subscriber.acknowledge(subscription=sub, ack_ids=[received.ack_id], metadata=admin)
+    published(b"refused")
+    for _ in range(5):  # nacked five times: dead-lettered by forwarder-2 to forwarder-1
+        received = pulled(sub)
+        assert received.message.data == b"refused"
+        subscriber.modify_ack_deadline(
+            subscription=sub, ack_ids=[received.ack_id], ack_deadline_seconds=0, metadata=admin
+        )
+    assert pulled(dead_sub).message.data == b"refused"
+
+
+def test_calls_without_a_token_or_permission_are_refused_at_the_forwarder_too(
+    cluster: LocalCluster,
+) -> None:
+    assert cluster.auth_dir is not None
+    secret = (cluster.auth_dir / SECRET_FILE).read_bytes().strip()
+    assert cluster.auth_dir.name == AUTH_DIR
+    nobody = _bearer(create_token("nobody@example.com", secret=secret, now=time.time()))
+    name = f"projects/{PROJECT}/topics/never-{uuid.uuid4().hex[:8]}"
+    forwarder = cluster.process("forwarder-1").address
+    for endpoint in (cluster.frontends[0], forwarder):
+        publisher, _ = _clients(endpoint)
+        with pytest.raises(exceptions.Unauthenticated):
+            publisher.create_topic(name=name)
+        with pytest.raises(exceptions.PermissionDenied):
+            publisher.create_topic(name=name, metadata=nobody)
+
+
+def test_pulsar_front_of_a_frontend_with_authentication(cluster: LocalCluster) -> None:
+    frontend = cluster.process("frontend-1")
+    port = frontend.args[frontend.args.index("--pulsar-port") + 1]
+    admin = cluster.admin_token or ""
+    publisher, _ = _clients(cluster.frontends[0])
+    topic_id = f"pulsar-{uuid.uuid4().hex[:8]}"
+    publisher.create_topic(name=f"projects/{PROJECT}/topics/{topic_id}", metadata=_bearer(admin))
+    wait_for(
+        lambda: topic_owner(cluster, f"projects/{PROJECT}/topics/{topic_id}") == "forwarder-1",
+        30,
+        "topic placed",
+    )
+    pulsar_topic = f"persistent://{PROJECT}/default/{topic_id}"
+    quiet = pulsar.ConsoleLogger(_pulsar.LoggerLevel.Error)
+
+    def client(token: str | None, timeout_s: int = 30) -> pulsar.Client:
+        auth = pulsar.AuthenticationToken(token) if token is not None else None
+        return pulsar.Client(
+            f"pulsar://127.0.0.1:{port}",
+            authentication=auth,
+            operation_timeout_seconds=timeout_s,
+            logger=quiet,
+        )
+
+    trusted = client(admin)
+    try:
+        consumer = trusted.subscribe(pulsar_topic, "s", consumer_type=pulsar.ConsumerType.Shared)
+        producer = trusted.create_producer(pulsar_topic)
+        for i in range(3):
+            producer.send(f"p{i}".encode())
+        got = []
+        for _ in range(3):
+            message = consumer.receive(30_000)
+            got.append(message.data())
+            consumer.acknowledge(message)
+        assert sorted(got) == [b"p0", b"p1", b"p2"]
+        reader = trusted.create_reader(pulsar_topic, pulsar.MessageId.earliest)
+        read = [reader.read_next(30_000).data() for _ in range(3)]
+        assert sorted(read) == [b"p0", b"p1", b"p2"]
+    finally:
+        trusted.close()
+    assert cluster.auth_dir is not None
+    forged = create_token("admin@pubsubd.local", secret=b"f" * 40, now=time.time())
+    for token in (None, forged):
+        refused = client(token, timeout_s=3)
+        try:
+            with pytest.raises(pulsar.PulsarException):
+                refused.create_producer(pulsar_topic)
+        finally:
+            refused.close()
