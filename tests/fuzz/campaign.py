@@ -1,4 +1,5 @@
-"""Run fuzz targets, each in its own atheris process, and report inputs run and crashes.
+"""Run fuzz targets, each in its own atheris process (forked from one that instrumented the
+imports once), and report inputs run and crashes.
 
 ``python -m tests.fuzz.campaign --inputs N [--targets a,b] [--jobs J] [--max-seconds S]
 [--work DIR]``: the N inputs are split evenly across the chosen targets (all by default);
@@ -11,22 +12,25 @@ in time. ``J`` targets run at once. A crash leaves its input as ``WORK/TARGET/cr
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.fuzz.run import OUTPUT
 from tests.fuzz.targets import TARGETS
 
 ROOT = Path(__file__).resolve().parents[2]
 _DONE = re.compile(rb"^Done (\d+) runs in", re.MULTILINE)
 _EXECUTED = re.compile(rb"^stat::number_of_executed_units: (\d+)", re.MULTILINE)
 _ARTIFACT = re.compile(rb"Test unit written to (\S+)")
+_EXIT = re.compile(rb"^exit (\S+) (-?\d+)$")
 
 
 @dataclass(frozen=True)
@@ -43,35 +47,14 @@ class Outcome:
         return self.returncode == 0 and not self.crashes
 
 
-def run_target(name: str, inputs: int, max_seconds: int, work: Path) -> Outcome:
-    """One atheris process: ``inputs`` runs of ``name`` at most, ``max_seconds`` at most."""
-    directory = work / name
-    directory.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.fuzz.run",
-            name,
-            str(directory),
-            f"-runs={inputs}",
-            f"-max_total_time={max_seconds}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        timeout=max_seconds + 120,  # startup and the last input; libFuzzer stops itself
-        check=False,
-    )
-    output = proc.stdout + proc.stderr
+def _outcome(name: str, returncode: int, seconds: float, output: bytes) -> Outcome:
     counts = _EXECUTED.findall(output) or _DONE.findall(output)
-    crashes = [m.decode() for m in _ARTIFACT.findall(output)]
     return Outcome(
         name,
         int(counts[-1]) if counts else 0,
-        time.monotonic() - started,
-        crashes,
-        proc.returncode,
+        seconds,
+        [m.decode() for m in _ARTIFACT.findall(output)],
+        returncode,
         output[-3000:].decode("utf-8", "replace"),
     )
 
@@ -84,17 +67,63 @@ def campaign(
     work: Path,
     progress: Callable[[Outcome], None] | None = None,
 ) -> list[Outcome]:
-    """Run ``names`` with ``total // len(names)`` inputs each; ``progress`` is called as each
-    target finishes. Outcomes come back in the order of ``names``."""
+    """Run ``names`` with ``total // len(names)`` inputs each, ``max_seconds`` at most each;
+    ``progress`` is called as each target finishes. Outcomes come back in the order of
+    ``names``.
+
+    One process instruments the imports, then forks a process per target (``tests.fuzz.run
+    --fork``), ``jobs`` at a time; the whole run is killed if it outlasts every target's
+    ``max_seconds`` (libFuzzer stops each itself) with two minutes of slack per round."""
     share = max(1, total // len(names))
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(run_target, n, share, max_seconds, work): n for n in names}
-        done = {}
-        for future in as_completed(futures):
-            done[futures[future]] = outcome = future.result()
+    rounds = -(-len(names) // jobs)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.fuzz.run",
+            "--fork",
+            str(jobs),
+            ",".join(names),
+            str(work),
+            f"-runs={share}",
+            f"-max_total_time={max_seconds}",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # the forked targets share its group: killed with it
+    )
+    watchdog = threading.Timer(rounds * (max_seconds + 120), os.killpg, (proc.pid, 9))
+    watchdog.start()
+    started = {n: time.monotonic() for n in names[:jobs]}
+    done: dict[str, Outcome] = {}
+    launcher = b""
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            m = _EXIT.match(line)
+            if m is None:
+                launcher = (launcher + line)[-3000:]
+                continue
+            name, returncode = m.group(1).decode(), int(m.group(2))
+            output = (work / name / OUTPUT).read_bytes()
+            seconds = time.monotonic() - started.get(name, time.monotonic())
+            done[name] = outcome = _outcome(name, returncode, seconds, output)
+            waiting = [n for n in names if n not in started]
+            if waiting:
+                started[waiting[0]] = time.monotonic()
             if progress is not None:
                 progress(outcome)
-    return [done[n] for n in names]
+        returncode = proc.wait()
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    # A target the launcher never reported (it failed, or was killed) ran nothing.
+    return [done.get(n) or _outcome(n, returncode or 1, 0.0, launcher) for n in names]
 
 
 def report(outcomes: list[Outcome]) -> str:
