@@ -139,7 +139,7 @@ class ReplayClient:
     def close(self) -> None:
         self._channel.close()
 
-    def _call(self, method: str, request: Any, response_type: Any) -> Any:
+    def _stub(self, method: str, response_type: Any) -> Any:
         stub = self._calls.get(method)
         if stub is None:
             stub = self._channel.unary_unary(
@@ -148,6 +148,10 @@ class ReplayClient:
                 response_deserializer=response_type.FromString,
             )
             self._calls[method] = stub
+        return stub
+
+    def _call(self, method: str, request: Any, response_type: Any) -> Any:
+        stub = self._stub(method, response_type)
         deadline = time.monotonic() + self.timeout
         backoff = _RETRY_FIRST_S
         while True:
@@ -264,6 +268,40 @@ class ReplayClient:
                 pb.attributes.update(m.attributes)
         resp = self._call("PublishDeduplicated", req, replay_pb2.PublishDeduplicatedResponse)
         return list(resp.message_ids), int(resp.duplicates)
+
+    def start_publish(self, request: Any) -> PendingPublish:
+        """Send a ``PublishDeduplicatedRequest`` without waiting for its answer (the sink keeps
+        a few in flight); :meth:`PendingPublish.result` waits, and sends it again as
+        :meth:`_call` does if it failed with a retriable code."""
+        response_type = replay_pb2.PublishDeduplicatedResponse
+        future = self._stub("PublishDeduplicated", response_type).future(
+            request, timeout=self.timeout, wait_for_ready=True
+        )
+        return PendingPublish(self, request, future)
+
+
+class PendingPublish:
+    """A ``PublishDeduplicated`` call in flight."""
+
+    def __init__(self, client: ReplayClient, request: Any, future: Any) -> None:
+        self._client = client
+        self._request = request
+        self._future = future
+
+    def result(self) -> tuple[int, int]:
+        """(messages answered, how many of them were duplicates); :class:`ReplayError`."""
+        try:
+            resp = self._future.result()
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+            if code not in _RETRY_CODES:
+                details = exc.details() if hasattr(exc, "details") else str(exc)
+                raise ReplayError("PublishDeduplicated", code, details or "") from exc
+            self._client.retries += 1
+            resp = self._client._call(
+                "PublishDeduplicated", self._request, replay_pb2.PublishDeduplicatedResponse
+            )
+        return len(resp.message_ids), int(resp.duplicates)
 
 
 def columns_from_rows(messages: Sequence[Any]) -> Any:
