@@ -139,11 +139,13 @@ proto:
 
 ## Example Spark pipeline (pubsubd[spark], Java 17+): topic -> transform -> topic on local[*];
 ## ARGS=--cluster on a throwaway standalone cluster, ARGS=--connect from a Spark Connect client.
-## Starts a throwaway pubsubd unless PUBSUB_EMULATOR_HOST is set.
+## Starts a throwaway pubsubd unless PUBSUB_EMULATOR_HOST is set; ARGS=--pubsubd-cluster starts a
+## throwaway pubsubd cluster (ZooKeeper, storage nodes, a router, 2 frontends) instead.
 spark-demo: $(VENV)/.installed-test
 	$(BIN)/python examples/spark_demo.py $(ARGS)
 
-## Spark connector throughput (rows/s server -> Spark, Spark -> server, beside the raw replay API)
+## Spark connector throughput (rows/s server -> Spark, Spark -> server, beside the raw replay API
+## and the null server)
 ## on local[2]; waits for /tmp/pubsubd-bench.lock so it never overlaps another benchmark.
 spark-bench: $(VENV)/.installed-test
 	flock /tmp/pubsubd-bench.lock $(BIN)/python -m bench.spark_bench $(ARGS)

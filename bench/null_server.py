@@ -10,6 +10,11 @@ It stores nothing and checks almost nothing:
   ``max_outstanding_messages`` allows, counting acks and nacks (unary or in-stream) as releases.
   Any other subscription is in relay mode. The stream is never ended with OK.
 * ``Acknowledge`` / ``ModifyAckDeadline`` only release flow control; admin RPCs echo.
+* The replay API (``pubsubd.v1.Replay``, what the Spark connector calls): ``PublishDeduplicated``
+  parses the request, stores nothing and answers consecutive ids (no duplicates);
+  ``GetTopicRanges`` of a topic whose ID ends ``-{count}-{size}`` answers one source
+  ``[0, count)``, and a columnar ``Read`` of it generates the page (``size`` data bytes per row,
+  no attributes); any other topic is empty.
 
 Run: ``python -m bench.null_server --port 0``; it logs ``null-server ready grpc=HOST:PORT``.
 """
@@ -30,6 +35,7 @@ from typing import Any, TypeAlias
 import grpc
 
 from bench import pb
+from pubsubd._gen.pubsubd.v1 import replay_pb2
 
 log = logging.getLogger("bench.null_server")
 
@@ -206,6 +212,38 @@ class NullServer:
             sub.outstanding += count
             yield bytes(response.SerializeToString())
 
+    # --- replay API (the Spark connector) ---------------------------------------------------
+
+    async def publish_deduplicated(self, request: Any, context: Context) -> Any:
+        first = next(self._ids)
+        n = len(request.messages)
+        self._ids = itertools.count(first + n)
+        return replay_pb2.PublishDeduplicatedResponse(
+            message_ids=list(map(str, range(first, first + n)))
+        )
+
+    async def get_topic_ranges(self, request: Any, context: Context) -> Any:
+        out = replay_pb2.GetTopicRangesResponse()
+        count, _ = _generated(request.topic)
+        if count:
+            out.sources.add(source=0, earliest_offset=0, latest_offset=count)
+        return out
+
+    async def read(self, request: Any, context: Context) -> Any:
+        count, size = _generated(request.topic)
+        end = min(request.end_offset or count, count)
+        stop = min(end, request.start_offset + min(request.max_messages or 1000, 10_000))
+        out = replay_pb2.ReadResponse(next_offset=max(stop, request.start_offset))
+        n = stop - request.start_offset
+        if n > 0:
+            cols = out.columns
+            cols.offsets.extend(range(request.start_offset, stop))
+            cols.data.extend(itertools.repeat(b"x" * size, n))
+            cols.ordering_keys.extend(itertools.repeat("", n))
+            cols.publish_time_us.extend(itertools.repeat(int(time.time() * 1e6), n))
+            cols.attribute_counts.extend(itertools.repeat(0, n))
+        return out
+
     # --- wiring -------------------------------------------------------------------------------
 
     def handlers(self) -> list[grpc.GenericRpcHandler]:
@@ -254,7 +292,31 @@ class NullServer:
                 ),
             },
         )
-        return [publisher, subscriber]
+        replay = grpc.method_handlers_generic_handler(
+            "pubsubd.v1.Replay",
+            {
+                "PublishDeduplicated": unary(
+                    self.publish_deduplicated,
+                    replay_pb2.PublishDeduplicatedRequest,
+                    ser(replay_pb2.PublishDeduplicatedResponse),
+                ),
+                "GetTopicRanges": unary(
+                    self.get_topic_ranges,
+                    replay_pb2.GetTopicRangesRequest,
+                    ser(replay_pb2.GetTopicRangesResponse),
+                ),
+                "Read": unary(self.read, replay_pb2.ReadRequest, ser(replay_pb2.ReadResponse)),
+            },
+        )
+        return [publisher, subscriber, replay]
+
+
+def _generated(topic: str) -> tuple[int, int]:
+    """(count, size) of a generated topic ``...-{count}-{size}``; (0, 0) for any other."""
+    parts = topic.rsplit("-", 2)
+    if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+        return int(parts[1]), int(parts[2])
+    return 0, 0
 
 
 async def serve(host: str, port: int) -> None:

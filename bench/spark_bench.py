@@ -17,7 +17,12 @@ one warm-up run that is not reported:
 * ``raw PublishDeduplicated``: the client's deduplicated publish, 1000-row requests, one thread
   (what one sink task does minus Spark);
 * ``Spark write``: ``df.write.format("pubsubd")`` of N rows of S bytes (``spark.range`` split in
-  ``--write-partitions`` partitions) to a second topic.
+  ``--write-partitions`` partitions) to a second topic;
+* the same Spark read (``minPartitions=2``) and Spark write against the null server
+  (``bench.null_server``: it generates the pages a Read asks for and stores nothing), so the
+  figures show how fast Spark and the connector go when the server costs nothing.
+
+``--only NAME,...`` runs only those measurements (names as in the JSON).
 
 Spark runs on ``local[2]`` by default (``--master``) with the UI off; PYSPARK_PYTHON is this
 interpreter. Prints a markdown table (rows/s, MB/s of payload, CPU of the server and of the rest
@@ -48,7 +53,7 @@ from google.protobuf import duration_pb2
 
 from bench import pb
 from bench.report import RESULTS_DIR, machine_info
-from bench.targets import REPO_ROOT, PubsubdTarget
+from bench.targets import REPO_ROOT, NullTarget, PubsubdTarget
 from bench.workloads import CHANNEL_OPTIONS, machine_busy_s, process_cpu_s, raw_publish
 
 PROJECT = "bench"
@@ -282,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master", default="local[2]", help="Spark master")
     parser.add_argument("--write-partitions", type=int, default=2, help="Spark write tasks")
     parser.add_argument("--fsync", default="always", help="pubsubd --fsync (always, interval)")
+    parser.add_argument("--only", default="", help="comma-separated measurement names")
     args = parser.parse_args(argv)
     n: int = args.messages
     size: int = args.size
@@ -290,7 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     started_at = dt.datetime.now(dt.UTC)
     t0 = time.monotonic()
     target = PubsubdTarget(args.fsync).start()
+    null = NullTarget().start()
     try:
+        null_endpoint = null.endpoint
         endpoint = target.endpoint
         assert target.pid is not None
         pid = target.pid
@@ -313,8 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"Spark {spark.version} on {args.master} started in {spark_start_s:.1f} s")
         from pyspark.sql import functions as F
 
-        def reader(**options: str) -> Any:
-            r = spark.read.format("pubsubd").option("endpoint", endpoint).option("topic", source)
+        def reader(at: str = endpoint, topic: str = source, **options: str) -> Any:
+            r = spark.read.format("pubsubd").option("endpoint", at).option("topic", topic)
             for k, v in options.items():
                 r = r.option(k, v)
             return r.load()
@@ -326,14 +334,22 @@ def main(argv: list[str] | None = None) -> int:
 
             return go
 
+        null_source = f"projects/{PROJECT}/topics/null-read-{n}-{size}"  # generated pages
+
+        def null_noop() -> int:
+            reader(null_endpoint, null_source, minPartitions="2").write.format("noop").mode(
+                "overwrite"
+            ).save()
+            return n
+
         rows = spark.range(0, n, numPartitions=args.write_partitions).select(
             F.lit(bytearray(b"x" * size)).alias("data")
         )
 
-        def spark_write() -> int:
+        def spark_write(at: str = endpoint) -> int:
             (
                 rows.write.format("pubsubd")
-                .option("endpoint", endpoint)
+                .option("endpoint", at)
                 .option("topic", sink)
                 .mode("append")
                 .save()
@@ -370,11 +386,24 @@ def main(argv: list[str] | None = None) -> int:
                 f"Spark write: `df.write.format(\"pubsubd\")`, {args.write_partitions} tasks",
                 spark_write, n,
             ),
+            Measurement(
+                "null-spark-read-2", "Spark read -> `noop`, `minPartitions=2`, null server",
+                null_noop, n,
+            ),
+            Measurement(
+                "null-spark-write",
+                f"Spark write, {args.write_partitions} tasks, to the null server",
+                lambda: spark_write(null_endpoint), n,
+            ),
         ]  # fmt: skip
+        if args.only:
+            wanted = set(args.only.split(","))
+            measurements = [m for m in measurements if m.name in wanted]
         for m in measurements:
             measure(m, args.runs, pid, size)
         spark.stop()
     finally:
+        null.stop()
         target.stop()
 
     ratios = [

@@ -3,6 +3,7 @@
     make spark-demo                    # starts a throwaway pubsubd, or uses PUBSUB_EMULATOR_HOST
     make spark-demo ARGS=--cluster     # on a throwaway Spark standalone cluster (two workers)
     make spark-demo ARGS=--connect     # from a Spark Connect client (throwaway Connect server)
+    make spark-demo ARGS=--pubsubd-cluster  # against a throwaway pubsubd cluster (2 frontends)
     python examples/spark_demo.py --messages 5000
 
 Publishes JSON orders to ``orders``, runs a streaming query that parses them, keeps the large
@@ -116,14 +117,32 @@ def main() -> None:
         action="store_true",
         help="start a Spark Connect server on loopback and run from a Connect client session",
     )
+    parser.add_argument(
+        "--pubsubd-cluster",
+        action="store_true",
+        help="start a local pubsubd cluster (ZooKeeper, 3 storage nodes, a router, 2 frontends) "
+        "and list both frontends in the connector's endpoint option",
+    )
     args = parser.parse_args()
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers need pyarrow + pubsubd
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     work = Path(tempfile.mkdtemp(prefix="pubsubd-spark-demo-"))
     server = None
+    cluster = None
     endpoint = os.environ.get("PUBSUB_EMULATOR_HOST")
-    if not endpoint:
+    if args.pubsubd_cluster:
+        from pubsubd.cluster.launcher import LocalCluster
+
+        cluster = LocalCluster(work / "pubsubd-cluster")
+        try:
+            cluster.up(zk_nodes=1, storage_nodes=3, routers=1, frontends=2)
+        except BaseException:
+            cluster.down()
+            raise
+        endpoint = "ipv4:" + ",".join(cluster.frontends)  # the connector and the official client
+        print(f"started a pubsubd cluster in {cluster.directory}; frontends {endpoint}")
+    elif not endpoint:
         server, endpoint = start_server(work)
         print(f"started pubsubd on {endpoint} (data in {work})")
     source = f"projects/{PROJECT}/topics/orders-{int(time.time())}"
@@ -203,6 +222,9 @@ def main() -> None:
         if server is not None:
             server.terminate()
             server.wait(20)
+        if cluster is not None:
+            cluster.down()
+        if server is not None or cluster is not None:
             shutil.rmtree(work, ignore_errors=True)
 
 

@@ -5,12 +5,22 @@ driver's streaming-source runner or an executor's Python worker. Readers and wri
 Spark, so they hold only the endpoint string and call :func:`get_client` inside ``read()`` /
 ``write()`` / ``commit()``. Python workers are reused across tasks, so the channel outlives a task;
 gRPC reconnects an idle or broken channel by itself, and every call has a deadline.
+
+The endpoint may name several servers (a cluster's frontends): ``ipv4:A,B`` as gRPC and the
+official client take it, or a plain ``A,B`` list, which :func:`channel_target` turns into that
+form. Calls are then spread over them (``round_robin``), and a call that fails because a server
+went away (UNAVAILABLE) is sent again, to another one, until the call's deadline: every replay
+call may be repeated (reads, head offsets and cursor reads change nothing; a cursor commit sets
+the same positions again; ``PublishDeduplicated`` carries dedup IDs, so the server drops what
+the first attempt stored).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +39,58 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
     ("grpc.keepalive_time_ms", 30_000),
 ]
+
+
+# A call that failed with one of these codes is sent again (see the module docstring): the
+# server or the frontend in between went away, or the connection broke before the answer.
+_RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE})
+_RETRY_FIRST_S = 0.05  # backoff before the first retry, doubled up to _RETRY_MAX_S
+_RETRY_MAX_S = 1.0
+
+
+class EndpointError(ValueError):
+    """An ``endpoint`` that names no server gRPC can reach."""
+
+
+def channel_target(endpoint: str) -> str:
+    """The gRPC target for ``endpoint``: ``host:port`` and gRPC targets (``ipv4:A,B``,
+    ``dns:...``, ``unix:...``) as they are; a comma list of ``IP:port`` addresses as
+    ``ipv4:A,B`` (or ``ipv6:[A]:p,...``). gRPC resolves a list only of IP addresses, so a list
+    with a host name raises :class:`EndpointError`."""
+    text = endpoint.strip()
+    if "," not in text or _has_scheme(text):
+        return text
+    hosts = [a.strip() for a in text.split(",") if a.strip()]
+    families = {_ip_family(a) for a in hosts}
+    if None in families or len(families) != 1:
+        raise EndpointError(
+            f"endpoint {endpoint!r}: a list must be IP:port addresses of one family "
+            "(127.0.0.1:8085,127.0.0.1:8086), or give a gRPC target such as dns:HOST:PORT"
+        )
+    return f"{families.pop()}:{','.join(hosts)}"
+
+
+def _has_scheme(target: str) -> bool:
+    scheme, sep, _ = target.partition(":")
+    return bool(sep) and scheme in ("ipv4", "ipv6", "dns", "unix", "unix-abstract", "vsock")
+
+
+def _ip_family(address: str) -> str | None:
+    """``ipv4`` / ``ipv6`` for ``IP:port`` / ``[IP]:port``, None for anything else."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    try:
+        ip = ipaddress.ip_address(host[1:-1] if host.startswith("[") else host)
+    except ValueError:
+        return None
+    if ip.version == 6 and not host.startswith("["):
+        return None
+    return f"ipv{ip.version}"
+
+
+def _several(target: str) -> bool:
+    return _has_scheme(target) and "," in target
 
 
 class ReplayError(RuntimeError):
@@ -52,8 +114,9 @@ class OutgoingMessage:
 
 def resolve_endpoint(option: str | None) -> str:
     """The ``endpoint`` option, else ``PUBSUB_EMULATOR_HOST``, else 127.0.0.1:8085 (resolved on the
-    driver, so executors need no environment of their own)."""
-    return option or os.environ.get("PUBSUB_EMULATOR_HOST") or DEFAULT_ENDPOINT
+    driver, so executors need no environment of their own), as a gRPC target
+    (:func:`channel_target`; :class:`EndpointError` if it is not one)."""
+    return channel_target(option or os.environ.get("PUBSUB_EMULATOR_HOST") or DEFAULT_ENDPOINT)
 
 
 class ReplayClient:
@@ -64,14 +127,19 @@ class ReplayClient:
     ) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
+        target = channel_target(endpoint)
+        options: list[tuple[str, Any]] = list(_CHANNEL_OPTIONS)
+        if _several(target):  # a cluster's frontends: spread the calls, skip a dead one
+            options.append(("grpc.lb_policy_name", "round_robin"))
         # Plaintext, or TLS and a bearer token (the caFile, token, tokenFile options).
-        self._channel = (security or ClientSecurity()).channel(endpoint, _CHANNEL_OPTIONS)
+        self._channel = (security or ClientSecurity()).channel(target, options)
+        self.retries = 0  # calls sent again after a retriable failure (tests, logs)
         self._calls: dict[str, Any] = {}
 
     def close(self) -> None:
         self._channel.close()
 
-    def _call(self, method: str, request: Any, response_type: Any) -> Any:
+    def _stub(self, method: str, response_type: Any) -> Any:
         stub = self._calls.get(method)
         if stub is None:
             stub = self._channel.unary_unary(
@@ -80,12 +148,24 @@ class ReplayClient:
                 response_deserializer=response_type.FromString,
             )
             self._calls[method] = stub
-        try:
-            return stub(request, timeout=self.timeout, wait_for_ready=True)
-        except grpc.RpcError as exc:
-            code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
-            details = exc.details() if hasattr(exc, "details") else str(exc)
-            raise ReplayError(method, code, details or "") from exc
+        return stub
+
+    def _call(self, method: str, request: Any, response_type: Any) -> Any:
+        stub = self._stub(method, response_type)
+        deadline = time.monotonic() + self.timeout
+        backoff = _RETRY_FIRST_S
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return stub(request, timeout=max(left, 0.001), wait_for_ready=True)
+            except grpc.RpcError as exc:
+                code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+                details = exc.details() if hasattr(exc, "details") else str(exc)
+                if code not in _RETRY_CODES or time.monotonic() + backoff >= deadline:
+                    raise ReplayError(method, code, details or "") from exc
+            time.sleep(backoff)
+            backoff = min(backoff * 2, _RETRY_MAX_S)
+            self.retries += 1
 
     def topic_bounds(self, topic: str) -> dict[int, SourceBounds]:
         """Earliest retained and latest committed offset of every partition, in one call."""
@@ -188,6 +268,40 @@ class ReplayClient:
                 pb.attributes.update(m.attributes)
         resp = self._call("PublishDeduplicated", req, replay_pb2.PublishDeduplicatedResponse)
         return list(resp.message_ids), int(resp.duplicates)
+
+    def start_publish(self, request: Any) -> PendingPublish:
+        """Send a ``PublishDeduplicatedRequest`` without waiting for its answer (the sink keeps
+        a few in flight); :meth:`PendingPublish.result` waits, and sends it again as
+        :meth:`_call` does if it failed with a retriable code."""
+        response_type = replay_pb2.PublishDeduplicatedResponse
+        future = self._stub("PublishDeduplicated", response_type).future(
+            request, timeout=self.timeout, wait_for_ready=True
+        )
+        return PendingPublish(self, request, future)
+
+
+class PendingPublish:
+    """A ``PublishDeduplicated`` call in flight."""
+
+    def __init__(self, client: ReplayClient, request: Any, future: Any) -> None:
+        self._client = client
+        self._request = request
+        self._future = future
+
+    def result(self) -> tuple[int, int]:
+        """(messages answered, how many of them were duplicates); :class:`ReplayError`."""
+        try:
+            resp = self._future.result()
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+            if code not in _RETRY_CODES:
+                details = exc.details() if hasattr(exc, "details") else str(exc)
+                raise ReplayError("PublishDeduplicated", code, details or "") from exc
+            self._client.retries += 1
+            resp = self._client._call(
+                "PublishDeduplicated", self._request, replay_pb2.PublishDeduplicatedResponse
+            )
+        return len(resp.message_ids), int(resp.duplicates)
 
 
 def columns_from_rows(messages: Sequence[Any]) -> Any:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pubsubd.core.client_security import ClientSecurity
-from pubsubd.spark.client import resolve_endpoint
+from pubsubd.spark.client import EndpointError, resolve_endpoint
 
 # Rows per replay Read call. Each call costs ~0.5 ms of server CPU whatever its size (gRPC), so
 # pages of 5000 spend 0.1 µs per row on it; the server caps a page at 10,000 rows and 16 MB.
@@ -79,6 +79,16 @@ def parse_timestamp(text: str, name: str) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
+def parse_endpoint(options: Mapping[str, Any]) -> str:
+    """The ``endpoint`` option as a gRPC target: ``host:port``, or several servers (a cluster's
+    frontends) as ``ipv4:A,B`` or ``A,B``; default ``PUBSUB_EMULATOR_HOST``, else
+    127.0.0.1:8085."""
+    try:
+        return resolve_endpoint(_get(options, "endpoint"))
+    except EndpointError as e:
+        raise OptionError(str(e)) from None
+
+
 def topic_path(options: Mapping[str, Any]) -> str:
     """The ``topic`` option as ``projects/{project}/topics/{id}`` (a short id takes the ``project``
     option, else ``PUBSUB_PROJECT_ID`` / ``GOOGLE_CLOUD_PROJECT``)."""
@@ -121,7 +131,7 @@ class SourceOptions:
         start_ts = _get(options, "startingTimestamp")
         end_ts = _get(options, "endingTimestamp")
         return cls(
-            endpoint=resolve_endpoint(_get(options, "endpoint")),
+            endpoint=parse_endpoint(options),
             topic=topic_path(options),
             subscription=_get(options, "subscription") or None,
             starting_offsets=_get(options, "startingOffsets"),
@@ -151,7 +161,7 @@ class SinkOptions:
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> SinkOptions:
         return cls(
-            endpoint=resolve_endpoint(_get(options, "endpoint")),
+            endpoint=parse_endpoint(options),
             topic=topic_path(options),
             batch_size=min(1000, _int(options, "publishBatchSize") or 1000),
             write_id=_get(options, "writeId") or uuid.uuid4().hex,

@@ -21,6 +21,7 @@ Otherwise give each row its own ``dedup_id``.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,12 +35,17 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
-from pubsubd.spark.client import OutgoingMessage, get_client
+from pubsubd._gen.pubsubd.v1 import replay_pb2
+from pubsubd.spark.client import PendingPublish, get_client
 from pubsubd.spark.options import OptionError, SinkOptions
 
 log = logging.getLogger("pubsubd.spark")
 
 _MAX_REQUEST_BYTES = 8 * 1024 * 1024  # below the server's 10 MB per request
+_OVERHEAD_BYTES = 6  # tags and lengths per field (an estimate; the limit above leaves room)
+# Requests in flight per task: the worker builds the next while the server stores the last. Two
+# is enough to overlap them; more would only queue behind the server's single event loop.
+_IN_FLIGHT = 2
 
 
 @dataclass
@@ -77,47 +83,80 @@ def check_schema(schema: StructType) -> None:
 def publish_batches(
     opts: SinkOptions, batches: Iterator[pa.RecordBatch], id_prefix: str, partition_id: int
 ) -> PublishCommit:
-    """Publish every row of ``batches`` in requests of at most ``opts.batch_size`` messages."""
+    """Publish every row of ``batches`` in requests of at most ``opts.batch_size`` messages,
+    keeping up to ``_IN_FLIGHT`` requests in flight (one when rows have ordering keys, so a
+    key's messages are stored in row order). The requests are built straight from the Arrow
+    columns, one ``add`` per row."""
     client = get_client(opts.endpoint, opts.security)
-    pending: list[OutgoingMessage] = []
-    pending_bytes = 0
+    in_flight: deque[PendingPublish] = deque()
     published = duplicates = row = 0
+    request: Any = None
+    request_bytes = 0
+    limit = _IN_FLIGHT
 
-    def flush() -> None:
-        nonlocal pending, pending_bytes, published, duplicates
-        if pending:
-            ids, dups = client.publish_deduplicated(opts.topic, pending)
-            published += len(ids)
+    def collect(keep: int) -> None:
+        nonlocal published, duplicates
+        while len(in_flight) > keep:
+            answered, dups = in_flight.popleft().result()
+            published += answered
             duplicates += dups
-        pending, pending_bytes = [], 0
+
+    def send() -> None:
+        nonlocal request, request_bytes
+        if request is not None:
+            collect(limit - 1)
+            in_flight.append(client.start_publish(request))
+        request, request_bytes = None, 0
 
     for batch in batches:
         names = batch.schema.names
-        column = {name: batch.column(i).to_pylist() for i, name in enumerate(names)}
-        data = column["data"]
-        attrs = column.get("attributes")
-        keys = column.get("ordering_key")
-        dedup = column.get("dedup_id")
+        data = _binary_column(batch.column(names.index("data")))
+        attrs = _column(batch, "attributes")
+        keys = _column(batch, "ordering_key")
+        dedup = _column(batch, "dedup_id")
+        if keys is not None and any(keys):
+            send()
+            collect(0)
+            limit = 1
         for i in range(batch.num_rows):
-            value = data[i]
-            payload = value.encode() if isinstance(value, str) else (value or b"")
-            attributes: Mapping[str, str] | None = dict(attrs[i]) if attrs and attrs[i] else None
-            message = OutgoingMessage(
-                dedup_id=(dedup[i] if dedup and dedup[i] else f"{id_prefix}:{row}"),
-                data=payload,
-                attributes=attributes,
-                ordering_key=(keys[i] or "") if keys else "",
-            )
+            payload = data[i] or b""
+            dedup_id = dedup[i] if dedup is not None and dedup[i] else f"{id_prefix}:{row}"
             row += 1
-            size = len(payload) + sum(len(k) + len(v) for k, v in (attributes or {}).items())
-            if pending and (
-                len(pending) >= opts.batch_size or pending_bytes + size > _MAX_REQUEST_BYTES
+            attributes = attrs[i] if attrs is not None else None
+            key = keys[i] if keys is not None else None
+            size = len(payload) + len(dedup_id) + _OVERHEAD_BYTES
+            if attributes:
+                size += sum(len(k) + len(v) + _OVERHEAD_BYTES for k, v in attributes)
+            if key:
+                size += len(key)
+            if request is not None and (
+                len(request.messages) >= opts.batch_size
+                or request_bytes + size > _MAX_REQUEST_BYTES
             ):
-                flush()
-            pending.append(message)
-            pending_bytes += size + len(message.dedup_id) + len(message.ordering_key)
-    flush()
+                send()
+            if request is None:
+                request = replay_pb2.PublishDeduplicatedRequest(topic=opts.topic)
+            message = request.messages.add(dedup_id=dedup_id, data=payload)
+            if attributes:
+                message.attributes.update(dict(attributes))
+            if key:
+                message.ordering_key = key
+            request_bytes += size
+    send()
+    collect(0)
     return PublishCommit(partition_id, published, duplicates)
+
+
+def _column(batch: pa.RecordBatch, name: str) -> list[Any] | None:
+    i = batch.schema.get_field_index(name)
+    return None if i < 0 else batch.column(i).to_pylist()
+
+
+def _binary_column(column: pa.Array) -> list[bytes | None]:
+    """The ``data`` column as bytes (a string column is UTF-8 already: cast without a copy)."""
+    if not pa.types.is_binary(column.type):
+        column = column.cast(pa.binary())
+    return column.to_pylist()  # type: ignore[no-any-return]
 
 
 def _task() -> TaskContext:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,42 +143,54 @@ def columns_to_record_batch(topic: str, partition: int, columns: Any) -> pa.Reco
 
 
 def read_range(p: RangePartition) -> Iterator[pa.RecordBatch]:
-    """Read ``[p.start, p.end)`` in pages; a retention gap is data loss (fail or skip)."""
+    """Read ``[p.start, p.end)`` in pages; a retention gap is data loss (fail or skip).
+
+    The next page is fetched by a helper thread while this one becomes a RecordBatch and Spark
+    takes it (the call waits on the server without the GIL), so the server and the task work
+    at the same time."""
     client = get_client(p.endpoint, p.security)
+
+    def fetch(offset: int) -> tuple[Any, int]:
+        return client.read_columns(p.topic, p.partition, offset, p.end, p.fetch_size)  # type: ignore[no-any-return]
+
     cur = p.start
-    while cur < p.end:
-        try:
-            columns, next_offset = client.read_columns(
-                p.topic, p.partition, cur, p.end, p.fetch_size
-            )
-        except ReplayError as exc:
-            if exc.code != grpc.StatusCode.OUT_OF_RANGE:
-                raise
-            bounds = client.topic_bounds(p.topic).get(p.partition)
-            earliest = bounds.earliest if bounds is not None else p.end
-            if earliest <= cur:
-                raise
-            latest = bounds.latest if bounds is not None else p.end
-            _report_loss(
-                off.DataLoss(p.partition, cur, earliest, latest), p.topic, p.fail_on_data_loss
-            )
-            cur = earliest
-            continue
-        offsets = columns.offsets
-        if offsets:
-            first = offsets[0]
-            if first > cur:
-                loss = off.DataLoss(p.partition, cur, first, p.end)
-                _report_loss(loss, p.topic, p.fail_on_data_loss)
-            yield columns_to_record_batch(p.topic, p.partition, columns)
-            cur = max(next_offset, offsets[-1] + 1)
-        elif next_offset > cur:
-            cur = next_offset
-        else:
-            raise RuntimeError(
-                f"pubsubd Read made no progress at offset {cur} of partition {p.partition} "
-                f"of {p.topic} (end {p.end})"
-            )
+    with ThreadPoolExecutor(1, thread_name_prefix="pubsubd-read") as pool:
+        ahead: tuple[int, Future[tuple[Any, int]]] | None = None
+        while cur < p.end:
+            page = ahead[1] if ahead is not None and ahead[0] == cur else pool.submit(fetch, cur)
+            ahead = None
+            try:
+                columns, next_offset = page.result()
+            except ReplayError as exc:
+                if exc.code != grpc.StatusCode.OUT_OF_RANGE:
+                    raise
+                bounds = client.topic_bounds(p.topic).get(p.partition)
+                earliest = bounds.earliest if bounds is not None else p.end
+                if earliest <= cur:
+                    raise
+                latest = bounds.latest if bounds is not None else p.end
+                _report_loss(
+                    off.DataLoss(p.partition, cur, earliest, latest), p.topic, p.fail_on_data_loss
+                )
+                cur = earliest
+                continue
+            offsets = columns.offsets
+            if offsets:
+                first = offsets[0]
+                if first > cur:
+                    loss = off.DataLoss(p.partition, cur, first, p.end)
+                    _report_loss(loss, p.topic, p.fail_on_data_loss)
+                cur = max(next_offset, offsets[-1] + 1)
+                if cur < p.end:
+                    ahead = (cur, pool.submit(fetch, cur))
+                yield columns_to_record_batch(p.topic, p.partition, columns)
+            elif next_offset > cur:
+                cur = next_offset
+            else:
+                raise RuntimeError(
+                    f"pubsubd Read made no progress at offset {cur} of partition {p.partition} "
+                    f"of {p.topic} (end {p.end})"
+                )
 
 
 def _partitions(
