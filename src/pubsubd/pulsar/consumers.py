@@ -6,7 +6,7 @@ subscription's refusal (FAILED_PRECONDITION) is the client's ConsumerBusy. What 
 delivers waits here until the client's FLOW permits allow a MESSAGE (one permit per message).
 
 Batches: consecutive positions of one source with the same delivery attempt and publish time
-(ms) go out as one MESSAGE holding a Pulsar batch (at most ``MAX_BATCH`` messages,
+go out as one MESSAGE holding a Pulsar batch (at most ``MAX_BATCH`` messages,
 ``MAX_BATCH_BYTES``), at entry = the first position, so message i is position entry + i (ids.py),
 as for a producer's batch; the client splits it. The consumer keeps each delivery's ack IDs
 under its (ledger, entry). The client acks a batch as Pulsar's does: with batch-index acks off
@@ -135,8 +135,8 @@ class Consumer:
         out = []
         acked: list[str] = []
         auto_ack, take = self.auto_ack, buffer.popleft
-        batching = self.batching and count > 1
-        while count:  # once per MESSAGE: kept lean
+        max_batch = MAX_BATCH if self.batching else 1
+        while count:  # once per delivered message: kept lean
             received = take()
             message = received.message
             pos = int(message.message_id)  # a position: source << 48 | offset (ids.py)
@@ -144,36 +144,38 @@ class Consumer:
             attempt = received.delivery_attempt
             redelivery = attempt - 1 if attempt > 1 else 0
             count -= 1
-            if not batching or not count or not _joins(buffer[0], pos + 1, attempt, message):
-                if auto_ack:
-                    acked.append(received.ack_id)
-                else:
-                    sent[(ledger, entry)] = [received.ack_id]
+            batch = [message]
+            ack_ids: list[str | None] = [received.ack_id]
+            # The batch takes the next messages while they are the next positions of the
+            # source, with the same delivery attempt and publish time (a batch carries one).
+            published, size, expected = message.publish_time, len(message.data), pos + 1
+            while count and len(batch) < max_batch and size < MAX_BATCH_BYTES:
+                nxt = buffer[0]
+                m = nxt.message
+                if (
+                    int(m.message_id) != expected
+                    or nxt.delivery_attempt != attempt
+                    or m.publish_time != published
+                ):
+                    break
+                take()
+                batch.append(m)
+                ack_ids.append(nxt.ack_id)
+                size += len(m.data)
+                expected += 1
+                count -= 1
+            if len(batch) > 1:
+                sent[(ledger, entry)] = ack_ids
                 out.append(
-                    messages.message_frame(
-                        consumer_id, ledger, entry, redelivery, message, partition
-                    )
+                    messages.batch_frame(consumer_id, ledger, entry, redelivery, batch, partition)
                 )
                 continue
-            nxt = take()  # it joins: checked above
-            batch = [message, nxt.message]
-            ack_ids: list[str | None] = [received.ack_id, nxt.ack_id]
-            size = len(message.data) + len(nxt.message.data)
-            count -= 1
-            while (
-                count
-                and len(batch) < MAX_BATCH
-                and size < MAX_BATCH_BYTES
-                and _joins(buffer[0], pos + len(batch), attempt, message)
-            ):
-                nxt = take()
-                batch.append(nxt.message)
-                ack_ids.append(nxt.ack_id)
-                size += len(nxt.message.data)
-                count -= 1
-            sent[(ledger, entry)] = ack_ids
+            if auto_ack:
+                acked.append(received.ack_id)
+            else:
+                sent[(ledger, entry)] = ack_ids
             out.append(
-                messages.batch_frame(consumer_id, ledger, entry, redelivery, batch, partition)
+                messages.message_frame(consumer_id, ledger, entry, redelivery, message, partition)
             )
         self.write(b"".join(out))
         if acked:
@@ -344,18 +346,6 @@ class Consumer:
                         modify_deadline_seconds=[STREAM_DEADLINE_S] * len(part),
                     )
                 )
-
-
-def _joins(received: Any, position: int, attempt: int, first: Any) -> bool:
-    """Whether the delivered message ``received`` can follow a batch begun with ``first``: it
-    is at ``position`` (the next one of the same source), with the same delivery attempt and
-    publish time in milliseconds (a batch carries one redelivery count and one publish
-    time)."""
-    message = received.message
-    if int(message.message_id) != position or received.delivery_attempt != attempt:
-        return False
-    a, b = message.publish_time, first.publish_time
-    return bool(a.seconds == b.seconds and a.nanos // 1_000_000 == b.nanos // 1_000_000)
 
 
 def _bit(words: Any, i: int) -> bool:
