@@ -298,3 +298,18 @@ def test_request_id_of_any_command() -> None:
     flow = _cmd("FLOW")
     flow.flow.consumer_id = 1
     assert commands.request_id_of(flow) is None
+
+
+def test_a_namespace_lists_each_topic_of_its_project_once() -> None:
+    google = [
+        "projects/acme/topics/orders",
+        "projects/acme/topics/billing.invoices",
+        "projects/acme/topics/billing.2x",  # not a Pulsar topic name: left out
+        "projects/other/topics/orders",
+    ]
+    assert names.namespace_topics("acme/default", google) == ["persistent://acme/default/orders"]
+    assert names.namespace_topics("acme/billing", google) == ["persistent://acme/billing/invoices"]
+    for listed in names.namespace_topics("acme/billing", google):
+        assert names.parse_topic(listed).google == "projects/acme/topics/billing.invoices"
+    with pytest.raises(names.InvalidName):
+        names.parse_namespace("acme")
