@@ -168,6 +168,35 @@ def test_cumulative_acks_over_batches(client: pulsar.Client, batch_index_acks: b
     again.close()
 
 
+def test_a_batch_nacked_past_the_limit_goes_to_the_clients_dead_letter_topic(
+    client: pulsar.Client,
+) -> None:
+    """The redelivery count of a redelivered batch is right, so the client's dead-letter
+    policy sends every message of it on, and its ack of the batch acks them all."""
+    topic, dlq = _topic(), _topic()
+    dead = client.subscribe(dlq, "watch", consumer_type=pulsar.ConsumerType.Shared)
+    consumer = client.subscribe(
+        topic,
+        "retrying",
+        consumer_type=pulsar.ConsumerType.Shared,
+        negative_ack_redelivery_delay_ms=100,
+        dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(
+            max_redeliver_count=1, dead_letter_topic=dlq
+        ),
+    )
+    sent = _publish(client, topic, 5)
+    for count in (0, 1):
+        got = [consumer.receive(5000) for _ in range(5)]
+        assert [m.data() for m in got] == sent
+        assert {m.redelivery_count() for m in got} == {count}
+        assert {m.message_id().entry_id() for m in got} == {got[0].message_id().entry_id()}
+        for msg in got:
+            consumer.negative_acknowledge(msg)
+    dead_letters = [dead.receive(10000) for _ in range(5)]
+    assert sorted(m.data() for m in dead_letters) == sorted(sent)
+    assert _receive_all(consumer, 700) == []
+
+
 _KILLED = textwrap.dedent(
     """
     import sys, time, pulsar, _pulsar
