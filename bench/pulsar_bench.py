@@ -11,7 +11,9 @@ Workloads (100-byte messages, one client process, the official ``pulsar-client``
 
 Targets: ``pubsubd serve --fsync always`` (and ``--fsync never`` for the produce workloads), and
 ``bench/pulsar_null_broker.py``, a broker that stores nothing (the client's ceiling; it is Python
-too, so for consume it may be the limit itself). Each workload and target runs 3 times
+too, so for consume it may be the limit itself): ``null`` sends one message per MESSAGE,
+``null-batched`` (consume only) up to 1000 per MESSAGE as a Pulsar batch, as pubsubd's front
+does. Each workload and target runs 3 times
 (``--runs``), interleaved; the median is reported. ``--baseline REV`` adds pubsubd at another
 revision (``git archive`` of its ``src/``, first on ``PYTHONPATH``), fsync always, for a
 before/after comparison; ``--only consume,produce-sync`` picks workloads. Run under the
@@ -139,7 +141,11 @@ def _one(workload: str, port: int, null: bool, args: argparse.Namespace) -> floa
 
 def _targets(args: argparse.Namespace, baseline_src: Path | None) -> list[tuple[str, str | None]]:
     """(name, fsync) of each target; fsync None is the null broker."""
-    out: list[tuple[str, str | None]] = [("null", None), ("pubsubd-fsync-always", "always")]
+    out: list[tuple[str, str | None]] = [
+        ("null", None),
+        ("null-batched", None),
+        ("pubsubd-fsync-always", "always"),
+    ]
     if baseline_src is not None:
         out.append((f"baseline-{args.baseline}-fsync-always", "always"))
     if not args.no_fsync_never:
@@ -148,10 +154,11 @@ def _targets(args: argparse.Namespace, baseline_src: Path | None) -> list[tuple[
 
 
 def _start_target(
-    fsync: str | None, tmp: str, src: Path | None
+    name: str, fsync: str | None, tmp: str, src: Path | None
 ) -> tuple[subprocess.Popen[str], int]:
     if fsync is None:
-        cmd = [sys.executable, "-m", "bench.pulsar_null_broker", "--port", "0"]
+        batch = "1000" if name == "null-batched" else "1"
+        cmd = [sys.executable, "-m", "bench.pulsar_null_broker", "--port", "0", "--batch", batch]
         return _start(cmd, re.compile(r"null-pulsar ready port=(\d+)"))
     cmd = [
         sys.executable, "-m", "pubsubd", "serve", "--port", "0", "--http-port", "-1",
@@ -190,7 +197,7 @@ def main() -> None:
         for name, fsync in targets:
             tmp = stack.enter_context(tempfile.TemporaryDirectory())
             src = baseline_src if name.startswith("baseline-") else None
-            proc, ports[name] = _start_target(fsync, tmp, src)
+            proc, ports[name] = _start_target(name, fsync, tmp, src)
             stack.callback(proc.wait)
             stack.callback(proc.kill)
         values: dict[str, dict[str, list[float]]] = {name: {} for name, _ in targets}
@@ -202,6 +209,8 @@ def main() -> None:
                 for workload in workloads:
                     if workload == "consume" and fsync == "never":
                         continue
+                    if workload != "consume" and name == "null-batched":
+                        continue  # produce does not depend on how a broker delivers
                     rate = _one(workload, ports[name], fsync is None, args)
                     values[name].setdefault(workload, []).append(rate)
                     print(f"run {run + 1} {name} {workload} {rate:.0f}", flush=True)

@@ -2,11 +2,13 @@
 
 It stores nothing: a SEND is answered at once with a receipt (consecutive entry IDs); a consumer
 of a topic whose name ends in ``-prebuilt-N`` gets N generated 100-byte messages as fast as its
-FLOW permits allow; acks are dropped. It speaks only what the benchmark's client uses (CONNECT,
-PING, PARTITIONED_METADATA, LOOKUP, PRODUCER, SEND, CLOSE_PRODUCER, SUBSCRIBE, FLOW, ACK,
-CLOSE_CONSUMER) with pubsubd's own frame codec.
+FLOW permits allow, one per MESSAGE, or with ``--batch B`` up to B per MESSAGE as a Pulsar batch
+(``pulsar/messages.batch_frame``, what pubsubd's front sends); acks are dropped. It speaks only
+what the benchmark's client uses (CONNECT, PING, PARTITIONED_METADATA, LOOKUP, PRODUCER, SEND,
+CLOSE_PRODUCER, SUBSCRIBE, FLOW, ACK, CLOSE_CONSUMER) with pubsubd's own frame codec.
 
-Run: ``python -m bench.pulsar_null_broker --port 0``; it prints ``null-pulsar ready port=N``.
+Run: ``python -m bench.pulsar_null_broker --port 0 [--batch B]``; it prints
+``null-pulsar ready port=N``.
 """
 
 from __future__ import annotations
@@ -25,8 +27,11 @@ T = {name: Type.Value(name) for name in Type.keys()}  # noqa: SIM118
 
 
 class NullConnection:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, batch: int = 1
+    ) -> None:
         self.reader, self.writer = reader, writer
+        self.batch = batch
         self.decoder = frames.FrameDecoder()
         self.entry = 0
         self.consumers: dict[int, list[int]] = {}  # consumer id -> [next, total, permits]
@@ -96,16 +101,21 @@ class NullConnection:
     def pump(self, consumer_id: int, state: list[int]) -> None:
         out = []
         while state[2] > 0 and state[0] < state[1]:
-            out.append(messages.message_frame(consumer_id, 0, state[0], 0, self.message))
-            state[0] += 1
-            state[2] -= 1
+            n = min(self.batch, state[2], state[1] - state[0])
+            if n > 1:
+                batch = [self.message] * n
+                out.append(messages.batch_frame(consumer_id, 0, state[0], 0, batch))
+            else:
+                out.append(messages.message_frame(consumer_id, 0, state[0], 0, self.message))
+            state[0] += n
+            state[2] -= n
         if out:
             self.writer.write(b"".join(out))
 
 
-async def main(port: int) -> None:
+async def main(port: int, batch: int) -> None:
     async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        await NullConnection(r, w).serve()
+        await NullConnection(r, w, batch).serve()
 
     server = await asyncio.start_server(serve, "127.0.0.1", port)
     print(f"null-pulsar ready port={server.sockets[0].getsockname()[1]}", flush=True)
@@ -116,6 +126,7 @@ async def main(port: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--batch", type=int, default=1, help="messages per MESSAGE, at most")
     args = parser.parse_args()
     try:
         import uvloop
@@ -124,4 +135,4 @@ if __name__ == "__main__":
     except ImportError:
         pass
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main(args.port))
+        asyncio.run(main(args.port, args.batch))

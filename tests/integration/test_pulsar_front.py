@@ -7,6 +7,7 @@ process killed with unacked messages, and malformed frames on a raw socket.
 from __future__ import annotations
 
 import datetime as dt
+import re
 import socket
 import struct
 import subprocess
@@ -426,9 +427,9 @@ def test_malformed_frames_get_an_error_and_the_server_stays_up(
     # An unsupported request is answered and the connection stays.
     schema = RawConnection(port)
     schema.connect()
-    ask = BaseCommand(type=Type.Value("GET_TOPICS_OF_NAMESPACE"))
-    ask.getTopicsOfNamespace.request_id = 9
-    ask.getTopicsOfNamespace.namespace = "public/default"
+    ask = BaseCommand(type=Type.Value("CONSUMER_STATS"))
+    ask.consumerStats.request_id = 9
+    ask.consumerStats.consumer_id = 1
     schema.command(ask)
     reply = schema.read()
     assert reply is not None and reply[0].type == Type.Value("ERROR")
@@ -613,14 +614,22 @@ def test_a_topics_publish_message_sources_are_its_partitions(
     whole.close()
     with pytest.raises(pulsar.NotAllowedError):
         client.create_producer(f"{topic}-partition-3")  # the topic has sources 0..2
-    # A partitioned consumer is one client: one consumer of a Failover subscription (the
-    # first by name) gets every partition (Pulsar would share partitions out), an Exclusive
-    # subscription refuses a second.
-    one = client.subscribe(topic, "fo", consumer_type=pulsar.ConsumerType.Failover)
-    two = client.subscribe(topic, "fo", consumer_type=pulsar.ConsumerType.Failover)
-    for i in range(6):
+    # A Failover subscription shares the partitions out as Pulsar does: the consumers sorted by
+    # name, partition N to the one at N mod their count; when one closes, the other takes its
+    # partitions. A partitioned consumer is one client: an Exclusive subscription refuses a
+    # second.
+    failover = pulsar.ConsumerType.Failover
+    a = client.subscribe(topic, "fo", consumer_type=failover, consumer_name="a")
+    b = client.subscribe(topic, "fo", consumer_type=failover, consumer_name="b")
+    for i in range(6):  # two per partition
         round_robin.send(f"f{i}".encode())
-    assert sorted([len(_drain(one)), len(_drain(two, 100))]) == [0, 6]
+    parts_a = sorted(m.message_id().partition() for m in _drain(a, 500))
+    parts_b = sorted(m.message_id().partition() for m in _drain(b, 500))
+    assert (parts_a, parts_b) == ([0, 0, 2, 2], [1, 1])
+    b.close()
+    for i in range(6):
+        round_robin.send(f"g{i}".encode())
+    assert sorted(m.message_id().partition() for m in _drain(a, 1000)) == [0, 0, 1, 1, 2, 2]
     client.subscribe(topic, "ex", consumer_type=pulsar.ConsumerType.Exclusive)
     with pytest.raises(pulsar.ConsumerBusy):
         client.subscribe(topic, "ex", consumer_type=pulsar.ConsumerType.Exclusive)
@@ -709,3 +718,30 @@ def test_the_servers_source_pieces_refuse_bad_input(
     producer = client.create_producer(topic)
     producer.send(b"still up")
     assert consumer.receive(5000).data() == b"still up"
+
+
+def test_multi_topic_and_pattern_consumers(client: pulsar.Client) -> None:
+    """A list of topics is a consumer per topic (each its own subscription); a pattern lists
+    its namespace's topics (GET_TOPICS_OF_NAMESPACE). (The client lists again every 60 s to
+    pick up new topics; pulsar-client 3.13 does not pass on ``pattern_auto_discovery_period``,
+    so that is not tested here.)"""
+    ns = f"multi{uuid.uuid4().hex[:6]}"
+    alpha, beta = (f"persistent://{TENANT}/{ns}/{t}" for t in ("alpha", "beta"))
+    producers = {t: client.create_producer(t) for t in (alpha, beta)}
+    client.create_producer(f"persistent://{TENANT}/default/{ns}-outside").send(b"not listed")
+    listed = client.subscribe([alpha, beta], "both", consumer_type=pulsar.ConsumerType.Shared)
+    pattern = client.subscribe(
+        re.compile(f"persistent://{TENANT}/{ns}/.*"),
+        "pattern",
+        consumer_type=pulsar.ConsumerType.Shared,
+    )
+    for topic, producer in producers.items():
+        producer.send(topic.rsplit("/", 1)[1].encode())
+    for consumer in (listed, pattern):
+        got = {}
+        for _ in range(2):
+            msg = consumer.receive(5000)
+            got[msg.topic_name()] = msg.data()
+            consumer.acknowledge(msg)
+        assert got == {alpha: b"alpha", beta: b"beta"}
+        assert _drain(consumer) == []

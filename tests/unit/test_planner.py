@@ -417,3 +417,28 @@ def test_key_shared_and_failover_treat_streams_of_one_client_id_as_one_client() 
     # Each key is the one client's, and each message goes to the stream of its source.
     assert set(key0) <= set(by_consumer.get(k0.id, []))
     assert set(key1) <= set(by_consumer.get(k1.id, []))
+
+
+def test_failover_shares_sources_out_when_every_stream_reads_one() -> None:
+    """Pulsar's failover rule for partitions: of the clients reading source N, sorted by
+    client_id, the one at N mod their count is active; when it leaves, the next one takes over.
+    """
+    topic = MemoryTopic(sources=[[], [], []])
+    p = planner(topic, subscription(labels={"pubsubd-subscription-type": "failover"}))
+    streams = {}
+    for client in ("b", "a"):
+        for source in range(3):
+            stream = StreamConsumer(10, 0, 0, client)
+            stream.sources = frozenset({source})
+            streams[client, source] = stream
+            p.add_consumer(stream)
+    for source in range(3):
+        topic.publish(b"m", source=source)
+    p.plan(0.0)
+    got = {(d.consumer.client_id, next(iter(d.consumer.sources))) for d in p.effects().deliveries}
+    assert got == {("a", 0), ("b", 1), ("a", 2)}  # sorted [a, b]: 0 -> a, 1 -> b, 2 -> a
+    p.remove_consumer(streams["b", 1])
+    topic.publish(b"n", source=1)
+    p.plan(0.0)
+    got = {(d.consumer.client_id, next(iter(d.consumer.sources))) for d in p.effects().deliveries}
+    assert got == {("a", 1)}

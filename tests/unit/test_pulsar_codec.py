@@ -217,6 +217,41 @@ def test_message_frame_carries_attributes_key_and_event_time_back() -> None:
     assert cmd.message.message_id.partition == 2  # a partition consumer's IDs name it
 
 
+def test_batch_frame_is_the_clients_batch_format() -> None:
+    plain = pb.PubsubMessage(data=b"first")
+    keyed = pb.PubsubMessage(
+        data=b"second", attributes={"a": "b", messages.EVENT_TIME_ATTRIBUTE: "7"}, ordering_key="k"
+    )
+    empty = pb.PubsubMessage()
+    for m in (plain, keyed, empty):
+        m.publish_time.seconds = 3
+    raw = messages.batch_frame(4, 1, 90, 2, [plain, keyed, empty], partition=1)
+    (frame,) = frames.FrameDecoder().feed(raw)
+    cmd = BaseCommand()
+    cmd.ParseFromString(frame.command)
+    mid = cmd.message.message_id
+    assert (cmd.message.consumer_id, cmd.message.redelivery_count) == (4, 2)
+    assert (mid.ledgerId, mid.entryId, mid.partition) == (1, 90, 1)
+    assert not mid.HasField("batch_index") and not cmd.message.ack_set
+    meta = MessageMetadata()
+    meta.ParseFromString(frame.metadata)
+    assert (meta.num_messages_in_batch, meta.publish_time, meta.sequence_id) == (3, 3000, 90)
+    assert frame.checksum_ok is True
+    out = messages.unpack_send("p", 0, frame.metadata, frame.payload)  # the SEND reader
+    assert [m.data for m in out] == [b"first", b"second", b""]
+    assert out[1].attributes == {"a": "b", messages.EVENT_TIME_ATTRIBUTE: "7"}
+    assert [m.ordering_key for m in out] == ["", "k", ""]
+    at, singles = 0, []
+    while at < len(frame.payload):
+        (size,) = struct.unpack_from(">I", frame.payload, at)
+        single = SingleMessageMetadata()
+        single.ParseFromString(frame.payload[at + 4 : at + 4 + size])
+        singles.append(single)
+        at += 4 + size + single.payload_size
+    assert [s.payload_size for s in singles] == [5, 6, 0]
+    assert (singles[1].partition_key, singles[1].event_time) == ("k", 7)
+
+
 def test_topic_names_map_both_ways() -> None:
     assert names.parse_topic("orders").google == "projects/public/topics/orders"
     t = names.parse_topic("persistent://acme/default/orders")
@@ -263,3 +298,18 @@ def test_request_id_of_any_command() -> None:
     flow = _cmd("FLOW")
     flow.flow.consumer_id = 1
     assert commands.request_id_of(flow) is None
+
+
+def test_a_namespace_lists_each_topic_of_its_project_once() -> None:
+    google = [
+        "projects/acme/topics/orders",
+        "projects/acme/topics/billing.invoices",
+        "projects/acme/topics/billing.2x",  # not a Pulsar topic name: left out
+        "projects/other/topics/orders",
+    ]
+    assert names.namespace_topics("acme/default", google) == ["persistent://acme/default/orders"]
+    assert names.namespace_topics("acme/billing", google) == ["persistent://acme/billing/invoices"]
+    for listed in names.namespace_topics("acme/billing", google):
+        assert names.parse_topic(listed).google == "projects/acme/topics/billing.invoices"
+    with pytest.raises(names.InvalidName):
+        names.parse_namespace("acme")

@@ -206,3 +206,14 @@ def request_id_of(cmd: Any) -> int | None:
             if sub.name == "request_id":
                 return int(sub_value)
     return None
+
+
+def topics_of_namespace(request_id: int, topics: list[str]) -> bytes:
+    """GET_TOPICS_OF_NAMESPACE_RESPONSE: every topic of the namespace (not filtered by the
+    client's pattern: the client filters)."""
+    cmd = BaseCommand(type=Type.Value("GET_TOPICS_OF_NAMESPACE_RESPONSE"))
+    r = cmd.getTopicsOfNamespaceResponse
+    r.request_id = request_id
+    r.topics.extend(topics)
+    r.filtered = False
+    return frame(cmd)

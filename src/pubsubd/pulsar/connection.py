@@ -90,6 +90,7 @@ class Connection:
             Type.Value("PONG"): lambda c, f: None,
             Type.Value("PARTITIONED_METADATA"): self._partitioned_metadata,
             Type.Value("LOOKUP"): self._lookup,
+            Type.Value("GET_TOPICS_OF_NAMESPACE"): self._topics_of_namespace,
             Type.Value("PRODUCER"): self._producer,
             Type.Value("SEND"): self._send,
             Type.Value("CLOSE_PRODUCER"): self._close_producer,
@@ -243,6 +244,24 @@ class Connection:
             raise _invalid_name(e) from e
         self.write(commands.lookup_connect(request.request_id, self.url))
 
+    def _topics_of_namespace(self, cmd: Any, frame: frames.Frame) -> None:
+        """The namespace's topics (names.namespace_topics), for pattern consumers: ListTopics
+        of its tenant's project. Non-persistent topics: none."""
+        request = cmd.getTopicsOfNamespace
+        try:
+            tenant, _ = names.parse_namespace(request.namespace)
+        except names.InvalidName as e:
+            raise _invalid_name(e) from e
+
+        async def answer() -> None:
+            found: list[str] = []
+            if request.mode != request.NON_PERSISTENT:
+                topics = await self.gateway.list_topics(f"projects/{tenant}")
+                found = names.namespace_topics(request.namespace, topics)
+            self.write(commands.topics_of_namespace(request.request_id, found))
+
+        self._spawn(cmd, answer())
+
     # --- producers -------------------------------------------------------------------------
 
     def _producer(self, cmd: Any, frame: frames.Frame) -> None:
@@ -332,14 +351,16 @@ class Connection:
             return
         kind = SUBSCRIPTION_TYPES.get(request.subType, "shared")
         temporary = not request.durable  # a reader, or a non-durable subscription
-        client_id = f"pulsar-{self.state.incarnation}-{self.id}-"
         # One Pulsar consumer of a partitioned topic is a consumer per partition, all with its
         # name (a reader's have none, but their own subscription): one client_id makes them
-        # one client (failover, exclusive and key_shared rules).
+        # one client (failover, exclusive and key_shared rules). The name comes first: a
+        # failover subscription's partitions are shared out in the order of the clients'
+        # client_ids (roster.py), Pulsar's order of consumer names.
         if topic.partition is not None:
-            client_id += f"name-{request.consumer_name or request.subscription}"
+            name = request.consumer_name or request.subscription
+            client_id = f"pulsar-name-{name}-{self.state.incarnation}-{self.id}"
         else:
-            client_id += str(request.consumer_id)
+            client_id = f"pulsar-{self.state.incarnation}-{self.id}-{request.consumer_id}"
 
         async def subscribe() -> None:
             source = _partition_source(topic, await self.gateway.ensure_topic(topic.google))

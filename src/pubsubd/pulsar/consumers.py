@@ -3,8 +3,25 @@
 The stream's ``client_id`` is the consumer, so pubsubd's subscription types (shared, exclusive,
 failover, key_shared) decide who receives, as for any StreamingPull client; an exclusive
 subscription's refusal (FAILED_PRECONDITION) is the client's ConsumerBusy. What the stream
-delivers waits here until the client's FLOW permits allow a MESSAGE (one permit per message;
-delivered messages are never batched). The stream holds at most ``MAX_OUTSTANDING`` unacked
+delivers waits here until the client's FLOW permits allow a MESSAGE (one permit per message).
+
+Batches: consecutive positions of one source with the same delivery attempt and publish time
+go out as one MESSAGE holding a Pulsar batch (at most ``MAX_BATCH`` messages,
+``MAX_BATCH_BYTES``), at entry = the first position, so message i is position entry + i (ids.py),
+as for a producer's batch; the client splits it. The consumer keeps each delivery's ack IDs
+under its (ledger, entry). The client acks a batch as Pulsar's does: with batch-index acks off
+(pulsar-client's default) one ACK of (ledger, entry) once the application has acked every
+message of it; with ``batch_index_ack_enabled`` an ACK of (ledger, entry) with ``ack_set``, the
+batch's bits still unacked, as each is acked. Cumulative: (ledger, entry) covers the whole
+batch, with ``ack_set`` up to its first unacked message; without batch-index acks a partial
+batch is acked as (ledger, entry - 1). A REDELIVER (a nack, an ack timeout, the client's
+dead-letter path) names (ledger, entry): what the consumer still holds of that batch is nacked,
+so with batch-index acks only the unacked messages come back; without them the client has not
+said which were acked, and the whole batch comes back (Pulsar's behaviour too). A reader's
+consumer gets one message per MESSAGE (its client compares message IDs with
+GET_LAST_MESSAGE_ID's, which names single positions).
+
+The stream holds at most ``MAX_OUTSTANDING`` unacked
 messages. Pulsar has no ack deadline, so the leases of everything this consumer holds are
 extended every ``EXTEND_EVERY_S``; closing the consumer (or losing its connection) nacks them,
 so they are redelivered at once. The redelivery count is the stream's ``delivery_attempt`` - 1
@@ -38,6 +55,8 @@ from pubsubd.pulsar.gateway import Gateway, requests_from
 log = logging.getLogger(__name__)
 
 MAX_OUTSTANDING = 20000
+MAX_BATCH = 1000  # messages per delivered batch (the client's own batching default)
+MAX_BATCH_BYTES = 1024 * 1024  # payload bytes per delivered batch
 STREAM_DEADLINE_S = 60
 EXTEND_EVERY_S = 20.0
 
@@ -66,7 +85,10 @@ class Consumer:
         self.cumulative_ok = cumulative_ok
         self.permits = 0
         self._buffer: deque[Any] = deque()  # ReceivedMessages waiting for permits
-        self._sent: dict[tuple[int, int], str] = {}  # (ledger, entry) -> ack ID
+        # (ledger, entry) of each MESSAGE the client holds -> the ack IDs of its messages
+        # (index i: position entry + i), None once acked.
+        self._sent: dict[tuple[int, int], list[str | None]] = {}
+        self.batching = not auto_ack
         self._requests: asyncio.Queue[Any] = asyncio.Queue()
         self._call: Any = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -109,58 +131,154 @@ class Consumer:
         count = 0 if self.paused else min(self.permits, len(buffer))
         if not count:
             return
+        self.permits -= count
         out = []
         acked: list[str] = []
-        auto_ack, take, frame = self.auto_ack, buffer.popleft, messages.message_frame
-        for _ in range(count):  # once per delivered message: kept lean
+        auto_ack, take = self.auto_ack, buffer.popleft
+        max_batch = MAX_BATCH if self.batching else 1
+        while count:  # once per delivered message: kept lean
             received = take()
             message = received.message
             pos = int(message.message_id)  # a position: source << 48 | offset (ids.py)
             ledger, entry = pos >> OFFSET_BITS, pos & OFFSET_MASK
+            attempt = received.delivery_attempt
+            redelivery = attempt - 1 if attempt > 1 else 0
+            count -= 1
+            batch = [message]
+            ack_ids: list[str | None] = [received.ack_id]
+            # The batch takes the next messages while they are the next positions of the
+            # source, with the same delivery attempt and publish time (a batch carries one).
+            published, size, expected = message.publish_time, len(message.data), pos + 1
+            while count and len(batch) < max_batch and size < MAX_BATCH_BYTES:
+                nxt = buffer[0]
+                m = nxt.message
+                if (
+                    int(m.message_id) != expected
+                    or nxt.delivery_attempt != attempt
+                    or m.publish_time != published
+                ):
+                    break
+                take()
+                batch.append(m)
+                ack_ids.append(nxt.ack_id)
+                size += len(m.data)
+                expected += 1
+                count -= 1
+            if len(batch) > 1:
+                sent[(ledger, entry)] = ack_ids
+                out.append(
+                    messages.batch_frame(consumer_id, ledger, entry, redelivery, batch, partition)
+                )
+                continue
             if auto_ack:
                 acked.append(received.ack_id)
             else:
-                sent[(ledger, entry)] = received.ack_id
-            attempt = received.delivery_attempt
-            redelivery = attempt - 1 if attempt > 1 else 0
-            out.append(frame(consumer_id, ledger, entry, redelivery, message, partition))
-        self.permits -= count
+                sent[(ledger, entry)] = ack_ids
+            out.append(
+                messages.message_frame(consumer_id, ledger, entry, redelivery, message, partition)
+            )
         self.write(b"".join(out))
         if acked:
             self._requests.put_nowait(pb.StreamingPullRequest(ack_ids=acked))
 
     def ack(self, cmd: Any) -> None:
-        """ACK individual (a list of IDs) or cumulative (everything up to an ID, same source)."""
+        """ACK individual (a list of IDs, each a MESSAGE's (ledger, entry), with ``ack_set``
+        for the batch's messages still unacked) or cumulative (everything up to an ID, same
+        source)."""
         ack_ids: list[str] = []
         if cmd.ack_type == cmd.Cumulative:
             if not self.cumulative_ok:
                 log.info("cumulative ack on a shared subscription %s ignored", self.subscription)
                 return
             for mid in cmd.message_id:
-                ledger, entry = ids.key(mid)
-                done = [k for k in self._sent if k[0] == ledger and k[1] <= entry]
-                ack_ids += [self._sent.pop(k) for k in done]
+                self._take_through(mid.ledgerId, self._last_acked(mid), ack_ids)
         else:
-            pop = self._sent.pop
+            sent = self._sent
             for mid in cmd.message_id:
-                ack_id = pop(ids.key(mid), None)
-                if ack_id is not None:
-                    ack_ids.append(ack_id)
+                key = (mid.ledgerId, mid.entryId)
+                held = sent.get(key)
+                if held is None:
+                    self._take_position(mid.ledgerId, ids.key(mid)[1], ack_ids)
+                elif mid.ack_set:  # batch-index ack: bit i set = message i not acked yet
+                    words = mid.ack_set
+                    for i, ack_id in enumerate(held):
+                        if ack_id is not None and not _bit(words, i):
+                            ack_ids.append(ack_id)
+                            held[i] = None
+                    if not any(held):
+                        del sent[key]
+                elif mid.batch_index >= 0 and len(held) > 1:
+                    self._take_position(mid.ledgerId, mid.entryId + mid.batch_index, ack_ids)
+                else:
+                    del sent[key]
+                    ack_ids += [a for a in held if a is not None]
         if ack_ids:
             self._requests.put_nowait(pb.StreamingPullRequest(ack_ids=ack_ids))
         if cmd.HasField("request_id"):
             self.write(commands.ack_response(self.consumer_id, cmd.request_id))
 
+    def _last_acked(self, mid: Any) -> int:
+        """The last entry a cumulative ack of ``mid`` covers: a whole delivered batch, or with
+        ``ack_set`` up to its first unacked message; else the position the ID names."""
+        held = self._sent.get((mid.ledgerId, mid.entryId))
+        if held is None:
+            return int(ids.key(mid)[1])
+        if mid.ack_set:
+            first_unacked = next((i for i in range(len(held)) if _bit(mid.ack_set, i)), len(held))
+            return int(mid.entryId) + first_unacked - 1
+        if mid.batch_index >= 0:
+            return int(mid.entryId + mid.batch_index)
+        return int(mid.entryId) + len(held) - 1
+
+    def _take_through(self, ledger: int, last: int, ack_ids: list[str]) -> None:
+        """Move the ack IDs of every held message of ``ledger`` at an entry up to ``last`` to
+        ``ack_ids``."""
+        sent = self._sent
+        for key in [k for k in sent if k[0] == ledger and k[1] <= last]:
+            held = sent[key]
+            for i in range(min(len(held), last - key[1] + 1)):
+                ack_id = held[i]
+                if ack_id is not None:
+                    ack_ids.append(ack_id)
+                    held[i] = None
+            if not any(held):
+                del sent[key]
+
+    def _take_position(self, ledger: int, entry: int, ack_ids: list[str]) -> None:
+        """Move the ack ID of the one message at (ledger, entry), in whichever delivery holds it
+        (an ID the client built itself, or one with a batch index), to ``ack_ids``."""
+        for key, held in self._sent.items():
+            if key[0] == ledger and key[1] <= entry < key[1] + len(held):
+                ack_id = held[entry - key[1]]
+                if ack_id is not None:
+                    ack_ids.append(ack_id)
+                    held[entry - key[1]] = None
+                if not any(held):
+                    del self._sent[key]
+                return
+
     def redeliver(self, cmd: Any) -> None:
-        """Negative acks / ack timeout: the listed messages, or (no list) all this one holds."""
+        """Negative acks / ack timeout: the listed deliveries (what this consumer still holds of
+        each), or (no list) all this one holds."""
         if cmd.message_ids:
-            keys = [ids.key(mid) for mid in cmd.message_ids]
-            ack_ids = [a for a in (self._sent.pop(k, None) for k in keys) if a is not None]
+            ack_ids: list[str] = []
+            for mid in cmd.message_ids:
+                held = self._sent.pop((mid.ledgerId, mid.entryId), None)
+                if held is None:  # not a delivery's ID: the message at that position
+                    self._take_position(mid.ledgerId, ids.key(mid)[1], ack_ids)
+                else:
+                    ack_ids += [a for a in held if a is not None]
         else:
-            ack_ids = list(self._sent.values()) + [r.ack_id for r in self._buffer]
+            ack_ids = self._held()
             self._sent.clear()
             self._buffer.clear()
         self._nack(ack_ids)
+
+    def _held(self) -> list[str]:
+        """The ack IDs of everything this consumer holds: delivered and unacked, or waiting
+        for permits."""
+        held = [a for ack_ids in self._sent.values() for a in ack_ids if a is not None]
+        return held + [r.ack_id for r in self._buffer]
 
     def _nack(self, ack_ids: list[str]) -> None:
         if ack_ids:
@@ -190,7 +308,7 @@ class Consumer:
             self._call.cancel()
         for task in self._tasks:
             task.cancel()
-        held = list(self._sent.values()) + [r.ack_id for r in self._buffer]
+        held = self._held()
         self._sent.clear()
         self._buffer.clear()
         log.debug("closed Pulsar consumer %d: giving back %d", self.consumer_id, len(held))
@@ -219,7 +337,7 @@ class Consumer:
     async def _extend(self) -> None:
         while True:
             await asyncio.sleep(EXTEND_EVERY_S)
-            held = list(self._sent.values()) + [r.ack_id for r in self._buffer]
+            held = self._held()
             for start in range(0, len(held), 2500):
                 part = held[start : start + 2500]
                 self._requests.put_nowait(
@@ -228,6 +346,12 @@ class Consumer:
                         modify_deadline_seconds=[STREAM_DEADLINE_S] * len(part),
                     )
                 )
+
+
+def _bit(words: Any, i: int) -> bool:
+    """Bit ``i`` of a Pulsar ack set (64-bit words, least significant bit first)."""
+    word = i >> 6
+    return word < len(words) and bool((words[word] >> (i & 63)) & 1)
 
 
 def check_subscription(existing: Any, topic: str, wanted_type: str, type_label: str) -> None:

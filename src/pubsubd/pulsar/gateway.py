@@ -39,6 +39,11 @@ class Gateway:
         self._create_topic = ch.unary_unary(
             _PUBLISHER + "CreateTopic", pb.Topic.SerializeToString, pb.Topic.FromString
         )
+        self._list_topics = ch.unary_unary(
+            _PUBLISHER + "ListTopics",
+            pb.ListTopicsRequest.SerializeToString,
+            pb.ListTopicsResponse.FromString,
+        )
         self._get_topic = ch.unary_unary(
             _PUBLISHER + "GetTopic", pb.GetTopicRequest.SerializeToString, pb.Topic.FromString
         )
@@ -108,6 +113,21 @@ class Gateway:
             if e.code() != grpc.StatusCode.NOT_FOUND:
                 raise errors.from_rpc_error(e) from e
         return None
+
+    async def list_topics(self, project: str) -> list[str]:
+        """The names of every topic of ``project`` (``projects/P``), every page."""
+        names: list[str] = []
+        token = ""
+        while True:
+            request = pb.ListTopicsRequest(project=project, page_size=1000, page_token=token)
+            try:
+                response = await self._list_topics(request, metadata=self.metadata)
+            except grpc.aio.AioRpcError as e:
+                raise errors.from_rpc_error(e) from e
+            names += [t.name for t in response.topics]
+            token = response.next_page_token
+            if not token:
+                return names
 
     async def ensure_topic(self, topic: str) -> Any:
         """Pulsar creates topics on first use: get the topic, create it when missing."""

@@ -5,8 +5,9 @@ message per Pulsar message: properties are attributes, the partition key (or the
 when it is UTF-8) is the ordering key, the event time is the attribute ``pulsar.event_time``
 (milliseconds), ``deliver_at_time`` is ``pubsubd.deliver_at`` (core/delays.py), and the dedup
 ID ``pulsar/PRODUCER/SEQUENCE_ID`` de-duplicates a producer's retried sends (the Replay API's
-PublishDeduplicated). Deliver: the reverse, one MESSAGE per Pub/Sub message (never batched,
-never compressed).
+PublishDeduplicated). Deliver: the reverse, never compressed: one MESSAGE per Pub/Sub message
+(``message_frame``), or several consecutive messages as one Pulsar batch (``batch_frame``: the
+client splits it; message i of a batch at entry E is position E + i, ids.py).
 """
 
 from __future__ import annotations
@@ -162,6 +163,64 @@ _MESSAGE_TYPE = b"\x08" + _varint(Type.Value("MESSAGE")) + b"\x4a"
 _PRODUCER = b"\x0a" + _varint(len(DEFAULT_PRODUCER)) + DEFAULT_PRODUCER.encode()
 
 
+def _command(consumer_id: int, ledger: int, entry: int, redelivery: int, partition: int) -> bytes:
+    """BaseCommand{type = MESSAGE, message = CommandMessage{consumer_id, message_id{ledger,
+    entry, partition when >= 0}, redelivery_count when > 0}}, serialized."""
+    mid = b"\x08" + _V(ledger) + b"\x10" + _V(entry)
+    if partition >= 0:
+        mid += b"\x18" + _V(partition)
+    body = b"\x08" + _V(consumer_id) + b"\x12" + _V(len(mid)) + mid
+    if redelivery:
+        body += b"\x18" + _V(redelivery)
+    return _MESSAGE_TYPE + _V(len(body)) + body
+
+
+def _frame(command: bytes, tail: bytes) -> bytes:
+    """A payload frame: ``tail`` is [metadataSize][MessageMetadata][payload], checksummed."""
+    return (
+        _HEAD.pack(10 + len(command) + len(tail), len(command))
+        + command
+        + _CHECKSUM.pack(frames.MAGIC_CHECKSUM, frames.crc32c(tail))
+        + tail
+    )
+
+
+def _publish_ms(message: Any) -> int:
+    pt = message.publish_time
+    return int(pt.seconds * 1000 + pt.nanos // 1_000_000)
+
+
+# Tags (field << 3 | wire type) of properties, partition_key and event_time in
+# MessageMetadata (fields 4, 6, 12) and SingleMessageMetadata (fields 1, 2, 5).
+_META_TAGS = (b"\x22", b"\x32", b"\x60")
+_SINGLE_TAGS = (b"\x0a", b"\x12", b"\x28")
+
+
+def _properties(message: Any, tags: tuple[bytes, bytes, bytes]) -> bytes:
+    """The attributes as properties, the ordering key as partition key and the event time
+    attribute as event time, serialized with ``tags``; empty for a message with neither."""
+    attributes = message.attributes
+    key = message.ordering_key
+    if not attributes and not key:
+        return b""
+    prop_tag, key_tag, event_time_tag = tags
+    parts: list[bytes] = []
+    event_time = 0
+    for name, value in attributes.items():
+        if name == EVENT_TIME_ATTRIBUTE and value.isdigit():
+            event_time = int(value)
+            continue
+        k, v = name.encode(), value.encode()
+        kv = b"\x0a" + _V(len(k)) + k + b"\x12" + _V(len(v)) + v
+        parts += (prop_tag, _V(len(kv)), kv)
+    if key:
+        key_bytes = key.encode()
+        parts += (key_tag, _V(len(key_bytes)), key_bytes)
+    if event_time:
+        parts += (event_time_tag, _V(event_time))
+    return b"".join(parts)
+
+
 def message_frame(
     consumer_id: int,
     ledger: int,
@@ -174,43 +233,45 @@ def message_frame(
     CommandMessage{consumer_id, message_id{ledger, entry, partition when >= 0},
     redelivery_count} and MessageMetadata{producer_name, sequence_id = entry, publish_time (ms),
     properties = attributes, partition_key = ordering key, event_time}, with its checksum.
-    Written out in one piece (``frames.encode_payload_command``'s layout): it runs once per
-    delivered message."""
-    mid = b"\x08" + _V(ledger) + b"\x10" + _V(entry)
-    if partition >= 0:
-        mid += b"\x18" + _V(partition)
-    body = b"\x08" + _V(consumer_id) + b"\x12" + _V(len(mid)) + mid
-    if redelivery_count:
-        body += b"\x18" + _V(redelivery_count)
-    command = _MESSAGE_TYPE + _V(len(body)) + body
-    pt = message.publish_time
-    meta = _PRODUCER + b"\x10" + _V(entry) + b"\x18" + _V(pt.seconds * 1000 + pt.nanos // 1_000_000)
-    attributes = message.attributes
-    key = message.ordering_key
-    if attributes:
-        event_time = 0
-        parts = [meta]
-        for name, value in attributes.items():
-            if name == EVENT_TIME_ATTRIBUTE and value.isdigit():
-                event_time = int(value)
-                continue
-            k, v = name.encode(), value.encode()
-            kv = b"\x0a" + _V(len(k)) + k + b"\x12" + _V(len(v)) + v
-            parts += (b"\x22", _V(len(kv)), kv)
-        if key:
-            key_bytes = key.encode()
-            parts += (b"\x32", _V(len(key_bytes)), key_bytes)
-        if event_time:
-            parts += (b"\x60", _V(event_time))
-        meta = b"".join(parts)
-    elif key:
-        key_bytes = key.encode()
-        meta += b"\x32" + _V(len(key_bytes)) + key_bytes
-    data: bytes = message.data
-    tail = _U32.pack(len(meta)) + meta + data
-    return (
-        _HEAD.pack(10 + len(command) + len(tail), len(command))
-        + command
-        + _CHECKSUM.pack(frames.MAGIC_CHECKSUM, frames.crc32c(tail))
-        + tail
+    Written out in one piece (``frames.encode_payload_command``'s layout)."""
+    command = _command(consumer_id, ledger, entry, redelivery_count, partition)
+    meta = _PRODUCER + b"\x10" + _V(entry) + b"\x18" + _V(_publish_ms(message))
+    if message.attributes or message.ordering_key:
+        meta += _properties(message, _META_TAGS)
+    return _frame(command, _U32.pack(len(meta)) + meta + message.data)
+
+
+def batch_frame(
+    consumer_id: int,
+    ledger: int,
+    entry: int,
+    redelivery_count: int,
+    batch: list[Any],
+    partition: int = -1,
+) -> bytes:
+    """One MESSAGE frame delivering the PubsubMessages ``batch`` (positions ``entry``,
+    ``entry`` + 1, ...) as a Pulsar batch: MessageMetadata{producer_name, sequence_id = entry,
+    publish_time (ms) of the first message, num_messages_in_batch} and the payload
+    ``n x ([size:u32][SingleMessageMetadata{properties, partition_key, payload_size,
+    event_time}][data])``, the client's own batch format. The caller puts in one batch only
+    messages with the same publish time and redelivery count (the batch carries one of each).
+    """
+    command = _command(consumer_id, ledger, entry, redelivery_count, partition)
+    meta = (
+        _PRODUCER
+        + b"\x10"
+        + _V(entry)
+        + b"\x18"
+        + _V(_publish_ms(batch[0]))
+        + b"\x58"
+        + _V(len(batch))
     )
+    parts = [_U32.pack(len(meta)), meta]
+    pack = _U32.pack
+    for message in batch:  # once per delivered message: kept lean
+        data: bytes = message.data
+        single = b"\x18" + _V(len(data))
+        if message.attributes or message.ordering_key:
+            single = _properties(message, _SINGLE_TAGS) + single
+        parts += (pack(len(single)), single, data)
+    return _frame(command, b"".join(parts))

@@ -13,6 +13,9 @@
 - ``TOPIC-partition-N`` is partition N of TOPIC: the same Google topic, its publish message
   source N (a topic with K > 1 sources is a Pulsar topic of K partitions).
 - ``non-persistent://`` topics are refused: every pubsubd topic is persistent.
+- Namespace listing (GET_TOPICS_OF_NAMESPACE, ``namespace_topics``): the topics of namespace
+  ``TENANT/NS`` are the topics of project TENANT whose ID is ``NS.TOPIC`` (NS not ``default``)
+  or, for ``default``, whose ID has no dot; each topic is listed in one namespace.
 """
 
 from __future__ import annotations
@@ -94,3 +97,30 @@ def from_google(topic: str) -> TopicName:
     if len(parts) != 4 or parts[0] != "projects" or parts[2] != "topics":
         raise InvalidName(f"{topic}: expected projects/PROJECT/topics/TOPIC")
     return TopicName(parts[1], DEFAULT_NAMESPACE, parts[3])
+
+
+def parse_namespace(namespace: str) -> tuple[str, str]:
+    """(tenant, namespace) of ``TENANT/NAMESPACE``; InvalidName if it cannot be mapped."""
+    parts = namespace.split("/")
+    if len(parts) != 2 or not all(_PART.match(p) for p in parts):
+        raise InvalidName(f"namespace {namespace!r}: expected TENANT/NAMESPACE")
+    return parts[0], parts[1]
+
+
+def namespace_topics(namespace: str, google_topics: list[str]) -> list[str]:
+    """The Pulsar names (``persistent://TENANT/NS/TOPIC``) of the Google topics (of project
+    TENANT) that are in namespace ``TENANT/NS``, by the rule above."""
+    tenant, ns = parse_namespace(namespace)
+    out = []
+    for topic in google_topics:
+        parts = topic.split("/")
+        if len(parts) != 4 or parts[1] != tenant:
+            continue
+        topic_id = parts[3]
+        if ns == DEFAULT_NAMESPACE:
+            local = topic_id if "." not in topic_id else ""
+        else:
+            local = topic_id.removeprefix(f"{ns}.") if topic_id.startswith(f"{ns}.") else ""
+        if local and _PART.match(local) and local[0].isalpha():
+            out.append(TopicName(tenant, ns, local).pulsar)
+    return out

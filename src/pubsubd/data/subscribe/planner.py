@@ -1,7 +1,8 @@
 """Delivery planner of one subscription: every delivery rule, no I/O (pure).
 
 What it decides: which consumer is served next (round-robin; failover/exclusive: one active
-stream; key_shared: rendezvous owner of each key), which messages it gets (ready ordering keys
+client, or on failover one per source when every stream reads one source, roster.py;
+key_shared: rendezvous owner of each key), which messages it gets (ready ordering keys
 first, then redeliveries, then new messages from each source's read offset, skipping acked,
 filtered, not-yet-due and damaged ones), within which caps (the consumer's flow control, the
 subscription's and the consumer's outstanding messages and bytes), under which lease (ack ID
@@ -261,7 +262,7 @@ class DeliveryPlanner:
         settings = self.settings
         budget = self.budget
         roster = self.roster
-        active = roster.active(settings)
+        receivers = roster.receivers(settings)
         key_owner = roster.key_owner if settings.type is SubscriptionType.KEY_SHARED else None
         idle = 0
         while idle < len(roster):
@@ -269,7 +270,7 @@ class DeliveryPlanner:
             max_msgs, max_bytes = room(
                 consumer, settings, len(self.leases), self._outstanding_bytes
             )
-            if max_msgs <= 0 or (active is not None and not same_client(consumer, active)):
+            if max_msgs <= 0 or (receivers is not None and consumer.id not in receivers):
                 idle += 1
                 continue
             if budget is not None:

@@ -7,7 +7,10 @@ Rules:
    (Pulsar's rule; the streams of one client_id are one client, e.g. the Pulsar front's
    consumers of each partition of a topic); a Pull, having no client_id, ranks after every
    stream: on a failover subscription it receives only while no stream is open, on an
-   exclusive one it is refused while one is.
+   exclusive one it is refused while one is. Failover with every stream reading one source
+   (the Pulsar front's consumers of a partitioned topic): each source has its own active
+   client, Pulsar's rule for partitions: of the clients reading source N, sorted by
+   client_id, the one at N mod their count.
 3. Key_Shared: a key's messages go to the client that ranks first for it by rendezvous hash of
    the client IDs, so a key stays with one consumer while the set of consumers stays.
 5. A consumer with ``sources`` takes only those publish message sources' messages.
@@ -67,15 +70,20 @@ class Roster:
     def streams(self) -> list[Consumer]:
         return [c for c in self.consumers.values() if c.is_stream and not c.closed]
 
-    def active(self, settings: QueueSettings) -> Consumer | None:
-        """Failover and exclusive: the one stream that receives (first by client_id);
-        None means every consumer may receive."""
+    def receivers(self, settings: QueueSettings) -> frozenset[int] | None:
+        """Failover and exclusive: the ids of the consumers that may receive (rule 2); None
+        means every consumer may."""
         if settings.type not in (SubscriptionType.FAILOVER, SubscriptionType.EXCLUSIVE):
             return None
         streams = self.streams()
         if not streams:
             return None
-        return min(streams, key=lambda c: (c.client_id, c.id))
+        if settings.type is SubscriptionType.FAILOVER and all(
+            c.sources is not None and len(c.sources) == 1 and c.client_id for c in streams
+        ):
+            return _active_per_source(streams)
+        first = min(streams, key=lambda c: (c.client_id, c.id))
+        return frozenset(c.id for c in self.consumers.values() if same_client(c, first))
 
     def key_owner(self, key: str) -> Consumer | None:
         """Key_Shared: a stream of the client owning ``key`` (rendezvous hash over client
@@ -106,6 +114,19 @@ class Roster:
         streams = self.streams()
         if streams:
             raise held_by_stream(name, streams[0].client_id)
+
+
+def _active_per_source(streams: list[Consumer]) -> frozenset[int]:
+    """The streams of each source's active client: of the clients reading source N, sorted by
+    client_id, the one at N mod their count (each stream reads exactly one source)."""
+    clients: dict[int, set[str]] = {}
+    for c in streams:
+        for source in c.sources or ():
+            clients.setdefault(source, set()).add(c.client_id)
+    chosen = {source: sorted(ids)[source % len(ids)] for source, ids in clients.items()}
+    return frozenset(
+        c.id for c in streams if any(chosen[s] == c.client_id for s in c.sources or ())
+    )
 
 
 def same_client(consumer: Consumer, other: Consumer) -> bool:

@@ -628,12 +628,40 @@ class CommandGetOrCreateSchemaResponse(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., error_code: _Optional[_Union[ServerError, str]] = ..., error_message: _Optional[str] = ..., schema_version: _Optional[bytes] = ...) -> None: ...
 
 class CommandGetTopicsOfNamespace(_message.Message):
-    __slots__ = ("request_id", "namespace")
+    __slots__ = ("request_id", "namespace", "mode", "topics_pattern", "topics_hash")
+    class Mode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        PERSISTENT: _ClassVar[CommandGetTopicsOfNamespace.Mode]
+        NON_PERSISTENT: _ClassVar[CommandGetTopicsOfNamespace.Mode]
+        ALL: _ClassVar[CommandGetTopicsOfNamespace.Mode]
+    PERSISTENT: CommandGetTopicsOfNamespace.Mode
+    NON_PERSISTENT: CommandGetTopicsOfNamespace.Mode
+    ALL: CommandGetTopicsOfNamespace.Mode
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_PATTERN_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_HASH_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     namespace: str
-    def __init__(self, request_id: _Optional[int] = ..., namespace: _Optional[str] = ...) -> None: ...
+    mode: CommandGetTopicsOfNamespace.Mode
+    topics_pattern: str
+    topics_hash: str
+    def __init__(self, request_id: _Optional[int] = ..., namespace: _Optional[str] = ..., mode: _Optional[_Union[CommandGetTopicsOfNamespace.Mode, str]] = ..., topics_pattern: _Optional[str] = ..., topics_hash: _Optional[str] = ...) -> None: ...
+
+class CommandGetTopicsOfNamespaceResponse(_message.Message):
+    __slots__ = ("request_id", "topics", "filtered", "topics_hash", "changed")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    FILTERED_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_HASH_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    filtered: bool
+    topics_hash: str
+    changed: bool
+    def __init__(self, request_id: _Optional[int] = ..., topics: _Optional[_Iterable[str]] = ..., filtered: _Optional[bool] = ..., topics_hash: _Optional[str] = ..., changed: _Optional[bool] = ...) -> None: ...
 
 class CommandConsumerStats(_message.Message):
     __slots__ = ("request_id", "consumer_id")
@@ -660,7 +688,7 @@ class RequestOnly(_message.Message):
     def __init__(self, request_id: _Optional[int] = ...) -> None: ...
 
 class BaseCommand(_message.Message):
-    __slots__ = ("type", "connect", "connected", "subscribe", "producer", "send", "send_receipt", "send_error", "message", "ack", "flow", "unsubscribe", "success", "error", "close_producer", "close_consumer", "producer_success", "ping", "pong", "redeliverUnacknowledgedMessages", "partitionMetadata", "partitionMetadataResponse", "lookupTopic", "lookupTopicResponse", "consumerStats", "consumerStatsResponse", "seek", "getLastMessageId", "getLastMessageIdResponse", "active_consumer_change", "getTopicsOfNamespace", "getSchema", "getSchemaResponse", "ackResponse", "getOrCreateSchema", "getOrCreateSchemaResponse", "newTxn", "addPartitionToTxn", "addSubscriptionToTxn", "endTxn", "tcClientConnectRequest", "watchTopicList", "watchTopicListClose")
+    __slots__ = ("type", "connect", "connected", "subscribe", "producer", "send", "send_receipt", "send_error", "message", "ack", "flow", "unsubscribe", "success", "error", "close_producer", "close_consumer", "producer_success", "ping", "pong", "redeliverUnacknowledgedMessages", "partitionMetadata", "partitionMetadataResponse", "lookupTopic", "lookupTopicResponse", "consumerStats", "consumerStatsResponse", "seek", "getLastMessageId", "getLastMessageIdResponse", "active_consumer_change", "getTopicsOfNamespace", "getTopicsOfNamespaceResponse", "getSchema", "getSchemaResponse", "ackResponse", "getOrCreateSchema", "getOrCreateSchemaResponse", "newTxn", "addPartitionToTxn", "addSubscriptionToTxn", "endTxn", "tcClientConnectRequest", "watchTopicList", "watchTopicListClose")
     class Type(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         CONNECT: _ClassVar[BaseCommand.Type]
@@ -810,6 +838,7 @@ class BaseCommand(_message.Message):
     GETLASTMESSAGEIDRESPONSE_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_CONSUMER_CHANGE_FIELD_NUMBER: _ClassVar[int]
     GETTOPICSOFNAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    GETTOPICSOFNAMESPACERESPONSE_FIELD_NUMBER: _ClassVar[int]
     GETSCHEMA_FIELD_NUMBER: _ClassVar[int]
     GETSCHEMARESPONSE_FIELD_NUMBER: _ClassVar[int]
     ACKRESPONSE_FIELD_NUMBER: _ClassVar[int]
@@ -853,6 +882,7 @@ class BaseCommand(_message.Message):
     getLastMessageIdResponse: CommandGetLastMessageIdResponse
     active_consumer_change: CommandActiveConsumerChange
     getTopicsOfNamespace: CommandGetTopicsOfNamespace
+    getTopicsOfNamespaceResponse: CommandGetTopicsOfNamespaceResponse
     getSchema: CommandGetSchema
     getSchemaResponse: CommandGetSchemaResponse
     ackResponse: CommandAckResponse
@@ -865,4 +895,4 @@ class BaseCommand(_message.Message):
     tcClientConnectRequest: RequestOnly
     watchTopicList: RequestOnly
     watchTopicListClose: RequestOnly
-    def __init__(self, type: _Optional[_Union[BaseCommand.Type, str]] = ..., connect: _Optional[_Union[CommandConnect, _Mapping]] = ..., connected: _Optional[_Union[CommandConnected, _Mapping]] = ..., subscribe: _Optional[_Union[CommandSubscribe, _Mapping]] = ..., producer: _Optional[_Union[CommandProducer, _Mapping]] = ..., send: _Optional[_Union[CommandSend, _Mapping]] = ..., send_receipt: _Optional[_Union[CommandSendReceipt, _Mapping]] = ..., send_error: _Optional[_Union[CommandSendError, _Mapping]] = ..., message: _Optional[_Union[CommandMessage, _Mapping]] = ..., ack: _Optional[_Union[CommandAck, _Mapping]] = ..., flow: _Optional[_Union[CommandFlow, _Mapping]] = ..., unsubscribe: _Optional[_Union[CommandUnsubscribe, _Mapping]] = ..., success: _Optional[_Union[CommandSuccess, _Mapping]] = ..., error: _Optional[_Union[CommandError, _Mapping]] = ..., close_producer: _Optional[_Union[CommandCloseProducer, _Mapping]] = ..., close_consumer: _Optional[_Union[CommandCloseConsumer, _Mapping]] = ..., producer_success: _Optional[_Union[CommandProducerSuccess, _Mapping]] = ..., ping: _Optional[_Union[CommandPing, _Mapping]] = ..., pong: _Optional[_Union[CommandPong, _Mapping]] = ..., redeliverUnacknowledgedMessages: _Optional[_Union[CommandRedeliverUnacknowledgedMessages, _Mapping]] = ..., partitionMetadata: _Optional[_Union[CommandPartitionedTopicMetadata, _Mapping]] = ..., partitionMetadataResponse: _Optional[_Union[CommandPartitionedTopicMetadataResponse, _Mapping]] = ..., lookupTopic: _Optional[_Union[CommandLookupTopic, _Mapping]] = ..., lookupTopicResponse: _Optional[_Union[CommandLookupTopicResponse, _Mapping]] = ..., consumerStats: _Optional[_Union[CommandConsumerStats, _Mapping]] = ..., consumerStatsResponse: _Optional[_Union[CommandConsumerStatsResponse, _Mapping]] = ..., seek: _Optional[_Union[CommandSeek, _Mapping]] = ..., getLastMessageId: _Optional[_Union[CommandGetLastMessageId, _Mapping]] = ..., getLastMessageIdResponse: _Optional[_Union[CommandGetLastMessageIdResponse, _Mapping]] = ..., active_consumer_change: _Optional[_Union[CommandActiveConsumerChange, _Mapping]] = ..., getTopicsOfNamespace: _Optional[_Union[CommandGetTopicsOfNamespace, _Mapping]] = ..., getSchema: _Optional[_Union[CommandGetSchema, _Mapping]] = ..., getSchemaResponse: _Optional[_Union[CommandGetSchemaResponse, _Mapping]] = ..., ackResponse: _Optional[_Union[CommandAckResponse, _Mapping]] = ..., getOrCreateSchema: _Optional[_Union[CommandGetOrCreateSchema, _Mapping]] = ..., getOrCreateSchemaResponse: _Optional[_Union[CommandGetOrCreateSchemaResponse, _Mapping]] = ..., newTxn: _Optional[_Union[RequestOnly, _Mapping]] = ..., addPartitionToTxn: _Optional[_Union[RequestOnly, _Mapping]] = ..., addSubscriptionToTxn: _Optional[_Union[RequestOnly, _Mapping]] = ..., endTxn: _Optional[_Union[RequestOnly, _Mapping]] = ..., tcClientConnectRequest: _Optional[_Union[RequestOnly, _Mapping]] = ..., watchTopicList: _Optional[_Union[RequestOnly, _Mapping]] = ..., watchTopicListClose: _Optional[_Union[RequestOnly, _Mapping]] = ...) -> None: ...
+    def __init__(self, type: _Optional[_Union[BaseCommand.Type, str]] = ..., connect: _Optional[_Union[CommandConnect, _Mapping]] = ..., connected: _Optional[_Union[CommandConnected, _Mapping]] = ..., subscribe: _Optional[_Union[CommandSubscribe, _Mapping]] = ..., producer: _Optional[_Union[CommandProducer, _Mapping]] = ..., send: _Optional[_Union[CommandSend, _Mapping]] = ..., send_receipt: _Optional[_Union[CommandSendReceipt, _Mapping]] = ..., send_error: _Optional[_Union[CommandSendError, _Mapping]] = ..., message: _Optional[_Union[CommandMessage, _Mapping]] = ..., ack: _Optional[_Union[CommandAck, _Mapping]] = ..., flow: _Optional[_Union[CommandFlow, _Mapping]] = ..., unsubscribe: _Optional[_Union[CommandUnsubscribe, _Mapping]] = ..., success: _Optional[_Union[CommandSuccess, _Mapping]] = ..., error: _Optional[_Union[CommandError, _Mapping]] = ..., close_producer: _Optional[_Union[CommandCloseProducer, _Mapping]] = ..., close_consumer: _Optional[_Union[CommandCloseConsumer, _Mapping]] = ..., producer_success: _Optional[_Union[CommandProducerSuccess, _Mapping]] = ..., ping: _Optional[_Union[CommandPing, _Mapping]] = ..., pong: _Optional[_Union[CommandPong, _Mapping]] = ..., redeliverUnacknowledgedMessages: _Optional[_Union[CommandRedeliverUnacknowledgedMessages, _Mapping]] = ..., partitionMetadata: _Optional[_Union[CommandPartitionedTopicMetadata, _Mapping]] = ..., partitionMetadataResponse: _Optional[_Union[CommandPartitionedTopicMetadataResponse, _Mapping]] = ..., lookupTopic: _Optional[_Union[CommandLookupTopic, _Mapping]] = ..., lookupTopicResponse: _Optional[_Union[CommandLookupTopicResponse, _Mapping]] = ..., consumerStats: _Optional[_Union[CommandConsumerStats, _Mapping]] = ..., consumerStatsResponse: _Optional[_Union[CommandConsumerStatsResponse, _Mapping]] = ..., seek: _Optional[_Union[CommandSeek, _Mapping]] = ..., getLastMessageId: _Optional[_Union[CommandGetLastMessageId, _Mapping]] = ..., getLastMessageIdResponse: _Optional[_Union[CommandGetLastMessageIdResponse, _Mapping]] = ..., active_consumer_change: _Optional[_Union[CommandActiveConsumerChange, _Mapping]] = ..., getTopicsOfNamespace: _Optional[_Union[CommandGetTopicsOfNamespace, _Mapping]] = ..., getTopicsOfNamespaceResponse: _Optional[_Union[CommandGetTopicsOfNamespaceResponse, _Mapping]] = ..., getSchema: _Optional[_Union[CommandGetSchema, _Mapping]] = ..., getSchemaResponse: _Optional[_Union[CommandGetSchemaResponse, _Mapping]] = ..., ackResponse: _Optional[_Union[CommandAckResponse, _Mapping]] = ..., getOrCreateSchema: _Optional[_Union[CommandGetOrCreateSchema, _Mapping]] = ..., getOrCreateSchemaResponse: _Optional[_Union[CommandGetOrCreateSchemaResponse, _Mapping]] = ..., newTxn: _Optional[_Union[RequestOnly, _Mapping]] = ..., addPartitionToTxn: _Optional[_Union[RequestOnly, _Mapping]] = ..., addSubscriptionToTxn: _Optional[_Union[RequestOnly, _Mapping]] = ..., endTxn: _Optional[_Union[RequestOnly, _Mapping]] = ..., tcClientConnectRequest: _Optional[_Union[RequestOnly, _Mapping]] = ..., watchTopicList: _Optional[_Union[RequestOnly, _Mapping]] = ..., watchTopicListClose: _Optional[_Union[RequestOnly, _Mapping]] = ...) -> None: ...
