@@ -135,6 +135,9 @@ class SubscribingForwarder:
         self.unavailable: dict[str, str] = {}
         self.closing = False
         self.push = PushManager()  # pushers of push subscriptions (data/subscribe/push.py)
+        # Spread subscriptions (by uid): the sources served here, set before they open
+        # (data/ownership.py); any other subscription is served whole.
+        self.served_sources: dict[str, frozenset[int]] = {}
 
     # --- subscriptions ------------------------------------------------------------------------
 
@@ -165,6 +168,7 @@ class SubscribingForwarder:
             dead_letter_publish=self.dead_letter_publish,
             topic_quota=topic_quota,
             budget=self.budget,
+            served_sources=self.served_sources.get(uid),
         )
         self.dispatchers[name] = dispatcher
         self.unavailable.pop(name, None)
