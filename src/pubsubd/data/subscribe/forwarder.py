@@ -269,6 +269,10 @@ class SubscribingForwarder:
             "consumers": len(d.consumers),
             "delivered": d.delivered,
             "acked": d.acked,
+            # A spread subscription's sources served here (None: all of them).
+            "served_sources": (
+                None if d.planner.served_sources is None else sorted(d.planner.served_sources)
+            ),
             "lost": d.lost,
             **d.damage_status(),
             **self.push.stats(name),
