@@ -53,6 +53,10 @@ RETRY_S = 1.0
 # A subscription routed here whose record this process has not read yet is looked for again
 # this soon (its change also calls changed()).
 RECORD_RETRY_S = 0.2
+# A spread subscription's units live in several shards, read one by one: the sources assigned
+# here are read again after this long before they are acted on, so a pass seen shard by shard
+# costs one change of sources, not one per shard.
+SOURCES_SETTLE_S = 0.2
 
 
 class _Moves(abc.ABC):
@@ -296,6 +300,11 @@ class SubscriptionOwnership(_Moves):
     async def _regain(self, uid: str) -> None:
         """The sources of ``uid`` assigned here changed: serve it again with the new ones
         (on a copy, the copy stays: its acks are flushed and its ack state attached again)."""
+        await asyncio.sleep(SOURCES_SETTLE_S)
+        if uid not in self.ready or self._sources_assigned().get(uid) == self.serving_sources.get(
+            uid
+        ):
+            return  # changed back meanwhile
         self.ready.discard(uid)
         self.serving_sources.pop(uid, None)
         self._subscribing.served_sources.pop(uid, None)
@@ -327,6 +336,8 @@ class SubscriptionOwnership(_Moves):
         if record is None:  # not in this process's catalog yet: its change calls changed()
             asyncio.get_running_loop().call_later(RECORD_RETRY_S, self.changed)
             return
+        if self._sources_assigned().get(uid) is not None:
+            await asyncio.sleep(SOURCES_SETTLE_S)  # its other shards' routes arrive meanwhile
         topic_uid = record.topic_uid
         if topic_uid not in self._owned_topics:
             if self._topic_assigned(topic_uid):

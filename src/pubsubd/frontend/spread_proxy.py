@@ -13,9 +13,12 @@ subscribing forwarders that each serve some of the subscription's sources (``fan
 * **Routes that change** under an open stream (a source moved, a forwarder left, the
   subscription became spread or whole again) end the client's stream with UNAVAILABLE within
   ``ROUTES_POLL_S``, so no source stays unserved behind a stale fan-out.
-* **Pull** goes to every leg at once; the first response with messages is answered, the other
-  Pulls are cancelled (their forwarders give back what they had leased) and a response that
-  arrived anyway is handed back. Empty from every leg: an empty response.
+* **Pull** first asks every leg for what it holds now (``return_immediately``, the client's
+  ``max_messages`` shared among them) and answers with all of it. If every leg was empty,
+  it waits on all of them: the first response with messages is answered, the other Pulls are
+  cancelled (their forwarders give back what they had leased) and a response that arrived
+  anyway is handed back; one lost in flight while cancelled is delivered again after its ack
+  deadline.
 * **Acknowledge, ModifyAckDeadline**: split by the source in each ack ID, one call per leg.
   **Seek, SeekOffsets**: sent to every leg (each resets its own dispatcher). The first error
   is the client's (exactly-once's per-ack-ID failures of one leg only).
@@ -35,6 +38,7 @@ from pubsubd.core.errors import STREAM_ACCEPTED
 from pubsubd.core.pb import (
     AcknowledgeRequest,
     ModifyAckDeadlineRequest,
+    PullRequest,
     PullResponse,
     StreamingPullRequest,
     StreamingPullResponse,
@@ -298,16 +302,70 @@ class SpreadingProxy(Proxy):
             await super()._pull_once(request, context)
             return
         self.spread_calls += 1
-        metadata, timeout = _metadata(context), _timeout(context)
-        tasks = {
-            asyncio.ensure_future(self._call_at(leg, PULL, request, metadata, timeout)): leg
+        try:
+            parsed = PullRequest.FromString(request)
+        except DecodeError:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request: not a PullRequest")
+            return
+        if not legs:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no forwarder serves the subscription")
+        got = await self._pull_at_once(parsed, legs, context)
+        if not got and not parsed.return_immediately:
+            got = await self._pull_race(request, legs, context)
+        try:
+            await context.write(b"".join(response for _, response in got))
+        except BaseException:
+            for leg, response in got:  # never reached the client
+                self._give_back(leg.forwarder, request, response, PullResponse, context)
+            raise
+
+    async def _pull_at_once(
+        self, request: Any, legs: Sequence[Leg], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> list[tuple[Leg, bytes]]:
+        """What every leg holds now (``return_immediately``), ``max_messages`` shared among
+        them: the responses with messages (their concatenation is one PullResponse)."""
+        metadata, within = _metadata(context), _timeout(context)
+        count = len(legs)
+        parts = []
+        for i, leg in enumerate(legs):
+            share = request.max_messages // count + (i < request.max_messages % count)
+            if share:
+                part = PullRequest()
+                part.CopyFrom(request)
+                part.max_messages, part.return_immediately = share, True
+                parts.append((leg, part.SerializeToString()))
+        results = await asyncio.gather(
+            *(self._call_at(leg, PULL, body, metadata, within) for leg, body in parts),
+            return_exceptions=True,
+        )
+        got = [(leg, r) for (leg, _), r in zip(parts, results, strict=True) if isinstance(r, bytes)]
+        errors = [r for r in results if isinstance(r, grpc.aio.AioRpcError)]
+        if errors and len(errors) == len(results):
+            await _abort_with(context, errors[0])
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, grpc.aio.AioRpcError):
+                raise result
+        return [(leg, r) for leg, r in got if r]
+
+    async def _pull_race(
+        self, request: bytes, legs: Sequence[Leg], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> list[tuple[Leg, bytes]]:
+        """Every leg was empty: wait on all of them, answer the first with messages, cancel
+        the others (their forwarders give back what they leased; a response that arrived
+        anyway is handed back; one cancelled in flight comes again after its ack deadline)."""
+        metadata, within = _metadata(context), _timeout(context)
+        calls = {
+            self.channel(leg.forwarder.address).unary_unary(PULL)(
+                request, metadata=metadata, timeout=within
+            ): leg
             for leg in legs
         }
-        got: tuple[bytes, Leg] | None = None
+        tasks = {asyncio.ensure_future(_result(call)): call for call in calls}
+        got: list[tuple[Leg, bytes]] = []
         errors: list[grpc.aio.AioRpcError] = []
         pending = set(tasks)
         try:
-            while pending and got is None:
+            while pending and not got:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     try:
@@ -315,31 +373,23 @@ class SpreadingProxy(Proxy):
                     except grpc.aio.AioRpcError as e:
                         errors.append(e)
                         continue
-                    if response and got is None:
-                        got = (response, tasks[task])
+                    leg = calls[tasks[task]]
+                    if response and not got:
+                        got.append((leg, response))
                     elif response:
-                        self._give_back(
-                            tasks[task].forwarder, request, response, PullResponse, context
-                        )
+                        self._give_back(leg.forwarder, request, response, PullResponse, context)
         finally:
             for task in pending:
-                task.cancel()
+                tasks[task].cancel()  # the call, so a response already in is still read
             for task in pending:
                 with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
                     late = await task
                     if late:  # answered before it was cancelled: nobody will send it
-                        self._give_back(tasks[task].forwarder, request, late, PullResponse, context)
-        if got is None:
-            if errors and len(errors) == len(tasks):
-                await _abort_with(context, errors[0])
-            await context.write(b"")
-            return
-        response, leg = got
-        try:
-            await context.write(response)
-        except BaseException:
-            self._give_back(leg.forwarder, request, response, PullResponse, context)
-            raise
+                        leg = calls[tasks[task]]
+                        self._give_back(leg.forwarder, request, late, PullResponse, context)
+        if not got and errors and len(errors) == len(tasks):
+            await _abort_with(context, errors[0])
+        return got
 
     async def _call_at(
         self,
@@ -420,6 +470,11 @@ def _split_unary(method: str, request: bytes, legs: Sequence[Leg]) -> list[tuple
         part.ack_ids.extend(ack_ids)
         parts.append((legs[i], part.SerializeToString()))
     return parts
+
+
+async def _result(call: Any) -> bytes:
+    response: bytes = await call
+    return response
 
 
 async def _accepted(call: Any, first: bytes) -> grpc.aio.AioRpcError | None:
