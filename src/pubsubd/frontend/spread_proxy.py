@@ -15,10 +15,9 @@ subscribing forwarders that each serve some of the subscription's sources (``fan
   ``ROUTES_POLL_S``, so no source stays unserved behind a stale fan-out.
 * **Pull** first asks every leg for what it holds now (``return_immediately``, the client's
   ``max_messages`` shared among them) and answers with all of it. If every leg was empty,
-  it waits on all of them: the first response with messages is answered, the other Pulls are
-  cancelled (their forwarders give back what they had leased) and a response that arrived
-  anyway is handed back; one lost in flight while cancelled is delivered again after its ack
-  deadline.
+  it waits on all of them: the first response with messages is answered, and what the other
+  Pulls return later is handed back to their forwarders at once (they are not cancelled: a
+  response in flight would be lost to its ack deadline).
 * **Acknowledge, ModifyAckDeadline**: split by the source in each ack ID, one call per leg.
   **Seek, SeekOffsets**: sent to every leg (each resets its own dispatcher). The first error
   is the client's (exactly-once's per-ack-ID failures of one leg only).
@@ -63,6 +62,9 @@ from pubsubd.frontend.proxy import (
     _not_served,
     _read_client,
     _timeout,
+)
+from pubsubd.frontend.proxy import (
+    _give_back as _give_back_to,
 )
 
 __all__ = ["SPREAD_METHODS", "Spread", "SpreadingProxy"]
@@ -350,9 +352,10 @@ class SpreadingProxy(Proxy):
     async def _pull_race(
         self, request: bytes, legs: Sequence[Leg], context: grpc.aio.ServicerContext[Any, Any]
     ) -> list[tuple[Leg, bytes]]:
-        """Every leg was empty: wait on all of them, answer the first with messages, cancel
-        the others (their forwarders give back what they leased; a response that arrived
-        anyway is handed back; one cancelled in flight comes again after its ack deadline)."""
+        """Every leg was empty: wait on all of them and answer the first with messages. The
+        others are left to end by themselves (messages or their wait's end), and what they
+        return is handed back at once: cancelling them could lose a response in flight to its
+        ack deadline. A client that goes away cancels them all (their forwarders give back)."""
         metadata, within = _metadata(context), _timeout(context)
         calls = {
             self.channel(leg.forwarder.address).unary_unary(PULL)(
@@ -378,18 +381,46 @@ class SpreadingProxy(Proxy):
                         got.append((leg, response))
                     elif response:
                         self._give_back(leg.forwarder, request, response, PullResponse, context)
-        finally:
+        except BaseException:
             for task in pending:
-                tasks[task].cancel()  # the call, so a response already in is still read
-            for task in pending:
-                with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
-                    late = await task
-                    if late:  # answered before it was cancelled: nobody will send it
-                        leg = calls[tasks[task]]
-                        self._give_back(leg.forwarder, request, late, PullResponse, context)
+                tasks[task].cancel()  # the calls: their forwarders give back what they leased
+            raise
+        if pending:
+            later = asyncio.get_running_loop().create_task(
+                self._hand_back_later({t: calls[tasks[t]] for t in pending}, request, metadata)
+            )
+            self._tasks.add(later)
+            later.add_done_callback(self._tasks.discard)
         if not got and errors and len(errors) == len(tasks):
             await _abort_with(context, errors[0])
         return got
+
+    async def _hand_back_later(
+        self,
+        pending: dict[asyncio.Future[bytes], Leg],
+        request: bytes,
+        metadata: list[tuple[str, str | bytes]],
+    ) -> None:
+        """Hand back what the Pulls that lost a race return, as they return it."""
+        subscription = PullRequest.FromString(request).subscription
+
+        async def hand_back(task: asyncio.Future[bytes], leg: Leg) -> None:
+            try:
+                response = await task
+            except grpc.aio.AioRpcError:
+                return  # nothing was leased to it
+            ack_ids = [m.ack_id for m in PullResponse.FromString(response).received_messages]
+            if ack_ids:
+                self.given_back += len(ack_ids)
+                channel = self.channel(leg.forwarder.address)
+                await _give_back_to(channel, subscription, ack_ids, metadata)
+
+        try:
+            await asyncio.gather(*(hand_back(task, leg) for task, leg in pending.items()))
+        except asyncio.CancelledError:
+            for task in pending:
+                task.cancel()
+            raise
 
     async def _call_at(
         self,
