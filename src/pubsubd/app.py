@@ -417,7 +417,12 @@ class PubsubServer:
         def subscriptions_assigned() -> set[str]:
             if self.routing is None:
                 return set()
-            return self.routing.owned_subscriptions(forwarder_id)
+            return set(self.routing.owned_subscription_sources(forwarder_id))
+
+        def sources_assigned() -> dict[str, frozenset[int] | None]:
+            if self.routing is None:
+                return {}
+            return self.routing.owned_subscription_sources(forwarder_id)
 
         def subscription_record(uid: str) -> SubscriptionRecord | None:
             topic_uid = catalog.subscription_topics.get(uid)
@@ -436,6 +441,7 @@ class PubsubServer:
             owned_topics=self.owned,
             remote=self.remote_sources,
             ready=self.served,
+            sources_assigned=sources_assigned,
         )
         self.ownership = TopicOwnership(
             assigned=assigned,

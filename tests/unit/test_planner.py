@@ -389,6 +389,25 @@ def test_a_consumer_of_some_sources_gets_only_their_messages_new_and_redelivered
     assert len(rest.positions()) == 3
 
 
+def test_a_spread_subscription_s_planner_restricts_every_consumer_to_its_sources() -> None:
+    """A subscribing forwarder serving sources 0 and 2 of a spread subscription: a consumer
+    with no sources of its own, and one asking for 1 and 2, get only what is served here;
+    source 1 is never read (its owner elsewhere delivers it)."""
+    topic = MemoryTopic(sources=[[], [], []])
+    p = planner(topic)
+    p.served_sources = frozenset({0, 2})
+    anything, asked = Recorder(), Recorder()
+    asked.sources = frozenset({1, 2})
+    p.add_consumer(anything)
+    p.add_consumer(asked)
+    assert anything.sources == {0, 2} and asked.sources == {2}
+    served = [*topic.publish(b"a", source=0), *topic.publish(b"b", b"c", source=2)]
+    topic.publish(b"elsewhere", source=1)
+    run(p, 0.0)
+    assert sorted(anything.positions() + asked.positions()) == sorted(served)
+    assert 1 not in p.read_offsets  # never read here
+
+
 def test_key_shared_and_failover_treat_streams_of_one_client_id_as_one_client() -> None:
     topic = MemoryTopic(sources=[[], []])
     p = planner(topic, subscription(labels={"pubsubd-subscription-type": "failover"}))

@@ -71,6 +71,13 @@ def up(
             "reading their topics from copies"
         ),
     ] = 0,
+    spread_subscriptions: Annotated[
+        bool,
+        typer.Option(
+            help="the routers spread shared subscriptions over the subscribing forwarders by "
+            "source (pubsubd router --spread-subscriptions)"
+        ),
+    ] = False,
     probers: Annotated[
         int, typer.Option(help="probers (pubsubd prober) through every frontend")
     ] = 1,
@@ -125,6 +132,7 @@ def up(
             frontends=frontends,
             forwarders=forwarders,
             forwarder_args=roles,
+            router_args=["--spread-subscriptions"] if spread_subscriptions else [],
             probers=probers,
             tls_dir=tls_dir,
             tokens=tokens,

@@ -397,6 +397,13 @@ def router(
         float, typer.Option(help="s a unit stays put after a move before loads move it again")
     ] = 60.0,
     interval: Annotated[float, typer.Option(help="s between routing passes at most")] = 2.0,
+    spread_subscriptions: Annotated[
+        bool,
+        typer.Option(
+            help="place each source of a shared subscription on its own, so a busy one is "
+            "served by several subscribing forwarders (topics are placed whole)"
+        ),
+    ] = False,
     zk_session_timeout: ZkSessionOption = 10.0,
     pid_file: Annotated[Path | None, typer.Option(help="write the PID here when ready")] = None,
     log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
@@ -423,6 +430,7 @@ def router(
             epsilon=epsilon,
             hysteresis_s=hysteresis,
             interval_s=interval,
+            spread_subscriptions=spread_subscriptions,
             zk_session_timeout_s=zk_session_timeout,
             pid_file=pid_file,
         )

@@ -309,6 +309,7 @@ class LocalCluster:
         timeout: float = 60.0,
         serve_args: list[str] | None = None,
         forwarder_args: Sequence[Sequence[str]] = (),
+        router_args: Sequence[str] = (),
         tls_dir: Path | None = None,
         tokens: bool = False,
         iam: bool = False,
@@ -317,7 +318,8 @@ class LocalCluster:
         that many forwarders serving the topics the routers assign them), ``routers`` routers
         and ``frontends`` frontends (then clients connect to the frontends: ``grpc`` is the
         first), and ``probers`` probers through every frontend; wait until all are ready.
-        ``forwarder_args[i]``: more flags for forwarder i (``--no-publishing``, ...).
+        ``forwarder_args[i]``: more flags for forwarder i (``--no-publishing``, ...);
+        ``router_args``: more flags for every router (``--spread-subscriptions``).
         ``tls_dir``: ``pubsubd certs dev``'s files there, passed to every process (TLS on every
         port; mutual TLS on the storage nodes and ZooKeeper, whose only client port is its
         ``secureClientPort``; the probers trust its CA).
@@ -375,7 +377,7 @@ class LocalCluster:
                 self.processes.append(self._start_serve(replicas, serve_args or [], timeout))
                 self.save()
             for i in range(routers):
-                self.processes.append(self._start_router(i, zones, timeout))
+                self.processes.append(self._start_router(i, zones, timeout, router_args))
                 self.save()
             for i in range(frontends):
                 self.processes.append(self._start_frontend(i, zones, timeout))
@@ -523,9 +525,11 @@ class LocalCluster:
             *self._tls(),
         ]  # fmt: skip
 
-    def _start_router(self, i: int, zones: int, timeout: float) -> Process:
+    def _start_router(
+        self, i: int, zones: int, timeout: float, more: Sequence[str] = ()
+    ) -> Process:
         name = f"router-{i + 1}"
-        args = self._control_args("router", name, f"zone-{i % zones + 1}")
+        args = [*self._control_args("router", name, f"zone-{i % zones + 1}"), *more]
         log = self.directory / f"{name}.log"
         pid, ready = _start(args, log, ROUTER_READY, timeout)
         _, zone, http = ready.groups()

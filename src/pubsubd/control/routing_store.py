@@ -101,6 +101,7 @@ def encode_shard(
     generation: int,
     router_id: str,
     moved_at: Callable[[str], float | None],
+    spread: Callable[[str], bool] = lambda _: False,
 ) -> bytes:
     shard = pb.AssignmentShard(
         protocol_version=PROTOCOL_VERSION, generation=generation, router_id=router_id
@@ -108,7 +109,12 @@ def encode_shard(
     for unit, route in sorted(routes.items()):
         moved = moved_at(unit)
         shard.routes.append(
-            pb.Route(unit=unit, forwarders=route, moved_at_unix_s=moved if moved else 0.0)
+            pb.Route(
+                unit=unit,
+                forwarders=route,
+                moved_at_unix_s=moved if moved else 0.0,
+                spread=spread(unit),
+            )
         )
     return bytes(shard.SerializeToString())
 
@@ -212,10 +218,12 @@ class RoutingStore:
         router_id: str,
         check: Callable[[], None],
         moved_at: Callable[[str], float | None] = lambda _: None,
+        spread: Callable[[str], bool] = lambda _: False,
     ) -> int:
         """Write the ``changed`` shards (an empty one is deleted); ``check()`` before each
         write (it raises when this router stopped leading). ``moved_at(unit)``: when it last
-        changed owner, Unix seconds (None: not since placed). Returns the shards written."""
+        changed owner, Unix seconds (None: not since placed); ``spread(unit)``: whether it is
+        a spread subscription's unit. Returns the shards written."""
         written = 0
         for shard in sorted(changed):
             check()
@@ -226,7 +234,7 @@ class RoutingStore:
                     await self._zk.delete(path)
                 written += 1
                 continue
-            data = encode_shard(routes, generation, router_id, moved_at)
+            data = encode_shard(routes, generation, router_id, moved_at, spread)
             try:
                 await self._zk.set(path, data)
             except NoNode:

@@ -21,8 +21,20 @@ forwarder serves only one kind (``pubsubd forwarder --no-publishing``/``--no-sub
 the roles are *split*: topics are placed among the publishing forwarders and subscriptions
 among the subscribing ones, each with its own assignment, and a subscribing forwarder reads a
 topic owned elsewhere from a copy (``data/subscribe/remote_sources.py``). ``colocate=False``
-places every source of every topic and subscription on its own (a subscription spread over
-forwarders by source: not served by the forwarders yet).
+places every source of every topic and subscription on its own (no forwarder serves a
+topic's sources apart: ``pubsubd router`` never runs it).
+
+Spread subscriptions (``spread_subscriptions=True``, ``pubsubd router --spread-subscriptions``):
+topics are placed whole among the publishing forwarders and every subscription that may be
+spread (``SubscriptionUnits.spreadable``: shared and key_shared ones without a backlog quota of
+their own) has each unit ``s/{uid}/{source}`` placed on its own among the subscribing
+forwarders, so a busy subscription is served by several, each owning some of the topic's
+sources (an ordering key maps to one source, so to one forwarder: per-key order holds). Other
+subscriptions are placed whole (``s/{uid}/0``). This is the split placement, also while every
+forwarder is both kinds (``mode == "spread"``): a subscription served where its topic is owned
+reads it in-process, elsewhere from a copy. A forwarder serves the sources of a subscription
+it owns (``RoutingView.owned_subscription_sources``); frontends fan a StreamingPull out to
+every owner (``frontend/fanout.py``).
 
 Routing constraints (the seeds' rules saying which forwarders may be sent work): a drained
 forwarder, or every forwarder of a drained zone, owns nothing and stays a last fallback; a
@@ -129,6 +141,10 @@ class TopicUnits:
 class SubscriptionUnits:
     uid: str
     topic_uid: str
+    # May be served by several subscribing forwarders by source (with spread subscriptions):
+    # not exclusive or failover (one client for the whole subscription), no backlog quota of
+    # its own (each forwarder sees the ack state of its own sources only).
+    spreadable: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,14 +164,19 @@ class RoutingTable:
         epsilon: float = DEFAULT_EPSILON,
         hysteresis_s: float = DEFAULT_HYSTERESIS_S,
         colocate: bool = False,
+        spread_subscriptions: bool = False,
     ) -> None:
         self.colocate = colocate
-        # With whole units: "colocated" or "split" (see the module docstring), by the members.
+        self.spread_subscriptions = spread_subscriptions
+        # With whole units: "colocated" or "split" (see the module docstring), by the members;
+        # "spread" with spread subscriptions.
         self.mode = "colocated" if colocate else "sources"
         self.publishing = Assignment(epsilon=epsilon, hysteresis_s=hysteresis_s)
         self.subscribing = Assignment(epsilon=epsilon, hysteresis_s=hysteresis_s)
         self.forwarders: dict[str, Forwarder] = {}
         self.shards: dict[str, dict[str, tuple[str, ...]]] = {}  # bucket -> unit -> route
+        # The routed units of spread subscriptions, each placed on its own (``Route.spread``).
+        self.spread_units: set[str] = set()
         # The members each assignment last routed with: routes change only with them or with
         # their unit's owner, so a pass recomputes only those.
         self._routed_with: dict[str, tuple[tuple[str, str, bool], ...]] = {}
@@ -178,10 +199,12 @@ class RoutingTable:
         if self.colocate:
             split = any(not (f.publishing and f.subscribing) for f in self.forwarders.values())
             mode = "split" if split else "colocated"
+            if self.spread_subscriptions:
+                mode = "spread"
             if mode != self.mode:
                 self.mode = mode
                 self._routed_with.clear()  # every route is recomputed in the new mode
-            if split:
+            if mode != "colocated":
                 return self._update_split(
                     constraints,
                     list(topics),
@@ -305,7 +328,8 @@ class RoutingTable:
     ) -> Pass:
         """Place each topic whole among the publishing forwarders (its unit ``p/{uid}/0``) and
         each subscription whole among the subscribing ones (``s/{uid}/0``); every other unit
-        of a topic or subscription follows its head."""
+        of a topic or subscription follows its head. Spread, a spreadable subscription's
+        units are each placed on their own (its weight shared among them)."""
         pins = {
             publishing_unit(t.uid, 0): constraints.pinned_topics[t.name]
             for t in topics
@@ -314,12 +338,30 @@ class RoutingTable:
         sources = {t.uid: t.sources for t in topics}
         live = [s for s in subscriptions if s.topic_uid in sources]
         weights = {publishing_unit(uid, 0): w for uid, w in topic_weights.items()}
+        # Each placed unit and the units that follow it (itself included).
+        subscription_heads: list[tuple[str, list[str]]] = []
+        subscription_unit_weights: dict[str, int] = {}
+        spread: set[str] = set()
+        for sub in live:
+            count = sources[sub.topic_uid]
+            units = [subscribing_unit(sub.uid, i) for i in range(count)]
+            weight = subscription_weights.get(sub.uid)
+            if self.spread_subscriptions and sub.spreadable:
+                subscription_heads.extend((unit, [unit]) for unit in units)
+                spread.update(units)
+                if weight is not None and count:
+                    for unit in units:
+                        subscription_unit_weights[unit] = -(-weight // count)
+            else:
+                subscription_heads.append((units[0] if units else "", units))
+                if weight is not None:
+                    subscription_unit_weights[subscribing_unit(sub.uid, 0)] = weight
         placed: list[
             tuple[
                 str,
                 Assignment,
                 list[Member],
-                list[tuple[str, str, str, int]],
+                list[tuple[str, list[str]]],
                 dict[str, str],
                 dict[str, int],
             ]
@@ -328,7 +370,13 @@ class RoutingTable:
                 "split-publishing",
                 self.publishing,
                 self._members(constraints, publishing=True),
-                [(publishing_unit(t.uid, 0), t.uid, PUBLISHING, t.sources) for t in topics],
+                [
+                    (
+                        publishing_unit(t.uid, 0),
+                        [publishing_unit(t.uid, i) for i in range(t.sources)],
+                    )
+                    for t in topics
+                ],
                 pins,
                 weights,
             ),
@@ -336,38 +384,40 @@ class RoutingTable:
                 "split-subscribing",
                 self.subscribing,
                 self._members(constraints, publishing=False),
-                [
-                    (subscribing_unit(s.uid, 0), s.uid, SUBSCRIBING, sources[s.topic_uid])
-                    for s in live
-                ],
+                [(head, units) for head, units in subscription_heads if head],
                 {},
-                {subscribing_unit(uid, 0): w for uid, w in subscription_weights.items()},
+                subscription_unit_weights,
             ),
         ]
         moves: list[Move] = []
         wanted: dict[str, tuple[str, ...]] = {}
         for key, assignment, members, heads, kind_pins, kind_weights in placed:
             kind_moves = assignment.update(
-                members, [h for h, _, _, _ in heads], now, kind_pins, kind_weights
+                members, [h for h, _ in heads], now, kind_pins, kind_weights
             )
             moves.extend(kind_moves)
             with_members = tuple(sorted((m.member_id, m.zone, m.drained) for m in members))
             everything = self._routed_with.get(key) != with_members
             self._routed_with[key] = with_members
             moved = {m.unit for m in kind_moves}
-            for head, uid, prefix, count in heads:
+            for head, units in heads:
                 route = self.route(head)
                 if everything or head in moved or not route:
                     route = tuple(assignment.ranked(head, limit=ROUTE_FALLBACKS))
                 if not route:
                     continue  # no forwarder of this kind to take it
-                for source in range(count):
-                    wanted[f"{prefix}/{uid}/{source}"] = route
-        return Pass(tuple(moves), self._publish(wanted))
+                for unit in units:
+                    wanted[unit] = route
+        return Pass(tuple(moves), self._publish(wanted, spread))
 
-    def _publish(self, wanted: Mapping[str, tuple[str, ...]]) -> frozenset[str]:
-        """Make the shards hold exactly ``wanted``; returns the shards that changed."""
-        changed: set[str] = set()
+    def _publish(
+        self, wanted: Mapping[str, tuple[str, ...]], spread: set[str] | None = None
+    ) -> frozenset[str]:
+        """Make the shards hold exactly ``wanted`` (``spread``: the units of it placed on their
+        own as spread subscriptions' units); returns the shards that changed."""
+        spread = {u for u in spread or () if u in wanted}
+        changed: set[str] = {bucket(u) for u in spread ^ self.spread_units}
+        self.spread_units = spread
         for shard, routes in list(self.shards.items()):
             for unit in [u for u in routes if u not in wanted]:
                 del routes[unit]

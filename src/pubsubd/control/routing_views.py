@@ -24,7 +24,8 @@ from pubsubd.coordination.errors import CoordinationError
 from pubsubd.coordination.paths import bucket
 from pubsubd.coordination.zk import Coordinator, Follow, ZnodeStat
 from pubsubd.core import pb as api_pb
-from pubsubd.core import publish_sources
+from pubsubd.core import publish_sources, queue_settings
+from pubsubd.core.queue_settings import SubscriptionType
 from pubsubd.storage.metadata import Change, SubscriptionRecord, TopicRecord
 from pubsubd.storage.zk_metadata import ZooKeeperMetadataStore
 
@@ -35,6 +36,18 @@ __all__ = ["NamesView", "RoutingView"]
 
 def _nothing() -> None:
     pass
+
+
+def spreadable(record: SubscriptionRecord) -> bool:
+    """Whether the subscription may be served by several subscribing forwarders by source:
+    shared or key_shared (exclusive and failover rank one client over the whole subscription)
+    and without a backlog quota of its own (each forwarder sees its own sources' acks)."""
+    try:
+        settings = queue_settings.parse(api_pb.Subscription.FromString(record.body).labels)
+    except Exception:  # unreadable or invalid labels: served whole, as before
+        return False
+    shared = settings.type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED)
+    return shared and settings.quota is None
 
 
 class NamesView:
@@ -82,7 +95,9 @@ class NamesView:
         self.topics[record.name] = TopicUnits(record.name, record.uid, sources)
 
     def _put_subscription(self, record: SubscriptionRecord) -> None:
-        self.subscriptions[record.name] = SubscriptionUnits(record.uid, record.topic_uid)
+        self.subscriptions[record.name] = SubscriptionUnits(
+            record.uid, record.topic_uid, spreadable(record)
+        )
 
     def _changed(self, change: Change) -> None:
         record = change.record
@@ -116,6 +131,10 @@ class RoutingView:
         # not every route).
         self._topic_owners: dict[str, dict[str, set[str]]] = {}
         self._subscription_owners: dict[str, dict[str, set[str]]] = {}
+        # Per shard: owner -> subscription uid -> the sources it owns of a spread subscription;
+        # and the spread units of the shard.
+        self._source_owners: dict[str, dict[str, dict[str, set[int]]]] = {}
+        self._spread: dict[str, set[str]] = {}
         self._shard_follows: dict[str, Follow[Any]] = {}
         self._follows: list[Follow[Any]] = []
         self._tasks: set[asyncio.Task[None]] = set()
@@ -163,6 +182,25 @@ class RoutingView:
             owned |= owners.get(forwarder_id, set())
         return owned
 
+    def owned_subscription_sources(self, forwarder_id: str) -> dict[str, frozenset[int] | None]:
+        """The subscriptions ``forwarder_id`` serves, by uid: None for those served whole
+        (it owns ``s/{uid}/0`` of a subscription that is not spread), else the sources it
+        owns of a spread subscription (``Route.spread``)."""
+        out: dict[str, frozenset[int] | None] = dict.fromkeys(
+            self.owned_subscriptions(forwarder_id)
+        )
+        spread: dict[str, set[int]] = {}
+        for owners in self._source_owners.values():
+            for uid, sources in owners.get(forwarder_id, {}).items():
+                spread.setdefault(uid, set()).update(sources)
+        for uid, sources in spread.items():
+            out[uid] = frozenset(sources)
+        return out
+
+    def spread(self, unit: str) -> bool:
+        """Whether ``unit`` is a spread subscription's, placed on its own."""
+        return unit in self._spread.get(bucket(unit), ())
+
     def owner_address(self, unit: str) -> str | None:
         """The address of the unit's owner as last published (None: unknown)."""
         route = self.route(unit)
@@ -204,23 +242,43 @@ class RoutingView:
             except Exception as e:  # a shard we cannot read keeps its last routes
                 log.warning("routing shard %s unreadable: %s", name, e)
                 return
-            self._set_shard(name, {r.unit: tuple(r.forwarders) for r in shard.routes})
+            self._set_shard(
+                name,
+                {r.unit: tuple(r.forwarders) for r in shard.routes},
+                {r.unit for r in shard.routes if r.spread},
+            )
         self._on_change()
 
-    def _set_shard(self, name: str, routes: dict[str, tuple[str, ...]] | None) -> None:
+    def _set_shard(
+        self,
+        name: str,
+        routes: dict[str, tuple[str, ...]] | None,
+        spread: set[str] | None = None,
+    ) -> None:
         if routes is None:
             self._shards.pop(name, None)
             self._topic_owners.pop(name, None)
             self._subscription_owners.pop(name, None)
+            self._source_owners.pop(name, None)
+            self._spread.pop(name, None)
             return
         self._shards[name] = routes
+        spread = spread or set()
         topics: dict[str, set[str]] = {}
         subscriptions: dict[str, set[str]] = {}
+        sources: dict[str, dict[str, set[int]]] = {}
         for unit, route in routes.items():
-            if route and unit.endswith("/0"):
+            if not route:
+                continue
+            if unit in spread:
+                _, uid, source = unit.split("/")
+                sources.setdefault(route[0], {}).setdefault(uid, set()).add(int(source))
+            elif unit.endswith("/0"):
                 if unit.startswith("p/"):
                     topics.setdefault(route[0], set()).add(unit.split("/")[1])
                 elif unit.startswith("s/"):
                     subscriptions.setdefault(route[0], set()).add(unit.split("/")[1])
         self._topic_owners[name] = topics
         self._subscription_owners[name] = subscriptions
+        self._source_owners[name] = sources
+        self._spread[name] = spread

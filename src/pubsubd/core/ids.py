@@ -53,3 +53,12 @@ def decode_ack_id(ack_id: str, incarnation: str) -> tuple[int, int]:
     if offset > OFFSET_MASK:
         raise InvalidAckId(ack_id)
     return position(int(m.group(2)), offset), int(m.group(4))
+
+
+def ack_id_source(ack_id: str) -> int | None:
+    """The publish message source an ack ID's delivery came from, of any incarnation (None:
+    not an ack ID). Frontends route an ack to the forwarder serving that source."""
+    if len(ack_id) > MAX_ACK_ID_LEN:
+        return None
+    m = _ACK_ID.fullmatch(ack_id)
+    return int(m.group(2)) if m is not None else None

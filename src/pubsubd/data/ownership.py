@@ -30,7 +30,7 @@ import abc
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,10 @@ RETRY_S = 1.0
 # A subscription routed here whose record this process has not read yet is looked for again
 # this soon (its change also calls changed()).
 RECORD_RETRY_S = 0.2
+# A spread subscription's units live in several shards, read one by one: the sources assigned
+# here are read again after this long before they are acted on, so a pass seen shard by shard
+# costs one change of sources, not one per shard.
+SOURCES_SETTLE_S = 0.2
 
 
 class _Moves(abc.ABC):
@@ -237,6 +241,13 @@ class SubscriptionOwnership(_Moves):
     the copy caught up). A subscription whose topic is assigned here but not taken over yet
     waits for that (co-located, it always opens locally). Losing one ends its streams with
     UNAVAILABLE and sends its recorded acks to the topic's owner.
+
+    A spread subscription (a set of sources in ``sources_assigned()``, not None) is served here for
+    those sources only (``SubscribingForwarder.served_sources``: the dispatcher's consumers
+    take nothing else). When the sources assigned here change, the subscription is let go and
+    gained again with the new ones: its streams end with UNAVAILABLE (clients reopen), its acks
+    are flushed to the topic's owner, and its ack state is attached afresh there, so a source
+    taken over from a dead forwarder starts from what that one had acknowledged.
     """
 
     def __init__(
@@ -250,12 +261,17 @@ class SubscriptionOwnership(_Moves):
         owned_topics: set[str],
         remote: RemoteSources,
         ready: set[str],
+        sources_assigned: Callable[[], Mapping[str, frozenset[int] | None]] = dict,
     ) -> None:
         """``assigned()``: the subscription uids the published assignment gives this
         forwarder; ``topic_assigned(uid)``: whether it gives it the topic; ``record_of(uid)``:
         the subscription's record (None: not known here yet); ``ready``: the set
-        the predicates read, kept current here."""
+        the predicates read, kept current here; ``sources_assigned()``: by subscription uid,
+        the sources of a spread subscription assigned here (None or absent: served whole)."""
         super().__init__(assigned, ready)
+        self._sources_assigned = sources_assigned
+        self.serving_sources: dict[str, frozenset[int] | None] = {}  # of those served here
+        self.regained = 0
         self._what = "subscription storage"
         self._topic_assigned = topic_assigned
         self._record_of = record_of
@@ -269,6 +285,40 @@ class SubscriptionOwnership(_Moves):
 
     def serves(self, subscription_uid: str) -> bool:
         return subscription_uid in self.ready
+
+    def _reconcile(self) -> None:
+        super()._reconcile()
+        if self._closed:
+            return
+        assigned = self._sources_assigned()
+        for uid in sorted(self.ready):
+            if uid in self._moving or uid not in self.serving_sources:
+                continue
+            if assigned.get(uid) != self.serving_sources[uid]:
+                self._start(uid, self._regain(uid))
+
+    async def _regain(self, uid: str) -> None:
+        """The sources of ``uid`` assigned here changed: serve it again with the new ones
+        (on a copy, the copy stays: its acks are flushed and its ack state attached again)."""
+        await asyncio.sleep(SOURCES_SETTLE_S)
+        if uid not in self.ready or self._sources_assigned().get(uid) == self.serving_sources.get(
+            uid
+        ):
+            return  # changed back meanwhile
+        self.ready.discard(uid)
+        self.serving_sources.pop(uid, None)
+        self._subscribing.served_sources.pop(uid, None)
+        name = self._names.pop(uid, None)
+        if name is not None and self._subscribing.serves(name):
+            self._subscribing.close_subscription(name, NotServedHere(f"subscription {name}"))
+        topic_uid = self._remote_topic.get(uid)
+        if topic_uid is not None:
+            try:
+                await self.remote.flush_acks(topic_uid, uid)
+            except Exception as e:  # the owner redelivers at most what was not flushed
+                log.warning("subscription storage %s: acks not flushed at regain: %s", uid, e)
+        self.regained += 1
+        await self._gain(uid)
 
     def topic_moved(self, topic_uid: str, gained: bool) -> None:
         """A topic came here or went: subscriptions read on its local sources were closed
@@ -286,6 +336,8 @@ class SubscriptionOwnership(_Moves):
         if record is None:  # not in this process's catalog yet: its change calls changed()
             asyncio.get_running_loop().call_later(RECORD_RETRY_S, self.changed)
             return
+        if self._sources_assigned().get(uid) is not None:
+            await asyncio.sleep(SOURCES_SETTLE_S)  # its other shards' routes arrive meanwhile
         topic_uid = record.topic_uid
         if topic_uid not in self._owned_topics:
             if self._topic_assigned(topic_uid):
@@ -295,15 +347,24 @@ class SubscriptionOwnership(_Moves):
         if uid not in self._assigned() or self._closed:
             await self._forget_remote(uid)
             return
+        sources = self._sources_assigned().get(uid)
+        self.serving_sources[uid] = sources
+        if sources is None:
+            self._subscribing.served_sources.pop(uid, None)
+        else:
+            self._subscribing.served_sources[uid] = sources
         self.ready.add(uid)
         self._names[uid] = record.name
         self._reconciler(Change(record))
         self.gained += 1
         where = "a copy of its topic" if uid in self._remote_topic else "its topic here"
-        log.info("subscription %s: now served here, on %s", record.name, where)
+        which = "" if sources is None else f" (sources {sorted(sources)})"
+        log.info("subscription %s: now served here%s, on %s", record.name, which, where)
 
     async def _release(self, uid: str) -> None:
         self.ready.discard(uid)
+        self.serving_sources.pop(uid, None)
+        self._subscribing.served_sources.pop(uid, None)
         name = self._names.pop(uid, None)
         if name is not None and self._subscribing.serves(name):
             self._subscribing.close_subscription(name, NotServedHere(f"subscription {name}"))
@@ -323,6 +384,12 @@ class SubscriptionOwnership(_Moves):
     def status(self) -> dict[str, object]:
         return {
             "served_subscriptions": len(self.ready),
+            "spread_subscriptions": {
+                self._names.get(uid, uid): sorted(sources)
+                for uid, sources in self.serving_sources.items()
+                if sources is not None
+            },
+            "regained": self.regained,
             "on_copies": len(self._remote_topic),
             "moving": len(self._moving),
             "gained": self.gained,

@@ -50,7 +50,8 @@ from pubsubd.core.principal import Principal
 from pubsubd.core.release import version
 from pubsubd.core.tls import ServerTls
 from pubsubd.core.tokens import TokenSettings, TokenVerifier
-from pubsubd.frontend.proxy import Proxy
+from pubsubd.frontend.fanout import Leg, legs
+from pubsubd.frontend.spread_proxy import SPREAD_METHODS, SpreadingProxy
 from pubsubd.frontend.targets import resource_name, targets
 from pubsubd.observability import metrics
 from pubsubd.observability.http import HttpEndpoint
@@ -101,7 +102,7 @@ class Frontend:
         )
         self.names = NamesView(self.zk)
         self.routing = RoutingView(self.zk, self._routing_changed)
-        self.proxy = Proxy(self.choose, self.forwarder_registered)
+        self.proxy = SpreadingProxy(self.choose, self.forwarder_registered, self.spread)
         self._forwarders_changed = asyncio.Event()
         # One verifier (one cache of checked tokens) for the gRPC, HTTP and Pulsar ports.
         self.verifier = TokenVerifier(config.tokens) if config.tokens is not None else None
@@ -139,6 +140,19 @@ class Frontend:
             zone=self.config.zone,
             drained=self.routing.constraints.drains,
         )
+
+    def spread(self, method: str, request: bytes) -> list[Leg] | None:
+        """The legs of a call on a spread subscription (``fanout.py``); None otherwise."""
+        if method not in SPREAD_METHODS:
+            return None
+        found = resource_name(method, request)
+        if found is None or found[0] != "subscription":
+            return None
+        subscription = self.names.subscriptions.get(found[1])
+        if subscription is None:
+            return None
+        routing = self.routing
+        return legs(subscription.uid, routing.route, routing.spread, routing.forwarders)
 
     def _routing_changed(self) -> None:
         FORWARDERS.set(len(self.routing.forwarders))
@@ -259,6 +273,9 @@ class Frontend:
             "calls": self.proxy.calls,
             "failovers": self.proxy.failovers,
             "given_back": self.proxy.given_back,
+            "spread_streams": self.proxy.spread_streams,
+            "spread_calls": self.proxy.spread_calls,
+            "streams_ended_by_route_changes": self.proxy.routes_changed,
         }
 
     async def stop(self) -> None:

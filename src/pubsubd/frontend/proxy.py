@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -307,6 +307,17 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]
             first = await requests.__anext__()
         except StopAsyncIteration:
             return
+        async for response in self._stream_first(method, first, requests, context):
+            yield response
+
+    async def _stream_first(
+        self,
+        method: str,
+        first: bytes,
+        requests: AsyncIterator[bytes],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncGenerator[bytes, None]:
+        """The stream whose first request was ``first``, on one forwarder."""
         loop = asyncio.get_running_loop()
         remaining = _timeout(context)
         deadline = loop.time() + min(WAIT_FOR_OWNER_S, remaining or WAIT_FOR_OWNER_S)

@@ -86,6 +86,9 @@ class RouterConfig:
     # Place topics whole, their subscriptions with them (control/routing_table.py): what the
     # forwarders serve today.
     colocate: bool = True
+    # Spread shared subscriptions over the subscribing forwarders by source (each source of
+    # the subscription placed on its own; control/routing_table.py).
+    spread_subscriptions: bool = False
     zk_session_timeout_s: float = 10.0
     pid_file: Path | None = None  # written when ready, removed on a clean stop
     tls: ServerTls | None = None  # TLS on its HTTP port (core/tls.py)
@@ -112,7 +115,10 @@ class Router:
         )
         self.store = RoutingStore(self.zk)
         self.table = RoutingTable(
-            epsilon=config.epsilon, hysteresis_s=config.hysteresis_s, colocate=config.colocate
+            epsilon=config.epsilon,
+            hysteresis_s=config.hysteresis_s,
+            colocate=config.colocate,
+            spread_subscriptions=config.spread_subscriptions,
         )
         self.election = Election(
             self.zk,
@@ -230,6 +236,7 @@ class Router:
             self.router_id,
             check,
             moved_at,
+            self.table.spread_units.__contains__,
         )
         for move in done.moves:
             if move.source is not None:

@@ -73,13 +73,16 @@ class SubscriptionDispatcher:
         dead_letter_publish: DeadLetterPublish,
         topic_quota: quotas.BacklogQuota | None = None,
         budget: DeliveryBudget | None = None,
+        served_sources: frozenset[int] | None = None,
     ) -> None:
         self.uid = uid
         self.topic_uid = topic_uid
         self.publishing = publishing
         self.reader = reader
         self.clock = clock
-        self.planner = DeliveryPlanner(subscription, uid[:8], cursors, reader, budget)
+        self.planner = DeliveryPlanner(
+            subscription, uid[:8], cursors, reader, budget, served_sources
+        )
         self._dead_letter_publish = dead_letter_publish
         self._tasks: set[asyncio.Task[None]] | None = None  # dead-letter publishes
         self._pump_scheduled = False

@@ -135,6 +135,9 @@ class SubscribingForwarder:
         self.unavailable: dict[str, str] = {}
         self.closing = False
         self.push = PushManager()  # pushers of push subscriptions (data/subscribe/push.py)
+        # Spread subscriptions (by uid): the sources served here, set before they open
+        # (data/ownership.py); any other subscription is served whole.
+        self.served_sources: dict[str, frozenset[int]] = {}
 
     # --- subscriptions ------------------------------------------------------------------------
 
@@ -165,6 +168,7 @@ class SubscribingForwarder:
             dead_letter_publish=self.dead_letter_publish,
             topic_quota=topic_quota,
             budget=self.budget,
+            served_sources=self.served_sources.get(uid),
         )
         self.dispatchers[name] = dispatcher
         self.unavailable.pop(name, None)
@@ -265,6 +269,10 @@ class SubscribingForwarder:
             "consumers": len(d.consumers),
             "delivered": d.delivered,
             "acked": d.acked,
+            # A spread subscription's sources served here (None: all of them).
+            "served_sources": (
+                None if d.planner.served_sources is None else sorted(d.planner.served_sources)
+            ),
             "lost": d.lost,
             **d.damage_status(),
             **self.push.stats(name),

@@ -145,6 +145,7 @@ class DeliveryPlanner:
         "read_offsets",
         "reader",
         "roster",
+        "served_sources",
         "settings",
         "subscription",
     )
@@ -156,8 +157,12 @@ class DeliveryPlanner:
         cursors: dict[int, CursorState],
         reader: SourceReader,
         budget: DeliveryBudget | None = None,
+        served_sources: frozenset[int] | None = None,
     ) -> None:
         self.subscription = subscription  # google.pubsub.v1.Subscription (raw protobuf)
+        # The sources this subscribing forwarder serves of a spread subscription (None: all):
+        # every consumer takes only their messages, so the others are never read here.
+        self.served_sources = served_sources
         # The bound on outstanding deliveries of every subscription (budget.py), if any; a
         # plan that stopped at it sets ``budget_limited``.
         self.budget = budget
@@ -228,6 +233,9 @@ class DeliveryPlanner:
         self.roster.check_pull(self.settings, self.name)
 
     def add_consumer(self, consumer: Consumer) -> None:
+        served = self.served_sources
+        if served is not None:
+            consumer.sources = served if consumer.sources is None else consumer.sources & served
         self.roster.add(consumer)
 
     def remove_consumer(self, consumer: Consumer) -> None:

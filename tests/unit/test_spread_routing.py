@@ -1,0 +1,134 @@
+"""Spread subscriptions in the routing table (control/routing_table.py, pure) and in a
+forwarder's view of the published routes (control/routing_views.py): each source of a
+spreadable subscription placed on its own, marked spread; other subscriptions whole."""
+
+from __future__ import annotations
+
+import pytest
+
+from pubsubd._gen.pubsubd.internal.v1 import routing_pb2
+from pubsubd.control.routing_store import encode_shard
+from pubsubd.control.routing_table import (
+    Constraints,
+    Forwarder,
+    RoutingTable,
+    SubscriptionUnits,
+    TopicUnits,
+    publishing_unit,
+    subscribing_unit,
+)
+from pubsubd.control.routing_views import RoutingView, spreadable
+from pubsubd.coordination.paths import bucket
+from pubsubd.coordination.zk import Coordinator
+from pubsubd.core import pb
+from pubsubd.storage.metadata import SubscriptionRecord
+
+pytestmark = pytest.mark.unit
+
+SPLIT = [
+    Forwarder("pub", "127.0.0.1:1", subscribing=False),
+    Forwarder("s1", "127.0.0.1:2", publishing=False),
+    Forwarder("s2", "127.0.0.1:3", publishing=False),
+]
+TOPICS = [
+    TopicUnits("projects/p/topics/busy", "busy", 8),
+    TopicUnits("projects/p/topics/q", "q", 2),
+]
+SUBS = [
+    SubscriptionUnits("hot", "busy"),
+    SubscriptionUnits("whole", "busy", spreadable=False),
+    SubscriptionUnits("quiet", "q"),
+]
+
+
+def _spread_table() -> RoutingTable:
+    return RoutingTable(epsilon=0.25, hysteresis_s=30.0, colocate=True, spread_subscriptions=True)
+
+
+def test_a_spreadable_subscription_has_each_source_placed_on_its_own() -> None:
+    table = _spread_table()
+    table.update(SPLIT, Constraints(), TOPICS, SUBS, 0.0)
+    assert table.mode == "spread"
+    hot = {table.route(subscribing_unit("hot", i))[0] for i in range(8)}
+    assert hot == {"s1", "s2"}  # eight sources over two subscribing forwarders: both serve
+    assert all(subscribing_unit("hot", i) in table.spread_units for i in range(8))
+    # Not spreadable: served whole, every unit with the head's route, none marked spread.
+    head = table.route(subscribing_unit("whole", 0))
+    assert all(table.route(subscribing_unit("whole", i)) == head for i in range(8))
+    assert not any(u.startswith("s/whole/") for u in table.spread_units)
+    # Topics stay whole, among the publishing forwarders.
+    assert all(table.route(publishing_unit("busy", i))[0] == "pub" for i in range(8))
+    assert not table.update(SPLIT, Constraints(), TOPICS, SUBS, 1.0).changed_shards
+
+
+def test_spreading_works_while_every_forwarder_is_both_kinds() -> None:
+    both = [Forwarder(f"f{i}", f"127.0.0.1:{i}") for i in range(3)]
+    table = _spread_table()
+    table.update(both, Constraints(), TOPICS, SUBS, 0.0)
+    assert table.mode == "spread"
+    assert len({table.route(subscribing_unit("hot", i))[0] for i in range(8)}) > 1
+
+
+def test_a_subscription_that_stops_being_spreadable_is_whole_again_and_unmarked() -> None:
+    table = _spread_table()
+    table.update(SPLIT, Constraints(), TOPICS, SUBS, 0.0)
+    whole = [SubscriptionUnits("hot", "busy", spreadable=False), *SUBS[1:]]
+    done = table.update(SPLIT, Constraints(), TOPICS, whole, 100.0)
+    head = table.route(subscribing_unit("hot", 0))
+    assert all(table.route(subscribing_unit("hot", i)) == head for i in range(8))
+    assert not any(u.startswith("s/hot/") for u in table.spread_units)
+    # Every shard whose marks changed is rewritten, even where the route stayed.
+    assert {bucket(subscribing_unit("hot", i)) for i in range(8)} <= done.changed_shards
+
+
+def test_the_default_places_subscriptions_whole() -> None:
+    table = RoutingTable(epsilon=0.25, hysteresis_s=30.0, colocate=True)
+    table.update(SPLIT, Constraints(), TOPICS, SUBS, 0.0)
+    assert table.mode == "split" and not table.spread_units
+    head = table.route(subscribing_unit("hot", 0))
+    assert all(table.route(subscribing_unit("hot", i)) == head for i in range(8))
+
+
+def test_a_forwarder_reads_the_sources_it_owns_of_each_spread_subscription() -> None:
+    table = _spread_table()
+    table.update(SPLIT, Constraints(), TOPICS, SUBS, 0.0)
+    view = RoutingView(Coordinator("127.0.0.1:1", "/unused"))  # never started: no I/O
+    for shard, routes in table.shards.items():
+        data = encode_shard(routes, 1, "r", lambda _: None, table.spread_units.__contains__)
+        view._shard_read(shard, (data, None))  # type: ignore[arg-type]
+    whole_owners = []
+    for forwarder in ("s1", "s2"):
+        owned = view.owned_subscription_sources(forwarder)
+        mine = {i for i in range(8) if table.route(subscribing_unit("hot", i))[0] == forwarder}
+        assert owned["hot"] == mine
+        if "whole" in owned:
+            assert owned["whole"] is None  # served whole, unrestricted
+            whole_owners.append(forwarder)
+    assert whole_owners == [table.route(subscribing_unit("whole", 0))[0]]
+    assert view.spread(subscribing_unit("hot", 3)) and not view.spread(subscribing_unit("whole", 0))
+    assert view.owned_subscription_sources("pub") == {}
+
+
+def _record(labels: dict[str, str]) -> SubscriptionRecord:
+    body = pb.Subscription(
+        name="projects/p/subscriptions/s", topic="projects/p/topics/t", labels=labels
+    ).SerializeToString()
+    return SubscriptionRecord("projects/p/subscriptions/s", "u", "t", body, {})
+
+
+def test_only_shared_subscriptions_without_a_quota_of_their_own_may_be_spread() -> None:
+    assert spreadable(_record({}))
+    assert spreadable(_record({"pubsubd-subscription-type": "key_shared"}))
+    assert not spreadable(_record({"pubsubd-subscription-type": "exclusive"}))
+    assert not spreadable(_record({"pubsubd-subscription-type": "failover"}))
+    assert not spreadable(_record({"pubsubd-backlog-quota-messages": "10"}))
+
+
+def test_a_shard_without_marks_reads_as_whole_subscriptions() -> None:
+    """A shard written by a router of the previous release has no ``spread``: whole."""
+    view = RoutingView(Coordinator("127.0.0.1:1", "/unused"))
+    data = routing_pb2.AssignmentShard(
+        routes=[routing_pb2.Route(unit="s/x/0", forwarders=["f1"])]
+    ).SerializeToString()
+    view._shard_read("a", (data, None))  # type: ignore[arg-type]
+    assert view.owned_subscription_sources("f1") == {"x": None}
