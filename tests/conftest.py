@@ -101,17 +101,9 @@ def make_publisher(endpoint: str, **kwargs: Any) -> pubsub_v1.PublisherClient:
         return pubsub_v1.PublisherClient(**kwargs)
 
 
-def make_subscriber(
-    endpoint: str, big_messages: bool = False, fresh_connection: bool = False
-) -> pubsub_v1.SubscriberClient:
-    """The official subscriber for ``endpoint``. ``fresh_connection``: its own connection, not
-    the one gRPC shares between the process's channels to the same address, which after a
-    server's kill -9 waits out the reconnect backoff (up to ~10 s) before it tries again."""
-    if big_messages or fresh_connection:
-        options: list[tuple[str, int]] = [("grpc.max_receive_message_length", -1)]
-        if fresh_connection:
-            options.append(("grpc.use_local_subchannel_pool", 1))
-        channel = grpc.insecure_channel(endpoint, options=options)
+def make_subscriber(endpoint: str, big_messages: bool = False) -> pubsub_v1.SubscriberClient:
+    if big_messages:
+        channel = grpc.insecure_channel(endpoint, options=[("grpc.max_receive_message_length", -1)])
         return pubsub_v1.SubscriberClient(transport=SubscriberGrpcTransport(channel=channel))
     with emulator_host(endpoint):
         return pubsub_v1.SubscriberClient()
