@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,9 @@ from typing import Any
 
 import grpc
 import pytest
+from google.api_core.retry import retry_base as retry_base_module
 from google.cloud import pubsub_v1
+from google.cloud.pubsub_v1.subscriber._protocol import leaser as leaser_module
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 
 from pubsubd.cluster.launcher import LocalCluster
@@ -23,6 +26,14 @@ PROJECT = "test-project"
 # Every server a test starts has the Pulsar front off unless the test turns it on (an ephemeral
 # port): the default, 6650, would collide between servers running side by side.
 os.environ.setdefault("PUBSUBD_PULSAR_PORT", "-1")
+
+# The official client's background threads (the leaser's jitter, api_core's retry backoff)
+# draw from the global `random`. One still retrying after its test (a publisher against a
+# server the test killed) would then move the global state under hypothesis, which reads that
+# as "random inside a strategy" and fails a property test that did nothing wrong. Give those
+# modules generators of their own.
+leaser_module.random = random.Random()  # type: ignore[assignment]
+retry_base_module.random = random.Random()  # type: ignore[assignment]
 
 
 @pytest.fixture
@@ -101,9 +112,17 @@ def make_publisher(endpoint: str, **kwargs: Any) -> pubsub_v1.PublisherClient:
         return pubsub_v1.PublisherClient(**kwargs)
 
 
-def make_subscriber(endpoint: str, big_messages: bool = False) -> pubsub_v1.SubscriberClient:
-    if big_messages:
-        channel = grpc.insecure_channel(endpoint, options=[("grpc.max_receive_message_length", -1)])
+def make_subscriber(
+    endpoint: str, big_messages: bool = False, fresh_connection: bool = False
+) -> pubsub_v1.SubscriberClient:
+    """The official subscriber for ``endpoint``. ``fresh_connection``: its own connection, not
+    the one gRPC shares between the process's channels to the same address, which after a
+    server's kill -9 waits out the reconnect backoff (up to ~10 s) before it tries again."""
+    if big_messages or fresh_connection:
+        options: list[tuple[str, int]] = [("grpc.max_receive_message_length", -1)]
+        if fresh_connection:
+            options.append(("grpc.use_local_subchannel_pool", 1))
+        channel = grpc.insecure_channel(endpoint, options=options)
         return pubsub_v1.SubscriberClient(transport=SubscriberGrpcTransport(channel=channel))
     with emulator_host(endpoint):
         return pubsub_v1.SubscriberClient()

@@ -46,7 +46,9 @@ class OrderedFlood:
         self.sent: set[bytes] = set()
         self.acked: set[bytes] = set()
         self.errors: Counter[str] = Counter()
+        self._pending = 0
         self._lock = threading.Lock()
+        self._settled = threading.Condition(self._lock)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -65,6 +67,7 @@ class OrderedFlood:
                 data = f"{key}:{n}".encode()
                 with self._lock:
                     self.sent.add(data)
+                    self._pending += 1
                 future = self.publisher.publish(self.topic, data, ordering_key=key)
                 future.add_done_callback(self._done(data))
             n += 1
@@ -74,16 +77,23 @@ class OrderedFlood:
         def done(future: Any) -> None:
             error = future.exception()
             with self._lock:
+                self._pending -= 1
                 if error is None:
                     self.acked.add(data)
                 else:
                     self.errors[type(error).__name__] += 1
+                self._settled.notify_all()
 
         return done
 
     def stop(self) -> set[bytes]:
+        """Stop sending and let every publish in flight settle first: an ordered publisher's
+        ``stop()`` cancels each key's queued batches but the first (``CLIENT_STOPPED``), which
+        would count as failures the server never saw."""
         self._stop.set()
         self._thread.join(30)
+        with self._settled:
+            self._settled.wait_for(lambda: self._pending == 0, timeout=120)
         self.publisher.stop()
         with self._lock:
             return set(self.acked)

@@ -14,8 +14,9 @@ from tests.support.server import wait_for
 def drain(
     endpoint: str, subscription: str, expected: set[bytes], timeout: float = 60.0
 ) -> set[bytes]:
-    """Ack everything received until ``expected`` is covered; return every payload received."""
-    sub = make_subscriber(endpoint)
+    """Ack everything received until ``expected`` is covered; return every payload received.
+    On a connection of its own: after a restart, not the process's shared one in backoff."""
+    sub = make_subscriber(endpoint, fresh_connection=True)
     received: set[bytes] = set()
     lock = threading.Lock()
 
