@@ -478,6 +478,7 @@ class PubsubServer:
             published=self.publishing.published,
             dispatchers=lambda: self.subscribing.dispatchers,
             write=lambda loads, at, subs: routing_store.write_load(forwarder_id, loads, at, subs),
+            interval_s=self.config.cluster.load_report_s if self.config.cluster else 5.0,
         )
         self.load_report.start()
 

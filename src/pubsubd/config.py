@@ -57,6 +57,8 @@ class ClusterConfig:
     subscribing: bool = True
     # The repair auditor (storage/ledgers/auditor.py): pass interval, grace period, copy rate.
     repair: RepairSettings = field(default_factory=RepairSettings)
+    # How often a forwarder reports its load to the routers (data/load_report.py).
+    load_report_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,8 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
     PUBSUBD_REQUEST_SLIS, PUBSUBD_MAX_OUTSTANDING_MESSAGES, PUBSUBD_MAX_OUTSTANDING_BYTES,
     PUBSUBD_LOG_CACHE_BYTES, PUBSUBD_IAM, PUBSUBD_IAM_POLICY_FILE, PUBSUBD_TRUST_CALLER_HEADER,
     PUBSUBD_CLUSTER (ZooKeeper connect string), PUBSUBD_ZK_ROOT,
-    PUBSUBD_REPLICAS, PUBSUBD_ZK_SESSION_TIMEOUT_S, PUBSUBD_ZONE, PUBSUBD_FORWARDER_ID and
+    PUBSUBD_REPLICAS, PUBSUBD_ZK_SESSION_TIMEOUT_S, PUBSUBD_ZONE, PUBSUBD_FORWARDER_ID,
+    PUBSUBD_LOAD_REPORT_S (s between a forwarder's load reports) and
     PUBSUBD_REPAIR_INTERVAL_S, _GRACE_S, _RATE_BYTES, PUBSUBD_SOURCE_CAPACITY (messages/s
     a publish message source takes; unset or 0: no source growth) with
     PUBSUBD_SOURCE_CAPACITY_BYTES, _GROW_AFTER_S, _SHRINK_AFTER_S, _SAMPLE_S
@@ -167,6 +170,7 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
             session_timeout_s=float(e.get("PUBSUBD_ZK_SESSION_TIMEOUT_S", "10")),
             zone=e.get("PUBSUBD_ZONE", "default"),
             forwarder_id=e.get("PUBSUBD_FORWARDER_ID") or None,
+            load_report_s=_interval(e, "PUBSUBD_LOAD_REPORT_S", 5.0),
             repair=RepairSettings(
                 interval_s=_interval(e, "PUBSUBD_REPAIR_INTERVAL_S", repair.interval_s),
                 grace_s=float(e.get("PUBSUBD_REPAIR_GRACE_S", repair.grace_s)),

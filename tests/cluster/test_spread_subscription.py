@@ -1,7 +1,7 @@
 """A busy subscription spread over two subscribing forwarders by source (issue 11, part 4).
 
 One publishing-only forwarder and two subscribing-only ones behind a router run with
-``--spread-subscriptions`` and a frontend: each of the topic's 8 publish message sources of
+``--spread-all`` and a frontend: each of the topic's 8 publish message sources of
 the subscription is placed on its own (control/routing_table.py, ``Route.spread``), each
 subscribing forwarder serves only the sources it owns (``planner.served_sources``), and the
 frontend fans the official client's StreamingPull out to both, its acks back to the forwarder
@@ -47,7 +47,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         frontends=1,
         forwarders=3,
         forwarder_args=[["--no-subscribing"], ["--no-publishing"], ["--no-publishing"]],
-        router_args=["--spread-subscriptions"],
+        router_args=["--spread-all"],
         session_timeout_s=20.0,
     ) as c:
         yield c

@@ -23,7 +23,7 @@ import pytest
 
 from pubsubd._gen.pubsubd.internal.v1 import forwarder_pb2 as fpb
 from pubsubd.control.routing_store import RoutingStore, encode_forwarder
-from pubsubd.control.routing_table import Forwarder, publishing_unit
+from pubsubd.control.routing_table import Forwarder, publishing_unit, subscribing_unit
 from pubsubd.coordination.ensemble import Ensemble
 from pubsubd.coordination.registration import Registration
 from pubsubd.coordination.zk import Coordinator
@@ -41,14 +41,16 @@ EPSILON = 0.25
 
 
 class RouterProcess:
-    def __init__(self, root: Path, name: str, zk: str, zk_root: str) -> None:
+    def __init__(
+        self, root: Path, name: str, zk: str, zk_root: str, extra: tuple[str, ...] = ()
+    ) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.name = name
         self.process = LoggedProcess(root / f"{name}.log")
         self.command = [
             sys.executable, "-m", "pubsubd", "router", "--cluster", zk, "--zk-root", zk_root,
             "--router-id", name, "--http-port", "0", "--interval", "0.3",
-            "--epsilon", str(EPSILON), "--hysteresis", "600",
+            "--epsilon", str(EPSILON), "--hysteresis", "600", *extra,
         ]  # fmt: skip
         self.http = ""
 
@@ -342,6 +344,98 @@ async def test_the_router_weighs_topics_by_their_forwarders_load_reports(
     finally:
         router.process.stop()
         metadata.close()
+
+
+async def test_a_subscription_busy_over_its_forwarders_spreads_and_gathers_when_quiet(
+    tmp_path: Path,
+    zookeeper: Ensemble,
+    zk_root: str,
+    sessions: list[Coordinator],
+    stand_ins: list[StandIn],
+) -> None:
+    """``--spread-subscriptions`` spreads by load (core/subscription_spread.py): two forwarders
+    each report 40 msg/s delivered for one subscription, under the 50 msg/s threshold alone
+    but over it summed, so after the spread window its sources are placed on their own (marked
+    ``Route.spread``) while a quiet subscription stays whole; a router started after a kill -9
+    of the first keeps it spread; once the reports go quiet it is gathered back to the owner of
+    its first source."""
+    zk_string = zookeeper.connect_string
+    mine = sessions[-1]
+    store = RoutingStore(mine)
+    for i, zk in enumerate(sessions[:3]):
+        await _register(zk, f"f{i}", "z1", stand_ins)
+    metadata = ZooKeeperMetadataStore(mine)
+    topic = _topic("projects/p/topics/busy", 6)
+    await asyncio.to_thread(metadata.put_topic, topic)
+    subs = {}
+    for name in ("hot", "cold"):
+        sub = pb.Subscription(name=f"projects/p/subscriptions/{name}", topic=topic.name)
+        subs[name] = SubscriptionRecord(
+            sub.name, uuid.uuid4().hex, topic.uid, sub.SerializeToString()
+        )
+        await asyncio.to_thread(metadata.put_subscription, subs[name])
+    hot, cold = subs["hot"].uid, subs["cold"].uid
+    extra = (
+        "--spread-subscriptions", "--spread-capacity", "100", "--spread-after", "1",
+        "--gather-after", "2",
+    )  # fmt: skip
+
+    async def spread_now() -> set[str]:
+        spread: set[str] = set()
+        await store.assignment(spread)
+        return spread
+
+    async def report(loads: dict[str, Load]) -> None:
+        for i in (0, 1):  # each forwarder in its own session, as a forwarder writes it
+            await RoutingStore(sessions[i]).write_load(f"f{i}", {}, time.time(), loads)
+
+    first = RouterProcess(tmp_path, "router-s1", zk_string, zk_root, extra).start()
+    second: RouterProcess | None = None
+    try:
+
+        async def whole() -> Any:
+            routes = await store.routes()
+            units = [subscribing_unit(hot, i) for i in range(6)]
+            return all(u in routes for u in units) and not await spread_now() and routes
+
+        before = await _until(whole, 20, "both subscriptions routed whole")
+        head = before[subscribing_unit(hot, 0)]
+        await report({hot: Load(messages_per_s=40.0), cold: Load(messages_per_s=5.0)})
+        started = time.monotonic()
+        await _until(lambda: _eq(spread_now(), {hot}), 20, "the busy subscription spread")
+        assert time.monotonic() - started >= 1.0  # not before the spread window
+        routes = await store.routes()
+        assert routes[subscribing_unit(hot, 0)] == head  # its first source stays
+        assert len({routes[subscribing_unit(hot, i)][0] for i in range(6)}) > 1
+        cold_head = routes[subscribing_unit(cold, 0)]
+        assert all(routes[subscribing_unit(cold, i)] == cold_head for i in range(6))
+        assert first.status()["spread"] == [hot]
+        first.process.kill()  # kill -9: the next router starts from the published marks
+        second = RouterProcess(tmp_path, "router-s2", zk_string, zk_root, extra).start()
+        await _until(
+            lambda: _true(second is not None and second.status()["role"] == "leader"),
+            20,
+            "the second router leads",
+        )
+        await asyncio.sleep(1.5)  # a few passes, still busy: nothing changes
+        assert second.status()["spread"] == [hot] and await spread_now() == {hot}
+        await report({})  # quiet: gathered after the gather window
+        await _until(lambda: _eq(spread_now(), set()), 20, "the quiet subscription gathered")
+        routes = await store.routes()
+        assert all(routes[subscribing_unit(hot, i)] == head for i in range(6))
+    finally:
+        first.process.stop()
+        if second is not None:
+            second.process.stop()
+        metadata.close()
+
+
+async def _eq(value: Any, expected: Any) -> bool:
+    return bool(await value == expected)
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 async def test_a_killed_forwarder_leaves_the_table_before_its_session_expires(

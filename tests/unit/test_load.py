@@ -61,10 +61,11 @@ async def test_a_report_lists_the_busy_owned_topics_published_and_delivered() ->
     dispatchers = {"sub": dispatcher}
     clock = [0.0]
     written: list[tuple[dict[str, Load], float]] = []
+    subscriptions: list[dict[str, Load]] = []
 
     async def write(loads: Mapping[str, Load], at: float, subs: Mapping[str, Load]) -> None:
-        assert not subs  # every subscription here reads a topic owned here
         written.append((dict(loads), at))
+        subscriptions.append(dict(subs))
 
     reporter = LoadReporter(
         owned=owned,
@@ -90,6 +91,11 @@ async def test_a_report_lists_the_busy_owned_topics_published_and_delivered() ->
     assert loads["busy"].messages_per_s == pytest.approx(600 * (1 - kept))
     assert loads["busy"].bytes_per_s == pytest.approx(300_000 * (1 - kept))
     assert loads["busy"].outstanding == 40
+    # Its subscription, served here on the topic's own sources, is reported on its own too:
+    # what it delivers and holds (what the router spreads subscriptions by).
+    assert set(subscriptions[-1]) == {"sub-uid"}
+    assert subscriptions[-1]["sub-uid"].messages_per_s == pytest.approx(300 * (1 - kept))
+    assert subscriptions[-1]["sub-uid"].outstanding == 40
     # Quiet, then gone from here (with its subscriptions): the report says so once, then stays
     # silent.
     owned.discard("busy")
@@ -101,7 +107,7 @@ async def test_a_report_lists_the_busy_owned_topics_published_and_delivered() ->
     assert len(written) == count
 
 
-def test_reporter_reads_the_forwarders_counters_for_owned_topics_only() -> None:
+def test_reporter_reads_the_forwarders_counters_for_owned_topics_and_every_subscription() -> None:
     dispatchers: dict[str, Any] = {
         "s1": SimpleNamespace(uid="u1", topic_uid="t", delivered=3, leases={1: 0}),
         "s2": SimpleNamespace(uid="u2", topic_uid="t", delivered=4, leases={}),
@@ -121,6 +127,8 @@ def test_reporter_reads_the_forwarders_counters_for_owned_topics_only() -> None:
     assert reporter.counters() == {
         "t": Counters(17, 99, 1),
         "quiet": Counters(0, 0, 0),
+        "s:u1": Counters(3, 0, 1),
+        "s:u2": Counters(4, 0, 0),
         "s:u3": Counters(100, 0, 1),
     }
 

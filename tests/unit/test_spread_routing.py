@@ -81,6 +81,27 @@ def test_a_subscription_that_stops_being_spreadable_is_whole_again_and_unmarked(
     assert {bucket(subscribing_unit("hot", i)) for i in range(8)} <= done.changed_shards
 
 
+def test_spreading_by_load_spreads_only_the_busy_and_gathers_keep_the_head_s_owner() -> None:
+    """``spread_only``: the subscriptions the router found busy (core/subscription_spread.py);
+    the others are whole. Spreading and gathering back leave the head ``s/{uid}/0`` where it
+    was, so the forwarder serving the subscription whole keeps serving (some of) it."""
+    table = _spread_table()
+    table.update(SPLIT, Constraints(), TOPICS, SUBS, 0.0, spread_only=set())
+    assert table.mode == "spread" and not table.spread_units
+    head = table.route(subscribing_unit("hot", 0))
+    assert all(table.route(subscribing_unit("hot", i)) == head for i in range(8))
+    done = table.update(SPLIT, Constraints(), TOPICS, SUBS, 10.0, spread_only={"hot", "whole"})
+    assert set(table.spread_units) == {subscribing_unit("hot", i) for i in range(8)}
+    assert {table.route(subscribing_unit("hot", i))[0] for i in range(8)} == {"s1", "s2"}
+    assert table.route(subscribing_unit("hot", 0)) == head
+    assert not any(m.unit == subscribing_unit("hot", 0) and m.source for m in done.moves)
+    quiet_head = table.route(subscribing_unit("quiet", 0))
+    assert table.route(subscribing_unit("quiet", 1)) == quiet_head  # not busy: whole
+    table.update(SPLIT, Constraints(), TOPICS, SUBS, 20.0, spread_only=set())
+    assert not table.spread_units
+    assert all(table.route(subscribing_unit("hot", i)) == head for i in range(8))
+
+
 def test_the_default_places_subscriptions_whole() -> None:
     table = RoutingTable(epsilon=0.25, hysteresis_s=30.0, colocate=True)
     table.update(SPLIT, Constraints(), TOPICS, SUBS, 0.0)

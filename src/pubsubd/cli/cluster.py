@@ -74,8 +74,15 @@ def up(
     spread_subscriptions: Annotated[
         bool,
         typer.Option(
-            help="the routers spread shared subscriptions over the subscribing forwarders by "
-            "source (pubsubd router --spread-subscriptions)"
+            help="the routers spread busy shared subscriptions over the subscribing forwarders "
+            "by source (pubsubd router --spread-subscriptions; PUBSUBD_SPREAD_* settings)"
+        ),
+    ] = False,
+    spread_all: Annotated[
+        bool,
+        typer.Option(
+            help="the routers spread every shared subscription, whatever its load "
+            "(pubsubd router --spread-all)"
         ),
     ] = False,
     probers: Annotated[
@@ -132,7 +139,13 @@ def up(
             frontends=frontends,
             forwarders=forwarders,
             forwarder_args=roles,
-            router_args=["--spread-subscriptions"] if spread_subscriptions else [],
+            router_args=(
+                ["--spread-all"]
+                if spread_all
+                else ["--spread-subscriptions"]
+                if spread_subscriptions
+                else []
+            ),
             probers=probers,
             tls_dir=tls_dir,
             tokens=tokens,

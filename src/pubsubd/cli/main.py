@@ -36,6 +36,12 @@ from pubsubd.cli.server_security import (
     zookeeper_tls_options,
 )
 from pubsubd.cli.slo import alerts, slo_app
+from pubsubd.core.subscription_spread import (
+    SPREAD_ALL,
+    SPREAD_BY_LOAD,
+    SPREAD_OFF,
+    SpreadSettings,
+)
 from pubsubd.storage.log import FsyncPolicy
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="pubsubd: pub/sub and queues.")
@@ -380,6 +386,9 @@ def storage(
         _fail(e)
 
 
+_SPREAD_DEFAULTS = SpreadSettings()
+
+
 @app.command()
 @zookeeper_tls_options
 def router(
@@ -400,10 +409,46 @@ def router(
     spread_subscriptions: Annotated[
         bool,
         typer.Option(
-            help="place each source of a shared subscription on its own, so a busy one is "
-            "served by several subscribing forwarders (topics are placed whole)"
+            help="spread a busy shared subscription over the subscribing forwarders by source "
+            "(each source placed on its own; topics are placed whole), and gather it back to "
+            "one forwarder once quiet"
         ),
     ] = False,
+    spread_all: Annotated[
+        bool,
+        typer.Option(
+            help="spread every subscription that may be, whatever its load (implies "
+            "--spread-subscriptions)"
+        ),
+    ] = False,
+    spread_capacity: Annotated[
+        float,
+        typer.Option(
+            envvar="PUBSUBD_SPREAD_CAPACITY",
+            help="messages/s one subscribing forwarder delivers (spreading by load)",
+        ),
+    ] = _SPREAD_DEFAULTS.messages_per_forwarder,
+    spread_share: Annotated[
+        float,
+        typer.Option(
+            envvar="PUBSUBD_SPREAD_SHARE",
+            help="spread a subscription over this share of one forwarder's capacity",
+        ),
+    ] = _SPREAD_DEFAULTS.spread_share,
+    spread_after: Annotated[
+        float,
+        typer.Option(
+            envvar="PUBSUBD_SPREAD_AFTER_S", help="s a subscription is busy before it spreads"
+        ),
+    ] = _SPREAD_DEFAULTS.spread_after_s,
+    gather_after: Annotated[
+        float,
+        typer.Option(
+            envvar="PUBSUBD_GATHER_AFTER_S",
+            help="s a spread subscription is under half the spread share before it is "
+            "gathered back to one forwarder",
+        ),
+    ] = _SPREAD_DEFAULTS.gather_after_s,
     zk_session_timeout: ZkSessionOption = 10.0,
     pid_file: Annotated[Path | None, typer.Option(help="write the PID here when ready")] = None,
     log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
@@ -430,7 +475,15 @@ def router(
             epsilon=epsilon,
             hysteresis_s=hysteresis,
             interval_s=interval,
-            spread_subscriptions=spread_subscriptions,
+            spread_subscriptions=(
+                SPREAD_ALL if spread_all else SPREAD_BY_LOAD if spread_subscriptions else SPREAD_OFF
+            ),
+            spread=SpreadSettings(
+                messages_per_forwarder=spread_capacity,
+                spread_share=spread_share,
+                spread_after_s=spread_after,
+                gather_after_s=gather_after,
+            ),
             zk_session_timeout_s=zk_session_timeout,
             pid_file=pid_file,
         )

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from google.protobuf.message import DecodeError
 
@@ -44,6 +44,9 @@ __all__ = [
     "decode_shard",
     "encode_constraints",
     "encode_shard",
+    "merge_reports",
+    "spread_subscriptions",
+    "subscription_totals",
 ]
 
 
@@ -80,6 +83,34 @@ def decode_load_report(data: bytes) -> tuple[dict[str, Load], dict[str, Load]]:
         {uid: _load(entry) for uid, entry in report.topics.items()},
         {uid: _load(entry) for uid, entry in report.subscriptions.items()},
     )
+
+
+def merge_reports(
+    reports: Iterable[tuple[Mapping[str, Load], Mapping[str, Load]]],
+) -> tuple[dict[str, Load], dict[str, Load]]:
+    """(topic loads, subscription loads) of many forwarders' reports; a uid two of them report
+    (it is moving) has the larger of each figure."""
+    topics: dict[str, Load] = {}
+    subscriptions: dict[str, Load] = {}
+    for found_topics, found_subscriptions in reports:
+        for found, into in ((found_topics, topics), (found_subscriptions, subscriptions)):
+            for uid, load in found.items():
+                seen = into.get(uid)
+                into[uid] = load if seen is None else seen.larger(load)
+    return topics, subscriptions
+
+
+def subscription_totals(
+    reports: Iterable[tuple[Mapping[str, Load], Mapping[str, Load]]],
+) -> dict[str, Load]:
+    """Each subscription's load summed over the forwarders that report it (a spread one is
+    served by several; what spreading decides by, ``core/subscription_spread.py``)."""
+    out: dict[str, Load] = {}
+    for _, subscriptions in reports:
+        for uid, load in subscriptions.items():
+            seen = out.get(uid)
+            out[uid] = load if seen is None else seen.plus(load)
+    return out
 
 
 def _load(entry: pb.Load) -> Load:
@@ -124,6 +155,15 @@ def decode_shard(data: bytes) -> dict[str, tuple[tuple[str, ...], float | None]]
     return {
         r.unit: (tuple(r.forwarders), r.moved_at_unix_s or None)
         for r in pb.AssignmentShard.FromString(data).routes
+    }
+
+
+def spread_subscriptions(data: bytes) -> set[str]:
+    """The uids of the subscriptions a shard has spread units of (``Route.spread``)."""
+    return {
+        r.unit.split("/")[1]
+        for r in pb.AssignmentShard.FromString(data).routes
+        if r.spread and r.unit.startswith("s/")
     }
 
 
@@ -246,9 +286,12 @@ class RoutingStore:
         """Every unit's ordered list of forwarders, as the leading router last wrote them."""
         return {unit: route for unit, (route, _) in (await self.assignment()).items()}
 
-    async def assignment(self) -> dict[str, tuple[tuple[str, ...], float | None]]:
+    async def assignment(
+        self, spread: set[str] | None = None
+    ) -> dict[str, tuple[tuple[str, ...], float | None]]:
         """Every unit's ordered list and when it last moved (Unix seconds; None: not since
-        placed), as the leading router last wrote them."""
+        placed), as the leading router last wrote them; ``spread`` gets the uids of the
+        subscriptions spread there."""
         try:
             names = await self._zk.children(self._layout.routing_shards)
         except NoNode:
@@ -258,6 +301,8 @@ class RoutingStore:
         for got in await self._zk.get_many(paths):
             if got is not None:
                 out.update(decode_shard(got[0]))
+                if spread is not None:
+                    spread.update(spread_subscriptions(got[0]))
         return out
 
     # -- load reports --------------------------------------------------------------------
@@ -294,29 +339,27 @@ class RoutingStore:
         (it is moving) has the larger of each figure."""
         return (await self.loads())[0]
 
-    async def loads(self) -> tuple[dict[str, Load], dict[str, Load]]:
-        """(topic loads, subscription loads) as the forwarders last reported them; one two of
-        them report (it is moving) has the larger of each figure."""
+    async def reports(self) -> list[tuple[dict[str, Load], dict[str, Load]]]:
+        """Each forwarder's last report: (topic loads, subscription loads)."""
         try:
             names = sorted(await self._zk.children(self._layout.forwarder_loads))
         except NoNode:
-            return {}, {}
-        out: dict[str, Load] = {}
-        subscriptions: dict[str, Load] = {}
+            return []
+        out = []
         paths = [f"{self._layout.forwarder_loads}/{n}" for n in names]
         for name, got in zip(names, await self._zk.get_many(paths), strict=True):
             if got is None:
                 continue
             try:
-                topics, subs = decode_load_report(got[0])
+                out.append(decode_load_report(got[0]))
             except DecodeError as e:  # a report we cannot read must not stop routing
                 log.warning("load report %s unreadable: %s", unescape(name), e)
-                continue
-            for found, into in ((topics, out), (subs, subscriptions)):
-                for uid, load in found.items():
-                    seen = into.get(uid)
-                    into[uid] = load if seen is None else seen.larger(load)
-        return out, subscriptions
+        return out
+
+    async def loads(self) -> tuple[dict[str, Load], dict[str, Load]]:
+        """(topic loads, subscription loads) as the forwarders last reported them; one two of
+        them report (it is moving) has the larger of each figure."""
+        return merge_reports(await self.reports())
 
     async def write_summary(self, summary: pb.RoutingSummary) -> None:
         summary.protocol_version = PROTOCOL_VERSION

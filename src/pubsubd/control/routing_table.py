@@ -27,10 +27,12 @@ topic's sources apart: ``pubsubd router`` never runs it).
 Spread subscriptions (``spread_subscriptions=True``, ``pubsubd router --spread-subscriptions``):
 topics are placed whole among the publishing forwarders and every subscription that may be
 spread (``SubscriptionUnits.spreadable``: shared and key_shared ones without a backlog quota of
-their own) has each unit ``s/{uid}/{source}`` placed on its own among the subscribing
-forwarders, so a busy subscription is served by several, each owning some of the topic's
-sources (an ordering key maps to one source, so to one forwarder: per-key order holds). Other
-subscriptions are placed whole (``s/{uid}/0``). This is the split placement, also while every
+their own) and that the router spreads (``update(spread_only=)``: the busy ones,
+``core/subscription_spread.py``; all with ``--spread-all``) has each unit
+``s/{uid}/{source}`` placed on its own among the subscribing forwarders, so a busy
+subscription is served by several, each owning some of the topic's sources (an ordering key
+maps to one source, so to one forwarder: per-key order holds). Other subscriptions are placed
+whole (``s/{uid}/0``). This is the split placement, also while every
 forwarder is both kinds (``mode == "spread"``): a subscription served where its topic is owned
 reads it in-process, elsewhere from a copy. A forwarder serves the sources of a subscription
 it owns (``RoutingView.owned_subscription_sources``); frontends fan a StreamingPull out to
@@ -45,6 +47,7 @@ not drained.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 
 from pubsubd.control.assignment import (
@@ -190,10 +193,13 @@ class RoutingTable:
         now: float,
         topic_weights: Mapping[str, int] | None = None,
         subscription_weights: Mapping[str, int] | None = None,
+        spread_only: AbstractSet[str] | None = None,
     ) -> Pass:
         """Place every unit among the registered forwarders at time ``now``. ``topic_weights``:
         a topic's weight by uid (``core/load.py``; 1 if left out), shared by its sources;
-        ``subscription_weights``: a subscription's, when the roles are split."""
+        ``subscription_weights``: a subscription's, when the roles are split; ``spread_only``:
+        with spread subscriptions, the uids of those to spread (``core/subscription_spread.py``
+        decides by load; None: every spreadable one)."""
         self.forwarders = {f.forwarder_id: f for f in forwarders}
         topic_weights = topic_weights or {}
         if self.colocate:
@@ -212,6 +218,7 @@ class RoutingTable:
                     now,
                     topic_weights,
                     subscription_weights or {},
+                    spread_only,
                 )
             return self._update_colocated(
                 constraints, list(topics), subscriptions, now, topic_weights
@@ -325,11 +332,13 @@ class RoutingTable:
         now: float,
         topic_weights: Mapping[str, int],
         subscription_weights: Mapping[str, int],
+        spread_only: AbstractSet[str] | None = None,
     ) -> Pass:
         """Place each topic whole among the publishing forwarders (its unit ``p/{uid}/0``) and
         each subscription whole among the subscribing ones (``s/{uid}/0``); every other unit
         of a topic or subscription follows its head. Spread, a spreadable subscription's
-        units are each placed on their own (its weight shared among them)."""
+        units (of those in ``spread_only``, when given) are each placed on their own (its
+        weight shared among them)."""
         pins = {
             publishing_unit(t.uid, 0): constraints.pinned_topics[t.name]
             for t in topics
@@ -346,7 +355,11 @@ class RoutingTable:
             count = sources[sub.topic_uid]
             units = [subscribing_unit(sub.uid, i) for i in range(count)]
             weight = subscription_weights.get(sub.uid)
-            if self.spread_subscriptions and sub.spreadable:
+            if (
+                self.spread_subscriptions
+                and sub.spreadable
+                and (spread_only is None or sub.uid in spread_only)
+            ):
                 subscription_heads.extend((unit, [unit]) for unit in units)
                 spread.update(units)
                 if weight is not None and count:

@@ -42,6 +42,14 @@ class Load:
             max(self.outstanding, other.outstanding),
         )
 
+    def plus(self, other: Load) -> Load:
+        """The sum of each figure (one subscription served by several forwarders)."""
+        return Load(
+            self.messages_per_s + other.messages_per_s,
+            self.bytes_per_s + other.bytes_per_s,
+            self.outstanding + other.outstanding,
+        )
+
     @property
     def idle(self) -> bool:
         return self.messages_per_s < 0.01 and self.bytes_per_s < 1 and self.outstanding == 0

@@ -4,10 +4,12 @@ written where the leading router reads it (``routing/loads/<forwarder id>``,
 
 A topic's counters are read from the forwarders in this process: messages and bytes published
 (``PublishingForwarder.published``), messages delivered and leases held by its subscriptions'
-dispatchers. A subscription served here on a copy of a topic another forwarder owns
-(publishing and subscribing forwarders apart) is reported on its own, by its uid: messages
-delivered and leases held, so the router weighs it among the subscribing forwarders. The rates
-are EWMAs (``core.load.Rates``); idle topics and subscriptions are left out (they weigh 1).
+dispatchers (those served here). Every subscription served here is also reported on its own,
+by its uid: messages delivered and leases held, so the router weighs it among the subscribing
+forwarders (publishing and subscribing forwarders apart) and, summed over the forwarders that
+serve it, decides whether it is busy enough to spread (``core/subscription_spread.py``; a
+release before this one reported only those served on a copy). The rates are EWMAs
+(``core.load.Rates``); idle topics and subscriptions are left out (they weigh 1).
 """
 
 from __future__ import annotations
@@ -73,17 +75,17 @@ class LoadReporter:
             await asyncio.gather(self._task, return_exceptions=True)
 
     def counters(self) -> dict[str, Counters]:
-        """Each owned topic's counters now, and (keyed ``s:{uid}``) those of each subscription
-        served here whose topic is not."""
+        """Each owned topic's counters now (its subscriptions served here included), and (keyed
+        ``s:{uid}``) those of each subscription served here."""
         delivered: dict[str, int] = {}
         outstanding: dict[str, int] = {}
         out = {}
         for dispatcher in self.dispatchers().values():
             uid = dispatcher.topic_uid
+            out[SUBSCRIPTION + dispatcher.uid] = Counters(
+                dispatcher.delivered, 0, len(dispatcher.leases)
+            )
             if uid not in self.owned:
-                out[SUBSCRIPTION + dispatcher.uid] = Counters(
-                    dispatcher.delivered, 0, len(dispatcher.leases)
-                )
                 continue
             delivered[uid] = delivered.get(uid, 0) + dispatcher.delivered
             outstanding[uid] = outstanding.get(uid, 0) + len(dispatcher.leases)

@@ -9,7 +9,10 @@ step (``--interval``, default 2 s, the most a change waits; a watch wakes the le
 
 Each pass also reads the forwarders' load reports (``routing/loads``, written by
 ``data/load_report.py``) and weighs every topic by its load (``core/load.py``), so a busy topic
-takes the room of several idle ones and its forwarder is given fewer of them.
+takes the room of several idle ones and its forwarder is given fewer of them. With
+``--spread-subscriptions`` it also decides from them which subscriptions are busy enough to be
+spread over several subscribing forwarders by source, and which are quiet enough to be served
+whole again (``core/subscription_spread.py``); ``--spread-all`` spreads every one that may be.
 
 Frontends and forwarders read the published assignment, never the router, so a router that is
 killed or restarted stops nothing: the last assignment stays in ZooKeeper and the next leader
@@ -30,7 +33,7 @@ import os
 import socket
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +43,7 @@ from pubsubd import runtime
 from pubsubd._gen.pubsubd.internal.v1 import routing_pb2 as pb
 from pubsubd.api.grpc import liveness
 from pubsubd.control.assignment import DEFAULT_EPSILON, DEFAULT_HYSTERESIS_S
-from pubsubd.control.routing_store import RoutingStore
+from pubsubd.control.routing_store import RoutingStore, merge_reports, subscription_totals
 from pubsubd.control.routing_table import (
     Constraints,
     Forwarder,
@@ -51,8 +54,15 @@ from pubsubd.coordination.election import Election
 from pubsubd.coordination.errors import CoordinationError
 from pubsubd.coordination.paths import DEFAULT_ROOT
 from pubsubd.coordination.zk import Coordinator
-from pubsubd.core.load import weight
+from pubsubd.core.load import Load, weight
 from pubsubd.core.release import version
+from pubsubd.core.subscription_spread import (
+    SPREAD_BY_LOAD,
+    SPREAD_MODES,
+    SPREAD_OFF,
+    SpreadSettings,
+    SubscriptionSpread,
+)
 from pubsubd.core.tls import ServerTls
 from pubsubd.observability import metrics
 from pubsubd.observability.http import HttpEndpoint
@@ -66,6 +76,12 @@ MOVES = Counter("pubsubd_router_moves", "Units that changed owner", ["kind", "fo
 UNITS = Gauge("pubsubd_router_units", "Units placed in the last pass", ["kind"])
 CAPACITY = Gauge("pubsubd_router_capacity", "Units a forwarder may own (last pass)", ["kind"])
 PASS_SECONDS = Gauge("pubsubd_router_pass_seconds", "Wall time of the last routing pass")
+SPREAD = Gauge("pubsubd_router_spread_subscriptions", "Subscriptions spread by source (last pass)")
+SPREAD_CHANGES = Counter(
+    "pubsubd_router_spread_changes",
+    "Subscriptions spread over several forwarders or gathered back to one, by load",
+    ["change"],
+)
 
 
 class StartupError(Exception):
@@ -87,8 +103,10 @@ class RouterConfig:
     # forwarders serve today.
     colocate: bool = True
     # Spread shared subscriptions over the subscribing forwarders by source (each source of
-    # the subscription placed on its own; control/routing_table.py).
-    spread_subscriptions: bool = False
+    # the subscription placed on its own; control/routing_table.py): "off", "load" (the busy
+    # ones, core/subscription_spread.py) or "all" (every one that may be).
+    spread_subscriptions: str = SPREAD_OFF
+    spread: SpreadSettings = field(default_factory=SpreadSettings)  # when to spread, gather
     zk_session_timeout_s: float = 10.0
     pid_file: Path | None = None  # written when ready, removed on a clean stop
     tls: ServerTls | None = None  # TLS on its HTTP port (core/tls.py)
@@ -98,6 +116,8 @@ class RouterConfig:
             raise ValueError(f"epsilon must be positive, got {self.epsilon}")
         if not self.interval_s > 0:
             raise ValueError(f"the interval must be positive, got {self.interval_s}")
+        if self.spread_subscriptions not in SPREAD_MODES:
+            raise ValueError(f"spread subscriptions: one of {SPREAD_MODES}")
         if not self.zk_session_timeout_s > 0:
             raise ValueError(
                 f"the ZooKeeper session timeout must be positive, got {self.zk_session_timeout_s}"
@@ -118,7 +138,13 @@ class Router:
             epsilon=config.epsilon,
             hysteresis_s=config.hysteresis_s,
             colocate=config.colocate,
-            spread_subscriptions=config.spread_subscriptions,
+            spread_subscriptions=config.spread_subscriptions != SPREAD_OFF,
+        )
+        # Which subscriptions are busy enough to spread (None: all of them, or none).
+        self.spreading = (
+            SubscriptionSpread(config.spread)
+            if config.spread_subscriptions == SPREAD_BY_LOAD
+            else None
         )
         self.election = Election(
             self.zk,
@@ -192,10 +218,13 @@ class Router:
         """Start from the published assignment, so units keep their owners across routers,
         and the units that moved lately their hysteresis window."""
         clocks = time.monotonic() - time.time()  # a Unix time + this: the monotonic one
-        for unit, (forwarders, moved_at) in (await self.store.assignment()).items():
+        spread: set[str] = set()
+        for unit, (forwarders, moved_at) in (await self.store.assignment(spread)).items():
             if forwarders:
                 moved = None if moved_at is None else moved_at + clocks
                 self.table.restore(unit, forwarders[0], moved)
+        if self.spreading is not None:  # what its predecessor spread stays spread
+            self.spreading = SubscriptionSpread(self.config.spread, spread)
         self._seeded = True
 
     async def _step(self) -> None:
@@ -207,11 +236,13 @@ class Router:
         constraints: Constraints = (await self.store.constraints())[0]
         # Topics weigh by the load their forwarders last reported (core/load.py), and so do
         # subscriptions served apart from their topics.
-        topic_loads, subscription_loads = await self.store.loads()
+        reports = await self.store.reports()
+        topic_loads, subscription_loads = merge_reports(reports)
         weights = {uid: w for uid, load in topic_loads.items() if (w := weight(load)) > 1}
         subscription_weights = {
             uid: w for uid, load in subscription_loads.items() if (w := weight(load)) > 1
         }
+        spread_only = self._spread(subscription_totals(reports))
         check()
         done = self.table.update(
             forwarders,
@@ -221,6 +252,7 @@ class Router:
             time.monotonic(),
             weights,
             subscription_weights,
+            spread_only,
         )
         self.generation += 1
         clocks = time.time() - time.monotonic()  # a monotonic time + this: the Unix one
@@ -269,6 +301,7 @@ class Router:
                 total_moves=self.total_moves,
             )
         )
+        SPREAD.set(len({u.split("/")[1] for u in table.spread_units}))
         PASSES.inc()
         elapsed = time.monotonic() - started
         PASS_SECONDS.set(elapsed)
@@ -280,11 +313,31 @@ class Router:
             "moves": moved,
             "heavy_topics": len(weights),
             "heavy_subscriptions": len(subscription_weights),
+            "spread_subscriptions": len({u.split("/")[1] for u in table.spread_units}),
             "shards_written": written,
             "seconds": round(elapsed, 4),
         }
         if moved or written:
             log.info("router: pass %d: %s", self.generation, self.last_pass)
+
+    def _spread(self, totals: dict[str, Load]) -> set[str] | None:
+        """Spreading by load: the subscriptions to spread this pass (None: every spreadable
+        one, or none, as configured)."""
+        if self.spreading is None:
+            return None
+        candidates = [s.uid for s in self.names.subscriptions.values() if s.spreadable]
+        changes = self.spreading.decide(candidates, totals, time.monotonic())
+        for change, uids in (("spread", changes.spread), ("gathered", changes.gathered)):
+            SPREAD_CHANGES.labels(change).inc(len(uids))
+            for uid in sorted(uids):
+                used = self.config.spread.utilization(totals.get(uid, Load()))
+                log.info(
+                    "router: subscription %s %s (%.2f of a forwarder's capacity)",
+                    uid,
+                    change,
+                    used,
+                )
+        return set(self.spreading.spread)
 
     def status(self) -> dict[str, Any]:
         return {
@@ -299,6 +352,8 @@ class Router:
             "last_pass": self.last_pass,
             "epsilon": self.config.epsilon,
             "hysteresis_s": self.config.hysteresis_s,
+            "spread_subscriptions": self.config.spread_subscriptions,
+            "spread": sorted({u.split("/")[1] for u in self.table.spread_units}),
         }
 
 
