@@ -1,0 +1,204 @@
+"""Source growth and spreading by load together (issue 11, part 5): a flooded topic gets more
+publish message sources by itself and its subscription, busy, is spread over both subscribing
+forwarders by itself, while the official clients publish and stream through a frontend.
+
+One publishing-only and two subscribing-only forwarders, one router run with
+``--spread-subscriptions`` (spreading by load, ``core/subscription_spread.py``) and small
+settings so that it all happens in seconds: a source takes 100 msg/s (source growth,
+``core/source_growth.py``, grows after 1 s over), one subscribing forwarder delivers 200 msg/s
+(a subscription over half of it for 2 s spreads), forwarders report their load every second.
+The topic starts with two sources (both take ordering keys); a flood of ~400 msg/s, keyed and
+unkeyed, makes it grow (unkeyed messages go to the new sources) and its subscription spread.
+Checked: every acknowledged publish is delivered, nothing unexpected arrives, each key's first
+deliveries come in publish order, and both subscribing forwarders deliver once it is spread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from google.cloud import pubsub_v1
+
+from pubsubd.cluster.launcher import LocalCluster
+from tests.cluster.test_kill_each_role import OrderedReceiver
+from tests.cluster.test_spread_subscription import _delivered, _served_sources, _status
+from tests.conftest import make_publisher, make_subscriber
+from tests.support.cluster import environment, running_cluster
+from tests.support.server import wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+SUBSCRIBING = ["forwarder-2", "forwarder-3"]
+KEYS = [f"key-{k}" for k in range(8)]
+UNKEYED_PER_ROUND = 12  # with one message per key: 20 messages a round
+ROUNDS_PER_S = 20  # ~400 msg/s
+SOURCES_LABEL = "pubsubd-publish-sources"
+ACTIVE_LABEL = "pubsubd-active-publish-sources"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    growth = {
+        "PUBSUBD_SOURCE_CAPACITY": "100",
+        "PUBSUBD_SOURCE_GROW_AFTER_S": "1",
+        "PUBSUBD_SOURCE_SAMPLE_S": "0.5",
+        "PUBSUBD_LOAD_REPORT_S": "1",
+    }
+    with (
+        environment(growth),
+        running_cluster(
+            tmp_path_factory.mktemp("spread-by-load"),
+            zones=2,
+            routers=1,
+            frontends=1,
+            forwarders=3,
+            forwarder_args=[["--no-subscribing"], ["--no-publishing"], ["--no-publishing"]],
+            router_args=[
+                *("--spread-subscriptions", "--spread-capacity", "200"),
+                *("--spread-after", "2", "--gather-after", "600"),
+            ],
+            session_timeout_s=20.0,
+        ) as c,
+    ):
+        yield c
+
+
+class MixedFlood:
+    """Publishes ``key-K:N`` with ordering key ``key-K`` (N counting up per key) and
+    ``u:M`` without a key, through one publisher with message ordering on."""
+
+    def __init__(self, endpoint: str, topic: str) -> None:
+        self.topic = topic
+        self.publisher = make_publisher(
+            endpoint,
+            publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True),
+            batch_settings=pubsub_v1.types.BatchSettings(max_messages=20, max_latency=0.005),
+        )
+        self.sent: set[bytes] = set()
+        self.acked: set[bytes] = set()
+        self.errors: Counter[str] = Counter()
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._settled = threading.Condition(self._lock)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> MixedFlood:
+        self._thread.start()
+        return self
+
+    def _publish(self, data: bytes, key: str) -> None:
+        with self._lock:
+            self.sent.add(data)
+            self._pending += 1
+        self.publisher.publish(self.topic, data, ordering_key=key).add_done_callback(
+            self._done(data)
+        )
+
+    def _run(self) -> None:
+        n = 0
+        started = time.monotonic()
+        while not self._stop.is_set() and n < 20_000:
+            for key in KEYS:
+                self._publish(f"{key}:{n}".encode(), key)
+            for u in range(UNKEYED_PER_ROUND):
+                self._publish(f"u:{n * UNKEYED_PER_ROUND + u}".encode(), "")
+            n += 1
+            # Paced by the clock, not by sleeps: the rate holds while the machine is busy.
+            self._stop.wait(max(0.0, started + n / ROUNDS_PER_S - time.monotonic()))
+
+    def _done(self, data: bytes) -> Any:
+        def done(future: Any) -> None:
+            error = future.exception()
+            with self._lock:
+                self._pending -= 1
+                if error is None:
+                    self.acked.add(data)
+                else:
+                    self.errors[type(error).__name__] += 1
+                self._settled.notify_all()
+
+        return done
+
+    def stop(self) -> set[bytes]:
+        """Stop sending and let every publish in flight settle (an ordered publisher's
+        ``stop()`` would cancel each key's queued batches: failures the server never saw)."""
+        self._stop.set()
+        self._thread.join(30)
+        with self._settled:
+            self._settled.wait_for(lambda: self._pending == 0, timeout=120)
+        self.publisher.stop()
+        with self._lock:
+            return set(self.acked)
+
+
+def _labels(publisher: pubsub_v1.PublisherClient, topic: str) -> dict[str, str]:
+    return dict(publisher.get_topic(request={"topic": topic}).labels)
+
+
+def test_a_flooded_topic_grows_and_its_subscription_spreads_losing_nothing(
+    cluster: LocalCluster, names: Any
+) -> None:
+    endpoint = cluster.grpc
+    admin, subscriber = make_publisher(endpoint), make_subscriber(endpoint)
+    topic, subscription = names.topic("grow-spread"), names.subscription("grow-spread")
+    admin.create_topic(request={"name": topic, "labels": {SOURCES_LABEL: "2"}})
+    subscriber.create_subscription(
+        request={"name": subscription, "topic": topic, "enable_message_ordering": True}
+    )
+    subscriber.close()
+    # Quiet: served whole by one subscribing forwarder, spread nowhere.
+    wait_for(
+        lambda: any(subscription in _status(cluster, n)["subscriptions"] for n in SUBSCRIBING),
+        30,
+        "the subscription served",
+    )
+    assert not any(_served_sources(cluster, n, subscription) for n in SUBSCRIBING)
+    assert _status(cluster, "router-1")["spread"] == []
+    receiver = OrderedReceiver(endpoint, subscription)
+    flood = MixedFlood(endpoint, topic).start()
+    started = time.monotonic()
+    grown_after = spread_after = 0.0
+    try:
+        wait_for(lambda: int(_labels(admin, topic).get(ACTIVE_LABEL, "2")) > 2, 30, "growth")
+        grown_after = time.monotonic() - started
+
+        def spread_over_both() -> bool:
+            served = [_served_sources(cluster, n, subscription) for n in SUBSCRIBING]
+            sources = int(_labels(admin, topic)[SOURCES_LABEL])
+            return all(served) and sorted(served[0] + served[1]) == list(range(sources))
+
+        wait_for(spread_over_both, 30, "the subscription spread over both forwarders")
+        spread_after = time.monotonic() - started
+        before = {n: _delivered(cluster, n, subscription) for n in SUBSCRIBING}
+        wait_for(
+            lambda: all(_delivered(cluster, n, subscription) > before[n] for n in SUBSCRIBING),
+            30,
+            "both forwarders delivering",
+        )
+    finally:
+        acked = flood.stop()
+    labels = _labels(admin, topic)
+    assert len(_status(cluster, "router-1")["spread"]) == 1
+    try:
+        wait_for(lambda: receiver.has(acked), 60, "every acknowledged message delivered")
+    finally:
+        receiver.close()
+    duplicates = sum(c - 1 for c in receiver.received.values() if c > 1)
+    print(
+        f"grown to {labels[ACTIVE_LABEL]} active sources after {grown_after:.1f} s, spread "
+        f"over both subscribing forwarders after {spread_after:.1f} s; {len(acked)} acknowledged "
+        f"publishes, every one delivered; {duplicates} redelivered"
+    )
+    assert not flood.errors, f"publishes that failed for good: {dict(flood.errors)}"
+    assert not set(receiver.received) - flood.sent, "messages nobody published"
+    # The receiver reads ``u`` as one more key: unkeyed messages have no order to keep.
+    out_of_order = [d for d in receiver.out_of_order if not d.startswith("u:")]
+    assert not out_of_order, f"keys out of order: {out_of_order[:10]}"
+    keyed = [d for d in acked if not d.startswith(b"u:")]
+    assert len(keyed) > 100 and len(acked) - len(keyed) > 100  # both kinds went through
