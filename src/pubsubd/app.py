@@ -42,7 +42,7 @@ from pubsubd.config import ClusterConfig, ServerConfig
 from pubsubd.control.expiry import Maintenance
 from pubsubd.control.policies import ResourcePolicies, load_policy_file
 from pubsubd.control.routing_store import RoutingStore, encode_forwarder
-from pubsubd.control.routing_table import Forwarder, publishing_unit
+from pubsubd.control.routing_table import Forwarder, publishing_unit, subscribing_unit
 from pubsubd.control.routing_views import RoutingView
 from pubsubd.control.source_growth_loop import SourceGrowthLoop
 from pubsubd.coordination.liveness import OwnerCheck, this_process
@@ -63,6 +63,7 @@ from pubsubd.data.load_report import LoadReporter
 from pubsubd.data.ownership import SubscriptionOwnership, TopicOwnership
 from pubsubd.data.publish.forwarder import SUBSCRIPTIONS_DIR, TOPICS_DIR
 from pubsubd.data.subscribe.budget import DeliveryBudget
+from pubsubd.data.subscribe.leg_cursors import LegCursors
 from pubsubd.data.subscribe.remote_sources import COPIES_DIR, RemoteSources
 from pubsubd.observability import background, metrics, sli
 from pubsubd.observability.events import EVENTS_TOPIC, BacklogRotation, EventEmitter
@@ -151,6 +152,7 @@ class PubsubServer:
             else None
         )
         self.load_report: LoadReporter | None = None
+        self.leg_cursors: LegCursors | None = None
         self.source_growth: SourceGrowthLoop | None = None
         self.routing: RoutingView | None = None
         self._publish_channels: dict[str, grpc.aio.Channel] = {}
@@ -295,6 +297,7 @@ class PubsubServer:
                             self.cluster.coordinator.session_id if self.cluster else None
                         ),
                         forwarder_id=lambda: self.forwarder.forwarder_id if self.forwarder else "",
+                        served_sources=self.subscribing.served_sources.get,
                     )
                 ),
                 sources_service.handlers(sources_service.SourcesServicer(self.routes)),
@@ -463,6 +466,14 @@ class PubsubServer:
             subscriptions.changed()
 
         self.routing = RoutingView(cluster.coordinator, routing_changed)
+        # A snapshot of a spread subscription reads the other sources' positions from the
+        # forwarders serving them (data/subscribe/leg_cursors.py).
+        routing = self.routing
+        self.leg_cursors = LegCursors(
+            served_sources=self.subscribing.served_sources.get,
+            owner_address=lambda uid, source: routing.owner_address(subscribing_unit(uid, source)),
+        )
+        self.snapshots.gather = self.leg_cursors.gather
         # A subscription routed here before this process's catalog had its record opens as
         # soon as the record arrives (the catalog applies it first: it watched first).
         self.store.changes.watch(
@@ -547,6 +558,8 @@ class PubsubServer:
             self.routing.close()
         for channel in self._publish_channels.values():
             await channel.close()
+        if self.leg_cursors is not None:
+            await self.leg_cursors.close()
         if self.auditor is not None:
             await self.auditor.close()
         if self.sli_events is not None:

@@ -19,6 +19,7 @@ import json
 import threading
 import time
 import urllib.request
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -241,4 +242,75 @@ def test_unary_pull_acks_and_seek_reach_every_forwarder_of_a_spread_subscription
     )
     again = _pull_all(subscriber, subscription, len(sent))
     assert sorted(again) == sorted(sent), "the whole topic again after Seek"
+    subscriber.close()
+
+
+def _drain(subscriber: Any, subscription: str, seconds: float) -> list[str]:
+    """Whatever else comes within ``seconds`` (Pull with return_immediately, acked)."""
+    got: list[str] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with warnings.catch_warnings():  # the client frowns on return_immediately
+            warnings.simplefilter("ignore", DeprecationWarning)
+            response = subscriber.pull(
+                request={
+                    "subscription": subscription,
+                    "max_messages": 50,
+                    "return_immediately": True,
+                },
+                timeout=10,
+            )
+        if not response.received_messages:
+            time.sleep(0.2)
+            continue
+        got.extend(m.message.data.decode() for m in response.received_messages)
+        subscriber.acknowledge(
+            request={
+                "subscription": subscription,
+                "ack_ids": [m.ack_id for m in response.received_messages],
+            }
+        )
+    return got
+
+
+def test_a_snapshot_of_a_spread_subscription_has_the_acks_of_every_forwarder(
+    cluster: LocalCluster, names: Any
+) -> None:
+    """CreateSnapshot is answered by one of the subscription's forwarders; it reads the
+    positions of the sources the other one serves from that one (data/subscribe/
+    leg_cursors.py), so a Seek to the snapshot redelivers nothing acknowledged before it, on
+    either forwarder's sources, and everything published after it."""
+    endpoint = cluster.grpc
+    publisher = make_publisher(
+        endpoint, publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True)
+    )
+    subscriber = make_subscriber(endpoint)
+    topic, subscription = names.topic("spread-snap"), names.subscription("spread-snap")
+    snapshot = subscription.replace("/subscriptions/", "/snapshots/")
+    _topic(publisher, topic)
+    subscriber.create_subscription(request={"name": subscription, "topic": topic})
+    wait_for(lambda: _spread_over_both(cluster, subscription), 30, "the sources spread")
+
+    def publish(prefix: str, count: int) -> list[str]:
+        sent = [f"{prefix}{i}" for i in range(count)]
+        for f in [
+            publisher.publish(topic, data.encode(), ordering_key=f"k{i % 32}")
+            for i, data in enumerate(sent)
+        ]:
+            f.result(timeout=60)
+        return sent
+
+    before = publish("before-", 200)
+    assert sorted(_pull_all(subscriber, subscription, len(before))) == sorted(before)
+    statuses = {n: _status(cluster, n)["subscriptions"][subscription] for n in SUBSCRIBING}
+    assert all(s["acked"] > 0 for s in statuses.values()), statuses  # acks on both
+    subscriber.create_snapshot(request={"name": snapshot, "subscription": subscription})
+    after = publish("after-", 100)
+    subscriber.seek(request={"subscription": subscription, "snapshot": snapshot})
+    again = _pull_all(subscriber, subscription, len(after))
+    again += _drain(subscriber, subscription, 2.0)
+    redelivered = sorted(set(again) & set(before))
+    assert not redelivered, f"{len(redelivered)} acked before the snapshot came again"
+    assert sorted(again) == sorted(after)
+    subscriber.delete_snapshot(request={"snapshot": snapshot})
     subscriber.close()

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,6 +100,12 @@ class Snapshots:
         self.clock = clock
         self.entries: dict[str, SnapshotEntry] = {}
         self._names = SortedNames()
+        # (subscription uid, name, the ack state known here) -> every source's as of now
+        # (a spread subscription's, from the forwarders serving its other sources).
+        self.gather: (
+            Callable[[str, str, Mapping[int, CursorState]], Awaitable[dict[int, CursorState]]]
+            | None
+        ) = None
 
     def now_us(self) -> int:
         return self.clock.time_us()
@@ -150,7 +156,23 @@ class Snapshots:
 
     # --- snapshots ----------------------------------------------------------------------------
 
-    def create(self, request: Any) -> Any:
+    async def create_now(self, request: Any) -> Any:
+        """CreateSnapshot: :meth:`create` with every source's position as of now. A spread
+        subscription's dispatcher here knows only its own sources' acks; ``gather`` (set in a
+        cluster of forwarders, ``data/subscribe/leg_cursors.py``) reads the other sources'
+        from the forwarders serving them."""
+        if self.gather is None:
+            return self.create(request)
+        names.subscription(request.subscription)
+        sub = self.catalog.subscription(request.subscription)
+        self._check_attached(sub)
+        uid, name = sub.record.uid, sub.record.name
+        states = await self.gather(uid, name, self.routes.subscribing(uid).cursor_states(name))
+        return self.create(request, states)
+
+    def create(self, request: Any, states: Mapping[int, CursorState] | None = None) -> Any:
+        """CreateSnapshot with ``states`` (default: the subscription's ack state as its
+        dispatcher here knows it)."""
         name = request.name
         if name:
             names.snapshot(name)
@@ -167,7 +189,8 @@ class Snapshots:
             raise AlreadyExists("snapshot", name)
         self._check_attached(sub)
         topic_uid = sub.record.topic_uid
-        states = self.routes.subscribing(sub.record.uid).cursor_states(sub.record.name)
+        if states is None:
+            states = self.routes.subscribing(sub.record.uid).cursor_states(sub.record.name)
         oldest = _oldest_unacked_us(self.routes.reader(topic_uid), topic_uid, states)
         expire = retention.snapshot_expire_us(oldest, now)
         if expire - now < retention.SNAPSHOT_MIN_LIFETIME_US:
@@ -543,7 +566,7 @@ def _topic_pins(
 
 
 def _oldest_unacked_us(
-    publishing: PublishingForwarderApi, topic_uid: str, states: dict[int, CursorState]
+    publishing: PublishingForwarderApi, topic_uid: str, states: Mapping[int, CursorState]
 ) -> int | None:
     """Publish time of the oldest unacked message of an ack state (None: nothing unacked)."""
     oldest: int | None = None

@@ -22,9 +22,10 @@ Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 SERVICE = "pubsubd.internal.v1.Forwarder"
 GIVE_BACK = f"/{SERVICE}/GiveBack"
 IDENTIFY = f"/{SERVICE}/Identify"
-# 1: GiveBack. 2: Identify. A request of a newer version is served as far as this one
-# understands it.
-PROTOCOL_VERSION = 2
+SUBSCRIPTION_CURSORS = f"/{SERVICE}/SubscriptionCursors"
+# 1: GiveBack. 2: Identify. 3: SubscriptionCursors. A request of a newer version is served as
+# far as this one understands it.
+PROTOCOL_VERSION = 3
 
 
 class ForwarderServicer:
@@ -34,11 +35,15 @@ class ForwarderServicer:
         routes: Routes,
         session_id: Callable[[], int | None] = lambda: None,
         forwarder_id: Callable[[], str] = lambda: "",
+        served_sources: Callable[[str], frozenset[int] | None] = lambda _uid: None,
     ) -> None:
+        """``served_sources(uid)``: the sources of a spread subscription served here (None:
+        served whole, or not spread)."""
         self.catalog = catalog
         self.routes = routes
         self._session_id = session_id
         self._forwarder_id = forwarder_id
+        self._served_sources = served_sources
 
     @rpc
     async def GiveBack(self, request: Any, context: Context) -> Any:
@@ -58,6 +63,26 @@ class ForwarderServicer:
             version=version(),
         )
 
+    @rpc
+    async def SubscriptionCursors(self, request: Any, context: Context) -> Any:
+        names.subscription(request.subscription)
+        if not request.protocol_version:
+            raise InvalidArgument("protocol_version: required")
+        uid = self.catalog.subscription(request.subscription).record.uid
+        states = self.routes.subscribing(uid).cursor_states(request.subscription)
+        served = self._served_sources(uid)
+        return f.SubscriptionCursorsResponse(
+            cursors=[
+                f.SourceCursor(
+                    source=source,
+                    mark_delete=state.mark_delete,
+                    ranges=[bound for pair in state.ranges for bound in pair],
+                )
+                for source, state in sorted(states.items())
+                if served is None or source in served
+            ]
+        )
+
 
 def handlers(servicer: ForwarderServicer) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(
@@ -65,5 +90,10 @@ def handlers(servicer: ForwarderServicer) -> grpc.GenericRpcHandler:
         {
             "GiveBack": unary_method(servicer.GiveBack, f.GiveBackRequest, f.GiveBackResponse),
             "Identify": unary_method(servicer.Identify, f.IdentifyRequest, f.IdentifyResponse),
+            "SubscriptionCursors": unary_method(
+                servicer.SubscriptionCursors,
+                f.SubscriptionCursorsRequest,
+                f.SubscriptionCursorsResponse,
+            ),
         },
     )

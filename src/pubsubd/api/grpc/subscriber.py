@@ -101,7 +101,7 @@ class SubscriberServicer:
     @rpc
     async def CreateSnapshot(self, request: Any, context: Context) -> Any:
         await self.catalog.caught_up()
-        return self.snapshots.create(request)
+        return await self.snapshots.create_now(request)
 
     @rpc
     async def GetSnapshot(self, request: Any, context: Context) -> Any:
