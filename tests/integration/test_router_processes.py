@@ -108,6 +108,7 @@ class StandIn:
         self.forwarder_id = forwarder_id
         self.zone = zone
         self.server: grpc.aio.Server | None = None
+        self.registration: Registration | None = None
 
     async def start(self) -> StandIn:
         async def identify(request: Any, context: Any) -> Any:
@@ -143,10 +144,15 @@ class StandIn:
             lambda old, new: old != new,
         )
         await entry.start()
+        self.registration = entry
         return self
 
     async def kill(self) -> None:
-        """The process dies (its port closes); its session lives on until it expires."""
+        """The process dies (its port closes, its registration is no longer kept up); its
+        session lives on until it expires."""
+        if self.registration is not None:
+            await self.registration.halt()
+            self.registration = None
         if self.server is not None:
             await self.server.stop(None)
             self.server = None
