@@ -82,8 +82,8 @@ class LedgerReader:
                 self.node_failures += 1
                 continue
             decoded, valid_end = decode_frames(frames)
-            entries = [e for e, _, _ in decoded if e.base_offset < read.end]
-            if valid_end != len(frames) or not entries or entries[0].base_offset != start:
+            entries, nbytes = _contiguous(decoded, start, read.end)
+            if valid_end != len(frames) or not entries:
                 why = "damaged frames" if valid_end != len(frames) else f"no entry at {start}"
                 errors.append(f"{node_id}: {why}")
                 self.node_failures += 1
@@ -91,7 +91,24 @@ class LedgerReader:
             delay = self._limiter.take(len(frames), self._clock())
             if delay > 0:
                 await asyncio.sleep(delay)
-            return entries, len(frames)
+            return entries, nbytes
         raise ReplicationFailed(
             f"ledger {ledger.ledger_id} unreadable at {start}: " + "; ".join(errors)
         )
+
+
+def _contiguous(
+    decoded: list[tuple[Entry, int, int]], start: int, end: int
+) -> tuple[list[Entry], int]:
+    """The entries that follow on from ``start`` one after the other, below ``end``, and
+    their frames' bytes."""
+    out: list[Entry] = []
+    nbytes = 0
+    expected = start
+    for entry, _, length in decoded:
+        if entry.base_offset != expected or entry.base_offset >= end:
+            break
+        out.append(entry)
+        nbytes += length
+        expected = entry.next_offset
+    return out, nbytes
