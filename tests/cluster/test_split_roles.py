@@ -39,6 +39,7 @@ from tests.support.cluster import (
     running_cluster,
     subscription_server,
     topic_owner,
+    topic_uid,
 )
 from tests.support.flood import Flood
 from tests.support.server import wait_for
@@ -239,10 +240,12 @@ class _OrderedReceiver:
         self._sub.close()
 
 
-def _fills(cluster: LocalCluster, name: str) -> tuple[int, int]:
-    """Messages a subscribing forwarder's copies took from the storage nodes and from owners."""
-    copies = _status(cluster, name)["subscription_ownership"]["copies"]
-    return copies["filled_from_nodes"]["messages"], copies["filled_from_owner"]["messages"]
+def _fills(cluster: LocalCluster, name: str, uid: str) -> tuple[int, int]:
+    """Messages a subscribing forwarder's copy of the topic with storage ``uid`` took from the
+    storage nodes and from the topic's owner."""
+    fills = _status(cluster, name)["subscription_ownership"]["copies"]["fills_by_topic"]
+    found = fills.get(uid, {"nodes": 0, "owner": 0})
+    return int(found["nodes"]), int(found["owner"])
 
 
 def test_a_moved_subscription_s_copy_catches_up_from_the_storage_nodes(
@@ -272,7 +275,8 @@ def test_a_moved_subscription_s_copy_catches_up_from_the_storage_nodes(
     for f in futures:
         f.result(timeout=60)
     total = sum(len(v) for v in sent.values())
-    nodes_before, owner_before = _fills(cluster, fresh)
+    uid = topic_uid(cluster, topic)
+    assert _fills(cluster, fresh, uid) == (0, 0)  # no copy of the topic there
 
     # The forwarder serving the subscription stops: the other, with no copy of the topic, takes
     # it over and catches up.
@@ -290,8 +294,7 @@ def test_a_moved_subscription_s_copy_catches_up_from_the_storage_nodes(
     assert not [m for m, n in counts.items() if n > 1], "messages delivered twice"
     for key in keys:  # every message, in order per key
         assert [m for m in arrived if m.startswith(f"{key}-".encode())] == sent[key]
-    nodes_after, owner_after = _fills(cluster, fresh)
-    from_nodes, from_owner = nodes_after - nodes_before, owner_after - owner_before
+    from_nodes, from_owner = _fills(cluster, fresh, uid)
     print(f"catch-up of {total} messages: {from_nodes} from the storage nodes, {from_owner} "
           "over the owner's Tail")  # fmt: skip
     assert from_nodes + from_owner == total

@@ -145,6 +145,8 @@ class RemoteSources:
         self._fill_checked: dict[tuple[str, int], float] = {}
         self.from_nodes = FillCounts()
         self.from_owner = FillCounts()
+        # The same by followed topic: uid -> (from the nodes, from the owner).
+        self._topic_fills: dict[str, tuple[FillCounts, FillCounts]] = {}
         self.fills_failed = 0  # catch-ups from the nodes cut short (the owner sent the rest)
 
     # --- plumbing -------------------------------------------------------------------------
@@ -300,6 +302,7 @@ class RemoteSources:
                 if list(bases) != [e.base_offset for e in entries]:
                     raise ValueError(f"the copy of {topic_uid} went out of step at {bases[0]}")
                 self.from_nodes.add(entries, nbytes)
+                self._fills(topic_uid)[0].add(entries, nbytes)
                 metrics.COPY_FILL_BYTES.labels("nodes").inc(nbytes)
         log.info(
             "copy of %s source %d: [%d, %d) filled from the storage nodes (%d messages)",
@@ -309,6 +312,12 @@ class RemoteSources:
             copy.end_offset,
             self.from_nodes.messages - before,
         )
+
+    def _fills(self, topic_uid: str) -> tuple[FillCounts, FillCounts]:
+        fills = self._topic_fills.get(topic_uid)
+        if fills is None:
+            fills = self._topic_fills[topic_uid] = (FillCounts(), FillCounts())
+        return fills
 
     def _caught_up(self, topic_uid: str, source: int) -> None:
         ready = self._ready[topic_uid]
@@ -353,6 +362,7 @@ class RemoteSources:
             if list(bases) != [e.base_offset for e in entries]:
                 raise ValueError(f"the copy of {topic_uid} went out of step at {bases[0]}")
             self.from_owner.add(entries, len(response.frames))
+            self._fills(topic_uid)[1].add(entries, len(response.frames))
             metrics.COPY_FILL_BYTES.labels("owner").inc(len(response.frames))
         return copy
 
@@ -546,6 +556,9 @@ class RemoteSources:
             self._tails.pop(key).cancel()
             self._current.discard(key)
         self._policies.pop(topic_uid, None)
+        self._topic_fills.pop(topic_uid, None)
+        for key in [k for k in self._fill_checked if k[0] == topic_uid]:
+            del self._fill_checked[key]
         task = asyncio.get_running_loop().create_task(self._drop(topic_uid))
         self._dropping[topic_uid] = task
 
@@ -565,6 +578,11 @@ class RemoteSources:
             "filled_from_nodes": self.from_nodes.to_json(),
             "filled_from_owner": self.from_owner.to_json(),
             "fills_failed": self.fills_failed,
+            # Messages each followed topic's copy took from the nodes and from its owner.
+            "fills_by_topic": {
+                uid: {"nodes": nodes.messages, "owner": owner.messages}
+                for uid, (nodes, owner) in self._topic_fills.items()
+            },
         }
 
     def queued(self, topic_uid: str, subscription_uid: str) -> int:
