@@ -26,6 +26,7 @@ import time
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -49,6 +50,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 PUBLISHING = "forwarder-1"
 SUBSCRIBING = ["forwarder-2", "forwarder-3"]
 LEDGER_BYTES = 64 << 10
+SLOW_FILL_BYTES = 128 << 10  # bytes/s: a catch-up of ~1 MB takes seconds
 
 
 @pytest.fixture(scope="module")
@@ -248,15 +250,37 @@ def _fills(cluster: LocalCluster, name: str, uid: str) -> tuple[int, int]:
     return int(found["nodes"]), int(found["owner"])
 
 
-def test_a_moved_subscription_s_copy_catches_up_from_the_storage_nodes(
-    cluster: LocalCluster, names: Any
-) -> None:
+@dataclass
+class _Backlog:
+    """A topic with several closed ledgers of keyed messages, its subscription served by
+    ``first``; ``fresh`` (the other subscribing forwarder) has no copy of it."""
+
+    topic: str
+    uid: str
+    subscription: str
+    first: str
+    fresh: str
+    sent: dict[str, list[bytes]]
+
+    @property
+    def total(self) -> int:
+        return sum(len(v) for v in self.sent.values())
+
+    def check_delivery(self, arrived: list[bytes]) -> None:
+        """Every message once, in order per key."""
+        counts = Counter(arrived)
+        assert not [m for m, n in counts.items() if n > 1], "messages delivered twice"
+        for key, messages in self.sent.items():
+            assert [m for m in arrived if m.startswith(f"{key}-".encode())] == messages
+
+
+def _backlog(cluster: LocalCluster, names: Any, label: str) -> _Backlog:
     endpoint = cluster.grpc
     pub = make_publisher(
         endpoint, publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True)
     )
     sub = make_subscriber(endpoint)
-    topic, subscription = names.topic("catch-up"), names.subscription("catch-up")
+    topic, subscription = names.topic(label), names.subscription(label)
     pub.create_topic(name=topic)
     sub.create_subscription(
         request={"name": subscription, "topic": topic, "enable_message_ordering": True}
@@ -266,7 +290,7 @@ def test_a_moved_subscription_s_copy_catches_up_from_the_storage_nodes(
     wait_for(lambda: _server(cluster, subscription) in SUBSCRIBING, 30, "the subscription placed")
     first = _server(cluster, subscription)
     (fresh,) = [name for name in SUBSCRIBING if name != first]
-    # ~0.8 MB over 4 keys: a dozen 64 KiB ledgers, all but the last closed.
+    # ~1 MB over 4 keys: over a dozen 64 KiB ledgers, all but the last closed.
     keys = [f"k{i}" for i in range(4)]
     sent = {key: [f"{key}-{i:05d}-".encode().ljust(200, b".") for i in range(1000)] for key in keys}
     futures = [
@@ -274,30 +298,66 @@ def test_a_moved_subscription_s_copy_catches_up_from_the_storage_nodes(
     ]
     for f in futures:
         f.result(timeout=60)
-    total = sum(len(v) for v in sent.values())
     uid = topic_uid(cluster, topic)
     assert _fills(cluster, fresh, uid) == (0, 0)  # no copy of the topic there
+    return _Backlog(topic, uid, subscription, first, fresh, sent)
 
-    # The forwarder serving the subscription stops: the other, with no copy of the topic, takes
-    # it over and catches up.
-    cluster.stop(first)
-    receiver = _OrderedReceiver(endpoint, subscription)
+
+def _receive(cluster: LocalCluster, backlog: _Backlog) -> list[bytes]:
+    """Everything, through the frontend, once ``fresh`` serves the subscription (``first``
+    is started again after)."""
+    receiver = _OrderedReceiver(cluster.grpc, backlog.subscription)
     try:
-        wait_for(lambda: _server(cluster, subscription) == fresh, 60, "the other serves it")
-        wait_for(lambda: len(receiver.snapshot()) >= total, 60, "every message delivered")
+        wait_for(
+            lambda: _server(cluster, backlog.subscription) == backlog.fresh, 60, "fresh serves it"
+        )
+        wait_for(lambda: len(receiver.snapshot()) >= backlog.total, 60, "every message delivered")
         time.sleep(1.0)  # anything delivered twice shows up
     finally:
         receiver.close()
-        cluster.restart(first)
-    arrived = receiver.snapshot()
-    counts = Counter(arrived)
-    assert not [m for m, n in counts.items() if n > 1], "messages delivered twice"
-    for key in keys:  # every message, in order per key
-        assert [m for m in arrived if m.startswith(f"{key}-".encode())] == sent[key]
-    from_nodes, from_owner = _fills(cluster, fresh, uid)
+        cluster.restart(backlog.first)
+    return receiver.snapshot()
+
+
+def test_a_moved_subscription_s_copy_catches_up_from_the_storage_nodes(
+    cluster: LocalCluster, names: Any
+) -> None:
+    backlog = _backlog(cluster, names, "catch-up")
+    total = backlog.total
+    # The forwarder serving the subscription stops: the other, with no copy of the topic, takes
+    # it over and catches up.
+    cluster.stop(backlog.first)
+    backlog.check_delivery(_receive(cluster, backlog))
+    from_nodes, from_owner = _fills(cluster, backlog.fresh, backlog.uid)
     print(f"catch-up of {total} messages: {from_nodes} from the storage nodes, {from_owner} "
           "over the owner's Tail")  # fmt: skip
     assert from_nodes + from_owner == total
     # Only the open ledger's part came from the owner (a ledger holds ~300 of these).
     assert from_nodes >= total * 3 // 4, (from_nodes, from_owner)
+    assert from_owner <= total // 4, (from_nodes, from_owner)
+
+
+def test_a_catch_up_cut_by_kill_9_resumes_from_the_copy_s_end(
+    cluster: LocalCluster, names: Any
+) -> None:
+    backlog = _backlog(cluster, names, "catch-up-killed")
+    total = backlog.total
+    # The other forwarder runs with a slow catch-up, so the kill lands in the middle of it.
+    cluster.stop(backlog.fresh)
+    with environment({"PUBSUBD_COPY_FILL_RATE_BYTES": str(SLOW_FILL_BYTES)}):
+        cluster.restart(backlog.fresh)
+    cluster.stop(backlog.first)
+    wait_for(
+        lambda: _fills(cluster, backlog.fresh, backlog.uid)[0] > 0, 60, "the catch-up under way"
+    )
+    cluster.kill(backlog.fresh)
+    cluster.restart(backlog.fresh)  # the usual rate again
+    backlog.check_delivery(_receive(cluster, backlog))
+    from_nodes, from_owner = _fills(cluster, backlog.fresh, backlog.uid)
+    kept = total - from_nodes - from_owner
+    print(f"after kill -9 mid-catch-up: {kept} messages kept by the copy, {from_nodes} from "
+          f"the storage nodes, {from_owner} over the owner's Tail")  # fmt: skip
+    # The copy went on from what the killed process had written, not from the start, and the
+    # owner still sent only the open ledger's part.
+    assert from_nodes > 0 and kept > 0, (from_nodes, from_owner)
     assert from_owner <= total // 4, (from_nodes, from_owner)
