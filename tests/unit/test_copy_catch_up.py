@@ -192,3 +192,30 @@ async def test_no_node_left_stops_the_fill_with_a_prefix(tmp_path: Path) -> None
     finally:
         await remote.close()
         await writer.close()
+
+
+async def test_reads_are_bounded_in_bytes_per_second() -> None:
+    state, nodes = cluster()
+    writer = await _written(state, nodes, 60)
+    slept: list[float] = []
+
+    async def sleep(delay: float) -> None:
+        slept.append(delay)
+
+    # The clock stands still: each read waits until every byte past the first second's worth
+    # would have been allowed.
+    reader = LedgerReader(
+        FakeDirectory(state, "reader"), nodes, rate_bytes=100, clock=lambda: 0.0, sleep=sleep
+    )
+    try:
+        sizes = []
+        for ledger in writer.ledgers.ledgers[:3]:
+            assert ledger.end_offset is not None
+            read = LedgerRead(ledger, ledger.first_offset, ledger.end_offset)
+            _, nbytes = await reader.read(read, ledger.first_offset)
+            sizes.append(nbytes)
+        assert sum(sizes) > 100
+        assert len(slept) == 3 and slept == sorted(slept)
+        assert abs(slept[-1] - (sum(sizes) - 100) / 100) < 0.01
+    finally:
+        await writer.close()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from pubsubd.core.records import Entry
 from pubsubd.storage.errors import ReplicationFailed
@@ -43,6 +43,7 @@ class LedgerReader:
         rate_bytes: int = DEFAULT_RATE_BYTES,
         page_bytes: int = COPY_PAGE_BYTES,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         if rate_bytes <= 0:
             raise ValueError(f"the copy fill rate must be positive, not {rate_bytes!r}")
@@ -51,6 +52,7 @@ class LedgerReader:
         self._limiter = RateLimiter(float(rate_bytes))
         self._page_bytes = page_bytes
         self._clock = clock
+        self._sleep = sleep
         self.node_failures = 0  # reads a node failed (down, damaged, short), another tried
 
     async def ledger_list(self, topic_uid: str, source: int) -> LedgerList:
@@ -90,7 +92,7 @@ class LedgerReader:
                 continue
             delay = self._limiter.take(len(frames), self._clock())
             if delay > 0:
-                await asyncio.sleep(delay)
+                await self._sleep(delay)
             return entries, nbytes
         raise ReplicationFailed(
             f"ledger {ledger.ledger_id} unreadable at {start}: " + "; ".join(errors)
