@@ -76,6 +76,7 @@ from pubsubd.storage.disk_space import DiskSpace
 from pubsubd.storage.ledgers.auditor import Auditor
 from pubsubd.storage.ledgers.cluster import ClusterStorage
 from pubsubd.storage.ledgers.meta import StoragePolicy
+from pubsubd.storage.ledgers.reader import LedgerReader
 from pubsubd.storage.metadata import (
     Change,
     MetadataStore,
@@ -147,8 +148,18 @@ class PubsubServer:
         self.served: set[str] = set()
         self.subscription_ownership: SubscriptionOwnership | None = None
         self.remote_sources = (
-            RemoteSources(storage.data_dir / COPIES_DIR, self._topic_owners)
-            if self.assigned
+            RemoteSources(
+                storage.data_dir / COPIES_DIR,
+                self._topic_owners,
+                # Copies catch up from the storage nodes' closed ledgers first.
+                ledgers=LedgerReader(
+                    cluster.storage.directory,
+                    cluster.storage.nodes,
+                    rate_bytes=config.cluster.copy_fill_rate_bytes,
+                ),
+                fill_min_messages=config.cluster.copy_fill_min_messages,
+            )
+            if self.assigned and cluster is not None and config.cluster is not None
             else None
         )
         self.load_report: LoadReporter | None = None
@@ -791,6 +802,7 @@ async def connect_cluster(config: ServerConfig) -> ClusterParts:
         storage = ClusterStorage(
             coordinator,
             replicas=cluster.replicas,
+            ledger_bytes=cluster.ledger_bytes,
             owner_check=OwnerCheck(this_process(address), liveness.probe),
         )
         await storage.start(wait_for_nodes=1, wait_s=STORAGE_NODES_WAIT_S)

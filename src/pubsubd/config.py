@@ -11,8 +11,11 @@ from pubsubd.core.source_growth import GrowthSettings
 from pubsubd.core.tls import ServerTls
 from pubsubd.core.tokens import TokenSettings, load_static_tokens
 from pubsubd.data.subscribe.budget import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES
+from pubsubd.data.subscribe.remote_sources import DEFAULT_FILL_MIN_MESSAGES
 from pubsubd.storage.cache_budget import DEFAULT_PROCESS_CACHE_BYTES
+from pubsubd.storage.ledgers.reader import DEFAULT_RATE_BYTES as DEFAULT_COPY_FILL_RATE_BYTES
 from pubsubd.storage.ledgers.repair import RepairSettings
+from pubsubd.storage.ledgers.writer import DEFAULT_LEDGER_BYTES
 from pubsubd.storage.log import FsyncPolicy
 
 DEFAULT_HOST = "127.0.0.1"
@@ -59,6 +62,13 @@ class ClusterConfig:
     repair: RepairSettings = field(default_factory=RepairSettings)
     # How often a forwarder reports its load to the routers (data/load_report.py).
     load_report_s: float = 5.0
+    # A source's ledger rolls after this many bytes (retention deletes whole ledgers).
+    ledger_bytes: int = DEFAULT_LEDGER_BYTES
+    # A subscribing forwarder's copies of sources owned elsewhere catch up from the storage
+    # nodes' closed ledgers (data/subscribe/remote_sources.py): at most this many bytes per
+    # second, and only for a gap of at least this many messages (smaller: the owner's Tail).
+    copy_fill_rate_bytes: int = DEFAULT_COPY_FILL_RATE_BYTES
+    copy_fill_min_messages: int = DEFAULT_FILL_MIN_MESSAGES
 
 
 @dataclass(frozen=True)
@@ -138,8 +148,9 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
     PUBSUBD_CLUSTER (ZooKeeper connect string), PUBSUBD_ZK_ROOT,
     PUBSUBD_REPLICAS, PUBSUBD_ZK_SESSION_TIMEOUT_S, PUBSUBD_ZONE, PUBSUBD_FORWARDER_ID,
     PUBSUBD_LOAD_REPORT_S (s between a forwarder's load reports) and
-    PUBSUBD_REPAIR_INTERVAL_S, _GRACE_S, _RATE_BYTES, PUBSUBD_SOURCE_CAPACITY (messages/s
-    a publish message source takes; unset or 0: no source growth) with
+    PUBSUBD_REPAIR_INTERVAL_S, _GRACE_S, _RATE_BYTES, PUBSUBD_LEDGER_BYTES,
+    PUBSUBD_COPY_FILL_RATE_BYTES, PUBSUBD_COPY_FILL_MIN_MESSAGES, PUBSUBD_SOURCE_CAPACITY
+    (messages/s a publish message source takes; unset or 0: no source growth) with
     PUBSUBD_SOURCE_CAPACITY_BYTES, _GROW_AFTER_S, _SHRINK_AFTER_S, _SAMPLE_S
     (PUBSUBD_TEST_TTL_DIVISOR and
     PUBSUBD_TEST_SLO_WINDOW_DIVISOR are for tests only). An interval that is not a positive
@@ -175,6 +186,13 @@ def from_env(env: dict[str, str] | None = None) -> ServerConfig:
                 interval_s=_interval(e, "PUBSUBD_REPAIR_INTERVAL_S", repair.interval_s),
                 grace_s=float(e.get("PUBSUBD_REPAIR_GRACE_S", repair.grace_s)),
                 rate_bytes=int(e.get("PUBSUBD_REPAIR_RATE_BYTES", repair.rate_bytes)),
+            ),
+            ledger_bytes=_positive(e, "PUBSUBD_LEDGER_BYTES", DEFAULT_LEDGER_BYTES),
+            copy_fill_rate_bytes=_positive(
+                e, "PUBSUBD_COPY_FILL_RATE_BYTES", DEFAULT_COPY_FILL_RATE_BYTES
+            ),
+            copy_fill_min_messages=_positive(
+                e, "PUBSUBD_COPY_FILL_MIN_MESSAGES", DEFAULT_FILL_MIN_MESSAGES
             ),
         )
     return replace(

@@ -97,3 +97,29 @@ def test_pulsar_port_defaults_to_6650_and_follows_the_environment() -> None:
     assert from_env({}).pulsar_port == 6650
     assert from_env({"PUBSUBD_PULSAR_PORT": "-1"}).pulsar_port == -1
     assert from_env({"PUBSUBD_PULSAR_PORT": "0"}).pulsar_port == 0
+
+
+def test_ledger_size_and_copy_catch_up_from_the_environment() -> None:
+    base = from_env({"PUBSUBD_CLUSTER": "127.0.0.1:2181"}).cluster
+    assert base is not None
+    assert (base.ledger_bytes, base.copy_fill_rate_bytes, base.copy_fill_min_messages) == (
+        64 << 20,
+        32 << 20,
+        1024,
+    )
+    cluster = from_env(
+        {
+            "PUBSUBD_CLUSTER": "127.0.0.1:2181",
+            "PUBSUBD_LEDGER_BYTES": "65536",
+            "PUBSUBD_COPY_FILL_RATE_BYTES": "1000000",
+            "PUBSUBD_COPY_FILL_MIN_MESSAGES": "1",
+        }
+    ).cluster
+    assert cluster is not None
+    assert (cluster.ledger_bytes, cluster.copy_fill_rate_bytes, cluster.copy_fill_min_messages) == (
+        65536,
+        1000000,
+        1,
+    )
+    with pytest.raises(ValueError, match="PUBSUBD_LEDGER_BYTES"):
+        from_env({"PUBSUBD_CLUSTER": "127.0.0.1:2181", "PUBSUBD_LEDGER_BYTES": "0"})

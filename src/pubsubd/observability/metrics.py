@@ -86,6 +86,14 @@ PROCESS = Info(
     "... * on(instance) group_left(id, zone) pubsubd_process_info",
 )
 
+# A subscribing forwarder's copies of other forwarders' sources (data/subscribe/remote_sources.py):
+# frame bytes filled from the storage nodes' closed ledgers or over the owner's Tail.
+COPY_FILL_BYTES = Counter(
+    "pubsubd_copy_fill_bytes",
+    "Bytes appended to read-only copies of sources owned elsewhere, by where they came from",
+    ["origin"],
+)
+
 
 def describe_process(role: str, process_id: str, zone: str, release: str) -> None:
     """Say on /metrics what this process is (``pubsubd_process_info``)."""

@@ -24,6 +24,15 @@ dispatchers as the same ``core.roles.PublishingForwarderApi`` an in-process owne
 
 Which process owns a topic is the router's choice (``owners``: its addresses, best first); a
 refused or failed call goes to the next, and a broken ``Tail`` starts again from the copy's end.
+
+**Catching up from the storage nodes.** With a ``LedgerReader`` (a forwarder of a cluster), a
+copy that is behind first fills what the source's CLOSED ledgers hold from the storage nodes
+(storage/ledgers/catch_up.py decides; storage/ledgers/reader.py reads, CRC-checked, from any
+node with a copy, rate-bounded), and only then tails the owner, from the copy's new end: the
+owner sends only the open ledger's part and live commits. Before every ``Tail`` (at most once
+per ``FILL_CHECK_S`` per source): a copy back from an outage catches up the same way. A read no
+node answers stops the fill where it got to, and the owner's ``Tail`` sends the rest.
+``status()`` counts what came from where (``filled_from_nodes``, ``filled_from_owner``).
 """
 
 from __future__ import annotations
@@ -46,8 +55,12 @@ from pubsubd.core.internal_token import INTERNAL_TOKEN
 from pubsubd.core.records import CursorState, DamagedRange, Entry, SourceRange
 from pubsubd.data import sources_wire as wire
 from pubsubd.data.publish.forwarder import PublishingForwarder
+from pubsubd.observability import metrics
+from pubsubd.storage.errors import StorageError
 from pubsubd.storage.files import fsync_directory, make_dirs
 from pubsubd.storage.framing import decode_frames
+from pubsubd.storage.ledgers.catch_up import CatchUp, plan_catch_up
+from pubsubd.storage.ledgers.reader import LedgerReader
 from pubsubd.storage.log import FsyncPolicy, SourceLog
 from pubsubd.storage.node_client import new_channel
 from pubsubd.storage.replication import segment_file_name
@@ -59,9 +72,31 @@ COPIES_DIR = "copies"
 DEFAULT_FLUSH_INTERVAL_S = 0.05
 RETRY_S = 0.2  # after a failed call or a broken Tail, before trying again
 CALL_TIMEOUT_S = 10.0
+# A gap in the closed ledgers smaller than this many messages is left to the owner's Tail.
+DEFAULT_FILL_MIN_MESSAGES = 1024
+# How often one source's ledger list is read again for a catch-up (its Tail may restart often
+# while its owner is away).
+FILL_CHECK_S = 2.0
 
 # What a subscription has queued for its topic's owner, in order.
 Op = tuple[str, Any]  # ("acks", {source: ranges}) | ("reset", states) | ("block", (why, from))
+
+
+@dataclass
+class FillCounts:
+    """What reached the copies, by where it came from."""
+
+    entries: int = 0
+    messages: int = 0
+    bytes: int = 0
+
+    def add(self, entries: list[Entry], nbytes: int) -> None:
+        self.entries += len(entries)
+        self.messages += sum(e.count for e in entries)
+        self.bytes += nbytes
+
+    def to_json(self) -> dict[str, int]:
+        return {"entries": self.entries, "messages": self.messages, "bytes": self.bytes}
 
 
 @dataclass
@@ -86,6 +121,8 @@ class RemoteSources:
         *,
         flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
         channel: Callable[[str], grpc.aio.Channel] | None = None,
+        ledgers: LedgerReader | None = None,
+        fill_min_messages: int = DEFAULT_FILL_MIN_MESSAGES,
     ) -> None:
         self.directory = directory
         self.owners = owners
@@ -102,6 +139,15 @@ class RemoteSources:
         self._dropping: dict[str, asyncio.Task[None]] = {}  # copies being deleted
         self._sender: asyncio.Task[None] | None = None
         self.tail_restarts = 0  # Tail streams started again (a broken stream, a moved topic)
+        # The storage nodes, for catch-ups (None: everything comes over Tail).
+        self.ledgers = ledgers
+        self.fill_min_messages = fill_min_messages
+        self._fill_checked: dict[tuple[str, int], float] = {}
+        self.from_nodes = FillCounts()
+        self.from_owner = FillCounts()
+        # The same by followed topic: uid -> (from the nodes, from the owner).
+        self._topic_fills: dict[str, tuple[FillCounts, FillCounts]] = {}
+        self.fills_failed = 0  # catch-ups from the nodes cut short (the owner sent the rest)
 
     # --- plumbing -------------------------------------------------------------------------
 
@@ -186,6 +232,7 @@ class RemoteSources:
             await asyncio.sleep(RETRY_S)
 
     async def _tail_once(self, topic_uid: str, source: int) -> None:
+        await self._fill_from_nodes(topic_uid, source)
         for address in self.owners(topic_uid):
             stream = self._stub(address).unary_stream(
                 f"/{wire.SERVICE}/Tail",
@@ -213,6 +260,64 @@ class RemoteSources:
             finally:
                 stream.cancel()
         raise Unavailable(f"no publishing forwarder serves topic storage {topic_uid}")
+
+    async def _fill_from_nodes(self, topic_uid: str, source: int) -> None:
+        """Fill the copy with what the source's closed ledgers hold past its end, from the
+        storage nodes (see the module docstring); any failure leaves the rest to the owner."""
+        if self.ledgers is None:
+            return
+        key = (topic_uid, source)
+        now = asyncio.get_running_loop().time()
+        if now - self._fill_checked.get(key, -FILL_CHECK_S) < FILL_CHECK_S:
+            return
+        self._fill_checked[key] = now
+        try:
+            listed = await self.ledgers.ledger_list(topic_uid, source)
+            copy = self._copy_log(topic_uid, source)
+            plan = plan_catch_up(copy.end_offset, copy.on_disk, listed, self.fill_min_messages)
+            if plan is not None:
+                await self._fill(topic_uid, source, plan)
+        except asyncio.CancelledError:
+            raise
+        except (StorageError, OSError, ValueError, Unavailable) as e:
+            self.fills_failed += 1
+            log.info("copy of %s source %d: from the owner on (%s)", topic_uid, source, e)
+        except Exception as e:  # the metadata store unreachable, a node client's own error
+            self.fills_failed += 1
+            log.warning("copy of %s source %d: from the owner on (%r)", topic_uid, source, e)
+
+    async def _fill(self, topic_uid: str, source: int, plan: CatchUp) -> None:
+        assert self.ledgers is not None
+        if plan.restart_at is not None:
+            copy = await self._restart_copy(topic_uid, source, plan.restart_at)
+        else:
+            copy = self._copy_log(topic_uid, source)
+        started, before = copy.end_offset, self.from_nodes.messages
+        for read in plan.reads:
+            while copy.end_offset < read.end:
+                entries, nbytes = await self.ledgers.read(read, copy.end_offset)
+                bases = await asyncio.gather(
+                    *(copy.append(e.payload, e.count, e.publish_time_us) for e in entries)
+                )
+                if list(bases) != [e.base_offset for e in entries]:
+                    raise ValueError(f"the copy of {topic_uid} went out of step at {bases[0]}")
+                self.from_nodes.add(entries, nbytes)
+                self._fills(topic_uid)[0].add(entries, nbytes)
+                metrics.COPY_FILL_BYTES.labels("nodes").inc(nbytes)
+        log.info(
+            "copy of %s source %d: [%d, %d) filled from the storage nodes (%d messages)",
+            topic_uid,
+            source,
+            started,
+            copy.end_offset,
+            self.from_nodes.messages - before,
+        )
+
+    def _fills(self, topic_uid: str) -> tuple[FillCounts, FillCounts]:
+        fills = self._topic_fills.get(topic_uid)
+        if fills is None:
+            fills = self._topic_fills[topic_uid] = (FillCounts(), FillCounts())
+        return fills
 
     def _caught_up(self, topic_uid: str, source: int) -> None:
         ready = self._ready[topic_uid]
@@ -256,6 +361,9 @@ class RemoteSources:
             )
             if list(bases) != [e.base_offset for e in entries]:
                 raise ValueError(f"the copy of {topic_uid} went out of step at {bases[0]}")
+            self.from_owner.add(entries, len(response.frames))
+            self._fills(topic_uid)[1].add(entries, len(response.frames))
+            metrics.COPY_FILL_BYTES.labels("owner").inc(len(response.frames))
         return copy
 
     async def _restart_copy(self, topic_uid: str, source: int, start: int) -> SourceLog:
@@ -448,6 +556,9 @@ class RemoteSources:
             self._tails.pop(key).cancel()
             self._current.discard(key)
         self._policies.pop(topic_uid, None)
+        self._topic_fills.pop(topic_uid, None)
+        for key in [k for k in self._fill_checked if k[0] == topic_uid]:
+            del self._fill_checked[key]
         task = asyncio.get_running_loop().create_task(self._drop(topic_uid))
         self._dropping[topic_uid] = task
 
@@ -464,6 +575,14 @@ class RemoteSources:
             "subscriptions": len(self._subscriptions),
             "queued": sum(len(s.ops) for s in self._subscriptions.values()),
             "tail_restarts": self.tail_restarts,
+            "filled_from_nodes": self.from_nodes.to_json(),
+            "filled_from_owner": self.from_owner.to_json(),
+            "fills_failed": self.fills_failed,
+            # Messages each followed topic's copy took from the nodes and from its owner.
+            "fills_by_topic": {
+                uid: {"nodes": nodes.messages, "owner": owner.messages}
+                for uid, (nodes, owner) in self._topic_fills.items()
+            },
         }
 
     def queued(self, topic_uid: str, subscription_uid: str) -> int:
