@@ -2,7 +2,9 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-PYTEST_ARGS ?=
+# Two workers: the tests that start whole clusters, Spark or kill -9 servers in one (one at a
+# time, as on a machine of their own), every other module on the other (tests/conftest.py).
+PYTEST_ARGS ?= -n 2 --dist loadgroup
 
 .PHONY: run test check fuzz bench bench-quick dashboard-bench dashboard-screenshots clean spark-demo spark-bench proto cluster cluster-down
 

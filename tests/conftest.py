@@ -36,6 +36,20 @@ leaser_module.random = random.Random()  # type: ignore[assignment]
 retry_base_module.random = random.Random()  # type: ignore[assignment]
 
 
+# `make test` runs two xdist workers with --dist loadgroup: the heavy directories (whole local
+# clusters, Spark JVMs, kill -9 crash tests) form one group, run one test at a time on one
+# worker; every other module is a group of its own (its module-scoped server started once),
+# handed to whichever worker is free. So at most one heavy test runs at any moment.
+HEAVY = ("cluster", "spark", "crash")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = item.path.relative_to(Path(__file__).parent).parts
+        group = "heavy" if parts[0] in HEAVY else "/".join(parts)
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ServerProcess]:
     """A fresh pubsubd on an ephemeral port with its own data dir; stopped after the test."""

@@ -21,6 +21,7 @@ from pubsubd.acks.journal import (
     encode_journal_header,
     encode_snapshot,
 )
+from tests.support.fds import open_files
 
 pytestmark = pytest.mark.unit
 
@@ -84,10 +85,10 @@ async def test_new_journal_defers_files_until_a_real_record(tmp_path: Path) -> N
 
 async def test_flush_holds_no_descriptor(tmp_path: Path) -> None:
     j = AckJournal.open(tmp_path)
-    before = len(os.listdir("/proc/self/fd"))
+    before = open_files(tmp_path)
     ack(j, 1, [0, 1])
     await j.flush()
-    assert len(os.listdir("/proc/self/fd")) == before
+    assert open_files(tmp_path) == before
     await j.close()
 
 

@@ -13,6 +13,7 @@ from pubsubd.storage import replication, segment_index
 from pubsubd.storage.errors import CorruptEntry, LogClosed, OffsetOutOfRange, StorageError
 from pubsubd.storage.framing import Entry, encode_entry
 from pubsubd.storage.log import SEGMENT_SUFFIX, FsyncPolicy, SourceLog
+from tests.support.fds import open_files
 
 pytestmark = pytest.mark.unit
 
@@ -366,7 +367,7 @@ async def test_cached_and_disk_reads_agree(tmp_path: Path) -> None:
 
 
 def _open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+    return len(open_files())
 
 
 async def test_new_log_creates_its_files_on_first_write(tmp_path: Path) -> None:

@@ -18,12 +18,13 @@ from pubsubd.data.publish.forwarder import PublishingForwarder
 from pubsubd.data.publish.source import TopicSources
 from pubsubd.storage.framing import Entry
 from pubsubd.storage.log import SEGMENT_SUFFIX, FsyncPolicy, SourceLog
+from tests.support.fds import open_files
 
 pytestmark = pytest.mark.unit
 
 
 def _open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+    return len(open_files())
 
 
 def _handles(log: SourceLog) -> tuple[int, bool]:
