@@ -226,6 +226,10 @@ class StreamHandle(Protocol):
 
     def set_ack_deadline(self, seconds: int) -> None: ...
 
+    def set_max_messages(self, count: int) -> None:
+        """The stream's max_outstanding_messages changed (a later request set it)."""
+        ...
+
     def alive(self) -> None:
         """A request arrived: the client reads this stream."""
         ...

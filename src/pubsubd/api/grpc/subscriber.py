@@ -314,6 +314,13 @@ class SubscriberServicer:
                 _check_modacks(request)
                 stream.alive()  # any request, even a heartbeat, shows the client reads
                 self._apply(forwarder, name, request)
+                if request.max_outstanding_messages:
+                    # pubsubd's extension (Google reads it on the first request only): a later
+                    # request may move the stream's message window, as the Pulsar front does
+                    # to follow its client's FLOW permits.
+                    if request.max_outstanding_messages < 0:
+                        raise InvalidArgument("max_outstanding_messages: must not be negative")
+                    stream.set_max_messages(request.max_outstanding_messages)
                 if request.stream_ack_deadline_seconds:
                     stream.set_ack_deadline(
                         validation.ack_deadline(

@@ -94,6 +94,14 @@ class Stream:
         """stream_ack_deadline_seconds changed: leases granted from now on last this long."""
         self._consumer.ack_deadline_s = seconds
 
+    def set_max_messages(self, count: int) -> None:
+        """A later request moved the stream's message window (pubsubd's extension, used by
+        the Pulsar front to follow its client's permits): a wider one receives at once."""
+        wider = count > self._consumer.max_messages
+        self._consumer.max_messages = count
+        if wider:
+            self._dispatcher.schedule_pump()
+
     def alive(self) -> None:
         """A request arrived on the stream: a stalled stream receives again."""
         if self._consumer.stalled:
