@@ -10,6 +10,11 @@ from typing import Any
 import pulsar
 import pytest
 
+from pubsubd.pulsar.api import BaseCommand, CommandSubscribe, Type
+from tests.conftest import make_publisher
+from tests.support.pulsar import RawConnection
+from tests.support.server import ServerProcess
+
 pytestmark = pytest.mark.integration
 
 
@@ -54,3 +59,101 @@ def test_a_shared_consumer_takes_only_what_its_permits_allow(
     got = [m.data() for m in by_busy + by_idle]
     assert sorted(got) == sorted(sent)  # each once: nothing lost, nothing twice
     assert {m.redelivery_count() for m in by_busy + by_idle} == {0}
+
+
+# --- ACTIVE_CONSUMER_CHANGE -----------------------------------------------------------------
+# pulsar-client 3.13's Python wrapper does not expose the C++ client's ConsumerEventListener,
+# so these speak the protocol themselves.
+
+
+def _subscribe(conn: RawConnection, topic: str, consumer_id: int, name: str) -> None:
+    cmd = BaseCommand(type=Type.Value("SUBSCRIBE"))
+    cmd.subscribe.topic = topic
+    cmd.subscribe.subscription = "standby"
+    cmd.subscribe.subType = CommandSubscribe.Failover
+    cmd.subscribe.consumer_id = consumer_id
+    cmd.subscribe.request_id = consumer_id
+    cmd.subscribe.consumer_name = name
+    conn.command(cmd)
+
+
+def _connection(port: int) -> RawConnection:
+    conn = RawConnection(port)
+    conn.connect()
+    return conn
+
+
+def _next_change(conn: RawConnection) -> tuple[int, bool]:
+    """The next ACTIVE_CONSUMER_CHANGE (consumer ID, is_active), skipping other commands."""
+    while True:
+        reply = conn.read()
+        assert reply is not None, "the server closed the connection"
+        cmd, _ = reply
+        if cmd.type == Type.Value("ERROR"):
+            raise AssertionError(cmd.error.message)
+        if cmd.type == Type.Value("ACTIVE_CONSUMER_CHANGE"):
+            change = cmd.active_consumer_change
+            return int(change.consumer_id), bool(change.is_active)
+
+
+def _changes(conn: RawConnection, quiet_s: float = 0.7) -> list[tuple[int, bool]]:
+    """Every ACTIVE_CONSUMER_CHANGE until none comes for ``quiet_s``."""
+    got = []
+    conn.sock.settimeout(quiet_s)
+    try:
+        while True:
+            got.append(_next_change(conn))
+    except TimeoutError:
+        return got
+    finally:
+        conn.sock.settimeout(5)
+
+
+def test_failover_consumers_are_told_when_they_become_or_stop_being_active(
+    pulsar_server: ServerProcess,
+) -> None:
+    port = pulsar_server.pulsar_port
+    topic = _topic("failover-events")
+    first, second = _connection(port), _connection(port)
+    _subscribe(first, topic, 7, "first")
+    assert _next_change(first) == (7, True)  # alone: active at once
+    _subscribe(second, topic, 9, "second")
+    _, second_active = _next_change(second)
+    if second_active:  # the server's order put it first: the other one is told it stopped
+        assert _next_change(first) == (7, False)
+        active, standby, standby_id = second, first, 7
+    else:
+        assert _changes(first) == []  # still the active one: nothing to tell it
+        active, standby, standby_id = first, second, 9
+    # The active consumer's connection drops: the standby takes over and is told so.
+    active.close()
+    assert _next_change(standby) == (standby_id, True)
+    standby.close()
+
+
+def test_a_partitioned_failover_subscription_tells_each_partitions_consumer(
+    pulsar_server: ServerProcess,
+) -> None:
+    """Partition N goes to the consumer at N mod count by name (as Pulsar shares partitions
+    out); each partition's consumer is told whether it is that one."""
+    topic = _topic("failover-partitions")
+    publisher = make_publisher(pulsar_server.endpoint)
+    publisher.create_topic(
+        request={
+            "name": "projects/test-project/topics/" + topic.rsplit("/", 1)[1],
+            "labels": {"pubsubd-publish-sources": "2"},
+        }
+    )
+    port = pulsar_server.pulsar_port
+    a, b = _connection(port), _connection(port)  # one connection per client, as the client
+    for partition, consumer_id in ((0, 1), (1, 2)):
+        _subscribe(a, f"{topic}-partition-{partition}", consumer_id, "a")
+    assert sorted(_changes(a)) == [(1, True), (2, True)]  # alone: every partition
+    for partition, consumer_id in ((0, 3), (1, 4)):
+        _subscribe(b, f"{topic}-partition-{partition}", consumer_id, "b")
+    # Names a < b: partition 0 stays with a, partition 1 moves to b.
+    assert sorted(_changes(b)) == [(3, False), (4, True)]
+    assert _changes(a) == [(2, False)]
+    b.close()  # b leaves: a takes partition 1 back
+    assert _changes(a) == [(2, True)]
+    a.close()

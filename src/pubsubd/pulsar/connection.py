@@ -401,6 +401,7 @@ class Connection:
                 topic=topic.google,
                 sources=sources,
                 auto_ack=temporary,
+                failover=kind == "failover",
             )
             await consumer.open()
             consumer.on_lost = self._consumer_lost

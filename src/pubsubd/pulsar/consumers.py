@@ -33,6 +33,10 @@ the consumer (or losing its connection) nacks them, so they are redelivered at o
 redelivery count is the stream's ``delivery_attempt`` - 1 (subscriptions carry
 ``pubsubd-delivery-attempts: always``).
 
+A Failover consumer's stream asks for failover notices (core/active_notices.py): the server
+tells it, in order with its messages, when it becomes or stops being a receiver of its source
+(or of the subscription), and the consumer sends ACTIVE_CONSUMER_CHANGE.
+
 A consumer of partition N (``TOPIC-partition-N``) opens its stream with the request header
 ``pubsubd-sources: N``, so the server hands it only source N's messages. A reader's consumer
 (``auto_ack``) acknowledges what it sends at once: a reader's position is the client's, which
@@ -50,7 +54,7 @@ from typing import Any
 
 import grpc
 
-from pubsubd.core import pb
+from pubsubd.core import active_notices, pb
 from pubsubd.core.errors import STREAM_ACCEPTED
 from pubsubd.core.ids import OFFSET_BITS, OFFSET_MASK
 from pubsubd.core.publish_sources import STREAM_SOURCES_HEADER
@@ -79,6 +83,7 @@ class Consumer:
         topic: str = "",
         sources: frozenset[int] | None = None,
         auto_ack: bool = False,
+        failover: bool = False,
     ) -> None:
         self.gateway = gateway
         self.write = write
@@ -87,6 +92,7 @@ class Consumer:
         self.topic = topic
         self.sources = sources  # the partition's source; None: every source
         self.auto_ack = auto_ack  # a reader: acked as sent
+        self.failover = failover  # told when it becomes or stops being the active consumer
         self.client_id = client_id
         self.cumulative_ok = cumulative_ok
         self.permits = 0
@@ -118,6 +124,8 @@ class Consumer:
         if self.sources is not None:
             header = (STREAM_SOURCES_HEADER, ",".join(map(str, sorted(self.sources))))
             metadata = (*(metadata or ()), header)
+        if self.failover:
+            metadata = (*(metadata or ()), (active_notices.HEADER, "1"))
         self._call = self.gateway.streaming_pull(requests_from(self._requests), metadata=metadata)
         headers = await self._call.initial_metadata()
         if STREAM_ACCEPTED not in tuple(headers or ()):
@@ -349,6 +357,9 @@ class Consumer:
                 response = await self._call.read()
                 if response is grpc.aio.EOF:
                     break
+                if isinstance(response, active_notices.ActiveNotice):
+                    self.write(commands.active_consumer_change(self.consumer_id, response.active))
+                    continue
                 self._buffer.extend(response.received_messages)
                 self._pump()
         except grpc.aio.AioRpcError as e:
