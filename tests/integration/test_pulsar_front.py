@@ -396,6 +396,38 @@ def test_malformed_frames_get_an_error_and_the_server_stays_up(
     assert consumer.receive(5000).data() == b"alive"
 
 
+def test_transactions_are_refused_clearly_and_the_connection_stays(
+    pulsar_server: ServerProcess,
+) -> None:
+    """pulsar-client 3.13's Python wrapper has no transactions; a client that has them (Java,
+    Go) connects to the transaction coordinator, then opens transactions: each request is
+    answered with NotAllowedError naming transactions."""
+    conn = RawConnection(pulsar_server.pulsar_port)
+    conn.connect()
+    for request_id, (kind, field) in enumerate(
+        [
+            ("TC_CLIENT_CONNECT_REQUEST", "tcClientConnectRequest"),
+            ("NEW_TXN", "newTxn"),
+            ("END_TXN", "endTxn"),
+        ],
+        start=1,
+    ):
+        cmd = BaseCommand(type=Type.Value(kind))
+        getattr(cmd, field).request_id = request_id
+        conn.command(cmd)
+        reply = conn.read()
+        assert reply is not None and reply[0].type == Type.Value("ERROR")
+        assert reply[0].error.request_id == request_id
+        assert reply[0].error.error == ServerError.Value("NotAllowedError")
+        assert reply[0].error.message == f"transactions are not supported by pubsubd ({kind})"
+    ping = BaseCommand(type=Type.Value("PING"))
+    ping.ping.SetInParent()
+    conn.command(ping)
+    pong = conn.read()
+    assert pong is not None and pong[0].type == Type.Value("PONG")
+    conn.close()
+
+
 def _send(producer_id: int, sequence_id: int, payload: bytes, corrupt: bool = False) -> bytes:
     cmd = BaseCommand(type=Type.Value("SEND"))
     cmd.send.producer_id = producer_id
