@@ -15,47 +15,22 @@ import textwrap
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import _pulsar
 import pulsar
 import pytest
 
-from tests.support.server import ServerProcess
-
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    srv = ServerProcess(tmp_path_factory.mktemp("pulsar-batches") / "data", pulsar=True).start()
-    yield srv
-    srv.kill()
-
-
-@pytest.fixture(scope="module")
-def url(server: ServerProcess) -> str:
-    return f"pulsar://127.0.0.1:{server.pulsar_port}"
-
-
-@pytest.fixture
-def client(url: str) -> Iterator[pulsar.Client]:
-    c = pulsar.Client(
-        url, operation_timeout_seconds=5, logger=pulsar.ConsoleLogger(_pulsar.LoggerLevel.Error)
-    )
-    yield c
-    c.close()
 
 
 def _topic() -> str:
     return f"persistent://test-project/default/batches-{uuid.uuid4().hex[:8]}"
 
 
-def _publish(client: pulsar.Client, topic: str, count: int, tag: str = "m") -> list[bytes]:
+def _publish(pulsar_client: pulsar.Client, topic: str, count: int, tag: str = "m") -> list[bytes]:
     """``count`` messages sent as one producer batch (one Publish: one publish time)."""
-    producer = client.create_producer(
+    producer = pulsar_client.create_producer(
         topic, batching_enabled=True, batching_max_messages=count, block_if_queue_full=True
     )
     sent = [f"{tag}{i}".encode() for i in range(count)]
@@ -76,17 +51,17 @@ def _receive_all(consumer: Any, timeout_ms: int = 1000) -> list[Any]:
 
 
 def test_batch_index_acks_and_nacks_bring_back_only_the_nacked_messages(
-    client: pulsar.Client,
+    pulsar_client: pulsar.Client,
 ) -> None:
     topic = _topic()
-    consumer = client.subscribe(
+    consumer = pulsar_client.subscribe(
         topic,
         "bia",
         consumer_type=pulsar.ConsumerType.Shared,
         batch_index_ack_enabled=True,
         negative_ack_redelivery_delay_ms=200,
     )
-    sent = _publish(client, topic, 300)
+    sent = _publish(pulsar_client, topic, 300)
     got = [consumer.receive(5000) for _ in range(300)]
     assert [m.data() for m in got] == sent
     assert max(m.message_id().batch_index() for m in got) > 0  # delivered in batches
@@ -104,24 +79,24 @@ def test_batch_index_acks_and_nacks_bring_back_only_the_nacked_messages(
         consumer.acknowledge(msg)
     assert _receive_all(consumer, 700) == []
     consumer.close()  # what was acked stays acked for the next consumer
-    again = client.subscribe(topic, "bia", consumer_type=pulsar.ConsumerType.Shared)
+    again = pulsar_client.subscribe(topic, "bia", consumer_type=pulsar.ConsumerType.Shared)
     assert _receive_all(again, 500) == []
 
 
 def test_without_batch_index_acks_a_nacked_batch_comes_back_whole(
-    client: pulsar.Client,
+    pulsar_client: pulsar.Client,
 ) -> None:
     """The client's default: it acks a batch once every message of it is acked, so a nack of
     one message redelivers its batch (as Pulsar does); batches acked whole stay acked."""
     topic = _topic()
-    consumer = client.subscribe(
+    consumer = pulsar_client.subscribe(
         topic,
         "whole",
         consumer_type=pulsar.ConsumerType.Shared,
         negative_ack_redelivery_delay_ms=200,
     )
-    first = _publish(client, topic, 20, "a")
-    second = _publish(client, topic, 20, "b")
+    first = _publish(pulsar_client, topic, 20, "a")
+    second = _publish(pulsar_client, topic, 20, "b")
     got = [consumer.receive(5000) for _ in range(40)]
     assert [m.data() for m in got] == first + second
     entries = {m.data(): m.message_id().entry_id() for m in got}
@@ -142,22 +117,22 @@ def test_without_batch_index_acks_a_nacked_batch_comes_back_whole(
 
 
 @pytest.mark.parametrize("batch_index_acks", [True, False])
-def test_cumulative_acks_over_batches(client: pulsar.Client, batch_index_acks: bool) -> None:
+def test_cumulative_acks_over_batches(pulsar_client: pulsar.Client, batch_index_acks: bool) -> None:
     """Up to the acked message with batch-index acks; without them a cumulative ack inside a
     batch covers only the batches before it (the client acks the entry before it)."""
     topic = _topic()
     options = {"consumer_type": pulsar.ConsumerType.Exclusive}
     if batch_index_acks:
         options["batch_index_ack_enabled"] = True
-    consumer = client.subscribe(topic, "cumulative", **options)
-    sent = _publish(client, topic, 30, "a") + _publish(client, topic, 30, "b")
+    consumer = pulsar_client.subscribe(topic, "cumulative", **options)
+    sent = _publish(pulsar_client, topic, 30, "a") + _publish(pulsar_client, topic, 30, "b")
     got = [consumer.receive(5000) for _ in range(60)]
     assert [m.data() for m in got] == sent
     target = 44
     consumer.acknowledge_cumulative(got[target])
     time.sleep(0.3)  # the client sends acks in 100 ms groups
     consumer.close()
-    again = client.subscribe(topic, "cumulative", **options)
+    again = pulsar_client.subscribe(topic, "cumulative", **options)
     rest = [m.data() for m in _receive_all(again, 700)]
     if batch_index_acks:
         assert rest == sent[target + 1 :]
@@ -169,13 +144,13 @@ def test_cumulative_acks_over_batches(client: pulsar.Client, batch_index_acks: b
 
 
 def test_a_batch_nacked_past_the_limit_goes_to_the_clients_dead_letter_topic(
-    client: pulsar.Client,
+    pulsar_client: pulsar.Client,
 ) -> None:
     """The redelivery count of a redelivered batch is right, so the client's dead-letter
     policy sends every message of it on, and its ack of the batch acks them all."""
     topic, dlq = _topic(), _topic()
-    dead = client.subscribe(dlq, "watch", consumer_type=pulsar.ConsumerType.Shared)
-    consumer = client.subscribe(
+    dead = pulsar_client.subscribe(dlq, "watch", consumer_type=pulsar.ConsumerType.Shared)
+    consumer = pulsar_client.subscribe(
         topic,
         "retrying",
         consumer_type=pulsar.ConsumerType.Shared,
@@ -184,7 +159,7 @@ def test_a_batch_nacked_past_the_limit_goes_to_the_clients_dead_letter_topic(
             max_redeliver_count=1, dead_letter_topic=dlq
         ),
     )
-    sent = _publish(client, topic, 5)
+    sent = _publish(pulsar_client, topic, 5)
     for count in (0, 1):
         got = [consumer.receive(5000) for _ in range(5)]
         assert [m.data() for m in got] == sent
@@ -216,25 +191,25 @@ _KILLED = textwrap.dedent(
 
 
 def test_a_killed_consumer_gets_back_only_what_it_left_unacked_in_its_batches(
-    client: pulsar.Client, url: str, tmp_path: Path
+    pulsar_client: pulsar.Client, pulsar_url: str, tmp_path: Path
 ) -> None:
     topic = _topic()
     script = tmp_path / "consumer.py"
     script.write_text(_KILLED)
     proc = subprocess.Popen(
-        [sys.executable, str(script), url, topic, "100"], stdout=subprocess.PIPE, text=True
+        [sys.executable, str(script), pulsar_url, topic, "100"], stdout=subprocess.PIPE, text=True
     )
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "subscribed"
-        sent = _publish(client, topic, 100, "w")
+        sent = _publish(pulsar_client, topic, 100, "w")
         assert proc.stdout.readline().strip() == "received"
     finally:
         proc.kill()
         proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
-    other = client.subscribe(topic, "work", consumer_type=pulsar.ConsumerType.Shared)
+    other = pulsar_client.subscribe(topic, "work", consumer_type=pulsar.ConsumerType.Shared)
     got = _receive_all(other, 1500)
     assert sorted(m.data() for m in got) == sorted(sent[1::2])
     assert {m.redelivery_count() for m in got} == {1}  # handed out once before
@@ -242,14 +217,14 @@ def test_a_killed_consumer_gets_back_only_what_it_left_unacked_in_its_batches(
         other.acknowledge(msg)
 
 
-def test_two_shared_consumers_drain_a_batched_backlog_once(client: pulsar.Client) -> None:
+def test_two_shared_consumers_drain_a_batched_backlog_once(pulsar_client: pulsar.Client) -> None:
     topic = _topic()
-    client.subscribe(topic, "many", consumer_type=pulsar.ConsumerType.Shared).close()
+    pulsar_client.subscribe(topic, "many", consumer_type=pulsar.ConsumerType.Shared).close()
     sent = []
     for part in range(4):
-        sent += _publish(client, topic, 500, f"p{part}-")
+        sent += _publish(pulsar_client, topic, 500, f"p{part}-")
     consumers = [
-        client.subscribe(
+        pulsar_client.subscribe(
             topic, "many", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=200
         )
         for _ in range(2)

@@ -8,18 +8,15 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-import socket
 import struct
 import subprocess
 import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import _pulsar
 import grpc
 import pulsar
 import pytest
@@ -29,33 +26,12 @@ from pubsubd.core import pb
 from pubsubd.pulsar import frames
 from pubsubd.pulsar.api import BaseCommand, MessageMetadata, ServerError, Type
 from tests.conftest import make_publisher, make_subscriber
+from tests.support.pulsar import RawConnection
 from tests.support.server import ServerProcess, wait_for
 
 pytestmark = pytest.mark.integration
 
 TENANT = "test-project"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    srv = ServerProcess(tmp_path_factory.mktemp("pulsar") / "data", pulsar=True).start()
-    yield srv
-    srv.kill()
-
-
-@pytest.fixture(scope="module")
-def url(server: ServerProcess) -> str:
-    assert server.pulsar_port > 0
-    return f"pulsar://127.0.0.1:{server.pulsar_port}"
-
-
-@pytest.fixture
-def client(url: str) -> Iterator[pulsar.Client]:
-    c = pulsar.Client(
-        url, operation_timeout_seconds=5, logger=pulsar.ConsoleLogger(_pulsar.LoggerLevel.Error)
-    )
-    yield c
-    c.close()
 
 
 def _name(tag: str) -> str:
@@ -79,11 +55,11 @@ def _topic(tag: str) -> tuple[str, str]:
     ],
 )
 def test_batched_compressed_produce_reaches_a_shared_consumer(
-    client: pulsar.Client, codec: Any
+    pulsar_client: pulsar.Client, codec: Any
 ) -> None:
     topic, _ = _topic("batch")
-    consumer = client.subscribe(topic, "sub-a", consumer_type=pulsar.ConsumerType.Shared)
-    producer = client.create_producer(
+    consumer = pulsar_client.subscribe(topic, "sub-a", consumer_type=pulsar.ConsumerType.Shared)
+    producer = pulsar_client.create_producer(
         topic, compression_type=codec, batching_enabled=True, batching_max_publish_delay_ms=20
     )
     ids = []
@@ -114,12 +90,12 @@ def test_batched_compressed_produce_reaches_a_shared_consumer(
 
 
 def test_pulsar_and_google_clients_see_each_others_messages(
-    client: pulsar.Client, server: ServerProcess
+    pulsar_client: pulsar.Client, pulsar_server: ServerProcess
 ) -> None:
     topic, google_topic = _topic("mixed")
     pulsar_sub = _name("psub")
-    consumer = client.subscribe(topic, pulsar_sub, consumer_type=pulsar.ConsumerType.Shared)
-    subscriber = make_subscriber(server.endpoint)
+    consumer = pulsar_client.subscribe(topic, pulsar_sub, consumer_type=pulsar.ConsumerType.Shared)
+    subscriber = make_subscriber(pulsar_server.endpoint)
     google_sub = f"projects/{TENANT}/subscriptions/{_name('gsub')}"
     subscriber.create_subscription(name=google_sub, topic=google_topic)
     # The subscription the Pulsar consumer created is an ordinary one.
@@ -127,9 +103,9 @@ def test_pulsar_and_google_clients_see_each_others_messages(
     topic_id = google_topic.rsplit("/", 1)[1]
     assert f"projects/{TENANT}/subscriptions/{topic_id}.{pulsar_sub}" in listed
 
-    producer = client.create_producer(topic)
+    producer = pulsar_client.create_producer(topic)
     producer.send(b"from pulsar", properties={"color": "red"}, partition_key="key-1")
-    publisher = make_publisher(server.endpoint)
+    publisher = make_publisher(pulsar_server.endpoint)
     publisher.publish(google_topic, b"from google", flavor="mint").result(timeout=10)
 
     pulled: list[Any] = []
@@ -154,7 +130,9 @@ def test_pulsar_and_google_clients_see_each_others_messages(
     assert set(received) == {b"from pulsar", b"from google"}
     assert received[b"from google"].properties() == {"flavor": "mint"}
     # A Pulsar consumer names the Google-made subscription by its full name.
-    on_google_sub = client.subscribe(topic, google_sub, consumer_type=pulsar.ConsumerType.Shared)
+    on_google_sub = pulsar_client.subscribe(
+        topic, google_sub, consumer_type=pulsar.ConsumerType.Shared
+    )
     publisher.publish(google_topic, b"third").result(timeout=10)
     msg = on_google_sub.receive(5000)
     assert msg.data() == b"third"
@@ -163,12 +141,14 @@ def test_pulsar_and_google_clients_see_each_others_messages(
 
 
 def test_nacks_count_redeliveries_and_the_clients_dead_letter_policy_works(
-    client: pulsar.Client,
+    pulsar_client: pulsar.Client,
 ) -> None:
     topic, _ = _topic("nack")
     dlq, _ = _topic("nack-dlq")
-    dlq_consumer = client.subscribe(dlq, "dlq-watch", consumer_type=pulsar.ConsumerType.Shared)
-    consumer = client.subscribe(
+    dlq_consumer = pulsar_client.subscribe(
+        dlq, "dlq-watch", consumer_type=pulsar.ConsumerType.Shared
+    )
+    consumer = pulsar_client.subscribe(
         topic,
         "retrying",
         consumer_type=pulsar.ConsumerType.Shared,
@@ -177,7 +157,7 @@ def test_nacks_count_redeliveries_and_the_clients_dead_letter_policy_works(
             max_redeliver_count=2, dead_letter_topic=dlq
         ),
     )
-    client.create_producer(topic).send(b"poison")
+    pulsar_client.create_producer(topic).send(b"poison")
     counts = []
     for _ in range(3):
         msg = consumer.receive(5000)
@@ -192,38 +172,38 @@ def test_nacks_count_redeliveries_and_the_clients_dead_letter_policy_works(
 
 
 def test_exclusive_subscription_refuses_a_second_consumer_and_cumulative_acks(
-    client: pulsar.Client,
+    pulsar_client: pulsar.Client,
 ) -> None:
     topic, _ = _topic("excl")
-    first = client.subscribe(topic, "only-one", consumer_type=pulsar.ConsumerType.Exclusive)
+    first = pulsar_client.subscribe(topic, "only-one", consumer_type=pulsar.ConsumerType.Exclusive)
     with pytest.raises(pulsar.ConsumerBusy):
-        client.subscribe(topic, "only-one", consumer_type=pulsar.ConsumerType.Exclusive)
-    producer = client.create_producer(topic)
+        pulsar_client.subscribe(topic, "only-one", consumer_type=pulsar.ConsumerType.Exclusive)
+    producer = pulsar_client.create_producer(topic)
     for i in range(10):
         producer.send(f"e{i}".encode())
     msgs = [first.receive(5000) for _ in range(10)]
     assert [m.data() for m in msgs] == [f"e{i}".encode() for i in range(10)]
     first.acknowledge_cumulative(msgs[6])
     first.close()
-    again = client.subscribe(topic, "only-one", consumer_type=pulsar.ConsumerType.Exclusive)
+    again = pulsar_client.subscribe(topic, "only-one", consumer_type=pulsar.ConsumerType.Exclusive)
     rest = [again.receive(5000).data() for _ in range(3)]
     assert rest == [b"e7", b"e8", b"e9"]
     with pytest.raises(pulsar.Timeout):
         again.receive(300)
 
 
-def test_a_subscription_of_another_type_is_refused_clearly(client: pulsar.Client) -> None:
+def test_a_subscription_of_another_type_is_refused_clearly(pulsar_client: pulsar.Client) -> None:
     topic, _ = _topic("types")
-    client.subscribe(topic, "typed", consumer_type=pulsar.ConsumerType.Shared)
+    pulsar_client.subscribe(topic, "typed", consumer_type=pulsar.ConsumerType.Shared)
     with pytest.raises(pulsar.NotAllowedError):
-        client.subscribe(topic, "typed", consumer_type=pulsar.ConsumerType.Failover)
+        pulsar_client.subscribe(topic, "typed", consumer_type=pulsar.ConsumerType.Failover)
 
 
-def test_failover_delivers_to_one_consumer_at_a_time(client: pulsar.Client) -> None:
+def test_failover_delivers_to_one_consumer_at_a_time(pulsar_client: pulsar.Client) -> None:
     topic, _ = _topic("failover")
-    a = client.subscribe(topic, "fo", consumer_type=pulsar.ConsumerType.Failover)
-    b = client.subscribe(topic, "fo", consumer_type=pulsar.ConsumerType.Failover)
-    producer = client.create_producer(topic)
+    a = pulsar_client.subscribe(topic, "fo", consumer_type=pulsar.ConsumerType.Failover)
+    b = pulsar_client.subscribe(topic, "fo", consumer_type=pulsar.ConsumerType.Failover)
+    producer = pulsar_client.create_producer(topic)
     for i in range(6):
         producer.send(f"f{i}".encode())
     received: dict[str, list[bytes]] = {"a": [], "b": []}
@@ -239,12 +219,13 @@ def test_failover_delivers_to_one_consumer_at_a_time(client: pulsar.Client) -> N
     assert [] in received.values()  # one consumer took everything
 
 
-def test_key_shared_keeps_each_key_on_one_consumer(client: pulsar.Client) -> None:
+def test_key_shared_keeps_each_key_on_one_consumer(pulsar_client: pulsar.Client) -> None:
     topic, _ = _topic("keys")
     consumers = [
-        client.subscribe(topic, "ks", consumer_type=pulsar.ConsumerType.KeyShared) for _ in range(2)
+        pulsar_client.subscribe(topic, "ks", consumer_type=pulsar.ConsumerType.KeyShared)
+        for _ in range(2)
     ]
-    producer = client.create_producer(topic, batching_type=pulsar.BatchingType.KeyBased)
+    producer = pulsar_client.create_producer(topic, batching_type=pulsar.BatchingType.KeyBased)
     for i in range(40):
         producer.send(f"{i}".encode(), partition_key=f"key-{i % 8}")
     owner: dict[str, int] = {}
@@ -277,18 +258,18 @@ _KILLED_CONSUMER = textwrap.dedent(
 
 
 def test_a_killed_consumers_unacked_messages_are_redelivered(
-    client: pulsar.Client, url: str, tmp_path: Path
+    pulsar_client: pulsar.Client, pulsar_url: str, tmp_path: Path
 ) -> None:
     topic, _ = _topic("killed")
     script = tmp_path / "consumer.py"
     script.write_text(_KILLED_CONSUMER)
     proc = subprocess.Popen(
-        [sys.executable, str(script), url, topic, "10"], stdout=subprocess.PIPE, text=True
+        [sys.executable, str(script), pulsar_url, topic, "10"], stdout=subprocess.PIPE, text=True
     )
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "subscribed"
-        producer = client.create_producer(topic)
+        producer = pulsar_client.create_producer(topic)
         for i in range(10):
             producer.send(f"w{i}".encode())
         assert proc.stdout.readline().strip() == "received"
@@ -298,7 +279,7 @@ def test_a_killed_consumers_unacked_messages_are_redelivered(
         if proc.stdout is not None:
             proc.stdout.close()
     started = time.monotonic()
-    other = client.subscribe(topic, "work", consumer_type=pulsar.ConsumerType.Shared)
+    other = pulsar_client.subscribe(topic, "work", consumer_type=pulsar.ConsumerType.Shared)
     got = []
     for _ in range(10):
         msg = other.receive(10000)
@@ -309,10 +290,10 @@ def test_a_killed_consumers_unacked_messages_are_redelivered(
     assert time.monotonic() - started < 5  # given back at once, not after a lease deadline
 
 
-def test_deliver_after_holds_the_message(client: pulsar.Client) -> None:
+def test_deliver_after_holds_the_message(pulsar_client: pulsar.Client) -> None:
     topic, _ = _topic("delay")
-    consumer = client.subscribe(topic, "later", consumer_type=pulsar.ConsumerType.Shared)
-    producer = client.create_producer(topic)
+    consumer = pulsar_client.subscribe(topic, "later", consumer_type=pulsar.ConsumerType.Shared)
+    producer = pulsar_client.create_producer(topic)
     sent = time.monotonic()
     producer.send(b"later", deliver_after=dt.timedelta(seconds=1.5))
     producer.send(b"now")
@@ -322,20 +303,24 @@ def test_deliver_after_holds_the_message(client: pulsar.Client) -> None:
     consumer.acknowledge(msg)
 
 
-def test_names_the_api_refuses_fail_at_once(client: pulsar.Client) -> None:
+def test_names_the_api_refuses_fail_at_once(pulsar_client: pulsar.Client) -> None:
     started = time.monotonic()
     with pytest.raises(pulsar.NotAllowedError):
-        client.create_producer(f"persistent://{TENANT}/default/ab")  # a topic ID needs 3+ chars
+        pulsar_client.create_producer(
+            f"persistent://{TENANT}/default/ab"
+        )  # a topic ID needs 3+ chars
     with pytest.raises(pulsar.NotAllowedError):
-        client.create_producer(f"non-persistent://{TENANT}/default/volatile")
+        pulsar_client.create_producer(f"non-persistent://{TENANT}/default/volatile")
     assert time.monotonic() - started < 3  # not retried until the 5 s operation timeout
 
 
-def test_unsubscribe_deletes_the_subscription(client: pulsar.Client, server: ServerProcess) -> None:
+def test_unsubscribe_deletes_the_subscription(
+    pulsar_client: pulsar.Client, pulsar_server: ServerProcess
+) -> None:
     topic, _ = _topic("unsub")
     sub = _name("gone")
-    consumer = client.subscribe(topic, sub, consumer_type=pulsar.ConsumerType.Shared)
-    subscriber = make_subscriber(server.endpoint)
+    consumer = pulsar_client.subscribe(topic, sub, consumer_type=pulsar.ConsumerType.Shared)
+    subscriber = make_subscriber(pulsar_server.endpoint)
     path = f"projects/{TENANT}/subscriptions/{topic.rsplit('/', 1)[1]}.{sub}"
     assert path in [s.name for s in subscriber.list_subscriptions(project=f"projects/{TENANT}")]
     consumer.unsubscribe()
@@ -344,42 +329,6 @@ def test_unsubscribe_deletes_the_subscription(client: pulsar.Client, server: Ser
 
 
 # --- the raw protocol ----------------------------------------------------------------------
-
-
-class RawConnection:
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
-        self.decoder = frames.FrameDecoder()
-        self.pending: list[frames.Frame] = []
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def command(self, cmd: Any) -> None:
-        self.send(frames.encode_command(cmd.SerializeToString()))
-
-    def read(self) -> tuple[Any, frames.Frame] | None:
-        """The next command from the server; None when it closed the connection."""
-        while not self.pending:
-            data = self.sock.recv(65536)
-            if not data:
-                return None
-            self.pending += self.decoder.feed(data)
-        frame = self.pending.pop(0)
-        cmd = BaseCommand()
-        cmd.ParseFromString(frame.command)
-        return cmd, frame
-
-    def connect(self) -> None:
-        cmd = BaseCommand(type=Type.Value("CONNECT"))
-        cmd.connect.client_version = "raw-test"
-        cmd.connect.protocol_version = 20
-        self.command(cmd)
-        reply = self.read()
-        assert reply is not None and reply[0].type == Type.Value("CONNECTED")
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def _expect_error_then_close(conn: RawConnection) -> str:
@@ -392,9 +341,9 @@ def _expect_error_then_close(conn: RawConnection) -> str:
 
 
 def test_malformed_frames_get_an_error_and_the_server_stays_up(
-    server: ServerProcess, client: pulsar.Client
+    pulsar_server: ServerProcess, pulsar_client: pulsar.Client
 ) -> None:
-    port = server.pulsar_port
+    port = pulsar_server.pulsar_port
     oversized = RawConnection(port)
     oversized.send(struct.pack(">I", 1 << 30) + b"junk")
     assert "over the" in _expect_error_then_close(oversized)
@@ -442,9 +391,41 @@ def test_malformed_frames_get_an_error_and_the_server_stays_up(
         conn.close()
 
     topic, _ = _topic("still-up")
-    consumer = client.subscribe(topic, "up", consumer_type=pulsar.ConsumerType.Shared)
-    client.create_producer(topic).send(b"alive")
+    consumer = pulsar_client.subscribe(topic, "up", consumer_type=pulsar.ConsumerType.Shared)
+    pulsar_client.create_producer(topic).send(b"alive")
     assert consumer.receive(5000).data() == b"alive"
+
+
+def test_transactions_are_refused_clearly_and_the_connection_stays(
+    pulsar_server: ServerProcess,
+) -> None:
+    """pulsar-client 3.13's Python wrapper has no transactions; a client that has them (Java,
+    Go) connects to the transaction coordinator, then opens transactions: each request is
+    answered with NotAllowedError naming transactions."""
+    conn = RawConnection(pulsar_server.pulsar_port)
+    conn.connect()
+    for request_id, (kind, field) in enumerate(
+        [
+            ("TC_CLIENT_CONNECT_REQUEST", "tcClientConnectRequest"),
+            ("NEW_TXN", "newTxn"),
+            ("END_TXN", "endTxn"),
+        ],
+        start=1,
+    ):
+        cmd = BaseCommand(type=Type.Value(kind))
+        getattr(cmd, field).request_id = request_id
+        conn.command(cmd)
+        reply = conn.read()
+        assert reply is not None and reply[0].type == Type.Value("ERROR")
+        assert reply[0].error.request_id == request_id
+        assert reply[0].error.error == ServerError.Value("NotAllowedError")
+        assert reply[0].error.message == f"transactions are not supported by pubsubd ({kind})"
+    ping = BaseCommand(type=Type.Value("PING"))
+    ping.ping.SetInParent()
+    conn.command(ping)
+    pong = conn.read()
+    assert pong is not None and pong[0].type == Type.Value("PONG")
+    conn.close()
 
 
 def _send(producer_id: int, sequence_id: int, payload: bytes, corrupt: bool = False) -> bytes:
@@ -461,11 +442,11 @@ def _send(producer_id: int, sequence_id: int, payload: bytes, corrupt: bool = Fa
 
 
 def test_a_repeated_sequence_id_is_stored_once_and_a_bad_checksum_is_refused(
-    server: ServerProcess,
+    pulsar_server: ServerProcess,
 ) -> None:
     topic, google_topic = _topic("dedup")
-    subscriber = make_subscriber(server.endpoint)
-    conn = RawConnection(server.pulsar_port)
+    subscriber = make_subscriber(pulsar_server.endpoint)
+    conn = RawConnection(pulsar_server.pulsar_port)
     conn.connect()
     producer = BaseCommand(type=Type.Value("PRODUCER"))
     producer.producer.topic = topic
@@ -497,7 +478,7 @@ def test_a_repeated_sequence_id_is_stored_once_and_a_bad_checksum_is_refused(
     subscriber.close()
 
     # The producer name comes back with the highest sequence ID stored.
-    again = RawConnection(server.pulsar_port)
+    again = RawConnection(pulsar_server.pulsar_port)
     again.connect()
     again.command(producer)
     reply = again.read()
@@ -505,27 +486,29 @@ def test_a_repeated_sequence_id_is_stored_once_and_a_bad_checksum_is_refused(
     again.close()
 
 
-def test_earliest_position_and_seek_by_time(client: pulsar.Client, server: ServerProcess) -> None:
+def test_earliest_position_and_seek_by_time(
+    pulsar_client: pulsar.Client, pulsar_server: ServerProcess
+) -> None:
     # Google's rule: only a topic's retention lets a subscription go back before it existed,
     # or back to acked messages. The topic is made with the Google API, retaining 10 minutes.
     topic, google_topic = _topic("seek")
-    publisher = make_publisher(server.endpoint)
+    publisher = make_publisher(pulsar_server.endpoint)
     publisher.create_topic(
         request={"name": google_topic, "message_retention_duration": {"seconds": 600}}
     )
-    keeper = client.subscribe(topic, "keeper", consumer_type=pulsar.ConsumerType.Shared)
-    producer = client.create_producer(topic)
+    keeper = pulsar_client.subscribe(topic, "keeper", consumer_type=pulsar.ConsumerType.Shared)
+    producer = pulsar_client.create_producer(topic)
     before = int(time.time() * 1000) - 1
     for i in range(3):
         producer.send(f"s{i}".encode())
-    late = client.subscribe(
+    late = pulsar_client.subscribe(
         topic,
         "late",
         consumer_type=pulsar.ConsumerType.Shared,
         initial_position=pulsar.InitialPosition.Earliest,
     )
     assert sorted(late.receive(5000).data() for _ in range(3)) == [b"s0", b"s1", b"s2"]
-    latest = client.subscribe(topic, "latest", consumer_type=pulsar.ConsumerType.Shared)
+    latest = pulsar_client.subscribe(topic, "latest", consumer_type=pulsar.ConsumerType.Shared)
     with pytest.raises(pulsar.Timeout):
         latest.receive(300)
     for _ in range(3):
@@ -552,31 +535,31 @@ def _drain(consumer: Any, timeout_ms: int = 300) -> list[Any]:
 
 
 def test_a_topics_publish_message_sources_are_its_partitions(
-    client: pulsar.Client, server: ServerProcess
+    pulsar_client: pulsar.Client, pulsar_server: ServerProcess
 ) -> None:
     topic, google_topic = _topic("parts")
-    publisher = make_publisher(server.endpoint)
+    publisher = make_publisher(pulsar_server.endpoint)
     publisher.create_topic(
         request={"name": google_topic, "labels": {"pubsubd-publish-sources": "3"}}
     )
-    assert client.get_topic_partitions(topic) == [f"{topic}-partition-{n}" for n in range(3)]
+    assert pulsar_client.get_topic_partitions(topic) == [f"{topic}-partition-{n}" for n in range(3)]
     before = int(time.time() * 1000) - 1
-    everything = client.subscribe(
+    everything = pulsar_client.subscribe(
         topic, "all", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=100
     )
-    only_1 = client.subscribe(
+    only_1 = pulsar_client.subscribe(
         f"{topic}-partition-1", "one", consumer_type=pulsar.ConsumerType.Shared
     )
     # The client routes a key to one partition (its hash); unkeyed messages go round-robin.
-    keyed = client.create_producer(topic, batching_enabled=True, block_if_queue_full=True)
+    keyed = pulsar_client.create_producer(topic, batching_enabled=True, block_if_queue_full=True)
     for i in range(60):
         keyed.send_async(f"{i % 6}:{i // 6}".encode(), None, partition_key=f"key-{i % 6}")
     keyed.flush()
-    round_robin = client.create_producer(topic)
+    round_robin = pulsar_client.create_producer(topic)
     unkeyed = [round_robin.send(f"u{i}".encode()) for i in range(6)]
     assert sorted(m.partition() for m in unkeyed) == [0, 0, 1, 1, 2, 2]
     assert all(m.ledger_id() == m.partition() for m in unkeyed)  # ledger = source = partition
-    direct = client.create_producer(f"{topic}-partition-2").send(b"direct")
+    direct = pulsar_client.create_producer(f"{topic}-partition-2").send(b"direct")
     assert direct.ledger_id() == 2  # stored in source 2
 
     got = _drain(everything)
@@ -599,28 +582,28 @@ def test_a_topics_publish_message_sources_are_its_partitions(
     only_1.seek(before)
     assert sorted(m.data() for m in _drain(only_1, 1000)) == in_1
     # A reader of partition 1 reads the same, then has nothing more.
-    reader = client.create_reader(f"{topic}-partition-1", pulsar.MessageId.earliest)
+    reader = pulsar_client.create_reader(f"{topic}-partition-1", pulsar.MessageId.earliest)
     read = []
     while reader.has_message_available():
         read.append(reader.read_next(5000).data())
     assert sorted(read) == in_1
     reader.close()
     # A reader of the whole topic is a reader per partition: it reads everything.
-    whole = client.create_reader(topic, pulsar.MessageId.earliest)
+    whole = pulsar_client.create_reader(topic, pulsar.MessageId.earliest)
     read = []
     while whole.has_message_available():
         read.append(whole.read_next(5000).data())
     assert sorted(read) == sorted(m.data() for m in got)
     whole.close()
     with pytest.raises(pulsar.NotAllowedError):
-        client.create_producer(f"{topic}-partition-3")  # the topic has sources 0..2
+        pulsar_client.create_producer(f"{topic}-partition-3")  # the topic has sources 0..2
     # A Failover subscription shares the partitions out as Pulsar does: the consumers sorted by
     # name, partition N to the one at N mod their count; when one closes, the other takes its
     # partitions. A partitioned consumer is one client: an Exclusive subscription refuses a
     # second.
     failover = pulsar.ConsumerType.Failover
-    a = client.subscribe(topic, "fo", consumer_type=failover, consumer_name="a")
-    b = client.subscribe(topic, "fo", consumer_type=failover, consumer_name="b")
+    a = pulsar_client.subscribe(topic, "fo", consumer_type=failover, consumer_name="a")
+    b = pulsar_client.subscribe(topic, "fo", consumer_type=failover, consumer_name="b")
     for i in range(6):  # two per partition
         round_robin.send(f"f{i}".encode())
     parts_a = sorted(m.message_id().partition() for m in _drain(a, 500))
@@ -630,30 +613,30 @@ def test_a_topics_publish_message_sources_are_its_partitions(
     for i in range(6):
         round_robin.send(f"g{i}".encode())
     assert sorted(m.message_id().partition() for m in _drain(a, 1000)) == [0, 0, 1, 1, 2, 2]
-    client.subscribe(topic, "ex", consumer_type=pulsar.ConsumerType.Exclusive)
+    pulsar_client.subscribe(topic, "ex", consumer_type=pulsar.ConsumerType.Exclusive)
     with pytest.raises(pulsar.ConsumerBusy):
-        client.subscribe(topic, "ex", consumer_type=pulsar.ConsumerType.Exclusive)
+        pulsar_client.subscribe(topic, "ex", consumer_type=pulsar.ConsumerType.Exclusive)
 
 
 def test_readers_last_message_id_and_seek_by_message_id(
-    client: pulsar.Client, server: ServerProcess
+    pulsar_client: pulsar.Client, pulsar_server: ServerProcess
 ) -> None:
     topic, google_topic = _topic("reader")
-    keeper = client.subscribe(topic, "keeper", consumer_type=pulsar.ConsumerType.Exclusive)
-    empty = client.create_reader(topic, pulsar.MessageId.earliest)
+    keeper = pulsar_client.subscribe(topic, "keeper", consumer_type=pulsar.ConsumerType.Exclusive)
+    empty = pulsar_client.create_reader(topic, pulsar.MessageId.earliest)
     assert not empty.has_message_available()  # nothing published yet
     empty.close()
-    producer = client.create_producer(topic)
+    producer = pulsar_client.create_producer(topic)
     ids = [producer.send(f"m{i}".encode()) for i in range(5)]
     assert [m.data() for m in _drain(keeper)] == [f"m{i}".encode() for i in range(5)]
 
     # A reader is a temporary subscription: listed while it reads, deleted when it closes.
-    reader = client.create_reader(topic, pulsar.MessageId.earliest)
+    reader = pulsar_client.create_reader(topic, pulsar.MessageId.earliest)
     read = []
     while reader.has_message_available():
         read.append(reader.read_next(5000).data())
     assert read == [f"m{i}".encode() for i in range(5)]  # acked messages too, in order
-    subscriber = make_subscriber(server.endpoint)
+    subscriber = make_subscriber(pulsar_server.endpoint)
     readers = [
         s.name
         for s in subscriber.list_subscriptions(project=f"projects/{TENANT}")
@@ -670,10 +653,10 @@ def test_readers_last_message_id_and_seek_by_message_id(
         ),
         timeout=5,
     )
-    after = client.create_reader(topic, ids[1])
+    after = pulsar_client.create_reader(topic, ids[1])
     assert after.read_next(5000).data() == b"m2"  # the start message itself is excluded
     after.close()
-    inclusive = client.create_reader(topic, ids[1], start_message_id_inclusive=True)
+    inclusive = pulsar_client.create_reader(topic, ids[1], start_message_id_inclusive=True)
     assert inclusive.read_next(5000).data() == b"m1"
     inclusive.close()
 
@@ -684,16 +667,16 @@ def test_readers_last_message_id_and_seek_by_message_id(
 
 
 def test_the_servers_source_pieces_refuse_bad_input(
-    client: pulsar.Client, server: ServerProcess
+    pulsar_client: pulsar.Client, pulsar_server: ServerProcess
 ) -> None:
     """What the front relies on, called as any client would: a malformed ``pubsubd-sources``
     stream header and a SeekOffsets of a source the topic lacks are INVALID_ARGUMENT; a seek to
     another partition's message ID is refused; the server stays up."""
     topic, google_topic = _topic("badsrc")
-    consumer = client.subscribe(topic, "s", consumer_type=pulsar.ConsumerType.Exclusive)
+    consumer = pulsar_client.subscribe(topic, "s", consumer_type=pulsar.ConsumerType.Exclusive)
     topic_id = google_topic.rsplit("/", 1)[1]
     subscription = f"projects/{TENANT}/subscriptions/{topic_id}.s"
-    with grpc.insecure_channel(server.endpoint) as channel:
+    with grpc.insecure_channel(pulsar_server.endpoint) as channel:
         seek = channel.unary_unary(
             "/pubsubd.v1.Replay/SeekOffsets",
             request_serializer=replay_pb2.SeekOffsetsRequest.SerializeToString,
@@ -715,22 +698,24 @@ def test_the_servers_source_pieces_refuse_bad_input(
         assert "pubsubd-sources" in (bad.value.details() or "")
     with pytest.raises(pulsar.NotAllowedError):
         consumer.seek(pulsar.MessageId(-1, 7, 0, -1))  # ledger = source 7: not this topic's
-    producer = client.create_producer(topic)
+    producer = pulsar_client.create_producer(topic)
     producer.send(b"still up")
     assert consumer.receive(5000).data() == b"still up"
 
 
-def test_multi_topic_and_pattern_consumers(client: pulsar.Client) -> None:
+def test_multi_topic_and_pattern_consumers(pulsar_client: pulsar.Client) -> None:
     """A list of topics is a consumer per topic (each its own subscription); a pattern lists
     its namespace's topics (GET_TOPICS_OF_NAMESPACE). (The client lists again every 60 s to
     pick up new topics; pulsar-client 3.13 does not pass on ``pattern_auto_discovery_period``,
     so that is not tested here.)"""
     ns = f"multi{uuid.uuid4().hex[:6]}"
     alpha, beta = (f"persistent://{TENANT}/{ns}/{t}" for t in ("alpha", "beta"))
-    producers = {t: client.create_producer(t) for t in (alpha, beta)}
-    client.create_producer(f"persistent://{TENANT}/default/{ns}-outside").send(b"not listed")
-    listed = client.subscribe([alpha, beta], "both", consumer_type=pulsar.ConsumerType.Shared)
-    pattern = client.subscribe(
+    producers = {t: pulsar_client.create_producer(t) for t in (alpha, beta)}
+    pulsar_client.create_producer(f"persistent://{TENANT}/default/{ns}-outside").send(b"not listed")
+    listed = pulsar_client.subscribe(
+        [alpha, beta], "both", consumer_type=pulsar.ConsumerType.Shared
+    )
+    pattern = pulsar_client.subscribe(
         re.compile(f"persistent://{TENANT}/{ns}/.*"),
         "pattern",
         consumer_type=pulsar.ConsumerType.Shared,

@@ -461,3 +461,27 @@ def test_failover_shares_sources_out_when_every_stream_reads_one() -> None:
     p.plan(0.0)
     got = {(d.consumer.client_id, next(iter(d.consumer.sources))) for d in p.effects().deliveries}
     assert got == {("a", 1)}
+
+
+def test_failover_streams_that_ask_are_told_each_change_of_their_receiver_state() -> None:
+    """``active_changes``: only streams with ``active_notices``, only on a change, each once;
+    a stream that did not ask (a Google client's) is never told."""
+    p = planner(MemoryTopic(), subscription(labels={"pubsubd-subscription-type": "failover"}))
+    b = StreamConsumer(10, 0, 0, "b")
+    b.active_notices = True
+    p.add_consumer(b)
+    assert p.active_changes() == [(b, True)]
+    assert p.active_changes() == []  # told once
+    a = StreamConsumer(10, 0, 0, "a")
+    a.active_notices = True
+    silent = StreamConsumer(10, 0, 0, "c")  # never asked
+    p.add_consumer(a)
+    p.add_consumer(silent)
+    assert sorted(p.active_changes(), key=lambda c: c[0].client_id) == [(a, True), (b, False)]
+    p.remove_consumer(a)
+    assert p.active_changes() == [(b, True)]
+    shared = planner(MemoryTopic(), subscription())
+    s = StreamConsumer(10, 0, 0, "s")
+    s.active_notices = True
+    shared.add_consumer(s)
+    assert shared.active_changes() == []  # Shared: no notices (Pulsar sends them for failover)

@@ -162,3 +162,35 @@ def test_a_readers_messages_go_out_one_per_frame_and_are_acked_at_once() -> None
     consumer.flow(10)
     assert _deliveries(written) == [(0, 0, 1, 0), (0, 1, 1, 0), (0, 2, 1, 0)]
     assert _queued(consumer) == (["a0-0", "a0-1", "a0-2"], [])
+
+
+def _windows(consumer: Consumer) -> list[int]:
+    """The stream windows (max_outstanding_messages) the consumer queued, in order."""
+    out = []
+    queue = consumer._requests
+    while not queue.empty():
+        request = queue.get_nowait()
+        if request.max_outstanding_messages:
+            out.append(request.max_outstanding_messages)
+    return out
+
+
+def test_the_streams_window_is_what_the_consumer_holds_plus_its_unused_permits() -> None:
+    """FLOW widens the window; delivering moves permits to held (no change); an ack or nack
+    narrows it by what it settles, in the same request; never below 1."""
+    consumer, written = _consumer()
+    consumer.flow(5)
+    assert _windows(consumer) == [5]
+    consumer._buffer.extend(_received(0, o) for o in (0, 2, 4))  # three single messages
+    consumer.flow(0)
+    assert len(_deliveries(written)) == 3
+    assert _windows(consumer) == []  # 3 held + 2 permits: still 5
+    _ack(consumer, (0, 0, []), (0, 2, []))
+    assert _windows(consumer) == [3]  # 1 held + 2 permits
+    consumer.flow(4)
+    assert _windows(consumer) == [7]
+    _redeliver(consumer, (0, 4))
+    assert _windows(consumer) == [6]
+    shared_nothing, _ = _consumer()
+    shared_nothing.flow(0)
+    assert _windows(shared_nothing) == []  # 1 (the window at open) already

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from pubsubd.core.active_notices import ActiveNotice
 from pubsubd.core.damage_policy import DamagePolicy
 from pubsubd.core.errors import PubsubError
 from pubsubd.core.quotas import Backlog, BacklogQuota
@@ -218,13 +219,20 @@ class StreamHandle(Protocol):
     @property
     def outstanding(self) -> int: ...
 
-    async def next_response(self) -> tuple[list[bytes], list[int]] | BaseException:
-        """The next response to write, or the error that ends the stream."""
+    async def next_response(
+        self,
+    ) -> tuple[list[bytes], list[int]] | ActiveNotice | BaseException:
+        """The next response to write (or failover notice), or the error that ends the
+        stream."""
         ...
 
     def end(self, error: BaseException) -> None: ...
 
     def set_ack_deadline(self, seconds: int) -> None: ...
+
+    def set_max_messages(self, count: int) -> None:
+        """The stream's max_outstanding_messages changed (a later request set it)."""
+        ...
 
     def alive(self) -> None:
         """A request arrived: the client reads this stream."""
@@ -288,9 +296,11 @@ class SubscribingForwarderApi(Protocol):
         max_bytes: int,
         client_id: str = "",
         sources: frozenset[int] | None = None,
+        active_notices: bool = False,
     ) -> StreamHandle:
         """A StreamingPull consumer; ``sources``: it takes messages of these publish message
-        sources only (None: of every source)."""
+        sources only (None: of every source); ``active_notices``: it is told when it becomes
+        or stops being a failover subscription's receiver (core/active_notices.py)."""
         ...
 
     def acknowledge(self, name: str, ack_ids: list[str]) -> None: ...

@@ -177,6 +177,15 @@ def close_consumer(consumer_id: int) -> bytes:
     return frame(cmd)
 
 
+def active_consumer_change(consumer_id: int, active: bool) -> bytes:
+    """Broker-initiated, failover: the consumer became (or stopped being) the active one of
+    its topic or partition; the client calls its ConsumerEventListener."""
+    cmd = BaseCommand(type=Type.Value("ACTIVE_CONSUMER_CHANGE"))
+    cmd.active_consumer_change.consumer_id = consumer_id
+    cmd.active_consumer_change.is_active = active
+    return frame(cmd)
+
+
 def close_producer(producer_id: int) -> bytes:
     cmd = BaseCommand(type=Type.Value("CLOSE_PRODUCER"))
     cmd.close_producer.producer_id = producer_id

@@ -181,9 +181,10 @@ class Connection:
 
     def _unsupported(self, cmd: Any) -> None:
         name = Type.Name(cmd.type) if cmd.type in Type.values() else str(cmd.type)
-        self._answer_error(
-            cmd, PulsarError("NotAllowedError", f"{name} is not supported by pubsubd")
-        )
+        what = f"{name} is not supported by pubsubd"
+        if cmd.type in _TRANSACTION_COMMANDS:
+            what = f"transactions are not supported by pubsubd ({name})"
+        self._answer_error(cmd, PulsarError("NotAllowedError", what))
 
     async def _close(self) -> None:
         for consumer in list(self.consumers.values()):
@@ -401,6 +402,7 @@ class Connection:
                 topic=topic.google,
                 sources=sources,
                 auto_ack=temporary,
+                failover=kind == "failover",
             )
             await consumer.open()
             consumer.on_lost = self._consumer_lost
@@ -571,6 +573,21 @@ class Connection:
                 consumer.subscription, {s: found[s] for s in consumer.sources if s in found}
             )
 
+
+# The transaction coordinator's commands (a client that enables transactions sends
+# TC_CLIENT_CONNECT_REQUEST first): each answered with ERROR NotAllowedError naming transactions.
+_TRANSACTION_COMMANDS = frozenset(
+    Type.Value(name)
+    for name in (
+        "TC_CLIENT_CONNECT_REQUEST",
+        "NEW_TXN",
+        "ADD_PARTITION_TO_TXN",
+        "ADD_SUBSCRIPTION_TO_TXN",
+        "END_TXN",
+        "END_TXN_ON_PARTITION",
+        "END_TXN_ON_SUBSCRIPTION",
+    )
+)
 
 # A reader's temporary subscription carries this label (not pubsubd-*: those are settings).
 READER_LABEL = "pulsar-reader"

@@ -21,11 +21,21 @@ said which were acked, and the whole batch comes back (Pulsar's behaviour too). 
 consumer gets one message per MESSAGE (its client compares message IDs with
 GET_LAST_MESSAGE_ID's, which names single positions).
 
-The stream holds at most ``MAX_OUTSTANDING`` unacked
-messages. Pulsar has no ack deadline, so the leases of everything this consumer holds are
-extended every ``EXTEND_EVERY_S``; closing the consumer (or losing its connection) nacks them,
-so they are redelivered at once. The redelivery count is the stream's ``delivery_attempt`` - 1
-(subscriptions carry ``pubsubd-delivery-attempts: always``).
+Flow: the stream's window (``max_outstanding_messages``, which pubsubd lets a later request
+move) is what this consumer holds unacked plus the client's unused permits, as a Pulsar broker
+dispatches no more than the permits: a FLOW widens it, an ack or nack narrows it by what it
+settles (in the same request), so the server never hands this consumer more than its client
+asked for, and another consumer of a Shared subscription gets the rest. At most
+``MAX_OUTSTANDING`` unacked messages, and at least 1 (0 would mean no limit): a consumer
+holding nothing with no permits may be handed one message ahead. Pulsar has no ack deadline,
+so the leases of everything this consumer holds are extended every ``EXTEND_EVERY_S``; closing
+the consumer (or losing its connection) nacks them, so they are redelivered at once. The
+redelivery count is the stream's ``delivery_attempt`` - 1 (subscriptions carry
+``pubsubd-delivery-attempts: always``).
+
+A Failover consumer's stream asks for failover notices (core/active_notices.py): the server
+tells it, in order with its messages, when it becomes or stops being a receiver of its source
+(or of the subscription), and the consumer sends ACTIVE_CONSUMER_CHANGE.
 
 A consumer of partition N (``TOPIC-partition-N``) opens its stream with the request header
 ``pubsubd-sources: N``, so the server hands it only source N's messages. A reader's consumer
@@ -44,7 +54,7 @@ from typing import Any
 
 import grpc
 
-from pubsubd.core import pb
+from pubsubd.core import active_notices, pb
 from pubsubd.core.errors import STREAM_ACCEPTED
 from pubsubd.core.ids import OFFSET_BITS, OFFSET_MASK
 from pubsubd.core.publish_sources import STREAM_SOURCES_HEADER
@@ -73,6 +83,7 @@ class Consumer:
         topic: str = "",
         sources: frozenset[int] | None = None,
         auto_ack: bool = False,
+        failover: bool = False,
     ) -> None:
         self.gateway = gateway
         self.write = write
@@ -81,9 +92,12 @@ class Consumer:
         self.topic = topic
         self.sources = sources  # the partition's source; None: every source
         self.auto_ack = auto_ack  # a reader: acked as sent
+        self.failover = failover  # told when it becomes or stops being the active consumer
         self.client_id = client_id
         self.cumulative_ok = cumulative_ok
         self.permits = 0
+        self._held_count = 0  # messages delivered to the client and not settled
+        self._window = 1  # the stream's max_outstanding_messages as last sent
         self._buffer: deque[Any] = deque()  # ReceivedMessages waiting for permits
         # (ledger, entry) of each MESSAGE the client holds -> the ack IDs of its messages
         # (index i: position entry + i), None once acked.
@@ -102,7 +116,7 @@ class Consumer:
             pb.StreamingPullRequest(
                 subscription=self.subscription,
                 stream_ack_deadline_seconds=STREAM_DEADLINE_S,
-                max_outstanding_messages=MAX_OUTSTANDING,
+                max_outstanding_messages=1,
                 client_id=self.client_id,
             )
         )
@@ -110,6 +124,8 @@ class Consumer:
         if self.sources is not None:
             header = (STREAM_SOURCES_HEADER, ",".join(map(str, sorted(self.sources))))
             metadata = (*(metadata or ()), header)
+        if self.failover:
+            metadata = (*(metadata or ()), (active_notices.HEADER, "1"))
         self._call = self.gateway.streaming_pull(requests_from(self._requests), metadata=metadata)
         headers = await self._call.initial_metadata()
         if STREAM_ACCEPTED not in tuple(headers or ()):
@@ -124,6 +140,25 @@ class Consumer:
     def flow(self, permits: int) -> None:
         self.permits += permits
         self._pump()
+        window = self._wanted_window()
+        if window > self._window:
+            self._window = window
+            self._requests.put_nowait(pb.StreamingPullRequest(max_outstanding_messages=window))
+
+    def _wanted_window(self) -> int:
+        """What the stream may hold for this consumer: its unsettled messages and the client's
+        unused permits (the buffer is within those: it is what the permits will take)."""
+        return max(1, min(self._held_count + self.permits, MAX_OUTSTANDING))
+
+    def _settle(self, request: Any, settled: int) -> None:
+        """Send ``request`` (acks or nacks of ``settled`` held messages) with the window they
+        narrow: settled messages make no room for more."""
+        self._held_count = max(0, self._held_count - settled)
+        window = self._wanted_window()
+        if window != self._window:
+            self._window = window
+            request.max_outstanding_messages = window
+        self._requests.put_nowait(request)
 
     def _pump(self) -> None:
         buffer, sent, consumer_id = self._buffer, self._sent, self.consumer_id
@@ -135,6 +170,7 @@ class Consumer:
         out = []
         acked: list[str] = []
         auto_ack, take = self.auto_ack, buffer.popleft
+        held = 0
         max_batch = MAX_BATCH if self.batching else 1
         while count:  # once per delivered message: kept lean
             received = take()
@@ -166,6 +202,7 @@ class Consumer:
                 count -= 1
             if len(batch) > 1:
                 sent[(ledger, entry)] = ack_ids
+                held += len(ack_ids)
                 out.append(
                     messages.batch_frame(consumer_id, ledger, entry, redelivery, batch, partition)
                 )
@@ -174,12 +211,14 @@ class Consumer:
                 acked.append(received.ack_id)
             else:
                 sent[(ledger, entry)] = ack_ids
+                held += 1
             out.append(
                 messages.message_frame(consumer_id, ledger, entry, redelivery, message, partition)
             )
+        self._held_count += held
         self.write(b"".join(out))
-        if acked:
-            self._requests.put_nowait(pb.StreamingPullRequest(ack_ids=acked))
+        if acked:  # a reader's: settled as sent, so the permits they took are gone too
+            self._settle(pb.StreamingPullRequest(ack_ids=acked), 0)
 
     def ack(self, cmd: Any) -> None:
         """ACK individual (a list of IDs, each a MESSAGE's (ledger, entry), with ``ack_set``
@@ -213,7 +252,7 @@ class Consumer:
                     del sent[key]
                     ack_ids += [a for a in held if a is not None]
         if ack_ids:
-            self._requests.put_nowait(pb.StreamingPullRequest(ack_ids=ack_ids))
+            self._settle(pb.StreamingPullRequest(ack_ids=ack_ids), len(ack_ids))
         if cmd.HasField("request_id"):
             self.write(commands.ack_response(self.consumer_id, cmd.request_id))
 
@@ -272,21 +311,15 @@ class Consumer:
             ack_ids = self._held()
             self._sent.clear()
             self._buffer.clear()
-        self._nack(ack_ids)
+            self._held_count = len(ack_ids)  # the buffer's too: settled with the rest
+        if ack_ids:
+            self._settle(_nack_request(ack_ids), len(ack_ids))
 
     def _held(self) -> list[str]:
         """The ack IDs of everything this consumer holds: delivered and unacked, or waiting
         for permits."""
         held = [a for ack_ids in self._sent.values() for a in ack_ids if a is not None]
         return held + [r.ack_id for r in self._buffer]
-
-    def _nack(self, ack_ids: list[str]) -> None:
-        if ack_ids:
-            self._requests.put_nowait(
-                pb.StreamingPullRequest(
-                    modify_deadline_ack_ids=ack_ids, modify_deadline_seconds=[0] * len(ack_ids)
-                )
-            )
 
     async def close(self) -> None:
         """End the stream, then give back what this consumer holds (redelivered at once).
@@ -324,6 +357,9 @@ class Consumer:
                 response = await self._call.read()
                 if response is grpc.aio.EOF:
                     break
+                if isinstance(response, active_notices.ActiveNotice):
+                    self.write(commands.active_consumer_change(self.consumer_id, response.active))
+                    continue
                 self._buffer.extend(response.received_messages)
                 self._pump()
         except grpc.aio.AioRpcError as e:
@@ -346,6 +382,12 @@ class Consumer:
                         modify_deadline_seconds=[STREAM_DEADLINE_S] * len(part),
                     )
                 )
+
+
+def _nack_request(ack_ids: list[str]) -> Any:
+    return pb.StreamingPullRequest(
+        modify_deadline_ack_ids=ack_ids, modify_deadline_seconds=[0] * len(ack_ids)
+    )
 
 
 def _bit(words: Any, i: int) -> bool:

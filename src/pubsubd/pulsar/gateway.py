@@ -19,7 +19,7 @@ import grpc
 from google.protobuf import timestamp_pb2
 
 from pubsubd._gen.pubsubd.v1 import replay_pb2
-from pubsubd.core import pb
+from pubsubd.core import active_notices, pb
 from pubsubd.pulsar import errors
 
 _PUBLISHER = "/google.pubsub.v1.Publisher/"
@@ -93,7 +93,7 @@ class Gateway:
         self.streaming_pull = ch.stream_stream(
             _SUBSCRIBER + "StreamingPull",
             pb.StreamingPullRequest.SerializeToString,
-            pb.StreamingPullResponse.FromString,
+            _stream_response,
         )
 
     async def close(self) -> None:
@@ -233,6 +233,15 @@ class Gateway:
             )
         except grpc.aio.AioRpcError as e:
             raise errors.from_rpc_error(e, subscription=True) from e
+
+
+def _stream_response(raw: bytes) -> Any:
+    """A StreamingPullResponse, or the failover notice (an ActiveNotice) a stream that asked
+    for them is sent (core/active_notices.py)."""
+    active = active_notices.decode(raw)
+    if active is not None:
+        return active_notices.ActiveNotice(active)
+    return pb.StreamingPullResponse.FromString(raw)
 
 
 def deduplicated(data: bytes, attributes: dict[str, str], ordering_key: str, dedup_id: str) -> Any:

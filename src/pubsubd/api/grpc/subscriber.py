@@ -26,7 +26,7 @@ from pubsubd.api.grpc.status import parsing, rpc, to_status, unary_method
 from pubsubd.control.catalog import Catalog
 from pubsubd.control.router import Routes
 from pubsubd.control.snapshots import Snapshots
-from pubsubd.core import names, pb, validation, wire
+from pubsubd.core import active_notices, names, pb, validation, wire
 from pubsubd.core.errors import (
     STREAM_ACCEPTED,
     FailedPrecondition,
@@ -212,7 +212,9 @@ class SubscriberServicer:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
                 raise  # unreachable: abort raises
             try:
-                forwarder, entry, stream = self._open_stream(first, _stream_sources(context))
+                forwarder, entry, stream = self._open_stream(
+                    first, _stream_sources(context), _wants_active_notices(context)
+                )
             except PubsubError as e:
                 code = None if isinstance(e, NotServedHere) else to_status(e)[0].name
                 await context.abort(to_status(e)[0], str(e))
@@ -239,6 +241,9 @@ class SubscriberServicer:
                     code = status.name
                     await context.abort(status, str(item))
                     raise item  # unreachable: abort raises
+                if isinstance(item, active_notices.ActiveNotice):
+                    yield active_notices.encode(item.active)
+                    continue
                 messages, _ = item
                 metrics.DELIVERED_MESSAGES.inc(len(messages))
                 messages.append(props)
@@ -256,7 +261,7 @@ class SubscriberServicer:
                 stream.close()
 
     def _open_stream(
-        self, first: Any, sources: frozenset[int] | None
+        self, first: Any, sources: frozenset[int] | None, notices: bool = False
     ) -> tuple[SubscribingForwarderApi, Any, StreamHandle]:
         if not first.subscription:
             raise InvalidArgument("subscription: the first request of a stream must name it")
@@ -277,6 +282,7 @@ class SubscriberServicer:
             first.max_outstanding_bytes,
             first.client_id,
             sources,
+            notices,
         )
         try:
             self._apply(forwarder, first.subscription, first)
@@ -314,6 +320,13 @@ class SubscriberServicer:
                 _check_modacks(request)
                 stream.alive()  # any request, even a heartbeat, shows the client reads
                 self._apply(forwarder, name, request)
+                if request.max_outstanding_messages:
+                    # pubsubd's extension (Google reads it on the first request only): a later
+                    # request may move the stream's message window, as the Pulsar front does
+                    # to follow its client's FLOW permits.
+                    if request.max_outstanding_messages < 0:
+                        raise InvalidArgument("max_outstanding_messages: must not be negative")
+                    stream.set_max_messages(request.max_outstanding_messages)
                 if request.stream_ack_deadline_seconds:
                     stream.set_ack_deadline(
                         validation.ack_deadline(
@@ -337,6 +350,14 @@ def _stream_sources(context: Context) -> frozenset[int] | None:
         if key == STREAM_SOURCES_HEADER:
             return stream_sources(value if isinstance(value, str) else value.decode())
     return None
+
+
+def _wants_active_notices(context: Context) -> bool:
+    """The ``pubsubd-active-notices`` request header (core/active_notices.py)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == active_notices.HEADER:
+            return active_notices.wanted(value)
+    return False
 
 
 async def _parsed(raw: AsyncIterator[bytes]) -> AsyncIterator[Any]:

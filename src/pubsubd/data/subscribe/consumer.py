@@ -31,6 +31,10 @@ class Consumer(abc.ABC):
     client_id = ""  # a stream's, stable across the client's reconnects
     # The publish message sources whose messages this consumer takes; None: every source.
     sources: frozenset[int] | None = None
+    # A stream that asked to be told when it becomes or stops being a failover subscription's
+    # receiver (core/active_notices.py), and what it was last told (None: nothing yet).
+    active_notices = False
+    notified_active: bool | None = None
 
     def __init__(self, ack_deadline_s: float, max_messages: int, max_bytes: int) -> None:
         self.id = next(_ids)
@@ -67,6 +71,10 @@ class Consumer(abc.ABC):
     def returned(self, size: int) -> None:
         self.outstanding -= 1
         self.outstanding_bytes -= size
+
+    def notify_active(self, active: bool) -> None:
+        """Tell the client it became (or stopped being) a receiver; only streams can."""
+        return
 
     @abc.abstractmethod
     def deliver(self, messages: list[bytes], positions: list[int]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from pubsubd.core.active_notices import ActiveNotice
 from pubsubd.data.subscribe.consumer import (
     MAX_RESPONSE_BYTES,
     MAX_RESPONSE_MESSAGES,
@@ -30,11 +31,17 @@ class StreamConsumer(Consumer):
     ) -> None:
         super().__init__(ack_deadline_s, max_messages, max_bytes)
         self.client_id = client_id  # stable across the client's reconnects
-        # Responses (messages, positions) not yet written to the stream, or the error to end it
-        self.queue: asyncio.Queue[tuple[list[bytes], list[int]] | BaseException] = asyncio.Queue()
+        # Responses (messages, positions) or notices not yet written to the stream, or the
+        # error to end it
+        self.queue: asyncio.Queue[tuple[list[bytes], list[int]] | ActiveNotice | BaseException] = (
+            asyncio.Queue()
+        )
 
     def deliver(self, messages: list[bytes], positions: list[int]) -> None:
         self.queue.put_nowait((messages, positions))
+
+    def notify_active(self, active: bool) -> None:
+        self.queue.put_nowait(ActiveNotice(active))
 
     def unsent(self) -> list[int]:
         """Take the positions of every response still queued (the stream ended: none of them

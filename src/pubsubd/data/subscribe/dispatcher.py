@@ -235,6 +235,10 @@ class SubscriptionDispatcher:
     def _apply(self) -> None:
         """Carry out the planner's effects, in order; then arm the timer."""
         fx = self.planner.effects()
+        # Told before the deliveries of the same step: a stream learns it is active, then
+        # receives.
+        for consumer, active in self.planner.active_changes():
+            consumer.notify_active(active)
         if fx:
             self._carry_out(fx)
             if fx.acks and (self._blocking or self.quota is not None):

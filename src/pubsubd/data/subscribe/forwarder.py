@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from pubsubd.core.active_notices import ActiveNotice
 from pubsubd.core.clock import SYSTEM_CLOCK, Clock
 from pubsubd.core.errors import (
     AckIdsInvalid,
@@ -81,9 +82,11 @@ class Stream:
     def outstanding(self) -> int:
         return self._consumer.outstanding
 
-    async def next_response(self) -> tuple[list[bytes], list[int]] | BaseException:
-        """The next response to write (framed ReceivedMessages, their positions), or the error
-        that ends the stream."""
+    async def next_response(
+        self,
+    ) -> tuple[list[bytes], list[int]] | ActiveNotice | BaseException:
+        """The next response to write (framed ReceivedMessages, their positions), a failover
+        notice, or the error that ends the stream."""
         return await self._consumer.queue.get()
 
     def end(self, error: BaseException) -> None:
@@ -93,6 +96,14 @@ class Stream:
     def set_ack_deadline(self, seconds: int) -> None:
         """stream_ack_deadline_seconds changed: leases granted from now on last this long."""
         self._consumer.ack_deadline_s = seconds
+
+    def set_max_messages(self, count: int) -> None:
+        """A later request moved the stream's message window (pubsubd's extension, used by
+        the Pulsar front to follow its client's permits): a wider one receives at once."""
+        wider = count > self._consumer.max_messages
+        self._consumer.max_messages = count
+        if wider:
+            self._dispatcher.schedule_pump()
 
     def alive(self) -> None:
         """A request arrived on the stream: a stalled stream receives again."""
@@ -358,6 +369,7 @@ class SubscribingForwarder:
         max_bytes: int,
         client_id: str = "",
         sources: frozenset[int] | None = None,
+        active_notices: bool = False,
     ) -> Stream:
         if self.closing:
             raise Unavailable("the server is shutting down")
@@ -365,6 +377,7 @@ class SubscribingForwarder:
         d.admit(client_id)
         consumer = StreamConsumer(ack_deadline_s, max_messages, max_bytes, client_id)
         consumer.sources = sources
+        consumer.active_notices = active_notices
         d.add_consumer(consumer)
         return Stream(d, consumer)
 

@@ -244,6 +244,23 @@ class DeliveryPlanner:
             # now, not at the next publish or timer.
             self._effects.pump = True
 
+    def active_changes(self) -> list[tuple[Consumer, bool]]:
+        """Failover: the streams that asked for notices and became, or stopped being, a
+        receiver since they were last told (each is marked told)."""
+        if self.settings.type is not SubscriptionType.FAILOVER:
+            return []
+        streams = [c for c in self.roster.streams() if c.active_notices]
+        if not streams:
+            return []
+        receivers = self.roster.receivers(self.settings)
+        changes = []
+        for c in streams:
+            active = receivers is None or c.id in receivers
+            if c.notified_active is not active:
+                c.notified_active = active
+                changes.append((c, active))
+        return changes
+
     def end_consumer(self, consumer: Consumer, error: PubsubError) -> None:
         """Remove ``consumer`` and have the shell end it with ``error``."""
         self.remove_consumer(consumer)
