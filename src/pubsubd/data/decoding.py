@@ -13,10 +13,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from pubsubd.core import ids, pb
+from pubsubd.core import flat_views, ids, pb
 from pubsubd.core.delays import MARKER, due_times
 from pubsubd.core.validation import DEDUP_ID_ATTRIBUTE
 from pubsubd.storage.framing import Entry
+
+_DEDUP_KEY = DEDUP_ID_ATTRIBUTE.encode()
 
 # Decoded entries kept per topic, bounded by the stored size of the entries (the decoded form
 # is about twice that).
@@ -31,12 +33,16 @@ class DecodedEntry:
     ordering_key: str  # one per entry: every message of a PublishRequest shares it
     # epoch microseconds before which each message must not be delivered; None if none is delayed
     deliver_at: list[int | None] | None = None
+    # Every message's data, when no message has an attribute but the reserved one (so a
+    # columnar Read needs no parsed message); None: read ``parsed``.
+    plain_data: list[bytes] | None = None
 
 
 def decode(source: int, entry: Entry) -> DecodedEntry:
     """An entry's messages, serialized with message_id and publish_time set; the reserved dedup
     attribute is stripped (stored for the dedup window only, never delivered)."""
     request = pb.PublishRequest.FromString(entry.payload)
+    n = len(request.messages)
     seconds, micros = divmod(entry.publish_time_us, 1_000_000)
     base = ids.position(source, entry.base_offset)
     messages = []
@@ -50,7 +56,24 @@ def decode(source: int, entry: Entry) -> DecodedEntry:
         messages.append(m.SerializeToString())
     delays = due_times(request.messages, entry.publish_time_us) if MARKER in entry.payload else None
     ordering_key = request.messages[0].ordering_key if request.messages else ""
-    return DecodedEntry(entry, messages, request.messages, ordering_key, delays)
+    return DecodedEntry(
+        entry, messages, request.messages, ordering_key, delays, _plain_data(entry.payload, n)
+    )
+
+
+def _plain_data(payload: bytes, count: int) -> list[bytes] | None:
+    """Every message's data from the wire bytes in one list, when the entry's messages carry no
+    attribute but the reserved one; else None. Every stored message has data or an attribute
+    (checked at publish), so with no attribute a count of ``data`` fields equal to the number
+    of messages means one each; the reserved attribute, added by the server, is one per
+    message of a deduplicated batch."""
+    entries = flat_views.attribute_entries(payload)
+    if entries and not (
+        entries == count and flat_views.attribute_keys(payload).count(_DEDUP_KEY) == count
+    ):
+        return None
+    data = flat_views.message_data(payload)
+    return data if len(data) == count else None
 
 
 class DecodeCache:

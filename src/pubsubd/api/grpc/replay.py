@@ -196,7 +196,8 @@ def _fill_messages(messages: Any, source: int, rows: Page) -> None:
 def _fill_columns(columns: Any, rows: Page) -> None:
     """ReadResponse.columns (ReadColumns): every field in one ``extend`` from lists built per
     entry; per row only ``data`` and the attribute map are touched (offsets, publish time and
-    ordering key are per entry). Message IDs are not sent: the client derives them."""
+    ordering key are per entry), and not even those for an entry without attributes (its data
+    list comes from the decode cache). Message IDs are not sent: the client derives them."""
     offsets: list[int] = []
     data: list[bytes] = []
     ordering_keys: list[str] = []
@@ -210,6 +211,10 @@ def _fill_columns(columns: Any, rows: Page) -> None:
         offsets.extend(range(entry.base_offset + lo, entry.base_offset + hi))
         publish_times.extend(repeat(entry.publish_time_us, n))
         ordering_keys.extend(repeat(decoded.ordering_key, n))  # one per entry
+        if decoded.plain_data is not None:  # no attributes: no parsed message touched
+            data.extend(decoded.plain_data[lo:hi])
+            counts.extend(repeat(0, n))
+            continue
         parsed = decoded.parsed[lo:hi]
         data.extend(map(_data, parsed))
         maps = list(map(_attributes, parsed))
