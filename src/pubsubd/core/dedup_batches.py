@@ -218,6 +218,31 @@ def _view_class() -> Any:
 _RequestView = _view_class()
 
 
+def _encode(
+    topic: str,
+    ids: Sequence[bytes],
+    data: Sequence[bytes],
+    headers: Sequence[tuple[bytes, bytes, bytes, bytes]],
+    source: int | None,
+) -> bytes:
+    topic_bytes = topic.encode()
+    parts = [b"\x0a" + _varint(len(topic_bytes)) + topic_bytes if topic_bytes else b""]
+    parts.append(
+        _interleave(list(map(itemgetter(0), headers)), ids, list(map(itemgetter(1), headers)), data)
+    )
+    if source is not None:
+        parts.append(b"\x18" + _varint(source))
+    return b"".join(parts)
+
+
+def encode_request(topic: str, ids: Sequence[bytes], data: Sequence[bytes]) -> bytes:
+    """A ``PublishDeduplicatedRequest`` of messages with these dedup IDs and data (UTF-8 IDs),
+    byte for byte as protobuf serializes it, without a message object per row (the Spark
+    sink's requests; an empty ID or data is sent as an explicit empty field)."""
+    keys = zip(map(len, ids), map(len, data), strict=True)
+    return _encode(topic, ids, data, list(map(_HEADERS.__getitem__, keys)), None)
+
+
 @dataclass(frozen=True, slots=True)
 class FlatRequest:
     topic: str
@@ -244,15 +269,8 @@ def flat_request(raw: bytes) -> FlatRequest | None:
     if min(id_lengths) == 0 or max(id_lengths) > MAX_DEDUP_ID_BYTES or min(data_lengths) == 0:
         return None
     headers = list(map(_HEADERS.__getitem__, zip(id_lengths, data_lengths, strict=True)))
-    topic_bytes = view.topic.encode()
-    expected = [b"\x0a" + _varint(len(topic_bytes)) + topic_bytes if topic_bytes else b""]
-    expected.append(
-        _interleave(list(map(itemgetter(0), headers)), ids, list(map(itemgetter(1), headers)), data)
-    )
     source = view.source if view.HasField("source") else None
-    if source is not None:
-        expected.append(b"\x18" + _varint(source))
-    if b"".join(expected) != raw:
+    if _encode(view.topic, ids, data, headers, source) != raw:
         return None
     try:
         dedup_ids = list(map(bytes.decode, ids, repeat("utf-8")))
