@@ -24,8 +24,8 @@ def _publish(*messages: object) -> bytes:
 def test_messages_without_attributes_give_their_data_in_one_list() -> None:
     payload = _publish(pb.PubsubMessage(data=b"a"), pb.PubsubMessage(data=b"bc", ordering_key="k"))
     decoded = decode(0, _entry(payload, 2))
-    assert decoded.plain_data == [b"a", b"bc"]
-    assert decoded.plain_data == [m.data for m in decoded.parsed]
+    assert decoded.plain_data() == [b"a", b"bc"]
+    assert decoded.plain_data() == [m.data for m in decoded.parsed]
 
 
 def test_a_deduplicated_batch_gives_its_data_in_one_list() -> None:
@@ -34,7 +34,7 @@ def test_a_deduplicated_batch_gives_its_data_in_one_list() -> None:
     )
     [(payload, _, _, _)] = batch.stored([0, 1])
     decoded = decode(0, _entry(payload, 2))
-    assert decoded.plain_data == [b"x", b"y"]
+    assert decoded.plain_data() == [b"x", b"y"]
     assert all(not m.attributes for m in decoded.parsed)  # the reserved attribute stripped
 
 
@@ -54,4 +54,4 @@ def test_a_deduplicated_batch_gives_its_data_in_one_list() -> None:
 )
 def test_anything_else_is_read_from_the_parsed_messages(payload: bytes) -> None:
     count = len(pb.PublishRequest.FromString(payload).messages)
-    assert decode(0, _entry(payload, count)).plain_data is None
+    assert decode(0, _entry(payload, count)).plain_data() is None

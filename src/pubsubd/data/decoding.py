@@ -10,7 +10,7 @@ fan-out to several subscriptions and for redeliveries.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pubsubd.core import flat_views, ids, pb
@@ -33,16 +33,22 @@ class DecodedEntry:
     ordering_key: str  # one per entry: every message of a PublishRequest shares it
     # epoch microseconds before which each message must not be delivered; None if none is delayed
     deliver_at: list[int | None] | None = None
-    # Every message's data, when no message has an attribute but the reserved one (so a
-    # columnar Read needs no parsed message); None: read ``parsed``.
-    plain_data: list[bytes] | None = None
+    # memo of plain_data(): empty until first asked (only the replay API's Read asks)
+    _plain: list[list[bytes] | None] = field(default_factory=list, compare=False, repr=False)
+
+    def plain_data(self) -> list[bytes] | None:
+        """Every message's data in one list when no message has an attribute but the reserved
+        one (so a columnar Read needs no parsed message), else None: read ``parsed``."""
+        memo = self._plain
+        if not memo:
+            memo.append(_plain_data(self.entry.payload, len(self.messages)))
+        return memo[0]
 
 
 def decode(source: int, entry: Entry) -> DecodedEntry:
     """An entry's messages, serialized with message_id and publish_time set; the reserved dedup
     attribute is stripped (stored for the dedup window only, never delivered)."""
     request = pb.PublishRequest.FromString(entry.payload)
-    n = len(request.messages)
     seconds, micros = divmod(entry.publish_time_us, 1_000_000)
     base = ids.position(source, entry.base_offset)
     messages = []
@@ -56,9 +62,7 @@ def decode(source: int, entry: Entry) -> DecodedEntry:
         messages.append(m.SerializeToString())
     delays = due_times(request.messages, entry.publish_time_us) if MARKER in entry.payload else None
     ordering_key = request.messages[0].ordering_key if request.messages else ""
-    return DecodedEntry(
-        entry, messages, request.messages, ordering_key, delays, _plain_data(entry.payload, n)
-    )
+    return DecodedEntry(entry, messages, request.messages, ordering_key, delays)
 
 
 def _plain_data(payload: bytes, count: int) -> list[bytes] | None:

@@ -211,8 +211,9 @@ def _fill_columns(columns: Any, rows: Page) -> None:
         offsets.extend(range(entry.base_offset + lo, entry.base_offset + hi))
         publish_times.extend(repeat(entry.publish_time_us, n))
         ordering_keys.extend(repeat(decoded.ordering_key, n))  # one per entry
-        if decoded.plain_data is not None:  # no attributes: no parsed message touched
-            data.extend(decoded.plain_data[lo:hi])
+        plain = decoded.plain_data()
+        if plain is not None:  # no attributes: no parsed message touched
+            data.extend(plain[lo:hi])
             counts.extend(repeat(0, n))
             continue
         parsed = decoded.parsed[lo:hi]
