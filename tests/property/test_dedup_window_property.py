@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from pubsubd.core import ids
-from pubsubd.data.publish.dedup_window import DedupWindow
+from pubsubd.data.publish.dedup_window import DedupWindow, as_run
 
 pytestmark = pytest.mark.property
 
@@ -49,8 +49,8 @@ class WindowModel(RuleBasedStateMachine):
         found = self.model.get(dedup_id)
         return found is not None and found[0] >= self.now - WINDOW
 
-    @rule(batch=batches(), source=st.sampled_from([0, 2]))
-    def store(self, batch: list[str], source: int) -> None:
+    @rule(batch=batches(), source=st.sampled_from([0, 2]), use_run=st.booleans())
+    def store(self, batch: list[str], source: int, use_run: bool) -> None:
         # As the Deduplicator does: IDs within the window are duplicates, one copy per request.
         fresh: list[str] = []
         for dedup_id in batch:
@@ -60,7 +60,8 @@ class WindowModel(RuleBasedStateMachine):
             return
         first = ids.position(source, self.next_offset[source])
         self.next_offset[source] += len(fresh)
-        self.window.remember(fresh, first, self.now)
+        # As the Deduplicator does: a run is remembered in one step when it is known to be one.
+        self.window.remember(fresh, first, self.now, as_run(fresh) if use_run else None)
         for k, dedup_id in enumerate(fresh):
             self.model[dedup_id] = (self.now, first + k)
 
@@ -88,6 +89,15 @@ class WindowModel(RuleBasedStateMachine):
         for dedup_id in universe:
             want = self.model[dedup_id][1] if self._in_window(dedup_id) else None
             assert self.window.get(dedup_id, self.now) == want, dedup_id
+
+    @invariant()
+    def a_run_said_new_is_new(self) -> None:
+        # holds_none_of_run lets the Deduplicator skip looking a run's IDs up one by one.
+        for prefix in ["q:1:0", "q:1:1", "p", ""]:
+            for start in (0, 3, 11, 14):
+                if self.window.holds_none_of_run(prefix, start):
+                    for n in range(start, start + 4):
+                        assert self.window.get(f"{prefix}:{n}", self.now) is None
 
 
 TestWindowModel = WindowModel.TestCase

@@ -186,3 +186,49 @@ async def test_api_messages_are_stored_as_pubsub_messages(tmp_path: Path) -> Non
         assert keys == ["", "key"]
     finally:
         await publishing.close()
+
+
+def _sink_request(prefix: str, rows: range) -> Any:
+    """A Spark sink's request read flat (core/dedup_batches.py), as the replay API reads it."""
+    from pubsubd._gen.pubsubd.v1 import replay_pb2
+    from pubsubd.core.dedup_batches import flat_request
+
+    req = replay_pb2.PublishDeduplicatedRequest(topic="projects/p/topics/t")
+    for n in rows:
+        req.messages.add(dedup_id=f"{prefix}:{n}", data=b"%d" % n)
+    flat = flat_request(req.SerializeToString())
+    assert flat is not None
+    return flat.batch
+
+
+async def test_sink_runs_are_deduplicated_across_replays_and_restarts(tmp_path: Path) -> None:
+    publishing = PublishingForwarder(tmp_path, fsync=FsyncPolicy.ALWAYS)
+    dedup = Deduplicator(publishing, window_s=600)
+    first, dups = await dedup.publish(UID, _sink_request("w:0", range(1000)))
+    assert first == [str(n) for n in range(1000)] and dups == 0
+    assert dedup.windows[UID].runs == 1
+    # A replayed request, and one overlapping the last (a retry with more rows).
+    again, dups = await dedup.publish(UID, _sink_request("w:0", range(1000)))
+    assert again == first and dups == 1000
+    overlap, dups = await dedup.publish(UID, _sink_request("w:0", range(500, 1500)))
+    assert overlap == [str(n) for n in range(500, 1500)] and dups == 500
+    # Two copies of one request at once (a resend while the first is stored): stored once.
+    (a, dup_a), (b, dup_b) = await asyncio.gather(
+        dedup.publish(UID, _sink_request("w:1", range(1000))),
+        dedup.publish(UID, _sink_request("w:1", range(1000))),
+    )
+    assert a == b == [str(n) for n in range(1500, 2500)] and dup_a + dup_b == 1000
+    await publishing.close()
+    publishing = PublishingForwarder(tmp_path, fsync=FsyncPolicy.ALWAYS)
+    try:
+        dedup = Deduplicator(publishing, window_s=600)
+        dedup.recover([UID])
+        after, dups = await dedup.publish(UID, _sink_request("w:0", range(1000, 2000)))
+        assert after == [str(n) for n in range(1000, 1500)] + [str(n) for n in range(2500, 3000)]
+        assert dups == 500
+        stored = await _stored(publishing)
+        assert [m[0] for m in stored] == [str(n) for n in range(3000)]
+        assert all(attrs == {} for _, _, attrs in stored)  # the reserved attribute stripped
+        assert stored[1500][1] == b"0" and stored[2999][1] == b"1999"
+    finally:
+        await publishing.close()

@@ -13,6 +13,7 @@ pytest.importorskip("pyspark")
 import grpc
 import pyarrow as pa
 
+from pubsubd._gen.pubsubd.v1 import replay_pb2
 from pubsubd.spark import sink
 from pubsubd.spark.client import ReplayError
 from pubsubd.spark.options import SinkOptions
@@ -37,11 +38,15 @@ class _Pending:
 class _Client:
     def __init__(self) -> None:
         self.requests: list[Any] = []
+        self.raw: list[bytes] = []
         self.in_flight = 0
         self.most_in_flight = 0
         self.fail = False
 
     def start_publish(self, request: Any) -> _Pending:
+        if isinstance(request, bytes):  # data-only rows: encoded by the sink itself
+            self.raw.append(request)
+            request = replay_pb2.PublishDeduplicatedRequest.FromString(request)
         self.requests.append(request)
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
@@ -109,3 +114,31 @@ def test_a_failed_request_fails_the_task(client: _Client) -> None:
     batch = pa.RecordBatch.from_pydict({"data": [b"x"] * 30})
     with pytest.raises(ReplayError, match="INTERNAL"):
         sink.publish_batches(_opts(batch_size=10), iter([batch]), "q:0:0", 0)
+
+
+def test_data_only_rows_are_encoded_as_protobuf_would(client: _Client) -> None:
+    data = [b"x" * (i % 200 + 1) for i in range(2500)] + [None]
+    batches = [
+        pa.RecordBatch.from_pydict({"data": data[:1300], "value": list(range(1300))}),
+        pa.RecordBatch.from_pydict({"data": data[1300:]}),
+    ]
+    sink.publish_batches(_opts(), iter(batches), "q:é:3", 3)
+    assert len(client.raw) == 3 == len(client.requests)
+    sent = [m for r in client.requests for m in r.messages]
+    assert [m.dedup_id for m in sent] == [f"q:é:3:{i}" for i in range(2501)]
+    assert [m.data for m in sent] == [d or b"" for d in data]
+    for raw, request in zip(client.raw[:2], client.requests, strict=False):
+        assert raw == request.SerializeToString()  # byte for byte, so the server reads it flat
+    # An empty row is sent as an explicit empty field (the server refuses it, as before).
+
+
+def test_data_only_requests_stay_within_the_request_size(
+    client: _Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sink, "_MAX_REQUEST_BYTES", 1000)
+    batch = pa.RecordBatch.from_pydict({"data": [b"y" * 90] * 40 + [b"z" * 5000]})
+    sink.publish_batches(_opts(), iter([batch]), "q:0:0", 0)
+    assert [len(r.messages) for r in client.requests] == [7, 7, 7, 7, 7, 5, 1]
+    assert all(len(r) <= 1000 for r in client.raw[:-1])
+    sent = [m.dedup_id for r in client.requests for m in r.messages]
+    assert sent == [f"q:0:0:{i}" for i in range(41)]

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from pubsubd.core.active_notices import ActiveNotice
 from pubsubd.core.damage_policy import DamagePolicy
+from pubsubd.core.dedup_batches import DedupBatch
 from pubsubd.core.errors import PubsubError
 from pubsubd.core.quotas import Backlog, BacklogQuota
 from pubsubd.core.records import CursorState, DamagedRange, Entry, SourceRange
@@ -79,7 +80,10 @@ class PublishingForwarderApi(Protocol):
         ...
 
     async def publish_deduplicated(
-        self, topic_uid: str, messages: Sequence[tuple[str, Any]], source: int | None = None
+        self,
+        topic_uid: str,
+        messages: Sequence[tuple[str, Any]] | DedupBatch,
+        source: int | None = None,
     ) -> tuple[list[str], int]:
         """Persist the messages whose dedup ID the topic's window does not know; returns
         every message ID (the original one for a duplicate) and the duplicates count."""

@@ -10,13 +10,15 @@ fan-out to several subscriptions and for redeliveries.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from pubsubd.core import ids, pb
+from pubsubd.core import flat_views, ids, pb
 from pubsubd.core.delays import MARKER, due_times
 from pubsubd.core.validation import DEDUP_ID_ATTRIBUTE
 from pubsubd.storage.framing import Entry
+
+_DEDUP_KEY = DEDUP_ID_ATTRIBUTE.encode()
 
 # Decoded entries kept per topic, bounded by the stored size of the entries (the decoded form
 # is about twice that).
@@ -31,6 +33,16 @@ class DecodedEntry:
     ordering_key: str  # one per entry: every message of a PublishRequest shares it
     # epoch microseconds before which each message must not be delivered; None if none is delayed
     deliver_at: list[int | None] | None = None
+    # memo of plain_data(): empty until first asked (only the replay API's Read asks)
+    _plain: list[list[bytes] | None] = field(default_factory=list, compare=False, repr=False)
+
+    def plain_data(self) -> list[bytes] | None:
+        """Every message's data in one list when no message has an attribute but the reserved
+        one (so a columnar Read needs no parsed message), else None: read ``parsed``."""
+        memo = self._plain
+        if not memo:
+            memo.append(_plain_data(self.entry.payload, len(self.messages)))
+        return memo[0]
 
 
 def decode(source: int, entry: Entry) -> DecodedEntry:
@@ -51,6 +63,21 @@ def decode(source: int, entry: Entry) -> DecodedEntry:
     delays = due_times(request.messages, entry.publish_time_us) if MARKER in entry.payload else None
     ordering_key = request.messages[0].ordering_key if request.messages else ""
     return DecodedEntry(entry, messages, request.messages, ordering_key, delays)
+
+
+def _plain_data(payload: bytes, count: int) -> list[bytes] | None:
+    """Every message's data from the wire bytes in one list, when the entry's messages carry no
+    attribute but the reserved one; else None. Every stored message has data or an attribute
+    (checked at publish), so with no attribute a count of ``data`` fields equal to the number
+    of messages means one each; the reserved attribute, added by the server, is one per
+    message of a deduplicated batch."""
+    entries = flat_views.attribute_entries(payload)
+    if entries and not (
+        entries == count and flat_views.attribute_keys(payload).count(_DEDUP_KEY) == count
+    ):
+        return None
+    data = flat_views.message_data(payload)
+    return data if len(data) == count else None
 
 
 class DecodeCache:

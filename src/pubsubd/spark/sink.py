@@ -21,10 +21,13 @@ Otherwise give each row its own ``dedup_id``.
 from __future__ import annotations
 
 import logging
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from itertools import accumulate
+from operator import add
+from typing import Any, cast
 
 import pyarrow as pa
 from pyspark import TaskContext
@@ -36,6 +39,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
 from pubsubd._gen.pubsubd.v1 import replay_pb2
+from pubsubd.core.dedup_batches import encode_request
 from pubsubd.spark.client import PendingPublish, get_client
 from pubsubd.spark.options import OptionError, SinkOptions
 
@@ -85,14 +89,16 @@ def publish_batches(
 ) -> PublishCommit:
     """Publish every row of ``batches`` in requests of at most ``opts.batch_size`` messages,
     keeping up to ``_IN_FLIGHT`` requests in flight (one when rows have ordering keys, so a
-    key's messages are stored in row order). The requests are built straight from the Arrow
-    columns, one ``add`` per row."""
+    key's messages are stored in row order). Rows of only ``data`` (no attributes, ordering
+    keys or own dedup IDs) become request bytes directly (``core.dedup_batches.encode_request``,
+    no per-row message object); others are built from the Arrow columns, one ``add`` per row."""
     client = get_client(opts.endpoint, opts.security)
     in_flight: deque[PendingPublish] = deque()
     published = duplicates = row = 0
     request: Any = None
     request_bytes = 0
     limit = _IN_FLIGHT
+    plain: list[bytes] = []  # data-only rows waiting for a request, from row number ``row``
 
     def collect(keep: int) -> None:
         nonlocal published, duplicates
@@ -101,12 +107,25 @@ def publish_batches(
             published += answered
             duplicates += dups
 
+    def submit(message: Any) -> None:
+        collect(limit - 1)
+        in_flight.append(client.start_publish(message))
+
     def send() -> None:
         nonlocal request, request_bytes
         if request is not None:
-            collect(limit - 1)
-            in_flight.append(client.start_publish(request))
+            submit(request)
         request, request_bytes = None, 0
+
+    def send_plain(final: bool) -> None:
+        """Requests of the waiting data-only rows; a last partial one only if ``final``."""
+        nonlocal plain, row
+        while len(plain) >= opts.batch_size or (final and plain):
+            count = _plain_rows(plain, opts.batch_size, len(id_prefix) + 20)
+            ids = [f"{id_prefix}:{n}".encode() for n in range(row, row + count)]
+            submit(encode_request(opts.topic, ids, plain[:count]))
+            row += count
+            del plain[:count]
 
     for batch in batches:
         names = batch.schema.names
@@ -114,6 +133,12 @@ def publish_batches(
         attrs = _column(batch, "attributes")
         keys = _column(batch, "ordering_key")
         dedup = _column(batch, "dedup_id")
+        if attrs is None and keys is None and dedup is None:
+            send()
+            plain += [d or b"" for d in data] if None in data else cast(list[bytes], data)
+            send_plain(final=False)
+            continue
+        send_plain(final=True)
         if keys is not None and any(keys):
             send()
             collect(0)
@@ -142,9 +167,20 @@ def publish_batches(
             if key:
                 message.ordering_key = key
             request_bytes += size
+    send_plain(final=True)
     send()
     collect(0)
     return PublishCommit(partition_id, published, duplicates)
+
+
+def _plain_rows(data: list[bytes], batch_size: int, id_bytes: int) -> int:
+    """How many of the waiting data-only rows (from the first) the next request takes: at most
+    ``batch_size``, within ``_MAX_REQUEST_BYTES`` (at least one)."""
+    n = min(len(data), batch_size)
+    per_row = id_bytes + 2 * _OVERHEAD_BYTES
+    sizes = accumulate(map(len, data[:n]))
+    total = list(map(add, sizes, range(per_row, per_row * (n + 1), per_row)))
+    return max(bisect_right(total, _MAX_REQUEST_BYTES), 1)
 
 
 def _column(batch: pa.RecordBatch, name: str) -> list[Any] | None:

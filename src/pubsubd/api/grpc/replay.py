@@ -16,6 +16,7 @@ from operator import attrgetter
 from typing import Any, TypeAlias
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from pubsubd._gen.pubsubd.v1 import replay_pb2 as r
 from pubsubd.api.grpc.status import rpc, unary_method
@@ -26,6 +27,7 @@ from pubsubd.control.snapshots import Snapshots
 from pubsubd.core import ids
 from pubsubd.core.clock import SYSTEM_CLOCK, Clock
 from pubsubd.core.damage_policy import DamagePolicy
+from pubsubd.core.dedup_batches import DedupBatch, flat_request
 from pubsubd.core.errors import (
     DataLoss,
     InvalidArgument,
@@ -194,7 +196,8 @@ def _fill_messages(messages: Any, source: int, rows: Page) -> None:
 def _fill_columns(columns: Any, rows: Page) -> None:
     """ReadResponse.columns (ReadColumns): every field in one ``extend`` from lists built per
     entry; per row only ``data`` and the attribute map are touched (offsets, publish time and
-    ordering key are per entry). Message IDs are not sent: the client derives them."""
+    ordering key are per entry), and not even those for an entry without attributes (its data
+    list comes from the decode cache). Message IDs are not sent: the client derives them."""
     offsets: list[int] = []
     data: list[bytes] = []
     ordering_keys: list[str] = []
@@ -208,6 +211,11 @@ def _fill_columns(columns: Any, rows: Page) -> None:
         offsets.extend(range(entry.base_offset + lo, entry.base_offset + hi))
         publish_times.extend(repeat(entry.publish_time_us, n))
         ordering_keys.extend(repeat(decoded.ordering_key, n))  # one per entry
+        plain = decoded.plain_data()
+        if plain is not None:  # no attributes: no parsed message touched
+            data.extend(plain[lo:hi])
+            counts.extend(repeat(0, n))
+            continue
         parsed = decoded.parsed[lo:hi]
         data.extend(map(_data, parsed))
         maps = list(map(_attributes, parsed))
@@ -336,22 +344,36 @@ class ReplayServicer:
         return r.DeleteCursorResponse()
 
     @rpc
-    async def PublishDeduplicated(self, request: Any, context: Context) -> Any:
-        entry = self.catalog.topic(request.topic)
-        messages = [(m.dedup_id, m) for m in request.messages]  # stored without a copy
-        validate_messages(messages, request.ByteSize(), now_s=self.clock.time_us() / 1e6)
-        if entry.schema_settings is not None:  # the same schema checks as Publish
-            self.catalog.schemas.conform(entry.schema_settings, request.messages)
+    async def PublishDeduplicated(self, raw: bytes, context: Context) -> Any:
+        # The Spark sink's requests (IDs and data only) are read flat from the wire bytes,
+        # already checked; anything else is parsed and checked message by message.
+        flat = flat_request(raw)
+        entry = self.catalog.topic(flat.topic) if flat is not None else None
+        batch: DedupBatch | list[tuple[str, Any]]
+        if flat is not None and entry is not None and entry.schema_settings is None:
+            batch, source = flat.batch, flat.source
+        else:
+            try:
+                request = r.PublishDeduplicatedRequest.FromString(raw)
+            except DecodeError:
+                raise InvalidArgument(
+                    "request: not a valid pubsubd.v1.PublishDeduplicatedRequest"
+                ) from None
+            entry = self.catalog.topic(request.topic)
+            batch = [(m.dedup_id, m) for m in request.messages]  # stored without a copy
+            validate_messages(batch, len(raw), now_s=self.clock.time_us() / 1e6)
+            if entry.schema_settings is not None:  # the same schema checks as Publish
+                self.catalog.schemas.conform(entry.schema_settings, request.messages)
+            source = request.source if request.HasField("source") else None
         uid = entry.record.uid
         publishing = self.routes.publishing(uid)
         blocked = publishing.publish_blocked(uid)
         if blocked is not None:
             raise ResourceExhausted(blocked)
         started = time.perf_counter()
-        source = request.source if request.HasField("source") else None
-        message_ids, duplicates = await publishing.publish_deduplicated(uid, messages, source)
+        message_ids, duplicates = await publishing.publish_deduplicated(uid, batch, source)
         metrics.PUBLISH_LATENCY.observe(time.perf_counter() - started)
-        stored = len(messages) - duplicates
+        stored = len(message_ids) - duplicates
         metrics.PUBLISHED_MESSAGES.inc(stored)
         metrics.DEDUP_DUPLICATES.inc(duplicates)
         return r.PublishDeduplicatedResponse(message_ids=message_ids, duplicates=duplicates)
@@ -378,8 +400,8 @@ def handlers(servicer: ReplayServicer) -> grpc.GenericRpcHandler:
             "Read": unary(s.Read, r.ReadRequest, r.ReadResponse),
             "GetCursor": unary(s.GetCursor, r.GetCursorRequest, r.Cursor),
             "CommitCursor": unary(s.CommitCursor, r.CommitCursorRequest, r.Cursor),
-            "PublishDeduplicated": unary(
-                s.PublishDeduplicated, r.PublishDeduplicatedRequest, r.PublishDeduplicatedResponse
+            "PublishDeduplicated": unary(  # takes the raw bytes: see the method
+                s.PublishDeduplicated, None, r.PublishDeduplicatedResponse
             ),
             "ListCursors": unary(s.ListCursors, r.ListCursorsRequest, r.ListCursorsResponse),
             "DeleteCursor": unary(s.DeleteCursor, r.DeleteCursorRequest, r.DeleteCursorResponse),

@@ -34,14 +34,16 @@ import logging
 import os
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from pubsubd.core import ids, pb, validation
 from pubsubd.core.clock import SYSTEM_CLOCK, Clock
+from pubsubd.core.dedup_batches import DedupBatch, MessageBatch, ordering_runs
 from pubsubd.core.errors import InvalidArgument
 from pubsubd.core.validation import DEDUP_ID_ATTRIBUTE, MAX_DEDUP_ID_BYTES
-from pubsubd.data.publish.dedup_window import DedupWindow
+from pubsubd.data.publish.dedup_window import DedupWindow, as_run
 from pubsubd.observability import background
 from pubsubd.storage.errors import DamagedEntries
 from pubsubd.storage.files import fsync_directory, make_dirs
@@ -59,15 +61,7 @@ _ATTRIBUTE_BYTES = DEDUP_ID_ATTRIBUTE.encode()
 _REBUILD_READ_BYTES = 16 << 20
 
 
-def build_batches(messages: Sequence[Any]) -> list[tuple[int, int]]:
-    """Split messages into runs of one ordering key (a stored batch has one key): [start, stop)."""
-    runs: list[tuple[int, int]] = []
-    start = 0
-    for i in range(1, len(messages) + 1):
-        if i == len(messages) or messages[i].ordering_key != messages[start].ordering_key:
-            runs.append((start, i))
-            start = i
-    return runs
+build_batches = ordering_runs  # [start, stop) per run of one ordering key
 
 
 def check_dedup_id(i: int, dedup_id: str) -> None:
@@ -75,6 +69,16 @@ def check_dedup_id(i: int, dedup_id: str) -> None:
         raise InvalidArgument(f"messages[{i}].dedup_id: required")
     if len(dedup_id.encode()) > MAX_DEDUP_ID_BYTES:
         raise InvalidArgument(f"messages[{i}].dedup_id: longer than {MAX_DEDUP_ID_BYTES} bytes")
+
+
+@dataclass(eq=False, slots=True)
+class _Storing:
+    """A request's new IDs while they are stored (in order, and as a set), and the future of
+    their message IDs."""
+
+    ids: Sequence[str]
+    id_set: set[str]
+    future: asyncio.Future[list[str]]
 
 
 class Deduplicator:
@@ -87,8 +91,8 @@ class Deduplicator:
         self.clock = clock
         self.window_us = int(window_s * 1_000_000)
         self.windows: dict[str, DedupWindow] = {}
-        # topic -> dedup ID being stored -> (the storing request's future, index in its result)
-        self._pending: dict[str, dict[str, tuple[asyncio.Future[list[str]], int]]] = {}
+        # topic -> the requests whose new IDs are being stored
+        self._pending: dict[str, list[_Storing]] = {}
         self._task: asyncio.Task[None] | None = None
         self.duplicates = 0
 
@@ -134,27 +138,53 @@ class Deduplicator:
     # --- publish ------------------------------------------------------------------------------
 
     async def publish(
-        self, topic_uid: str, messages: Sequence[tuple[str, Any]], source: int | None = None
+        self,
+        topic_uid: str,
+        messages: Sequence[tuple[str, Any]] | DedupBatch,
+        source: int | None = None,
     ) -> tuple[list[str], int]:
         """Store the messages whose dedup ID is not in the window; return the message ID of
         every message (the original one for a duplicate) and how many were duplicates.
 
-        ``messages`` are (dedup ID, message) pairs, already validated; a message is anything
-        with ``data``, ``attributes`` and ``ordering_key`` (a PubsubMessage or the API's
-        DeduplicatedMessage), without the reserved attribute. ``source``: store them in that
-        publish message source instead of routing them."""
+        ``messages`` are (dedup ID, message) pairs, already validated (a message is anything
+        with ``data``, ``attributes`` and ``ordering_key``, a PubsubMessage or the API's
+        DeduplicatedMessage, without the reserved attribute), or a ``DedupBatch``
+        (``core/dedup_batches.py``). ``source``: store them in that publish message source
+        instead of routing them."""
+        batch = messages if not isinstance(messages, Sequence) else MessageBatch(messages)
+        dedup_ids = batch.dedup_ids
+        n = len(dedup_ids)
         sources = self.publishing.open_topic(topic_uid)
         window = self._window(topic_uid, sources)
         now = self.clock.time_us()
         window.expire(now)
-        result: list[str | None] = [None] * len(messages)
-        pending = self._pending.setdefault(topic_uid, {})
+        storing = self._pending.setdefault(topic_uid, [])
+        run = as_run(dedup_ids)
+        unique = set(dedup_ids)
+        if (
+            run is not None
+            and window.holds_none_of_run(*run)
+            and all(s.id_set.isdisjoint(unique) for s in storing)
+        ):  # a run of new IDs (the Spark sink's requests): no lookup or loop per message
+            stored = await self._store_new(topic_uid, sources, window, batch, range(n), run, source)
+            return stored, 0
+        found = window.get_many(dedup_ids, now)
+        if (
+            found.count(None) == n
+            and len(unique) == n
+            and all(s.id_set.isdisjoint(unique) for s in storing)
+        ):  # all new
+            stored = await self._store_new(
+                topic_uid, sources, window, batch, range(n), None, source
+            )
+            return stored, 0
+        result: list[str | None] = [None] * n
         waits: list[tuple[int, asyncio.Future[list[str]], int]] = []
         first_in_request: dict[str, int] = {}
         same_as: list[tuple[int, int]] = []  # (index, index of the earlier copy in this request)
         new: list[int] = []
-        found = window.get_many([dedup_id for dedup_id, _ in messages], now)
-        for i, (dedup_id, _) in enumerate(messages):
+        pending = {dedup_id: (s.future, k) for s in storing for k, dedup_id in enumerate(s.ids)}
+        for i, dedup_id in enumerate(dedup_ids):
             seen = found[i]
             if seen is not None:
                 result[i] = str(seen)
@@ -167,75 +197,84 @@ class Deduplicator:
                 first_in_request[dedup_id] = i
                 new.append(i)
         if new:
-            # One future for the request's new IDs: its result is their message IDs, in order.
-            mine: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
-            for k, i in enumerate(new):
-                pending[messages[i][0]] = (mine, k)
-            # The append runs in its own task: a client cancelling its call must not leave a
-            # stored message whose ID the window does not know.
-            store = asyncio.ensure_future(
-                self._store(topic_uid, window, messages, new, mine, source)
-            )
-            store.add_done_callback(_retrieve)
-            await asyncio.shield(store)
-            for i, message_id in zip(new, mine.result(), strict=True):
+            stored = await self._store_new(topic_uid, sources, window, batch, new, None, source)
+            for i, message_id in zip(new, stored, strict=True):
                 result[i] = message_id
-            if DEDUP_PIN not in sources.pins:
-                self._update_pin(topic_uid, sources, window)
         for i, fut, k in waits:
             result[i] = (await asyncio.shield(fut))[k]
         for i, j in same_as:
             result[i] = result[j]
-        duplicates = len(messages) - len(new)
+        duplicates = n - len(new)
         self.duplicates += duplicates
         out = [r for r in result if r is not None]
-        assert len(out) == len(messages)
+        assert len(out) == n
         return out, duplicates
+
+    async def _store_new(
+        self,
+        topic_uid: str,
+        sources: TopicSources,
+        window: DedupWindow,
+        batch: DedupBatch,
+        new: Sequence[int],
+        run: tuple[str, int] | None,
+        source: int | None,
+    ) -> list[str]:
+        """Store the messages at ``new`` (IDs neither in the window nor being stored,
+        distinct; ``run``: they are all of the batch and this run of IDs); their message IDs
+        in order."""
+        dedup_ids = batch.dedup_ids
+        new_ids = dedup_ids if len(new) == len(dedup_ids) else [dedup_ids[i] for i in new]
+        # One record and future for the request's new IDs: the future's result is their
+        # message IDs, in order; a request meeting one of them waits for it.
+        mine = _Storing(new_ids, set(new_ids), asyncio.get_running_loop().create_future())
+        self._pending[topic_uid].append(mine)
+        # The append runs in its own task: a client cancelling its call must not leave a
+        # stored message whose ID the window does not know.
+        store = asyncio.ensure_future(self._store(topic_uid, window, batch, new, mine, run, source))
+        store.add_done_callback(_retrieve)
+        await asyncio.shield(store)
+        if DEDUP_PIN not in sources.pins:
+            self._update_pin(topic_uid, sources, window)
+        return mine.future.result()
 
     async def _store(
         self,
         topic_uid: str,
         window: DedupWindow,
-        messages: Sequence[tuple[str, Any]],
-        new: list[int],
-        mine: asyncio.Future[list[str]],
-        source: int | None = None,
+        batch: DedupBatch,
+        new: Sequence[int],
+        mine: _Storing,
+        run: tuple[str, int] | None,
+        source: int | None,
     ) -> None:
+        future = mine.future
         try:
-            stored = [messages[i] for i in new]
             message_ids: list[str] = []
-            for start, stop in build_batches([m for _, m in stored]):
-                request = pb.PublishRequest()
-                add = request.messages.add
-                for dedup_id, m in stored[start:stop]:
-                    copy = add(data=m.data, ordering_key=m.ordering_key)
-                    attributes = copy.attributes
-                    if m.attributes:
-                        attributes.update(m.attributes)
-                    attributes[DEDUP_ID_ATTRIBUTE] = dedup_id
-                raw = request.SerializeToString()
+            stored = batch.stored(new)
+            for payload, start, stop, ordering_key in stored:
                 count = stop - start
                 stored_in, base = await self.publishing.publish(
-                    topic_uid, raw, count, request.messages[0].ordering_key, source
+                    topic_uid, payload, count, ordering_key, source
                 )
                 first = ids.position(stored_in, base)
                 window.remember(
-                    (dedup_id for dedup_id, _ in stored[start:stop]),
+                    mine.ids[start:stop],
                     first,
                     self.clock.time_us(),
+                    run if len(stored) == 1 else None,
                 )
                 message_ids += map(str, range(first, first + count))
-            mine.set_result(message_ids)
+            future.set_result(message_ids)
         except BaseException as e:
-            mine.set_exception(e)
-            mine.exception()  # retrieved: waiters re-raise it, nobody else must log it
+            future.set_exception(e)
+            future.exception()  # retrieved: waiters re-raise it, nobody else must log it
             raise
         finally:
-            pending = self._pending.get(topic_uid)
-            if pending is not None:
-                for i in new:
-                    pending.pop(messages[i][0], None)
-                if not pending:
+            storing = self._pending.get(topic_uid)
+            if storing is not None:
+                storing.remove(mine)
+                if not storing:
                     del self._pending[topic_uid]
 
     # --- internals ----------------------------------------------------------------------------

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from pubsubd.core import ids
 
 _BITS64 = (1 << 64) - 1
 _MAX_N_DIGITS = 18  # n < 10**18
+_RUN_SEPARATOR = "\x00"  # joins a run's IDs to compare them at once (see as_run)
 
 
 def _split(dedup_id: str) -> tuple[str, int] | None:
@@ -40,6 +41,27 @@ def _split(dedup_id: str) -> tuple[str, int] | None:
     ):
         return None
     return prefix, int(tail)
+
+
+def as_run(dedup_ids: Sequence[str]) -> tuple[str, int] | None:
+    """``(prefix, first n)`` when the IDs are ``<prefix>:<n>``, ``<prefix>:<n + 1>``, ... (two
+    or more), else None. Checked by comparing two joined strings, not ID by ID: the expected
+    string has exactly ``len - 1`` separators, so equal strings split into equal IDs."""
+    if len(dedup_ids) < 2:
+        return None
+    split = _split(dedup_ids[0])
+    if split is None or _RUN_SEPARATOR in split[0]:
+        return None
+    prefix, first = split
+    if first + len(dedup_ids) > 10**_MAX_N_DIGITS:
+        return None  # the last n would not split: leave the edge to the ID-by-ID path
+    head = f"{prefix}:"
+    expected = head + f"{_RUN_SEPARATOR}{head}".join(map(str, range(first, first + len(dedup_ids))))
+    if len(expected) != sum(map(len, dedup_ids)) + len(dedup_ids) - 1:
+        return None
+    if expected != _RUN_SEPARATOR.join(dedup_ids):
+        return None
+    return prefix, first
 
 
 class _Runs:
@@ -142,9 +164,26 @@ class DedupWindow:
             out.append(best if best_time >= cutoff else None)
         return out
 
-    def remember(self, dedup_ids: Iterable[str], first_position: int, time_us: int) -> None:
+    def holds_none_of_run(self, prefix: str, first_n: int) -> bool:
+        """True when no ID ``<prefix>:<n>`` with ``n >= first_n`` is remembered (so a run
+        from there, ``as_run``, is all new without looking its IDs up one by one)."""
+        if self._ids:
+            return False
+        prefix_runs = self._prefixes.get(prefix)
+        return prefix_runs is None or first_n >= prefix_runs.end()
+
+    def remember(
+        self,
+        dedup_ids: Sequence[str],
+        first_position: int,
+        time_us: int,
+        run: tuple[str, int] | None = None,
+    ) -> None:
         """IDs stored at consecutive positions from ``first_position`` at ``time_us`` (the
-        newest so far)."""
+        newest so far). ``run``: ``as_run(dedup_ids)``, when the caller knows it is a run."""
+        if run is not None:  # one chunk: what the loop below would find, without it
+            self._flush(run[0], run[1], dedup_ids, first_position, time_us)
+            return
         chunk_prefix = ""
         chunk_n = chunk_k = 0
         chunk_ids: list[str] = []
@@ -173,7 +212,7 @@ class DedupWindow:
         ids_[dedup_id] = time_us << 64 | position
 
     def _flush(
-        self, prefix: str, first_n: int, chunk: list[str], position: int, time_us: int
+        self, prefix: str, first_n: int, chunk: Sequence[str], position: int, time_us: int
     ) -> None:
         """A run of ``<prefix>:<n>`` IDs: into the run tier when it is a run (two or more, or
         it continues the prefix's runs) and keeps the prefix increasing; else single IDs."""

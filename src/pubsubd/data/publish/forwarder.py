@@ -24,6 +24,7 @@ from pubsubd.acks.replicated import JournalLedgers, cursor_source
 from pubsubd.core import pb
 from pubsubd.core.clock import SYSTEM_CLOCK, Clock
 from pubsubd.core.damage_policy import DamagePolicy
+from pubsubd.core.dedup_batches import DedupBatch
 from pubsubd.core.delays import MARKER
 from pubsubd.core.errors import (
     DataLoss,
@@ -392,7 +393,10 @@ class PublishingForwarder:
         return source, base
 
     async def publish_deduplicated(
-        self, topic_uid: str, messages: Sequence[tuple[str, Any]], source: int | None = None
+        self,
+        topic_uid: str,
+        messages: Sequence[tuple[str, Any]] | DedupBatch,
+        source: int | None = None,
     ) -> tuple[list[str], int]:
         """Publish what the topic's dedup window does not know (data/publish/dedup.py)."""
         return await self.dedup.publish(topic_uid, messages, source)

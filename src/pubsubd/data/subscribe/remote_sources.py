@@ -50,6 +50,7 @@ import grpc
 
 from pubsubd._gen.pubsubd.internal.v1 import sources_pb2 as s
 from pubsubd.core.damage_policy import DamagePolicy
+from pubsubd.core.dedup_batches import DedupBatch
 from pubsubd.core.errors import NotServedHere, Unavailable
 from pubsubd.core.internal_token import INTERNAL_TOKEN
 from pubsubd.core.records import CursorState, DamagedRange, Entry, SourceRange
@@ -687,7 +688,10 @@ class RemoteSources:
         raise self._owners_only(f"topic storage {topic_uid}")
 
     async def publish_deduplicated(
-        self, topic_uid: str, messages: Sequence[tuple[str, Any]], source: int | None = None
+        self,
+        topic_uid: str,
+        messages: Sequence[tuple[str, Any]] | DedupBatch,
+        source: int | None = None,
     ) -> tuple[list[str], int]:
         raise self._owners_only(f"topic storage {topic_uid}")
 
