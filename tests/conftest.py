@@ -38,15 +38,22 @@ retry_base_module.random = random.Random()  # type: ignore[assignment]
 
 # `make test` runs two xdist workers with --dist loadgroup: the heavy directories (whole local
 # clusters, Spark JVMs, kill -9 crash tests) form one group, run one test at a time on one
-# worker; every other module is a group of its own (its module-scoped server started once),
-# handed to whichever worker is free. So at most one heavy test runs at any moment.
+# worker; the feature tests run against every deployment form another (one worker starts the
+# session's two clusters, not both); every other module is a group of its own (its
+# module-scoped server started once), handed to whichever worker is free. So at most one heavy
+# test runs at any moment.
 HEAVY = ("cluster", "spark", "crash")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         parts = item.path.relative_to(Path(__file__).parent).parts
-        group = "heavy" if parts[0] in HEAVY else "/".join(parts)
+        if parts[0] in HEAVY:
+            group = "heavy"
+        elif "shared_server" in getattr(item, "fixturenames", ()):
+            group = "deployments"
+        else:
+            group = "/".join(parts)
         item.add_marker(pytest.mark.xdist_group(group))
 
 
