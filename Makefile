@@ -2,9 +2,10 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# Two workers: the tests that start whole clusters, Spark or kill -9 servers in one (one at a
-# time, as on a machine of their own), every other module on the other (tests/conftest.py).
-PYTEST_ARGS ?= -n 2 --dist loadgroup
+# One process by default. PYTEST_ARGS="-n 2 --dist loadgroup" runs two workers, grouped by
+# tests/conftest.py (~28-33 min instead of ~37; not the default: one of two such runs hung in
+# a test's teardown, not explained yet).
+PYTEST_ARGS ?=
 
 .PHONY: run test check fuzz bench bench-quick dashboard-bench dashboard-screenshots clean spark-demo spark-bench proto cluster cluster-down
 

@@ -151,7 +151,7 @@ class StandIn:
         """The process dies (its port closes, its registration is no longer kept up); its
         session lives on until it expires."""
         if self.registration is not None:
-            await self.registration.halt()
+            self.registration.halt()
             self.registration = None
         if self.server is not None:
             await self.server.stop(None)

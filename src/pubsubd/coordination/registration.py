@@ -83,13 +83,6 @@ class Registration(Generic[T]):
 
     async def stop(self) -> None:
         """Stop refreshing and remove the entry (the session's end would remove it too)."""
-        await self.halt()
-        with contextlib.suppress(CoordinationError):
-            await self._zk.delete(self.path)
-
-    async def halt(self) -> None:
-        """Stop refreshing and leave the entry to the session's end, as a process that dies
-        does (stand-ins in tests of what follows a death)."""
         if self._remove_listener is not None:
             self._remove_listener()
             self._remove_listener = None
@@ -97,6 +90,19 @@ class Registration(Generic[T]):
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+            self._task = None
+        with contextlib.suppress(CoordinationError):
+            await self._zk.delete(self.path)
+
+    def halt(self) -> None:
+        """Stop refreshing at once and leave the entry to the session's end, as a process
+        that dies does (stand-ins in tests of what follows a death). Nothing is awaited: a
+        refresh in flight is cancelled, not waited for."""
+        if self._remove_listener is not None:
+            self._remove_listener()
+            self._remove_listener = None
+        if self._task is not None:
+            self._task.cancel()
             self._task = None
 
     def _state_changed(self, state: SessionState) -> None:
