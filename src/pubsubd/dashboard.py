@@ -38,6 +38,7 @@ from prometheus_client import Counter, Histogram
 
 from pubsubd.control.cluster_view import describe_routing, storage_and_routing
 from pubsubd.control.routing_store import RoutingStore
+from pubsubd.core.deadlines import within
 from pubsubd.core.release import version
 from pubsubd.observability import background, listing, metrics, sli
 from pubsubd.observability.history import History, growth, quantile
@@ -472,8 +473,8 @@ class Dashboard:
         out: dict[str, Any] = {"mode": self._mode(), "this_process": server.cluster_status()}
         coordinator = server.cluster.coordinator
         try:
-            out["cluster"] = await asyncio.wait_for(storage_and_routing(coordinator), 10)
-            out["routing"] = await asyncio.wait_for(describe_routing(RoutingStore(coordinator)), 10)
+            out["cluster"] = await within(storage_and_routing(coordinator), 10)
+            out["routing"] = await within(describe_routing(RoutingStore(coordinator)), 10)
         except Exception as e:  # ZooKeeper unreachable: the page says so
             out["error"] = f"ZooKeeper: {type(e).__name__}: {e}"
         return out

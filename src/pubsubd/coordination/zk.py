@@ -49,6 +49,7 @@ from pubsubd.coordination.errors import (
 )
 from pubsubd.coordination.lease import SessionLease, lease_clock
 from pubsubd.coordination.paths import DEFAULT_ROOT, Layout
+from pubsubd.core.deadlines import within
 from pubsubd.core.tls import ZOOKEEPER, ClientTls
 
 log = logging.getLogger(__name__)
@@ -439,9 +440,7 @@ class Coordinator:
     ) -> T:
         sent_at = lease_clock()
         try:
-            result = await asyncio.wait_for(
-                self._future(start, path, convert), self.request_timeout
-            )
+            result = await within(self._future(start, path, convert), self.request_timeout)
         except TimeoutError:
             raise CoordinationUnavailable(
                 f"ZooKeeper did not answer within {self.request_timeout}s", path
@@ -494,7 +493,7 @@ class Coordinator:
             Callback("watch", lambda: _on_loop(loop, settle), ())
         )
         try:
-            await asyncio.wait_for(delivered, self.request_timeout)
+            await within(delivered, self.request_timeout)
         except TimeoutError:
             raise CoordinationUnavailable(
                 f"ZooKeeper's watch events were not delivered within {self.request_timeout}s",
@@ -662,10 +661,14 @@ class Follow(Generic[T]):
         self._callback = callback
         self._dirty = asyncio.Event()
         self._dirty.set()
+        self._cancelled = False
         self._remove_listener = coordinator.on_state(self._state_changed)
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"follow {path}")
 
     def cancel(self) -> None:
+        # The flag as well as the cancel: a follow ends even if a cancellation is lost.
+        self._cancelled = True
+        self._dirty.set()
         self._task.cancel()
         self._remove_listener()
         self._coordinator._follows.discard(self)
@@ -686,6 +689,8 @@ class Follow(Generic[T]):
         while True:
             await self._dirty.wait()
             self._dirty.clear()
+            if self._cancelled:
+                return
             try:
                 value = await self._read(self._fired)
             except CoordinationUnavailable:
@@ -696,7 +701,7 @@ class Follow(Generic[T]):
             except Exception:
                 log.exception("following %s failed", self.path)
                 continue
-            if value != last:
+            if value != last and not self._cancelled:
                 last = value
                 _guarded(self._callback, value)
 

@@ -39,6 +39,7 @@ from prometheus_client import Counter
 
 from pubsubd._gen.pubsubd.internal.v1.forwarder_pb2 import GiveBackRequest, GiveBackResponse
 from pubsubd.control.routing_table import Forwarder
+from pubsubd.core.deadlines import within
 from pubsubd.core.errors import NOT_SERVED_HERE, STREAM_ACCEPTED
 from pubsubd.core.pb import PullResponse, StreamingPullResponse
 from pubsubd.frontend.targets import resource_name
@@ -151,7 +152,7 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]
     async def close(self) -> None:
         for task in list(self._tasks):
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(task, 2.0)
+                await within(task, 2.0)
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
@@ -469,11 +470,11 @@ async def _pump(
         # waiters are left to it.
         headers = asyncio.ensure_future(call.initial_metadata())
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(headers), ACCEPT_WAIT_S)
+            await within(asyncio.shield(headers), ACCEPT_WAIT_S)
             if STREAM_ACCEPTED not in tuple(headers.result() or ()):
                 # Refused (this task is cancelled once the call's end is read), or
                 # accepted by a forwarder of an earlier release.
-                await asyncio.wait_for(answered.wait(), ACCEPT_WAIT_S)
+                await within(answered.wait(), ACCEPT_WAIT_S)
         for earlier in later:
             await call.write(earlier)
         while (request := await requests.get()) is not None:

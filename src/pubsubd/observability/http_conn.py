@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 import h11
 
+from pubsubd.core.deadlines import within
+
 log = logging.getLogger(__name__)
 
 __all__ = ["Handler", "Request", "Response", "serve_connection"]
@@ -128,7 +130,7 @@ async def _next_event(
         event = conn.next_event()
         if event is not h11.NEED_DATA:
             return event
-        data = await asyncio.wait_for(reader.read(chunk), wait_s)
+        data = await within(reader.read(chunk), wait_s)
         conn.receive_data(data)  # b"" marks the end of the stream
 
 
@@ -179,6 +181,8 @@ async def _handle(
         if not work.done():
             work.cancel()
         watch.cancel()
+        # The watch must have let go of the reader before the next request is read from it.
+        await asyncio.wait((watch,))
     if not work.done() or work.cancelled():
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await work
@@ -210,7 +214,7 @@ async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
     loop = asyncio.get_running_loop()
     deadline = loop.time() + LINGER_S
     with contextlib.suppress(TimeoutError, OSError):
-        while await asyncio.wait_for(reader.read(READ_CHUNK), max(0.0, deadline - loop.time())):
+        while await within(reader.read(READ_CHUNK), max(0.0, deadline - loop.time())):
             pass
 
 

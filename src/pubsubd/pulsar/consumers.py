@@ -55,6 +55,7 @@ from typing import Any
 import grpc
 
 from pubsubd.core import active_notices, pb
+from pubsubd.core.deadlines import within
 from pubsubd.core.errors import STREAM_ACCEPTED
 from pubsubd.core.ids import OFFSET_BITS, OFFSET_MASK
 from pubsubd.core.publish_sources import STREAM_SOURCES_HEADER
@@ -336,7 +337,7 @@ class Consumer:
         reader = [t for t in self._tasks if t.get_name().startswith("pulsar_consumer")]
         if reader:
             with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
-                await asyncio.wait_for(asyncio.shield(reader[0]), 5)
+                await within(asyncio.shield(reader[0]), 5)
         if self._call is not None:
             self._call.cancel()
         for task in self._tasks:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pubsubd.core.deadlines import within
 from pubsubd.pulsar import commands, frames, ids, messages
 from pubsubd.pulsar.errors import PulsarError
 from pubsubd.pulsar.gateway import Gateway, deduplicated
@@ -94,7 +95,7 @@ class Producer:
         self._queue.append(PendingSend(-1, -1))  # the end marker
         self._wake.set()
         try:
-            await asyncio.wait_for(asyncio.shield(self._task), 30)
+            await within(asyncio.shield(self._task), 30)
         except TimeoutError:
             self._task.cancel()
 

@@ -17,6 +17,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from pubsubd._gen.pubsubd.internal.v1 import storage_pb2 as pb
+from pubsubd.core.deadlines import within
 from pubsubd.core.tls import INTERNAL
 from pubsubd.storage.node_client import (
     APPEND_PORT_MAGIC,
@@ -73,7 +74,7 @@ class AppendLink:
         host, _, port = self.append_address.rpartition(":")
         try:
             tls = INTERNAL.tls  # the append port speaks TLS when the cluster does
-            reader, writer = await asyncio.wait_for(
+            reader, writer = await within(
                 asyncio.open_connection(
                     host,
                     int(port),

@@ -54,6 +54,7 @@ from pubsubd.coordination.errors import (
 )
 from pubsubd.coordination.paths import DEFAULT_ROOT
 from pubsubd.coordination.zk import Coordinator, SessionState, WatchEvent, ZnodeStat
+from pubsubd.core.deadlines import within
 from pubsubd.core.errors import AlreadyExists, InternalError
 from pubsubd.storage.metadata import (
     Applied,
@@ -276,7 +277,7 @@ class ZooKeeperMetadataStore:
             return  # not following: the view is only this process's own
         await self.coordinator.sync(self.layout.metadata)
         try:
-            await asyncio.wait_for(self._follower.settled(), self.coordinator.request_timeout)
+            await within(self._follower.settled(), self.coordinator.request_timeout)
         except TimeoutError:
             raise CoordinationUnavailable(
                 f"metadata changes were not read within {self.coordinator.request_timeout}s",

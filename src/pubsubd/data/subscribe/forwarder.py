@@ -18,6 +18,7 @@ from typing import Any
 
 from pubsubd.core.active_notices import ActiveNotice
 from pubsubd.core.clock import SYSTEM_CLOCK, Clock
+from pubsubd.core.deadlines import within
 from pubsubd.core.errors import (
     AckIdsInvalid,
     DataLoss,
@@ -330,7 +331,7 @@ class SubscribingForwarder:
             d.remove_consumer(waiter)
             return Pulled(d, waiter, waiter.future.result() if waiter.future.done() else [])
         try:
-            messages = await asyncio.wait_for(asyncio.shield(waiter.future), wait_s)
+            messages = await within(asyncio.shield(waiter.future), wait_s)
         except TimeoutError:
             waiter.closed = True
             d.remove_consumer(waiter)

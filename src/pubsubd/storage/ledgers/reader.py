@@ -16,6 +16,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+from pubsubd.core.deadlines import within
 from pubsubd.core.records import Entry
 from pubsubd.storage.errors import ReplicationFailed
 from pubsubd.storage.framing import decode_frames
@@ -75,7 +76,7 @@ class LedgerReader:
                 errors.append(f"{node_id}: not registered")
                 continue
             try:
-                frames, _ = await asyncio.wait_for(
+                frames, _ = await within(
                     self._nodes.read(node, ledger.ledger_id, start, read.end, self._page_bytes),
                     NODE_CALL_TIMEOUT_S,
                 )

@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from pubsubd.core.deadlines import within
 from pubsubd.observability import metrics
 from pubsubd.storage.errors import (
     Fenced,
@@ -150,7 +151,7 @@ class _Flight:
 
 
 async def _timed(awaitable: Awaitable[T]) -> T:
-    return await asyncio.wait_for(awaitable, NODE_CALL_TIMEOUT_S)
+    return await within(awaitable, NODE_CALL_TIMEOUT_S)
 
 
 class SourceLedgers:
