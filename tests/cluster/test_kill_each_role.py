@@ -13,129 +13,22 @@ may), and duplicates (reported: delivery is at least once)."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.request
-from collections import Counter
 from typing import Any
 
 import pytest
-from google.cloud import pubsub_v1
 
 from pubsubd.cluster.launcher import LocalCluster
 from tests.conftest import make_publisher, make_subscriber
 from tests.support.cluster import running_cluster, subscription_server, topic_owner
+from tests.support.flood import KeyedFlood, OrderedReceiver
 from tests.support.server import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 KEYS = [f"key-{k}" for k in range(4)]
-RATE = 200  # messages per second, over all keys
-
-
-class OrderedFlood:
-    """Publishes ``key-K:N`` with ordering key ``key-K``, N counting up per key."""
-
-    def __init__(self, endpoint: str, topic: str) -> None:
-        self.topic = topic
-        self.publisher = make_publisher(
-            endpoint,
-            publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True),
-            batch_settings=pubsub_v1.types.BatchSettings(max_messages=10, max_latency=0.005),
-        )
-        self.sent: set[bytes] = set()
-        self.acked: set[bytes] = set()
-        self.errors: Counter[str] = Counter()
-        self._pending = 0
-        self._lock = threading.Lock()
-        self._settled = threading.Condition(self._lock)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> OrderedFlood:
-        self._thread.start()
-        return self
-
-    def acked_count(self) -> int:
-        with self._lock:
-            return len(self.acked)
-
-    def _run(self) -> None:
-        n = 0
-        while not self._stop.is_set() and n < 100_000:
-            for key in KEYS:
-                data = f"{key}:{n}".encode()
-                with self._lock:
-                    self.sent.add(data)
-                    self._pending += 1
-                future = self.publisher.publish(self.topic, data, ordering_key=key)
-                future.add_done_callback(self._done(data))
-            n += 1
-            self._stop.wait(len(KEYS) / RATE)
-
-    def _done(self, data: bytes) -> Any:
-        def done(future: Any) -> None:
-            error = future.exception()
-            with self._lock:
-                self._pending -= 1
-                if error is None:
-                    self.acked.add(data)
-                else:
-                    self.errors[type(error).__name__] += 1
-                self._settled.notify_all()
-
-        return done
-
-    def stop(self) -> set[bytes]:
-        """Stop sending and let every publish in flight settle first: an ordered publisher's
-        ``stop()`` cancels each key's queued batches but the first (``CLIENT_STOPPED``), which
-        would count as failures the server never saw."""
-        self._stop.set()
-        self._thread.join(30)
-        with self._settled:
-            self._settled.wait_for(lambda: self._pending == 0, timeout=120)
-        self.publisher.stop()
-        with self._lock:
-            return set(self.acked)
-
-
-class OrderedReceiver:
-    """subscribe() with ordering, acking everything, checking each key's first deliveries
-    come in publish order."""
-
-    def __init__(self, endpoint: str, subscription: str) -> None:
-        self.received: Counter[bytes] = Counter()
-        self.out_of_order: list[str] = []
-        self._highest: dict[str, int] = {}
-        self._lock = threading.Lock()
-        self._sub = make_subscriber(endpoint)
-        flow = pubsub_v1.types.FlowControl(max_messages=1000, max_duration_per_lease_extension=10)
-        self._future = self._sub.subscribe(subscription, self._callback, flow_control=flow)
-
-    def _callback(self, message: Any) -> None:
-        key, n = message.data.decode().split(":")
-        with self._lock:
-            first = message.data not in self.received
-            self.received[message.data] += 1
-            if first:
-                # The first delivery of N must follow the first of N-1 (redeliveries may
-                # repeat earlier ones, never skip ahead).
-                if int(n) > 0 and f"{key}:{int(n) - 1}".encode() not in self.received:
-                    self.out_of_order.append(message.data.decode())
-                self._highest[key] = max(self._highest.get(key, -1), int(n))
-        message.ack()
-
-    def count(self) -> int:
-        with self._lock:
-            return len(self.received)
-
-    def has(self, expected: set[bytes]) -> bool:
-        with self._lock:
-            return all(data in self.received for data in expected)
-
-    def close(self) -> None:
-        self._future.cancel()
-        self._sub.close()
+ROUNDS_PER_S = 50  # one message per key a round: 200 msg/s
 
 
 def _leading_router(cluster: LocalCluster) -> str:
@@ -168,7 +61,7 @@ def test_kill_9_of_each_role_under_load_loses_nothing_and_keeps_key_order(
         )
         sub.close()
         receiver = OrderedReceiver(endpoint, subscription)
-        flood = OrderedFlood(endpoint, topic).start()
+        flood = KeyedFlood(endpoint, topic, keys=KEYS, rounds_per_s=ROUNDS_PER_S).start()
         killed: list[str] = []
         try:
             wait_for(lambda: receiver.count() >= 200, 60, "delivery under way")

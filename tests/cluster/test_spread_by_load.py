@@ -15,9 +15,7 @@ deliveries come in publish order, and both subscribing forwarders deliver once i
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,10 +23,10 @@ import pytest
 from google.cloud import pubsub_v1
 
 from pubsubd.cluster.launcher import LocalCluster
-from tests.cluster.test_kill_each_role import OrderedReceiver
 from tests.cluster.test_spread_subscription import _delivered, _served_sources, _status
 from tests.conftest import make_publisher, make_subscriber
 from tests.support.cluster import environment, running_cluster
+from tests.support.flood import KeyedFlood, OrderedReceiver
 from tests.support.server import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -68,75 +66,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield c
 
 
-class MixedFlood:
-    """Publishes ``key-K:N`` with ordering key ``key-K`` (N counting up per key) and
-    ``u:M`` without a key, through one publisher with message ordering on."""
-
-    def __init__(self, endpoint: str, topic: str) -> None:
-        self.topic = topic
-        self.publisher = make_publisher(
-            endpoint,
-            publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True),
-            batch_settings=pubsub_v1.types.BatchSettings(max_messages=20, max_latency=0.005),
-        )
-        self.sent: set[bytes] = set()
-        self.acked: set[bytes] = set()
-        self.errors: Counter[str] = Counter()
-        self._pending = 0
-        self._lock = threading.Lock()
-        self._settled = threading.Condition(self._lock)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> MixedFlood:
-        self._thread.start()
-        return self
-
-    def _publish(self, data: bytes, key: str) -> None:
-        with self._lock:
-            self.sent.add(data)
-            self._pending += 1
-        self.publisher.publish(self.topic, data, ordering_key=key).add_done_callback(
-            self._done(data)
-        )
-
-    def _run(self) -> None:
-        n = 0
-        started = time.monotonic()
-        while not self._stop.is_set() and n < 20_000:
-            for key in KEYS:
-                self._publish(f"{key}:{n}".encode(), key)
-            for u in range(UNKEYED_PER_ROUND):
-                self._publish(f"u:{n * UNKEYED_PER_ROUND + u}".encode(), "")
-            n += 1
-            # Paced by the clock, not by sleeps: the rate holds while the machine is busy.
-            self._stop.wait(max(0.0, started + n / ROUNDS_PER_S - time.monotonic()))
-
-    def _done(self, data: bytes) -> Any:
-        def done(future: Any) -> None:
-            error = future.exception()
-            with self._lock:
-                self._pending -= 1
-                if error is None:
-                    self.acked.add(data)
-                else:
-                    self.errors[type(error).__name__] += 1
-                self._settled.notify_all()
-
-        return done
-
-    def stop(self) -> set[bytes]:
-        """Stop sending and let every publish in flight settle (an ordered publisher's
-        ``stop()`` would cancel each key's queued batches: failures the server never saw)."""
-        self._stop.set()
-        self._thread.join(30)
-        with self._settled:
-            self._settled.wait_for(lambda: self._pending == 0, timeout=120)
-        self.publisher.stop()
-        with self._lock:
-            return set(self.acked)
-
-
 def _labels(publisher: pubsub_v1.PublisherClient, topic: str) -> dict[str, str]:
     return dict(publisher.get_topic(request={"topic": topic}).labels)
 
@@ -161,7 +90,15 @@ def test_a_flooded_topic_grows_and_its_subscription_spreads_losing_nothing(
     assert not any(_served_sources(cluster, n, subscription) for n in SUBSCRIBING)
     assert _status(cluster, "router-1")["spread"] == []
     receiver = OrderedReceiver(endpoint, subscription)
-    flood = MixedFlood(endpoint, topic).start()
+    flood = KeyedFlood(
+        endpoint,
+        topic,
+        keys=KEYS,
+        rounds_per_s=ROUNDS_PER_S,
+        unkeyed=UNKEYED_PER_ROUND,
+        batch_messages=20,
+        rounds=20_000,
+    ).start()
     started = time.monotonic()
     grown_after = spread_after = 0.0
     try:
