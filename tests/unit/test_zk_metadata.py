@@ -200,3 +200,21 @@ async def test_caught_up_returns_once_every_earlier_change_of_others_is_heard(
         await reader.caught_up()
         assert heard[-1] == (topic, True), i
     assert len(heard) == 80
+
+
+async def test_a_record_written_here_and_deleted_by_another_process_at_once_is_heard_deleted(
+    pair: tuple[ZooKeeperMetadataStore, ZooKeeperMetadataStore],
+) -> None:
+    """The delete comes before this process's follower has listed the bucket again after its
+    own write (no await in between): the listing without the record must still be heard as
+    its deletion, or the process would list a deleted subscription until it restarts."""
+    writer, reader = pair
+    writer.put_topic(_topic("elsewhere", "u0"))  # the bucket exists and is followed
+    await reader.follow()
+    heard = _heard(reader)
+    for i in range(10):
+        own = _topic(f"own-{i}", f"u{i}")
+        reader.put_topic(own)  # this process's write: published at once
+        writer.delete_topic(own.name)  # another process deletes it right after
+        await reader.caught_up()
+        assert heard[-1] == (own, True), i

@@ -511,7 +511,10 @@ class _Follower:
         self.coordinator = store.coordinator
         self.loop = asyncio.get_running_loop()
         self.seen: dict[str, _Seen] = {}  # record path -> last known state
-        self.listed: dict[str, set[str]] = {}  # bucket path -> names last listed
+        # bucket path -> names last listed, and those this process wrote since: a listing
+        # without one of them is its deletion by another process.
+        self.listed: dict[str, set[str]] = {}
+        self._followed: set[str] = set()  # buckets whose children are watched
         self._queue: dict[str, None] = {}  # paths to read again, in order, once each
         self._inflight: set[str] = set()
         self._again: set[str] = set()  # marked while in flight: read again after
@@ -534,6 +537,7 @@ class _Follower:
             records: list[str] = []
             for bucket, names in zip(buckets, listings, strict=True):
                 self.listed[bucket] = set(names)
+                self._followed.add(bucket)
                 records.extend(f"{bucket}/{n}" for n in names)
             for start in range(0, len(records), LOAD_BATCH):
                 batch = records[start : start + LOAD_BATCH]
@@ -560,11 +564,17 @@ class _Follower:
 
     def wrote(self, path: str, stat: ZnodeStat, record: Record) -> None:
         self.seen[path] = _Seen(stat.czxid, stat.mzxid, record)
+        # Listed as if read: if another process deletes it before this process's next
+        # listing of the bucket, that listing tells of the deletion (no watch is on it yet).
+        bucket, _, name = path.rpartition("/")
+        self.listed.setdefault(bucket, set()).add(name)
         if path in self._inflight:
             self._stale.add(path)
 
     def deleted(self, path: str) -> None:
         self.seen.pop(path, None)
+        bucket, _, name = path.rpartition("/")
+        self.listed.get(bucket, set()).discard(name)
         if path in self._inflight:
             self._stale.add(path)
 
@@ -634,8 +644,9 @@ class _Follower:
         if depth == 0:  # the kind's parent: new buckets
             for name in await self._children(path):
                 bucket = f"{path}/{name}"
-                if bucket not in self.listed:
-                    self.listed[bucket] = set()
+                if bucket not in self._followed:
+                    self._followed.add(bucket)
+                    self.listed.setdefault(bucket, set())
                     self._mark(bucket)
         elif depth == 1:  # a bucket: records created or deleted
             names = set(await self._children(path))
