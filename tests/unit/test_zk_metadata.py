@@ -218,3 +218,24 @@ async def test_a_record_written_here_and_deleted_by_another_process_at_once_is_h
         writer.delete_topic(own.name)  # another process deletes it right after
         await reader.caught_up()
         assert heard[-1] == (own, True), i
+
+
+async def test_a_record_written_here_then_changed_by_another_process_is_heard_changed(
+    pair: tuple[ZooKeeperMetadataStore, ZooKeeperMetadataStore],
+) -> None:
+    """This process's own write is watched too: another process's changes to it right after
+    (before any listing) and later are heard."""
+    writer, reader = pair
+    writer.put_topic(_topic("elsewhere", "u0"))
+    await reader.follow()
+    heard = _heard(reader)
+    for i in range(10):
+        reader.put_topic(_topic(f"mine-{i}", f"u{i}"))
+        changed = _topic(f"mine-{i}", f"u{i}", b"changed")
+        writer.put_topic(changed)  # at once
+        await reader.caught_up()
+        assert heard[-1] == (changed, False), i
+        again = _topic(f"mine-{i}", f"u{i}", b"again")
+        writer.put_topic(again)  # later
+        await reader.caught_up()
+        assert heard[-1] == (again, False), i

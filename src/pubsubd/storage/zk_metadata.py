@@ -570,6 +570,8 @@ class _Follower:
         self.listed.setdefault(bucket, set()).add(name)
         if path in self._inflight:
             self._stale.add(path)
+        else:  # read it (an echo, not published) to watch it: others' later changes are heard
+            self._mark_soon(path)
 
     def deleted(self, path: str) -> None:
         self.seen.pop(path, None)
@@ -599,6 +601,17 @@ class _Follower:
             return
         self._queue[path] = None
         self._wake.set()
+
+    def _mark_soon(self, path: str) -> None:
+        """:meth:`_mark` from any thread (the store's writes may come from a worker thread)."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self.loop:
+            self._mark(path)
+        else:
+            self.loop.call_soon_threadsafe(self._mark, path)
 
     def _retry(self, path: str) -> None:
         self._later.discard(path)
