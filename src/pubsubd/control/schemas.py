@@ -50,6 +50,7 @@ from pubsubd.core.schemas import (
     compile_schema,
     conforming_revision,
 )
+from pubsubd.core.validation import MAX_ATTRIBUTES
 from pubsubd.storage.metadata import Change, MetadataStore, RecordChanged, SchemaRecord
 
 # What a topic's schema_settings show once its schema is deleted (Google's value).
@@ -344,8 +345,10 @@ class SchemaRegistry:
     def conform(self, settings: Any, messages: Sequence[Any]) -> None:
         """Check each message (``data`` and an ``attributes`` map) against a topic's schema and
         add Google's googclient_schema* attributes naming the revision it conforms to. The first
-        that conforms to no revision raises InvalidArgument naming it, before any is stamped
-        beyond it: the caller stores nothing then."""
+        that conforms to no revision, or has more than ``MAX_ATTRIBUTES`` once they are added,
+        raises InvalidArgument naming it, before any is stamped beyond it: the caller stores
+        nothing then. (Google documents neither case for the added attributes; a message the
+        limit would refuse on delivery is refused at publish, where its publisher sees why.)"""
         candidates = self.candidates(settings)
         encoding = settings.encoding
         encoding_name = ENCODING_NAMES.get(encoding, "JSON")
@@ -361,6 +364,12 @@ class SchemaRegistry:
             attributes[SCHEMA_NAME_ATTRIBUTE] = settings.schema
             attributes[SCHEMA_ENCODING_ATTRIBUTE] = encoding_name
             attributes[SCHEMA_REVISION_ATTRIBUTE] = revision
+            if len(attributes) > MAX_ATTRIBUTES:
+                raise InvalidArgument(
+                    f"messages[{i}].attributes: {len(attributes)} attributes with the "
+                    f"googclient_schema* ones schema {settings.schema} adds; the maximum is "
+                    f"{MAX_ATTRIBUTES}"
+                )
 
     def _compiled_revision(self, revision: Any) -> CompiledSchema:
         key = (revision.name, revision.revision_id)
