@@ -18,8 +18,9 @@ does for topics. Rules (Google's; docs/GOOGLE_API.md §6):
 
 In a cluster every process keeps this view and applies the other processes' writes from the
 store's change feed; a name it lacks is looked up in the store before NOT_FOUND (as the
-catalog does). Two processes committing to one schema at the same moment: the later write wins
-(the record is replaced, not compared-and-set), as for topic updates.
+catalog does). Two processes committing to one schema at the same moment: the store writes only
+over the revisions this view holds (a compare-and-set), so one wins and the other answers
+ABORTED.
 """
 
 from __future__ import annotations
