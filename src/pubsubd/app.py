@@ -51,7 +51,13 @@ from pubsubd.coordination.zk import Coordinator
 from pubsubd.core import pb
 from pubsubd.core.client_security import ClientSecurity
 from pubsubd.core.clock import SYSTEM_CLOCK
-from pubsubd.core.errors import AlreadyExists, Unavailable
+from pubsubd.core.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    PubsubError,
+    Unavailable,
+)
 from pubsubd.core.flow_control import MemoryBudget
 from pubsubd.core.internal_token import INTERNAL_TOKEN, read_token
 from pubsubd.core.principal import Principal
@@ -88,6 +94,12 @@ from pubsubd.storage.zk_metadata import ZooKeeperMetadataStore
 
 log = logging.getLogger(__name__)
 
+# A remote Publish's answers that refuse its content (a dead-letter copy held to the owner's
+# checks): they stay what they are, the rest is the owner being unavailable.
+_REFUSED: dict[grpc.StatusCode, type[PubsubError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
+}
 # A Publish may carry 10 MB; accept more at the transport so an oversize request gets a clear
 # INVALID_ARGUMENT from validation instead of a transport error the client would retry.
 MAX_RECEIVE_BYTES = 32 << 20
@@ -531,6 +543,9 @@ class PubsubServer:
                 request, timeout=30, metadata=INTERNAL_TOKEN.metadata()
             )
         except grpc.aio.AioRpcError as e:
+            refused = _REFUSED.get(e.code())  # the owner refuses the content itself
+            if refused is not None:
+                raise refused(f"{address} refused the publish: {e.details()}") from e
             raise Unavailable(f"publishing to {address} failed: {e.details()}") from e
 
     async def _register_forwarder(self, coordinator: Coordinator, cluster: ClusterConfig) -> None:

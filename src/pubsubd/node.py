@@ -18,7 +18,7 @@ from pubsubd.control.catalog import Catalog
 from pubsubd.control.cursors import Cursors
 from pubsubd.control.router import Router, Routes
 from pubsubd.control.snapshots import Snapshots
-from pubsubd.core import pb
+from pubsubd.core import pb, validation
 from pubsubd.core.clock import SYSTEM_CLOCK, Clock
 from pubsubd.core.roles import PublishingForwarderApi
 from pubsubd.data.publish.forwarder import (
@@ -127,13 +127,15 @@ def build(
 
     async def publish_dead_letter(topic: str, payload: bytes) -> None:
         """A message goes to its dead-letter topic by name, as a client publishes: through
-        the catalog and the router, checked against the topic's schema as a Publish is (the
-        check a remote publish gets from the owner's Publish): a copy that does not conform
-        raises INVALID_ARGUMENT, so the dispatcher keeps it and tries again later."""
+        the catalog and the router, checked against Publish's limits and the topic's schema
+        as a Publish is (the checks a remote publish gets from the owner's Publish): a copy
+        that fails them (its four CloudPubSubDeadLetter* attributes count) raises
+        INVALID_ARGUMENT, so the dispatcher keeps it and tries again later."""
         entry = catalog_cell[0].topic(topic)  # NOT_FOUND while the topic is missing
         uid = entry.record.uid
+        request = pb.PublishRequest.FromString(payload)
+        validation.publish_request(request, len(payload), payload, now_s=clock.time_us() / 1e6)
         if entry.schema_settings is not None:
-            request = pb.PublishRequest.FromString(payload)
             catalog_cell[0].schemas.conform(entry.schema_settings, request.messages)
             payload = request.SerializeToString()
         if remote_publish is not None and not routes_cell[0].serves_topic(uid):

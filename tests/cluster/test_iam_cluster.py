@@ -1,11 +1,13 @@
 """IAM policies shared by every process of a cluster (two forwarders behind a frontend, every
 process started with ``PUBSUBD_IAM``): a policy set through one forwarder is read and
 compare-and-set through the other, and enforced at the frontend, which follows the policies in
-ZooKeeper (forwarders, behind frontends, do not check: they only name the caller)."""
+ZooKeeper (forwarders, behind frontends, do not check: they only name the caller). Two
+SetIamPolicy calls with the same etag through the two forwarders at once: exactly one wins."""
 
 from __future__ import annotations
 
 import json
+import threading
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -103,3 +105,55 @@ def test_a_policy_set_through_one_process_holds_in_every_other(
         metrics = r.read().decode()
     assert 'pubsubd_iam_denied_total{method="Publish"}' in metrics
     assert 'pubsubd_iam_denied_total{method="GetTopic"} 1.0' in metrics
+
+
+def _race(clients: list[Any], topic: str, tag: str) -> list[Any]:
+    """Both clients read the policy (one etag), then set it at the same instant; each outcome
+    is the policy written or the ABORTED error."""
+    etag = clients[0].get_iam_policy(request={"resource": topic}).etag
+    wait_for(
+        lambda: clients[1].get_iam_policy(request={"resource": topic}).etag == etag,
+        10,
+        "the second forwarder to see the policy",
+    )
+    start = threading.Barrier(2)
+    outcomes: list[Any] = [None, None]
+
+    def set_policy(i: int) -> None:
+        policy = clients[i].get_iam_policy(request={"resource": topic})
+        assert policy.etag == etag
+        policy.bindings.add(role="roles/pubsub.viewer", members=[f"user:{tag}-{i}@example.com"])
+        start.wait(timeout=10)
+        try:
+            outcomes[i] = clients[i].set_iam_policy(request={"resource": topic, "policy": policy})
+        except exceptions.Aborted as e:
+            outcomes[i] = e
+
+    threads = [threading.Thread(target=set_policy, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return outcomes
+
+
+def test_two_forwarders_setting_one_policy_from_the_same_etag_at_once_one_wins(
+    cluster: LocalCluster, names: Any
+) -> None:
+    """Both calls may pass their forwarder's etag check before either writes: the write is a
+    compare-and-set on the policy's znode, so the loser answers ABORTED, never overwriting."""
+    first, second = _forwarders(cluster)
+    topic = f"projects/{PROJECT}/topics/raced-{names.suffix}"
+    publisher_as(first, ADMIN).create_topic(name=topic)
+    clients = [publisher_as(first, ADMIN), publisher_as(second, ADMIN)]
+    for round_ in range(5):
+        outcomes = _race(clients, topic, f"u{round_}")
+        won = [o for o in outcomes if o is not None and not isinstance(o, Exception)]
+        lost = [o for o in outcomes if isinstance(o, exceptions.Aborted)]
+        assert (len(won), len(lost)) == (1, 1), outcomes
+        for client in clients:  # what is stored is the winner's policy, everywhere
+            wait_for(
+                lambda c=client, w=won[0]: c.get_iam_policy(request={"resource": topic}) == w,
+                10,
+                "every forwarder to hold the winner's policy",
+            )

@@ -2,7 +2,8 @@
 (etag compare-and-set) and tested; each of Google's roles allowed what it grants and refused the
 rest (PERMISSION_DENIED naming the permission); subscriptions attached to a topic of another
 project and dead-letter topics; a REST 403 with Google's error body; policies durable across a
-restart and deleted with their resource.
+restart and deleted with their resource (a schema's too); the internal
+``Forwarder/GiveBack`` on serve's own port checked as the Pull it gives back.
 
 Callers are named by the test-only ``--trust-caller-header`` (``x-pubsubd-caller``), as
 authentication will name them from tokens. The policy file makes ``admin@example.com`` admin of
@@ -19,11 +20,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from google.api_core import exceptions
+from google.pubsub_v1 import types as T
 
+from pubsubd._gen.pubsubd.internal.v1 import forwarder_pb2
 from tests.conftest import PROJECT
-from tests.support.iam import publisher_as, subscriber_as
+from tests.support.iam import channel_as, publisher_as, schemas_as, subscriber_as
 from tests.support.rest import Rest
 from tests.support.server import ServerProcess
 
@@ -263,6 +267,66 @@ def test_rest_calls_are_refused_with_googles_403_body(
         assert status == 200 and policy["etag"] == base64.b64encode(EMPTY_ETAG).decode()
     finally:
         rest.close()
+
+
+def test_give_back_on_serves_port_needs_consume_on_its_subscription(
+    server: ServerProcess, admin: Caller, names: Any
+) -> None:
+    """pubsubd.internal.v1.Forwarder/GiveBack (how the REST front and a frontend hand back a
+    Pull response they could not send) is served on serve's own port: it is checked as the
+    Pull was, ``subscriptions.consume`` on its subscription."""
+    topic, subscription = names.topic(), names.subscription()
+    admin.pub.create_topic(name=topic)
+    admin.sub.create_subscription(name=subscription, topic=topic)
+    viewer = "user:viewer@example.com"
+    _grant(admin, subscription, "roles/pubsub.viewer", viewer)
+    admin.pub.publish(topic, b"x").result(timeout=30)
+    dev = subscriber_as(server.endpoint, DEV)
+    pulled = dev.pull(request={"subscription": subscription, "max_messages": 1}, timeout=30)
+    [message] = pulled.received_messages
+
+    def give_back(member: str | None) -> Any:
+        request = forwarder_pb2.GiveBackRequest(
+            protocol_version=1, subscription=subscription, ack_ids=[message.ack_id]
+        )
+        call = channel_as(server.endpoint, member).unary_unary(
+            "/pubsubd.internal.v1.Forwarder/GiveBack",
+            request_serializer=forwarder_pb2.GiveBackRequest.SerializeToString,
+            response_deserializer=forwarder_pb2.GiveBackResponse.FromString,
+        )
+        return call(request, timeout=10)
+
+    for member in (None, viewer):
+        with pytest.raises(grpc.RpcError) as info:
+            give_back(member)
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED, member
+        assert "pubsub.subscriptions.consume" in str(info.value.details())
+    assert give_back(DEV).given_back == 1  # the project's editor may: the lease ends
+    again = dev.pull(request={"subscription": subscription, "max_messages": 1}, timeout=30)
+    assert [m.message.data for m in again.received_messages] == [b"x"]
+    dev.close()
+
+
+def test_a_deleted_schema_takes_its_policy_with_it(server: ServerProcess, names: Any) -> None:
+    schemas = schemas_as(server.endpoint, ADMIN)
+    sid = f"gone-{names.suffix}"
+    name = f"projects/{PROJECT}/schemas/{sid}"
+    definition = {"type_": T.Schema.Type.AVRO, "definition": '"string"'}
+
+    def create() -> None:
+        schemas.create_schema(parent=f"projects/{PROJECT}", schema=definition, schema_id=sid)
+
+    create()
+    policy = schemas.get_iam_policy(request={"resource": name})
+    reader = "user:schema-reader@example.com"
+    policy.bindings.add(role="roles/pubsub.viewer", members=[reader])
+    schemas.set_iam_policy(request={"resource": name, "policy": policy})
+    as_reader = schemas_as(server.endpoint, reader)
+    assert as_reader.get_schema(name=name).name == name
+    schemas.delete_schema(name=name)
+    create()  # a schema of the same name starts without the old grants
+    assert schemas.get_iam_policy(request={"resource": name}).etag == EMPTY_ETAG
+    _denied(lambda: as_reader.get_schema(name=name), "pubsub.schemas.get")
 
 
 def test_policies_are_durable_and_deleted_with_their_resource(tmp_path: Path, names: Any) -> None:

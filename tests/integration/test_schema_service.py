@@ -295,6 +295,10 @@ def test_avro_json_topic_accepts_conforming_batches_only_and_delivers_attributes
         )
     with pytest.raises(exceptions.InvalidArgument):
         gapic.publish(topic=topic, messages=[T.PubsubMessage(data=b"not json")])
+    # 98 attributes are within Google's 100, but not with the three googclient_schema* ones.
+    crowded = {f"a{n}": "v" for n in range(98)}
+    with pytest.raises(exceptions.InvalidArgument, match=r"101 attributes with the googclient"):
+        gapic.publish(topic=topic, messages=[T.PubsubMessage(data=good[0], attributes=crowded)])
     ids = gapic.publish(
         topic=topic, messages=[T.PubsubMessage(data=d, attributes={"k": "v"}) for d in good]
     ).message_ids

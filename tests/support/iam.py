@@ -9,6 +9,8 @@ from typing import Any
 import grpc
 from google.cloud import pubsub_v1
 from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
+from google.pubsub_v1.services.schema_service import SchemaServiceClient
+from google.pubsub_v1.services.schema_service.transports import SchemaServiceGrpcTransport
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 
 CALLER_HEADER = "x-pubsubd-caller"
@@ -38,18 +40,24 @@ class _Header(
         return continuation(self._details(details), requests)
 
 
-def _channel(endpoint: str, member: str | None) -> grpc.Channel:
+def channel_as(endpoint: str, member: str | None) -> grpc.Channel:
     channel = grpc.insecure_channel(endpoint)
     return grpc.intercept_channel(channel, _Header(member)) if member else channel
 
 
 def publisher_as(endpoint: str, member: str | None, **kwargs: Any) -> pubsub_v1.PublisherClient:
     """A publisher calling as ``member`` (None: no header, the anonymous caller)."""
-    transport = PublisherGrpcTransport(channel=_channel(endpoint, member))
+    transport = PublisherGrpcTransport(channel=channel_as(endpoint, member))
     return pubsub_v1.PublisherClient(transport=transport, **kwargs)
 
 
 def subscriber_as(endpoint: str, member: str | None) -> pubsub_v1.SubscriberClient:
     return pubsub_v1.SubscriberClient(
-        transport=SubscriberGrpcTransport(channel=_channel(endpoint, member))
+        transport=SubscriberGrpcTransport(channel=channel_as(endpoint, member))
+    )
+
+
+def schemas_as(endpoint: str, member: str | None) -> SchemaServiceClient:
+    return SchemaServiceClient(
+        transport=SchemaServiceGrpcTransport(channel=channel_as(endpoint, member))
     )

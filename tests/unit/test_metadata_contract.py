@@ -320,6 +320,31 @@ def test_a_conditional_policy_put_stores_only_over_the_expected_policy(
     assert [p.body for p in store.load_policies()] == [b"any"]
 
 
+def test_of_two_stores_on_one_place_setting_a_policy_from_the_same_view_one_wins(
+    durable: Store, tmp_path: Path
+) -> None:
+    """Two processes' SetIamPolicy with the same etag: each store (SQLite: its own connection to
+    the file; ZooKeeper: its own session) compares and writes as one step, so the second
+    conditional put over what both saw fails, and a refused put leaves its store usable."""
+    first, second = durable.open(tmp_path), durable.open(tmp_path)
+    try:
+        resource = "projects/p/topics/t"
+        seen = b"seen"
+        first.put_policy(PolicyRecord(resource, seen), expected=None)
+        first.put_policy(PolicyRecord(resource, b"first wins"), expected=seen)
+        with pytest.raises(RecordChanged):
+            second.put_policy(PolicyRecord(resource, b"second loses"), expected=seen)
+        assert [p.body for p in second.load_policies()] == [b"first wins"]
+        second.put_policy(PolicyRecord(resource, b"second, seeing it"), expected=b"first wins")
+        with pytest.raises(RecordChanged):  # no policy stored, as it believed: refused
+            first.put_policy(PolicyRecord(resource, b"create"), expected=None)
+        second.put_policy(PolicyRecord(resource, b"unconditional"))  # nothing left half-done
+        assert [p.body for p in first.load_policies()] == [b"unconditional"]
+    finally:
+        first.close()
+        second.close()
+
+
 def test_a_conditional_schema_put_stores_only_over_the_expected_revisions(
     store: MetadataStore,
 ) -> None:

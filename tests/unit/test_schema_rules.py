@@ -267,6 +267,27 @@ def test_conform_stamps_each_message_or_names_the_first_that_fails() -> None:
         registry.conform(settings, bad.messages)
 
 
+def test_conform_refuses_a_message_the_schema_attributes_take_past_the_limit() -> None:
+    """100 attributes at most, counted with the three googclient_schema* ones added (ones the
+    publisher set itself are replaced, not counted twice)."""
+    registry, _, _ = _registry()
+    registry.create("projects/p", "readings", _schema('"string"'))
+    settings = pb.Topic().schema_settings
+    settings.schema, settings.encoding = NAME, JSON
+    fits = {f"k{n}": "v" for n in range(97)}
+    batch = pb.PublishRequest(messages=[{"data": b'"a"', "attributes": fits}])
+    registry.conform(settings, batch.messages)
+    assert len(batch.messages[0].attributes) == 100
+    restamped = pb.PublishRequest(messages=[batch.messages[0]])  # already carries the three
+    registry.conform(settings, restamped.messages)
+    assert len(restamped.messages[0].attributes) == 100
+    over = pb.PublishRequest(
+        messages=[{"data": b'"a"'}, {"data": b'"b"', "attributes": {**fits, "k97": "v"}}]
+    )
+    with pytest.raises(InvalidArgument, match=r"messages\[1\]\.attributes: 101 attributes"):
+        registry.conform(settings, over.messages)
+
+
 def test_a_precompiled_proto_schema_is_loaded_as_given() -> None:
     """Schema.compiled_proto_schema: a FileDescriptorSet and the root message's full name."""
     files = descriptor_pb2.FileDescriptorSet(file=[compile_definition(PROTO_DEF)])

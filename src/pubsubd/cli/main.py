@@ -31,6 +31,7 @@ from pubsubd.cli.server_security import (
     TlsCert,
     TlsClientCa,
     TlsKey,
+    internal_tls,
     security_options,
     server_tls,
     zookeeper_tls_options,
@@ -464,7 +465,7 @@ def router(
 
     setup(log_level)
     try:
-        _internal_tls(tls_ca, tls_cert, tls_key)
+        internal_tls(tls_ca, tls_cert, tls_key)
         config = RouterConfig(
             tls=server_tls(tls_cert, tls_key, tls_client_ca),
             zk=cluster,
@@ -662,15 +663,6 @@ def _security() -> Any:
 
 def _name(project: str, kind: str, name: str) -> str:
     return name if name.startswith("projects/") else f"projects/{project}/{kind}/{name}"
-
-
-def _internal_tls(ca: Path | None, cert: Path | None, key: Path | None) -> None:
-    """With --tls-ca, this process's clients of the cluster's other processes speak TLS,
-    trusting that CA and showing the process's own certificate (for mutual TLS)."""
-    from pubsubd.core.tls import INTERNAL, ClientTls
-
-    if ca is not None:
-        INTERNAL.configure(ClientTls(ca, cert, key))
 
 
 def _fail(e: Exception) -> None:

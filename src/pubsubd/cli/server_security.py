@@ -28,6 +28,7 @@ __all__ = [
     "NO_FLAGS",
     "SecurityFlags",
     "configure_zookeeper_tls",
+    "internal_tls",
     "security_options",
     "server_tls",
     "zookeeper_tls_options",
@@ -179,7 +180,6 @@ class SecurityFlags:
         ``forwarder``: authentication needs an internal token that this process accepts."""
         from pubsubd.control.policies import PolicyFileError, load_policy_file
         from pubsubd.core.internal_token import INTERNAL_TOKEN
-        from pubsubd.core.tls import INTERNAL, ClientTls
 
         cfg = replace(
             cfg,
@@ -225,8 +225,7 @@ class SecurityFlags:
                     raise ValueError(
                         f"--internal-token-file: this process refuses its own token ({e})"
                     ) from None
-        if self.tls_ca is not None:
-            INTERNAL.configure(ClientTls(self.tls_ca, self.tls_cert, self.tls_key))
+        internal_tls(self.tls_ca, self.tls_cert, self.tls_key)
         return cfg
 
 
@@ -244,24 +243,50 @@ def server_tls(cert: Path | None, key: Path | None, client_ca: Path | None) -> A
     return ServerTls(cert, key, client_ca).check()
 
 
+def internal_tls(ca: Path | None, cert: Path | None, key: Path | None) -> None:
+    """With ``--tls-ca``, this process's clients of the cluster's other processes speak TLS,
+    trusting that CA and showing the process's own certificate (for mutual TLS)."""
+    if ca is not None:
+        from pubsubd.core.tls import INTERNAL, ClientTls
+
+        INTERNAL.configure(ClientTls(ca, cert, key))
+
+
+def _with_flags(
+    command: F,
+    flags: tuple[inspect.Parameter, ...],
+    run: Callable[..., Any],
+    *,
+    replaces: str | None = None,
+) -> F:
+    """``command`` with ``flags`` added to the signature typer reads (``replaces``: the one
+    parameter of its own they stand for); a call runs ``run(given, *args, **kwargs)`` with the
+    flags' values by name and the command's own arguments."""
+    signature = inspect.signature(command, eval_str=True)
+    own = [p for p in signature.parameters.values() if p.name != replaces]
+
+    @functools.wraps(command)
+    def with_flags(*args: Any, **kwargs: Any) -> Any:
+        given = {p.name: kwargs.pop(p.name, None) for p in flags}
+        return run(given, *args, **kwargs)
+
+    parameters = [*own, *flags]
+    with_flags.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    with_flags.__annotations__ = {p.name: p.annotation for p in parameters}
+    return cast(F, with_flags)
+
+
 def security_options(*, internal_token: bool = False) -> Callable[[F], F]:
     """Add the security flags to a command whose ``security`` parameter receives them (a
     :class:`SecurityFlags`); ``internal_token``: ``--internal-token-file`` too."""
 
     def decorate(command: F) -> F:
-        signature = inspect.signature(command, eval_str=True)
-        own = [p for p in signature.parameters.values() if p.name != "security"]
-        flags = [p for p in _FLAGS if internal_token or p.name != "internal_token_file"]
+        flags = tuple(p for p in _FLAGS if internal_token or p.name != "internal_token_file")
 
-        @functools.wraps(command)
-        def with_flags(*args: Any, **kwargs: Any) -> Any:
-            given = {p.name: kwargs.pop(p.name, None) for p in flags}
+        def run(given: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
             return command(*args, security=SecurityFlags(**given), **kwargs)
 
-        parameters = [*own, *flags]
-        with_flags.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
-        with_flags.__annotations__ = {p.name: p.annotation for p in parameters}
-        return cast(F, with_flags)
+        return _with_flags(command, flags, run, replaces="security")
 
     return decorate
 
@@ -284,18 +309,12 @@ def configure_zookeeper_tls(ca: Path | None, cert: Path | None, key: Path | None
 def zookeeper_tls_options(command: F) -> F:
     """Add ``--zk-tls-ca``, ``--zk-tls-cert`` and ``--zk-tls-key`` to a command; they configure
     the process's ZooKeeper TLS before it runs (a bad file is a usage error)."""
-    signature = inspect.signature(command, eval_str=True)
 
-    @functools.wraps(command)
-    def with_flags(*args: Any, **kwargs: Any) -> Any:
-        given = [kwargs.pop(p.name, None) for p in _ZK_FLAGS]
+    def run(given: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         try:
-            configure_zookeeper_tls(*given)
+            configure_zookeeper_tls(given["zk_tls_ca"], given["zk_tls_cert"], given["zk_tls_key"])
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
         return command(*args, **kwargs)
 
-    parameters = [*signature.parameters.values(), *_ZK_FLAGS]
-    with_flags.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
-    with_flags.__annotations__ = {p.name: p.annotation for p in parameters}
-    return cast(F, with_flags)
+    return _with_flags(command, _ZK_FLAGS, run)

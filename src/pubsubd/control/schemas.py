@@ -18,8 +18,9 @@ does for topics. Rules (Google's; docs/GOOGLE_API.md §6):
 
 In a cluster every process keeps this view and applies the other processes' writes from the
 store's change feed; a name it lacks is looked up in the store before NOT_FOUND (as the
-catalog does). Two processes committing to one schema at the same moment: the later write wins
-(the record is replaced, not compared-and-set), as for topic updates.
+catalog does). Two processes committing to one schema at the same moment: the store writes only
+over the revisions this view holds (a compare-and-set), so one wins and the other answers
+ABORTED.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from pubsubd.core.schemas import (
     compile_schema,
     conforming_revision,
 )
+from pubsubd.core.validation import MAX_ATTRIBUTES
 from pubsubd.storage.metadata import Change, MetadataStore, RecordChanged, SchemaRecord
 
 # What a topic's schema_settings show once its schema is deleted (Google's value).
@@ -344,8 +346,10 @@ class SchemaRegistry:
     def conform(self, settings: Any, messages: Sequence[Any]) -> None:
         """Check each message (``data`` and an ``attributes`` map) against a topic's schema and
         add Google's googclient_schema* attributes naming the revision it conforms to. The first
-        that conforms to no revision raises InvalidArgument naming it, before any is stamped
-        beyond it: the caller stores nothing then."""
+        that conforms to no revision, or has more than ``MAX_ATTRIBUTES`` once they are added,
+        raises InvalidArgument naming it, before any is stamped beyond it: the caller stores
+        nothing then. (Google documents neither case for the added attributes; a message the
+        limit would refuse on delivery is refused at publish, where its publisher sees why.)"""
         candidates = self.candidates(settings)
         encoding = settings.encoding
         encoding_name = ENCODING_NAMES.get(encoding, "JSON")
@@ -361,6 +365,12 @@ class SchemaRegistry:
             attributes[SCHEMA_NAME_ATTRIBUTE] = settings.schema
             attributes[SCHEMA_ENCODING_ATTRIBUTE] = encoding_name
             attributes[SCHEMA_REVISION_ATTRIBUTE] = revision
+            if len(attributes) > MAX_ATTRIBUTES:
+                raise InvalidArgument(
+                    f"messages[{i}].attributes: {len(attributes)} attributes with the "
+                    f"googclient_schema* ones schema {settings.schema} adds; the maximum is "
+                    f"{MAX_ATTRIBUTES}"
+                )
 
     def _compiled_revision(self, revision: Any) -> CompiledSchema:
         key = (revision.name, revision.revision_id)

@@ -40,7 +40,7 @@ def report(task: str, exc: BaseException) -> None:
             type(exc).__name__,
             exc_info=exc,
         )
-    elif _power_of_ten(n):
+    elif is_power_of_ten(n):
         log.error("background %s has failed %d times with %s: %s", task, n, key[1], exc)
 
 
@@ -77,7 +77,8 @@ async def every(
             report(task, exc)
 
 
-def _power_of_ten(n: int) -> bool:
+def is_power_of_ten(n: int) -> bool:
+    """1, 10, 100, ...: when a repeated failure is logged again."""
     while n % 10 == 0:
         n //= 10
     return n == 1

@@ -53,6 +53,13 @@ BACKGROUND_ERRORS = Counter(
     "Exceptions caught in background work (delivery pumps, timers, flush and trim loops)",
     ["task"],
 )
+DEAD_LETTER_FAILURES = Counter(
+    "pubsubd_dead_letter_failures",
+    "Dead-letter copies not published: refused by the dead-letter topic (its schema or a "
+    "Publish limit), its topic missing, or unavailable. Each message stays in its subscription "
+    "and is tried again after 10 s; never dropped",
+    ["reason"],
+)
 # Storage write SLIs: the local log's group writes (fsync included when it fsyncs) and, in a
 # cluster, a ledger append's time to its ack quorum of storage nodes.
 STORAGE_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 2.0)

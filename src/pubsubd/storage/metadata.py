@@ -485,15 +485,12 @@ class SqliteMetadataStore:
         create: bool = False,
         expected: bytes | EllipsisType | None = ...,
     ) -> Applied:
-        if expected is not ...:  # one process writes this store: read, compare, write
-            rows = self._db.execute("SELECT body FROM schemas WHERE name = ?", (record.name,))
-            stored = [bytes(body) for (body,) in rows]
-            _check_body(record.name, stored[0] if stored else None, expected)
-        self._write(
-            f"INSERT {'' if create else 'OR REPLACE '}INTO schemas (name, body) VALUES (?, ?)",
-            (record.name, record.body),
-            exists=("schema", record.name),
-        )
+        with self._compared("schemas", "name", record.name, expected):
+            self._write(
+                f"INSERT {'' if create else 'OR REPLACE '}INTO schemas (name, body) VALUES (?, ?)",
+                (record.name, record.body),
+                exists=("schema", record.name),
+            )
         return self._changes.publish(Change(record))
 
     def delete_schema(self, name: str) -> Applied:
@@ -508,16 +505,11 @@ class SqliteMetadataStore:
     def put_policy(
         self, record: PolicyRecord, *, expected: bytes | EllipsisType | None = ...
     ) -> Applied:
-        if expected is not ...:  # one process writes this store: read, compare, write
-            rows = self._db.execute(
-                "SELECT body FROM policies WHERE resource = ?", (record.resource,)
+        with self._compared("policies", "resource", record.resource, expected):
+            self._write(
+                "INSERT OR REPLACE INTO policies (resource, body) VALUES (?, ?)",
+                (record.resource, record.body),
             )
-            stored = [bytes(body) for (body,) in rows]
-            _check_body(record.resource, stored[0] if stored else None, expected)
-        self._write(
-            "INSERT OR REPLACE INTO policies (resource, body) VALUES (?, ?)",
-            (record.resource, record.body),
-        )
         return self._changes.publish(Change(record))
 
     def delete_policy(self, resource: str) -> Applied:
@@ -525,6 +517,32 @@ class SqliteMetadataStore:
         found = [PolicyRecord(resource, bytes(body)) for (body,) in rows]
         self._write("DELETE FROM policies WHERE resource = ?", (resource,))
         return _deleted(self._changes, found[0] if found else None)
+
+    @contextlib.contextmanager
+    def _compared(
+        self, table: str, column: str, key: str, expected: bytes | EllipsisType | None
+    ) -> Iterator[None]:
+        """Run the body's write only if ``table``'s row under ``key`` still has the ``expected``
+        body (None: no row), else raise RecordChanged: the read, the compare and the write are
+        one IMMEDIATE transaction (the write lock taken before the read), so no writer on this
+        file, in this process or another, can come in between. ``...``: no condition."""
+        if expected is ...:
+            yield
+            return
+        with self.disk.guard(disk_space.METADATA):
+            self._db.execute("BEGIN IMMEDIATE")
+        try:
+            rows = self._db.execute(f"SELECT body FROM {table} WHERE {column} = ?", (key,))
+            stored = [bytes(body) for (body,) in rows]
+            _check_body(key, stored[0] if stored else None, expected)
+            yield
+            with self.disk.guard(disk_space.METADATA):
+                self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
+            raise
 
     def _write(
         self, sql: str, params: tuple[Any, ...], exists: tuple[str, str] | None = None

@@ -22,7 +22,14 @@ from typing import Any
 
 from pubsubd.core import ids, quotas
 from pubsubd.core.clock import Clock, Timer
-from pubsubd.core.errors import InternalError, PubsubError
+from pubsubd.core.errors import (
+    FailedPrecondition,
+    InternalError,
+    InvalidArgument,
+    NotFound,
+    PubsubError,
+    Unavailable,
+)
 from pubsubd.core.queue_settings import QueueSettings
 from pubsubd.core.records import CursorState, DamagedRange
 from pubsubd.core.roles import PublishingForwarderApi
@@ -39,6 +46,17 @@ log = logging.getLogger(__name__)
 
 # Publishes a dead-letter copy: (dead-letter topic name, serialized PublishRequest).
 DeadLetterPublish = Callable[[str, bytes], Awaitable[None]]
+
+
+def dead_letter_failure_reason(e: BaseException) -> str:
+    """``pubsubd_dead_letter_failures``'s reason for a dead-letter copy not published."""
+    if isinstance(e, (InvalidArgument, FailedPrecondition)):
+        return "refused"  # the dead-letter topic's schema, or a Publish limit
+    if isinstance(e, NotFound):
+        return "topic_missing"
+    if isinstance(e, Unavailable):
+        return "unavailable"
+    return "error"
 
 
 class SubscriptionDispatcher:
@@ -141,6 +159,11 @@ class SubscriptionDispatcher:
     @property
     def dead_lettered(self) -> int:
         return self.planner.dead_lettered
+
+    @property
+    def dead_letter_failures(self) -> int:
+        """Dead-letter copies not published so far (each message stays, tried again)."""
+        return self.planner.dead_letter_failures
 
     @property
     def lost(self) -> int:
@@ -296,10 +319,32 @@ class SubscriptionDispatcher:
             await self._dead_letter_publish(topic, payload)
             planner.dead_letter_done(pos)
         except Exception as e:
-            background.report("dead-letter publish", e)
             planner.dead_letter_failed(pos, self.clock.monotonic())
+            self._dead_letter_failed(topic, e)
         finally:
             self._apply()
+
+    def _dead_letter_failed(self, topic: str, e: Exception) -> None:
+        """Count a dead-letter copy not published (the message stays here, tried again later):
+        one the dead-letter topic refuses (its schema, a Publish limit) is logged as a warning,
+        once and then at 10, 100, ... per subscription; anything unexpected is a background
+        error."""
+        reason = dead_letter_failure_reason(e)
+        metrics.DEAD_LETTER_FAILURES.labels(reason=reason).inc()
+        if reason == "error":
+            background.report("dead-letter publish", e)
+            return
+        n = self.planner.dead_letter_failures
+        if n == 1 or background.is_power_of_ten(n):
+            log.warning(
+                "subscription %s: dead-letter copy not published to %s (%s, %d so far; the "
+                "message stays in the subscription and is tried again): %s",
+                self.name,
+                topic,
+                reason,
+                n,
+                e,
+            )
 
     # --- acks and deadlines -------------------------------------------------------------------
 

@@ -135,6 +135,7 @@ class DeliveryPlanner:
         "budget",
         "budget_limited",
         "cursors",
+        "dead_letter_failures",
         "dead_lettered",
         "delivered",
         "generation_floor",
@@ -194,6 +195,7 @@ class DeliveryPlanner:
         self.delivered = 0
         self.acked = 0
         self.dead_lettered = 0
+        self.dead_letter_failures = 0  # copies not published (each tried again later)
         self.lost = 0
 
     @property
@@ -670,9 +672,12 @@ class DeliveryPlanner:
         self._ack_positions([pos])
 
     def dead_letter_failed(self, pos: int, now: float) -> None:
-        """Publishing the dead-letter copy failed (or its topic is missing): try again later."""
+        """Publishing the dead-letter copy failed (refused, or its topic is missing): the
+        message stays and is tried again later (redelivered after ``DEAD_LETTER_RETRY_S``, then
+        dead-lettered again at its next failure)."""
         if self._dead_lettering is not None:
             self._dead_lettering.discard(pos)
+        self.dead_letter_failures += 1
         self._delayed.add(pos, now + DEAD_LETTER_RETRY_S)
 
     # --- acks and deadlines -------------------------------------------------------------------
