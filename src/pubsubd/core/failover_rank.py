@@ -10,8 +10,8 @@ and topic percent-encoded) ranks on a failover subscription as a Pulsar consumer
 * a non-partitioned topic goes to the consumer a hash ring names: each counted consumer puts
   100 points on it at ``murmur3_32(name + str(j)) & 0x7fffffff`` (a later consumer in the
   sorted list takes a colliding point), and the topic's full Pulsar name, hashed the same way,
-  takes the first point at or after its hash (wrapping around). Pulsar 2.4-2.10 kept the
-  first consumer to subscribe instead; 2.11 and later (3.x, 4.x) use the ring.
+  takes the first point at or after its hash (wrapping around). That is apache/pulsar's
+  master; 2.10 still kept the first consumer to subscribe (PULSAR_FEATURES.md's rule).
 
 A stream without the header ranks at priority 0 under its client_id, with no ring key.
 """
