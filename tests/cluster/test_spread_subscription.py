@@ -14,8 +14,10 @@ publish flood: its sources go to the other, and every acknowledged publish is de
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
+import queue
 import threading
 import time
 import urllib.request
@@ -23,10 +25,14 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+import _pulsar
+import grpc
+import pulsar
 import pytest
 from google.cloud import pubsub_v1
 
 from pubsubd.cluster.launcher import LocalCluster
+from pubsubd.core import pb
 from tests.cluster.test_frontends import Receiver
 from tests.conftest import make_publisher, make_subscriber
 from tests.support.cluster import running_cluster
@@ -276,6 +282,122 @@ def test_a_snapshot_of_a_spread_subscription_has_the_acks_of_every_forwarder(
     assert sorted(again) == sorted(after)
     subscriber.delete_snapshot(request={"snapshot": snapshot})
     subscriber.close()
+
+
+def test_a_window_moving_stream_leases_its_window_once_over_both_forwarders(
+    cluster: LocalCluster, names: Any
+) -> None:
+    """A stream that moves its message window on later requests (as the Pulsar front does)
+    has it split over the legs (frontend/leg_windows.py): it holds about the window, not the
+    window on each leg (before: 2 x 10 = 20 held)."""
+    endpoint = cluster.grpc
+    publisher, subscriber = make_publisher(endpoint), make_subscriber(endpoint)
+    topic, subscription = names.topic("spread-window"), names.subscription("spread-window")
+    _topic(publisher, topic)
+    subscriber.create_subscription(request={"name": subscription, "topic": topic})
+    subscriber.close()
+    wait_for(lambda: _spread_over_both(cluster, subscription), 30, "the sources spread")
+    for f in [publisher.publish(topic, b"w") for _ in range(200)]:
+        f.result(timeout=60)  # spread over the 8 sources
+    requests: queue.Queue[Any] = queue.Queue()
+    requests.put(
+        pb.StreamingPullRequest(
+            subscription=subscription, stream_ack_deadline_seconds=60, max_outstanding_messages=1
+        )
+    )
+    channel = grpc.insecure_channel(endpoint)
+    call = channel.stream_stream(
+        "/google.pubsub.v1.Subscriber/StreamingPull",
+        request_serializer=pb.StreamingPullRequest.SerializeToString,
+        response_deserializer=pb.StreamingPullResponse.FromString,
+    )(iter(requests.get, None))
+    held: list[str] = []
+    lock = threading.Lock()
+
+    def read() -> None:
+        with contextlib.suppress(grpc.RpcError):
+            for response in call:
+                with lock:
+                    held.extend(m.ack_id for m in response.received_messages)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: len(held) >= 1, 30, "the first message")
+        time.sleep(1.0)
+        requests.put(pb.StreamingPullRequest(max_outstanding_messages=10))
+        wait_for(lambda: len(held) >= 10, 30, "the window filled")
+        time.sleep(2.0)  # anything over the window would come now
+        # 10, plus at most one a leg delivered under the first window (1 each) and one a
+        # leg may be over (each leg's window is at least 1).
+        assert 10 <= len(held) <= 13, f"{len(held)} held for a window of 10"
+        with lock:
+            acked, held[:] = list(held), []
+        requests.put(pb.StreamingPullRequest(ack_ids=acked, max_outstanding_messages=10))
+        wait_for(lambda: len(held) >= 10, 30, "the window filled again")
+        time.sleep(2.0)
+        assert len(held) <= 13, f"{len(held)} held for a window of 10 after acks"
+    finally:
+        requests.put(None)
+        call.cancel()
+        reader.join(timeout=10)
+        channel.close()
+
+
+def test_a_pulsar_partition_consumer_opens_only_the_leg_serving_its_partition(
+    cluster: LocalCluster, names: Any
+) -> None:
+    """Through the frontend's Pulsar port, a consumer of an 8-source topic is 8 partition
+    consumers, each a stream asking for its source: each is opened on the one forwarder
+    serving that source (before: on both, the other taking nothing), and every message
+    arrives once."""
+    endpoint = cluster.grpc
+    publisher, subscriber = make_publisher(endpoint), make_subscriber(endpoint)
+    topic = names.topic("spread-pulsar")
+    topic_id = topic.rsplit("/", 1)[1]
+    _topic(publisher, topic)
+    # The Pulsar name of subscription "p" of this topic (pulsar/names.py).
+    pulsar_subscription = f"{topic.split('/topics/')[0]}/subscriptions/{topic_id}.p"
+    subscriber.create_subscription(request={"name": pulsar_subscription, "topic": topic})
+    subscriber.close()
+    wait_for(lambda: _spread_over_both(cluster, pulsar_subscription), 30, "the sources spread")
+    frontend = cluster.process("frontend-1")
+    port = frontend.args[frontend.args.index("--pulsar-port") + 1]
+    client = pulsar.Client(
+        f"pulsar://127.0.0.1:{port}",
+        operation_timeout_seconds=30,
+        logger=pulsar.ConsoleLogger(_pulsar.LoggerLevel.Error),
+    )
+    try:
+        project = topic.split("/")[1]
+        consumer = client.subscribe(
+            f"persistent://{project}/default/{topic_id}",
+            "p",
+            consumer_type=pulsar.ConsumerType.Shared,
+        )
+        sent = [f"m{i}".encode() for i in range(80)]
+        for f in [publisher.publish(topic, data) for data in sent]:
+            f.result(timeout=60)
+        got = []
+        while len(got) < len(sent):
+            msg = consumer.receive(30_000)
+            got.append(msg.data())
+            consumer.acknowledge(msg)
+        with contextlib.suppress(pulsar.Timeout):
+            got.append(consumer.receive(1000).data())  # a duplicate would come now
+        assert sorted(got) == sorted(sent)
+        consumers = {
+            name: _status(cluster, name)["subscriptions"][pulsar_subscription]["consumers"]
+            for name in SUBSCRIBING
+        }
+        served = {
+            name: len(_served_sources(cluster, name, pulsar_subscription)) for name in SUBSCRIBING
+        }
+        # One stream per partition it serves, none for the other's (before: 8 on each).
+        assert consumers == served and sum(consumers.values()) == SOURCES, (consumers, served)
+        consumer.close()
+    finally:
+        client.close()
 
 
 # Last: the kill leaves the survivor holding every unit moved at the kill, and those stay

@@ -10,6 +10,7 @@ from typing import Any
 import pulsar
 import pytest
 
+from pubsubd.core import failover_rank
 from pubsubd.pulsar.api import BaseCommand, CommandSubscribe, Type
 from tests.conftest import make_publisher
 from tests.support.pulsar import RawConnection
@@ -66,8 +67,11 @@ def test_a_shared_consumer_takes_only_what_its_permits_allow(
 # so these speak the protocol themselves.
 
 
-def _subscribe(conn: RawConnection, topic: str, consumer_id: int, name: str) -> None:
+def _subscribe(
+    conn: RawConnection, topic: str, consumer_id: int, name: str, priority: int = 0
+) -> None:
     cmd = BaseCommand(type=Type.Value("SUBSCRIBE"))
+    cmd.subscribe.priority_level = priority
     cmd.subscribe.topic = topic
     cmd.subscribe.subscription = "standby"
     cmd.subscribe.subType = CommandSubscribe.Failover
@@ -157,6 +161,113 @@ def test_a_partitioned_failover_subscription_tells_each_partitions_consumer(
     b.close()  # b leaves: a takes partition 1 back
     assert _changes(a) == [(2, True)]
     a.close()
+
+
+# --- the active consumer, chosen as Pulsar does ---------------------------------------------
+# A non-partitioned topic: the consumers at the best priority level on a hash ring of their
+# names, the topic's name picking one (core/failover_rank.py). These topics' names were chosen
+# so that the ring picks neither the first consumer to subscribe nor the first by name.
+RING_TOPIC = "persistent://test-project/default/fo-ring"  # ann+bob: bob; +cat: cat
+RAW_RING_TOPIC = "persistent://test-project/default/fo-ring-raw"  # ann+bob: bob
+
+
+def test_the_ring_names_these_tests_expectations() -> None:
+    assert failover_rank.ring_choice(("ann", "bob"), RING_TOPIC) == 1
+    assert failover_rank.ring_choice(("ann", "bob", "cat"), RING_TOPIC) == 2
+    assert failover_rank.ring_choice(("ann", "bob"), RAW_RING_TOPIC) == 1
+
+
+def _receivers(consumers: dict[str, Any], producer: Any, tag: str) -> dict[str, int]:
+    """Publish 4 messages; how many each consumer received (drained and acked)."""
+    for i in range(4):
+        producer.send(f"{tag}{i}".encode())
+    got = {name: len(_drain(c, 500)) for name, c in consumers.items()}
+    assert sum(got.values()) == 4
+    return {name: n for name, n in got.items() if n}
+
+
+def test_a_failover_topics_active_consumer_is_the_one_pulsars_ring_names(
+    pulsar_client: pulsar.Client,
+) -> None:
+    """Two, then three consumers, then the active one leaving: each time the one Pulsar's rule
+    names receives everything (before: the first to subscribe, ann, at every step)."""
+    failover = pulsar.ConsumerType.Failover
+    consumers = {
+        name: pulsar_client.subscribe(
+            RING_TOPIC, "ring", consumer_type=failover, consumer_name=name
+        )
+        for name in ("ann", "bob")
+    }
+    producer = pulsar_client.create_producer(RING_TOPIC, batching_enabled=False)
+    assert _receivers(consumers, producer, "two") == {"bob": 4}
+    consumers["cat"] = pulsar_client.subscribe(
+        RING_TOPIC, "ring", consumer_type=failover, consumer_name="cat"
+    )
+    assert _receivers(consumers, producer, "three") == {"cat": 4}
+    consumers.pop("cat").close()
+    assert _receivers(consumers, producer, "left") == {"bob": 4}
+    consumers.pop("bob").close()
+    assert _receivers(consumers, producer, "last") == {"ann": 4}
+
+
+def test_a_better_priority_level_takes_over_and_every_change_is_told(
+    pulsar_server: ServerProcess,
+) -> None:
+    """Priority levels and ACTIVE_CONSUMER_CHANGE over the raw protocol (the Python client
+    sets no priority level): zed (level 1) alone, then bob (level 0) takes over; ann (level 0)
+    joins as standby (the ring keeps bob); bob leaves: ann; ann leaves: zed."""
+    port = pulsar_server.pulsar_port
+    zed, bob, ann = _connection(port), _connection(port), _connection(port)
+    _subscribe(zed, RAW_RING_TOPIC, 1, "zed", priority=1)
+    assert _next_change(zed) == (1, True)
+    _subscribe(bob, RAW_RING_TOPIC, 2, "bob")
+    assert _next_change(bob) == (2, True)
+    assert _next_change(zed) == (1, False)
+    _subscribe(ann, RAW_RING_TOPIC, 3, "ann")
+    assert _next_change(ann) == (3, False)
+    assert _changes(bob) == [] and _changes(zed) == []
+    bob.close()
+    assert _next_change(ann) == (3, True)
+    assert _changes(zed) == []
+    ann.close()
+    assert _next_change(zed) == (1, True)
+    zed.close()
+
+
+def test_two_failover_consumers_share_four_partitions_by_name(
+    pulsar_client: pulsar.Client, pulsar_server: ServerProcess
+) -> None:
+    """Partition N to the consumer at N mod 2 by name, whatever the order they subscribe in;
+    one leaving hands its partitions to the other."""
+    topic = _topic("four-partitions")
+    make_publisher(pulsar_server.endpoint).create_topic(
+        request={
+            "name": "projects/test-project/topics/" + topic.rsplit("/", 1)[1],
+            "labels": {"pubsubd-publish-sources": "4"},
+        }
+    )
+    failover = pulsar.ConsumerType.Failover
+    late = pulsar_client.subscribe(topic, "fo", consumer_type=failover, consumer_name="late")
+    early = pulsar_client.subscribe(topic, "fo", consumer_type=failover, consumer_name="early")
+    producer = pulsar_client.create_producer(topic, batching_enabled=False)
+    for i in range(8):  # round-robin: two per partition
+        producer.send(f"p{i}".encode())
+    by_early = sorted(m.message_id().partition() for m in _drain(early, 500))
+    by_late = sorted(m.message_id().partition() for m in _drain(late, 500))
+    assert (by_early, by_late) == ([0, 0, 2, 2], [1, 1, 3, 3])
+    early.close()
+    for i in range(8):
+        producer.send(f"q{i}".encode())
+    assert sorted(m.message_id().partition() for m in _drain(late, 1000)) == [
+        0,
+        0,
+        1,
+        1,
+        2,
+        2,
+        3,
+        3,
+    ]
 
 
 # --- seek into a delivered batch --------------------------------------------------------------

@@ -12,6 +12,7 @@ from pubsubd.frontend.fanout import (
     Leg,
     by_source,
     legs,
+    only_sources,
     sources_header,
     split_ack_ids,
     split_streaming_request,
@@ -93,3 +94,14 @@ def test_the_source_of_an_ack_id_of_any_incarnation() -> None:
     assert ids.ack_id_source(ids.encode_ack_id("x1", ids.position(5, 123), 2)) == 5
     assert ids.ack_id_source("not-an-ack-id") is None
     assert ids.ack_id_source("a-1-2-3" + "9" * 200) is None
+
+
+def test_a_stream_asking_for_sources_gets_only_the_legs_serving_them() -> None:
+    a, b = Leg(FORWARDERS["a"], frozenset({1, 3, 5})), Leg(FORWARDERS["b"], frozenset({0, 2, 4}))
+    assert only_sources([a, b], None) == [a, b]
+    assert only_sources([a, b], frozenset({3})) == [Leg(FORWARDERS["a"], frozenset({3}))]
+    assert only_sources([a, b], frozenset({2, 5})) == [
+        Leg(FORWARDERS["a"], frozenset({5})),
+        Leg(FORWARDERS["b"], frozenset({2})),
+    ]
+    assert only_sources([a, b], frozenset({7})) == []  # nobody serves it (yet)

@@ -21,6 +21,7 @@ from pubsubd.core.active_notices import ActiveNotice
 from pubsubd.core.damage_policy import DamagePolicy
 from pubsubd.core.dedup_batches import DedupBatch
 from pubsubd.core.errors import PubsubError
+from pubsubd.core.failover_rank import FailoverRank
 from pubsubd.core.quotas import Backlog, BacklogQuota
 from pubsubd.core.records import CursorState, DamagedRange, Entry, SourceRange
 
@@ -301,10 +302,12 @@ class SubscribingForwarderApi(Protocol):
         client_id: str = "",
         sources: frozenset[int] | None = None,
         active_notices: bool = False,
+        failover_rank: FailoverRank | None = None,
     ) -> StreamHandle:
         """A StreamingPull consumer; ``sources``: it takes messages of these publish message
         sources only (None: of every source); ``active_notices``: it is told when it becomes
-        or stops being a failover subscription's receiver (core/active_notices.py)."""
+        or stops being a failover subscription's receiver (core/active_notices.py);
+        ``failover_rank``: how it ranks on a failover subscription (core/failover_rank.py)."""
         ...
 
     def acknowledge(self, name: str, ack_ids: list[str]) -> None: ...

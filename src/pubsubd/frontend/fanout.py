@@ -22,7 +22,14 @@ from pubsubd.control.routing_table import Forwarder, subscribing_unit
 from pubsubd.core.ids import ack_id_source
 from pubsubd.core.publish_sources import MAX_SOURCES
 
-__all__ = ["Leg", "legs", "sources_header", "split_ack_ids", "split_streaming_request"]
+__all__ = [
+    "Leg",
+    "legs",
+    "only_sources",
+    "sources_header",
+    "split_ack_ids",
+    "split_streaming_request",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +63,15 @@ def legs(
     if not spread_seen:
         return None
     return [Leg(forwarders[f], frozenset(s)) for f, s in sorted(by_owner.items())]
+
+
+def only_sources(spread_legs: Sequence[Leg], wanted: frozenset[int] | None) -> list[Leg]:
+    """The legs of a stream that asks for ``wanted`` sources only (its ``pubsubd-sources``
+    header, e.g. a Pulsar partition's consumer): those serving any of them, each with just
+    those (None: every leg, whole)."""
+    if wanted is None:
+        return list(spread_legs)
+    return [Leg(g.forwarder, g.sources & wanted) for g in spread_legs if g.sources & wanted]
 
 
 def sources_header(leg: Leg) -> str:

@@ -4,7 +4,9 @@ subscribing forwarders that each serve some of the subscription's sources (``fan
 * **StreamingPull**: one stream (a *leg*) on every owner, each with the client's first request
   (its acks split by source) and a ``pubsubd-sources`` header naming the leg's sources. Only
   once every leg accepted (STREAM_ACCEPTED) is the client told so and are its later requests
-  written, each to every leg with that leg's acks and deadline changes. The legs' responses are
+  written, each to every leg with that leg's acks and deadline changes, and a client that
+  moves its message window (the Pulsar front) has it split over the legs
+  (``leg_windows.py``), so they lease it once in all, not once each. The legs' responses are
   passed on as they come. When any leg ends, the client's stream ends: with that leg's status,
   or UNAVAILABLE if it ended cleanly; the official subscriber opens it again, on the legs the
   routes name then. While a leg answers "not served here" (a source moving), every leg is opened
@@ -33,7 +35,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from pubsubd.core.errors import STREAM_ACCEPTED
+from pubsubd.core.errors import STREAM_ACCEPTED, InvalidArgument
 from pubsubd.core.pb import (
     AcknowledgeRequest,
     ModifyAckDeadlineRequest,
@@ -42,14 +44,16 @@ from pubsubd.core.pb import (
     StreamingPullRequest,
     StreamingPullResponse,
 )
-from pubsubd.core.publish_sources import STREAM_SOURCES_HEADER
+from pubsubd.core.publish_sources import STREAM_SOURCES_HEADER, stream_sources
 from pubsubd.frontend.fanout import (
     Leg,
     by_source,
+    only_sources,
     sources_header,
     split_ack_ids,
     split_streaming_request,
 )
+from pubsubd.frontend.leg_windows import LegWindows, received_count, settled_count
 from pubsubd.frontend.proxy import (
     OWNER_POLL_S,
     PULL,
@@ -173,6 +177,12 @@ class SpreadingProxy(Proxy):
                 grpc.StatusCode.INVALID_ARGUMENT, "request: not a valid StreamingPullRequest"
             )
             return
+        try:
+            wanted = _wanted_sources(context)
+        except InvalidArgument as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            return
+        legs = only_sources(legs, wanted)
         self.spread_streams += 1
         incoming: asyncio.Queue[bytes | None] = asyncio.Queue()
         reading = loop.create_task(_read_client(requests, incoming))
@@ -200,7 +210,7 @@ class SpreadingProxy(Proxy):
                         "the subscription's forwarders changed: open the stream again",
                     )
                     return
-                legs = again
+                legs = only_sources(again, wanted)
             await context.send_initial_metadata((STREAM_ACCEPTED,))
             async for response in self._merge(first, calls, legs, incoming, context):
                 yield response
@@ -222,7 +232,8 @@ class SpreadingProxy(Proxy):
         not "not served here" first), every leg cancelled (None: no leg to open)."""
         if not legs:
             return None
-        metadata = _metadata(context)
+        # Each leg is told its own sources (the client's header is replaced: only_sources).
+        metadata = [(k, v) for k, v in _metadata(context) if k != STREAM_SOURCES_HEADER]
         parts = split_streaming_request(first, by_source(legs), len(legs))
         calls = [
             self.channel(leg.forwarder.address).stream_stream(method)(
@@ -258,7 +269,8 @@ class SpreadingProxy(Proxy):
         out: asyncio.Queue[tuple[int, bytes | grpc.aio.AioRpcError | None]] = asyncio.Queue()
         readers = [loop.create_task(_read_leg(i, call, out)) for i, call in enumerate(calls)]
         half_closed = asyncio.Event()
-        pump = loop.create_task(_pump_legs(calls, incoming, by_source(legs), half_closed))
+        windows = LegWindows(len(calls))
+        pump = loop.create_task(_pump_legs(calls, incoming, by_source(legs), half_closed, windows))
         leg, response = 0, b""
         try:
             while True:
@@ -266,6 +278,8 @@ class SpreadingProxy(Proxy):
                 if isinstance(item, bytes):
                     response = item
                     yield item
+                    if windows.active:
+                        windows.delivered(leg, received_count(item))
                     response = b""
                     continue
                 if isinstance(item, grpc.aio.AioRpcError):
@@ -503,6 +517,14 @@ def _split_unary(method: str, request: bytes, legs: Sequence[Leg]) -> list[tuple
     return parts
 
 
+def _wanted_sources(context: grpc.aio.ServicerContext[Any, Any]) -> frozenset[int] | None:
+    """The client's own ``pubsubd-sources`` header (None: every source)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == STREAM_SOURCES_HEADER:
+            return stream_sources(value if isinstance(value, str) else value.decode())
+    return None
+
+
 async def _result(call: Any) -> bytes:
     response: bytes = await call
     return response
@@ -550,17 +572,22 @@ async def _pump_legs(
     incoming: asyncio.Queue[bytes | None],
     sources: dict[int, int],
     half_closed: asyncio.Event,
+    windows: LegWindows,
 ) -> None:
-    """The client's requests after the first to every leg, each with its share of the acks."""
+    """The client's requests after the first to every leg, each with its share of the acks
+    and, once the client moves its message window, of the window (``leg_windows.py``)."""
     try:
         while (raw := await incoming.get()) is not None:
             try:
-                bodies = [
-                    part.SerializeToString()
-                    for part in split_streaming_request(
-                        StreamingPullRequest.FromString(raw), sources, len(calls)
-                    )
-                ]
+                request = StreamingPullRequest.FromString(raw)
+                parts = split_streaming_request(request, sources, len(calls))
+                for i, part in enumerate(parts):
+                    windows.settled(i, settled_count(part.ack_ids, part.modify_deadline_seconds))
+                if request.max_outstanding_messages > 0 and len(parts) > 1:
+                    split = windows.split(request.max_outstanding_messages)
+                    for part, window in zip(parts, split, strict=True):
+                        part.max_outstanding_messages = window
+                bodies = [part.SerializeToString() for part in parts]
             except DecodeError:
                 bodies = [raw] * len(calls)  # every forwarder refuses it
             for call, body in zip(calls, bodies, strict=True):

@@ -27,6 +27,7 @@ from google.protobuf.message import DecodeError
 
 from pubsubd.core import publish_sources, queue_settings
 from pubsubd.core.errors import Unauthenticated
+from pubsubd.core.failover_rank import FailoverRank
 from pubsubd.core.tokens import TokenVerifier
 from pubsubd.pulsar import commands, frames, ids, names
 from pubsubd.pulsar.api import CommandSubscribe, ServerError, Type
@@ -354,9 +355,16 @@ class Connection:
         temporary = not request.durable  # a reader, or a non-durable subscription
         # One Pulsar consumer of a partitioned topic is a consumer per partition, all with its
         # name (a reader's have none, but their own subscription): one client_id makes them
-        # one client (failover, exclusive and key_shared rules). The name comes first: a
-        # failover subscription's partitions are shared out in the order of the clients'
-        # client_ids (roster.py), Pulsar's order of consumer names.
+        # one client (failover, exclusive and key_shared rules). A failover consumer ranks by
+        # its priority level and name (core/failover_rank.py); a non-partitioned topic's
+        # consumers are placed on a hash ring its name picks from, as Pulsar does.
+        rank = None
+        if kind == "failover":
+            rank = FailoverRank(
+                request.priority_level,
+                request.consumer_name,
+                topic.pulsar if topic.partition is None else "",
+            )
         if topic.partition is not None:
             name = request.consumer_name or request.subscription
             client_id = f"pulsar-name-{name}-{self.state.incarnation}-{self.id}"
@@ -402,7 +410,7 @@ class Connection:
                 topic=topic.google,
                 sources=sources,
                 auto_ack=temporary,
-                failover=kind == "failover",
+                failover=rank,
             )
             await consumer.open()
             consumer.on_lost = self._consumer_lost

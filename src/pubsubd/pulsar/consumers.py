@@ -54,9 +54,10 @@ from typing import Any
 
 import grpc
 
-from pubsubd.core import active_notices, pb
+from pubsubd.core import active_notices, failover_rank, pb
 from pubsubd.core.deadlines import within
 from pubsubd.core.errors import STREAM_ACCEPTED
+from pubsubd.core.failover_rank import FailoverRank
 from pubsubd.core.ids import OFFSET_BITS, OFFSET_MASK
 from pubsubd.core.publish_sources import STREAM_SOURCES_HEADER
 from pubsubd.pulsar import commands, errors, ids, messages
@@ -84,7 +85,7 @@ class Consumer:
         topic: str = "",
         sources: frozenset[int] | None = None,
         auto_ack: bool = False,
-        failover: bool = False,
+        failover: FailoverRank | None = None,
     ) -> None:
         self.gateway = gateway
         self.write = write
@@ -93,7 +94,9 @@ class Consumer:
         self.topic = topic
         self.sources = sources  # the partition's source; None: every source
         self.auto_ack = auto_ack  # a reader: acked as sent
-        self.failover = failover  # told when it becomes or stops being the active consumer
+        # A Failover consumer: how it ranks (core/failover_rank.py); it is told when it becomes
+        # or stops being the active consumer.
+        self.failover = failover
         self.client_id = client_id
         self.cumulative_ok = cumulative_ok
         self.permits = 0
@@ -125,8 +128,12 @@ class Consumer:
         if self.sources is not None:
             header = (STREAM_SOURCES_HEADER, ",".join(map(str, sorted(self.sources))))
             metadata = (*(metadata or ()), header)
-        if self.failover:
-            metadata = (*(metadata or ()), (active_notices.HEADER, "1"))
+        if self.failover is not None:
+            metadata = (
+                *(metadata or ()),
+                (active_notices.HEADER, "1"),
+                (failover_rank.HEADER, failover_rank.encode(self.failover)),
+            )
         self._call = self.gateway.streaming_pull(requests_from(self._requests), metadata=metadata)
         headers = await self._call.initial_metadata()
         if STREAM_ACCEPTED not in tuple(headers or ()):

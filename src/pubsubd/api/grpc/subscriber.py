@@ -26,7 +26,7 @@ from pubsubd.api.grpc.status import parsing, rpc, to_status, unary_method
 from pubsubd.control.catalog import Catalog
 from pubsubd.control.router import Routes
 from pubsubd.control.snapshots import Snapshots
-from pubsubd.core import active_notices, names, pb, validation, wire
+from pubsubd.core import active_notices, failover_rank, names, pb, validation, wire
 from pubsubd.core.errors import (
     STREAM_ACCEPTED,
     FailedPrecondition,
@@ -34,6 +34,7 @@ from pubsubd.core.errors import (
     NotServedHere,
     PubsubError,
 )
+from pubsubd.core.failover_rank import FailoverRank
 from pubsubd.core.publish_sources import STREAM_SOURCES_HEADER, stream_sources
 from pubsubd.core.roles import StreamHandle, SubscribingForwarderApi
 from pubsubd.observability import metrics, sli
@@ -213,7 +214,10 @@ class SubscriberServicer:
                 raise  # unreachable: abort raises
             try:
                 forwarder, entry, stream = self._open_stream(
-                    first, _stream_sources(context), _wants_active_notices(context)
+                    first,
+                    _stream_sources(context),
+                    _wants_active_notices(context),
+                    _failover_rank(context),
                 )
             except PubsubError as e:
                 code = None if isinstance(e, NotServedHere) else to_status(e)[0].name
@@ -261,7 +265,11 @@ class SubscriberServicer:
                 stream.close()
 
     def _open_stream(
-        self, first: Any, sources: frozenset[int] | None, notices: bool = False
+        self,
+        first: Any,
+        sources: frozenset[int] | None,
+        notices: bool = False,
+        rank: FailoverRank | None = None,
     ) -> tuple[SubscribingForwarderApi, Any, StreamHandle]:
         if not first.subscription:
             raise InvalidArgument("subscription: the first request of a stream must name it")
@@ -283,6 +291,7 @@ class SubscriberServicer:
             first.client_id,
             sources,
             notices,
+            rank,
         )
         try:
             self._apply(forwarder, first.subscription, first)
@@ -358,6 +367,14 @@ def _wants_active_notices(context: Context) -> bool:
         if key == active_notices.HEADER:
             return active_notices.wanted(value)
     return False
+
+
+def _failover_rank(context: Context) -> FailoverRank | None:
+    """The ``pubsubd-failover-rank`` request header (core/failover_rank.py)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == failover_rank.HEADER:
+            return failover_rank.decode(value)
+    return None
 
 
 async def _parsed(raw: AsyncIterator[bytes]) -> AsyncIterator[Any]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import abc
 import itertools
 
+from pubsubd.core.failover_rank import FailoverRank
+
 # Emulator-mode clients cannot receive gRPC messages over 4 MiB (docs/GOOGLE_API.md §8.1), so a
 # response carries at most this much payload unless a single message is bigger.
 MAX_RESPONSE_BYTES = 4_000_000
@@ -35,6 +37,8 @@ class Consumer(abc.ABC):
     # receiver (core/active_notices.py), and what it was last told (None: nothing yet).
     active_notices = False
     notified_active: bool | None = None
+    # How a stream ranks on a failover subscription (core/failover_rank.py; None: by client_id).
+    failover_rank: FailoverRank | None = None
 
     def __init__(self, ack_deadline_s: float, max_messages: int, max_bytes: int) -> None:
         self.id = next(_ids)

@@ -27,6 +27,7 @@ from pubsubd.core.errors import (
     SubscriptionNotFound,
     Unavailable,
 )
+from pubsubd.core.failover_rank import FailoverRank
 from pubsubd.core.quotas import Backlog, BacklogQuota, Policy, excess_messages
 from pubsubd.core.records import CursorState
 from pubsubd.core.roles import PublishingForwarderApi
@@ -371,6 +372,7 @@ class SubscribingForwarder:
         client_id: str = "",
         sources: frozenset[int] | None = None,
         active_notices: bool = False,
+        failover_rank: FailoverRank | None = None,
     ) -> Stream:
         if self.closing:
             raise Unavailable("the server is shutting down")
@@ -379,6 +381,7 @@ class SubscribingForwarder:
         consumer = StreamConsumer(ack_deadline_s, max_messages, max_bytes, client_id)
         consumer.sources = sources
         consumer.active_notices = active_notices
+        consumer.failover_rank = failover_rank
         d.add_consumer(consumer)
         return Stream(d, consumer)
 

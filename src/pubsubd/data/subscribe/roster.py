@@ -3,14 +3,17 @@
 Rules:
 1. Round-robin: consumers are served in turn, one response each, a waiting Pull before streams
    (it asked for an answer now); a consumer that cannot take anything is skipped.
-2. Failover and exclusive: only the active client's streams receive, the first by client_id
-   (Pulsar's rule; the streams of one client_id are one client, e.g. the Pulsar front's
-   consumers of each partition of a topic); a Pull, having no client_id, ranks after every
-   stream: on a failover subscription it receives only while no stream is open, on an
-   exclusive one it is refused while one is. Failover with every stream reading one source
-   (the Pulsar front's consumers of a partitioned topic): each source has its own active
-   client, Pulsar's rule for partitions: of the clients reading source N, sorted by
-   client_id, the one at N mod their count.
+2. Failover and exclusive: only the active client's streams receive (the streams of one
+   client_id are one client, e.g. the Pulsar front's consumers of each partition of a topic);
+   a Pull, having no client_id, ranks after every stream: on a failover subscription it
+   receives only while no stream is open, on an exclusive one it is refused while one is.
+   Exclusive: the first client by client_id. Failover: Pulsar's choice over the streams'
+   ranks (core/failover_rank.py; a stream without one ranks at priority 0 by client_id):
+   sorted by (priority, name), the first level counts; with every stream reading one source
+   (the Pulsar front's consumers of a partitioned topic) each source N has its own active
+   client, the one at N mod count among those reading it; otherwise the one the hash ring
+   gives the streams' common ring key (a non-partitioned Pulsar topic's name), or, without
+   one, the first.
 3. Key_Shared: a key's messages go to the client that ranks first for it by rendezvous hash of
    the client IDs, so a key stays with one consumer while the set of consumers stays.
 5. A consumer with ``sources`` takes only those publish message sources' messages.
@@ -23,7 +26,9 @@ from __future__ import annotations
 
 import hashlib
 
+from pubsubd.core import failover_rank
 from pubsubd.core.errors import FailedPrecondition
+from pubsubd.core.failover_rank import FailoverRank
 from pubsubd.core.queue_settings import QueueSettings, SubscriptionType
 from pubsubd.data.subscribe.consumer import Consumer
 
@@ -78,11 +83,12 @@ class Roster:
         streams = self.streams()
         if not streams:
             return None
-        if settings.type is SubscriptionType.FAILOVER and all(
-            c.sources is not None and len(c.sources) == 1 and c.client_id for c in streams
-        ):
+        if settings.type is SubscriptionType.EXCLUSIVE:
+            first = min(streams, key=lambda c: (c.client_id, c.id))
+        elif all(c.sources is not None and len(c.sources) == 1 and c.client_id for c in streams):
             return _active_per_source(streams)
-        first = min(streams, key=lambda c: (c.client_id, c.id))
+        else:
+            first = _failover_choice(streams)
         return frozenset(c.id for c in self.consumers.values() if same_client(c, first))
 
     def key_owner(self, key: str) -> Consumer | None:
@@ -116,16 +122,41 @@ class Roster:
             raise held_by_stream(name, streams[0].client_id)
 
 
+def _rank(consumer: Consumer) -> FailoverRank:
+    return consumer.failover_rank or FailoverRank(0, consumer.client_id)
+
+
+def _ranked(streams: list[Consumer]) -> list[Consumer]:
+    """The streams in Pulsar's order (priority, name; then arrival), first level only."""
+    ordered = sorted(streams, key=lambda c: (_rank(c).priority, _rank(c).name, c.id))
+    return ordered[: failover_rank.first_level([_rank(c) for c in ordered])]
+
+
+def _failover_choice(streams: list[Consumer]) -> Consumer:
+    """A failover subscription's active stream over the whole topic (rule 2)."""
+    counted = _ranked(streams)
+    keys = {_rank(c).ring_key for c in streams}
+    if len(keys) == 1 and (key := next(iter(keys))):
+        return counted[failover_rank.ring_choice(tuple(_rank(c).name for c in counted), key)]
+    return counted[0]
+
+
 def _active_per_source(streams: list[Consumer]) -> frozenset[int]:
-    """The streams of each source's active client: of the clients reading source N, sorted by
-    client_id, the one at N mod their count (each stream reads exactly one source)."""
-    clients: dict[int, set[str]] = {}
+    """The streams of each source's active client: of the clients reading source N, in
+    Pulsar's order, the one at N mod their count (each stream reads exactly one source)."""
+    readers: dict[int, list[Consumer]] = {}
     for c in streams:
         for source in c.sources or ():
-            clients.setdefault(source, set()).add(c.client_id)
-    chosen = {source: sorted(ids)[source % len(ids)] for source, ids in clients.items()}
+            readers.setdefault(source, []).append(c)
+    chosen: set[tuple[int, str]] = set()
+    for source, consumers in readers.items():
+        clients: dict[str, Consumer] = {}
+        for c in _ranked(consumers):
+            clients.setdefault(c.client_id, c)  # one client, however many streams
+        order = list(clients)
+        chosen.add((source, order[source % len(order)]))
     return frozenset(
-        c.id for c in streams if any(chosen[s] == c.client_id for s in c.sources or ())
+        c.id for c in streams if any((s, c.client_id) in chosen for s in c.sources or ())
     )
 
 
