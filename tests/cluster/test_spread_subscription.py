@@ -213,6 +213,57 @@ def test_unary_pull_acks_and_seek_reach_every_forwarder_of_a_spread_subscription
     subscriber.close()
 
 
+def _metric(cluster: LocalCluster, name: str, metric: str, subscription: str) -> float:
+    process = cluster.process(name)
+    port = process.args[process.args.index("--http-port") + 1]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    wanted = f'{metric}{{subscription="{subscription}"'
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if wanted in line)
+
+
+def test_a_spread_subscription_s_backlog_is_the_sum_of_its_forwarders_shares(
+    cluster: LocalCluster, names: Any
+) -> None:
+    """Each subscribing forwarder reports the backlog of the sources it serves (``/status``,
+    ``pubsubd_subscription_backlog_messages``), so the figures of a spread subscription's
+    forwarders add up to the whole subscription's, not each to (about) all of it."""
+    endpoint = cluster.grpc
+    publisher = make_publisher(
+        endpoint, publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True)
+    )
+    subscriber = make_subscriber(endpoint)
+    topic, subscription = names.topic("spread-backlog"), names.subscription("spread-backlog")
+    _topic(publisher, topic)
+    subscriber.create_subscription(request={"name": subscription, "topic": topic})
+    wait_for(lambda: _spread_over_both(cluster, subscription), 30, "the sources spread")
+    sent = 160
+    for f in [
+        publisher.publish(topic, f"b{i}".encode(), ordering_key=f"k{i % 32}") for i in range(sent)
+    ]:
+        f.result(timeout=60)
+
+    def shares() -> dict[str, int]:
+        return {
+            n: int(_status(cluster, n)["subscriptions"][subscription]["backlog"])
+            for n in SUBSCRIBING
+        }
+
+    wait_for(lambda: sum(shares().values()) >= sent, 30, "the whole backlog reported")
+    time.sleep(1.0)  # every forwarder has read every commit by now: nothing more comes
+    reported = shares()
+    print(f"backlog by forwarder: {reported} (published {sent})")
+    assert sum(reported.values()) == sent and all(reported.values()), reported
+    metric = "pubsubd_subscription_backlog_messages"
+    gauges = {n: _metric(cluster, n, metric, subscription) for n in SUBSCRIBING}
+    assert sum(gauges.values()) == sent, gauges
+    # Acked through the frontend: every share goes down to nothing.
+    got = _drain(subscriber, subscription, 3.0)
+    assert sorted(got) == sorted(f"b{i}" for i in range(sent))
+    wait_for(lambda: not any(shares().values()), 10, "the backlog acked on both forwarders")
+    subscriber.close()
+
+
 def _drain(subscriber: Any, subscription: str, seconds: float) -> list[str]:
     """Whatever else comes within ``seconds`` (Pull with return_immediately, acked)."""
     got: list[str] = []

@@ -10,6 +10,7 @@ import asyncio
 import json
 import math
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -493,3 +494,85 @@ async def test_a_killed_forwarder_leaves_the_table_before_its_session_expires(
         metadata.close()
         for zk in made:
             await zk.stop()
+
+
+async def test_a_router_that_leads_again_starts_from_what_the_other_published(
+    tmp_path: Path,
+    zookeeper: Ensemble,
+    zk_root: str,
+    sessions: list[Coordinator],
+    stand_ins: list[StandIn],
+) -> None:
+    """Router A leads, then is frozen (SIGSTOP) until its 2 s session expires; B leads, moves
+    f0's topics away (drain) and keeps them there (undrain, 600 s hysteresis). A wakes, stands
+    again behind B and leads once B stops; a forwarder joins, so A rewrites every route: each
+    topic B moved stays where B put it, none goes back to f0 as A remembered it."""
+    zk_string = zookeeper.connect_string
+    mine = sessions[-1]
+    store = RoutingStore(mine)
+    for i, zk in enumerate(sessions[:3]):
+        await _register(zk, f"f{i}", "z1", stand_ins)
+    metadata = ZooKeeperMetadataStore(mine)
+    topics = [_topic(f"projects/p/topics/r{i}", 1) for i in range(12)]
+    for t in topics:
+        await asyncio.to_thread(metadata.put_topic, t)
+    a = RouterProcess(tmp_path, "router-a", zk_string, zk_root).start()
+    b: RouterProcess | None = None
+    paused = False
+    try:
+
+        async def routed() -> dict[str, tuple[str, ...]] | None:
+            routes = await store.routes()
+            return routes if len(routes) == len(topics) else None
+
+        await _until(lambda: _true(a.status()["role"] == "leader"), 20, "A leads")
+        first = await _until(routed, 20, "every topic routed")
+        assert any(r[0] == "f0" for r in first.values())
+        b = RouterProcess(tmp_path, "router-b", zk_string, zk_root).start()
+        assert a.process.proc is not None
+        a.process.proc.send_signal(signal.SIGSTOP)  # frozen: its session expires
+        paused = True
+        router_b = b
+        await _until(lambda: _true(router_b.status()["role"] == "leader"), 30, "B leads")
+
+        _routing(zk_string, zk_root, "drain", "f0")
+
+        async def f0_empty() -> dict[str, tuple[str, ...]] | None:
+            routes = await store.routes()
+            return routes if all(r[0] != "f0" for r in routes.values()) else None
+
+        drained = await _until(f0_empty, 15, "f0 drained by B")
+        moved = {u for u in first if first[u][0] == "f0"}
+        _routing(zk_string, zk_root, "undrain", "f0")
+
+        async def passes_after(router: RouterProcess, generation: int) -> bool:
+            return int(router.status()["last_pass"].get("generation", 0)) >= generation + 2
+
+        seen = int(b.status()["last_pass"]["generation"])
+        await _until(lambda: passes_after(router_b, seen), 15, "B's passes after the undrain")
+        by_b = await store.routes()
+        assert all(by_b[u][0] == drained[u][0] for u in moved)  # within B's hysteresis
+
+        a.process.proc.send_signal(signal.SIGCONT)
+        paused = False
+        await _until(lambda: _true(a.status()["role"] == "standby"), 30, "A stands again")
+        assert b.process.stop() == 0
+        await _until(lambda: _true(a.status()["role"] == "leader"), 30, "A leads again")
+        await _register(sessions[3], "f3", "z1", stand_ins)  # every route is rewritten
+
+        async def f3_listed() -> dict[str, tuple[str, ...]] | None:
+            routes = await store.routes()
+            return routes if any("f3" in r for r in routes.values()) else None
+
+        await _until(f3_listed, 15, "A routes with f3")
+        seen = int(a.status()["last_pass"]["generation"])
+        await _until(lambda: passes_after(a, seen), 15, "A's passes with f3")
+        final = await store.routes()
+        assert {u: final[u][0] for u in moved} == {u: by_b[u][0] for u in moved}
+    finally:
+        if paused and a.process.proc is not None:
+            a.process.proc.send_signal(signal.SIGCONT)
+        a.process.stop()
+        if b is not None:
+            b.process.stop()
+        metadata.close()

@@ -446,10 +446,18 @@ def router(
         float,
         typer.Option(
             envvar="PUBSUBD_GATHER_AFTER_S",
-            help="s a spread subscription is under half the spread share before it is "
-            "gathered back to one forwarder",
+            help="s a spread subscription is under the gather ratio of the spread share "
+            "before it is gathered back to one forwarder",
         ),
     ] = _SPREAD_DEFAULTS.gather_after_s,
+    gather_ratio: Annotated[
+        float,
+        typer.Option(
+            envvar="PUBSUBD_GATHER_RATIO",
+            help="a spread subscription is quiet under this ratio of the spread share "
+            "(0 < ratio < 1)",
+        ),
+    ] = _SPREAD_DEFAULTS.gather_ratio,
     zk_session_timeout: ZkSessionOption = 10.0,
     pid_file: Annotated[Path | None, typer.Option(help="write the PID here when ready")] = None,
     log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
@@ -484,6 +492,7 @@ def router(
                 spread_share=spread_share,
                 spread_after_s=spread_after,
                 gather_after_s=gather_after,
+                gather_ratio=gather_ratio,
             ),
             zk_session_timeout_s=zk_session_timeout,
             pid_file=pid_file,

@@ -134,12 +134,7 @@ class Router:
             config.zk, config.zk_root, session_timeout=config.zk_session_timeout_s
         )
         self.store = RoutingStore(self.zk)
-        self.table = RoutingTable(
-            epsilon=config.epsilon,
-            hysteresis_s=config.hysteresis_s,
-            colocate=config.colocate,
-            spread_subscriptions=config.spread_subscriptions != SPREAD_OFF,
-        )
+        self.table = self._new_table()
         # Which subscriptions are busy enough to spread (None: all of them, or none).
         self.spreading = (
             SubscriptionSpread(config.spread)
@@ -153,7 +148,7 @@ class Router:
             self._step,
             name="router",
             interval_s=config.interval_s,
-            on_leading=lambda leading: LEADER.set(1 if leading else 0),
+            on_leading=self._leading_changed,
         )
         self.names = NamesView(self.zk, self.election.poke)
         # Forwarders killed leave the table at once, not when their session expires.
@@ -169,7 +164,8 @@ class Router:
         self.generation = 0
         self.total_moves = 0
         self.last_pass: dict[str, Any] = {}
-        self._seeded = False
+        self._turn = 0  # turns as leader lost so far
+        self._seeded_turn = -1  # the turn whose table was seeded from the published one
         self._follows: list[Any] = []
 
     # -- life cycle ------------------------------------------------------------------------
@@ -214,9 +210,29 @@ class Router:
 
     # -- one routing pass (the leader) ---------------------------------------------------------
 
+    def _new_table(self) -> RoutingTable:
+        config = self.config
+        return RoutingTable(
+            epsilon=config.epsilon,
+            hysteresis_s=config.hysteresis_s,
+            colocate=config.colocate,
+            spread_subscriptions=config.spread_subscriptions != SPREAD_OFF,
+        )
+
+    def _leading_changed(self, leading: bool) -> None:
+        """While it does not (certainly) lead, another router may move units: every turn as
+        leader starts again from what is published, never from this one's memory."""
+        LEADER.set(1 if leading else 0)
+        if not leading:
+            self._turn += 1
+
     async def _seed(self) -> None:
         """Start from the published assignment, so units keep their owners across routers,
-        and the units that moved lately their hysteresis window."""
+        and the units that moved lately their hysteresis window. Done on every turn as leader
+        (a router that led before and lost it forgets what it held): a fresh table, so its
+        routes are all written out again too."""
+        turn = self._turn
+        self.table = self._new_table()
         clocks = time.monotonic() - time.time()  # a Unix time + this: the monotonic one
         spread: set[str] = set()
         for unit, (forwarders, moved_at) in (await self.store.assignment(spread)).items():
@@ -225,13 +241,22 @@ class Router:
                 self.table.restore(unit, forwarders[0], moved)
         if self.spreading is not None:  # what its predecessor spread stays spread
             self.spreading = SubscriptionSpread(self.config.spread, spread)
-        self._seeded = True
+        self._seeded_turn = turn
 
     async def _step(self) -> None:
+        if self._seeded_turn != self._turn:
+            await self._seed()
+        try:
+            await self._route()
+        except BaseException:
+            # A pass cut short may have changed the table and written part of it: the next
+            # one starts again from what is published.
+            self._turn += 1
+            raise
+
+    async def _route(self) -> None:
         started = time.monotonic()
         check = self.election.check
-        if not self._seeded:
-            await self._seed()
         forwarders: list[Forwarder] = await self.store.forwarders()
         constraints: Constraints = (await self.store.constraints())[0]
         # Topics weigh by the load their forwarders last reported (core/load.py), and so do

@@ -472,8 +472,10 @@ class SubscriptionDispatcher:
 
     # --- backlog ------------------------------------------------------------------------------
 
-    def backlog_stats(self, now_us: int) -> quotas.Backlog:
+    def backlog_stats(self, now_us: int, served_only: bool = False) -> quotas.Backlog:
         """Unacked messages, their stored bytes and the age of the oldest (backlog quotas).
+        ``served_only``: of the sources served here (what is reported: of a spread
+        subscription, this forwarder's share); quotas count every source as known here.
 
         Bytes come from the log's index: the unacked range's stored bytes minus those of the
         acked ranges above the mark-delete position (a stored batch's bytes are shared evenly
@@ -484,7 +486,7 @@ class SubscriptionDispatcher:
         publishing, topic = self.publishing, self.topic_uid
         for source, span in enumerate(publishing.ranges(topic)):
             cursor = self.planner.cursors.get(source)
-            if cursor is None:
+            if cursor is None or not self._counted(source, served_only):
                 continue
             unacked = cursor.unacked_count(span.end_offset)
             messages += unacked
@@ -523,12 +525,18 @@ class SubscriptionDispatcher:
             self._apply()
         return len(evicted)
 
+    def _counted(self, source: int, served_only: bool) -> bool:
+        served = self.planner.served_sources
+        return not served_only or served is None or source in served
+
     def backlog(self) -> int:
-        """Messages not yet acked (delivered or not)."""
+        """Messages not yet acked (delivered or not) in the sources served here: of a spread
+        subscription, this forwarder's share (the other sources' ack state is only as of its
+        attach), so the shares of its forwarders add up to the whole."""
         total = 0
         for source, span in enumerate(self.publishing.ranges(self.topic_uid)):
             cursor = self.planner.cursors.get(source)
-            if cursor is not None:
+            if cursor is not None and self._counted(source, True):
                 total += cursor.unacked_count(span.end_offset)
         return total
 

@@ -272,7 +272,8 @@ class SubscribingForwarder:
         return d is not None and bool(d.consumers)
 
     def backlog_stats(self, name: str, now_us: int) -> Backlog:
-        return self.dispatcher(name).backlog_stats(now_us)
+        """The backlog reported (dashboard, metrics, SLIs): of the sources served here."""
+        return self.dispatcher(name).backlog_stats(now_us, served_only=True)
 
     def status(self, name: str) -> dict[str, Any]:
         d = self.dispatcher(name)
