@@ -342,13 +342,18 @@ def test_a_window_moving_stream_leases_its_window_once_over_both_forwarders(
     has it split over the legs (frontend/leg_windows.py): it holds about the window, not the
     window on each leg (before: 2 x 10 = 20 held)."""
     endpoint = cluster.grpc
-    publisher, subscriber = make_publisher(endpoint), make_subscriber(endpoint)
+    # Keyed, so the messages go to every source (an unkeyed batch is one source's entry, and
+    # every batch may land on one forwarder's half).
+    publisher = make_publisher(
+        endpoint, publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True)
+    )
+    subscriber = make_subscriber(endpoint)
     topic, subscription = names.topic("spread-window"), names.subscription("spread-window")
     _topic(publisher, topic)
     subscriber.create_subscription(request={"name": subscription, "topic": topic})
     subscriber.close()
     wait_for(lambda: _spread_over_both(cluster, subscription), 30, "the sources spread")
-    for f in [publisher.publish(topic, b"w") for _ in range(200)]:
+    for f in [publisher.publish(topic, b"w", ordering_key=f"k{i % 32}") for i in range(200)]:
         f.result(timeout=60)  # spread over the 8 sources
     requests: queue.Queue[Any] = queue.Queue()
     requests.put(
