@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -24,11 +25,12 @@ import _pulsar
 import grpc
 import pulsar
 import pytest
+from google.api_core import exceptions
 
 from pubsubd.cluster.launcher import LocalCluster
 from pubsubd.core import pb
 from tests.cluster.test_frontends import Receiver
-from tests.conftest import make_publisher, make_subscriber
+from tests.conftest import PROJECT, make_publisher, make_subscriber
 from tests.support.cluster import running_cluster, topic_owner
 from tests.support.drain import drain
 from tests.support.flood import Flood
@@ -140,6 +142,71 @@ def test_topics_are_spread_and_each_forwarder_serves_only_its_own(
             response_deserializer=pb.Topic.FromString,
         )
         assert get(pb.GetTopicRequest(topic=topic)).name == topic
+    sub.close()
+
+
+def _create_at_once(clients: list[Any], name: str, subscriptions: list[str]) -> list[Any]:
+    """Each client creates snapshot ``name`` of its subscription, both released at one
+    instant; each outcome is the snapshot created or the ALREADY_EXISTS error."""
+    start = threading.Barrier(len(clients))
+    outcomes: list[Any] = [None] * len(clients)
+
+    def create(i: int) -> None:
+        start.wait(timeout=10)
+        try:
+            outcomes[i] = clients[i].create_snapshot(
+                request={"name": name, "subscription": subscriptions[i]}
+            )
+        except exceptions.AlreadyExists as e:
+            outcomes[i] = e
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(len(clients))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return outcomes
+
+
+def test_two_forwarders_creating_one_snapshot_name_at_once_one_wins(
+    cluster: LocalCluster, names: Any
+) -> None:
+    """Two clients create one snapshot name at the same instant, each for a subscription of
+    another forwarder, asked directly: both may pass their forwarder's "is the name free?"
+    before either writes; the write is a create-only put (a ZooKeeper create), so the second
+    answers ALREADY_EXISTS as Google does, and every forwarder holds the winner's snapshot."""
+    endpoint = cluster.grpc
+    pub, sub = make_publisher(endpoint), make_subscriber(endpoint)
+    by_owner: dict[str, str] = {}  # forwarder -> a subscription it serves
+    for i in range(12):
+        topic, subscription = names.topic(f"snap-{i}"), names.subscription(f"snap-{i}")
+        pub.create_topic(name=topic)
+        sub.create_subscription(name=subscription, topic=topic)
+        wait_for(lambda t=topic: _serving(cluster, t), 30, f"{topic} served")
+        by_owner.setdefault(topic_owner(cluster, topic), subscription)
+        if len(by_owner) == 2:
+            break
+    assert len(by_owner) == 2, by_owner
+    owners = sorted(by_owner)
+    subscriptions = [by_owner[o] for o in owners]
+    clients = [make_subscriber(cluster.process(o).address) for o in owners]
+    topics = {s: sub.get_subscription(subscription=s).topic for s in subscriptions}
+    for round_ in range(5):
+        name = f"projects/{PROJECT}/snapshots/raced-{names.suffix}-{round_}"
+        outcomes = _create_at_once(clients, name, subscriptions)
+        won = [o for o in outcomes if o is not None and not isinstance(o, Exception)]
+        lost = [o for o in outcomes if isinstance(o, exceptions.AlreadyExists)]
+        assert (len(won), len(lost)) == (1, 1), outcomes
+        winner = subscriptions[outcomes.index(won[0])]
+        assert won[0].topic == topics[winner]
+        for client in clients:  # what is stored is the winner's snapshot, everywhere
+            wait_for(
+                lambda c=client, n=name, t=topics[winner]: c.get_snapshot(snapshot=n).topic == t,
+                10,
+                "every forwarder to hold the winner's snapshot",
+            )
+    for client in clients:
+        client.close()
     sub.close()
 
 

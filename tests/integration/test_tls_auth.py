@@ -34,7 +34,7 @@ from pubsubd.core.tokens import create_token
 from pubsubd.pulsar import frames
 from pubsubd.pulsar.api import BaseCommand, ServerError, Type
 from tests.conftest import PROJECT, make_publisher
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -272,6 +272,163 @@ def test_pulsar_connect_without_a_valid_token_gets_authentication_error(
         assert reply.type == Type.Value("ERROR")
         assert reply.error.error == ServerError.Value("AuthenticationError")
         assert conn.recv(65536) == b""  # then the connection ends
+
+
+# --- Pulsar auth refresh: tokens of a few seconds (exp is whole seconds: 2-3 s left) ---------
+
+
+def _short_token(subject: str = "alice@example.com", *, now: float | None = None) -> str:
+    at = time.time() if now is None else now
+    return create_token(subject, secret=SECRET, expires_in_s=3, now=at)
+
+
+def _pulsar_client(server: ServerProcess, certs: Path, supplier: Any) -> pulsar.Client:
+    """The official client over TLS whose AuthenticationToken asks ``supplier`` for a token at
+    every CONNECT and every AUTH_CHALLENGE."""
+    return pulsar.Client(
+        f"pulsar+ssl://127.0.0.1:{server.pulsar_port}",
+        tls_trust_certs_file_path=str(certs / "ca.pem"),
+        authentication=pulsar.AuthenticationToken(supplier),
+        operation_timeout_seconds=5,
+        logger=pulsar.ConsoleLogger(_pulsar.LoggerLevel.Error),
+    )
+
+
+def test_pulsar_tokens_from_a_supplier_are_refreshed_on_one_long_connection(
+    server: ServerProcess, certs: Path
+) -> None:
+    """Every token lives 2-3 s; the server challenges each connection halfway through its
+    token's life and the client answers with a fresh one from its supplier, so producing and
+    consuming go on past several expiries without the connection being cut."""
+    minted: list[float] = []
+
+    def supplier() -> str:
+        minted.append(time.time())
+        return _short_token()
+
+    log_from = len(server.log())
+    client = _pulsar_client(server, certs, supplier)
+    try:
+        topic = f"persistent://{PROJECT}/default/refresh-{time.monotonic_ns()}"
+        consumer = client.subscribe(topic, "s")
+        producer = client.create_producer(topic)
+        connected = len(minted)
+        end = time.time() + 7.0  # past the first token's expiry, and the next ones'
+        sent = 0
+        while time.time() < end:
+            producer.send(f"m{sent}".encode())
+            received = consumer.receive(5_000)
+            assert received.data() == f"m{sent}".encode()
+            consumer.acknowledge(received)
+            sent += 1
+            time.sleep(0.25)
+        assert sent >= 20
+    finally:
+        client.close()
+    log = server.log()[log_from:]
+    refreshed = log.count("credentials of user:alice@example.com refreshed")
+    assert len(minted) - connected >= 2 and refreshed >= 2, (minted, refreshed)
+    assert "has expired" not in log and "auth refresh refused" not in log, log
+
+
+def test_a_pulsar_client_whose_supplier_turns_to_expired_tokens_is_cut_off(
+    server: ServerProcess, certs: Path
+) -> None:
+    """The supplier hands out a valid token at first, then only expired ones: the challenge's
+    answer is refused and the connection ends with AuthenticationError; the client's
+    reconnections present expired tokens, which CONNECT refuses, so a send fails."""
+    valid_until = time.time() + 1.0
+
+    def supplier() -> str:
+        now = time.time()
+        return _short_token(now=now if now < valid_until else now - 60)
+
+    log_from = len(server.log())
+    client = _pulsar_client(server, certs, supplier)
+    try:
+        topic = f"persistent://{PROJECT}/default/cut-{time.monotonic_ns()}"
+        producer = client.create_producer(topic, send_timeout_millis=3_000)
+        producer.send(b"while the token is valid")
+        wait_for(
+            lambda: "auth refresh refused: the token has expired" in server.log()[log_from:],
+            10,
+            "the refresh with an expired token to be refused",
+        )
+        with pytest.raises(pulsar.PulsarException):
+            producer.send(b"after the cut")
+    finally:
+        client.close()
+
+
+def _pulsar_connect(server: ServerProcess, certs: Path, token: str, refresh: bool) -> Any:
+    """A raw TLS connection that sent CONNECT with ``token`` and read CONNECTED."""
+    context = ssl.create_default_context(cafile=certs / "ca.pem")
+    raw = socket.create_connection(("127.0.0.1", server.pulsar_port), timeout=10)
+    conn = context.wrap_socket(raw, server_hostname="127.0.0.1")
+    cmd = BaseCommand(type=Type.Value("CONNECT"))
+    cmd.connect.client_version = "raw-test"
+    cmd.connect.protocol_version = 20
+    cmd.connect.auth_method_name, cmd.connect.auth_data = "token", token.encode()
+    cmd.connect.feature_flags.supports_auth_refresh = refresh
+    conn.sendall(frames.encode_command(cmd.SerializeToString()))
+    assert _next_command(conn, frames.FrameDecoder()).type == Type.Value("CONNECTED")
+    return conn
+
+
+def _next_command(conn: Any, decoder: frames.FrameDecoder) -> Any:
+    received: list[frames.Frame] = []
+    while not received:
+        data = conn.recv(65536)
+        assert data, "closed without an answer"
+        received += decoder.feed(data)
+    assert len(received) == 1, received
+    reply = BaseCommand()
+    reply.ParseFromString(received[0].command)
+    return reply
+
+
+@pytest.mark.parametrize("answer", ["bob", "forged", "athenz", None])
+def test_a_pulsar_refresh_with_another_subject_an_invalid_token_or_none_ends_the_connection(
+    server: ServerProcess, certs: Path, answer: str | None
+) -> None:
+    """After AUTH_CHALLENGE: bob's valid token for alice's connection, a forged token, another
+    auth method, or no answer by the expiry: ERROR AuthenticationError, then the end."""
+    conn = _pulsar_connect(server, certs, _short_token(), refresh=True)
+    with conn:
+        decoder = frames.FrameDecoder()
+        challenge = _next_command(conn, decoder)
+        assert challenge.type == Type.Value("AUTH_CHALLENGE")
+        assert challenge.authChallenge.challenge.auth_method_name == "token"
+        if answer is not None:
+            cmd = BaseCommand(type=Type.Value("AUTH_RESPONSE"))
+            method, token = {
+                "bob": ("token", _short_token("bob@example.com")),
+                "forged": ("token", "forged"),
+                "athenz": ("athenz", _short_token()),
+            }[answer]
+            cmd.authResponse.response.auth_method_name = method
+            cmd.authResponse.response.auth_data = token.encode()
+            conn.sendall(frames.encode_command(cmd.SerializeToString()))
+        reply = _next_command(conn, decoder)
+        assert reply.type == Type.Value("ERROR")
+        assert reply.error.error == ServerError.Value("AuthenticationError")
+        reason = {"bob": "user:bob@example.com", "forged": "not a valid JWT"}.get(
+            answer or "", "expired" if answer is None else "athenz"
+        )
+        assert reason in reply.error.message
+        assert conn.recv(65536) == b""
+
+
+def test_a_pulsar_client_that_cannot_refresh_is_cut_off_when_its_token_expires(
+    server: ServerProcess, certs: Path
+) -> None:
+    conn = _pulsar_connect(server, certs, _short_token(), refresh=False)
+    with conn:
+        reply = _next_command(conn, frames.FrameDecoder())  # no challenge first
+        assert reply.type == Type.Value("ERROR")
+        assert reply.error.error == ServerError.Value("AuthenticationError")
+        assert "cannot refresh" in reply.error.message
+        assert conn.recv(65536) == b""
 
 
 def test_mutual_tls_refuses_a_client_without_a_certificate(

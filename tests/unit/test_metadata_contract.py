@@ -6,9 +6,9 @@ What the protocol promises, as the catalog, snapshots and named cursors use it (
 change feed the forwarders follow, the end of this file):
 - ``put_*`` stores a record under its key (topics, subscriptions and snapshots by name, cursors
   by topic uid and name); a second put under the same key replaces the first.
-- ``put_topic``/``put_subscription``/``put_schema`` with ``create=True`` store only under a new
-  key: a name already there raises AlreadyExists and keeps the record (two processes creating
-  one name at once: one wins).
+- ``put_topic``/``put_subscription``/``put_snapshot``/``put_schema`` with ``create=True`` store
+  only under a new key: a name already there raises AlreadyExists and keeps the record (two
+  processes creating one name at once: one wins).
 - ``put_policy`` with ``expected`` stores only over that stored body (None: none stored), else
   raises RecordChanged (two processes' SetIamPolicy at once: one wins).
 - ``delete_*`` removes the record under a key; deleting a missing key is a no-op.
@@ -298,6 +298,11 @@ def test_a_create_under_an_existing_name_is_refused_and_keeps_the_record(
     with pytest.raises(AlreadyExists):
         store.put_schema(_schema(1, "b"), create=True)
     assert list(store.load_schemas()) == [schema]
+    snapshot = _snapshot(1, "a")
+    store.put_snapshot(snapshot, create=True)
+    with pytest.raises(AlreadyExists):
+        store.put_snapshot(_snapshot(1, "b"), create=True)
+    assert list(store.load_snapshots()) == [snapshot]
     store.put_topic(_topic(1, "c"))  # without create: replaced
     assert [t.body for t in store.load_topics()] == [_topic(1, "c").body]
 
@@ -340,6 +345,31 @@ def test_of_two_stores_on_one_place_setting_a_policy_from_the_same_view_one_wins
             first.put_policy(PolicyRecord(resource, b"create"), expected=None)
         second.put_policy(PolicyRecord(resource, b"unconditional"))  # nothing left half-done
         assert [p.body for p in first.load_policies()] == [b"unconditional"]
+    finally:
+        first.close()
+        second.close()
+
+
+def test_of_two_stores_on_one_place_creating_one_snapshot_name_one_wins(
+    durable: Store, tmp_path: Path
+) -> None:
+    """Two processes' CreateSnapshot of one name, each having checked that the name is free:
+    each store's create-only put (SQLite: a plain INSERT on its own connection to the file;
+    ZooKeeper: a create in its own session) lets the first in and refuses the second with
+    AlreadyExists, keeping the first's record; the refused store stays usable."""
+    first, second = durable.open(tmp_path), durable.open(tmp_path)
+    try:
+        assert list(first.load_snapshots()) == list(second.load_snapshots()) == []
+        won = _snapshot(1, "first")
+        first.put_snapshot(won, create=True)
+        with pytest.raises(AlreadyExists):
+            second.put_snapshot(_snapshot(1, "second"), create=True)
+        assert list(second.load_snapshots()) == [won]
+        with pytest.raises(AlreadyExists):  # and the other way round
+            first.put_snapshot(_snapshot(1, "again"), create=True)
+        other = _snapshot(2, "second")
+        second.put_snapshot(other, create=True)  # nothing left half-done
+        assert {s.name: s for s in first.load_snapshots()} == {won.name: won, other.name: other}
     finally:
         first.close()
         second.close()

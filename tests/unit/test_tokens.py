@@ -79,6 +79,26 @@ def test_a_remembered_token_is_refused_once_it_expires(monkeypatch: pytest.Monke
     assert "expired" in _refused(verifier, token)
 
 
+def test_verify_until_says_when_a_token_stops_being_accepted(tmp_path: Path) -> None:
+    """exp plus the leeway (remembered or not); never for a JWT without exp or a static token
+    (the Pulsar front challenges ahead of it, pulsar/credentials.py)."""
+    verifier = TokenVerifier(TokenSettings(secret=SECRET, leeway_s=5.0))
+    now = time.time()
+    token = create_token("alice@example.com", secret=SECRET, expires_in_s=60, now=now)
+    alice = Principal("user:alice@example.com")
+    assert verifier.verify_until(token) == (alice, int(now + 60) + 5.0)
+    assert verifier.verify_until(token) == (alice, int(now + 60) + 5.0)  # remembered
+    forever = create_token("alice@example.com", secret=SECRET, now=now)
+    assert verifier.verify_until(forever) == (alice, float("inf"))
+    static = tmp_path / "tokens"
+    static.write_text("static-token ci@example.com\n")
+    verifier = TokenVerifier(TokenSettings(static_tokens=load_static_tokens(static)))
+    assert verifier.verify_until("static-token") == (
+        Principal("user:ci@example.com"),
+        float("inf"),
+    )
+
+
 def test_rs256_with_the_public_key_and_algorithms_not_configured_are_refused() -> None:
     private, public = _rsa()
     verifier = TokenVerifier(TokenSettings(public_key=public))

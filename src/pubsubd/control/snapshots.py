@@ -206,7 +206,9 @@ class Snapshots:
             snapshot.SerializeToString(),
             {s: (st.mark_delete, list(st.ranges)) for s, st in states.items()},
         )
-        self.catalog.store.put_snapshot(record)  # the publishing forwarder pins it
+        # Create-only: another process creating the name a moment ago (past the check above,
+        # through a shared store) makes this AlreadyExists, as Google answers the second one.
+        self.catalog.store.put_snapshot(record, create=True)  # the publishing forwarder pins it
         entry = SnapshotEntry(record, snapshot)
         self._add(entry)
         return self._view(entry)

@@ -111,21 +111,28 @@ class TokenVerifier:
 
     def verify(self, token: str) -> Principal:
         """The principal of a valid token; raises Unauthenticated with the reason."""
+        return self.verify_until(token)[0]
+
+    def verify_until(self, token: str) -> tuple[Principal, float]:
+        """The principal of a valid token and the wall-clock time from which it is refused
+        (its ``exp`` plus the leeway; ``inf`` for a static token or a JWT without ``exp``);
+        raises Unauthenticated with the reason."""
+        leeway = self.settings.leeway_s
         known = self._verified.get(token)
         if known is not None:
             principal, expires = known
-            if time.time() < expires + self.settings.leeway_s:
-                return principal
+            if time.time() < expires + leeway:
+                return principal, expires + leeway
             del self._verified[token]
             raise Unauthenticated("the token has expired")
         static = self.settings.static_tokens.get(_digest(token))
         if static is not None:
-            return static
+            return static, float("inf")
         principal, expires = self._decode(token)
         if len(self._verified) >= CACHE_ENTRIES:
             self._verified.clear()
         self._verified[token] = (principal, expires)
-        return principal
+        return principal, expires + leeway
 
     def _decode(self, token: str) -> tuple[Principal, float]:
         try:

@@ -58,7 +58,23 @@ def connected(client_version: int, server_version: str) -> bytes:
     cmd.connected.server_version = server_version
     cmd.connected.protocol_version = min(client_version, PROTOCOL_VERSION)
     cmd.connected.max_message_size = frames.MAX_MESSAGE_SIZE
-    cmd.connected.feature_flags.SetInParent()  # none: no auth refresh, no broker entry metadata
+    # None set: the client's auth refresh needs no broker flag (it said so in CONNECT), and no
+    # broker entry metadata.
+    cmd.connected.feature_flags.SetInParent()
+    return frame(cmd)
+
+
+# What a broker's AUTH_CHALLENGE carries to ask for fresh credentials (Pulsar's
+# AuthData.REFRESH_AUTH_DATA): the client answers with its current auth data.
+REFRESH_AUTH_DATA = b"PulsarAuthRefresh"
+
+
+def auth_challenge(client_version: int, server_version: str, method: str) -> bytes:
+    cmd = BaseCommand(type=Type.Value("AUTH_CHALLENGE"))
+    cmd.authChallenge.server_version = server_version
+    cmd.authChallenge.protocol_version = min(client_version, PROTOCOL_VERSION)
+    cmd.authChallenge.challenge.auth_method_name = method
+    cmd.authChallenge.challenge.auth_data = REFRESH_AUTH_DATA
     return frame(cmd)
 
 

@@ -12,6 +12,11 @@ pulsar-client's ``AuthenticationToken`` sends; anything else is answered with an
 AuthenticationError and the connection ends. The token then goes with every gRPC call the
 connection makes (``Gateway.as_caller``). Without a verifier a "token" CONNECT is accepted and
 its token passed on all the same (the gRPC port ignores it).
+
+Auth refresh (credentials.py has the rules): a token that expires is challenged ahead of its
+expiry (AUTH_CHALLENGE) when the client said ``supports_auth_refresh``; a valid AUTH_RESPONSE
+token of the same principal is used for every call that follows, anything else, or no answer by
+the expiry, ends the connection with an ERROR of AuthenticationError.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -32,6 +38,7 @@ from pubsubd.core.tokens import TokenVerifier
 from pubsubd.pulsar import commands, frames, ids, names
 from pubsubd.pulsar.api import CommandSubscribe, ServerError, Type
 from pubsubd.pulsar.consumers import Consumer, check_subscription
+from pubsubd.pulsar.credentials import NEVER, TOKEN_METHOD, Credentials, check_method
 from pubsubd.pulsar.errors import PulsarError
 from pubsubd.pulsar.gateway import Gateway
 from pubsubd.pulsar.producers import Producer
@@ -83,10 +90,16 @@ class Connection:
         self.producers: dict[int, Producer] = {}
         self.consumers: dict[int, Consumer] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        # With authentication on, once connected: the token in use and until when.
+        self.credentials: Credentials | None = None
+        self._refreshable = False  # the client answers AUTH_CHALLENGE (CONNECT's feature flag)
+        self._client_protocol = 0
+        self._auth_timer: asyncio.TimerHandle | None = None  # the next challenge or the cut-off
         host, port = writer.get_extra_info("sockname")[:2]
         self.url = f"pulsar+ssl://{host}:{port}" if state.tls else f"pulsar://{host}:{port}"
         self._handlers: dict[int, Callable[[Any, frames.Frame], None]] = {
             Type.Value("CONNECT"): self._connect,
+            Type.Value("AUTH_RESPONSE"): self._auth_response,
             Type.Value("PING"): lambda c, f: self.write(commands.pong()),
             Type.Value("PONG"): lambda c, f: None,
             Type.Value("PARTITIONED_METADATA"): self._partitioned_metadata,
@@ -153,7 +166,7 @@ class Connection:
             handler(cmd, frame)
         except PulsarError as e:
             self._answer_error(cmd, e)
-        return True
+        return not self.writer.is_closing()  # closed by the handler: read no further
 
     def _spawn(self, cmd: Any, work: Awaitable[None]) -> None:
         async def run() -> None:
@@ -188,6 +201,7 @@ class Connection:
         self._answer_error(cmd, PulsarError("NotAllowedError", what))
 
     async def _close(self) -> None:
+        self._disarm()
         for consumer in list(self.consumers.values()):
             await self._end_consumer(consumer)
         for producer in self.producers.values():
@@ -205,22 +219,103 @@ class Connection:
             raise PulsarError("NotAllowedError", "already connected")
         method = cmd.connect.auth_method_name
         token = cmd.connect.auth_data.decode(errors="replace") if method == "token" else ""
+        credentials = None
         try:
             if method not in ("", "none", "token"):
                 raise Unauthenticated(f"authentication {method!r} is not supported; use token")
             if self.state.verifier is not None:
                 if not token:
                     raise Unauthenticated("this server needs a token (AuthenticationToken)")
-                self.state.verifier.verify(token)
+                credentials = self._verified(token)
         except Unauthenticated as e:
             log.info("pulsar connection %d refused: %s", self.id, e)
-            self.write(commands.error(0, ServerError.Value("AuthenticationError"), str(e)))
-            self.writer.close()  # the read loop ends with the connection
+            self._end_unauthenticated(str(e))
             return
         if token:
             self.gateway = self.state.gateway.as_caller(token)
         self.connected = True
+        self._client_protocol = cmd.connect.protocol_version
+        self._refreshable = cmd.connect.feature_flags.supports_auth_refresh
         self.write(commands.connected(cmd.connect.protocol_version, self.state.server_version))
+        if credentials is not None:
+            self.credentials = credentials
+            self._plan_refresh()
+
+    # --- auth refresh (credentials.py) -----------------------------------------------------
+
+    def _verified(self, token: str) -> Credentials:
+        assert self.state.verifier is not None
+        principal, until = self.state.verifier.verify_until(token)
+        return Credentials(principal, token, until, time.time())
+
+    def _end_unauthenticated(self, reason: str) -> None:
+        """ERROR AuthenticationError, then the connection ends (the read loop with it)."""
+        self._disarm()
+        self.write(commands.error(0, ServerError.Value("AuthenticationError"), reason))
+        self.writer.close()
+
+    def _plan_refresh(self) -> None:
+        """Arm the next challenge, or the cut-off for a client that cannot refresh."""
+        self._disarm()
+        credentials = self.credentials
+        if credentials is None or credentials.until == NEVER:
+            return
+        at = credentials.challenge_at(self._refreshable)
+        if at == NEVER:
+            self._arm(credentials.until, self._expire)
+        else:
+            self._arm(at, self._challenge)
+
+    def _arm(self, at: float, action: Callable[[], None]) -> None:
+        delay = max(0.0, at - time.time())
+        self._auth_timer = asyncio.get_running_loop().call_later(delay, action)
+
+    def _disarm(self) -> None:
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+            self._auth_timer = None
+
+    def _challenge(self) -> None:
+        assert self.credentials is not None
+        log.debug("pulsar connection %d: AUTH_CHALLENGE", self.id)
+        self.write(
+            commands.auth_challenge(self._client_protocol, self.state.server_version, TOKEN_METHOD)
+        )
+        self._arm(self.credentials.until, self._expire)
+
+    def _expire(self) -> None:
+        self._auth_timer = None
+        if self.credentials is None or not self.credentials.expired(time.time()):
+            self._plan_refresh()  # the wall clock went back: not yet
+            return
+        reason = "the token has expired" + (
+            " and was not refreshed" if self._refreshable else " (the client cannot refresh it)"
+        )
+        log.info("pulsar connection %d: %s; closing it", self.id, reason)
+        self._end_unauthenticated(reason)
+
+    def _auth_response(self, cmd: Any, frame: frames.Frame) -> None:
+        """Fresh credentials (after a challenge, or unasked): the same principal's valid token
+        replaces the connection's; anything else ends the connection."""
+        if self.credentials is None:  # authentication off: nothing to refresh
+            return
+        response = cmd.authResponse.response
+        token = response.auth_data.decode(errors="replace")
+        try:
+            check_method(response.auth_method_name)
+            refreshed = self.credentials.refreshed(self._verified(token))
+        except Unauthenticated as e:
+            log.info("pulsar connection %d: auth refresh refused: %s; closing it", self.id, e)
+            self._end_unauthenticated(f"auth refresh refused: {e}")
+            return
+        self.credentials = refreshed
+        self.gateway.use_token(token)
+        log.info(
+            "pulsar connection %d: credentials of %s refreshed",
+            self.id,
+            refreshed.principal.member,
+        )
+        self._plan_refresh()
 
     def _partitioned_metadata(self, cmd: Any, frame: frames.Frame) -> None:
         """A topic of K > 1 publish message sources has K partitions; one source (or a topic

@@ -6,7 +6,9 @@ leases, subscription types) apply unchanged. gRPC errors become PulsarError (err
 
 With authentication on, each connection's calls carry the token its CONNECT presented
 (:meth:`Gateway.as_caller`: the same channel, the token as ``authorization`` metadata), so the
-gRPC handlers check it, and run as that caller, as for any other client.
+gRPC handlers check it, and run as that caller, as for any other client; a refreshed token
+replaces it for the calls that follow (:meth:`Gateway.use_token`). A StreamingPull is
+authenticated when it opens.
 """
 
 from __future__ import annotations
@@ -102,8 +104,13 @@ class Gateway:
     def as_caller(self, token: str) -> Gateway:
         """This gateway (its channel) making every call with ``token`` as its credentials."""
         view = copy.copy(self)
-        view.metadata = (("authorization", f"Bearer {token}"),)
+        view.use_token(token)
         return view
+
+    def use_token(self, token: str) -> None:
+        """Make every later call of this view with ``token`` (a Pulsar connection's refreshed
+        credentials: its producers and consumers share the view, so they all switch)."""
+        self.metadata = (("authorization", f"Bearer {token}"),)
 
     async def get_topic(self, topic: str) -> Any | None:
         """The topic, None when it does not exist."""

@@ -161,14 +161,14 @@ class MetadataStore(Protocol):
     def changes(self) -> ChangeFeed: ...
     def load_topics(self) -> Iterator[TopicRecord]: ...
     def load_subscriptions(self) -> Iterator[SubscriptionRecord]: ...
-    # ``create``: only if no record has the name (AlreadyExists otherwise), so two processes
-    # creating one name at once cannot both succeed.
+    # ``create`` (topics, subscriptions, snapshots): only if no record has the name
+    # (AlreadyExists otherwise), so two processes creating one name at once cannot both succeed.
     def put_topic(self, record: TopicRecord, *, create: bool = False) -> Applied: ...
     def delete_topic(self, name: str) -> Applied: ...
     def put_subscription(self, record: SubscriptionRecord, *, create: bool = False) -> Applied: ...
     def delete_subscription(self, name: str) -> Applied: ...
     def load_snapshots(self) -> Iterator[SnapshotRecord]: ...
-    def put_snapshot(self, record: SnapshotRecord) -> Applied: ...
+    def put_snapshot(self, record: SnapshotRecord, *, create: bool = False) -> Applied: ...
     def delete_snapshot(self, name: str) -> Applied: ...
     def load_cursors(self) -> Iterator[CursorRecord]: ...
     def put_cursor(self, record: CursorRecord) -> Applied: ...
@@ -249,7 +249,9 @@ class MemoryMetadataStore:
     def load_snapshots(self) -> Iterator[SnapshotRecord]:
         yield from list(self.snapshots.values())
 
-    def put_snapshot(self, record: SnapshotRecord) -> Applied:
+    def put_snapshot(self, record: SnapshotRecord, *, create: bool = False) -> Applied:
+        if create and record.name in self.snapshots:
+            raise AlreadyExists("snapshot", record.name)
         self.snapshots[record.name] = record
         return self._changes.publish(Change(record))
 
@@ -423,15 +425,17 @@ class SqliteMetadataStore:
                 },
             )
 
-    def put_snapshot(self, record: SnapshotRecord) -> Applied:
+    def put_snapshot(self, record: SnapshotRecord, *, create: bool = False) -> Applied:
         self._write(
-            "INSERT OR REPLACE INTO snapshots (name, topic_uid, body, cursors) VALUES (?, ?, ?, ?)",
+            f"INSERT {'' if create else 'OR REPLACE '}INTO snapshots "
+            "(name, topic_uid, body, cursors) VALUES (?, ?, ?, ?)",
             (
                 record.name,
                 record.topic_uid,
                 record.body,
                 json.dumps({str(k): [md, ranges] for k, (md, ranges) in record.cursors.items()}),
             ),
+            exists=("snapshot", record.name),
         )
         return self._changes.publish(Change(record))
 

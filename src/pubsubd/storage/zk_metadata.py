@@ -360,8 +360,8 @@ class ZooKeeperMetadataStore:
     def delete_subscription(self, name: str) -> Applied:
         return self._delete(SUBSCRIPTIONS, SubscriptionRecord(name, "", "", b""))
 
-    def put_snapshot(self, record: SnapshotRecord) -> Applied:
-        return self._put(SNAPSHOTS, record)
+    def put_snapshot(self, record: SnapshotRecord, *, create: bool = False) -> Applied:
+        return self._put(SNAPSHOTS, record, create=create)
 
     def delete_snapshot(self, name: str) -> Applied:
         return self._delete(SNAPSHOTS, SnapshotRecord(name, "", b""))
