@@ -126,7 +126,13 @@ def _receive(
     future = client.subscribe(sub, callback)
     error: BaseException | None = None
     try:
-        wait_for(lambda: future.done() or until(got), timeout, "delivery or a stream error")
+        try:
+            wait_for(lambda: future.done() or until(got), timeout, "delivery or a stream error")
+        except AssertionError as e:  # say what had come and what the server saw (a CI flake)
+            with lock:
+                came = len(got)
+            seen = status(server)["subscriptions"].get(sub)
+            raise AssertionError(f"{e}; {came} received; the server's status: {seen}") from None
         if future.done():
             error = future.exception()
     finally:
