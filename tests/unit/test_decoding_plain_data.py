@@ -51,6 +51,9 @@ def test_a_deduplicated_batch_gives_its_data_in_one_list() -> None:
         # data twice on the wire in one message (parsed: the last one)
         _publish() + b"\x12\x06\x0a\x01a\x0a\x01b",
     ],
+    # Named, not by their bytes: a map's order on the wire differs between processes (hash
+    # seeds), and pytest-xdist's workers must collect the same test IDs.
+    ids=["attribute", "attribute-no-data", "dedup-with-attribute", "data-twice"],
 )
 def test_anything_else_is_read_from_the_parsed_messages(payload: bytes) -> None:
     count = len(pb.PublishRequest.FromString(payload).messages)
