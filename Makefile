@@ -2,10 +2,11 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# One process by default. PYTEST_ARGS="-n 2 --dist loadgroup" runs two workers, grouped by
-# tests/conftest.py (~28-33 min instead of ~37; not the default: one of two such runs hung in
-# a test's teardown, not explained yet).
-PYTEST_ARGS ?=
+# Two pytest-xdist workers, grouped by tests/conftest.py (the heavy tests one at a time on one
+# worker, the rest beside them): ~27 min on 2 cores instead of ~38 in one process
+# (PYTEST_ARGS= for one process). The hang that kept this off was Python 3.11's wait_for
+# swallowing a cancellation (core/deadlines.py).
+PYTEST_ARGS ?= -n 2 --dist loadgroup
 
 .PHONY: run test check fuzz bench bench-quick dashboard-bench dashboard-screenshots clean spark-demo spark-bench proto cluster cluster-down
 

@@ -262,7 +262,10 @@ def _percent(share: float | None) -> str:
 def test_alerts_page(dashboard_server: ServerProcess) -> None:
     shown = load(dashboard_server, "/ui/alerts")
     alerts = api(dashboard_server, "/alerts")
-    assert shown.metrics["firing_count"] == str(len(alerts["firing"])) == "0"
+    # What fires depends on the machine (a latency objective burns on a loaded one): the page
+    # shows what the API says, whatever it is.
+    firing = alerts["firing"]
+    assert shown.metrics["firing_count"] == str(len(firing))
     rows = shown.rows["objectives"]
     for o in alerts["objectives"]:
         for w in o["windows"]:
@@ -271,8 +274,8 @@ def test_alerts_page(dashboard_server: ServerProcess) -> None:
             assert row["long_burn_rate"] == f"{w['long_burn_rate']:.1f}"
             assert row["window_firing"] == ("yes" if w["firing"] else "no")
     assert len(rows) == sum(len(o["windows"]) for o in alerts["objectives"]) >= 10
-    assert shown.rows["firing"] == {}  # no alert fires; the table says so
-    assert "nothing is firing" in browser.dump_dom(url(dashboard_server, "/ui/alerts"))
+    dom = browser.dump_dom(url(dashboard_server, "/ui/alerts"))
+    assert ("nothing is firing" in dom) == (not firing)  # the usual case: nothing
 
 
 def test_cluster_page_says_one_process(dashboard_server: ServerProcess) -> None:

@@ -285,8 +285,12 @@ class Connection:
 
     def _expire(self) -> None:
         self._auth_timer = None
-        if self.credentials is None or not self.credentials.expired(time.time()):
-            self._plan_refresh()  # the wall clock went back: not yet
+        if self.credentials is None:
+            return
+        if not self.credentials.expired(time.time()):
+            # Early (the loop's timers run on another clock, and may fire a little ahead; or
+            # the wall clock went back): wait for the expiry again, without a second challenge.
+            self._arm(self.credentials.until, self._expire)
             return
         reason = "the token has expired" + (
             " and was not refreshed" if self._refreshable else " (the client cannot refresh it)"

@@ -112,30 +112,39 @@ def rpc(
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
         started = time.perf_counter()
-        code: str | None = "OK"
+
+        # Counted before the answer goes out (context.abort sends the status, then raises): a
+        # client that reads the metrics after its answer finds its call counted.
+        def counted(code: str | None) -> None:
+            if code is not None:
+                topic = sli.PUBLISH_TOPIC.get() if method == "Publish" else None
+                sli.record_rpc(method, code, time.perf_counter() - started, topic)
+
         try:
-            return await fn(self, request, context)
+            result = await fn(self, request, context)
         except AckIdsInvalid as e:
             code = grpc.StatusCode.INVALID_ARGUMENT.name
             events.record_error(method, code)
+            counted(code)
             await context.abort_with_status(rpc_status.to_status(ack_failure_status(e)))
         except PubsubError as e:
             status, _ = to_status(e)
-            # A non-owner's refusal is a redirect for the frontend, not the client's answer.
-            code = None if isinstance(e, NotServedHere) else status.name
             events.record_error(method, status.name)
+            # A non-owner's refusal is a redirect for the frontend, not the client's answer.
+            counted(None if isinstance(e, NotServedHere) else status.name)
             await context.abort(status, str(e))
         except Exception as e:
             if isinstance(e, grpc.aio.AbortError):
+                counted("OK")  # the servicer answered (aborted) by itself
                 raise
             log.exception("%s failed", method)
             code = grpc.StatusCode.INTERNAL.name
             events.record_error(method, code)
+            counted(code)
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}")
-        finally:
-            if code is not None:
-                topic = sli.PUBLISH_TOPIC.get() if method == "Publish" else None
-                sli.record_rpc(method, code, time.perf_counter() - started, topic)
+        else:
+            counted("OK")
+            return result
         raise AssertionError("unreachable: context.abort raises")
 
     return wrapper
