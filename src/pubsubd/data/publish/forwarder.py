@@ -379,7 +379,9 @@ class PublishingForwarder:
             full = self.disk.error(e, disk_space.LOG)
             if full is not None:
                 raise full from e
-            if isinstance(e.__cause__, ReplicationFailed):  # storage nodes: retry later
+            if isinstance(e.__cause__, (ReplicationFailed, Unavailable)):
+                # Storage nodes or ZooKeeper out of reach, or this writer fenced or its
+                # session gone: the client retries, here later or at another server.
                 raise Unavailable(f"storage unavailable: {e.__cause__}") from e
             log.exception("append to topic %s failed", topic_uid)
             raise InternalError(f"storage write failed: {e}") from e
