@@ -145,6 +145,33 @@ async def test_a_zombie_whose_ledger_was_deleted_everywhere_acknowledges_nothing
         await _append(old, 2, 1)
 
 
+async def test_a_session_that_ends_during_a_roll_refuses_the_append_and_counts_it() -> None:
+    """The session expires while the writer rolls to a new ledger: ZooKeeper fails the write
+    of the ledger list. The append is refused as a loss of ownership (the caller answers
+    UNAVAILABLE), counted, and nothing is written again."""
+    state, nodes = cluster()
+    writer = _writer(state, nodes)
+    await writer.take_over()
+    await _append(writer, 0, 2)
+    directory: FakeDirectory = writer._directory  # type: ignore[assignment]
+
+    class SessionExpired(Exception):  # what the ZooKeeper directory raises then
+        pass
+
+    async def write(*_args: object) -> None:
+        directory.expire()
+        raise SessionExpired("ZooKeeper session expired (/pubsubd/sources/1/t1/0)")
+
+    directory.write = write  # type: ignore[assignment,method-assign]
+    writer.roll_next()
+    with pytest.raises(LostOwnership, match="session ended"):
+        await _append(writer, 2, 1)
+    assert writer.appends_refused == 1
+    with pytest.raises(LostOwnership):
+        await _append(writer, 2, 1)
+    assert writer.appends_refused == 1
+
+
 async def test_an_acknowledgement_waits_while_zookeeper_cannot_confirm_the_session() -> None:
     state, nodes = cluster()
     writer = _writer(state, nodes)

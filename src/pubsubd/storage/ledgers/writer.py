@@ -336,32 +336,41 @@ class SourceLedgers:
         sent again, in the same order, to a new ledger, up to three times."""
         for attempt in range(3):
             async with self._lock:
-                if self._stopped is not None:
-                    raise LostOwnership(self._stopped)
-                if not self._directory.owns():
-                    self._stop("its ZooKeeper session ended")
-                if self.epoch is None:  # a source created after start-up: owned on first write
-                    await self.take_over()
-                if self._open is None or self._roll_next:
-                    await self._drain()  # the open ledger closes at the last confirmed entry
+                try:
                     if self._stopped is not None:
                         raise LostOwnership(self._stopped)
-                if first_offset != self._sent_end:
-                    raise ReplicationFailed(
-                        f"source {self.name}: append at {first_offset}, "
-                        f"but the replicated log ends at {self._sent_end}"
-                    )
-                if self._open is None or self._roll_next:
-                    await self._roll(first_offset)
-                assert self._open is not None
-                try:
-                    flight = self._send(self._open, frames, end_offset)
-                except ReplicationFailed as e:
-                    if attempt == 2:
-                        raise
-                    logger.warning("source %s: %s; rolling to a new ledger", self.name, e)
-                    self._roll_next = True
-                    continue
+                    if not self._directory.owns():
+                        self._stop("its ZooKeeper session ended")
+                    if self.epoch is None:  # a source created after start-up: owned on first write
+                        await self.take_over()
+                    if self._open is None or self._roll_next:
+                        await self._drain()  # the open ledger closes at the last confirmed entry
+                        if self._stopped is not None:
+                            raise LostOwnership(self._stopped)
+                    if first_offset != self._sent_end:
+                        raise ReplicationFailed(
+                            f"source {self.name}: append at {first_offset}, "
+                            f"but the replicated log ends at {self._sent_end}"
+                        )
+                    if self._open is None or self._roll_next:
+                        await self._roll(first_offset)
+                    assert self._open is not None
+                    try:
+                        flight = self._send(self._open, frames, end_offset)
+                    except ReplicationFailed as e:
+                        if attempt == 2:
+                            raise
+                        logger.warning("source %s: %s; rolling to a new ledger", self.name, e)
+                        self._roll_next = True
+                        continue
+                except LostOwnership:
+                    raise
+                except Exception:
+                    # A ZooKeeper call of the roll failed because the session ended: the
+                    # sources it owned may be another process's now. Refused and counted.
+                    if not self._directory.owns():
+                        self._stop("its ZooKeeper session ended")
+                    raise
             try:
                 await flight.outcome
             except Fenced as e:
