@@ -12,6 +12,7 @@ waited for the expiry shows."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -25,13 +26,15 @@ import grpc
 import pulsar
 import pytest
 from google.api_core import exceptions
+from google.pubsub_v1.services.schema_service import SchemaServiceClient
+from google.pubsub_v1.types import Encoding, Schema
 
 from pubsubd.cluster.launcher import LocalCluster
 from pubsubd.core import pb
 from tests.cluster.test_frontends import Receiver
-from tests.conftest import PROJECT, make_publisher, make_subscriber
+from tests.conftest import PROJECT, emulator_host, make_publisher, make_subscriber
 from tests.support.at_once import at_once
-from tests.support.cluster import running_cluster, topic_owner
+from tests.support.cluster import running_cluster, subscription_server, topic_owner
 from tests.support.drain import drain
 from tests.support.flood import Flood
 from tests.support.server import wait_for
@@ -276,6 +279,96 @@ def _update_both_at_once(
             10,
             f"round {round_}: both updates on every forwarder",
         )
+
+
+def _metric(cluster: LocalCluster, name: str, sample: str) -> float:
+    """One sample of a process's /metrics (0 if absent)."""
+    process = cluster.process(name)
+    port = process.args[process.args.index("--http-port") + 1]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(sample + " "):
+                return float(line.split()[-1])
+    return 0.0
+
+
+def test_a_dead_letter_copy_the_topics_owner_refuses_stays_and_is_counted(
+    cluster: LocalCluster, names: Any
+) -> None:
+    """The dead-letter topic has a schema and is owned by another forwarder than the one
+    serving the subscription: the copy of a message that does not conform goes to the owner's
+    Publish, which refuses it (INVALID_ARGUMENT); the subscribing forwarder counts it under
+    ``reason="refused"``, keeps the message in its subscription (it comes back), and never
+    publishes it to the dead-letter topic."""
+    endpoint = cluster.grpc
+    pub, sub = make_publisher(endpoint), make_subscriber(endpoint)
+    with emulator_host(endpoint):
+        schemas = SchemaServiceClient()
+    schema = schemas.create_schema(
+        request={
+            "parent": f"projects/{PROJECT}",
+            "schema_id": f"text-{names.suffix}",
+            "schema": {"type_": Schema.Type.AVRO, "definition": '"string"'},
+        }
+    )
+    # A dead-letter topic and a subscription served by different forwarders.
+    dlq = subscription = ""
+    for i in range(12):
+        dlq = names.topic(f"dlq-{i}")
+        pub.create_topic(
+            request={
+                "name": dlq,
+                "schema_settings": {"schema": schema.name, "encoding": Encoding.JSON},
+            }
+        )
+        topic, subscription = names.topic(f"dl-src-{i}"), names.subscription(f"dl-{i}")
+        pub.create_topic(name=topic)
+        sub.create_subscription(
+            request={
+                "name": subscription,
+                "topic": topic,
+                "ack_deadline_seconds": 10,
+                "dead_letter_policy": {"dead_letter_topic": dlq, "max_delivery_attempts": 5},
+            }
+        )
+        wait_for(lambda t=dlq: _serving(cluster, t), 30, f"{dlq} served")
+        wait_for(lambda s=subscription: subscription_server(cluster, s), 30, "a subscriber")
+        if topic_owner(cluster, dlq) != subscription_server(cluster, subscription):
+            break
+    serving = subscription_server(cluster, subscription)
+    assert topic_owner(cluster, dlq) != serving
+    sample = 'pubsubd_dead_letter_failures_total{reason="refused"}'
+    before = _metric(cluster, serving, sample)
+    pub.publish(topic, b"not a JSON string").result(timeout=60)
+    attempts = 0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and _metric(cluster, serving, sample) <= before:
+        with contextlib.suppress(exceptions.DeadlineExceeded):
+            response = sub.pull(
+                request={"subscription": subscription, "max_messages": 1}, timeout=5
+            )
+            for m in response.received_messages:
+                attempts = max(attempts, m.delivery_attempt)
+                sub.modify_ack_deadline(
+                    request={
+                        "subscription": subscription,
+                        "ack_ids": [m.ack_id],
+                        "ack_deadline_seconds": 0,
+                    }
+                )
+    assert _metric(cluster, serving, sample) > before, f"no refusal counted ({attempts} attempts)"
+    assert attempts >= 5
+    # Not dropped: it is still in its subscription (it comes back after the retry pause).
+    back: list[bytes] = []
+    deadline = time.monotonic() + 60
+    while not back and time.monotonic() < deadline:
+        with contextlib.suppress(exceptions.DeadlineExceeded):
+            response = sub.pull(
+                request={"subscription": subscription, "max_messages": 1}, timeout=5
+            )
+            back = [m.message.data for m in response.received_messages]
+    assert back == [b"not a JSON string"]
+    sub.close()
 
 
 def test_the_pulsar_protocol_through_a_frontend(cluster: LocalCluster, names: Any) -> None:
