@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from pubsubd.core.publish_sources import MAX_SOURCES
+
 __all__ = ["MAX_SHARES", "BacklogShare", "WholeBacklog", "bounded", "ranked", "whole_backlogs"]
 
 # The shares one report carries at most (a report is one ZooKeeper znode, at most 1 MB).
@@ -121,7 +123,8 @@ def whole_backlogs(
         for _, _, share in found:
             for source in share.sources:
                 seen[source] = seen.get(source, 0) + 1
-        topic_sources = max(share.topic_sources for _, _, share in found)
+        # A topic has at most MAX_SOURCES (a report saying more is not believed).
+        topic_sources = min(MAX_SOURCES, max(share.topic_sources for _, _, share in found))
         newest = max(found, key=lambda f: f[1])[2]
         out[uid] = WholeBacklog(
             uid=uid,
