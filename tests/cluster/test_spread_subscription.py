@@ -37,6 +37,7 @@ from pubsubd.cluster.launcher import LocalCluster
 from pubsubd.core import pb
 from tests.cluster.test_frontends import Receiver
 from tests.conftest import make_publisher, make_subscriber
+from tests.support import browser
 from tests.support.cluster import running_cluster
 from tests.support.flood import Flood
 from tests.support.server import wait_for
@@ -64,10 +65,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield c
 
 
-def _status(cluster: LocalCluster, name: str) -> dict[str, Any]:
+def _http(cluster: LocalCluster, name: str) -> str:
+    """The base URL of a process's HTTP port (/status, /metrics, the dashboard)."""
     process = cluster.process(name)
-    port = process.args[process.args.index("--http-port") + 1]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10) as r:
+    return f"http://127.0.0.1:{process.args[process.args.index('--http-port') + 1]}"
+
+
+def _status(cluster: LocalCluster, name: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{_http(cluster, name)}/status", timeout=10) as r:
         return json.loads(r.read())  # type: ignore[no-any-return]
 
 
@@ -218,9 +223,7 @@ def test_unary_pull_acks_and_seek_reach_every_forwarder_of_a_spread_subscription
 
 
 def _metric(cluster: LocalCluster, name: str, metric: str, subscription: str) -> float:
-    process = cluster.process(name)
-    port = process.args[process.args.index("--http-port") + 1]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+    with urllib.request.urlopen(f"{_http(cluster, name)}/metrics", timeout=10) as r:
         text = r.read().decode()
     wanted = f'{metric}{{subscription="{subscription}"'
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if wanted in line)
@@ -288,9 +291,10 @@ def test_routing_show_and_the_router_give_a_spread_subscription_s_whole_backlog(
     cluster: LocalCluster, names: Any
 ) -> None:
     """One place shows a spread subscription whole (core/backlog_view.py): ``pubsubd routing
-    show`` and the leading router's /status add up the shares the forwarders' load reports
-    carry: the whole is published minus acked, each share is what that forwarder's /status
-    says, with the sources it serves. The forwarders report with the router's half-life."""
+    show``, the dashboard and the leading router's /status add up the shares the forwarders'
+    load reports carry: the whole is published minus acked, each share is what that
+    forwarder's /status says, with the sources it serves. The forwarders report with the
+    router's half-life."""
     endpoint = cluster.grpc
     publisher = make_publisher(
         endpoint, publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True)
@@ -344,6 +348,15 @@ def test_routing_show_and_the_router_give_a_spread_subscription_s_whole_backlog(
         f: (s["sources"], s["backlog_messages"]) for f, s in router_whole()["forwarders"].items()
     } == {f: (s["sources"], s["backlog_messages"]) for f, s in whole["forwarders"].items()}
     router = _status(cluster, "router-1")
+    # And a forwarder's dashboard (/api/cluster, the /ui/cluster page in headless Chromium).
+    browser.require()
+    dashboard = _http(cluster, SUBSCRIBING[0])
+    on_page = browser.read(browser.dump_dom(f"{dashboard}/ui/cluster")).rows["backlogs"]
+    with urllib.request.urlopen(f"{dashboard}/api/cluster", timeout=15) as r:
+        api = _whole(json.loads(r.read())["routing"], subscription)
+    assert api is not None and api["backlog_messages"] == expected, api
+    assert on_page[subscription]["backlog_messages"] == str(expected), on_page
+    assert on_page[subscription]["spread"] == "yes", on_page
     # The router's half-life, published with its pass, is what the forwarders report with.
     assert router["load_half_life_s"] == shown["router"]["load_half_life_s"] == HALF_LIFE_S
     for name in SUBSCRIBING:
