@@ -589,6 +589,17 @@ def test_a_killed_forwarder_s_sources_go_to_the_other_and_nothing_acked_is_lost(
             "the survivor serves every source",
         )
         print(f"kill -9 -> the survivor serves every source: {time.monotonic() - started:.2f} s")
+        # The whole backlog is the survivor's alone, complete (the victim's report outlives it
+        # until its session expires; it stops counting once the router deleted its
+        # registration: ~4 s after the kill here, ~12 s if it counted until the expiry).
+        survivor_id = _status(cluster, survivor)["cluster"]["forwarder"]["id"]
+
+        def survivor_alone() -> bool:
+            whole = _whole(_routing_show(cluster), subscription) or {}
+            return set(whole.get("forwarders", ())) == {survivor_id} and whole["complete"]
+
+        wait_for(survivor_alone, 20, "routing show: the whole on the survivor alone")
+        print(f"kill -9 -> routing show whole on the survivor: {time.monotonic() - started:.2f} s")
         before = receiver.count()
         wait_for(lambda: receiver.count() >= before + 300, 60, "delivery goes on after")
     finally:

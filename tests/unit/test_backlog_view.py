@@ -58,6 +58,19 @@ def test_a_source_moving_between_reports_is_shown_missing_or_twice() -> None:
     assert doubled.messages == 9  # still the sum: the figure is high while it lasts
 
 
+def test_the_report_of_a_forwarder_no_longer_registered_is_left_out() -> None:
+    # f2 was killed: the router deleted its registration, f3 took its sources over, and f2's
+    # report stays until its session expires.
+    reports = [
+        ("f2", 1.0, {"u": share((0, 2, 4, 6), 40)}),
+        ("f3", 3.0, {"u": share(tuple(range(8)), 70)}),
+    ]
+    assert whole_backlogs(reports)["u"].doubled_sources == (0, 2, 4, 6)
+    whole = whole_backlogs(reports, registered={"f3"})["u"]
+    assert whole.complete and whole.messages == 70 and set(whole.shares) == {"f3"}
+    assert whole_backlogs(reports, registered=set()) == {}
+
+
 def test_a_subscription_served_whole_is_its_one_share() -> None:
     whole = BacklogShare("projects/p/subscriptions/w", tuple(range(3)), 3, 12, 1200, 2.0, False)
     found = whole_backlogs([("f1", 5.0, {"w": whole}), ("f2", 5.0, {})])

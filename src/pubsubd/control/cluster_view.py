@@ -141,7 +141,10 @@ async def describe_routing(store: RoutingStore) -> dict[str, Any]:
     constraints, _ = await store.constraints()
     summary = await store.summary()
     reports = await store.forwarder_reports()
-    backlogs = whole_backlogs((r.forwarder_id, r.at_unix_s, r.shares) for r in reports)
+    backlogs = whole_backlogs(
+        ((r.forwarder_id, r.at_unix_s, r.shares) for r in reports),
+        {f.forwarder_id for f in forwarders},
+    )
     last = None
     if summary is not None:
         last = {

@@ -17,12 +17,15 @@ Rules:
   forwarder gone) a source may be missing (the whole is then low) or reported twice (high):
   ``missing_sources`` and ``doubled_sources`` say which;
 * a subscription served whole with no backlog is not reported (nothing to add up), nor is one
-  beyond a report's bound (``MAX_SHARES``, the largest backlogs and every spread one first).
+  beyond a report's bound (``MAX_SHARES``, the largest backlogs and every spread one first);
+* only registered forwarders count: a report outlives its forwarder until its ZooKeeper
+  session expires, but the router deletes the registration of one found dead within a second
+  or two (``router/liveness.py``), and its sources are served elsewhere by then.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 
 from pubsubd.core.publish_sources import MAX_SOURCES
@@ -110,11 +113,15 @@ def ranked(backlogs: Iterable[WholeBacklog]) -> list[WholeBacklog]:
 
 def whole_backlogs(
     reports: Iterable[tuple[str, float, Mapping[str, BacklogShare]]],
+    registered: Container[str] | None = None,
 ) -> dict[str, WholeBacklog]:
     """Subscription uid -> its whole backlog, from (forwarder ID, report time in Unix seconds,
-    its shares by subscription uid) of every forwarder's last report."""
+    its shares by subscription uid) of every forwarder's last report; ``registered``: the
+    forwarders registered now (others' reports are left out; None: all count)."""
     gathered: dict[str, list[tuple[str, float, BacklogShare]]] = {}
     for forwarder, at, shares in reports:
+        if registered is not None and forwarder not in registered:
+            continue
         for uid, share in shares.items():
             gathered.setdefault(uid, []).append((forwarder, at, share))
     out = {}

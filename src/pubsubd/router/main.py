@@ -273,7 +273,10 @@ class Router:
         # subscriptions served apart from their topics.
         found = await self.store.forwarder_reports()
         reports = [report.loads for report in found]
-        self.backlogs = whole_backlogs((r.forwarder_id, r.at_unix_s, r.shares) for r in found)
+        self.backlogs = whole_backlogs(
+            ((r.forwarder_id, r.at_unix_s, r.shares) for r in found),
+            {f.forwarder_id for f in forwarders},
+        )
         topic_loads, subscription_loads = merge_reports(reports)
         weights = {uid: w for uid, load in topic_loads.items() if (w := weight(load)) > 1}
         subscription_weights = {
