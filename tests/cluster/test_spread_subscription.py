@@ -38,7 +38,7 @@ from pubsubd.core import pb
 from tests.cluster.test_frontends import Receiver
 from tests.conftest import make_publisher, make_subscriber
 from tests.support import browser
-from tests.support.cluster import running_cluster
+from tests.support.cluster import spread_cluster
 from tests.support.flood import Flood
 from tests.support.server import wait_for
 
@@ -51,17 +51,9 @@ HALF_LIFE_S = 20.0
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with running_cluster(
-        tmp_path_factory.mktemp("spread"),
-        zones=2,
-        routers=1,
-        frontends=1,
-        forwarders=3,
-        forwarder_args=[["--no-subscribing"], ["--no-publishing"], ["--no-publishing"]],
-        # The load EWMAs' half-life is the router's (the forwarders follow it): not the default.
-        router_args=["--spread-all", "--load-half-life", str(HALF_LIFE_S)],
-        session_timeout_s=20.0,
-    ) as c:
+    # The load EWMAs' half-life is the router's (the forwarders follow it): not the default.
+    router_args = ["--spread-all", "--load-half-life", str(HALF_LIFE_S)]
+    with spread_cluster(tmp_path_factory.mktemp("spread"), {}, router_args) as c:
         yield c
 
 
