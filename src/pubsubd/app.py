@@ -49,6 +49,7 @@ from pubsubd.coordination.liveness import OwnerCheck, this_process
 from pubsubd.coordination.registration import Registration
 from pubsubd.coordination.zk import Coordinator
 from pubsubd.core import pb
+from pubsubd.core.backlog_view import BacklogShare
 from pubsubd.core.client_security import ClientSecurity
 from pubsubd.core.clock import SYSTEM_CLOCK
 from pubsubd.core.errors import (
@@ -511,10 +512,25 @@ class PubsubServer:
             owned=self.owned,
             published=self.publishing.published,
             dispatchers=lambda: self.subscribing.dispatchers,
-            write=lambda loads, at, subs: routing_store.write_load(forwarder_id, loads, at, subs),
+            write=lambda loads, at, subs, shares: routing_store.write_load(
+                forwarder_id, loads, at, subs, shares
+            ),
             interval_s=self.config.cluster.load_report_s if self.config.cluster else 5.0,
+            shares=self._backlog_shares,
+            half_life=routing_store.load_half_life,
         )
         self.load_report.start()
+
+    def _backlog_shares(self) -> dict[str, BacklogShare]:
+        """This forwarder's share of the backlog of each subscription served here that has
+        one or is spread, by uid (its load report; core/backlog_view.py)."""
+        now_us = self.clock.time_us()
+        shares = {}
+        for dispatcher in self.subscribing.dispatchers.values():
+            share = dispatcher.backlog_share(now_us)
+            if share is not None:
+                shares[dispatcher.uid] = share
+        return shares
 
     def _topic_owners(self, topic_uid: str) -> list[str]:
         """The addresses of a topic's publishing forwarders as last published: its owner,
@@ -725,6 +741,11 @@ class PubsubServer:
             status["ownership"] = self.ownership.status()
         if self.subscription_ownership is not None:
             status["subscription_ownership"] = self.subscription_ownership.status()
+        if self.load_report is not None:  # the half-life: the leading router's
+            status["load_report"] = {
+                "interval_s": self.load_report.interval_s,
+                "half_life_s": self.load_report.rates.half_life_s,
+            }
         return status
 
     def _damage_report(self) -> dict[str, list[tuple[int, DamagedRange]]]:

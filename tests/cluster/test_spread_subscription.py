@@ -18,6 +18,8 @@ import contextlib
 import datetime
 import json
 import queue
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -35,7 +37,8 @@ from pubsubd.cluster.launcher import LocalCluster
 from pubsubd.core import pb
 from tests.cluster.test_frontends import Receiver
 from tests.conftest import make_publisher, make_subscriber
-from tests.support.cluster import running_cluster
+from tests.support import browser
+from tests.support.cluster import spread_cluster
 from tests.support.flood import Flood
 from tests.support.server import wait_for
 
@@ -43,27 +46,25 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 SUBSCRIBING = ["forwarder-2", "forwarder-3"]
 SOURCES = 8
+HALF_LIFE_S = 20.0
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with running_cluster(
-        tmp_path_factory.mktemp("spread"),
-        zones=2,
-        routers=1,
-        frontends=1,
-        forwarders=3,
-        forwarder_args=[["--no-subscribing"], ["--no-publishing"], ["--no-publishing"]],
-        router_args=["--spread-all"],
-        session_timeout_s=20.0,
-    ) as c:
+    # The load EWMAs' half-life is the router's (the forwarders follow it): not the default.
+    router_args = ["--spread-all", "--load-half-life", str(HALF_LIFE_S)]
+    with spread_cluster(tmp_path_factory.mktemp("spread"), {}, router_args) as c:
         yield c
 
 
-def _status(cluster: LocalCluster, name: str) -> dict[str, Any]:
+def _http(cluster: LocalCluster, name: str) -> str:
+    """The base URL of a process's HTTP port (/status, /metrics, the dashboard)."""
     process = cluster.process(name)
-    port = process.args[process.args.index("--http-port") + 1]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10) as r:
+    return f"http://127.0.0.1:{process.args[process.args.index('--http-port') + 1]}"
+
+
+def _status(cluster: LocalCluster, name: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{_http(cluster, name)}/status", timeout=10) as r:
         return json.loads(r.read())  # type: ignore[no-any-return]
 
 
@@ -214,9 +215,7 @@ def test_unary_pull_acks_and_seek_reach_every_forwarder_of_a_spread_subscription
 
 
 def _metric(cluster: LocalCluster, name: str, metric: str, subscription: str) -> float:
-    process = cluster.process(name)
-    port = process.args[process.args.index("--http-port") + 1]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+    with urllib.request.urlopen(f"{_http(cluster, name)}/metrics", timeout=10) as r:
         text = r.read().decode()
     wanted = f'{metric}{{subscription="{subscription}"'
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if wanted in line)
@@ -261,6 +260,107 @@ def test_a_spread_subscription_s_backlog_is_the_sum_of_its_forwarders_shares(
     got = _drain(subscriber, subscription, 3.0)
     assert sorted(got) == sorted(f"b{i}" for i in range(sent))
     wait_for(lambda: not any(shares().values()), 10, "the backlog acked on both forwarders")
+    subscriber.close()
+
+
+def _routing_show(cluster: LocalCluster) -> dict[str, Any]:
+    shown = subprocess.run(
+        [sys.executable, "-m", "pubsubd", "routing", "show", "--json", "--cluster", cluster.zk],
+        check=True,
+        capture_output=True,
+        timeout=60,
+        text=True,
+    )
+    return json.loads(shown.stdout)  # type: ignore[no-any-return]
+
+
+def _whole(shown: dict[str, Any], subscription: str) -> dict[str, Any] | None:
+    found = [s for s in shown["subscriptions"] if s["subscription"] == subscription]
+    return found[0] if found else None
+
+
+def test_routing_show_and_the_router_give_a_spread_subscription_s_whole_backlog(
+    cluster: LocalCluster, names: Any
+) -> None:
+    """One place shows a spread subscription whole (core/backlog_view.py): ``pubsubd routing
+    show``, the dashboard and the leading router's /status add up the shares the forwarders'
+    load reports carry: the whole is published minus acked, each share is what that
+    forwarder's /status says, with the sources it serves. The forwarders report with the
+    router's half-life."""
+    endpoint = cluster.grpc
+    publisher = make_publisher(
+        endpoint, publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True)
+    )
+    subscriber = make_subscriber(endpoint)
+    topic, subscription = names.topic("spread-whole"), names.subscription("spread-whole")
+    _topic(publisher, topic)
+    subscriber.create_subscription(request={"name": subscription, "topic": topic})
+    wait_for(lambda: _spread_over_both(cluster, subscription), 30, "the sources spread")
+    sent = 160
+    for f in [
+        publisher.publish(topic, f"w{i}".encode(), ordering_key=f"k{i % 32}") for i in range(sent)
+    ]:
+        f.result(timeout=60)
+    acked = len(_pull_all(subscriber, subscription, 60))  # each acked once pulled
+    expected = sent - acked
+    assert 60 <= acked < sent
+
+    def settled() -> dict[str, Any] | None:
+        whole = _whole(_routing_show(cluster), subscription)
+        if whole is None or whole["backlog_messages"] != expected:
+            time.sleep(0.5)  # a report every 5 s
+            return None
+        return whole
+
+    wait_for(settled, 30, f"routing show: a whole backlog of {expected}")
+    shown = _routing_show(cluster)
+    whole = _whole(shown, subscription)
+    assert whole is not None
+    statuses = {n: _status(cluster, n)["subscriptions"][subscription] for n in SUBSCRIBING}
+    print(
+        f"published {sent}, acked {acked}; whole {whole['backlog_messages']} = "
+        + " + ".join(f"{f}: {s['backlog_messages']}" for f, s in whole["forwarders"].items())
+    )
+    ids = {n: _status(cluster, n)["cluster"]["forwarder"]["id"] for n in SUBSCRIBING}
+    assert set(whole["forwarders"]) == set(ids.values())
+    for name, forwarder_id in ids.items():
+        share = whole["forwarders"][forwarder_id]
+        assert share["backlog_messages"] == statuses[name]["backlog"], (name, share)
+        assert share["sources"] == _served_sources(cluster, name, subscription)
+    assert sum(s["backlog_messages"] for s in whole["forwarders"].values()) == expected
+    assert whole["spread"] and whole["complete"], whole
+
+    # The leading router shows the same whole (from the same reports, as of its last pass).
+    def router_whole() -> dict[str, Any]:
+        listed = _status(cluster, "router-1")["subscription_backlogs"]["subscriptions"]
+        return listed.get(subscription) or {}  # type: ignore[no-any-return]
+
+    wait_for(lambda: router_whole().get("backlog_messages") == expected, 10, "the router's pass")
+    assert {
+        f: (s["sources"], s["backlog_messages"]) for f, s in router_whole()["forwarders"].items()
+    } == {f: (s["sources"], s["backlog_messages"]) for f, s in whole["forwarders"].items()}
+    router = _status(cluster, "router-1")
+    # And a forwarder's dashboard (/api/cluster, the /ui/cluster page in headless Chromium).
+    browser.require()
+    dashboard = _http(cluster, SUBSCRIBING[0])
+    on_page = browser.read(browser.dump_dom(f"{dashboard}/ui/cluster")).rows["backlogs"]
+    with urllib.request.urlopen(f"{dashboard}/api/cluster", timeout=15) as r:
+        api = _whole(json.loads(r.read())["routing"], subscription)
+    assert api is not None and api["backlog_messages"] == expected, api
+    assert on_page[subscription]["backlog_messages"] == str(expected), on_page
+    assert on_page[subscription]["spread"] == "yes", on_page
+    # The router's half-life, published with its pass, is what the forwarders report with.
+    assert router["load_half_life_s"] == shown["router"]["load_half_life_s"] == HALF_LIFE_S
+    for name in SUBSCRIBING:
+        assert _status(cluster, name)["cluster"]["load_report"]["half_life_s"] == HALF_LIFE_S
+    # Everything acked: the whole goes to nothing (a spread subscription stays listed).
+    rest = _drain(subscriber, subscription, 3.0)
+    assert len(rest) == expected
+    wait_for(
+        lambda: (_whole(_routing_show(cluster), subscription) or {}).get("backlog_messages") == 0,
+        30,
+        "routing show: nothing left",
+    )
     subscriber.close()
 
 
@@ -481,6 +581,17 @@ def test_a_killed_forwarder_s_sources_go_to_the_other_and_nothing_acked_is_lost(
             "the survivor serves every source",
         )
         print(f"kill -9 -> the survivor serves every source: {time.monotonic() - started:.2f} s")
+        # The whole backlog is the survivor's alone, complete (the victim's report outlives it
+        # until its session expires; it stops counting once the router deleted its
+        # registration: ~4 s after the kill here, ~12 s if it counted until the expiry).
+        survivor_id = _status(cluster, survivor)["cluster"]["forwarder"]["id"]
+
+        def survivor_alone() -> bool:
+            whole = _whole(_routing_show(cluster), subscription) or {}
+            return set(whole.get("forwarders", ())) == {survivor_id} and whole["complete"]
+
+        wait_for(survivor_alone, 20, "routing show: the whole on the survivor alone")
+        print(f"kill -9 -> routing show whole on the survivor: {time.monotonic() - started:.2f} s")
         before = receiver.count()
         wait_for(lambda: receiver.count() >= before + 300, 60, "delivery goes on after")
     finally:

@@ -34,8 +34,10 @@ from pubsubd.api.rest import front, routes
 from pubsubd.api.rest.transcode import RestError, build_request
 from pubsubd.control import routing_store
 from pubsubd.core import filters, ids, names, pb, validation
+from pubsubd.core.backlog_view import whole_backlogs
 from pubsubd.core.errors import InvalidArgument, PubsubError
 from pubsubd.core.load import weight
+from pubsubd.core.publish_sources import MAX_SOURCES
 from pubsubd.core.records import Entry
 from pubsubd.data import sources_wire
 from pubsubd.observability import http, http_conn
@@ -491,9 +493,12 @@ def _routing(data: bytes) -> None:
         return
     kind, data = data[0] % 4, data[1:]
     if kind == 0:
-        topics, subscriptions = routing_store.decode_load_report(data)
-        for load in (*topics.values(), *subscriptions.values()):
+        report = routing_store.decode_forwarder_report(data)
+        for load in (*report.topics.values(), *report.subscriptions.values()):
             assert weight(load) >= 1
+        shares = [(report.forwarder_id, report.at_unix_s, report.shares)]
+        for whole in whole_backlogs(shares).values():
+            assert len(whole.missing_sources) <= MAX_SOURCES
     elif kind == 1:
         routing_store.decode_forwarder(data)
     elif kind == 2:
@@ -507,6 +512,10 @@ def _routing_seeds() -> list[bytes]:
     report.topics["t"].messages_per_s = 10.5
     report.topics["t"].outstanding_messages = 4
     report.subscriptions["s"].bytes_per_s = 1e6
+    report.backlogs["s"].CopyFrom(
+        routing_pb2.BacklogShare(subscription="projects/p/subscriptions/s", sources=[0, 2],
+                                 topic_sources=4, messages=9, oldest_unacked_age_s=1.5, spread=True)
+    )  # fmt: skip
     shard = routing_pb2.AssignmentShard(protocol_version=1, generation=2, router_id="r")
     shard.routes.add(unit="t", forwarders=["f1", "f2"], moved_at_unix_s=5.0)
     return [b"\x00" + report.SerializeToString(), b"\x02" + shard.SerializeToString()]

@@ -1,5 +1,6 @@
-"""Topic loads (core/load.py: EWMA rates, weights) and a forwarder's load report
-(data/load_report.py: counters from its forwarders, idle topics left out)."""
+"""Topic loads (core/load.py: EWMA rates with a half-life the router chooses, weights) and a
+forwarder's load report (data/load_report.py: counters from its forwarders, idle topics left
+out, the router's half-life followed, backlog shares carried)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from pubsubd.core.load import HALF_LIFE_S, Counters, Load, Rates, weight
+from pubsubd.core.backlog_view import BacklogShare
+from pubsubd.core.load import HALF_LIFE_S, Counters, Load, Rates, chosen_half_life, weight
 from pubsubd.data.load_report import LoadReporter
 
 pytestmark = pytest.mark.unit
@@ -28,6 +30,49 @@ def test_a_steady_rate_is_approached_by_half_the_gap_every_half_life() -> None:
     for second in range(35, 301, 5):
         rates.sample(float(second), {"t": Counters(200 * 30, 204_800 * 30, 0)})
     assert rates.loads()["t"].messages_per_s < 0.01 and rates.loads()["t"].idle
+
+
+@pytest.mark.parametrize("half_life_s", [2.0, 10.0, 60.0])
+def test_any_half_life_halves_the_gap_to_a_steady_rate_once_per_half_life(
+    half_life_s: float,
+) -> None:
+    rates = Rates(half_life_s=half_life_s)
+    step = half_life_s / 4  # four samples per half-life
+    for i in range(9):  # the first sample, then two half-lives
+        rates.sample(i * step, {"t": Counters(int(100 * i * step), 0, 0)})
+    assert rates.loads()["t"].messages_per_s == pytest.approx(100 * (1 - 0.5**2))
+
+
+def test_a_longer_half_life_counts_a_burst_less_and_a_lasting_load_later() -> None:
+    short, long = Rates(half_life_s=10.0), Rates(half_life_s=60.0)
+    for rates in (short, long):
+        rates.sample(0.0, {"t": Counters(0, 0, 0)})
+        rates.sample(5.0, {"t": Counters(5 * 1000, 0, 0)})  # 5 s at 1,000 msg/s
+    assert long.loads()["t"].messages_per_s < short.loads()["t"].messages_per_s / 5
+    assert long.loads()["t"].messages_per_s == pytest.approx(1000 * (1 - 0.5 ** (5 / 60)))
+
+
+def test_a_half_life_changed_between_samples_applies_from_the_next_one_without_a_jump() -> None:
+    rates = Rates(half_life_s=10.0)
+    rates.sample(0.0, {"t": Counters(0, 0, 0)})
+    rates.sample(10.0, {"t": Counters(10 * 200, 0, 0)})
+    reached = rates.loads()["t"].messages_per_s
+    assert reached == pytest.approx(100.0)  # half of 200 after one half-life
+    rates.half_life_s = 30.0
+    assert rates.loads()["t"].messages_per_s == reached  # the figure so far is kept
+    rates.sample(40.0, {"t": Counters(40 * 200, 0, 0)})  # one half-life of the new one
+    assert rates.loads()["t"].messages_per_s == pytest.approx(150.0)
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError):
+            rates.half_life_s = bad
+    assert rates.half_life_s == 30.0
+
+
+def test_the_half_life_is_the_router_s_when_it_published_a_valid_one() -> None:
+    assert chosen_half_life(30.0) == 30.0
+    # None published (no summary, or a router of an earlier release writes 0), or nonsense.
+    for published in (None, 0.0, -5.0, math.inf, math.nan):
+        assert chosen_half_life(published) == HALF_LIFE_S
 
 
 def test_a_counter_that_goes_down_gives_no_negative_rate_and_topics_left_out_are_forgotten() -> (
@@ -63,7 +108,9 @@ async def test_a_report_lists_the_busy_owned_topics_published_and_delivered() ->
     written: list[tuple[dict[str, Load], float]] = []
     subscriptions: list[dict[str, Load]] = []
 
-    async def write(loads: Mapping[str, Load], at: float, subs: Mapping[str, Load]) -> None:
+    async def write(
+        loads: Mapping[str, Load], at: float, subs: Mapping[str, Load], shares: Any
+    ) -> None:
         written.append((dict(loads), at))
         subscriptions.append(dict(subs))
 
@@ -115,7 +162,9 @@ def test_reporter_reads_the_forwarders_counters_for_owned_topics_and_every_subsc
         "s3": SimpleNamespace(uid="u3", topic_uid="other", delivered=100, leases={7: 0}),
     }
 
-    async def write(loads: Mapping[str, Load], at: float, subs: Mapping[str, Load]) -> None:
+    async def write(
+        loads: Mapping[str, Load], at: float, subs: Mapping[str, Load], shares: Any
+    ) -> None:
         raise AssertionError("not called")
 
     reporter = LoadReporter(
@@ -138,7 +187,9 @@ async def test_a_subscription_read_on_a_copy_is_reported_on_its_own() -> None:
     clock = [0.0]
     written: list[tuple[dict[str, Load], dict[str, Load]]] = []
 
-    async def write(loads: Mapping[str, Load], at: float, subs: Mapping[str, Load]) -> None:
+    async def write(
+        loads: Mapping[str, Load], at: float, subs: Mapping[str, Load], shares: Any
+    ) -> None:
         written.append((dict(loads), dict(subs)))
 
     reporter = LoadReporter(
@@ -156,3 +207,63 @@ async def test_a_subscription_read_on_a_copy_is_reported_on_its_own() -> None:
     topics, subs = written[-1]
     assert topics == {} and set(subs) == {"s-uid"}
     assert weight(subs["s-uid"]) > 1  # the router weighs it among the subscribing forwarders
+
+
+async def test_a_report_uses_the_half_life_the_router_asks_for_from_the_next_sample() -> None:
+    dispatcher = SimpleNamespace(uid="s-uid", topic_uid="t", delivered=0, leases={})
+    clock = [0.0]
+    asked: list[float | None] = [None]
+    written: list[dict[str, Load]] = []
+
+    async def write(
+        loads: Mapping[str, Load], at: float, subs: Mapping[str, Load], shares: Any
+    ) -> None:
+        written.append(dict(subs))
+
+    async def half_life() -> float | None:
+        return asked[0]
+
+    reporter = LoadReporter(
+        owned=set(),
+        published={},
+        dispatchers=lambda: {"s": dispatcher},
+        write=write,
+        monotonic=lambda: clock[0],
+        half_life=half_life,
+    )
+    await reporter.report()
+    assert reporter.rates.half_life_s == HALF_LIFE_S  # none published yet
+    asked[0] = 40.0  # the router's --load-half-life
+    clock[0] += 20.0
+    dispatcher.delivered += 20 * 100
+    await reporter.report()
+    assert reporter.rates.half_life_s == 40.0
+    assert written[-1]["s-uid"].messages_per_s == pytest.approx(100 * (1 - 0.5 ** (20 / 40)))
+    asked[0] = None  # a router of an earlier release leads: the default again
+    await reporter.report()
+    assert reporter.rates.half_life_s == HALF_LIFE_S
+
+
+async def test_a_report_carries_the_backlog_shares_until_there_are_none() -> None:
+    share = BacklogShare("projects/p/subscriptions/s", (0, 2), 4, 7, 700, 1.5, True)
+    shares = {"s-uid": share}
+    written: list[Any] = []
+
+    async def write(
+        loads: Mapping[str, Load], at: float, subs: Mapping[str, Load], found: Any
+    ) -> None:
+        written.append(found)
+
+    reporter = LoadReporter(
+        owned=set(),
+        published={},
+        dispatchers=dict,
+        write=write,
+        shares=lambda: shares,
+    )
+    await reporter.report()  # no load at all, but a backlog: said
+    assert written == [({"s-uid": share}, 0)]
+    shares.clear()
+    await reporter.report()  # gone: said once
+    await reporter.report()
+    assert written[1:] == [({}, 0)]

@@ -37,6 +37,7 @@ from pubsubd.cli.server_security import (
     zookeeper_tls_options,
 )
 from pubsubd.cli.slo import alerts, slo_app
+from pubsubd.core.load import HALF_LIFE_S
 from pubsubd.core.subscription_spread import (
     SPREAD_ALL,
     SPREAD_BY_LOAD,
@@ -458,6 +459,14 @@ def router(
             "(0 < ratio < 1)",
         ),
     ] = _SPREAD_DEFAULTS.gather_ratio,
+    load_half_life: Annotated[
+        float,
+        typer.Option(
+            envvar="PUBSUBD_LOAD_HALF_LIFE_S",
+            help="s for a change of a topic's or subscription's load to be half counted (the "
+            "half-life of the load EWMAs the forwarders report; longer: bursts weigh less)",
+        ),
+    ] = HALF_LIFE_S,
     zk_session_timeout: ZkSessionOption = 10.0,
     pid_file: Annotated[Path | None, typer.Option(help="write the PID here when ready")] = None,
     log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
@@ -494,6 +503,7 @@ def router(
                 gather_after_s=gather_after,
                 gather_ratio=gather_ratio,
             ),
+            load_half_life_s=load_half_life,
             zk_session_timeout_s=zk_session_timeout,
             pid_file=pid_file,
         )

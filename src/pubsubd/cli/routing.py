@@ -3,7 +3,9 @@ assignment, read and changed in the cluster's ZooKeeper (issue 11).
 
 Constraints change by compare-and-set (``control/routing_store.py``); the leading router
 applies them within a step. ``show`` prints the forwarders (zone, version, drained, units
-owned), the constraints and the leading router's last pass.
+owned), the constraints, the leading router's last pass, and each subscription's whole backlog
+with which forwarder serves which of its sources (from the forwarders' load reports, a few
+seconds old).
 """
 
 from __future__ import annotations
@@ -84,7 +86,8 @@ async def _describe(store: Any) -> dict[str, Any]:
 
 @routing_app.command()
 def show(cluster: Cluster, zk_root: ZkRoot = "/pubsubd", as_json: AsJson = False) -> None:
-    """The forwarders, the constraints and the leading router's last pass."""
+    """The forwarders, the constraints, the leading router's last pass, and the whole backlog
+    of every subscription that has one or is spread (which forwarder serves which sources)."""
     described = _with_store(cluster, zk_root, _describe)
     if as_json:
         sys.stdout.write(json.dumps(described) + "\n")
@@ -116,6 +119,41 @@ def show(cluster: Cluster, zk_root: ZkRoot = "/pubsubd", as_json: AsJson = False
             f"router {router.get('router_id', '?')}: pass {router.get('generation', 0)}, "
             f"{router.get('moves', 0)} moves in it, {router.get('total_moves', 0)} in all"
         )
+    _print_backlogs(described["subscriptions"])
+
+
+def _print_backlogs(subscriptions: list[dict[str, Any]]) -> None:
+    """Each subscription's whole backlog, and each forwarder's share of it."""
+    if not subscriptions:
+        console.print("no subscription has a backlog or is spread")
+        return
+    table = Table("subscription", "backlog", "bytes", "oldest (s)", "forwarder: sources (backlog)")
+    for s in subscriptions:
+        shares = "; ".join(
+            f"{forwarder}: {_sources(share['sources'])} ({share['backlog_messages']})"
+            for forwarder, share in s["forwarders"].items()
+        )
+        if not s["complete"]:
+            shares += f" [missing {s['missing_sources']}, twice {s['doubled_sources']}]"
+        table.add_row(
+            s["subscription"],
+            str(s["backlog_messages"]),
+            str(s["backlog_bytes"]),
+            str(s["oldest_unacked_age_s"]),
+            shares,
+        )
+    console.print(table)
+
+
+def _sources(sources: list[int]) -> str:
+    """``0-3,6`` for [0, 1, 2, 3, 6]."""
+    runs: list[str] = []
+    for source in sources:
+        if runs and source == int(runs[-1].rsplit("-", 1)[-1]) + 1:
+            runs[-1] = f"{runs[-1].split('-')[0]}-{source}"
+        else:
+            runs.append(str(source))
+    return ",".join(runs) or "-"
 
 
 def _change(cluster: str, root: str, change: Callable[[Any], Any], as_json: bool) -> None:

@@ -1,7 +1,9 @@
 """What a cluster looks like from ZooKeeper, for ``pubsubd cluster status``, ``pubsubd routing
 show`` and the dashboard of a serving process (which reads it with its own connection):
-storage nodes, zones, ledgers and their copies, the repair auditor, the forwarders and the
-leading router's last pass.
+storage nodes, zones, ledgers and their copies, the repair auditor, the forwarders, the
+leading router's last pass, and (``routing show``) each subscription's whole backlog from the
+forwarders' load reports, with which forwarder serves which of its sources
+(``core/backlog_view.py``).
 
 A ledger counts as under-replicated when one of the nodes its metadata lists is not registered
 now (down, or gone), or when it has fewer nodes than the largest write quorum in use (a ledger
@@ -20,6 +22,7 @@ from pubsubd.control.routing_store import RoutingStore
 from pubsubd.coordination.election import CANDIDATE_PREFIX
 from pubsubd.coordination.errors import NoNode
 from pubsubd.coordination.zk import Coordinator
+from pubsubd.core.backlog_view import ranked, whole_backlogs
 from pubsubd.storage.ledgers.auditor import STATUS_NODE
 from pubsubd.storage.ledgers.meta import LedgerList, LedgerState
 
@@ -132,10 +135,16 @@ async def _repair(coordinator: Coordinator) -> dict[str, Any]:
 
 
 async def describe_routing(store: RoutingStore) -> dict[str, Any]:
-    """``pubsubd routing show``: the forwarders, the constraints, the router's last pass."""
+    """``pubsubd routing show``: the forwarders, the constraints, the router's last pass, and
+    the whole backlog of every subscription a forwarder reports a share of."""
     forwarders = await store.forwarders()
     constraints, _ = await store.constraints()
     summary = await store.summary()
+    reports = await store.forwarder_reports()
+    backlogs = whole_backlogs(
+        ((r.forwarder_id, r.at_unix_s, r.shares) for r in reports),
+        {f.forwarder_id for f in forwarders},
+    )
     last = None
     if summary is not None:
         last = {
@@ -148,6 +157,8 @@ async def describe_routing(store: RoutingStore) -> dict[str, Any]:
             "subscribing_capacity": summary.subscribing_capacity,
             "moves": summary.moves,
             "total_moves": summary.total_moves,
+            # 0: a router of an earlier release (the forwarders use their default).
+            "load_half_life_s": summary.load_half_life_s,
         }
     pub = dict(summary.publishing_loads) if summary else {}
     sub = dict(summary.subscribing_loads) if summary else {}
@@ -176,4 +187,10 @@ async def describe_routing(store: RoutingStore) -> dict[str, Any]:
             "pinned_topics": dict(sorted(constraints.pinned_topics.items())),
         },
         "router": last,
+        # Spread ones first, then by the largest backlog; a forwarder lists at most
+        # core.backlog_view.MAX_SHARES (``left_out``: how many it left out).
+        "subscriptions": [b.as_json() for b in ranked(backlogs.values())],
+        "subscription_shares_left_out": {
+            r.forwarder_id: r.shares_left_out for r in reports if r.shares_left_out
+        },
     }

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 
 from google.protobuf.message import DecodeError
 
@@ -30,6 +31,7 @@ from pubsubd.control.routing_table import Constraints, Forwarder
 from pubsubd.coordination.errors import BadVersion, NodeExists, NoNode
 from pubsubd.coordination.paths import unescape
 from pubsubd.coordination.zk import Coordinator, ZnodeStat
+from pubsubd.core.backlog_view import BacklogShare
 from pubsubd.core.load import Load
 
 log = logging.getLogger(__name__)
@@ -39,10 +41,13 @@ PROTOCOL_VERSION = 1
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "ForwarderReport",
     "RoutingStore",
     "decode_constraints",
+    "decode_forwarder_report",
     "decode_shard",
     "encode_constraints",
+    "encode_load_report",
     "encode_shard",
     "merge_reports",
     "spread_subscriptions",
@@ -75,13 +80,88 @@ def decode_forwarder(data: bytes) -> Forwarder:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class ForwarderReport:
+    """One forwarder's last load report, decoded."""
+
+    forwarder_id: str
+    at_unix_s: float
+    topics: dict[str, Load]
+    subscriptions: dict[str, Load]
+    # Subscription uid -> this forwarder's share of its backlog (a release before this one
+    # reports none), and how many it left out (core/backlog_view.py).
+    shares: dict[str, BacklogShare] = field(default_factory=dict)
+    shares_left_out: int = 0
+
+    @property
+    def loads(self) -> tuple[dict[str, Load], dict[str, Load]]:
+        return self.topics, self.subscriptions
+
+
+def encode_load_report(
+    forwarder_id: str,
+    topics: Mapping[str, Load],
+    at: float,
+    subscriptions: Mapping[str, Load],
+    shares: tuple[Mapping[str, BacklogShare], int] = ({}, 0),
+) -> bytes:
+    """One forwarder's LoadReport: its loads, and its backlog shares with how many it left
+    out."""
+    report = pb.LoadReport(
+        protocol_version=PROTOCOL_VERSION,
+        forwarder_id=forwarder_id,
+        at_unix_s=at,
+        backlogs_left_out=shares[1],
+    )
+    for into, loads in ((report.topics, topics), (report.subscriptions, subscriptions)):
+        for uid, load in loads.items():
+            entry = into[uid]
+            entry.messages_per_s = load.messages_per_s
+            entry.bytes_per_s = load.bytes_per_s
+            entry.outstanding_messages = load.outstanding
+    for uid, share in shares[0].items():
+        report.backlogs[uid].CopyFrom(
+            pb.BacklogShare(
+                subscription=share.subscription,
+                sources=share.sources,
+                topic_sources=share.topic_sources,
+                messages=share.messages,
+                bytes=share.bytes,
+                oldest_unacked_age_s=share.oldest_unacked_age_s,
+                spread=share.spread,
+            )
+        )
+    return bytes(report.SerializeToString())
+
+
 def decode_load_report(data: bytes) -> tuple[dict[str, Load], dict[str, Load]]:
     """(topic loads, subscription loads) of one forwarder's LoadReport; DecodeError if the
     bytes are not one."""
+    return decode_forwarder_report(data).loads
+
+
+def decode_forwarder_report(data: bytes) -> ForwarderReport:
+    """One forwarder's LoadReport; DecodeError if the bytes are not one."""
     report = pb.LoadReport.FromString(data)
-    return (
+    return ForwarderReport(
+        report.forwarder_id,
+        report.at_unix_s,
         {uid: _load(entry) for uid, entry in report.topics.items()},
         {uid: _load(entry) for uid, entry in report.subscriptions.items()},
+        {uid: _share(entry) for uid, entry in report.backlogs.items()},
+        report.backlogs_left_out,
+    )
+
+
+def _share(entry: pb.BacklogShare) -> BacklogShare:
+    return BacklogShare(
+        subscription=entry.subscription,
+        sources=tuple(entry.sources),
+        topic_sources=entry.topic_sources,
+        messages=entry.messages,
+        bytes=entry.bytes,
+        oldest_unacked_age_s=entry.oldest_unacked_age_s,
+        spread=entry.spread,
     )
 
 
@@ -313,20 +393,12 @@ class RoutingStore:
         topics: Mapping[str, Load],
         at: float,
         subscriptions: Mapping[str, Load] | None = None,
+        shares: tuple[Mapping[str, BacklogShare], int] = ({}, 0),
     ) -> None:
-        """This forwarder's load per topic, and per subscription it serves on a copy
-        (ephemeral: gone with its session, and made again by the next report after a new
-        one)."""
-        report = pb.LoadReport(
-            protocol_version=PROTOCOL_VERSION, forwarder_id=forwarder_id, at_unix_s=at
-        )
-        for field, loads in ((report.topics, topics), (report.subscriptions, subscriptions or {})):
-            for uid, load in loads.items():
-                entry = field[uid]
-                entry.messages_per_s = load.messages_per_s
-                entry.bytes_per_s = load.bytes_per_s
-                entry.outstanding_messages = load.outstanding
-        data = report.SerializeToString()
+        """This forwarder's load per topic and per subscription it serves, and its shares of
+        their backlogs with how many it left out (ephemeral: gone with its session, and made
+        again by the next report after a new one)."""
+        data = encode_load_report(forwarder_id, topics, at, subscriptions or {}, shares)
         path = self._layout.forwarder_load(forwarder_id)
         try:
             await self._zk.set(path, data)
@@ -341,6 +413,10 @@ class RoutingStore:
 
     async def reports(self) -> list[tuple[dict[str, Load], dict[str, Load]]]:
         """Each forwarder's last report: (topic loads, subscription loads)."""
+        return [report.loads for report in await self.forwarder_reports()]
+
+    async def forwarder_reports(self) -> list[ForwarderReport]:
+        """Each forwarder's last report, whole."""
         try:
             names = sorted(await self._zk.children(self._layout.forwarder_loads))
         except NoNode:
@@ -351,7 +427,7 @@ class RoutingStore:
             if got is None:
                 continue
             try:
-                out.append(decode_load_report(got[0]))
+                out.append(decode_forwarder_report(got[0]))
             except DecodeError as e:  # a report we cannot read must not stop routing
                 log.warning("load report %s unreadable: %s", unescape(name), e)
         return out
@@ -368,6 +444,15 @@ class RoutingStore:
             await self._zk.set(self._layout.routing_summary, data)
         except NoNode:
             await self._zk.create(self._layout.routing_summary, data)
+
+    async def load_half_life(self) -> float | None:
+        """The half-life of the load EWMAs the leading router asks for (None: it says none,
+        or no router has published a summary yet)."""
+        try:
+            summary = await self.summary()
+        except DecodeError:
+            return None
+        return (summary.load_half_life_s or None) if summary is not None else None
 
     async def summary(self) -> pb.RoutingSummary | None:
         try:

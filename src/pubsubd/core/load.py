@@ -9,6 +9,12 @@ weight is 1 (every topic costs something to hold: logs, ledgers, dispatchers) pl
 outstanding messages. Whole points keep small wobbles of a rate from changing weights, so a
 steady load moves nothing; the assignment's hysteresis keeps a unit from moving twice in a
 window.
+
+The EWMAs' half-life is the leading router's to choose (``pubsubd router --load-half-life``,
+default ``HALF_LIFE_S``): a longer one makes a short burst weigh less and a lasting change
+count later. The forwarders compute the EWMAs (``data/load_report.py``) with the half-life the
+router publishes (``chosen_half_life``); a change applies from the next sample on, to the
+figure reached so far (no jump).
 """
 
 from __future__ import annotations
@@ -17,13 +23,39 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["HALF_LIFE_S", "Counters", "Load", "Rates", "weight"]
+__all__ = [
+    "HALF_LIFE_S",
+    "Counters",
+    "Load",
+    "Rates",
+    "chosen_half_life",
+    "valid_half_life",
+    "weight",
+]
 
 # The weight of a sample halves every HALF_LIFE_S: a load that starts is half counted after it.
 HALF_LIFE_S = 10.0
 MESSAGES_PER_POINT = 100.0
 BYTES_PER_POINT = float(1 << 20)
 OUTSTANDING_PER_POINT = 10_000.0
+
+
+def valid_half_life(half_life_s: float) -> float:
+    """``half_life_s`` if it can be a half-life (positive, finite); else ValueError."""
+    if not (half_life_s > 0 and math.isfinite(half_life_s)):
+        raise ValueError(f"the half-life must be a positive number of seconds, got {half_life_s}")
+    return half_life_s
+
+
+def chosen_half_life(published: float | None) -> float:
+    """The half-life to use, given what the leading router published: its own if valid, else
+    (none published: a router of an earlier release, or none yet) ``HALF_LIFE_S``."""
+    if published is None:
+        return HALF_LIFE_S
+    try:
+        return valid_half_life(published)
+    except ValueError:
+        return HALF_LIFE_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +110,19 @@ class Rates:
     """EWMA rates of many topics' counters, one :meth:`sample` at a time (any interval)."""
 
     def __init__(self, half_life_s: float = HALF_LIFE_S) -> None:
-        if not half_life_s > 0:
-            raise ValueError(f"the half-life must be positive, got {half_life_s}")
-        self.half_life_s = half_life_s
+        self._half_life_s = valid_half_life(half_life_s)
         self._last: dict[str, tuple[float, Counters]] = {}
         self._rates: dict[str, tuple[float, float]] = {}  # messages/s, bytes/s
         self._outstanding: dict[str, int] = {}
+
+    @property
+    def half_life_s(self) -> float:
+        return self._half_life_s
+
+    @half_life_s.setter
+    def half_life_s(self, half_life_s: float) -> None:
+        """Takes effect from the next sample on; the rates reached so far are kept."""
+        self._half_life_s = valid_half_life(half_life_s)
 
     def sample(self, now: float, counters: Mapping[str, Counters]) -> None:
         """Counters of every topic held now, read at ``now`` (seconds, monotonic). A topic left

@@ -13,6 +13,10 @@ takes the room of several idle ones and its forwarder is given fewer of them. Wi
 ``--spread-subscriptions`` it also decides from them which subscriptions are busy enough to be
 spread over several subscribing forwarders by source, and which are quiet enough to be served
 whole again (``core/subscription_spread.py``); ``--spread-all`` spreads every one that may be.
+The loads are EWMAs the forwarders compute with the half-life this router publishes in its
+summary (``--load-half-life``, ``core/load.py``). The same reports carry each forwarder's share
+of the backlog of the subscriptions it serves: ``/status`` shows each subscription's whole
+backlog and which forwarder serves which of its sources (``core/backlog_view.py``).
 
 Frontends and forwarders read the published assignment, never the router, so a router that is
 killed or restarted stops nothing: the last assignment stays in ZooKeeper and the next leader
@@ -33,6 +37,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,7 +59,8 @@ from pubsubd.coordination.election import Election
 from pubsubd.coordination.errors import CoordinationError
 from pubsubd.coordination.paths import DEFAULT_ROOT
 from pubsubd.coordination.zk import Coordinator
-from pubsubd.core.load import Load, weight
+from pubsubd.core.backlog_view import WholeBacklog, ranked, whole_backlogs
+from pubsubd.core.load import HALF_LIFE_S, Load, valid_half_life, weight
 from pubsubd.core.release import version
 from pubsubd.core.subscription_spread import (
     SPREAD_BY_LOAD,
@@ -107,6 +113,8 @@ class RouterConfig:
     # ones, core/subscription_spread.py) or "all" (every one that may be).
     spread_subscriptions: str = SPREAD_OFF
     spread: SpreadSettings = field(default_factory=SpreadSettings)  # when to spread, gather
+    # The half-life of the load EWMAs the forwarders report (published in the summary).
+    load_half_life_s: float = HALF_LIFE_S
     zk_session_timeout_s: float = 10.0
     pid_file: Path | None = None  # written when ready, removed on a clean stop
     tls: ServerTls | None = None  # TLS on its HTTP port (core/tls.py)
@@ -116,6 +124,7 @@ class RouterConfig:
             raise ValueError(f"epsilon must be positive, got {self.epsilon}")
         if not self.interval_s > 0:
             raise ValueError(f"the interval must be positive, got {self.interval_s}")
+        valid_half_life(self.load_half_life_s)
         if self.spread_subscriptions not in SPREAD_MODES:
             raise ValueError(f"spread subscriptions: one of {SPREAD_MODES}")
         if not self.zk_session_timeout_s > 0:
@@ -164,6 +173,7 @@ class Router:
         self.generation = 0
         self.total_moves = 0
         self.last_pass: dict[str, Any] = {}
+        self.backlogs: dict[str, WholeBacklog] = {}  # by subscription uid, as of the last pass
         self._turn = 0  # turns as leader lost so far
         self._seeded_turn = -1  # the turn whose table was seeded from the published one
         self._follows: list[Any] = []
@@ -261,7 +271,12 @@ class Router:
         constraints: Constraints = (await self.store.constraints())[0]
         # Topics weigh by the load their forwarders last reported (core/load.py), and so do
         # subscriptions served apart from their topics.
-        reports = await self.store.reports()
+        found = await self.store.forwarder_reports()
+        reports = [report.loads for report in found]
+        self.backlogs = whole_backlogs(
+            ((r.forwarder_id, r.at_unix_s, r.shares) for r in found),
+            {f.forwarder_id for f in forwarders},
+        )
         topic_loads, subscription_loads = merge_reports(reports)
         weights = {uid: w for uid, load in topic_loads.items() if (w := weight(load)) > 1}
         subscription_weights = {
@@ -324,6 +339,7 @@ class Router:
                 subscribing_weights=table.weighted_loads("subscribing"),
                 moves=moved,
                 total_moves=self.total_moves,
+                load_half_life_s=self.config.load_half_life_s,
             )
         )
         SPREAD.set(len({u.split("/")[1] for u in table.spread_units}))
@@ -379,7 +395,25 @@ class Router:
             "hysteresis_s": self.config.hysteresis_s,
             "spread_subscriptions": self.config.spread_subscriptions,
             "spread": sorted({u.split("/")[1] for u in self.table.spread_units}),
+            "load_half_life_s": self.config.load_half_life_s,
+            "subscription_backlogs": backlog_listing(self.backlogs.values()),
         }
+
+
+# The subscriptions /status lists at most (every spread one and the largest backlogs first).
+STATUS_BACKLOGS = 100
+
+
+def backlog_listing(
+    backlogs: Iterable[WholeBacklog], limit: int = STATUS_BACKLOGS
+) -> dict[str, Any]:
+    """Whole backlogs as /status shows them: by subscription name, the spread ones and the
+    largest first, at most ``limit``; ``left_out`` counts the rest."""
+    listed = ranked(backlogs)
+    return {
+        "subscriptions": {b.subscription: b.as_json() for b in listed[:limit]},
+        "left_out": max(0, len(listed) - limit),
+    }
 
 
 async def serve(config: RouterConfig) -> None:

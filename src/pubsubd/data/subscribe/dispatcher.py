@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pubsubd.core import ids, quotas
+from pubsubd.core.backlog_view import BacklogShare
 from pubsubd.core.clock import Clock, Timer
 from pubsubd.core.errors import (
     FailedPrecondition,
@@ -505,6 +506,25 @@ class SubscriptionDispatcher:
                 with contextlib.suppress(OffsetOutOfRange, DamagedEntries):
                     oldest_us = min(oldest_us, publishing.publish_time_us(topic, source, first))
         return quotas.Backlog(messages, int(size), max(0.0, (now_us - oldest_us) / 1e6))
+
+    def backlog_share(self, now_us: int) -> BacklogShare | None:
+        """This forwarder's share of the subscription's backlog, for its load report
+        (``core/backlog_view.py``): the sources served here and their backlog; None for a
+        subscription served whole with nothing unacked (nothing to add up)."""
+        served = self.planner.served_sources
+        if served is None and not self.backlog():
+            return None
+        topic_sources = len(self.publishing.ranges(self.topic_uid))
+        stats = self.backlog_stats(now_us, served_only=True)
+        return BacklogShare(
+            subscription=self.name,
+            sources=tuple(sorted(served)) if served is not None else tuple(range(topic_sources)),
+            topic_sources=topic_sources,
+            messages=stats.messages,
+            bytes=stats.bytes,
+            oldest_unacked_age_s=stats.oldest_age_s,
+            spread=served is not None,
+        )
 
     def evict_oldest(self, count: int, older_than_us: int | None = None) -> int:
         """Acknowledge the ``count`` oldest unacked messages, and any published before

@@ -307,6 +307,23 @@ const PAGES = {
       { key: "publishing_units", label: "publishing units", format: "int" },
       { key: "subscribing_units", label: "subscribing units", format: "int" },
     ]);
+    // A subscription whole: its backlog summed over the forwarders serving its sources.
+    const whole = (routing.subscriptions || []).map((s) => ({
+      name: s.subscription,
+      ...s,
+      served_by: Object.entries(s.forwarders)
+        .map(([f, share]) => `${f}: ${share.sources.join(",") || "-"} (${share.backlog_messages})`)
+        .join("; "),
+    }));
+    table(document.getElementById("backlogs"), whole, [
+      { key: "subscription", label: "subscription", link: "subscription" },
+      { key: "backlog_messages", label: "backlog", format: "int" },
+      { key: "backlog_bytes", label: "bytes", format: "bytes" },
+      { key: "oldest_unacked_age_s", label: "oldest unacked s", format: "s" },
+      { key: "spread", label: "spread", format: "bool" },
+      { key: "complete", label: "complete", format: "bool" },
+      { key: "served_by", label: "forwarder: sources (backlog)" },
+    ], "no subscription reported with a backlog");
     const storage = c.cluster || { nodes: [] };
     table(document.getElementById("nodes"), storage.nodes.map((n) => ({ name: n.node_id, ...n })), [
       { key: "node_id", label: "storage node" },

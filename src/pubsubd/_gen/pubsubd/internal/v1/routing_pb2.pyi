@@ -80,7 +80,7 @@ class AssignmentShard(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., generation: _Optional[int] = ..., router_id: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("protocol_version", "forwarder_id", "at_unix_s", "topics", "subscriptions")
+    __slots__ = ("protocol_version", "forwarder_id", "at_unix_s", "topics", "subscriptions", "backlogs", "backlogs_left_out")
     class TopicsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -95,20 +95,49 @@ class LoadReport(_message.Message):
         key: str
         value: Load
         def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Load, _Mapping]] = ...) -> None: ...
+    class BacklogsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: BacklogShare
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[BacklogShare, _Mapping]] = ...) -> None: ...
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     FORWARDER_ID_FIELD_NUMBER: _ClassVar[int]
     AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    BACKLOGS_FIELD_NUMBER: _ClassVar[int]
+    BACKLOGS_LEFT_OUT_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     forwarder_id: str
     at_unix_s: float
     topics: _containers.MessageMap[str, Load]
     subscriptions: _containers.MessageMap[str, Load]
-    def __init__(self, protocol_version: _Optional[int] = ..., forwarder_id: _Optional[str] = ..., at_unix_s: _Optional[float] = ..., topics: _Optional[_Mapping[str, Load]] = ..., subscriptions: _Optional[_Mapping[str, Load]] = ...) -> None: ...
+    backlogs: _containers.MessageMap[str, BacklogShare]
+    backlogs_left_out: int
+    def __init__(self, protocol_version: _Optional[int] = ..., forwarder_id: _Optional[str] = ..., at_unix_s: _Optional[float] = ..., topics: _Optional[_Mapping[str, Load]] = ..., subscriptions: _Optional[_Mapping[str, Load]] = ..., backlogs: _Optional[_Mapping[str, BacklogShare]] = ..., backlogs_left_out: _Optional[int] = ...) -> None: ...
+
+class BacklogShare(_message.Message):
+    __slots__ = ("subscription", "sources", "topic_sources", "messages", "bytes", "oldest_unacked_age_s", "spread")
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_SOURCES_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_UNACKED_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    SPREAD_FIELD_NUMBER: _ClassVar[int]
+    subscription: str
+    sources: _containers.RepeatedScalarFieldContainer[int]
+    topic_sources: int
+    messages: int
+    bytes: int
+    oldest_unacked_age_s: float
+    spread: bool
+    def __init__(self, subscription: _Optional[str] = ..., sources: _Optional[_Iterable[int]] = ..., topic_sources: _Optional[int] = ..., messages: _Optional[int] = ..., bytes: _Optional[int] = ..., oldest_unacked_age_s: _Optional[float] = ..., spread: _Optional[bool] = ...) -> None: ...
 
 class RoutingSummary(_message.Message):
-    __slots__ = ("protocol_version", "generation", "router_id", "at_unix_s", "publishing_units", "subscribing_units", "publishing_capacity", "subscribing_capacity", "publishing_loads", "subscribing_loads", "moves", "total_moves", "publishing_weights", "subscribing_weights")
+    __slots__ = ("protocol_version", "generation", "router_id", "at_unix_s", "publishing_units", "subscribing_units", "publishing_capacity", "subscribing_capacity", "publishing_loads", "subscribing_loads", "moves", "total_moves", "publishing_weights", "subscribing_weights", "load_half_life_s")
     class PublishingLoadsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -151,6 +180,7 @@ class RoutingSummary(_message.Message):
     TOTAL_MOVES_FIELD_NUMBER: _ClassVar[int]
     PUBLISHING_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIBING_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_HALF_LIFE_S_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     generation: int
     router_id: str
@@ -165,4 +195,5 @@ class RoutingSummary(_message.Message):
     total_moves: int
     publishing_weights: _containers.ScalarMap[str, int]
     subscribing_weights: _containers.ScalarMap[str, int]
-    def __init__(self, protocol_version: _Optional[int] = ..., generation: _Optional[int] = ..., router_id: _Optional[str] = ..., at_unix_s: _Optional[float] = ..., publishing_units: _Optional[int] = ..., subscribing_units: _Optional[int] = ..., publishing_capacity: _Optional[int] = ..., subscribing_capacity: _Optional[int] = ..., publishing_loads: _Optional[_Mapping[str, int]] = ..., subscribing_loads: _Optional[_Mapping[str, int]] = ..., moves: _Optional[int] = ..., total_moves: _Optional[int] = ..., publishing_weights: _Optional[_Mapping[str, int]] = ..., subscribing_weights: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    load_half_life_s: float
+    def __init__(self, protocol_version: _Optional[int] = ..., generation: _Optional[int] = ..., router_id: _Optional[str] = ..., at_unix_s: _Optional[float] = ..., publishing_units: _Optional[int] = ..., subscribing_units: _Optional[int] = ..., publishing_capacity: _Optional[int] = ..., subscribing_capacity: _Optional[int] = ..., publishing_loads: _Optional[_Mapping[str, int]] = ..., subscribing_loads: _Optional[_Mapping[str, int]] = ..., moves: _Optional[int] = ..., total_moves: _Optional[int] = ..., publishing_weights: _Optional[_Mapping[str, int]] = ..., subscribing_weights: _Optional[_Mapping[str, int]] = ..., load_half_life_s: _Optional[float] = ...) -> None: ...
