@@ -104,8 +104,9 @@ InternalTokenFile = Annotated[
     Path | None,
     typer.Option(
         envvar="PUBSUBD_INTERNAL_TOKEN_FILE",
-        help="the bearer token (a file) this forwarder's own calls to other forwarders carry; "
-        "needed with --auth-*, its subject passes IAM (a cluster secret)",
+        help="the bearer token (a file) this process's own calls to other forwarders and to "
+        "storage nodes carry; needed with --auth-* (forwarders) and with storage nodes that "
+        "check tokens; its subject passes IAM (a cluster secret)",
     ),
 ]
 

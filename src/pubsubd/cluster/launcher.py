@@ -343,10 +343,11 @@ class LocalCluster:
         port; mutual TLS on the storage nodes and ZooKeeper, whose only client port is its
         ``secureClientPort``; the probers trust its CA).
         ``tokens``: authentication on every process clients or forwarders call (serve,
-        forwarders, frontends), with a secret and tokens made under DIR/auth
+        forwarders, frontends, storage nodes), with a secret and tokens made under DIR/auth
         (:func:`write_cluster_auth`): the probers and clients send the admin's token, the
-        forwarders the internal one to each other; ``iam`` (needs ``tokens``): IAM on there
-        too, the admin granted roles/pubsub.admin on every project by the policy file.
+        forwarders (and serve) the internal one to each other and to the storage nodes;
+        ``iam`` (needs ``tokens``): IAM on there too, the admin granted roles/pubsub.admin on
+        every project by the policy file.
         ``zk_auth``: a ZooKeeper credential made at DIR/zookeeper.credential (kept if there)
         and given to every process that talks to ZooKeeper (``--zk-auth-file``): the znodes
         they create are that identity's only (ZooKeeper itself needs no configuration).
@@ -440,7 +441,9 @@ class LocalCluster:
         for k in range(disks):
             args += ["--data-dir", str(self.directory / f"storage-{i + 1}" / f"disk-{k + 1}")]
         # Mutual TLS: only the cluster's processes (showing certs dev's certificate) reach it.
-        return args + self._tls(client_ca=True, ca=False) + self._zk_auth()
+        # With tokens: every call and append connection shows one (the writers' internal one).
+        auth = ["--auth-secret-file", str(self.auth_dir / SECRET_FILE)] if self.auth_dir else []
+        return args + self._tls(client_ca=True, ca=False) + self._zk_auth() + auth
 
     def _zk_auth(self) -> list[str]:
         """The ZooKeeper credential flag of a process that talks to ZooKeeper (``zk_auth``)."""
@@ -509,7 +512,7 @@ class LocalCluster:
             "zone-1",
             *self._tls(),
             *self._zk_auth(),
-            *self._auth(),
+            *self._auth(internal=True),  # its token: the storage nodes check it
             *extra,
         ]
         log = self.directory / "serve.log"
