@@ -45,9 +45,15 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StorageNodeProces
 
 
 @pytest.fixture
-def token_file(tmp_path: Path) -> Iterator[Path]:
-    """Where the test's internal token goes; the process setting is cleared after."""
-    yield tmp_path / "internal.token"
+def tokens(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """Token files: one the node's secret signed, one another secret did; the process
+    setting (INTERNAL_TOKEN) is cleared after the test."""
+    valid, forged = tmp_path / "internal.token", tmp_path / "forged.token"
+    valid.write_text(create_token("writer", secret=SECRET, now=time.time()))
+    forged.write_text(
+        create_token("intruder", secret=b"another-secret-0123456789abcdef!", now=time.time())
+    )
+    yield valid, forged
     INTERNAL_TOKEN.configure(None)
 
 
@@ -67,13 +73,10 @@ def _status(node: StorageNodeProcess) -> dict[str, object]:
 
 @pytest.mark.parametrize("path", PATHS.values(), ids=PATHS.keys())
 async def test_appends_without_a_valid_token_are_refused(
-    node: StorageNodeProcess, token_file: Path, path: str
+    node: StorageNodeProcess, tokens: tuple[Path, Path], path: str
 ) -> None:
-    forged = create_token(
-        "intruder", secret=b"another-secret-of-enough-length-0123", now=time.time()
-    )
-    token_file.write_text(forged)
-    for token in (None, token_file):  # none, then one the node's secret did not sign
+    valid, forged = tokens
+    for token in (None, forged):  # none, then one the node's secret did not sign
         INTERNAL_TOKEN.configure(token)
         client = _client(node, path)
         try:
@@ -82,11 +85,9 @@ async def test_appends_without_a_valid_token_are_refused(
         finally:
             await client.close()
         assert refused.value.code == grpc.StatusCode.UNAUTHENTICATED, refused.value
-    INTERNAL_TOKEN.configure(None)
+    INTERNAL_TOKEN.configure(valid)
     admin = _client(node, "unary")
     try:
-        INTERNAL_TOKEN.configure(token_file)
-        token_file.write_text(create_token("writer", secret=SECRET, now=time.time()))
         assert 1 not in {s.ledger_id for s in await admin.list_ledgers()}  # nothing stored
     finally:
         await admin.close()
@@ -114,10 +115,9 @@ async def test_every_call_without_a_token_is_refused(node: StorageNodeProcess) -
 
 @pytest.mark.parametrize("path", PATHS.values(), ids=PATHS.keys())
 async def test_the_writers_token_passes_on_every_path(
-    node: StorageNodeProcess, token_file: Path, path: str
+    node: StorageNodeProcess, tokens: tuple[Path, Path], path: str
 ) -> None:
-    token_file.write_text(create_token("writer", secret=SECRET, now=time.time()))
-    INTERNAL_TOKEN.configure(token_file)
+    INTERNAL_TOKEN.configure(tokens[0])
     ledger = 100 + list(PATHS.values()).index(path)
     client = _client(node, path)
     try:
