@@ -349,6 +349,8 @@ def zookeeper_tls_options(command: F) -> F:
             raise typer.BadParameter(str(e)) from None
         try:
             return command(*args, **kwargs)
+        except typer.Exit:
+            raise  # the command said why itself
         except Exception as e:
             denied = _access_denied(e)
             if denied is None:
