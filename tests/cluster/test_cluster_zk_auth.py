@@ -7,6 +7,7 @@ nor create), a process given a wrong password or none exits with an error naming
 
 from __future__ import annotations
 
+import stat
 import subprocess
 import sys
 import uuid
@@ -83,6 +84,18 @@ def test_the_official_client_works_through_the_secured_cluster(cluster: LocalClu
     # The cluster's tools read ZooKeeper with the recorded credential.
     status = cluster_status(cluster.zk, auth=cluster.zk_credential)
     assert len(status["nodes"]) == 2, status
+
+
+def test_up_makes_a_private_credential_and_gives_it_to_every_zookeeper_client(
+    cluster: LocalCluster,
+) -> None:
+    path = Path(cluster.described()["zk_auth_file"])
+    assert path == cluster.directory / "zookeeper.credential"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    for p in cluster.processes:
+        if p.role != "zookeeper":
+            assert p.args[p.args.index("--zk-auth-file") + 1] == str(path), p.name
+    assert LocalCluster.load(cluster.directory).zk_credential == cluster.zk_credential
 
 
 def test_every_znode_is_closed_to_a_client_without_the_credential(cluster: LocalCluster) -> None:
