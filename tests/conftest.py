@@ -18,6 +18,7 @@ from google.cloud.pubsub_v1.subscriber._protocol import leaser as leaser_module
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 
 from pubsubd.cluster.launcher import LocalCluster
+from tests.support import process as process_module
 from tests.support.cluster import ClusterServer, running_cluster
 from tests.support.server import ServerProcess
 
@@ -43,6 +44,20 @@ retry_base_module.random = random.Random()  # type: ignore[assignment]
 # module-scoped server started once), handed to whichever worker is free. So at most one heavy
 # test runs at any moment.
 HEAVY = ("cluster", "spark", "crash")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """Kill what the test body started and left running: a test that failed before its own
+    cleanup leaves no server behind (fixtures stop theirs at teardown)."""
+    before = len(process_module.LAUNCHED)
+    try:
+        return (yield)
+    finally:
+        started = process_module.LAUNCHED[before:]
+        del process_module.LAUNCHED[before:]
+        for leftover in started:
+            leftover.kill()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

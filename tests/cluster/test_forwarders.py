@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from pubsubd.cluster.launcher import LocalCluster
 from pubsubd.core import pb
 from tests.cluster.test_frontends import Receiver
 from tests.conftest import PROJECT, make_publisher, make_subscriber
+from tests.support.at_once import at_once
 from tests.support.cluster import running_cluster, topic_owner
 from tests.support.drain import drain
 from tests.support.flood import Flood
@@ -145,29 +145,6 @@ def test_topics_are_spread_and_each_forwarder_serves_only_its_own(
     sub.close()
 
 
-def _create_at_once(clients: list[Any], name: str, subscriptions: list[str]) -> list[Any]:
-    """Each client creates snapshot ``name`` of its subscription, both released at one
-    instant; each outcome is the snapshot created or the ALREADY_EXISTS error."""
-    start = threading.Barrier(len(clients))
-    outcomes: list[Any] = [None] * len(clients)
-
-    def create(i: int) -> None:
-        start.wait(timeout=10)
-        try:
-            outcomes[i] = clients[i].create_snapshot(
-                request={"name": name, "subscription": subscriptions[i]}
-            )
-        except exceptions.AlreadyExists as e:
-            outcomes[i] = e
-
-    threads = [threading.Thread(target=create, args=(i,)) for i in range(len(clients))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    return outcomes
-
-
 def test_two_forwarders_creating_one_snapshot_name_at_once_one_wins(
     cluster: LocalCluster, names: Any
 ) -> None:
@@ -193,7 +170,12 @@ def test_two_forwarders_creating_one_snapshot_name_at_once_one_wins(
     topics = {s: sub.get_subscription(subscription=s).topic for s in subscriptions}
     for round_ in range(5):
         name = f"projects/{PROJECT}/snapshots/raced-{names.suffix}-{round_}"
-        outcomes = _create_at_once(clients, name, subscriptions)
+        outcomes = at_once(
+            [
+                lambda c=c, s=s, n=name: c.create_snapshot(request={"name": n, "subscription": s})
+                for c, s in zip(clients, subscriptions, strict=True)
+            ]
+        )
         won = [o for o in outcomes if o is not None and not isinstance(o, Exception)]
         lost = [o for o in outcomes if isinstance(o, exceptions.AlreadyExists)]
         assert (len(won), len(lost)) == (1, 1), outcomes
@@ -208,6 +190,92 @@ def test_two_forwarders_creating_one_snapshot_name_at_once_one_wins(
     for client in clients:
         client.close()
     sub.close()
+
+
+def test_two_forwarders_updating_one_topic_and_subscription_at_once_lose_neither_change(
+    cluster: LocalCluster, names: Any
+) -> None:
+    """Two clients update different fields of one topic (and of one subscription) at the same
+    instant, each through another forwarder: both forwarders read the same record, and the
+    second write, made over what it read, is refused by ZooKeeper's compare-and-set; that
+    forwarder reads again and applies its fields over the first's. Both changes stay, as they
+    do in Google's service (a last-write-wins put would undo one of them)."""
+    first, second = (cluster.process(n).address for n in FORWARDERS[:2])
+    publishers = [make_publisher(first), make_publisher(second)]
+    subscribers = [make_subscriber(first), make_subscriber(second)]
+    topic, subscription = names.topic("updated"), names.subscription("updated")
+    make_publisher(cluster.grpc).create_topic(name=topic)
+    through_frontend = make_subscriber(cluster.grpc)
+    through_frontend.create_subscription(name=subscription, topic=topic)
+    through_frontend.close()
+    for round_ in range(5):
+        _update_both_at_once(publishers, subscribers, topic, subscription, round_)
+    for subscriber in subscribers:
+        subscriber.close()
+
+
+def _update_both_at_once(
+    publishers: list[Any], subscribers: list[Any], topic: str, subscription: str, round_: int
+) -> None:
+    """One round: each client updates one field of the topic or subscription, all at once,
+    once both forwarders read the same records; then every forwarder shows every change."""
+
+    def same_view() -> bool:
+        topics = [p.get_topic(topic=topic) for p in publishers]
+        subs = [s.get_subscription(subscription=subscription) for s in subscribers]
+        return topics[0] == topics[1] and subs[0] == subs[1]
+
+    wait_for(same_view, 10, "both forwarders to read the same topic and subscription")
+    label = {"round": str(round_)}
+    outcomes = at_once(
+        [
+            lambda: publishers[0].update_topic(
+                request={
+                    "topic": {"name": topic, "labels": label},
+                    "update_mask": {"paths": ["labels"]},
+                }
+            ),
+            lambda: publishers[1].update_topic(
+                request={
+                    "topic": {
+                        "name": topic,
+                        "message_retention_duration": {"seconds": 3600 + round_},
+                    },
+                    "update_mask": {"paths": ["message_retention_duration"]},
+                }
+            ),
+            lambda: subscribers[0].update_subscription(
+                request={
+                    "subscription": {"name": subscription, "ack_deadline_seconds": 20 + round_},
+                    "update_mask": {"paths": ["ack_deadline_seconds"]},
+                }
+            ),
+            lambda: subscribers[1].update_subscription(
+                request={
+                    "subscription": {"name": subscription, "labels": label},
+                    "update_mask": {"paths": ["labels"]},
+                }
+            ),
+        ]
+    )
+    assert not [o for o in outcomes if o is None or isinstance(o, Exception)], outcomes
+
+    def both_changes(publisher: Any, subscriber: Any) -> bool:
+        t = publisher.get_topic(topic=topic)
+        s = subscriber.get_subscription(subscription=subscription)
+        return (
+            t.labels.get("round") == label["round"]
+            and t.message_retention_duration.total_seconds() == 3600 + round_
+            and s.ack_deadline_seconds == 20 + round_
+            and s.labels.get("round") == label["round"]
+        )
+
+    for publisher, subscriber in zip(publishers, subscribers, strict=True):
+        wait_for(
+            lambda p=publisher, s=subscriber: both_changes(p, s),
+            10,
+            f"round {round_}: both updates on every forwarder",
+        )
 
 
 def test_the_pulsar_protocol_through_a_frontend(cluster: LocalCluster, names: Any) -> None:

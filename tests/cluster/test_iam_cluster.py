@@ -7,7 +7,6 @@ SetIamPolicy calls with the same etag through the two forwarders at once: exactl
 from __future__ import annotations
 
 import json
-import threading
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +16,7 @@ from google.api_core import exceptions
 
 from pubsubd.cluster.launcher import LocalCluster
 from tests.conftest import PROJECT
+from tests.support.at_once import at_once
 from tests.support.cluster import environment, running_cluster
 from tests.support.iam import publisher_as
 from tests.support.server import wait_for
@@ -116,25 +116,18 @@ def _race(clients: list[Any], topic: str, tag: str) -> list[Any]:
         10,
         "the second forwarder to see the policy",
     )
-    start = threading.Barrier(2)
-    outcomes: list[Any] = [None, None]
-
-    def set_policy(i: int) -> None:
-        policy = clients[i].get_iam_policy(request={"resource": topic})
+    policies = []
+    for i, client in enumerate(clients):
+        policy = client.get_iam_policy(request={"resource": topic})
         assert policy.etag == etag
         policy.bindings.add(role="roles/pubsub.viewer", members=[f"user:{tag}-{i}@example.com"])
-        start.wait(timeout=10)
-        try:
-            outcomes[i] = clients[i].set_iam_policy(request={"resource": topic, "policy": policy})
-        except exceptions.Aborted as e:
-            outcomes[i] = e
-
-    threads = [threading.Thread(target=set_policy, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    return outcomes
+        policies.append(policy)
+    return at_once(
+        [
+            lambda c=c, p=p: c.set_iam_policy(request={"resource": topic, "policy": p})
+            for c, p in zip(clients, policies, strict=True)
+        ]
+    )
 
 
 def test_two_forwarders_setting_one_policy_from_the_same_etag_at_once_one_wins(

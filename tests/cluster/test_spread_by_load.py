@@ -25,7 +25,7 @@ from google.cloud import pubsub_v1
 from pubsubd.cluster.launcher import LocalCluster
 from tests.cluster.test_spread_subscription import _delivered, _served_sources, _status
 from tests.conftest import make_publisher, make_subscriber
-from tests.support.cluster import environment, running_cluster
+from tests.support.cluster import spread_cluster
 from tests.support.flood import KeyedFlood, OrderedReceiver
 from tests.support.server import wait_for
 
@@ -47,22 +47,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         "PUBSUBD_SOURCE_SAMPLE_S": "0.5",
         "PUBSUBD_LOAD_REPORT_S": "1",
     }
-    with (
-        environment(growth),
-        running_cluster(
-            tmp_path_factory.mktemp("spread-by-load"),
-            zones=2,
-            routers=1,
-            frontends=1,
-            forwarders=3,
-            forwarder_args=[["--no-subscribing"], ["--no-publishing"], ["--no-publishing"]],
-            router_args=[
-                *("--spread-subscriptions", "--spread-capacity", "200"),
-                *("--spread-after", "2", "--gather-after", "600"),
-            ],
-            session_timeout_s=20.0,
-        ) as c,
-    ):
+    router_args = [
+        *("--spread-subscriptions", "--spread-capacity", "200"),
+        *("--spread-after", "2", "--gather-after", "600"),
+    ]
+    with spread_cluster(tmp_path_factory.mktemp("spread-by-load"), growth, router_args) as c:
         yield c
 
 

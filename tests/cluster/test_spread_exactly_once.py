@@ -31,7 +31,8 @@ from google.cloud.pubsub_v1.subscriber import exceptions as sub_exceptions
 from pubsubd.cluster.launcher import LocalCluster
 from tests.cluster.test_spread_subscription import _served_sources, _status
 from tests.conftest import make_publisher, make_subscriber
-from tests.support.cluster import environment, running_cluster
+from tests.support.cluster import spread_cluster
+from tests.support.flood import Flood
 from tests.support.server import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -43,76 +44,13 @@ ACK_DEADLINE_S = 10
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with (
-        environment({"PUBSUBD_LOAD_REPORT_S": "0.5"}),
-        running_cluster(
-            tmp_path_factory.mktemp("spread-exactly-once"),
-            zones=2,
-            routers=1,
-            frontends=1,
-            forwarders=3,
-            forwarder_args=[["--no-subscribing"], ["--no-publishing"], ["--no-publishing"]],
-            router_args=[
-                *("--spread-subscriptions", "--spread-capacity", "100"),
-                *("--spread-after", "1", "--gather-after", "1", "--gather-ratio", "0.9"),
-            ],
-            session_timeout_s=20.0,
-        ) as c,
-    ):
+    router_args = [
+        *("--spread-subscriptions", "--spread-capacity", "100"),
+        *("--spread-after", "1", "--gather-after", "1", "--gather-ratio", "0.9"),
+    ]
+    env = {"PUBSUBD_LOAD_REPORT_S": "0.5"}
+    with spread_cluster(tmp_path_factory.mktemp("spread-exactly-once"), env, router_args) as c:
         yield c
-
-
-class Flood:
-    """Publishes ``m:N`` (no ordering key, so over every source) at a rate that can change."""
-
-    def __init__(self, endpoint: str, topic: str, rate: float) -> None:
-        self.topic = topic
-        self.rate = rate
-        self.publisher = make_publisher(
-            endpoint, batch_settings=pubsub_v1.types.BatchSettings(max_latency=0.01)
-        )
-        self.acked: set[bytes] = set()
-        self.errors: Counter[str] = Counter()
-        self._futures: list[Any] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> Flood:
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        n = 0
-        next_at = time.monotonic()
-        while not self._stop.is_set():
-            data = f"m:{n}".encode()
-            future = self.publisher.publish(self.topic, data)
-            future.add_done_callback(self._done(data))
-            self._futures.append(future)
-            n += 1
-            next_at += 1.0 / self.rate
-            self._stop.wait(max(0.0, next_at - time.monotonic()))
-
-    def _done(self, data: bytes) -> Any:
-        def done(future: Any) -> None:
-            error = future.exception()
-            with self._lock:
-                if error is None:
-                    self.acked.add(data)
-                else:
-                    self.errors[type(error).__name__] += 1
-
-        return done
-
-    def stop(self) -> set[bytes]:
-        self._stop.set()
-        self._thread.join(30)
-        for future in list(self._futures):
-            future.exception(timeout=60)  # settled, not cancelled by stop()
-        self.publisher.stop()
-        with self._lock:
-            return set(self.acked)
 
 
 class ExactlyOnceReceiver:
@@ -231,7 +169,7 @@ def test_an_exactly_once_subscription_spread_and_gathered_never_redelivers_an_ac
         "the subscription served",
     )
     receiver = ExactlyOnceReceiver(endpoint, subscription)
-    flood = Flood(endpoint, topic, 200.0).start()
+    flood = Flood(endpoint, topic, rate=200).start()  # unkeyed: over every source
     started = time.monotonic()
     spread_after = gathered_after = 0.0
     try:

@@ -129,6 +129,30 @@ def running_cluster(
             cluster.down()
 
 
+@contextmanager
+def spread_cluster(
+    directory: Path, env: Mapping[str, str], router_args: list[str]
+) -> Iterator[LocalCluster]:
+    """The cluster of the spread-subscription tests: one publishing-only forwarder
+    (``forwarder-1``) and two subscribing-only ones (``forwarder-2``, ``forwarder-3``) over two
+    zones, one router run with ``router_args`` (``--spread-subscriptions`` and its settings),
+    one frontend; ``env`` is the processes' extra settings (load report interval, ...)."""
+    with (
+        environment(env),
+        running_cluster(
+            directory,
+            zones=2,
+            routers=1,
+            frontends=1,
+            forwarders=3,
+            forwarder_args=[["--no-subscribing"], ["--no-publishing"], ["--no-publishing"]],
+            router_args=router_args,
+            session_timeout_s=20.0,
+        ) as cluster,
+    ):
+        yield cluster
+
+
 def topic_uid(cluster: LocalCluster, topic: str) -> str:
     """The storage uid of ``topic``, from the cluster's metadata in ZooKeeper."""
 

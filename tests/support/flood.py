@@ -7,6 +7,7 @@ that each key's first deliveries come in publish order."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 from collections import Counter
@@ -21,12 +22,19 @@ class Flood:
     """Publishes ``prefix-000001``, ``prefix-000002``, ... until stopped (bounded in count)."""
 
     def __init__(
-        self, endpoint: str, topic: str, *, prefix: str = "m", limit: int = 200_000, rate: int = 0
+        self,
+        endpoint: str,
+        topic: str,
+        *,
+        prefix: str = "m",
+        limit: int = 200_000,
+        rate: float = 0,
     ) -> None:
         self.topic = topic
         self.prefix = prefix
         self.limit = limit
-        self.rate = rate  # messages per second, 0 = as fast as the client goes
+        # Messages per second, 0 = as fast as the client goes; a test may change it mid-flood.
+        self.rate = rate
         self.publisher = make_publisher(
             endpoint,
             batch_settings=pubsub_v1.types.BatchSettings(max_messages=100, max_latency=0.005),
@@ -34,6 +42,7 @@ class Flood:
         self.acked: set[bytes] = set()
         self.sent: set[bytes] = set()
         self.errors: Counter[str] = Counter()
+        self._futures: list[tuple[bytes, Any]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -63,15 +72,16 @@ class Flood:
 
     def _run(self) -> None:
         i = 0
-        pause = 1.0 / self.rate if self.rate else 0.0
         while not self._stop.is_set() and i < self.limit:
             data = f"{self.prefix}-{i:07d}".encode()
             with self._lock:
                 self.sent.add(data)
-            self.publisher.publish(self.topic, data).add_done_callback(self._done(data))
+            future = self.publisher.publish(self.topic, data)
+            future.add_done_callback(self._done(data))
+            self._futures.append((data, future))
             i += 1
-            if pause:
-                self._stop.wait(pause)
+            if self.rate:
+                self._stop.wait(1.0 / self.rate)
             elif i % 500 == 0:
                 self._stop.wait(0.002)
 
@@ -79,8 +89,25 @@ class Flood:
         """Stop sending, wait for every publish in flight to settle; what was acknowledged."""
         self._stop.set()
         self._thread.join(30)
-        self.publisher.stop()  # resolves (or fails) every pending future
-        return self.snapshot()
+        self.publisher.stop()  # sends what is batched; its futures settle after
+        # The futures are the record (a done callback may still be running when a waiter
+        # wakes): what was acknowledged, and the errors of what failed for good.
+        acked: set[bytes] = set()
+        errors: Counter[str] = Counter()
+        deadline = time.monotonic() + 60
+        for data, future in self._futures:
+            try:
+                error = future.exception(timeout=max(0.0, deadline - time.monotonic()))
+            except concurrent.futures.TimeoutError:
+                errors["unsettled after 60 s"] += 1  # neither acknowledged nor failed
+                continue
+            if error is None:
+                acked.add(data)
+            else:
+                errors[type(error).__name__] += 1
+        with self._lock:
+            self.acked, self.errors = acked, errors
+        return set(acked)
 
 
 class KeyedFlood:

@@ -12,6 +12,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+# Every LoggedProcess of this test process, in the order of their first start: the conftest's
+# safety net kills what a test body started and left running (a test that fails before its own
+# cleanup must not leave a server behind, to load the machine and fail a later test with
+# ResourceWarning "subprocess ... is still running" when its Popen is collected).
+LAUNCHED: list[LoggedProcess] = []
+
 
 @dataclass
 class LoggedProcess:
@@ -32,6 +38,8 @@ class LoggedProcess:
         this start's ready line; its match."""
         full_env = {k: v for k, v in os.environ.items() if k not in unset}
         full_env.update(env)
+        if self.proc is None:
+            LAUNCHED.append(self)
         with self.log_path.open("ab") as log:  # the child keeps its own copy
             self.proc = subprocess.Popen(command, stdout=log, stderr=log, env=full_env)
         deadline = time.monotonic() + timeout

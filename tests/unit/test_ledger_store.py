@@ -115,8 +115,7 @@ async def test_append_read_and_fence(store: LedgerStore) -> None:
     assert (summary.ledger_id, summary.first_offset, summary.end_offset) == (7, 100, 105)
     assert summary.healthy_disks == 3 and summary.fenced_epoch == 5
     assert summary.bytes == len(frames(100, 5))
-    for d in store.disks:
-        assert ledger_file(d.path, 7).read_bytes() == frames(100, 5)
+    assert await every_disk_holds(store, 7, frames(100, 5)) == []
 
 
 async def test_lower_epoch_refused_and_counted(store: LedgerStore) -> None:
@@ -164,8 +163,7 @@ async def test_differing_overlap_refused(store: LedgerStore) -> None:
         await store.append(5, 1, 0, frame(1))
     with pytest.raises(OverlapMismatch):  # a different first offset
         await store.append(4, 1, 1, frames(3, 1))
-    for d in store.disks:
-        assert ledger_file(d.path, 4).read_bytes() == frames(0, 3)
+    assert await every_disk_holds(store, 4, frames(0, 3)) == []
 
 
 async def test_crc_flip_and_bad_framing_refused(store: LedgerStore) -> None:

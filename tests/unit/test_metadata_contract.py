@@ -414,6 +414,78 @@ def test_a_conditional_schema_put_stores_only_over_the_expected_revisions(
     assert list(store.load_schemas()) == []
 
 
+# Update{Topic,Subscription,Snapshot}: a put over the body the updater read.
+UPDATED = [
+    ("topics", _topic, lambda s, r, e: s.put_topic(r, expected=e), lambda s: s.load_topics()),
+    (
+        "subscriptions",
+        _subscription,
+        lambda s, r, e: s.put_subscription(r, expected=e),
+        lambda s: s.load_subscriptions(),
+    ),
+    (
+        "snapshots",
+        _snapshot,
+        lambda s, r, e: s.put_snapshot(r, expected=e),
+        lambda s: s.load_snapshots(),
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "make", "put_over", "load"), UPDATED, ids=[u[0] for u in UPDATED])
+def test_of_two_stores_on_one_place_updating_one_resource_from_the_same_view_one_wins(
+    durable: Store,
+    tmp_path: Path,
+    name: str,
+    make: Callable[[int, str], Any],
+    put_over: Callable[[MetadataStore, Any, bytes | None], Any],
+    load: Callable[[MetadataStore], Iterator[Any]],
+) -> None:
+    """Two processes update one topic (subscription, snapshot) read at the same version: the
+    second put over the body both read fails with RecordChanged and stores nothing, so it
+    cannot undo the first's change; it succeeds over what the first wrote. A put expecting a
+    record that was deleted fails too."""
+    first, second = durable.open(tmp_path), durable.open(tmp_path)
+    try:
+        seen = make(1, "seen")
+        first_put = getattr(first, f"put_{name.rstrip('s')}")
+        first_put(seen, create=True)
+        won = dataclasses.replace(seen, body=b"first wins")
+        put_over(first, won, seen.body)
+        with pytest.raises(RecordChanged):
+            put_over(second, dataclasses.replace(seen, body=b"second loses"), seen.body)
+        assert [r.body for r in load(second)] == [b"first wins"]
+        put_over(second, dataclasses.replace(seen, body=b"second, seeing it"), b"first wins")
+        assert [r.body for r in load(first)] == [b"second, seeing it"]
+        getattr(first, f"delete_{name.rstrip('s')}")(seen.name)
+        with pytest.raises(RecordChanged):  # deleted meanwhile: not brought back
+            put_over(second, dataclasses.replace(seen, body=b"after"), b"second, seeing it")
+        assert list(load(first)) == list(load(second)) == []
+    finally:
+        first.close()
+        second.close()
+
+
+@pytest.mark.parametrize(("name", "make", "put_over", "load"), UPDATED, ids=[u[0] for u in UPDATED])
+def test_a_conditional_update_stores_only_over_the_body_it_read(
+    store: MetadataStore,
+    name: str,
+    make: Callable[[int, str], Any],
+    put_over: Callable[[MetadataStore, Any, bytes | None], Any],
+    load: Callable[[MetadataStore], Iterator[Any]],
+) -> None:
+    record = make(2, "read")
+    getattr(store, f"put_{name.rstrip('s')}")(record, create=True)
+    with pytest.raises(RecordChanged):  # an update over a body nobody stored
+        put_over(store, dataclasses.replace(record, body=b"stale"), b"another body")
+    with pytest.raises(RecordChanged):  # over no record, when one is stored
+        put_over(store, dataclasses.replace(record, body=b"stale"), None)
+    assert list(load(store)) == [record]
+    updated = dataclasses.replace(record, body=b"updated")
+    put_over(store, updated, record.body)
+    assert list(load(store)) == [updated]
+
+
 def test_delete_removes_only_its_record_and_a_missing_key_is_a_no_op(
     kind: Kind, store: MetadataStore
 ) -> None:

@@ -34,6 +34,7 @@ from pubsubd.core import (
 from pubsubd.core.clock import SYSTEM_CLOCK, Clock
 from pubsubd.core.errors import (
     AlreadyExists,
+    ConcurrentUpdate,
     InvalidArgument,
     NotFound,
     SubscriptionNotFound,
@@ -42,6 +43,7 @@ from pubsubd.core.errors import (
 from pubsubd.storage.metadata import (
     Change,
     MetadataStore,
+    RecordChanged,
     SubscriptionRecord,
     TopicRecord,
     applied,
@@ -275,7 +277,12 @@ class Catalog:
             self.schemas.check_settings(updated.schema_settings)
         record = replace(entry.record, body=updated.SerializeToString())
         # Durable before any new source takes a message; the forwarders follow the record.
-        self.store.put_topic(record)
+        # Only over the topic this update read: another process's update in between (a
+        # client's, or source growth) is never undone.
+        try:
+            self.store.put_topic(record, expected=entry.record.body)
+        except RecordChanged as e:
+            raise ConcurrentUpdate("topic", entry.record.name) from e
         entry.record = record
         entry.topic = updated
         entry.quota = quota
@@ -421,9 +428,14 @@ class Catalog:
         self._put_subscription(entry, updated)
 
     def _put_subscription(self, entry: SubscriptionEntry, updated: Any) -> None:
-        """Write a changed subscription; the entry changes only once the write succeeded."""
+        """Write a changed subscription over the one it was made from (ConcurrentUpdate if
+        another request changed it in between); the entry changes only once the write
+        succeeded."""
         record = replace(entry.record, body=updated.SerializeToString())
-        self.store.put_subscription(record)  # the subscribing forwarder follows it
+        try:  # the subscribing forwarder follows it
+            self.store.put_subscription(record, expected=entry.record.body)
+        except RecordChanged as e:
+            raise ConcurrentUpdate("subscription", entry.record.name) from e
         entry.record = record
         entry.subscription = updated
 

@@ -33,11 +33,23 @@ from pubsubd.control.paging import SortedNames, apply_mask
 from pubsubd.control.router import Routes
 from pubsubd.core import names, pb, quotas, retention, validation
 from pubsubd.core.clock import SYSTEM_CLOCK, Clock
-from pubsubd.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from pubsubd.core.errors import (
+    AlreadyExists,
+    ConcurrentUpdate,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+)
 from pubsubd.core.records import CursorState
 from pubsubd.core.roles import PublishingForwarderApi
 from pubsubd.storage.errors import DamagedEntries, OffsetOutOfRange
-from pubsubd.storage.metadata import Change, SnapshotRecord, SubscriptionRecord, TopicRecord
+from pubsubd.storage.metadata import (
+    Change,
+    RecordChanged,
+    SnapshotRecord,
+    SubscriptionRecord,
+    TopicRecord,
+)
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +271,10 @@ class Snapshots:
             updated.SerializeToString(),
             entry.record.cursors,
         )
-        self.catalog.store.put_snapshot(record)
+        try:
+            self.catalog.store.put_snapshot(record, expected=entry.record.body)
+        except RecordChanged as e:
+            raise ConcurrentUpdate("snapshot", entry.record.name) from e
         entry.record = record
         entry.snapshot = updated
         return self._view(entry)

@@ -118,6 +118,18 @@ class Aborted(PubsubError):
     retriable = True
 
 
+class ConcurrentUpdate(Aborted):
+    """An update's write found the resource changed since it was read (another request, here
+    or in another process of a cluster, updated it in between): nothing was stored. The API
+    layer reads again and applies the update over the newer resource before answering this."""
+
+    def __init__(self, kind: str, name: str) -> None:
+        super().__init__(
+            f"{kind} {name} was changed by another request at the same time; "
+            "read it again and retry"
+        )
+
+
 class ResourceExhausted(PubsubError):
     """A quota or flow-control limit was hit; the client may retry later."""
 

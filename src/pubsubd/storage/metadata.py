@@ -163,12 +163,21 @@ class MetadataStore(Protocol):
     def load_subscriptions(self) -> Iterator[SubscriptionRecord]: ...
     # ``create`` (topics, subscriptions, snapshots): only if no record has the name
     # (AlreadyExists otherwise), so two processes creating one name at once cannot both succeed.
-    def put_topic(self, record: TopicRecord, *, create: bool = False) -> Applied: ...
+    # ``expected``: only over a stored record whose body is this one (RecordChanged otherwise):
+    # an update's read-modify-write, so of two processes updating one resource at once neither
+    # undoes the other's fields.
+    def put_topic(
+        self, record: TopicRecord, *, create: bool = False, expected: Expected = ...
+    ) -> Applied: ...
     def delete_topic(self, name: str) -> Applied: ...
-    def put_subscription(self, record: SubscriptionRecord, *, create: bool = False) -> Applied: ...
+    def put_subscription(
+        self, record: SubscriptionRecord, *, create: bool = False, expected: Expected = ...
+    ) -> Applied: ...
     def delete_subscription(self, name: str) -> Applied: ...
     def load_snapshots(self) -> Iterator[SnapshotRecord]: ...
-    def put_snapshot(self, record: SnapshotRecord, *, create: bool = False) -> Applied: ...
+    def put_snapshot(
+        self, record: SnapshotRecord, *, create: bool = False, expected: Expected = ...
+    ) -> Applied: ...
     def delete_snapshot(self, name: str) -> Applied: ...
     def load_cursors(self) -> Iterator[CursorRecord]: ...
     def put_cursor(self, record: CursorRecord) -> Applied: ...
@@ -194,6 +203,10 @@ class MetadataStore(Protocol):
     # (a store no other process writes: at once).
     async def caught_up(self) -> None: ...
     def close(self) -> None: ...
+
+
+# The stored body a conditional put expects (None: no record), or ``...``: no condition.
+Expected: TypeAlias = bytes | EllipsisType | None
 
 
 class RecordChanged(Exception):
@@ -228,18 +241,28 @@ class MemoryMetadataStore:
     def load_subscriptions(self) -> Iterator[SubscriptionRecord]:
         yield from list(self.subscriptions.values())
 
-    def put_topic(self, record: TopicRecord, *, create: bool = False) -> Applied:
+    def put_topic(
+        self, record: TopicRecord, *, create: bool = False, expected: Expected = ...
+    ) -> Applied:
         if create and record.name in self.topics:
             raise AlreadyExists("topic", record.name)
+        stored = self.topics.get(record.name)
+        _check_body(record.name, stored.body if stored else None, expected)
         self.topics[record.name] = record
         return self._changes.publish(Change(record))
 
     def delete_topic(self, name: str) -> Applied:
         return _deleted(self._changes, self.topics.pop(name, None))
 
-    def put_subscription(self, record: SubscriptionRecord, *, create: bool = False) -> Applied:
+    def put_subscription(
+        self, record: SubscriptionRecord, *, create: bool = False, expected: Expected = ...
+    ) -> Applied:
         if create and record.name in self.subscriptions:
             raise AlreadyExists("subscription", record.name)
+        stored_subscription = self.subscriptions.get(record.name)
+        _check_body(
+            record.name, stored_subscription.body if stored_subscription else None, expected
+        )
         self.subscriptions[record.name] = record
         return self._changes.publish(Change(record))
 
@@ -249,9 +272,13 @@ class MemoryMetadataStore:
     def load_snapshots(self) -> Iterator[SnapshotRecord]:
         yield from list(self.snapshots.values())
 
-    def put_snapshot(self, record: SnapshotRecord, *, create: bool = False) -> Applied:
+    def put_snapshot(
+        self, record: SnapshotRecord, *, create: bool = False, expected: Expected = ...
+    ) -> Applied:
         if create and record.name in self.snapshots:
             raise AlreadyExists("snapshot", record.name)
+        stored_snapshot = self.snapshots.get(record.name)
+        _check_body(record.name, stored_snapshot.body if stored_snapshot else None, expected)
         self.snapshots[record.name] = record
         return self._changes.publish(Change(record))
 
@@ -372,13 +399,16 @@ class SqliteMetadataStore:
             offsets = {int(k): int(v) for k, v in json.loads(starts).items()}
             yield SubscriptionRecord(name, uid, topic_uid, bytes(body), offsets)
 
-    def put_topic(self, record: TopicRecord, *, create: bool = False) -> Applied:
-        self._write(
-            f"INSERT {'' if create else 'OR REPLACE '}INTO topics (name, uid, body) "
-            "VALUES (?, ?, ?)",
-            (record.name, record.uid, record.body),
-            exists=("topic", record.name),
-        )
+    def put_topic(
+        self, record: TopicRecord, *, create: bool = False, expected: Expected = ...
+    ) -> Applied:
+        with self._compared("topics", "name", record.name, expected):
+            self._write(
+                f"INSERT {'' if create else 'OR REPLACE '}INTO topics (name, uid, body) "
+                "VALUES (?, ?, ?)",
+                (record.name, record.uid, record.body),
+                exists=("topic", record.name),
+            )
         return self._changes.publish(Change(record))
 
     def delete_topic(self, name: str) -> Applied:
@@ -387,19 +417,22 @@ class SqliteMetadataStore:
         self._write("DELETE FROM topics WHERE name = ?", (name,))
         return _deleted(self._changes, found[0] if found else None)
 
-    def put_subscription(self, record: SubscriptionRecord, *, create: bool = False) -> Applied:
-        self._write(
-            f"INSERT {'' if create else 'OR REPLACE '}INTO subscriptions "
-            "(name, uid, topic_uid, body, start_offsets) VALUES (?, ?, ?, ?, ?)",
-            (
-                record.name,
-                record.uid,
-                record.topic_uid,
-                record.body,
-                json.dumps({str(k): v for k, v in record.start_offsets.items()}),
-            ),
-            exists=("subscription", record.name),
-        )
+    def put_subscription(
+        self, record: SubscriptionRecord, *, create: bool = False, expected: Expected = ...
+    ) -> Applied:
+        with self._compared("subscriptions", "name", record.name, expected):
+            self._write(
+                f"INSERT {'' if create else 'OR REPLACE '}INTO subscriptions "
+                "(name, uid, topic_uid, body, start_offsets) VALUES (?, ?, ?, ?, ?)",
+                (
+                    record.name,
+                    record.uid,
+                    record.topic_uid,
+                    record.body,
+                    json.dumps({str(k): v for k, v in record.start_offsets.items()}),
+                ),
+                exists=("subscription", record.name),
+            )
         return self._changes.publish(Change(record))
 
     def delete_subscription(self, name: str) -> Applied:
@@ -425,18 +458,23 @@ class SqliteMetadataStore:
                 },
             )
 
-    def put_snapshot(self, record: SnapshotRecord, *, create: bool = False) -> Applied:
-        self._write(
-            f"INSERT {'' if create else 'OR REPLACE '}INTO snapshots "
-            "(name, topic_uid, body, cursors) VALUES (?, ?, ?, ?)",
-            (
-                record.name,
-                record.topic_uid,
-                record.body,
-                json.dumps({str(k): [md, ranges] for k, (md, ranges) in record.cursors.items()}),
-            ),
-            exists=("snapshot", record.name),
-        )
+    def put_snapshot(
+        self, record: SnapshotRecord, *, create: bool = False, expected: Expected = ...
+    ) -> Applied:
+        with self._compared("snapshots", "name", record.name, expected):
+            self._write(
+                f"INSERT {'' if create else 'OR REPLACE '}INTO snapshots "
+                "(name, topic_uid, body, cursors) VALUES (?, ?, ?, ?)",
+                (
+                    record.name,
+                    record.topic_uid,
+                    record.body,
+                    json.dumps(
+                        {str(k): [md, ranges] for k, (md, ranges) in record.cursors.items()}
+                    ),
+                ),
+                exists=("snapshot", record.name),
+            )
         return self._changes.publish(Change(record))
 
     def delete_snapshot(self, name: str) -> Applied:

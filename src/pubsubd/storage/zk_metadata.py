@@ -62,6 +62,7 @@ from pubsubd.storage.metadata import (
     Change,
     ChangeFeed,
     CursorRecord,
+    Expected,
     PolicyRecord,
     Record,
     RecordChanged,
@@ -76,6 +77,9 @@ log = logging.getLogger(__name__)
 R = TypeVar(
     "R", TopicRecord, SubscriptionRecord, SnapshotRecord, CursorRecord, SchemaRecord, PolicyRecord
 )
+# The records a conditional put compares by body.
+BodiedRecord = TopicRecord | SubscriptionRecord | SnapshotRecord | SchemaRecord | PolicyRecord
+BODIED = (TopicRecord, SubscriptionRecord, SnapshotRecord, SchemaRecord, PolicyRecord)
 
 # --- records as znode data (pure) ----------------------------------------------------------------
 
@@ -351,20 +355,32 @@ class ZooKeeperMetadataStore:
 
     # -- writes ---------------------------------------------------------------------------------
 
-    def put_topic(self, record: TopicRecord, *, create: bool = False) -> Applied:
-        return self._put(TOPICS, record, create=create)
+    def put_topic(
+        self, record: TopicRecord, *, create: bool = False, expected: Expected = ...
+    ) -> Applied:
+        if expected is ... or create:
+            return self._put(TOPICS, record, create=create)
+        return self._put_over(TOPICS, record, expected)
 
     def delete_topic(self, name: str) -> Applied:
         return self._delete(TOPICS, TopicRecord(name, "", b""))
 
-    def put_subscription(self, record: SubscriptionRecord, *, create: bool = False) -> Applied:
-        return self._put(SUBSCRIPTIONS, record, create=create)
+    def put_subscription(
+        self, record: SubscriptionRecord, *, create: bool = False, expected: Expected = ...
+    ) -> Applied:
+        if expected is ... or create:
+            return self._put(SUBSCRIPTIONS, record, create=create)
+        return self._put_over(SUBSCRIPTIONS, record, expected)
 
     def delete_subscription(self, name: str) -> Applied:
         return self._delete(SUBSCRIPTIONS, SubscriptionRecord(name, "", "", b""))
 
-    def put_snapshot(self, record: SnapshotRecord, *, create: bool = False) -> Applied:
-        return self._put(SNAPSHOTS, record, create=create)
+    def put_snapshot(
+        self, record: SnapshotRecord, *, create: bool = False, expected: Expected = ...
+    ) -> Applied:
+        if expected is ... or create:
+            return self._put(SNAPSHOTS, record, create=create)
+        return self._put_over(SNAPSHOTS, record, expected)
 
     def delete_snapshot(self, name: str) -> Applied:
         return self._delete(SNAPSHOTS, SnapshotRecord(name, "", b""))
@@ -423,9 +439,7 @@ class ZooKeeperMetadataStore:
             self._follower.wrote(path, stat, record)
         return self._changes.publish(Change(record))
 
-    def _put_over(
-        self, kind: Kind, record: PolicyRecord | SchemaRecord, expected: bytes | None
-    ) -> Applied:
+    def _put_over(self, kind: Kind, record: BodiedRecord, expected: bytes | None) -> Applied:
         """Store ``record`` only over a stored record whose body is ``expected`` (None: none
         stored), else raise RecordChanged: a compare-and-set on the znode's version, so another
         process's write in between is a BadVersion (or a NodeExists), never lost."""
@@ -437,7 +451,7 @@ class ZooKeeperMetadataStore:
             stored_body, stat = None, None
         else:
             found = _decoded(kind, path, stored)
-            assert isinstance(found, (PolicyRecord, SchemaRecord))
+            assert isinstance(found, BODIED)
             stored_body = found.body
         if stored_body != expected:
             raise RecordChanged(path)

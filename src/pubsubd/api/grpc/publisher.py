@@ -20,6 +20,7 @@ from pubsubd.api.grpc.status import rpc, unary_method
 from pubsubd.control.catalog import Catalog
 from pubsubd.control.router import Routes
 from pubsubd.control.snapshots import Snapshots
+from pubsubd.control.update_retry import retry_update
 from pubsubd.core import ids, names, pb, validation
 from pubsubd.core.clock import SYSTEM_CLOCK, Clock
 from pubsubd.core.errors import InvalidArgument, ResourceExhausted
@@ -69,10 +70,12 @@ class PublisherServicer:
 
     @rpc
     async def UpdateTopic(self, request: Any, context: Context) -> Any:
-        await self.catalog.caught_up()
         if not request.HasField("topic"):
             raise InvalidArgument("topic: required")
-        return self.catalog.update_topic(request.topic, request.update_mask)
+        return await retry_update(
+            self.catalog.caught_up,
+            lambda: self.catalog.update_topic(request.topic, request.update_mask),
+        )
 
     @rpc
     async def DeleteTopic(self, request: Any, context: Context) -> Any:

@@ -26,6 +26,7 @@ from pubsubd.api.grpc.status import parsing, rpc, to_status, unary_method
 from pubsubd.control.catalog import Catalog
 from pubsubd.control.router import Routes
 from pubsubd.control.snapshots import Snapshots
+from pubsubd.control.update_retry import retry_update
 from pubsubd.core import active_notices, failover_rank, names, pb, validation, wire
 from pubsubd.core.errors import (
     STREAM_ACCEPTED,
@@ -78,10 +79,12 @@ class SubscriberServicer:
 
     @rpc
     async def UpdateSubscription(self, request: Any, context: Context) -> Any:
-        await self.catalog.caught_up()
         if not request.HasField("subscription"):
             raise InvalidArgument("subscription: required")
-        return self.catalog.update_subscription(request.subscription, request.update_mask)
+        return await retry_update(
+            self.catalog.caught_up,
+            lambda: self.catalog.update_subscription(request.subscription, request.update_mask),
+        )
 
     @rpc
     async def DeleteSubscription(self, request: Any, context: Context) -> Any:
@@ -111,8 +114,7 @@ class SubscriberServicer:
 
     @rpc
     async def UpdateSnapshot(self, request: Any, context: Context) -> Any:
-        await self.catalog.caught_up()
-        return self.snapshots.update(request)
+        return await retry_update(self.catalog.caught_up, lambda: self.snapshots.update(request))
 
     @rpc
     async def DeleteSnapshot(self, request: Any, context: Context) -> Any:
@@ -190,9 +192,11 @@ class SubscriberServicer:
 
     @rpc
     async def ModifyPushConfig(self, request: Any, context: Context) -> Any:
-        await self.catalog.caught_up()
         names.subscription(request.subscription)
-        self.catalog.modify_push_config(request.subscription, request.push_config)
+        await retry_update(
+            self.catalog.caught_up,
+            lambda: self.catalog.modify_push_config(request.subscription, request.push_config),
+        )
         return pb.Empty()
 
     async def StreamingPull(
