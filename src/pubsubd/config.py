@@ -323,10 +323,25 @@ def with_security(
         if tls_cert is None or tls_key is None:
             raise ValueError("TLS needs both --tls-cert and --tls-key")
         tls = ServerTls(tls_cert, tls_key, tls_client_ca).check()
-    tokens = cfg.tokens
+    tokens = token_settings(
+        auth_secret_file, auth_public_key, auth_tokens_file, auth_audience, auth_issuer
+    )
+    return replace(cfg, tls=tls, tokens=tokens if tokens is not None else cfg.tokens)
+
+
+def token_settings(
+    auth_secret_file: Path | None = None,
+    auth_public_key: Path | None = None,
+    auth_tokens_file: Path | None = None,
+    auth_audience: str | None = None,
+    auth_issuer: str | None = None,
+) -> TokenSettings | None:
+    """What the ``--auth-*`` flags accept (None: none of them given, authentication off);
+    every file is read here: ValueError names a bad one. Shared by ``serve``, ``forwarder``,
+    ``frontend`` and ``storage``."""
     if auth_secret_file is not None or auth_public_key is not None or auth_tokens_file is not None:
         try:
-            tokens = TokenSettings(
+            return TokenSettings(
                 secret=auth_secret_file.read_bytes().strip() if auth_secret_file else None,
                 public_key=auth_public_key.read_bytes() if auth_public_key else None,
                 static_tokens=load_static_tokens(auth_tokens_file) if auth_tokens_file else {},
@@ -335,6 +350,6 @@ def with_security(
             )
         except OSError as e:
             raise ValueError(f"authentication: {e}") from None
-    elif auth_audience or auth_issuer:
+    if auth_audience or auth_issuer:
         raise ValueError("--auth-audience and --auth-issuer need a secret or a public key")
-    return replace(cfg, tls=tls, tokens=tokens)
+    return None

@@ -81,6 +81,8 @@ def test_up_prints_the_admin_token_and_passes_auth_flags(cluster: LocalCluster) 
             assert "--auth-secret-file" in p.args and "--iam" in p.args, p.name
         if p.role == "forwarder":
             assert "--internal-token-file" in p.args
+        if p.role == "storage":  # the forwarders' appends carry their internal token
+            assert "--auth-secret-file" in p.args
         if p.role == "prober":
             assert "--token-file" in p.args
     prober = cluster.process("prober-1").address

@@ -157,7 +157,7 @@ def topic_uid(cluster: LocalCluster, topic: str) -> str:
     """The storage uid of ``topic``, from the cluster's metadata in ZooKeeper."""
 
     async def read() -> str:
-        coordinator = Coordinator(cluster.zk)
+        coordinator = Coordinator(cluster.zk, auth=cluster.zk_credential)
         await coordinator.start()
         try:
             store = ZooKeeperMetadataStore(coordinator)
@@ -175,7 +175,7 @@ def subscription_uid(cluster: LocalCluster, subscription: str) -> str:
     """The storage uid of ``subscription``, from the cluster's metadata in ZooKeeper."""
 
     async def read() -> str:
-        coordinator = Coordinator(cluster.zk)
+        coordinator = Coordinator(cluster.zk, auth=cluster.zk_credential)
         await coordinator.start()
         try:
             store = ZooKeeperMetadataStore(coordinator)
@@ -193,7 +193,7 @@ def ledger_nodes(cluster: LocalCluster, uid: str) -> list[tuple[str, ...]]:
     """The node list of every ledger of every source of the topic with storage ``uid``."""
 
     async def read() -> list[tuple[str, ...]]:
-        coordinator = Coordinator(cluster.zk)
+        coordinator = Coordinator(cluster.zk, auth=cluster.zk_credential)
         await coordinator.start()
         try:
             layout = coordinator.layout
@@ -214,7 +214,7 @@ def routes(cluster: LocalCluster) -> dict[str, tuple[str, ...]]:
     """Every unit's published route (owner first), from ZooKeeper."""
 
     async def read() -> dict[str, tuple[str, ...]]:
-        zk = Coordinator(cluster.zk, "/pubsubd")
+        zk = Coordinator(cluster.zk, "/pubsubd", auth=cluster.zk_credential)
         await zk.start()
         try:
             return await RoutingStore(zk).routes()

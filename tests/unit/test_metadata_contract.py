@@ -1,6 +1,7 @@
 """Contract of the ``MetadataStore`` protocol (storage/metadata.py), run against every
 implementation: the in-memory twin, the embedded SQLite store and the ZooKeeper store
-(storage/zk_metadata.py, on one standalone ZooKeeper node for the session; a place is a root).
+(storage/zk_metadata.py, on one standalone ZooKeeper node for the session; a place is a root;
+also with a digest credential, so every znode it writes carries an ACL).
 
 What the protocol promises, as the catalog, snapshots and named cursors use it (and, for the
 change feed the forwarders follow, the end of this file):
@@ -34,6 +35,7 @@ from typing import Any
 
 import pytest
 
+from pubsubd.coordination.credentials import DigestCredential
 from pubsubd.coordination.ensemble import Ensemble
 from pubsubd.core.errors import AlreadyExists
 from pubsubd.storage.metadata import (
@@ -86,10 +88,31 @@ def _on_zookeeper(ensemble: Ensemble) -> Callable[[Path], MetadataStore]:
     return open_store
 
 
+def _on_zookeeper_with_auth(ensemble: Ensemble) -> Callable[[Path], MetadataStore]:
+    """As ``_on_zookeeper``, with a digest credential: every znode the store creates carries
+    an ACL naming that identity only (``cluster up --zk-auth``)."""
+
+    def open_store(place: Path) -> MetadataStore:
+        root = "/t-auth-" + hashlib.sha1(str(place).encode()).hexdigest()[:16]
+        return ZooKeeperMetadataStore.connect(
+            ensemble.connect_string, root, session_timeout=4.0, auth=ZK_CREDENTIAL
+        )
+
+    return open_store
+
+
+ZK_CREDENTIAL = DigestCredential("pubsubd", "contract")
 STORES = [
     Store("memory", lambda _place: MemoryMetadataStore(), durable=False),
     Store("sqlite", SqliteMetadataStore, durable=True),
     Store("zookeeper", _needs_service, True, service="zookeeper", on_service=_on_zookeeper),
+    Store(
+        "zookeeper-auth",
+        _needs_service,
+        True,
+        service="zookeeper",
+        on_service=_on_zookeeper_with_auth,
+    ),
 ]
 DURABLE = [s for s in STORES if s.durable]
 

@@ -68,17 +68,21 @@ def test_the_decorator_adds_every_flag_and_passes_them_as_one_value(tmp_path: Pa
     assert got == [SecurityFlags(tls_ca=Path("ca.pem"), iam=True, internal_token_file=token)]
 
 
-def test_only_the_forwarder_takes_an_internal_token() -> None:
+def test_only_the_writers_take_an_internal_token() -> None:
+    """Forwarders and serve write to storage nodes (which may check tokens); a frontend only
+    passes its clients' tokens on."""
     group: Any = typer.main.get_command(app)
 
     def options(command: str) -> set[str]:
         return {o for p in group.commands[command].params for o in p.opts}
 
     shared = {"--tls-cert", "--tls-ca", "--auth-secret-file", "--iam", "--iam-policy-file"}
-    assert shared | {"--internal-token-file"} <= options("forwarder")
-    for command in ("serve", "frontend"):
-        assert shared <= options(command)
-        assert "--internal-token-file" not in options(command)
+    for command in ("forwarder", "serve"):
+        assert shared | {"--internal-token-file", "--zk-auth-file"} <= options(command)
+    assert shared | {"--zk-auth-file"} <= options("frontend")
+    assert "--internal-token-file" not in options("frontend")
+    assert {"--auth-secret-file", "--zk-auth-file"} <= options("storage")
+    assert "--zk-auth-file" in options("router")
 
 
 def _secret(tmp_path: Path) -> Path:

@@ -107,6 +107,15 @@ def up(
         bool,
         typer.Option("--iam", help="with --tokens: IAM on too, the admin token's subject an admin"),
     ] = False,
+    zk_auth: Annotated[
+        bool,
+        typer.Option(
+            "--zk-auth",
+            help="ZooKeeper digest authentication: a credential made at "
+            "DATA_DIR/zookeeper.credential (0600) and given to every process (--zk-auth-file); "
+            "the znodes they create are readable and writable with it only",
+        ),
+    ] = False,
     as_json: AsJson = False,
 ) -> None:
     """Start a cluster on loopback and print where clients connect."""
@@ -150,6 +159,7 @@ def up(
             tls_dir=tls_dir,
             tokens=tokens,
             iam=iam,
+            zk_auth=zk_auth,
         )
     except (ClusterError, EnsembleError, ZooKeeperMissing, OSError) as e:
         _fail(e)
@@ -200,8 +210,12 @@ def status(data_dir: DataDir, as_json: AsJson = False) -> None:
     try:
         cluster = LocalCluster.load(data_dir)
         described = cluster.described()
-        described["storage"] = cluster_status(cluster.zk, tls=cluster.zk_tls) if cluster.zk else {}
-    except ClusterError as e:
+        described["storage"] = (
+            cluster_status(cluster.zk, tls=cluster.zk_tls, auth=cluster.zk_credential)
+            if cluster.zk
+            else {}
+        )
+    except (ClusterError, ValueError) as e:
         _fail(e)
         return
     if as_json:

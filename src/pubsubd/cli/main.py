@@ -26,6 +26,11 @@ from pubsubd.cli.routing import routing_app
 from pubsubd.cli.security import certs_app, tokens_app
 from pubsubd.cli.server_security import (
     NO_FLAGS,
+    AuthAudience,
+    AuthIssuer,
+    AuthPublicKey,
+    AuthSecretFile,
+    AuthTokensFile,
     SecurityFlags,
     TlsCa,
     TlsCert,
@@ -118,7 +123,7 @@ ZkSessionOption = Annotated[
 
 @app.command()
 @zookeeper_tls_options
-@security_options()
+@security_options(internal_token=True)
 def serve(
     port: Annotated[int | None, typer.Option(help="gRPC port (0 = any free port)")] = None,
     http_port: Annotated[
@@ -359,19 +364,30 @@ def storage(
     tls_cert: TlsCert = None,
     tls_key: TlsKey = None,
     tls_client_ca: TlsClientCa = None,
+    auth_secret_file: AuthSecretFile = None,
+    auth_public_key: AuthPublicKey = None,
+    auth_tokens_file: AuthTokensFile = None,
+    auth_audience: AuthAudience = None,
+    auth_issuer: AuthIssuer = None,
 ) -> None:
     """Run a storage node: ledgers on its data directories, served to the cluster over gRPC
-    (with --tls-*: TLS on its gRPC, append and HTTP ports; --tls-client-ca: mutual TLS)."""
+    (with --tls-*: TLS on its gRPC, append and HTTP ports; --tls-client-ca: mutual TLS; with
+    --auth-*: every call and append connection needs a valid bearer token, which the writers
+    send from their --internal-token-file)."""
     from pubsubd.observability.logging import setup
     from pubsubd.storagenode.main import StartupError, StorageNodeConfig, run
 
     setup(log_level)
     try:
         tls = server_tls(tls_cert, tls_key, tls_client_ca)
+        tokens = config_mod.token_settings(
+            auth_secret_file, auth_public_key, auth_tokens_file, auth_audience, auth_issuer
+        )
     except ValueError as e:
         _fail(e)
     config = StorageNodeConfig(
         tls=tls,
+        tokens=tokens,
         data_dirs=data_dir,
         port=port,
         http_port=http_port,

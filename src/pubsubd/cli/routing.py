@@ -44,7 +44,8 @@ AsJson = Annotated[bool, typer.Option("--json", help="print JSON")]
 @zookeeper_tls_options
 def _zookeeper_tls() -> None:
     """Drain forwarders or zones, pin topics, and show who owns what (a cluster). A ZooKeeper
-    speaking TLS: --zk-tls-ca (and --zk-tls-cert, --zk-tls-key) before the command."""
+    speaking TLS: --zk-tls-ca (and --zk-tls-cert, --zk-tls-key) before the command; its
+    credential: --zk-auth-file."""
 
 
 def _fail(message: str) -> None:

@@ -2,8 +2,10 @@
 declared once: TLS (``--tls-*``), authentication (``--auth-*``), IAM (``--iam``,
 ``--iam-policy-file``, ``--trust-caller-header``) and, for forwarders, the cluster's internal
 token (``--internal-token-file``, ``core/internal_token.py``). Every process of a cluster also
-takes the ZooKeeper TLS flags (:func:`zookeeper_tls_options`: ``--zk-tls-ca``, ``--zk-tls-cert``,
-``--zk-tls-key``), which set ``core.tls.ZOOKEEPER`` before the command runs.
+takes the ZooKeeper flags (:func:`zookeeper_tls_options`: ``--zk-tls-ca``, ``--zk-tls-cert``,
+``--zk-tls-key``, which set ``core.tls.ZOOKEEPER``, and ``--zk-auth-file``, which sets
+``coordination.credentials.ZOOKEEPER_CREDENTIAL``) before the command runs; a process that
+ZooKeeper refuses (NoAuth) ends with that error, naming the flag.
 
 :func:`security_options` adds the flags to a typer command, which receives them as one
 :class:`SecurityFlags` in its ``security`` parameter; :meth:`SecurityFlags.apply` puts them on a
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -101,8 +104,9 @@ InternalTokenFile = Annotated[
     Path | None,
     typer.Option(
         envvar="PUBSUBD_INTERNAL_TOKEN_FILE",
-        help="the bearer token (a file) this forwarder's own calls to other forwarders carry; "
-        "needed with --auth-*, its subject passes IAM (a cluster secret)",
+        help="the bearer token (a file) this process's own calls to other forwarders and to "
+        "storage nodes carry; needed with --auth-* (forwarders) and with storage nodes that "
+        "check tokens; its subject passes IAM (a cluster secret)",
     ),
 ]
 
@@ -124,6 +128,14 @@ ZkTlsKey = Annotated[
     Path | None,
     typer.Option(envvar="PUBSUBD_ZK_TLS_KEY", help="its key (PEM)"),
 ]
+ZkAuthFile = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="PUBSUBD_ZK_AUTH_FILE",
+        help="the cluster's ZooKeeper credential, a file holding user:password (digest "
+        "authentication; every znode created is this identity's only)",
+    ),
+]
 
 _KW = inspect.Parameter.KEYWORD_ONLY
 _ZK_FLAGS = tuple(
@@ -132,6 +144,7 @@ _ZK_FLAGS = tuple(
         ("zk_tls_ca", ZkTlsCa),
         ("zk_tls_cert", ZkTlsCert),
         ("zk_tls_key", ZkTlsKey),
+        ("zk_auth_file", ZkAuthFile),
     )
 )
 _FLAGS = tuple(
@@ -291,6 +304,20 @@ def security_options(*, internal_token: bool = False) -> Callable[[F], F]:
     return decorate
 
 
+def _access_denied(error: BaseException) -> BaseException | None:
+    """ZooKeeper's refusal (``coordination.errors.AccessDenied``) in ``error``'s chain."""
+    from pubsubd.coordination.errors import AccessDenied
+
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, AccessDenied):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def configure_zookeeper_tls(ca: Path | None, cert: Path | None, key: Path | None) -> None:
     """Set the process's ZooKeeper TLS (``core.tls.ZOOKEEPER``): on with ``ca``; ``cert`` and
     ``key`` (both or neither) for a ZooKeeper that asks for client certificates. ValueError
@@ -307,14 +334,28 @@ def configure_zookeeper_tls(ca: Path | None, cert: Path | None, key: Path | None
 
 
 def zookeeper_tls_options(command: F) -> F:
-    """Add ``--zk-tls-ca``, ``--zk-tls-cert`` and ``--zk-tls-key`` to a command; they configure
-    the process's ZooKeeper TLS before it runs (a bad file is a usage error)."""
+    """Add ``--zk-tls-ca``, ``--zk-tls-cert``, ``--zk-tls-key`` and ``--zk-auth-file`` to a
+    command; they configure the process's ZooKeeper TLS and credential before it runs (a bad
+    file is a usage error). If ZooKeeper refuses the process (NoAuth, however the command
+    wraps it), it ends with that error and status 1."""
 
     def run(given: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        from pubsubd.coordination.credentials import ZOOKEEPER_CREDENTIAL
+
         try:
             configure_zookeeper_tls(given["zk_tls_ca"], given["zk_tls_cert"], given["zk_tls_key"])
+            ZOOKEEPER_CREDENTIAL.configure(given["zk_auth_file"])
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
-        return command(*args, **kwargs)
+        try:
+            return command(*args, **kwargs)
+        except typer.Exit:
+            raise  # the command said why itself
+        except Exception as e:
+            denied = _access_denied(e)
+            if denied is None:
+                raise
+            sys.stderr.write(f"error: {denied}\n")
+            raise typer.Exit(1) from None
 
     return _with_flags(command, _ZK_FLAGS, run)

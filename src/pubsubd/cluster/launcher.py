@@ -18,6 +18,8 @@ Layout under the cluster's directory::
                                 with, an admin token (clients, probers), the internal token
                                 (forwarders' calls to each other) and, with ``iam``, the
                                 project policy file making the admin an admin everywhere
+    DIR/zookeeper.credential    with ``zk_auth``: the cluster's ZooKeeper credential (0600),
+                                given to every process that talks to ZooKeeper
 
 Every process runs in its own session (it outlives the CLI that started it) and is signalled
 only by its recorded PID, after checking that the PID still runs a command naming this
@@ -39,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pubsubd.coordination.credentials import DigestCredential, load_credential, write_credential
 from pubsubd.coordination.ensemble import Ensemble, require_zookeeper
 from pubsubd.core.tls import ClientTls
 
@@ -193,6 +196,10 @@ def _write_private(path: Path, text: str) -> None:
         f.write(text)
 
 
+# What ``up(zk_auth=True)`` writes (0600): user:password, ZooKeeper's digest credential.
+ZK_CREDENTIAL_FILE = "zookeeper.credential"
+
+
 # What ``pubsubd certs dev DIR`` writes, and ``up(tls_dir=DIR)`` passes to the processes.
 TLS_FILES = ("ca.pem", "server.pem", "server-key.pem")
 
@@ -211,6 +218,8 @@ class LocalCluster:
         # With authentication (``up(tokens=True)``): DIR/auth; ``iam``: IAM on too.
         self.auth_dir: Path | None = None
         self.iam = False
+        # With ZooKeeper authentication (``up(zk_auth=True)``): DIR/zookeeper.credential.
+        self.zk_auth_file: Path | None = None
 
     @property
     def state_path(self) -> Path:
@@ -227,6 +236,7 @@ class LocalCluster:
             "tls_dir": str(self.tls_dir) if self.tls_dir is not None else None,
             "auth_dir": str(self.auth_dir) if self.auth_dir is not None else None,
             "iam": self.iam,
+            "zk_auth_file": str(self.zk_auth_file) if self.zk_auth_file is not None else None,
             "processes": [asdict(p) for p in self.processes],
         }
         temporary = self.state_path.with_suffix(".tmp")
@@ -246,6 +256,7 @@ class LocalCluster:
         cluster.tls_dir = Path(state["tls_dir"]) if state.get("tls_dir") else None
         cluster.auth_dir = Path(state["auth_dir"]) if state.get("auth_dir") else None
         cluster.iam = bool(state.get("iam"))
+        cluster.zk_auth_file = Path(state["zk_auth_file"]) if state.get("zk_auth_file") else None
         cluster.processes = [Process(**p) for p in state["processes"]]
         return cluster
 
@@ -260,6 +271,7 @@ class LocalCluster:
             "token": self.admin_token,
             "token_file": str(self.auth_dir / ADMIN_TOKEN_FILE) if self.auth_dir else None,
             "iam": self.iam,
+            "zk_auth_file": str(self.zk_auth_file) if self.zk_auth_file is not None else None,
             "processes": [
                 {
                     "role": p.role,
@@ -281,6 +293,12 @@ class LocalCluster:
         if d is None:
             return None
         return ClientTls(d / "ca.pem", d / "server.pem", d / "server-key.pem")
+
+    @property
+    def zk_credential(self) -> DigestCredential | None:
+        """With ``zk_auth``: the credential the cluster's processes (and its tools) give
+        ZooKeeper, whose znodes only it may read or write."""
+        return load_credential(self.zk_auth_file) if self.zk_auth_file is not None else None
 
     @property
     def admin_token(self) -> str | None:
@@ -313,6 +331,7 @@ class LocalCluster:
         tls_dir: Path | None = None,
         tokens: bool = False,
         iam: bool = False,
+        zk_auth: bool = False,
     ) -> LocalCluster:
         """Start ZooKeeper, the storage nodes, the serving process (or, with ``forwarders``,
         that many forwarders serving the topics the routers assign them), ``routers`` routers
@@ -324,10 +343,14 @@ class LocalCluster:
         port; mutual TLS on the storage nodes and ZooKeeper, whose only client port is its
         ``secureClientPort``; the probers trust its CA).
         ``tokens``: authentication on every process clients or forwarders call (serve,
-        forwarders, frontends), with a secret and tokens made under DIR/auth
+        forwarders, frontends, storage nodes), with a secret and tokens made under DIR/auth
         (:func:`write_cluster_auth`): the probers and clients send the admin's token, the
-        forwarders the internal one to each other; ``iam`` (needs ``tokens``): IAM on there
-        too, the admin granted roles/pubsub.admin on every project by the policy file.
+        forwarders (and serve) the internal one to each other and to the storage nodes;
+        ``iam`` (needs ``tokens``): IAM on there too, the admin granted roles/pubsub.admin on
+        every project by the policy file.
+        ``zk_auth``: a ZooKeeper credential made at DIR/zookeeper.credential (kept if there)
+        and given to every process that talks to ZooKeeper (``--zk-auth-file``): the znodes
+        they create are that identity's only (ZooKeeper itself needs no configuration).
         Whatever started is stopped again if a later step fails."""
         if forwarders and (not routers or not frontends):
             raise ClusterError("forwarders need at least one router and one frontend")
@@ -342,6 +365,9 @@ class LocalCluster:
         if tokens:
             self.auth_dir = write_cluster_auth(self.directory / AUTH_DIR)
             self.iam = iam
+        if zk_auth:
+            self.zk_auth_file = self.directory / ZK_CREDENTIAL_FILE
+            write_credential(self.zk_auth_file)
         if tls_dir is not None:
             missing = [f for f in TLS_FILES if not (tls_dir / f).is_file()]
             if missing:
@@ -415,7 +441,15 @@ class LocalCluster:
         for k in range(disks):
             args += ["--data-dir", str(self.directory / f"storage-{i + 1}" / f"disk-{k + 1}")]
         # Mutual TLS: only the cluster's processes (showing certs dev's certificate) reach it.
-        return args + self._tls(client_ca=True, ca=False)
+        # With tokens: every call and append connection shows one (the writers' internal one).
+        auth = ["--auth-secret-file", str(self.auth_dir / SECRET_FILE)] if self.auth_dir else []
+        return args + self._tls(client_ca=True, ca=False) + self._zk_auth() + auth
+
+    def _zk_auth(self) -> list[str]:
+        """The ZooKeeper credential flag of a process that talks to ZooKeeper (``zk_auth``)."""
+        if self.zk_auth_file is None:
+            return []
+        return ["--zk-auth-file", str(self.zk_auth_file)]
 
     def _tls(self, *, client_ca: bool = False, ca: bool = True, listen: bool = True) -> list[str]:
         """A process's TLS flags (none without ``tls_dir``): its listeners' certificate, a
@@ -477,7 +511,8 @@ class LocalCluster:
             "--zone",
             "zone-1",
             *self._tls(),
-            *self._auth(),
+            *self._zk_auth(),
+            *self._auth(internal=True),  # its token: the storage nodes check it
             *extra,
         ]
         log = self.directory / "serve.log"
@@ -501,6 +536,7 @@ class LocalCluster:
             "--zone", f"zone-{i % min(zones, 2) + 1}",  # two zones: a zone's loss is survivable
             "--forwarder-id", name,
             *self._tls(),
+            *self._zk_auth(),
             *self._auth(internal=True),
             *extra,
         ]  # fmt: skip
@@ -523,6 +559,7 @@ class LocalCluster:
             f"--{role}-id", name, "--zone", zone, "--http-port", "0",
             "--pid-file", str(self.directory / f"{name}.pid"),
             *self._tls(),
+            *self._zk_auth(),
         ]  # fmt: skip
 
     def _start_router(

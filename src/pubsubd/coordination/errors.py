@@ -2,10 +2,12 @@
 
 ``zk.Coordinator`` translates kazoo's exceptions into these: a missing znode (``NoNode``), a
 create that found one (``NodeExists``), a compare-and-set that lost (``BadVersion``), a delete
-of a znode that still has children (``NotEmpty``), and ZooKeeper being out of reach
-(``CoordinationUnavailable``: connection lost, session expired, client stopped, no answer in
-time). The last is also a domain ``Unavailable``, so a control-plane call that cannot reach
-ZooKeeper answers UNAVAILABLE and the client retries.
+of a znode that still has children (``NotEmpty``), a znode whose ACL refuses this session
+(``AccessDenied``: ZooKeeper's NoAuth, a process without the cluster's credential or with a
+wrong one), and ZooKeeper being out of reach (``CoordinationUnavailable``: connection lost,
+session expired, client stopped, no answer in time). The last is also a domain
+``Unavailable``, so a control-plane call that cannot reach ZooKeeper answers UNAVAILABLE and
+the client retries.
 """
 
 from __future__ import annotations
@@ -51,3 +53,9 @@ class CoordinationUnavailable(Unavailable, CoordinationError):
 class SessionExpired(CoordinationUnavailable):
     """The ZooKeeper session ended: its ephemeral znodes are gone, and with them any ownership
     this process held. The client reconnects with a new session."""
+
+
+class AccessDenied(CoordinationError):
+    """ZooKeeper refused the request (NoAuth): the znode's ACL does not let this session's
+    identity do it. The cluster's znodes are protected by its credential
+    (``coordination/credentials.py``) and this process has none, or another one."""

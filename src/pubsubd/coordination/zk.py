@@ -17,6 +17,12 @@ Watches and session states are delivered on the event loop that registered them:
 - ``on_state`` delivers ``CONNECTED``, ``SUSPENDED`` (connection lost, the session may still
   live: stop acting as an owner) and ``LOST`` (session gone, with its ephemeral znodes).
 
+With a credential (``auth``; by default the process's, ``credentials.ZOOKEEPER_CREDENTIAL``)
+the session authenticates with ZooKeeper's digest scheme and every znode it creates (``create``,
+``ensure_path``, a transaction's creates) carries an ACL that gives that identity every right
+and anyone else none. ``start`` reads the root once, so a process without the cluster's
+credential, or with a wrong one, fails there with ``AccessDenied`` (ZooKeeper's NoAuth).
+
 Paths are absolute; ``root`` names the cluster (``layout`` gives its znodes), it is not a chroot.
 Every request fails with ``CoordinationUnavailable`` after ``request_timeout`` seconds (default:
 the session timeout); the outcome of a write that timed out is unknown.
@@ -37,8 +43,11 @@ from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import Callback, KazooState
 from kazoo.protocol.states import EventType as KazooEventType
+from kazoo.security import make_digest_acl
 
+from pubsubd.coordination.credentials import ZOOKEEPER_CREDENTIAL, DigestCredential
 from pubsubd.coordination.errors import (
+    AccessDenied,
     BadVersion,
     CoordinationError,
     CoordinationUnavailable,
@@ -59,6 +68,9 @@ T = TypeVar("T")
 # Reconnect quickly: on loopback a refused connection is instant, and after a ZooKeeper node
 # dies the client should find another within a fraction of a second.
 _CONNECTION_RETRY = {"max_tries": -1, "delay": 0.05, "backoff": 1.5, "max_delay": 1.0}
+
+# How an operator gives a process the cluster's ZooKeeper credential (cli/server_security.py).
+CREDENTIAL_FLAG = "--zk-auth-file FILE (PUBSUBD_ZK_AUTH_FILE)"
 
 
 class SessionState(enum.Enum):
@@ -168,6 +180,12 @@ def _translate(error: BaseException, path: str | None) -> BaseException:
         mapped = BadVersion(f"znode changed since it was read{where}", path)
     elif isinstance(error, kz.NotEmptyError):
         mapped = NotEmpty(f"znode has children{where}", path)
+    elif isinstance(error, kz.NoAuthError):
+        mapped = AccessDenied(
+            f"ZooKeeper refused access{where} (NoAuth): the cluster's znodes are protected by "
+            f"its credential; give it with {CREDENTIAL_FLAG}",
+            path,
+        )
     elif isinstance(error, kz.ConnectionClosedError):
         mapped = CoordinationUnavailable(f"ZooKeeper client is stopped{where}", path)
     elif isinstance(error, kz.SessionExpiredError):
@@ -252,9 +270,12 @@ class Coordinator:
         session_timeout: float = 10.0,
         request_timeout: float | None = None,
         tls: ClientTls | Literal["process"] | None = "process",
+        auth: DigestCredential | Literal["process"] | None = "process",
     ) -> None:
         """``tls``: how to reach ZooKeeper over TLS (None: plaintext); by default the
-        process's setting, ``core.tls.ZOOKEEPER``."""
+        process's setting, ``core.tls.ZOOKEEPER``. ``auth``: the digest credential the
+        session authenticates with and its znodes' ACLs name (None: none, znodes open to
+        anyone); by default the process's, ``credentials.ZOOKEEPER_CREDENTIAL``."""
         kazoo_log = logging.getLogger("kazoo")
         if kazoo_log.level == logging.NOTSET:
             kazoo_log.setLevel(logging.WARNING)  # kazoo logs every connection step at INFO
@@ -272,6 +293,11 @@ class Coordinator:
                 "certfile": str(tls.cert) if tls.cert is not None else None,
                 "keyfile": str(tls.key) if tls.key is not None else None,
             }
+        self.credential = ZOOKEEPER_CREDENTIAL.credential if auth == "process" else auth
+        if self.credential is not None:  # digest auth; every znode created: this identity only
+            c = self.credential
+            secure["auth_data"] = [("digest", c.auth)]
+            secure["default_acl"] = [make_digest_acl(c.user, c.password, all=True)]
         self._client = KazooClient(
             hosts=hosts,
             timeout=session_timeout,
@@ -333,7 +359,14 @@ class Coordinator:
     async def start(self, connect_timeout: float = 15.0) -> None:
         """Connect (waiting at most ``connect_timeout`` seconds) and create the root znode."""
         await asyncio.to_thread(self._start_client, connect_timeout)
-        await self.ensure_path(self.root)
+        try:
+            await self.ensure_path(self.root)
+            await self.get(self.root)  # NoAuth here, not at some later call
+            acl_open = self._open_acl(await self._call(self._get_acls, self.root, _acls))
+        except AccessDenied as e:
+            await asyncio.to_thread(self._stop_client)
+            raise self._denied(e) from e
+        self._warn_open(acl_open)
         self._lease_keeper = asyncio.create_task(self._keep_lease(), name="zk-lease")
 
     async def stop(self) -> None:
@@ -366,6 +399,40 @@ class Coordinator:
                 self._listeners.remove(entry)
 
         return remove
+
+    def _get_acls(self) -> Any:
+        return self._client.get_acls_async(self.root)
+
+    def _open_acl(self, acls: list[Any]) -> bool:
+        """Whether the root's ACL lets a session without this credential in."""
+        return self.credential is not None and any(acl.id.scheme == "world" for acl in acls)
+
+    def _warn_open(self, acl_open: bool) -> None:
+        if acl_open:
+            log.warning(
+                "ZooKeeper: %s was created without a credential and stays open to anyone; "
+                'only znodes created from now on are protected (README, "TLS and '
+                'authentication")',
+                self.root,
+            )
+
+    def _denied(self, error: AccessDenied) -> AccessDenied:
+        """The start-up refusal, saying which credential (if any) was refused."""
+        if self.credential is None:
+            why = (
+                f"ZooKeeper refused access to {self.root} (NoAuth): the cluster's znodes are "
+                f"protected by a credential this process does not have; give it with "
+                f"{CREDENTIAL_FLAG}"
+            )
+        else:
+            why = (
+                f"ZooKeeper refused access to {self.root} (NoAuth): "
+                f"{self.credential.describe()} is not the cluster's (wrong user or password; "
+                f"{CREDENTIAL_FLAG})"
+            )
+        denied = AccessDenied(why, error.path)
+        denied.__cause__ = error.__cause__
+        return denied
 
     def _start_client(self, timeout: float) -> None:
         if self._started:
@@ -724,8 +791,16 @@ class BlockingCoordinator:
 
     def start(self, timeout: float = 15.0) -> None:
         """Connect (at most ``timeout`` seconds) and create the root znode."""
-        self._coordinator._start_client(timeout)
-        self.ensure_path(self._coordinator.root)
+        coordinator = self._coordinator
+        coordinator._start_client(timeout)
+        try:
+            self.ensure_path(coordinator.root)
+            self.get(coordinator.root)  # NoAuth here, not at some later call
+            acls = self._run(coordinator._get_acls, coordinator.root)
+        except AccessDenied as e:
+            coordinator._stop_client()
+            raise coordinator._denied(e) from e
+        coordinator._warn_open(coordinator._open_acl(_acls(acls)))
 
     def stop(self) -> None:
         """Close the session (use the async ``stop`` if follows were started)."""
@@ -869,6 +944,11 @@ def _optional_stat(result: Any) -> ZnodeStat | None:
 def _path_and_stat(result: Any) -> tuple[str, ZnodeStat]:
     path, stat = result
     return cast(str, path), _stat(stat)
+
+
+def _acls(result: Any) -> list[Any]:
+    acls, _stat = result
+    return list(acls)
 
 
 def _nothing(_result: Any) -> None:

@@ -1,14 +1,17 @@
-"""The bearer token a process's own calls to the cluster's forwarders carry: authentication
-inside a cluster.
+"""The bearer token a process's own calls to the cluster's forwarders and storage nodes carry:
+authentication inside a cluster.
 
 Rules:
 
-1. A forwarder with authentication on (``--auth-*``) checks every call's token, whoever makes
-   it. Its callers are clients (directly, or through a frontend that passes the client's token
-   on with the call, and gives an unsent Pull response back with it too) and the other
+1. A forwarder or a storage node with authentication on (``--auth-*``) checks every call's
+   token, whoever makes it. A forwarder's callers are clients (directly, or through a frontend
+   that passes the client's token on with the call, and gives an unsent Pull response back
+   with it too) and the other
    forwarders, which call it on their own behalf: dead letters and SLI events published to a
    topic it owns, and the ``pubsubd.internal.v1.Sources`` calls of a subscription read on a
-   copy. Those carry the token of ``--internal-token-file`` (:data:`INTERNAL_TOKEN`).
+   copy. Those carry the token of ``--internal-token-file`` (:data:`INTERNAL_TOKEN`), as do
+   every call and append-port connection of a writer (``serve --cluster``, forwarders, their
+   auditor) to a storage node (``storage/node_client.py``, ``storage/append_link.py``).
 2. The token is an ordinary one (``pubsubd tokens create``, or a static token), checked by the
    same verifier as a client's; its subject is the cluster's own identity. A forwarder verifies
    its own internal token at start-up and lets that principal past IAM (it publishes dead
@@ -60,17 +63,24 @@ class InternalToken:
         self._mtime_ns = os.stat(path).st_mtime_ns
         return self._token
 
-    def metadata(self) -> Metadata:
-        """The call metadata that carries the token: empty when none is configured."""
+    def current(self) -> str | None:
+        """The token now (read again if its file changed); None when none is configured."""
         if self.path is None:
-            return ()
+            return None
         try:
             mtime = os.stat(self.path).st_mtime_ns
             if mtime != self._mtime_ns:
                 self._token, self._mtime_ns = read_token(self.path), mtime
         except (OSError, ValueError):
             pass  # keep the last token read (rule 3)
-        return (("authorization", f"Bearer {self._token}"),)
+        return self._token
+
+    def metadata(self) -> Metadata:
+        """The call metadata that carries the token: empty when none is configured."""
+        token = self.current()
+        if token is None:
+            return ()
+        return (("authorization", f"Bearer {token}"),)
 
 
 INTERNAL_TOKEN = InternalToken()

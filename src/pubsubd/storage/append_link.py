@@ -5,7 +5,8 @@ frames matched by request ID, as on the gRPC ``AppendStream``.
 Appends are written in call order (the node starts them in arrival order, so a ledger's
 appends stay in order per node). When the connection ends every waiting append fails with
 :class:`LinkEnded`; the client sends it again (a node accepts a retry of what it stores) and
-the next append connects anew.
+the next append connects anew. A connection starts with the process's internal token when it
+has one (:func:`preamble`); a node that refuses it answers every append UNAUTHENTICATED.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from google.protobuf.message import DecodeError
 
 from pubsubd._gen.pubsubd.internal.v1 import storage_pb2 as pb
 from pubsubd.core.deadlines import within
+from pubsubd.core.internal_token import INTERNAL_TOKEN
 from pubsubd.core.tls import INTERNAL
 from pubsubd.storage.node_client import (
     APPEND_PORT_MAGIC,
+    APPEND_PORT_TOKEN_MAGIC,
     MAX_MESSAGE_BYTES,
     AnswerWaiters,
     EncodedAppend,
@@ -29,13 +32,22 @@ from pubsubd.storage.node_client import (
     stream_request,
 )
 
-__all__ = ["AppendLink", "LinkEnded"]
+__all__ = ["AppendLink", "LinkEnded", "preamble"]
 
 CONNECT_TIMEOUT_S = 5.0
 
 
 class LinkEnded(NodeUnavailable):
     """The connection ended (or never came up) before the append's answer came."""
+
+
+def preamble(token: str | None) -> bytes:
+    """What a connection starts with: the plain preamble, or with a token (the process's
+    internal token, checked by a node with authentication on) the token preamble."""
+    if token is None:
+        return APPEND_PORT_MAGIC
+    body = token.encode()
+    return APPEND_PORT_TOKEN_MAGIC + len(body).to_bytes(4, "big") + body
 
 
 class AppendLink:
@@ -87,7 +99,7 @@ class AppendLink:
             self._backlog.clear()
             self._end(LinkEnded(self.address, grpc.StatusCode.UNAVAILABLE, f"append port: {e}"))
             return
-        writer.write(APPEND_PORT_MAGIC)
+        writer.write(preamble(INTERNAL_TOKEN.current()))
         for buffers in self._backlog:  # no await from here on: nothing can overtake them
             writer.writelines(buffers)
         self._backlog.clear()

@@ -6,6 +6,10 @@ string: the node sends what an error is about in trailing metadata (``pubsubd-re
 numbers that go with it), and :class:`StorageNodeClient` raises the matching
 :class:`StorageNodeError` subclass carrying them (the fence in force, the node's end offset).
 
+Every call (and every append-port connection, ``append_link.py``) carries the process's
+internal token (``core/internal_token.py``) when it has one: a node with authentication on
+refuses anything else with UNAUTHENTICATED.
+
 This module belongs to the storage layer so the forwarders can import it; the node itself
 (``pubsubd.storagenode``) imports the constants from here.
 """
@@ -21,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from pubsubd._gen.pubsubd.internal.v1 import storage_pb2 as pb
+from pubsubd.core.internal_token import INTERNAL_TOKEN
 from pubsubd.core.tls import INTERNAL
 from pubsubd.storage.errors import StorageError
 
@@ -83,8 +88,12 @@ REASON_DISK_FULL = "disk-full"
 REASON_TOO_FEW_DISKS = "too-few-disks"
 REASON_STOPPING = "stopping"
 
-# A connection to a node's append port (storagenode/append_port.py) starts with these bytes.
+# A connection to a node's append port (storagenode/append_port.py) starts with these bytes,
+# or, from a writer with a token (core/internal_token.py), with APPEND_PORT_TOKEN_MAGIC, 4 bytes
+# of length (big-endian) and the token (UTF-8). Both preambles are the same length.
 APPEND_PORT_MAGIC = b"pubsubd-append-port\n"
+APPEND_PORT_TOKEN_MAGIC = b"pubsubd-append-auth\n"
+MAX_TOKEN_BYTES = 64 << 10
 
 # Frames are up to 64 MiB each (storage/framing.py) and a Read answers at least one whole frame.
 MAX_MESSAGE_BYTES = 160 << 20
@@ -429,7 +438,7 @@ class _AppendStream:
             APPEND_STREAM,
             request_serializer=None,
             response_deserializer=pb.AppendStreamResponse.FromString,
-        )()
+        )(metadata=INTERNAL_TOKEN.metadata())
         self._waiters = AnswerWaiters(address)
         self._write_lock = asyncio.Lock()
         self.broken: StorageNodeError | None = None
@@ -546,7 +555,7 @@ class StorageNodeClient:
     async def _call(self, stub: Any, request: Any, deadline_s: float | None) -> Any:
         try:
             timeout = self.timeout if deadline_s is None else deadline_s
-            return await stub(request, timeout=timeout)
+            return await stub(request, timeout=timeout, metadata=INTERNAL_TOKEN.metadata())
         except grpc.RpcError as e:
             raise error_from_rpc(self.address, e) from None
 

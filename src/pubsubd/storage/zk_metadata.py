@@ -43,9 +43,10 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import EllipsisType
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pubsubd.coordination import paths
+from pubsubd.coordination.credentials import DigestCredential
 from pubsubd.coordination.errors import (
     BadVersion,
     CoordinationUnavailable,
@@ -251,9 +252,11 @@ class ZooKeeperMetadataStore:
         *,
         session_timeout: float = 10.0,
         connect_timeout: float = 15.0,
+        auth: DigestCredential | Literal["process"] | None = "process",
     ) -> ZooKeeperMetadataStore:
-        """A store with its own ZooKeeper session (blocking connect), closed with the store."""
-        coordinator = Coordinator(hosts, root, session_timeout=session_timeout)
+        """A store with its own ZooKeeper session (blocking connect), closed with the store.
+        ``auth``: the ZooKeeper credential (``Coordinator``'s; by default the process's)."""
+        coordinator = Coordinator(hosts, root, session_timeout=session_timeout, auth=auth)
         coordinator.blocking.start(connect_timeout)
         try:
             return cls(coordinator, owns_coordinator=True)

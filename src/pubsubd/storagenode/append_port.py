@@ -8,7 +8,14 @@ their own. A connection starts with :data:`~pubsubd.storage.node_client.APPEND_P
 then every frame is 4 bytes of length (big-endian) and an ``AppendStreamRequest``, answered by
 frames of ``AppendStreamResponse`` in completion order, exactly as on ``AppendStream``. A frame
 that is too long or does not parse closes that connection (and only that one); every other
-refusal is an answer. The node registers the port's address in ZooKeeper (``append_address``);
+refusal is an answer.
+
+With authentication on (a ``TokenVerifier``), a connection must start with
+:data:`~pubsubd.storage.node_client.APPEND_PORT_TOKEN_MAGIC` and a valid token (checked once, when
+the connection opens): on any other connection every append is answered UNAUTHENTICATED and none
+reaches the store. Without it both preambles are accepted and a token is ignored.
+
+The node registers the port's address in ZooKeeper (``append_address``);
 writers that do not know it use gRPC.
 """
 
@@ -17,12 +24,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from ssl import SSLContext
 
+import grpc
 from google.protobuf.message import DecodeError
 
 from pubsubd._gen.pubsubd.internal.v1 import storage_pb2 as pb
-from pubsubd.storage.node_client import APPEND_PORT_MAGIC, MAX_MESSAGE_BYTES
+from pubsubd.core.errors import Unauthenticated
+from pubsubd.core.tokens import TokenVerifier
+from pubsubd.storage.node_client import (
+    APPEND_PORT_MAGIC,
+    APPEND_PORT_TOKEN_MAGIC,
+    MAX_MESSAGE_BYTES,
+    MAX_TOKEN_BYTES,
+)
 from pubsubd.storagenode.appends import start_append
 from pubsubd.storagenode.ledger_store import LedgerStore
 
@@ -35,15 +51,22 @@ class AppendPort:
     """A TCP listener taking appends for ``store``; :meth:`start` returns its port."""
 
     def __init__(
-        self, store: LedgerStore, host: str, port: int = 0, ssl: SSLContext | None = None
+        self,
+        store: LedgerStore,
+        host: str,
+        port: int = 0,
+        ssl: SSLContext | None = None,
+        verifier: TokenVerifier | None = None,
     ) -> None:
         self.store = store
+        self.verifier = verifier  # authentication on: every connection shows a valid token
         self._ssl = ssl  # TLS when the node's ports speak it
         self.host = host
         self.port = port
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self.refused_connections = 0
+        self.unauthenticated_connections = 0
 
     @property
     def connections(self) -> int:
@@ -81,9 +104,18 @@ class AppendPort:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        if await reader.readexactly(len(APPEND_PORT_MAGIC)) != APPEND_PORT_MAGIC:
+        magic = await reader.readexactly(len(APPEND_PORT_MAGIC))
+        token: str | None = None
+        if magic == APPEND_PORT_TOKEN_MAGIC:
+            size = int.from_bytes(await reader.readexactly(4), "big")
+            if size > MAX_TOKEN_BYTES:
+                self._refuse(peer, f"a token of {size} bytes (at most {MAX_TOKEN_BYTES})")
+                return
+            token = (await reader.readexactly(size)).decode(errors="replace")
+        elif magic != APPEND_PORT_MAGIC:
             self._refuse(peer, "it did not start with the append port's preamble")
             return
+        denied = self._authenticate(peer, token)
 
         def answered(answer: pb.AppendStreamResponse) -> None:
             if writer.is_closing():
@@ -102,8 +134,31 @@ class AppendPort:
             except DecodeError:
                 self._refuse(peer, "a frame that is not an AppendStreamRequest")
                 return
+            if denied is not None:
+                answered(denied(request.request_id))
+                continue
             # Queued in arrival order: a ledger's appends reach the store in the order sent.
             start_append(self.store, request, answered)
+
+    def _authenticate(
+        self, peer: object, token: str | None
+    ) -> Callable[[int], pb.AppendStreamResponse] | None:
+        """None when the connection may append; else how each of its appends is answered."""
+        if self.verifier is None:
+            return None
+        try:
+            self.verifier.verify(token) if token is not None else self.verifier.principal(None)
+        except Unauthenticated as e:
+            self.unauthenticated_connections += 1
+            log.warning("append port: the connection from %s is unauthenticated: %s", peer, e)
+            message = str(e)
+            code = grpc.StatusCode.UNAUTHENTICATED.value[0]
+
+            def refused(request_id: int) -> pb.AppendStreamResponse:
+                return pb.AppendStreamResponse(request_id=request_id, code=code, message=message)
+
+            return refused
+        return None
 
     def _refuse(self, peer: object, why: str) -> None:
         self.refused_connections += 1

@@ -9,6 +9,12 @@ the cluster's ZooKeeper registry. When ready it prints one line for scripts::
 SIGTERM (or SIGINT) stops it cleanly: the registry entry goes, new calls are refused with
 UNAVAILABLE, calls in flight finish, last-add-confirmed values are saved, files are closed.
 
+With authentication on (``--auth-*``, ``StorageNodeConfig.tokens``) every gRPC call needs a
+valid bearer token (``api/grpc/authn.AuthInterceptor``, UNAUTHENTICATED otherwise) and so does
+every append-port connection (``append_port.py``); the writers send their internal token
+(``core/internal_token.py``). Any token the settings accept passes: the node authenticates its
+callers, it does not tell them apart (mutual TLS is what keeps clients off its ports).
+
 The node's ID is ``--node-id``, else the one persisted in the first data directory
 (``node_id``), else ``{hostname}-{port}`` (persisted then). A data directory keeps its ID:
 starting it under another ``--node-id`` is refused.
@@ -29,11 +35,13 @@ import grpc
 
 from pubsubd import runtime
 from pubsubd.api.grpc import tls as grpc_tls
+from pubsubd.api.grpc.authn import AuthInterceptor
 from pubsubd.coordination.errors import CoordinationError
 from pubsubd.coordination.paths import DEFAULT_ROOT
 from pubsubd.coordination.registration import Registration, as_json, storage_info_changed
 from pubsubd.core.release import version
 from pubsubd.core.tls import ServerTls
+from pubsubd.core.tokens import TokenSettings, TokenVerifier
 from pubsubd.observability.http import HttpEndpoint
 from pubsubd.observability.metrics import describe_process
 from pubsubd.storage.files import fdatasync, fsync_directory, make_dirs, write_all
@@ -76,6 +84,8 @@ class StorageNodeConfig:
     # TLS on its gRPC, append and HTTP ports (core/tls.py); a client CA: mutual TLS, so only
     # the cluster's processes (showing certificates that CA signed) reach its ledgers.
     tls: ServerTls | None = None
+    # Authentication (--auth-*): every gRPC call and append connection shows a valid token.
+    tokens: TokenSettings | None = None
 
     def __post_init__(self) -> None:
         if not self.zk_session_timeout_s > 0:
@@ -163,6 +173,7 @@ class StorageNode:
                     "address": self.append_address,
                     "connections": self.append_port.connections,
                     "refused_connections": self.append_port.refused_connections,
+                    "unauthenticated_connections": self.append_port.unauthenticated_connections,
                 }
             ),
             **self.store.status(),
@@ -185,7 +196,11 @@ class StorageNode:
     async def start(self) -> None:
         config = self.config
         await self.store.open()
-        server = grpc.aio.server(options=GRPC_OPTIONS)
+        verifier = TokenVerifier(config.tokens) if config.tokens is not None else None
+        server = grpc.aio.server(
+            options=GRPC_OPTIONS,
+            interceptors=[AuthInterceptor(verifier)] if verifier is not None else None,
+        )
         address = f"{config.host}:{config.port}"
         tls = config.tls
         if tls is None:
@@ -205,7 +220,11 @@ class StorageNode:
         self.grpc_server = server
         if config.append_port >= 0:
             self.append_port = AppendPort(
-                self.store, config.host, config.append_port, ssl=tls.context() if tls else None
+                self.store,
+                config.host,
+                config.append_port,
+                ssl=tls.context() if tls else None,
+                verifier=verifier,
             )
             await self.append_port.start()
         if config.http_port >= 0:
