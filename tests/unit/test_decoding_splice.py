@@ -105,3 +105,22 @@ def test_a_message_with_a_publish_time_takes_the_protobuf_path() -> None:
     assert _spliced(0, entry) is None
     [out] = decode(0, entry).messages
     assert pb.PubsubMessage.FromString(out).publish_time.nanos == 0
+
+
+@pytest.mark.parametrize("data_size", [1, 100, 127, 128, 5000])
+@pytest.mark.parametrize("dedup_size", [1, 40, 107, 108, 300])
+@pytest.mark.parametrize("key", ["", "k"])
+def test_deduplicated_messages_of_every_length_lose_only_the_reserved_attribute(
+    data_size: int, dedup_size: int, key: str
+) -> None:
+    """The cutter's common form (data, then the reserved entry) and its edges: lengths around
+    one-byte varints, an ordering key after the entry."""
+    batch = MessageBatch(
+        [("d" * dedup_size, pb.PubsubMessage(data=b"\x12" * data_size, ordering_key=key))]
+    )
+    [(payload, _, _, _)] = batch.stored([0])
+    entry = Entry(base_offset=3, count=1, publish_time_us=1_234_567, payload=payload)
+    assert _spliced(0, entry) is not None
+    expected = [pb.PubsubMessage.FromString(b) for b in _reference(0, entry)]
+    assert [pb.PubsubMessage.FromString(b) for b in decode(0, entry).messages] == expected
+    assert not expected[0].attributes

@@ -168,8 +168,24 @@ def _without_dedup(m: bytes) -> bytes | None:
     """A stored message's bytes without the reserved attribute's map entries; None if a field
     is not length-delimited with a one-byte tag (PubsubMessage's fields all are) or an entry of
     the reserved key is not exactly key and value."""
-    if _DEDUP_ENTRY_KEY not in m:
+    at = m.find(_DEDUP_ENTRY_KEY)
+    if at < 0:
         return m
+    # The common form first: data, then the reserved attribute's entry, nothing after it (a
+    # Pulsar producer's message without properties or key); the entry's lengths one byte each.
+    if at >= 4 and m[0] == 0x0A and m[at - 2] == 0x12 and m[at - 1] < 0x80:
+        data_length, j = _varint_at(m, 1)
+        end = at + m[at - 1]
+        value = at + len(_DEDUP_ENTRY_KEY)
+        if (
+            j + data_length == at - 2
+            and end == len(m)
+            and value + 1 < end
+            and m[value] == 0x12
+            and m[value + 1] < 0x80
+            and value + 2 + m[value + 1] == end
+        ):
+            return m[: at - 2]
     parts: list[bytes] = []
     kept = 0  # start of the bytes not yet copied
     i, n = 0, len(m)

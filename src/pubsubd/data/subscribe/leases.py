@@ -28,6 +28,7 @@ Rules:
 from __future__ import annotations
 
 import heapq
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 # The heap is rebuilt when it holds more than twice the live leases plus this many items.
@@ -71,6 +72,11 @@ class LeaseTable:
 
     def __contains__(self, pos: int) -> bool:
         return pos in self._leases
+
+    @property
+    def leased(self) -> Mapping[int, Lease]:
+        """Position -> its lease (read-only view for hot loops: ``pos in leased``)."""
+        return self._leases
 
     def get(self, pos: int) -> Lease | None:
         return self._leases.get(pos)

@@ -446,6 +446,7 @@ class DeliveryPlanner:
         auto_acked: list[int] = []
         lost: list[int] = []
         reader = self.reader
+        leased = self.leases.leased
         for source in self._sources_in_turn():
             if sources is not None and source not in sources:
                 continue
@@ -453,6 +454,11 @@ class DeliveryPlanner:
             offset = self.read_offsets.get(source, cursor.mark_delete)
             committed = reader.committed_offset(source)
             full = False
+            # [unacked, acked_at): a run of unacked offsets (offsets only grow below); the
+            # cursor does not change while this loop reads it
+            unacked: int = 0
+            acked_at: int | None = -1
+            source_bits = source << ids.OFFSET_BITS
             while not full and len(out) < max_msgs and offset < committed:
                 try:
                     entries = reader.read(source, offset, READ_ENTRIES)
@@ -477,10 +483,12 @@ class DeliveryPlanner:
                     start = max(offset, entry.base_offset)
                     for off in range(start, entry.base_offset + entry.count):
                         offset = off + 1
-                        if cursor.is_acked(off):
-                            continue
-                        pos = ids.position(source, off)
-                        if pos in self.leases:
+                        if acked_at is not None and off >= acked_at:
+                            unacked, acked_at = cursor.unacked_run(off)
+                        if off < unacked:
+                            continue  # acked
+                        pos = source_bits | off
+                        if pos in leased:
                             continue
                         i = off - entry.base_offset
                         if flt is not None and not flt.matches(decoded.parsed[i].attributes):
