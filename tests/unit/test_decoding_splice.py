@@ -124,3 +124,20 @@ def test_deduplicated_messages_of_every_length_lose_only_the_reserved_attribute(
     expected = [pb.PubsubMessage.FromString(b) for b in _reference(0, entry)]
     assert [pb.PubsubMessage.FromString(b) for b in decode(0, entry).messages] == expected
     assert not expected[0].attributes
+
+
+def test_message_ids_of_one_entry_may_differ_in_length() -> None:
+    messages = [pb.PubsubMessage(data=b"%d" % i) for i in range(5)]
+    payload = pb.PublishRequest(messages=messages).SerializeToString()
+    entry = Entry(base_offset=98, count=5, publish_time_us=37_000_000, payload=payload)
+    decoded = [pb.PubsubMessage.FromString(b) for b in decode(0, entry).messages]
+    assert [m.message_id for m in decoded] == ["98", "99", "100", "101", "102"]
+    assert decoded == [pb.PubsubMessage.FromString(b) for b in _reference(0, entry)]
+
+
+def test_a_percent_sign_in_the_publish_time_bytes_is_kept() -> None:
+    # 37 = ord("%"): the publish time's varint holds it, inside the per-entry format string.
+    payload = pb.PublishRequest(messages=[pb.PubsubMessage(data=b"a")]).SerializeToString()
+    entry = Entry(base_offset=0, count=1, publish_time_us=37_000_000, payload=payload)
+    [out] = decode(0, entry).messages
+    assert pb.PubsubMessage.FromString(out).publish_time.seconds == 37

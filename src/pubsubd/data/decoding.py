@@ -157,10 +157,16 @@ def _spliced(source: int, entry: Entry) -> list[bytes] | None:
     )
     stamp_field = _PUBLISH_TIME + varint(len(stamp)) + stamp
     base = ids.position(source, entry.base_offset)
-    # A message ID is at most 20 digits: its length is one varint byte.
+    end = base + len(raw)
+    # A message ID is at most 20 digits: its length is one varint byte. When every ID of the
+    # entry has as many digits (nearly always), one format string appends ID and time.
+    digits = len(b"%d" % base)
+    if digits == len(b"%d" % (end - 1)):
+        template = b"%b" + _MESSAGE_ID + bytes((digits,)) + b"%d" + stamp_field.replace(b"%", b"%%")
+        return [template % (m, p) for m, p in zip(raw, range(base, end), strict=True)]
     return [
         m + _MESSAGE_ID + bytes((len(mid),)) + mid + stamp_field
-        for m, mid in zip(raw, [b"%d" % p for p in range(base, base + len(raw))], strict=True)
+        for m, mid in zip(raw, [b"%d" % p for p in range(base, end)], strict=True)
     ]
 
 
