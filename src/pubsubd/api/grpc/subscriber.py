@@ -307,10 +307,10 @@ class SubscriberServicer:
             metrics.ACKED_MESSAGES.inc(len(request.ack_ids))
         if request.modify_deadline_ack_ids:
             all_seconds = request.modify_deadline_seconds
-            first = min(all_seconds)
-            if first == max(all_seconds):
+            lowest = min(all_seconds)
+            if lowest == max(all_seconds):
                 # One deadline for all (the clients' receipts and lease extensions): one call.
-                forwarder.modify_ack_deadline(name, list(request.modify_deadline_ack_ids), first)
+                forwarder.modify_ack_deadline(name, list(request.modify_deadline_ack_ids), lowest)
                 return
             by_seconds: dict[int, list[str]] = defaultdict(list)
             for ack_id, seconds in zip(request.modify_deadline_ack_ids, all_seconds, strict=True):
