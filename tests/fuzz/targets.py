@@ -35,7 +35,7 @@ from pubsubd.api.rest.transcode import RestError, build_request
 from pubsubd.control import routing_store
 from pubsubd.core import filters, ids, names, pb, validation
 from pubsubd.core.backlog_view import whole_backlogs
-from pubsubd.core.errors import InvalidArgument, PubsubError
+from pubsubd.core.errors import InvalidAckId, InvalidArgument, PubsubError
 from pubsubd.core.load import weight
 from pubsubd.core.publish_sources import MAX_SOURCES
 from pubsubd.core.records import Entry
@@ -154,11 +154,28 @@ def _streaming_pull(data: bytes) -> None:
             validation.ack_deadline(
                 "stream_ack_deadline_seconds", request.stream_ack_deadline_seconds
             )
-        for ack_id in (*request.ack_ids, *request.modify_deadline_ack_ids):
+        ack_ids = [*request.ack_ids, *request.modify_deadline_ack_ids]
+        _bulk_decoding_agrees(ack_ids)
+        for ack_id in ack_ids:
             pos, generation = ids.decode_ack_id(ack_id, INCARNATION)
             assert ids.encode_ack_id(INCARNATION, pos, generation) == ack_id
     except PubsubError as e:
         _grpc_refusal(e)
+
+
+def _bulk_decoding_agrees(ack_ids: list[str]) -> None:
+    """A request's ack IDs decoded together (ids.decode_ack_ids) as one by one: the same
+    values, or the same error (the first bad ID's)."""
+    try:
+        singly = [ids.decode_ack_id(ack_id, INCARNATION) for ack_id in ack_ids]
+    except InvalidAckId as e:
+        try:
+            ids.decode_ack_ids(ack_ids, INCARNATION)
+        except InvalidAckId as bulk:
+            assert str(bulk) == str(e)
+            return
+        raise AssertionError("decoded together what one by one refused") from None
+    assert ids.decode_ack_ids(ack_ids, INCARNATION) == singly
 
 
 def _streaming_pull_seeds() -> list[bytes]:

@@ -38,6 +38,37 @@ class LeaseMachine(RuleBasedStateMachine):
         self.holders[pos] = consumer
         self.attempts[pos] = self.attempts.get(pos, 0) + 1
 
+    @rule(run=st.lists(positions, max_size=6, unique=True), d=durations, consumer=st.integers(0, 3))
+    def grant_run(self, run: list[int], d: float, consumer: int) -> None:
+        first = self.table.grant_run(run, [1] * len(run), self.now, d, consumer)
+        if not run:
+            return
+        assert first > self.last_generation
+        self.last_generation = first + len(run) - 1
+        for k, pos in enumerate(run):
+            self.model[pos] = (first + k, self.now + d, False)
+            self.holders[pos] = consumer
+            self.attempts[pos] = self.attempts.get(pos, 0) + 1
+
+    @rule(
+        picks=st.lists(st.tuples(positions, st.booleans()), max_size=6, unique_by=lambda t: t[0]),
+        d=durations,
+    )
+    def extend_all(self, picks: list[tuple[int, bool]], d: float) -> None:
+        """Extend deliveries named by (position, generation); a stale generation extends
+        nothing."""
+        deliveries = [
+            (pos, self.model[pos][0] if current and pos in self.model else 10**9)
+            for pos, current in picks
+        ]
+        extended = self.table.extend_all(deliveries, self.now, d)
+        expected = [
+            pos for pos, gen in deliveries if pos in self.model and self.model[pos][0] == gen
+        ]
+        assert [lease.generation for lease in extended] == [self.model[p][0] for p in expected]
+        for pos in expected:
+            self.model[pos] = (self.model[pos][0], self.now + d, True)
+
     @rule(pos=positions, d=durations)
     def extend(self, pos: int, d: float) -> None:
         lease = self.table.extend(pos, self.now, d)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pubsubd.acks.cursor import Cursor, CursorState
 
@@ -136,3 +138,23 @@ def test_invariant_mark_delete_below_every_range() -> None:
         assert not c.is_acked(c.mark_delete)
     assert c.mark_delete == 11
     assert c.acked_ranges() == [(12, 13)]
+
+
+@given(
+    st.integers(0, 20),
+    st.lists(st.integers(0, 60), max_size=30),
+    st.integers(0, 70),
+)
+def test_unacked_run_agrees_with_is_acked(mark_delete: int, acked: list[int], offset: int) -> None:
+    c = Cursor(mark_delete)
+    c.ack(acked)
+    start, end = c.unacked_run(offset)
+    assert start >= offset
+    assert not c.is_acked(start)
+    assert all(c.is_acked(x) for x in range(offset, start))
+    stop = end if end is not None else 200
+    assert all(not c.is_acked(x) for x in range(start, stop))
+    if end is not None:
+        assert c.is_acked(end)
+    else:
+        assert all(not c.is_acked(x) for x in range(start, 200))

@@ -132,3 +132,33 @@ def test_non_canonical_ack_ids_are_rejected(ack_id: str) -> None:
     and garbage such as ' 5' is accepted instead of raising InvalidAckId."""
     with pytest.raises(InvalidAckId):
         ids.decode_ack_id(ack_id, INC)
+
+
+_PIECES = st.sampled_from(["0", "00", "05", "5", "12", "-", "", " ", "+", "x", "\u0665", "\n"])
+
+
+@given(
+    st.one_of(
+        st.text(max_size=40),
+        st.lists(st.one_of(_PIECES, st.integers(0, 2**64).map(str), st.just(INC)), max_size=9).map(
+            "".join
+        ),
+        st.tuples(
+            st.sampled_from([INC, "other", ""]), st.lists(_PIECES, min_size=3, max_size=3)
+        ).map(lambda t: "-".join([t[0], *t[1]])),
+    )
+)
+def test_decoding_accepts_exactly_what_the_ack_id_pattern_does(ack_id: str) -> None:
+    """decode_ack_id and decode_ack_ids (split, no regex) against the canonical pattern."""
+    m = ids._ACK_ID.fullmatch(ack_id) if len(ack_id) <= ids.MAX_ACK_ID_LEN else None
+    ok = m is not None and m.group(1) == INC and int(m.group(3)) <= ids.OFFSET_MASK
+    if ok:
+        assert m is not None
+        expected = (ids.position(int(m.group(2)), int(m.group(3))), int(m.group(4)))
+        assert ids.decode_ack_id(ack_id, INC) == expected
+        assert ids.decode_ack_ids([ack_id, ack_id], INC) == [expected, expected]
+    else:
+        with pytest.raises(InvalidAckId):
+            ids.decode_ack_id(ack_id, INC)
+        with pytest.raises(InvalidAckId):
+            ids.decode_ack_ids([ids.encode_ack_id(INC, 1, 1), ack_id], INC)

@@ -218,9 +218,29 @@ def test_stale_heap_items_are_compacted_away() -> None:
         for pos in range(base, base + 1000):
             t.forget(pos)
     t.grant(10**6, 0.0, 5.0, consumer=1, size=10)
-    assert len(t._heap) <= 2 * len(t) + leases.COMPACT_SLACK
+    _check_bounded(t)
     assert t.next_deadline() == 5.0
     assert [p for p, _ in t.expired(1000.0)] == [10**6]
+
+
+def _check_bounded(t: LeaseTable) -> None:
+    entries = sum(len(run.positions) for _, _, run in t._heap)
+    assert entries == t._entries
+    assert entries <= 2 * len(t) + leases.COMPACT_SLACK
+
+
+def test_stale_runs_are_compacted_away() -> None:
+    t = LeaseTable()
+    for round_ in range(20):  # the same drain, each response's 1000 leases granted as a run
+        run = list(range(round_ * 1000, round_ * 1000 + 1000))
+        t.grant_run(run, [10] * 1000, float(round_), 600.0, consumer=1)
+        for pos in run[:-1]:  # one left outstanding per run
+            t.forget(pos)
+    _check_bounded(t)
+    assert len(t) == 20
+    assert t.next_deadline() == 600.0
+    assert [p for p, _ in t.expired(700.0)] == [r * 1000 + 999 for r in range(20)]
+    assert t.next_deadline() is None
 
 
 def test_give_back_ends_lease_without_counting_the_attempt() -> None:

@@ -94,6 +94,11 @@ class Cursor:
     def is_acked(self, offset: int) -> bool:
         return offset < self._mark_delete or offset in self._acked
 
+    def unacked_run(self, offset: int) -> tuple[int, int | None]:
+        """(start, end): every offset in [start, end) is unacked, ``start`` the smallest
+        unacked offset ``>= offset`` and ``end`` the next acked one (None: none above)."""
+        return self._acked.gap_at_or_after(max(offset, self._mark_delete))
+
     def acked_ranges(self) -> list[tuple[int, int]]:
         """Individually acked ranges above ``mark_delete``, sorted."""
         return self._acked.ranges()

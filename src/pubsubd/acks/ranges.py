@@ -182,6 +182,15 @@ class RangeSet:
             return self._ends[i]  # ranges never touch, so ends[i] is not a member
         return x
 
+    def gap_at_or_after(self, x: int) -> tuple[int, int | None]:
+        """(start, end) of the first run of non-members at or after ``x``: ``start`` as
+        :meth:`first_gap_at_or_after`, ``end`` the next member above it (None: none)."""
+        starts = self._starts
+        i = bisect_right(starts, x)  # the first range starting above x
+        if i > 0 and x < self._ends[i - 1]:
+            x = self._ends[i - 1]  # inside the range before: the gap starts at its end
+        return x, starts[i] if i < len(starts) else None
+
     def first(self) -> tuple[int, int] | None:
         """The lowest range, or ``None`` when empty."""
         if not self._starts:

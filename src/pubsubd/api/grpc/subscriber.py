@@ -310,10 +310,14 @@ class SubscriberServicer:
             forwarder.acknowledge(name, list(request.ack_ids))
             metrics.ACKED_MESSAGES.inc(len(request.ack_ids))
         if request.modify_deadline_ack_ids:
+            all_seconds = request.modify_deadline_seconds
+            lowest = min(all_seconds)
+            if lowest == max(all_seconds):
+                # One deadline for all (the clients' receipts and lease extensions): one call.
+                forwarder.modify_ack_deadline(name, list(request.modify_deadline_ack_ids), lowest)
+                return
             by_seconds: dict[int, list[str]] = defaultdict(list)
-            for ack_id, seconds in zip(
-                request.modify_deadline_ack_ids, request.modify_deadline_seconds, strict=True
-            ):
+            for ack_id, seconds in zip(request.modify_deadline_ack_ids, all_seconds, strict=True):
                 by_seconds[seconds].append(ack_id)
             for seconds, ack_ids in by_seconds.items():
                 forwarder.modify_ack_deadline(name, ack_ids, seconds)
@@ -394,7 +398,14 @@ def _check_modacks(request: Any) -> None:
         raise InvalidArgument(
             "modify_deadline_seconds: must have as many entries as modify_deadline_ack_ids"
         )
-    for seconds in request.modify_deadline_seconds:
+    all_seconds = request.modify_deadline_seconds
+    if (
+        all_seconds
+        and min(all_seconds) >= 0
+        and max(all_seconds) <= validation.MAX_MODIFY_DEADLINE_S
+    ):
+        return  # all valid (checked in bulk: a request carries one per message)
+    for seconds in all_seconds:
         validation.modify_deadline(seconds)
 
 

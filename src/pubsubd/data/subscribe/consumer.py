@@ -76,6 +76,11 @@ class Consumer(abc.ABC):
         self.outstanding -= 1
         self.outstanding_bytes -= size
 
+    def returned_many(self, count: int, size: int) -> None:
+        """``count`` leases of ``size`` bytes in all ended (``returned`` each)."""
+        self.outstanding -= count
+        self.outstanding_bytes -= size
+
     def notify_active(self, active: bool) -> None:
         """Tell the client it became (or stopped being) a receiver; only streams can."""
         return

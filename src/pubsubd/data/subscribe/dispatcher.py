@@ -353,6 +353,10 @@ class SubscriptionDispatcher:
         # Once per ack ID: the planner's decode without its call layer.
         return ids.decode_ack_id(ack_id, self.planner.incarnation)
 
+    def decode_all(self, ack_ids: list[str]) -> list[tuple[int, int]]:
+        """:meth:`decode` of each (raises for the first malformed one)."""
+        return ids.decode_ack_ids(ack_ids, self.planner.incarnation)
+
     def acknowledge(self, positions: list[int]) -> None:
         events.record_acks(self, positions)  # delivery-latency SLI; O(1) per batch
         sli.record_acks(

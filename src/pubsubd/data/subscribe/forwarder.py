@@ -390,7 +390,7 @@ class SubscribingForwarder:
 
     def acknowledge(self, name: str, ack_ids: list[str]) -> None:
         d = self.dispatcher(name)
-        decoded = [d.decode(a) for a in ack_ids]
+        decoded = d.decode_all(ack_ids)
         # Ack IDs issued before a Seek no longer ack anything (their deliveries were undone).
         floor = d.generation_floor
         d.acknowledge([pos for pos, generation in decoded if generation >= floor])
@@ -406,7 +406,7 @@ class SubscribingForwarder:
     def modify_ack_deadline(self, name: str, ack_ids: list[str], seconds: int) -> None:
         modify_deadline(seconds)
         d = self.dispatcher(name)
-        d.modify_deadline([d.decode(a) for a in ack_ids], seconds)
+        d.modify_deadline(d.decode_all(ack_ids), seconds)
 
     # --- exactly-once -------------------------------------------------------------------------
 
@@ -448,7 +448,7 @@ class SubscribingForwarder:
         modify_deadline(seconds)
         d = self.dispatcher(name)
         if not d.subscription.enable_exactly_once_delivery:
-            d.modify_deadline([d.decode(a) for a in ack_ids], seconds)
+            d.modify_deadline(d.decode_all(ack_ids), seconds)
             return
         valid, failures = self._check(d, ack_ids)
         d.modify_deadline(valid, seconds)

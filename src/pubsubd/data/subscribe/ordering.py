@@ -41,6 +41,10 @@ class KeyOrdering:
     # (rule 4; created on first use)
     _awaiting: set[int] | None = None
 
+    def tracks_positions(self) -> bool:
+        """Whether any position has a key here (else ``acked`` has nothing to do)."""
+        return bool(self._key_of) or bool(self._awaiting)
+
     def busy(self, key: str) -> bool:
         return key in self._outstanding or key in self._pending
 
@@ -74,6 +78,10 @@ class KeyOrdering:
         """Whether ``pos`` waits to be delivered again behind an earlier failed message of its
         key (rule 4): no ack ID of it is live until then."""
         return self._awaiting is not None and pos in self._awaiting
+
+    def awaits_any(self) -> bool:
+        """Whether any position awaits redelivery (rule 4)."""
+        return bool(self._awaiting)
 
     def delivered(self, key: str, pos: int) -> None:
         """``pos`` of ``key`` was handed out (call in log order within a batch)."""

@@ -328,23 +328,37 @@ class DeliveryPlanner:
         report = (
             self.subscription.HasField("dead_letter_policy") or self.settings.always_report_attempts
         )
-        received = []
-        total = 0
-        grant = self.leases.grant
-        attempts = self.leases.attempts
+        positions = [pos for pos, _, _ in batch]
+        sizes = [size for _, _, size in batch]
+        # One lease run per response (leases.py): generations first, first + 1, ...
+        first = self.leases.grant_run(positions, sizes, now, consumer.ack_deadline_s, consumer.id)
+        received_message = wire.received_message
+        mask = ids.OFFSET_MASK
         incarnation = self.incarnation
-        deadline = consumer.ack_deadline_s
-        for pos, message, size in batch:
-            lease = grant(pos, now, deadline, consumer.id, size)
-            ack_id = ids.encode_ack_id(incarnation, pos, lease.generation).encode()
-            received.append(wire.received_message(ack_id, message, attempts(pos) if report else 0))
-            total += size
+        if report:
+            attempts = self.leases.attempts
+            received = [
+                received_message(
+                    f"{incarnation}-{pos >> ids.OFFSET_BITS}-{pos & mask}-{gen}".encode(),
+                    message,
+                    attempts(pos),
+                )
+                for gen, (pos, message, _) in enumerate(batch, first)
+            ]
+        else:
+            received = [
+                received_message(
+                    f"{incarnation}-{pos >> ids.OFFSET_BITS}-{pos & mask}-{gen}".encode(), message
+                )
+                for gen, (pos, message, _) in enumerate(batch, first)
+            ]
+        total = sum(sizes)
         consumer.taken(len(batch), total)
         self._outstanding_bytes += total
         if self.budget is not None:
             self.budget.taken(self, len(batch), total)
         self.delivered += len(batch)
-        self._effects.deliveries.append(Delivery(consumer, received, [pos for pos, _, _ in batch]))
+        self._effects.deliveries.append(Delivery(consumer, received, positions))
 
     def _current_filter(self) -> filters.Filter | None:
         text = self.subscription.filter
@@ -432,6 +446,7 @@ class DeliveryPlanner:
         auto_acked: list[int] = []
         lost: list[int] = []
         reader = self.reader
+        leased = self.leases.leased
         for source in self._sources_in_turn():
             if sources is not None and source not in sources:
                 continue
@@ -439,6 +454,11 @@ class DeliveryPlanner:
             offset = self.read_offsets.get(source, cursor.mark_delete)
             committed = reader.committed_offset(source)
             full = False
+            # [unacked, acked_at): a run of unacked offsets (offsets only grow below); the
+            # cursor does not change while this loop reads it
+            unacked: int = 0
+            acked_at: int | None = -1
+            source_bits = source << ids.OFFSET_BITS
             while not full and len(out) < max_msgs and offset < committed:
                 try:
                     entries = reader.read(source, offset, READ_ENTRIES)
@@ -463,10 +483,12 @@ class DeliveryPlanner:
                     start = max(offset, entry.base_offset)
                     for off in range(start, entry.base_offset + entry.count):
                         offset = off + 1
-                        if cursor.is_acked(off):
-                            continue
-                        pos = ids.position(source, off)
-                        if pos in self.leases:
+                        if acked_at is not None and off >= acked_at:
+                            unacked, acked_at = cursor.unacked_run(off)
+                        if off < unacked:
+                            continue  # acked
+                        pos = source_bits | off
+                        if pos in leased:
                             continue
                         i = off - entry.base_offset
                         if flt is not None and not flt.matches(decoded.parsed[i].attributes):
@@ -690,21 +712,44 @@ class DeliveryPlanner:
         an earlier failed message of its key is dropped: its ack ID is from the delivery the
         failure ended, and taking it would let the key's redelivery skip the message."""
         ordering = self.ordering
-        self._ack_positions([p for p in positions if not ordering.awaits_redelivery(p)])
+        if ordering.awaits_any():
+            positions = [p for p in positions if not ordering.awaits_redelivery(p)]
+        self._ack_positions(positions)
 
     def evict(self, positions: list[int]) -> None:
         """Acknowledge ``positions`` for the server's own reasons (backlog quota)."""
         self._ack_positions(positions)
 
     def _ack_positions(self, positions: list[int]) -> None:
-        by_source: dict[int, list[int]] = defaultdict(list)
+        # Runs once per acked message: the leases end in one call, what they held is given
+        # back per consumer (as _release does one by one), offsets are grouped per source.
         freed = False
+        ended = self.leases.forget_all(positions)
+        if ended:
+            freed = True
+            returned: dict[int, list[int]] = {}  # consumer -> [messages, bytes]
+            for lease in ended:
+                counts = returned.get(lease.consumer)
+                if counts is None:
+                    returned[lease.consumer] = [1, lease.size]
+                else:
+                    counts[0] += 1
+                    counts[1] += lease.size
+            consumers = self.roster.consumers
+            for consumer_id, (count, size) in returned.items():
+                self._outstanding_bytes -= size
+                consumer = consumers.get(consumer_id)
+                if consumer is not None:
+                    consumer.returned_many(count, size)
+                    consumer.stalled = False
         ordering = self.ordering
+        if ordering.tracks_positions():
+            for pos in positions:
+                ordering.acked(pos)
+        by_source: dict[int, list[int]] = defaultdict(list)
+        bits, mask = ids.OFFSET_BITS, ids.OFFSET_MASK
         for pos in positions:
-            freed |= self._release(pos)
-            self.leases.forget(pos)
-            ordering.acked(pos)
-            by_source[ids.source_of(pos)].append(ids.offset_of(pos))
+            by_source[pos >> bits].append(pos & mask)
         acks = self._effects.acks
         for source, offsets in by_source.items():
             cursor = self.cursors.get(source)
@@ -748,30 +793,26 @@ class DeliveryPlanner:
             if failed:
                 self._effects.pump = True
             return
-        leases, consumers = self.leases, self.roster.consumers  # once per message below
-        for pos, generation in positions:
-            lease = leases.get(pos)
-            if lease is not None and lease.generation == generation:
-                leases.extend(pos, now, seconds)
-                consumer = consumers.get(lease.consumer)
-                if consumer is not None and consumer.stalled:
-                    consumer.stalled = False
-                    self._effects.pump = True
+        consumers = self.roster.consumers
+        holder = -1  # the consumer last checked: a request's leases are mostly one consumer's
+        for lease in self.leases.extend_all(positions, now, seconds):
+            if lease.consumer == holder:
+                continue
+            holder = lease.consumer
+            consumer = consumers.get(holder)
+            if consumer is not None and consumer.stalled:
+                consumer.stalled = False
+                self._effects.pump = True
 
     # --- time ---------------------------------------------------------------------------------
 
     def next_wakeup(self) -> float | None:
         """The earliest of: a lease deadline, a backoff ending (monotonic seconds)."""
-        due = [
-            t
-            for t in (
-                self.leases.next_deadline(),
-                self._delayed.next_due(),
-                self._delayed_keys.next_due(),
-            )
-            if t is not None
-        ]
-        return min(due) if due else None
+        at = self.leases.next_deadline()
+        for t in (self._delayed.next_due(), self._delayed_keys.next_due()):
+            if t is not None and (at is None or t < at):
+                at = t
+        return at
 
     def tick(self, now: float) -> bool:
         """Time passed: expire leases, end backoffs. True if there is something to deliver."""
