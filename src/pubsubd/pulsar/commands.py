@@ -145,13 +145,25 @@ def lookup_error(request_id: int, code: int, message: str) -> bytes:
     return frame(cmd)
 
 
-def producer_success(request_id: int, name: str, last_sequence_id: int) -> bytes:
+def producer_success(
+    request_id: int,
+    name: str,
+    last_sequence_id: int,
+    topic_epoch: int | None = None,
+    ready: bool = True,
+) -> bytes:
+    """PRODUCER_SUCCESS; ``ready`` false: a WaitForExclusive producer is queued (another
+    PRODUCER_SUCCESS, ready, follows when it holds the topic); ``topic_epoch``: the topic's
+    exclusive-producer epoch (pulsar/access.py), which the client sends back when it
+    reconnects."""
     cmd = BaseCommand(type=Type.Value("PRODUCER_SUCCESS"))
     r = cmd.producer_success
     r.request_id = request_id
     r.producer_name = name
     r.last_sequence_id = last_sequence_id
-    r.producer_ready = True
+    r.producer_ready = ready
+    if topic_epoch is not None:
+        r.topic_epoch = topic_epoch
     return frame(cmd)
 
 

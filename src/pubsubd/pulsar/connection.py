@@ -27,6 +27,7 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -36,6 +37,7 @@ from pubsubd.core.errors import Unauthenticated
 from pubsubd.core.failover_rank import FailoverRank
 from pubsubd.core.tokens import TokenVerifier
 from pubsubd.pulsar import commands, frames, ids, names
+from pubsubd.pulsar.access import AccessMode, Granted, Queued, Refused, TopicAccess
 from pubsubd.pulsar.api import CommandSubscribe, ServerError, Type
 from pubsubd.pulsar.consumers import Consumer, check_subscription
 from pubsubd.pulsar.credentials import NEVER, TOKEN_METHOD, Credentials, check_method
@@ -74,6 +76,20 @@ class ServerState:
         # (topic, producer name) -> highest sequence ID stored by this process, for
         # PRODUCER_SUCCESS.last_sequence_id when a named producer comes back.
         self.last_sequence: dict[tuple[str, str], int] = {}
+        # Full Pulsar topic name (a partition's own) -> its producers' access modes (access.py).
+        self.access: dict[str, TopicAccess[ProducerSlot]] = {}
+
+
+@dataclass(eq=False)
+class ProducerSlot:
+    """One PRODUCER in a topic's access state: its connection, and how to start it once it
+    holds the topic (a queued WaitForExclusive producer is started later)."""
+
+    connection: Connection
+    producer_id: int
+    request_id: int
+    topic: str  # the full Pulsar name: the key of ServerState.access
+    start: Callable[[int | None], None]
 
 
 class Connection:
@@ -88,6 +104,10 @@ class Connection:
         self.decoder = frames.FrameDecoder()
         self.connected = False
         self.producers: dict[int, Producer] = {}
+        # Each producer's place in its topic's access state; ``waiting``: the queued ones.
+        self.slots: dict[int, ProducerSlot] = {}
+        self.waiting: dict[int, ProducerSlot] = {}
+        self._fenced: set[int] = set()  # producers the server closed: their SENDs are dropped
         self.consumers: dict[int, Consumer] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         # With authentication on, once connected: the token in use and until when.
@@ -206,6 +226,10 @@ class Connection:
             await self._end_consumer(consumer)
         for producer in self.producers.values():
             producer.abort()
+        for slot in [*self.slots.values(), *self.waiting.values()]:
+            self._release(slot)
+        self.slots.clear()
+        self.waiting.clear()
         for task in list(self._tasks):
             task.cancel()
         self.writer.close()
@@ -368,47 +392,134 @@ class Connection:
     def _producer(self, cmd: Any, frame: frames.Frame) -> None:
         request = cmd.producer
         topic = _topic(request.topic)
-        if request.producer_access_mode != 0:
+        if request.producer_access_mode not in AccessMode._value2member_map_:
             raise PulsarError(
-                "NotAllowedError", "only the Shared producer access mode is supported"
+                "NotAllowedError", f"unknown producer access mode {request.producer_access_mode}"
             )
+        mode = AccessMode(request.producer_access_mode)
         if request.txn_enabled:
             raise PulsarError("NotAllowedError", "transactions are not supported")
-        existing = self.producers.get(request.producer_id)
-        if existing is not None:  # the client repeats PRODUCER after a timeout
-            self.write(commands.producer_success(request.request_id, existing.name, -1))
-            return
+        self._fenced.discard(request.producer_id)
         name = (
             request.producer_name
             or f"pubsubd-{self.state.incarnation}-{self.id}-{request.producer_id}"
         )
+        if self._repeated_producer(request, name):
+            return
+        topic_epoch = request.topic_epoch if request.HasField("topic_epoch") else None
 
         async def create() -> None:
             source = _partition_source(topic, await self.gateway.ensure_topic(topic.google))
+            if self._repeated_producer(request, name):
+                return
             key = (topic.pulsar, name)
             last = self.state.last_sequence
 
             def stored(seq: int) -> None:
                 last[key] = max(last.get(key, -1), seq)
 
-            self.producers[request.producer_id] = Producer(
-                self.gateway,
-                self.write,
-                request.producer_id,
-                topic.google,
-                name,
-                f"pulsar/{self.state.incarnation}/"
-                + ("" if source is None else f"partition-{source}/"),
-                stored,
-                source,
-            )
-            self.write(commands.producer_success(request.request_id, name, last.get(key, -1)))
+            def start(epoch: int | None) -> None:
+                """The producer holds (or shares) the topic: it may send."""
+                self.waiting.pop(request.producer_id, None)
+                self.slots[request.producer_id] = slot
+                self.producers[request.producer_id] = Producer(
+                    self.gateway,
+                    self.write,
+                    request.producer_id,
+                    topic.google,
+                    name,
+                    f"pulsar/{self.state.incarnation}/"
+                    + ("" if source is None else f"partition-{source}/"),
+                    stored,
+                    source,
+                )
+                self.write(
+                    commands.producer_success(
+                        request.request_id, name, last.get(key, -1), topic_epoch=epoch
+                    )
+                )
+
+            slot = ProducerSlot(self, request.producer_id, request.request_id, topic.pulsar, start)
+            access = self.state.access.setdefault(topic.pulsar, TopicAccess())
+            decision = access.request(slot, name, mode, topic_epoch)
+            if isinstance(decision, Refused):
+                raise PulsarError(decision.error, decision.message)
+            if isinstance(decision, Queued):
+                self.waiting[request.producer_id] = slot
+                self.write(commands.producer_success(request.request_id, name, -1, ready=False))
+                return
+            assert isinstance(decision, Granted)
+            # Held from now on: a CLOSE_PRODUCER or the connection's end releases it.
+            self.slots[request.producer_id] = slot
+            for fenced in decision.refused:  # queued producers an ExclusiveWithFencing passed
+                fenced.connection.refuse_waiting(fenced, "Fenced out by an exclusive producer")
+            # Fenced producers finish their publish in flight before this one may send.
+            await asyncio.gather(*(f.connection.fence(f) for f in decision.fenced))
+            if self.slots.get(request.producer_id) is slot and not self.writer.is_closing():
+                start(decision.epoch)
 
         self._spawn(cmd, create())
+
+    def _repeated_producer(self, request: Any, name: str) -> bool:
+        """The client repeats a PRODUCER it had no answer to (after a timeout): answered
+        again, nothing new made."""
+        existing = self.producers.get(request.producer_id)
+        if existing is not None:
+            self.write(commands.producer_success(request.request_id, existing.name, -1))
+            return True
+        if request.producer_id in self.waiting:
+            self.write(commands.producer_success(request.request_id, name, -1, ready=False))
+            return True
+        return False
+
+    async def fence(self, slot: ProducerSlot) -> None:
+        """Close a producer another one fenced out (ExclusiveWithFencing): its publish in
+        flight is answered, then CLOSE_PRODUCER; the client reconnects it with its topic
+        epoch, which access.py refuses (ProducerFenced)."""
+        if self.slots.get(slot.producer_id) is not slot:
+            return
+        del self.slots[slot.producer_id]
+        self._fenced.add(slot.producer_id)
+        producer = self.producers.pop(slot.producer_id, None)
+        if producer is None:  # granted, not answered yet (itself waiting for a fencing)
+            self.write(
+                commands.error(
+                    slot.request_id,
+                    ServerError.Value("ProducerFenced"),
+                    "Fenced out by an exclusive producer",
+                )
+            )
+            return
+        await producer.fence()
+        self.write(commands.close_producer(slot.producer_id))
+
+    def refuse_waiting(self, slot: ProducerSlot, message: str) -> None:
+        """A queued WaitForExclusive producer will never hold the topic: its PRODUCER fails
+        with ProducerFenced."""
+        if self.waiting.get(slot.producer_id) is slot:
+            del self.waiting[slot.producer_id]
+            self.write(
+                commands.error(slot.request_id, ServerError.Value("ProducerFenced"), message)
+            )
+
+    def _release(self, slot: ProducerSlot) -> None:
+        """The producer closed or its connection ended: the topic may pass to a queued one."""
+        access = self.state.access.get(slot.topic)
+        if access is None:
+            return
+        released = access.release(slot)
+        for refused in released.refused:
+            refused.connection.refuse_waiting(refused, "Topic epoch has already moved")
+        if released.promoted is not None:
+            released.promoted.key.start(released.promoted.epoch)
+        if access.idle and access.epoch is None:
+            del self.state.access[slot.topic]
 
     def _send(self, cmd: Any, frame: frames.Frame) -> None:
         producer = self.producers.get(cmd.send.producer_id)
         if producer is None:
+            if cmd.send.producer_id in self._fenced:
+                return  # sent before the client saw CLOSE_PRODUCER: it sends it again
             self.write(
                 commands.send_error(
                     cmd.send.producer_id,
@@ -423,10 +534,15 @@ class Connection:
     def _close_producer(self, cmd: Any, frame: frames.Frame) -> None:
         request = cmd.close_producer
         producer = self.producers.pop(request.producer_id, None)
+        slot = self.slots.pop(request.producer_id, None) or self.waiting.pop(
+            request.producer_id, None
+        )
 
         async def close() -> None:
             if producer is not None:
                 await producer.close()
+            if slot is not None:  # after its last SENDs: the next holder comes after them
+                self._release(slot)
             self.write(commands.success(request.request_id))
 
         self._spawn(cmd, close())

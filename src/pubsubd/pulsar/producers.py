@@ -9,6 +9,9 @@ repeats after a reconnect is stored once and acknowledged with the original ID. 
 partition N (``TOPIC-partition-N``) stores every message in publish message source N, and its
 dedup IDs carry the partition (``pulsar/INCARNATION/partition-N/...``): the client numbers each
 partition's sends on its own.
+
+Access modes (Shared, Exclusive, WaitForExclusive, ExclusiveWithFencing) are decided per topic
+by access.py before a Producer is made; a fenced producer stops with ``fence``.
 """
 
 from __future__ import annotations
@@ -98,6 +101,14 @@ class Producer:
             await within(asyncio.shield(self._task), 30)
         except TimeoutError:
             self._task.cancel()
+
+    async def fence(self) -> None:
+        """Stop at once (another producer took the topic, ExclusiveWithFencing): queued SENDs
+        are dropped unanswered (the client sends them again when it reconnects, and is refused
+        then), the publish in flight is finished and answered, so nothing of this producer is
+        stored after the fencing producer's first message."""
+        self._queue.clear()
+        await self.close()
 
     def abort(self) -> None:
         self._task.cancel()

@@ -374,7 +374,7 @@ class CommandLookupTopicResponse(_message.Message):
     def __init__(self, brokerServiceUrl: _Optional[str] = ..., brokerServiceUrlTls: _Optional[str] = ..., response: _Optional[_Union[CommandLookupTopicResponse.LookupType, str]] = ..., request_id: _Optional[int] = ..., authoritative: _Optional[bool] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ..., proxy_through_service_url: _Optional[bool] = ...) -> None: ...
 
 class CommandProducer(_message.Message):
-    __slots__ = ("topic", "producer_id", "request_id", "producer_name", "encrypted", "epoch", "user_provided_producer_name", "producer_access_mode", "txn_enabled")
+    __slots__ = ("topic", "producer_id", "request_id", "producer_name", "encrypted", "epoch", "user_provided_producer_name", "producer_access_mode", "topic_epoch", "txn_enabled")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -383,6 +383,7 @@ class CommandProducer(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     USER_PROVIDED_PRODUCER_NAME_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ACCESS_MODE_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_EPOCH_FIELD_NUMBER: _ClassVar[int]
     TXN_ENABLED_FIELD_NUMBER: _ClassVar[int]
     topic: str
     producer_id: int
@@ -392,8 +393,9 @@ class CommandProducer(_message.Message):
     epoch: int
     user_provided_producer_name: bool
     producer_access_mode: int
+    topic_epoch: int
     txn_enabled: bool
-    def __init__(self, topic: _Optional[str] = ..., producer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., producer_name: _Optional[str] = ..., encrypted: _Optional[bool] = ..., epoch: _Optional[int] = ..., user_provided_producer_name: _Optional[bool] = ..., producer_access_mode: _Optional[int] = ..., txn_enabled: _Optional[bool] = ...) -> None: ...
+    def __init__(self, topic: _Optional[str] = ..., producer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., producer_name: _Optional[str] = ..., encrypted: _Optional[bool] = ..., epoch: _Optional[int] = ..., user_provided_producer_name: _Optional[bool] = ..., producer_access_mode: _Optional[int] = ..., topic_epoch: _Optional[int] = ..., txn_enabled: _Optional[bool] = ...) -> None: ...
 
 class CommandSend(_message.Message):
     __slots__ = ("producer_id", "sequence_id", "num_messages", "txnid_least_bits", "txnid_most_bits", "highest_sequence_id", "is_chunk", "marker")
