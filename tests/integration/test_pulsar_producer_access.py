@@ -4,8 +4,12 @@ pulsar/access.py's (Pulsar's)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import threading
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pulsar
@@ -138,3 +142,47 @@ def test_each_partition_has_its_own_exclusive_producer(
         other.create_producer(topic, access_mode=EXCLUSIVE).close()
     finally:
         other.close()
+
+
+_HOLDER = textwrap.dedent(
+    """
+    import sys, time, pulsar, _pulsar
+    c = pulsar.Client(sys.argv[1], logger=pulsar.ConsoleLogger(_pulsar.LoggerLevel.Error))
+    p = c.create_producer(sys.argv[2], access_mode=pulsar.ProducerAccessMode.Exclusive)
+    p.send(b"from the killed holder")
+    print("holding", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_a_killed_holders_topic_passes_to_the_waiting_producer(
+    pulsar_client: pulsar.Client, pulsar_url: str, tmp_path: Path
+) -> None:
+    topic = _topic()
+    consumer = pulsar_client.subscribe(topic, "all", consumer_type=pulsar.ConsumerType.Shared)
+    script = tmp_path / "holder.py"
+    script.write_text(_HOLDER)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), pulsar_url, topic], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "holding"
+        made: list[Any] = []
+        waiter = threading.Thread(
+            target=lambda: made.append(pulsar_client.create_producer(topic, access_mode=WAIT))
+        )
+        waiter.start()
+        waiter.join(1)
+        assert not made
+        proc.kill()  # its connection drops: the topic is free
+        waiter.join(5)
+        assert len(made) == 1
+        made[0].send(b"from the waiter")
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert _drain(consumer) == [b"from the killed holder", b"from the waiter"]
