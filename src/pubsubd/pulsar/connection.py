@@ -36,7 +36,7 @@ from pubsubd.core import publish_sources, queue_settings
 from pubsubd.core.errors import Unauthenticated
 from pubsubd.core.failover_rank import FailoverRank
 from pubsubd.core.tokens import TokenVerifier
-from pubsubd.pulsar import commands, frames, ids, names
+from pubsubd.pulsar import commands, frames, ids, names, schemas
 from pubsubd.pulsar.access import AccessMode, Granted, Queued, Refused, TopicAccess
 from pubsubd.pulsar.api import CommandSubscribe, ServerError, Type
 from pubsubd.pulsar.consumers import Consumer, check_subscription
@@ -78,6 +78,10 @@ class ServerState:
         self.last_sequence: dict[tuple[str, str], int] = {}
         # Full Pulsar topic name (a partition's own) -> its producers' access modes (access.py).
         self.access: dict[str, TopicAccess[ProducerSlot]] = {}
+        # Google topic -> the first Avro or Json schema (type, definition) a producer or consumer
+        # declared on it while it has no Google schema: what GET_SCHEMA answers then (kept in
+        # memory only; the schema is not checked nor stored).
+        self.declared_schemas: dict[str, tuple[int, bytes]] = {}
 
 
 @dataclass(eq=False)
@@ -136,6 +140,7 @@ class Connection:
             Type.Value("UNSUBSCRIBE"): self._unsubscribe,
             Type.Value("SEEK"): self._seek,
             Type.Value("GET_LAST_MESSAGE_ID"): self._last_message_id,
+            Type.Value("GET_SCHEMA"): self._get_schema,
         }
 
     # --- I/O -------------------------------------------------------------------------------
@@ -208,6 +213,8 @@ class Connection:
             self.write(commands.partitioned_metadata_error(request_id or 0, e.code, e.message))
         elif cmd.type == Type.Value("LOOKUP"):
             self.write(commands.lookup_error(request_id or 0, e.code, e.message))
+        elif cmd.type == Type.Value("GET_SCHEMA"):
+            self.write(commands.schema_error(request_id or 0, e.code, e.message))
         elif request_id is not None:
             self.write(commands.error(request_id, e.code, e.message))
         else:
@@ -409,7 +416,9 @@ class Connection:
         topic_epoch = request.topic_epoch if request.HasField("topic_epoch") else None
 
         async def create() -> None:
-            source = _partition_source(topic, await self.gateway.ensure_topic(topic.google))
+            found = await self.gateway.ensure_topic(topic.google)
+            source = _partition_source(topic, found)
+            version = await self._checked_schema(found, request)
             if self._repeated_producer(request, name):
                 return
             key = (topic.pulsar, name)
@@ -435,7 +444,11 @@ class Connection:
                 )
                 self.write(
                     commands.producer_success(
-                        request.request_id, name, last.get(key, -1), topic_epoch=epoch
+                        request.request_id,
+                        name,
+                        last.get(key, -1),
+                        topic_epoch=epoch,
+                        schema_version=version,
                     )
                 )
 
@@ -459,6 +472,79 @@ class Connection:
                 start(decision.epoch)
 
         self._spawn(cmd, create())
+
+    async def _topic_schema(self, topic: Any, version: bytes = b"") -> schemas.TopicSchema | None:
+        """The topic's schema (at its newest revision in range, or the revision ``version``
+        names), None when it has none."""
+        settings = topic.schema_settings
+        if not topic.HasField("schema_settings") or not settings.schema:
+            return None
+        revision = version.decode(errors="replace") or settings.last_revision_id
+        found = await self.gateway.get_schema(
+            f"{settings.schema}@{revision}" if revision else settings.schema
+        )
+        name = f"{settings.schema}@{found.revision_id}"
+        return schemas.TopicSchema(name, found.type_, found.definition, settings.encoding)
+
+    async def _checked_schema(self, topic: Any, request: Any) -> bytes:
+        """A PRODUCER's or SUBSCRIBE's schema against the topic's (pulsar/schemas.py): the
+        schema version to answer (the topic schema's revision ID), or IncompatibleSchema."""
+        if not request.HasField("schema"):
+            return b""
+        found = await self._topic_schema(topic)
+        if found is None:  # no schema on the topic: taken unchecked, and GET_SCHEMA answers it
+            kind = request.schema.type
+            if kind in (schemas.PULSAR_AVRO, schemas.PULSAR_JSON):
+                declared = self.state.declared_schemas
+                declared.setdefault(topic.name, (kind, request.schema.schema_data))
+            return b""
+        try:
+            schemas.check(found, request.schema.type, request.schema.schema_data)
+        except schemas.SchemaMismatch as e:
+            raise PulsarError("IncompatibleSchema", str(e)) from e
+        return found.name.rsplit("@", 1)[1].encode()
+
+    def _get_schema(self, cmd: Any, frame: frames.Frame) -> None:
+        """GET_SCHEMA: the topic's schema as a Pulsar Avro (BINARY encoding) or Json (JSON)
+        schema; TopicNotFound when it has none, as Pulsar answers."""
+        request = cmd.getSchema
+        topic = _topic(request.topic)
+
+        async def answer() -> None:
+            found = await self.gateway.get_topic(topic.google)
+            schema = (
+                None if found is None else await self._topic_schema(found, request.schema_version)
+            )
+            if schema is None:
+                declared = self.state.declared_schemas.get(topic.google)
+                if declared is None:
+                    raise PulsarError(
+                        "TopicNotFound", f"{topic.pulsar}: topic not found or no schema"
+                    )
+                self.write(
+                    commands.schema_response(
+                        request.request_id, topic.local, declared[0], declared[1], b""
+                    )
+                )
+                return
+            kind = schema.pulsar_type
+            if kind is None:
+                raise PulsarError(
+                    "NotAllowedError",
+                    f"{topic.pulsar}: its schema {schema.name} is a Protocol Buffer schema, "
+                    "which no Pulsar schema maps to",
+                )
+            self.write(
+                commands.schema_response(
+                    request.request_id,
+                    topic.local,
+                    kind,
+                    schema.definition.encode(),
+                    schema.name.rsplit("@", 1)[1].encode(),
+                )
+            )
+
+        self._spawn(cmd, answer())
 
     def _repeated_producer(self, request: Any, name: str) -> bool:
         """The client repeats a PRODUCER it had no answer to (after a timeout): answered
@@ -587,7 +673,9 @@ class Connection:
             client_id = f"pulsar-{self.state.incarnation}-{self.id}-{request.consumer_id}"
 
         async def subscribe() -> None:
-            source = _partition_source(topic, await self.gateway.ensure_topic(topic.google))
+            found = await self.gateway.ensure_topic(topic.google)
+            source = _partition_source(topic, found)
+            await self._checked_schema(found, request)
             sources = None if source is None else frozenset({source})
             labels = {
                 queue_settings.TYPE_LABEL: kind,
