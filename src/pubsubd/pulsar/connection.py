@@ -112,6 +112,7 @@ class Connection:
         self.slots: dict[int, ProducerSlot] = {}
         self.waiting: dict[int, ProducerSlot] = {}
         self._fenced: set[int] = set()  # producers the server closed: their SENDs are dropped
+        self.closed = False  # the connection is ending
         self.consumers: dict[int, Consumer] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         # With authentication on, once connected: the token in use and until when.
@@ -229,14 +230,18 @@ class Connection:
 
     async def _close(self) -> None:
         self._disarm()
-        for consumer in list(self.consumers.values()):
-            await self._end_consumer(consumer)
+        self.closed = True
         for producer in self.producers.values():
             producer.abort()
-        for slot in [*self.slots.values(), *self.waiting.values()]:
-            self._release(slot)
-        self.slots.clear()
+        # The queued producers leave their queues first, so releasing a held topic never
+        # promotes a producer of this connection; a topic passes on before the consumers end.
+        slots = [*self.waiting.values(), *self.slots.values()]
         self.waiting.clear()
+        self.slots.clear()
+        for slot in slots:
+            self._release(slot)
+        for consumer in list(self.consumers.values()):
+            await self._end_consumer(consumer)
         for task in list(self._tasks):
             task.cancel()
         self.writer.close()
@@ -430,6 +435,9 @@ class Connection:
             def start(epoch: int | None) -> None:
                 """The producer holds (or shares) the topic: it may send."""
                 self.waiting.pop(request.producer_id, None)
+                if self.closed:  # promoted as its connection ends: passes the topic on
+                    self._release(slot)
+                    return
                 self.slots[request.producer_id] = slot
                 self.producers[request.producer_id] = Producer(
                     self.gateway,
