@@ -11,7 +11,7 @@ import pulsar
 import pytest
 from google.pubsub_v1 import types as T
 from google.pubsub_v1.services.schema_service import SchemaServiceClient
-from pulsar.schema import AvroSchema, Integer, JsonSchema, Record, String
+from pulsar.schema import AvroSchema, Integer, JsonSchema, Record, String, StringSchema
 
 from tests.conftest import emulator_host, make_publisher
 from tests.support.server import ServerProcess
@@ -104,6 +104,8 @@ def test_a_topic_without_a_schema_takes_any_unchecked(pulsar_client: pulsar.Clie
     assert info.schema_type() == _pulsar.SchemaType.AVRO
     assert json.loads(info.schema()) == json.loads(AvroSchema(Order).schema_info().schema())
     bare = f"persistent://{PROJECT}/default/bare-{uuid.uuid4().hex[:8]}"
-    pulsar_client.create_producer(bare).send(b"bytes")
+    text = pulsar_client.subscribe(bare, "s", schema=StringSchema())
+    pulsar_client.create_producer(bare, schema=StringSchema()).send("text")
+    assert text.receive(5000).value() == "text"
     with pytest.raises(pulsar.TopicNotFound):
         pulsar_client._client.get_schema_info(bare, -1)
