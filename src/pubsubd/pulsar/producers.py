@@ -31,6 +31,9 @@ from pubsubd.pulsar.gateway import Gateway, deduplicated
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_MESSAGES = 1000
+# SEND errors that are the message's own fault (errors.py: INVALID_ARGUMENT and the like, a
+# payload that cannot be read): answered as ChecksumError, see Producer._answer.
+_REFUSED_MESSAGE = frozenset({"NotAllowedError", "UnknownError"})
 MAX_REQUEST_BYTES = 9 * 1024 * 1024
 
 
@@ -164,9 +167,16 @@ class Producer:
 
     def _answer(self, pending: PendingSend) -> None:
         if pending.error is not None:
+            error = pending.error
+            if error.error in _REFUSED_MESSAGE:
+                # The C++ client fails one message only on a ChecksumError; any other SEND_ERROR
+                # closes the connection and sends the message again, forever (it never
+                # times out). A message refused for what it is (a schema, its properties, its
+                # payload) is answered so; the text says why (the client logs it).
+                error = PulsarError("ChecksumError", f"refused: {error.message}")
             self.write(
                 commands.send_error(
-                    self.producer_id, pending.sequence_id, pending.error.code, pending.error.message
+                    self.producer_id, pending.sequence_id, error.code, error.message
                 )
             )
             return
