@@ -242,3 +242,32 @@ def test_two_shared_consumers_drain_a_batched_backlog_once(pulsar_client: pulsar
     for t in threads:
         t.join(30)
     assert sorted(seen[0] + seen[1]) == sorted(sent)  # each once
+
+
+def test_half_a_batch_acked_then_closed_brings_back_only_the_other_half(
+    pulsar_client: pulsar.Client,
+) -> None:
+    """Batch-index acks (``ack_set``) ack exactly the messages they name: after a close and a
+    new subscribe, only the unacked half of the batch comes again."""
+    topic = _topic()
+    options: dict[str, Any] = {
+        "consumer_type": pulsar.ConsumerType.Shared,
+        "batch_index_ack_enabled": True,
+    }
+    consumer = pulsar_client.subscribe(topic, "half", **options)
+    sent = _publish(pulsar_client, topic, 40)
+    got = [consumer.receive(5000) for _ in range(40)]
+    assert [m.data() for m in got] == sent
+    assert len({m.message_id().entry_id() for m in got}) == 1  # one batch
+    for msg in got[::2]:
+        consumer.acknowledge(msg)
+    time.sleep(0.3)  # the client sends acks in 100 ms groups
+    consumer.close()
+    again = pulsar_client.subscribe(topic, "half", **options)
+    rest = _receive_all(again, 1000)
+    assert sorted(m.data() for m in rest) == sorted(sent[1::2])
+    for msg in rest:
+        again.acknowledge(msg)
+    time.sleep(0.3)
+    again.close()
+    assert _receive_all(pulsar_client.subscribe(topic, "half", **options), 500) == []

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import _pulsar
 import grpc
 import pulsar
 import pytest
@@ -705,9 +706,8 @@ def test_the_servers_source_pieces_refuse_bad_input(
 
 def test_multi_topic_and_pattern_consumers(pulsar_client: pulsar.Client) -> None:
     """A list of topics is a consumer per topic (each its own subscription); a pattern lists
-    its namespace's topics (GET_TOPICS_OF_NAMESPACE). (The client lists again every 60 s to
-    pick up new topics; pulsar-client 3.13 does not pass on ``pattern_auto_discovery_period``,
-    so that is not tested here.)"""
+    its namespace's topics (GET_TOPICS_OF_NAMESPACE). Discovery of later topics: the next
+    test."""
     ns = f"multi{uuid.uuid4().hex[:6]}"
     alpha, beta = (f"persistent://{TENANT}/{ns}/{t}" for t in ("alpha", "beta"))
     producers = {t: pulsar_client.create_producer(t) for t in (alpha, beta)}
@@ -730,3 +730,40 @@ def test_multi_topic_and_pattern_consumers(pulsar_client: pulsar.Client) -> None
             consumer.acknowledge(msg)
         assert got == {alpha: b"alpha", beta: b"beta"}
         assert _drain(consumer) == []
+
+
+def test_a_pattern_consumer_discovers_a_topic_created_later(
+    pulsar_client: pulsar.Client, pulsar_server: ServerProcess
+) -> None:
+    """The client lists the namespace again every ``pattern_auto_discovery_period`` seconds
+    (GET_TOPICS_OF_NAMESPACE; the C++ client sends no pattern or hash and uses no topic-list
+    watch) and subscribes to the new topics it matches. pulsar-client 3.13's ``subscribe``
+    checks that argument but never passes it on, so the consumer is made with the wrapper's
+    own configuration object. The topics retain messages (made with the Google API), so the
+    consumer's Earliest position takes what was published before it found the topic."""
+    ns = f"found{uuid.uuid4().hex[:6]}"
+    publisher = make_publisher(pulsar_server.endpoint)
+    retained = {"seconds": 600}
+
+    def create(local: str) -> str:
+        name = f"projects/{TENANT}/topics/{ns}.{local}"
+        publisher.create_topic(request={"name": name, "message_retention_duration": retained})
+        return f"persistent://{TENANT}/{ns}/{local}"
+
+    alpha = create("alpha")
+    pulsar_client.create_producer(alpha).send(b"alpha")
+    conf = _pulsar.ConsumerConfiguration()
+    conf.consumer_type(pulsar.ConsumerType.Shared)
+    conf.subscription_initial_position(pulsar.InitialPosition.Earliest)
+    conf.pattern_auto_discovery_period(1)
+    pattern = f"persistent://{TENANT}/{ns}/.*"
+    consumer = pulsar_client._client.subscribe_pattern(pattern, "disc", conf)
+    first = consumer.receive(5000)
+    assert (first.topic_name(), first.data()) == (alpha, b"alpha")
+    consumer.acknowledge(first)
+    gamma = create("gamma")  # a new topic: found within about a second
+    pulsar_client.create_producer(gamma).send(b"gamma")
+    later = consumer.receive(8000)
+    assert (later.topic_name(), later.data()) == (gamma, b"gamma")
+    consumer.acknowledge(later)
+    consumer.close()

@@ -145,13 +145,51 @@ def lookup_error(request_id: int, code: int, message: str) -> bytes:
     return frame(cmd)
 
 
-def producer_success(request_id: int, name: str, last_sequence_id: int) -> bytes:
+def producer_success(
+    request_id: int,
+    name: str,
+    last_sequence_id: int,
+    topic_epoch: int | None = None,
+    ready: bool = True,
+    schema_version: bytes = b"",
+) -> bytes:
+    """PRODUCER_SUCCESS; ``ready`` false: a WaitForExclusive producer is queued (another
+    PRODUCER_SUCCESS, ready, follows when it holds the topic); ``topic_epoch``: the topic's
+    exclusive-producer epoch (pulsar/access.py), which the client sends back when it
+    reconnects."""
     cmd = BaseCommand(type=Type.Value("PRODUCER_SUCCESS"))
     r = cmd.producer_success
     r.request_id = request_id
     r.producer_name = name
     r.last_sequence_id = last_sequence_id
-    r.producer_ready = True
+    r.producer_ready = ready
+    if topic_epoch is not None:
+        r.topic_epoch = topic_epoch
+    if schema_version:
+        r.schema_version = schema_version
+    return frame(cmd)
+
+
+def schema_response(
+    request_id: int, name: str, schema_type: int, data: bytes, version: bytes
+) -> bytes:
+    """GET_SCHEMA_RESPONSE with the topic's schema (pulsar/schemas.py)."""
+    cmd = BaseCommand(type=Type.Value("GET_SCHEMA_RESPONSE"))
+    r = cmd.getSchemaResponse
+    r.request_id = request_id
+    r.schema.name = name
+    r.schema.schema_data = data
+    r.schema.type = schema_type
+    r.schema_version = version
+    return frame(cmd)
+
+
+def schema_error(request_id: int, code: int, message: str) -> bytes:
+    cmd = BaseCommand(type=Type.Value("GET_SCHEMA_RESPONSE"))
+    r = cmd.getSchemaResponse
+    r.request_id = request_id
+    r.error_code = code
+    r.error_message = message
     return frame(cmd)
 
 

@@ -27,6 +27,7 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -35,7 +36,8 @@ from pubsubd.core import publish_sources, queue_settings
 from pubsubd.core.errors import Unauthenticated
 from pubsubd.core.failover_rank import FailoverRank
 from pubsubd.core.tokens import TokenVerifier
-from pubsubd.pulsar import commands, frames, ids, names
+from pubsubd.pulsar import commands, frames, ids, names, schemas
+from pubsubd.pulsar.access import AccessMode, Granted, Queued, Refused, TopicAccess
 from pubsubd.pulsar.api import CommandSubscribe, ServerError, Type
 from pubsubd.pulsar.consumers import Consumer, check_subscription
 from pubsubd.pulsar.credentials import NEVER, TOKEN_METHOD, Credentials, check_method
@@ -74,6 +76,24 @@ class ServerState:
         # (topic, producer name) -> highest sequence ID stored by this process, for
         # PRODUCER_SUCCESS.last_sequence_id when a named producer comes back.
         self.last_sequence: dict[tuple[str, str], int] = {}
+        # Full Pulsar topic name (a partition's own) -> its producers' access modes (access.py).
+        self.access: dict[str, TopicAccess[ProducerSlot]] = {}
+        # Google topic -> the first Avro or Json schema (type, definition) a producer or consumer
+        # declared on it while it has no Google schema: what GET_SCHEMA answers then (kept in
+        # memory only; the schema is not checked nor stored).
+        self.declared_schemas: dict[str, tuple[int, bytes]] = {}
+
+
+@dataclass(eq=False)
+class ProducerSlot:
+    """One PRODUCER in a topic's access state: its connection, and how to start it once it
+    holds the topic (a queued WaitForExclusive producer is started later)."""
+
+    connection: Connection
+    producer_id: int
+    request_id: int
+    topic: str  # the full Pulsar name: the key of ServerState.access
+    start: Callable[[int | None], None]
 
 
 class Connection:
@@ -88,6 +108,11 @@ class Connection:
         self.decoder = frames.FrameDecoder()
         self.connected = False
         self.producers: dict[int, Producer] = {}
+        # Each producer's place in its topic's access state; ``waiting``: the queued ones.
+        self.slots: dict[int, ProducerSlot] = {}
+        self.waiting: dict[int, ProducerSlot] = {}
+        self._fenced: set[int] = set()  # producers the server closed: their SENDs are dropped
+        self.closed = False  # the connection is ending
         self.consumers: dict[int, Consumer] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         # With authentication on, once connected: the token in use and until when.
@@ -116,6 +141,7 @@ class Connection:
             Type.Value("UNSUBSCRIBE"): self._unsubscribe,
             Type.Value("SEEK"): self._seek,
             Type.Value("GET_LAST_MESSAGE_ID"): self._last_message_id,
+            Type.Value("GET_SCHEMA"): self._get_schema,
         }
 
     # --- I/O -------------------------------------------------------------------------------
@@ -188,6 +214,8 @@ class Connection:
             self.write(commands.partitioned_metadata_error(request_id or 0, e.code, e.message))
         elif cmd.type == Type.Value("LOOKUP"):
             self.write(commands.lookup_error(request_id or 0, e.code, e.message))
+        elif cmd.type == Type.Value("GET_SCHEMA"):
+            self.write(commands.schema_error(request_id or 0, e.code, e.message))
         elif request_id is not None:
             self.write(commands.error(request_id, e.code, e.message))
         else:
@@ -202,10 +230,18 @@ class Connection:
 
     async def _close(self) -> None:
         self._disarm()
-        for consumer in list(self.consumers.values()):
-            await self._end_consumer(consumer)
+        self.closed = True
         for producer in self.producers.values():
             producer.abort()
+        # The queued producers leave their queues first, so releasing a held topic never
+        # promotes a producer of this connection; a topic passes on before the consumers end.
+        slots = [*self.waiting.values(), *self.slots.values()]
+        self.waiting.clear()
+        self.slots.clear()
+        for slot in slots:
+            self._release(slot)
+        for consumer in list(self.consumers.values()):
+            await self._end_consumer(consumer)
         for task in list(self._tasks):
             task.cancel()
         self.writer.close()
@@ -368,47 +404,216 @@ class Connection:
     def _producer(self, cmd: Any, frame: frames.Frame) -> None:
         request = cmd.producer
         topic = _topic(request.topic)
-        if request.producer_access_mode != 0:
+        if request.producer_access_mode not in AccessMode._value2member_map_:
             raise PulsarError(
-                "NotAllowedError", "only the Shared producer access mode is supported"
+                "NotAllowedError", f"unknown producer access mode {request.producer_access_mode}"
             )
+        mode = AccessMode(request.producer_access_mode)
         if request.txn_enabled:
             raise PulsarError("NotAllowedError", "transactions are not supported")
-        existing = self.producers.get(request.producer_id)
-        if existing is not None:  # the client repeats PRODUCER after a timeout
-            self.write(commands.producer_success(request.request_id, existing.name, -1))
-            return
+        self._fenced.discard(request.producer_id)
         name = (
             request.producer_name
             or f"pubsubd-{self.state.incarnation}-{self.id}-{request.producer_id}"
         )
+        if self._repeated_producer(request, name):
+            return
+        topic_epoch = request.topic_epoch if request.HasField("topic_epoch") else None
 
         async def create() -> None:
-            source = _partition_source(topic, await self.gateway.ensure_topic(topic.google))
+            found = await self.gateway.ensure_topic(topic.google)
+            source = _partition_source(topic, found)
+            version = await self._checked_schema(found, request)
+            if self._repeated_producer(request, name):
+                return
             key = (topic.pulsar, name)
             last = self.state.last_sequence
 
             def stored(seq: int) -> None:
                 last[key] = max(last.get(key, -1), seq)
 
-            self.producers[request.producer_id] = Producer(
-                self.gateway,
-                self.write,
-                request.producer_id,
-                topic.google,
-                name,
-                f"pulsar/{self.state.incarnation}/"
-                + ("" if source is None else f"partition-{source}/"),
-                stored,
-                source,
-            )
-            self.write(commands.producer_success(request.request_id, name, last.get(key, -1)))
+            def start(epoch: int | None) -> None:
+                """The producer holds (or shares) the topic: it may send."""
+                self.waiting.pop(request.producer_id, None)
+                if self.closed:  # promoted as its connection ends: passes the topic on
+                    self._release(slot)
+                    return
+                self.slots[request.producer_id] = slot
+                self.producers[request.producer_id] = Producer(
+                    self.gateway,
+                    self.write,
+                    request.producer_id,
+                    topic.google,
+                    name,
+                    f"pulsar/{self.state.incarnation}/"
+                    + ("" if source is None else f"partition-{source}/"),
+                    stored,
+                    source,
+                )
+                self.write(
+                    commands.producer_success(
+                        request.request_id,
+                        name,
+                        last.get(key, -1),
+                        topic_epoch=epoch,
+                        schema_version=version,
+                    )
+                )
+
+            slot = ProducerSlot(self, request.producer_id, request.request_id, topic.pulsar, start)
+            access = self.state.access.setdefault(topic.pulsar, TopicAccess())
+            decision = access.request(slot, name, mode, topic_epoch)
+            if isinstance(decision, Refused):
+                raise PulsarError(decision.error, decision.message)
+            if isinstance(decision, Queued):
+                self.waiting[request.producer_id] = slot
+                self.write(commands.producer_success(request.request_id, name, -1, ready=False))
+                return
+            assert isinstance(decision, Granted)
+            # Held from now on: a CLOSE_PRODUCER or the connection's end releases it.
+            self.slots[request.producer_id] = slot
+            for fenced in decision.refused:  # queued producers an ExclusiveWithFencing passed
+                fenced.connection.refuse_waiting(fenced, "Fenced out by an exclusive producer")
+            # Fenced producers finish their publish in flight before this one may send.
+            await asyncio.gather(*(f.connection.fence(f) for f in decision.fenced))
+            if self.slots.get(request.producer_id) is slot and not self.writer.is_closing():
+                start(decision.epoch)
 
         self._spawn(cmd, create())
+
+    async def _topic_schema(self, topic: Any, version: bytes = b"") -> schemas.TopicSchema | None:
+        """The topic's schema (at its newest revision in range, or the revision ``version``
+        names), None when it has none."""
+        settings = topic.schema_settings
+        if not topic.HasField("schema_settings") or not settings.schema:
+            return None
+        revision = version.decode(errors="replace") or settings.last_revision_id
+        found = await self.gateway.get_schema(
+            f"{settings.schema}@{revision}" if revision else settings.schema
+        )
+        name = f"{settings.schema}@{found.revision_id}"
+        return schemas.TopicSchema(name, found.type_, found.definition, settings.encoding)
+
+    async def _checked_schema(self, topic: Any, request: Any) -> bytes:
+        """A PRODUCER's or SUBSCRIBE's schema against the topic's (pulsar/schemas.py): the
+        schema version to answer (the topic schema's revision ID), or IncompatibleSchema."""
+        if not request.HasField("schema"):
+            return b""
+        found = await self._topic_schema(topic)
+        if found is None:  # no schema on the topic: taken unchecked, and GET_SCHEMA answers it
+            kind = request.schema.type
+            if kind in (schemas.PULSAR_AVRO, schemas.PULSAR_JSON):
+                declared = self.state.declared_schemas
+                declared.setdefault(topic.name, (kind, request.schema.schema_data))
+            return b""
+        try:
+            schemas.check(found, request.schema.type, request.schema.schema_data)
+        except schemas.SchemaMismatch as e:
+            raise PulsarError("IncompatibleSchema", str(e)) from e
+        return found.name.rsplit("@", 1)[1].encode()
+
+    def _get_schema(self, cmd: Any, frame: frames.Frame) -> None:
+        """GET_SCHEMA: the topic's schema as a Pulsar Avro (BINARY encoding) or Json (JSON)
+        schema; TopicNotFound when it has none, as Pulsar answers."""
+        request = cmd.getSchema
+        topic = _topic(request.topic)
+
+        async def answer() -> None:
+            found = await self.gateway.get_topic(topic.google)
+            schema = (
+                None if found is None else await self._topic_schema(found, request.schema_version)
+            )
+            if schema is None:
+                declared = self.state.declared_schemas.get(topic.google)
+                if declared is None:
+                    raise PulsarError(
+                        "TopicNotFound", f"{topic.pulsar}: topic not found or no schema"
+                    )
+                self.write(
+                    commands.schema_response(
+                        request.request_id, topic.local, declared[0], declared[1], b""
+                    )
+                )
+                return
+            kind = schema.pulsar_type
+            if kind is None:
+                raise PulsarError(
+                    "NotAllowedError",
+                    f"{topic.pulsar}: its schema {schema.name} is a Protocol Buffer schema, "
+                    "which no Pulsar schema maps to",
+                )
+            self.write(
+                commands.schema_response(
+                    request.request_id,
+                    topic.local,
+                    kind,
+                    schema.definition.encode(),
+                    schema.name.rsplit("@", 1)[1].encode(),
+                )
+            )
+
+        self._spawn(cmd, answer())
+
+    def _repeated_producer(self, request: Any, name: str) -> bool:
+        """The client repeats a PRODUCER it had no answer to (after a timeout): answered
+        again, nothing new made."""
+        existing = self.producers.get(request.producer_id)
+        if existing is not None:
+            self.write(commands.producer_success(request.request_id, existing.name, -1))
+            return True
+        if request.producer_id in self.waiting:
+            self.write(commands.producer_success(request.request_id, name, -1, ready=False))
+            return True
+        return False
+
+    async def fence(self, slot: ProducerSlot) -> None:
+        """Close a producer another one fenced out (ExclusiveWithFencing): its publish in
+        flight is answered, then CLOSE_PRODUCER; the client reconnects it with its topic
+        epoch, which access.py refuses (ProducerFenced)."""
+        if self.slots.get(slot.producer_id) is not slot:
+            return
+        del self.slots[slot.producer_id]
+        self._fenced.add(slot.producer_id)
+        producer = self.producers.pop(slot.producer_id, None)
+        if producer is None:  # granted, not answered yet (itself waiting for a fencing)
+            self.write(
+                commands.error(
+                    slot.request_id,
+                    ServerError.Value("ProducerFenced"),
+                    "Fenced out by an exclusive producer",
+                )
+            )
+            return
+        await producer.fence()
+        self.write(commands.close_producer(slot.producer_id))
+
+    def refuse_waiting(self, slot: ProducerSlot, message: str) -> None:
+        """A queued WaitForExclusive producer will never hold the topic: its PRODUCER fails
+        with ProducerFenced."""
+        if self.waiting.get(slot.producer_id) is slot:
+            del self.waiting[slot.producer_id]
+            self.write(
+                commands.error(slot.request_id, ServerError.Value("ProducerFenced"), message)
+            )
+
+    def _release(self, slot: ProducerSlot) -> None:
+        """The producer closed or its connection ended: the topic may pass to a queued one."""
+        access = self.state.access.get(slot.topic)
+        if access is None:
+            return
+        released = access.release(slot)
+        for refused in released.refused:
+            refused.connection.refuse_waiting(refused, "Topic epoch has already moved")
+        if released.promoted is not None:
+            released.promoted.key.start(released.promoted.epoch)
+        if access.idle and access.epoch is None:
+            del self.state.access[slot.topic]
 
     def _send(self, cmd: Any, frame: frames.Frame) -> None:
         producer = self.producers.get(cmd.send.producer_id)
         if producer is None:
+            if cmd.send.producer_id in self._fenced:
+                return  # sent before the client saw CLOSE_PRODUCER: it sends it again
             self.write(
                 commands.send_error(
                     cmd.send.producer_id,
@@ -423,10 +628,15 @@ class Connection:
     def _close_producer(self, cmd: Any, frame: frames.Frame) -> None:
         request = cmd.close_producer
         producer = self.producers.pop(request.producer_id, None)
+        slot = self.slots.pop(request.producer_id, None) or self.waiting.pop(
+            request.producer_id, None
+        )
 
         async def close() -> None:
             if producer is not None:
                 await producer.close()
+            if slot is not None:  # after its last SENDs: the next holder comes after them
+                self._release(slot)
             self.write(commands.success(request.request_id))
 
         self._spawn(cmd, close())
@@ -471,7 +681,9 @@ class Connection:
             client_id = f"pulsar-{self.state.incarnation}-{self.id}-{request.consumer_id}"
 
         async def subscribe() -> None:
-            source = _partition_source(topic, await self.gateway.ensure_topic(topic.google))
+            found = await self.gateway.ensure_topic(topic.google)
+            source = _partition_source(topic, found)
+            await self._checked_schema(found, request)
             sources = None if source is None else frozenset({source})
             labels = {
                 queue_settings.TYPE_LABEL: kind,

@@ -27,6 +27,7 @@ from pubsubd.pulsar import errors
 _PUBLISHER = "/google.pubsub.v1.Publisher/"
 _SUBSCRIBER = "/google.pubsub.v1.Subscriber/"
 _REPLAY = "/pubsubd.v1.Replay/"
+_SCHEMAS = "/google.pubsub.v1.SchemaService/"
 _OPTIONS = [
     ("grpc.max_send_message_length", 32 * 1024 * 1024),
     ("grpc.max_receive_message_length", 32 * 1024 * 1024),
@@ -92,6 +93,9 @@ class Gateway:
         self._seek = ch.unary_unary(
             _SUBSCRIBER + "Seek", pb.SeekRequest.SerializeToString, pb.SeekResponse.FromString
         )
+        self._get_schema = ch.unary_unary(
+            _SCHEMAS + "GetSchema", pb.GetSchemaRequest.SerializeToString, pb.Schema.FromString
+        )
         self.streaming_pull = ch.stream_stream(
             _SUBSCRIBER + "StreamingPull",
             pb.StreamingPullRequest.SerializeToString,
@@ -135,6 +139,13 @@ class Gateway:
             token = response.next_page_token
             if not token:
                 return names
+
+    async def get_schema(self, name: str) -> Any:
+        """GetSchema (``name`` or ``name@revision``), its definition included."""
+        try:
+            return await self._get_schema(pb.GetSchemaRequest(name=name), metadata=self.metadata)
+        except grpc.aio.AioRpcError as e:
+            raise errors.from_rpc_error(e) from e
 
     async def ensure_topic(self, topic: str) -> Any:
         """Pulsar creates topics on first use: get the topic, create it when missing."""

@@ -9,6 +9,9 @@ repeats after a reconnect is stored once and acknowledged with the original ID. 
 partition N (``TOPIC-partition-N``) stores every message in publish message source N, and its
 dedup IDs carry the partition (``pulsar/INCARNATION/partition-N/...``): the client numbers each
 partition's sends on its own.
+
+Access modes (Shared, Exclusive, WaitForExclusive, ExclusiveWithFencing) are decided per topic
+by access.py before a Producer is made; a fenced producer stops with ``fence``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ from pubsubd.pulsar.gateway import Gateway, deduplicated
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_MESSAGES = 1000
+# SEND errors that are the message's own fault (errors.py: INVALID_ARGUMENT and the like, a
+# payload that cannot be read): answered as ChecksumError, see Producer._answer.
+_REFUSED_MESSAGE = frozenset({"NotAllowedError", "UnknownError"})
 MAX_REQUEST_BYTES = 9 * 1024 * 1024
 
 
@@ -99,6 +105,14 @@ class Producer:
         except TimeoutError:
             self._task.cancel()
 
+    async def fence(self) -> None:
+        """Stop at once (another producer took the topic, ExclusiveWithFencing): queued SENDs
+        are dropped unanswered (the client sends them again when it reconnects, and is refused
+        then), the publish in flight is finished and answered, so nothing of this producer is
+        stored after the fencing producer's first message."""
+        self._queue.clear()
+        await self.close()
+
     def abort(self) -> None:
         self._task.cancel()
 
@@ -153,9 +167,16 @@ class Producer:
 
     def _answer(self, pending: PendingSend) -> None:
         if pending.error is not None:
+            error = pending.error
+            if error.error in _REFUSED_MESSAGE:
+                # The C++ client fails one message only on a ChecksumError; any other SEND_ERROR
+                # closes the connection and sends the message again, forever (it never
+                # times out). A message refused for what it is (a schema, its properties, its
+                # payload) is answered so; the text says why (the client logs it).
+                error = PulsarError("ChecksumError", f"refused: {error.message}")
             self.write(
                 commands.send_error(
-                    self.producer_id, pending.sequence_id, pending.error.code, pending.error.message
+                    self.producer_id, pending.sequence_id, error.code, error.message
                 )
             )
             return

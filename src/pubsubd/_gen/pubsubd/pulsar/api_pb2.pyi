@@ -256,7 +256,7 @@ class KeySharedMeta(_message.Message):
     def __init__(self, keySharedMode: _Optional[int] = ..., allowOutOfOrderDelivery: _Optional[bool] = ...) -> None: ...
 
 class CommandSubscribe(_message.Message):
-    __slots__ = ("topic", "subscription", "subType", "consumer_id", "request_id", "consumer_name", "priority_level", "durable", "start_message_id", "metadata", "read_compacted", "initialPosition", "force_topic_creation", "start_message_rollback_duration_sec", "keySharedMeta", "consumer_epoch")
+    __slots__ = ("topic", "subscription", "subType", "consumer_id", "request_id", "consumer_name", "priority_level", "durable", "start_message_id", "metadata", "read_compacted", "schema", "initialPosition", "force_topic_creation", "start_message_rollback_duration_sec", "keySharedMeta", "consumer_epoch")
     class SubType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         Exclusive: _ClassVar[CommandSubscribe.SubType]
@@ -284,6 +284,7 @@ class CommandSubscribe(_message.Message):
     START_MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     READ_COMPACTED_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
     INITIALPOSITION_FIELD_NUMBER: _ClassVar[int]
     FORCE_TOPIC_CREATION_FIELD_NUMBER: _ClassVar[int]
     START_MESSAGE_ROLLBACK_DURATION_SEC_FIELD_NUMBER: _ClassVar[int]
@@ -300,12 +301,13 @@ class CommandSubscribe(_message.Message):
     start_message_id: MessageIdData
     metadata: _containers.RepeatedCompositeFieldContainer[KeyValue]
     read_compacted: bool
+    schema: Schema
     initialPosition: CommandSubscribe.InitialPosition
     force_topic_creation: bool
     start_message_rollback_duration_sec: int
     keySharedMeta: KeySharedMeta
     consumer_epoch: int
-    def __init__(self, topic: _Optional[str] = ..., subscription: _Optional[str] = ..., subType: _Optional[_Union[CommandSubscribe.SubType, str]] = ..., consumer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., consumer_name: _Optional[str] = ..., priority_level: _Optional[int] = ..., durable: _Optional[bool] = ..., start_message_id: _Optional[_Union[MessageIdData, _Mapping]] = ..., metadata: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ..., read_compacted: _Optional[bool] = ..., initialPosition: _Optional[_Union[CommandSubscribe.InitialPosition, str]] = ..., force_topic_creation: _Optional[bool] = ..., start_message_rollback_duration_sec: _Optional[int] = ..., keySharedMeta: _Optional[_Union[KeySharedMeta, _Mapping]] = ..., consumer_epoch: _Optional[int] = ...) -> None: ...
+    def __init__(self, topic: _Optional[str] = ..., subscription: _Optional[str] = ..., subType: _Optional[_Union[CommandSubscribe.SubType, str]] = ..., consumer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., consumer_name: _Optional[str] = ..., priority_level: _Optional[int] = ..., durable: _Optional[bool] = ..., start_message_id: _Optional[_Union[MessageIdData, _Mapping]] = ..., metadata: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ..., read_compacted: _Optional[bool] = ..., schema: _Optional[_Union[Schema, _Mapping]] = ..., initialPosition: _Optional[_Union[CommandSubscribe.InitialPosition, str]] = ..., force_topic_creation: _Optional[bool] = ..., start_message_rollback_duration_sec: _Optional[int] = ..., keySharedMeta: _Optional[_Union[KeySharedMeta, _Mapping]] = ..., consumer_epoch: _Optional[int] = ...) -> None: ...
 
 class CommandPartitionedTopicMetadata(_message.Message):
     __slots__ = ("topic", "request_id")
@@ -374,26 +376,30 @@ class CommandLookupTopicResponse(_message.Message):
     def __init__(self, brokerServiceUrl: _Optional[str] = ..., brokerServiceUrlTls: _Optional[str] = ..., response: _Optional[_Union[CommandLookupTopicResponse.LookupType, str]] = ..., request_id: _Optional[int] = ..., authoritative: _Optional[bool] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ..., proxy_through_service_url: _Optional[bool] = ...) -> None: ...
 
 class CommandProducer(_message.Message):
-    __slots__ = ("topic", "producer_id", "request_id", "producer_name", "encrypted", "epoch", "user_provided_producer_name", "producer_access_mode", "txn_enabled")
+    __slots__ = ("topic", "producer_id", "request_id", "producer_name", "encrypted", "schema", "epoch", "user_provided_producer_name", "producer_access_mode", "topic_epoch", "txn_enabled")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_NAME_FIELD_NUMBER: _ClassVar[int]
     ENCRYPTED_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     USER_PROVIDED_PRODUCER_NAME_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ACCESS_MODE_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_EPOCH_FIELD_NUMBER: _ClassVar[int]
     TXN_ENABLED_FIELD_NUMBER: _ClassVar[int]
     topic: str
     producer_id: int
     request_id: int
     producer_name: str
     encrypted: bool
+    schema: Schema
     epoch: int
     user_provided_producer_name: bool
     producer_access_mode: int
+    topic_epoch: int
     txn_enabled: bool
-    def __init__(self, topic: _Optional[str] = ..., producer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., producer_name: _Optional[str] = ..., encrypted: _Optional[bool] = ..., epoch: _Optional[int] = ..., user_provided_producer_name: _Optional[bool] = ..., producer_access_mode: _Optional[int] = ..., txn_enabled: _Optional[bool] = ...) -> None: ...
+    def __init__(self, topic: _Optional[str] = ..., producer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., producer_name: _Optional[str] = ..., encrypted: _Optional[bool] = ..., schema: _Optional[_Union[Schema, _Mapping]] = ..., epoch: _Optional[int] = ..., user_provided_producer_name: _Optional[bool] = ..., producer_access_mode: _Optional[int] = ..., topic_epoch: _Optional[int] = ..., txn_enabled: _Optional[bool] = ...) -> None: ...
 
 class CommandSend(_message.Message):
     __slots__ = ("producer_id", "sequence_id", "num_messages", "txnid_least_bits", "txnid_most_bits", "highest_sequence_id", "is_chunk", "marker")
@@ -626,14 +632,30 @@ class CommandGetSchema(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., topic: _Optional[str] = ..., schema_version: _Optional[bytes] = ...) -> None: ...
 
 class CommandGetSchemaResponse(_message.Message):
-    __slots__ = ("request_id", "error_code", "error_message")
+    __slots__ = ("request_id", "error_code", "error_message", "schema", "schema_version")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     error_code: ServerError
     error_message: str
-    def __init__(self, request_id: _Optional[int] = ..., error_code: _Optional[_Union[ServerError, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
+    schema: Schema
+    schema_version: bytes
+    def __init__(self, request_id: _Optional[int] = ..., error_code: _Optional[_Union[ServerError, str]] = ..., error_message: _Optional[str] = ..., schema: _Optional[_Union[Schema, _Mapping]] = ..., schema_version: _Optional[bytes] = ...) -> None: ...
+
+class Schema(_message.Message):
+    __slots__ = ("name", "schema_data", "type", "properties")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_DATA_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    schema_data: bytes
+    type: int
+    properties: _containers.RepeatedCompositeFieldContainer[KeyValue]
+    def __init__(self, name: _Optional[str] = ..., schema_data: _Optional[bytes] = ..., type: _Optional[int] = ..., properties: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ...) -> None: ...
 
 class CommandGetOrCreateSchema(_message.Message):
     __slots__ = ("request_id", "topic")
