@@ -31,6 +31,7 @@ from pubsubd.cli.server_security import (
     AuthPublicKey,
     AuthSecretFile,
     AuthTokensFile,
+    NodeInternalTokenFile,
     SecurityFlags,
     TlsCa,
     TlsCert,
@@ -369,11 +370,12 @@ def storage(
     auth_tokens_file: AuthTokensFile = None,
     auth_audience: AuthAudience = None,
     auth_issuer: AuthIssuer = None,
+    internal_token_file: NodeInternalTokenFile = None,
 ) -> None:
     """Run a storage node: ledgers on its data directories, served to the cluster over gRPC
     (with --tls-*: TLS on its gRPC, append and HTTP ports; --tls-client-ca: mutual TLS; with
-    --auth-*: every call and append connection needs a valid bearer token, which the writers
-    send from their --internal-token-file)."""
+    --auth-*: every call and append connection needs a valid bearer token of the subject of
+    --internal-token-file, the token the writers send)."""
     from pubsubd.observability.logging import setup
     from pubsubd.storagenode.main import StartupError, StorageNodeConfig, run
 
@@ -388,6 +390,7 @@ def storage(
     config = StorageNodeConfig(
         tls=tls,
         tokens=tokens,
+        internal_token_file=internal_token_file,
         data_dirs=data_dir,
         port=port,
         http_port=http_port,

@@ -110,6 +110,17 @@ InternalTokenFile = Annotated[
     ),
 ]
 
+# A storage node's reading of the same file: whose calls it takes, not what it sends.
+NodeInternalTokenFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--internal-token-file",
+        envvar="PUBSUBD_INTERNAL_TOKEN_FILE",
+        help="the cluster's internal token (a file, the writers' --internal-token-file): with "
+        "--auth-* (where it is required) only its subject may call this node",
+    ),
+]
+
 ZkTlsCa = Annotated[
     Path | None,
     typer.Option(
@@ -192,7 +203,7 @@ class SecurityFlags:
         internal clients (``--tls-ca``, ``--internal-token-file``). ValueError: what is wrong.
         ``forwarder``: authentication needs an internal token that this process accepts."""
         from pubsubd.control.policies import PolicyFileError, load_policy_file
-        from pubsubd.core.internal_token import INTERNAL_TOKEN
+        from pubsubd.core.internal_token import INTERNAL_TOKEN, internal_principal
 
         cfg = replace(
             cfg,
@@ -227,17 +238,11 @@ class SecurityFlags:
                 "own calls to other forwarders carry (dead letters, reads of copies)"
             )
         if cfg.internal_token_file is not None:
-            token = INTERNAL_TOKEN.configure(cfg.internal_token_file)
-            if cfg.tokens is not None and token is not None:
-                from pubsubd.core.errors import Unauthenticated
+            INTERNAL_TOKEN.configure(cfg.internal_token_file)
+            if cfg.tokens is not None:
                 from pubsubd.core.tokens import TokenVerifier
 
-                try:
-                    TokenVerifier(cfg.tokens).verify(token)
-                except Unauthenticated as e:
-                    raise ValueError(
-                        f"--internal-token-file: this process refuses its own token ({e})"
-                    ) from None
+                internal_principal(TokenVerifier(cfg.tokens), cfg.internal_token_file)
         internal_tls(self.tls_ca, self.tls_cert, self.tls_key)
         return cfg
 
