@@ -309,20 +309,6 @@ def security_options(*, internal_token: bool = False) -> Callable[[F], F]:
     return decorate
 
 
-def _access_denied(error: BaseException) -> BaseException | None:
-    """ZooKeeper's refusal (``coordination.errors.AccessDenied``) in ``error``'s chain."""
-    from pubsubd.coordination.errors import AccessDenied
-
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        if isinstance(current, AccessDenied):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
-
-
 def configure_zookeeper_tls(ca: Path | None, cert: Path | None, key: Path | None) -> None:
     """Set the process's ZooKeeper TLS (``core.tls.ZOOKEEPER``): on with ``ca``; ``cert`` and
     ``key`` (both or neither) for a ZooKeeper that asks for client certificates. ValueError
@@ -357,7 +343,9 @@ def zookeeper_tls_options(command: F) -> F:
         except typer.Exit:
             raise  # the command said why itself
         except Exception as e:
-            denied = _access_denied(e)
+            from pubsubd.coordination.errors import access_denied
+
+            denied = access_denied(e)
             if denied is None:
                 raise
             sys.stderr.write(f"error: {denied}\n")

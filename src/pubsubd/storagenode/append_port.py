@@ -53,11 +53,30 @@ from pubsubd.storagenode.ledger_store import LedgerStore
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AppendPort"]
+__all__ = ["AppendPort", "BadPreamble", "read_preamble"]
 
 SERVICE = "the append port"  # how a refusal names what was called
 
 Refusal = Callable[[int], pb.AppendStreamResponse]
+
+
+class BadPreamble(Exception):
+    """A connection did not open with a preamble the port takes (the message says how): the
+    port closes it."""
+
+
+async def read_preamble(reader: asyncio.StreamReader) -> str | None:
+    """The token a connection opens with (None: the plain preamble, no token). Raises
+    BadPreamble, or IncompleteReadError when the connection ends first."""
+    magic = await reader.readexactly(len(APPEND_PORT_MAGIC))
+    if magic == APPEND_PORT_MAGIC:
+        return None
+    if magic != APPEND_PORT_TOKEN_MAGIC:
+        raise BadPreamble("it did not start with the append port's preamble")
+    size = int.from_bytes(await reader.readexactly(4), "big")
+    if size > MAX_TOKEN_BYTES:
+        raise BadPreamble(f"a token of {size} bytes (at most {MAX_TOKEN_BYTES})")
+    return (await reader.readexactly(size)).decode(errors="replace")
 
 
 class AppendPort:
@@ -121,18 +140,12 @@ class AppendPort:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        magic = await reader.readexactly(len(APPEND_PORT_MAGIC))
-        token: str | None = None
-        if magic == APPEND_PORT_TOKEN_MAGIC:
-            size = int.from_bytes(await reader.readexactly(4), "big")
-            if size > MAX_TOKEN_BYTES:
-                self._refuse(peer, f"a token of {size} bytes (at most {MAX_TOKEN_BYTES})")
-                return
-            token = (await reader.readexactly(size)).decode(errors="replace")
-        elif magic != APPEND_PORT_MAGIC:
-            self._refuse(peer, "it did not start with the append port's preamble")
+        try:
+            token = await read_preamble(reader)
+        except BadPreamble as e:
+            self._refuse(peer, str(e))
             return
-        denied, until = self._authenticate(peer, token)
+        denied, until = self.authenticate(peer, token)
         expiry: asyncio.TimerHandle | None = None
         if math.isfinite(until):
             expiry = asyncio.get_running_loop().call_later(
@@ -180,7 +193,7 @@ class AppendPort:
             # Queued in arrival order: a ledger's appends reach the store in the order sent.
             start_append(self.store, request, answered)
 
-    def _authenticate(self, peer: object, token: str | None) -> tuple[Refusal | None, float]:
+    def authenticate(self, peer: object, token: str | None) -> tuple[Refusal | None, float]:
         """How each of the connection's appends is answered (None: they may append), and
         when its token expires (wall clock; ``inf``: never, or authentication off)."""
         if self.verifier is None:

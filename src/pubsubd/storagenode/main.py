@@ -38,7 +38,7 @@ import grpc
 from pubsubd import runtime
 from pubsubd.api.grpc import tls as grpc_tls
 from pubsubd.api.grpc.authn import AuthInterceptor
-from pubsubd.coordination.errors import CoordinationError
+from pubsubd.coordination.errors import CoordinationError, startup_failure
 from pubsubd.coordination.paths import DEFAULT_ROOT
 from pubsubd.coordination.registration import Registration, as_json, storage_info_changed
 from pubsubd.core.internal_token import internal_principal
@@ -284,7 +284,9 @@ class StorageNode:
             )
             await registration.start()
         except CoordinationError as e:
-            raise StartupError(f"cannot register in ZooKeeper at {hosts} ({root}): {e}") from e
+            raise StartupError(
+                startup_failure(f"register in ZooKeeper at {hosts} ({root})", e)
+            ) from e
         self.registration = registration
 
     async def stop(self) -> None:
