@@ -294,12 +294,37 @@ def _with_flags(
     return cast(F, with_flags)
 
 
-def security_options(*, internal_token: bool = False) -> Callable[[F], F]:
+# The flags of each part a command may leave out (security_options); the rest always come.
+_TLS_CA = frozenset({"tls_ca"})
+_AUTH = frozenset(
+    {"auth_secret_file", "auth_public_key", "auth_tokens_file", "auth_audience", "auth_issuer"}
+)
+_IAM = frozenset({"iam", "iam_policy_file", "trust_caller_header"})
+_INTERNAL_TOKEN = frozenset({"internal_token_file"})
+
+
+def security_options(
+    *,
+    internal_token: bool = False,
+    tls_ca: bool = True,
+    auth: bool = True,
+    iam: bool = True,
+) -> Callable[[F], F]:
     """Add the security flags to a command whose ``security`` parameter receives them (a
-    :class:`SecurityFlags`); ``internal_token``: ``--internal-token-file`` too."""
+    :class:`SecurityFlags`; a flag left out stays None): the listeners' ``--tls-cert``,
+    ``--tls-key``, ``--tls-client-ca`` always; ``tls_ca``: ``--tls-ca`` (its clients of the
+    cluster's other processes); ``auth``: ``--auth-*``; ``iam``: ``--iam``,
+    ``--iam-policy-file``, ``--trust-caller-header``; ``internal_token``:
+    ``--internal-token-file``."""
+    left_out = (
+        (frozenset() if internal_token else _INTERNAL_TOKEN)
+        | (frozenset() if tls_ca else _TLS_CA)
+        | (frozenset() if auth else _AUTH)
+        | (frozenset() if iam else _IAM)
+    )
 
     def decorate(command: F) -> F:
-        flags = tuple(p for p in _FLAGS if internal_token or p.name != "internal_token_file")
+        flags = tuple(p for p in _FLAGS if p.name not in left_out)
 
         def run(given: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
             return command(*args, security=SecurityFlags(**given), **kwargs)
