@@ -22,7 +22,7 @@ import pytest
 
 from pubsubd.core.internal_token import INTERNAL_TOKEN
 from pubsubd.core.records import Entry
-from pubsubd.core.tokens import create_token
+from pubsubd.core.tokens import TokenSettings, TokenVerifier, create_token
 from pubsubd.storage.framing import encode_entry
 from pubsubd.storage.node_client import StorageNodeClient, StorageNodeError
 from tests.support.storage_node import StorageNodeProcess
@@ -195,6 +195,36 @@ async def test_an_append_connection_ends_when_its_token_expires(
         assert await client.append(300, 1, 0, frames(2, 1), 1) == 3
         link = client._link
         assert link is not None and link.broken is None  # the port, on a new connection
+    finally:
+        await client.close()
+        INTERNAL_TOKEN.configure(None)
+
+
+async def test_an_append_stream_ends_when_its_token_expires(
+    node: StorageNodeProcess, tmp_path: Path
+) -> None:
+    """AppendStream: a request that arrives after the call's token expired is not taken (the
+    stream ends); the writer sends it again with the token in its file (refused while that is
+    the expired one), then on a new stream with a fresh token."""
+    token_file = tmp_path / "internal.token"
+    token = create_token(WRITER, secret=SECRET, now=time.time(), expires_in_s=2)
+    token_file.write_text(token)
+    INTERNAL_TOKEN.configure(token_file)
+    expires = TokenVerifier(TokenSettings(secret=SECRET)).verify_until(token)[1]
+    client = _client(node, "stream")
+    try:
+        assert await client.append(310, 1, 0, frames(0, 2)) == 2
+        first = client._stream
+        await asyncio.sleep(max(0.0, expires - time.time()) + 0.2)  # the token's exp passes
+        with pytest.raises(StorageNodeError) as refused:
+            await client.append(310, 1, 0, frames(2, 1), 1)
+        assert refused.value.code == grpc.StatusCode.UNAUTHENTICATED, refused.value
+        assert first is not None and first.broken is not None  # the node ended the stream
+        token_file.write_text(create_token(WRITER, secret=SECRET, now=time.time()))
+        assert await client.append(310, 1, 0, frames(2, 1), 1) == 3
+        assert await client.append(310, 1, 0, frames(3, 1), 2) == 4
+        stream = client._stream
+        assert stream is not None and stream is not first and stream.broken is None
     finally:
         await client.close()
         INTERNAL_TOKEN.configure(None)

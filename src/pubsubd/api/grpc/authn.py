@@ -5,9 +5,10 @@ With authentication on (``--auth-*`` flags; ``ServerConfig.tokens``), every meth
 ones in :data:`OPEN_METHODS` needs ``authorization: Bearer T`` metadata (what
 ``grpc.access_token_call_credentials`` sends). A call without a valid token ends with
 UNAUTHENTICATED before its handler runs; a valid one runs its handler with
-``core.principal.CALLER`` set to the token's principal, in the handler's own task (the
-interceptor wraps the method handler's behavior, so the variable is set in the context the
-servicer method runs in, for unary and streaming methods alike).
+``core.principal.CALLER`` set to the token's principal (and ``CALLER_UNTIL`` to its expiry),
+in the handler's own task (the interceptor wraps the method handler's behavior, so the
+variables are set in the context the servicer method runs in, for unary and streaming methods
+alike).
 
 With ``internal`` (a storage node: the principals of the cluster's internal token) a valid
 token of any other principal ends the call PERMISSION_DENIED
@@ -25,8 +26,8 @@ import grpc
 from pubsubd.api.grpc.status import to_status
 from pubsubd.core.errors import PermissionDenied, Unauthenticated
 from pubsubd.core.internal_token import require_internal
-from pubsubd.core.principal import CALLER, Principal
-from pubsubd.core.tokens import TokenVerifier
+from pubsubd.core.principal import CALLER, CALLER_UNTIL, Principal
+from pubsubd.core.tokens import TokenVerifier, bearer_token
 
 __all__ = ["OPEN_METHODS", "AuthInterceptor"]
 
@@ -119,9 +120,10 @@ async def _enter(gate: _Gate, context: grpc.aio.ServicerContext) -> None:
         if key == "authorization":
             header = value if isinstance(value, str) else value.decode(errors="replace")
     try:
-        principal = gate.verifier.principal(header)
+        principal, until = gate.verifier.verify_until(bearer_token(header))
         if gate.internal is not None:
             require_internal(principal, gate.internal, gate.service)
         CALLER.set(principal)
+        CALLER_UNTIL.set(until)
     except (Unauthenticated, PermissionDenied) as e:
         await context.abort(to_status(e)[0], str(e))
