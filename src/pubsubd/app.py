@@ -60,7 +60,7 @@ from pubsubd.core.errors import (
     Unavailable,
 )
 from pubsubd.core.flow_control import MemoryBudget
-from pubsubd.core.internal_token import INTERNAL_TOKEN, read_token
+from pubsubd.core.internal_token import INTERNAL_TOKEN, internal_principal
 from pubsubd.core.principal import Principal
 from pubsubd.core.records import DamagedRange
 from pubsubd.core.release import version
@@ -243,7 +243,7 @@ class PubsubServer:
         # The cluster's own identity: the principal of the token this process's calls to
         # other forwarders carry (--internal-token-file), which authorization lets pass.
         self.internal_principal = (
-            self.verifier.verify(read_token(config.internal_token_file))
+            internal_principal(self.verifier, config.internal_token_file)
             if self.verifier is not None and config.internal_token_file is not None
             else None
         )

@@ -22,8 +22,9 @@ from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransp
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
-from pubsubd.cluster.launcher import LocalCluster
+from pubsubd.cluster.launcher import ADMIN_TOKEN_FILE, LocalCluster
 from pubsubd.cluster.status import cluster_status
+from pubsubd.core.internal_token import INTERNAL_TOKEN
 from pubsubd.storage.node_client import StorageNodeClient, StorageNodeError
 from tests.conftest import PROJECT
 from tests.support.cluster import running_cluster
@@ -166,13 +167,15 @@ def test_a_process_without_the_credential_exits_naming_the_flag(
         assert status == 1, stderr[-2000:]
         assert "--zk-auth-file" in stderr and "NoAuth" in stderr, stderr[-2000:]
         assert why in stderr, stderr[-2000:]
+        # A refusal, said as one in every role: not "cannot reach" or "cannot register".
+        assert "cannot " not in stderr, stderr[-2000:]
         assert stderr.count("error:") == 1, stderr[-2000:]  # said once, no traceback
         assert "Traceback" not in stderr
 
 
 async def test_a_storage_node_refuses_a_call_without_a_token(cluster: LocalCluster) -> None:
     node = next(p for p in cluster.processes if p.role == "storage")
-    assert "--auth-secret-file" in node.args
+    assert "--auth-secret-file" in node.args and "--internal-token-file" in node.args
     client = StorageNodeClient(node.address, timeout=5.0)
     try:
         with pytest.raises(StorageNodeError) as refused:
@@ -180,3 +183,20 @@ async def test_a_storage_node_refuses_a_call_without_a_token(cluster: LocalClust
     finally:
         await client.close()
     assert refused.value.code == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_a_storage_node_denies_the_admin_token(cluster: LocalCluster) -> None:
+    """The admin token ``up --tokens`` hands clients is valid, but not the cluster's own
+    identity: a storage node denies it (the writers' internal token passes: the official client
+    test above published through them)."""
+    assert cluster.auth_dir is not None
+    node = next(p for p in cluster.processes if p.role == "storage")
+    INTERNAL_TOKEN.configure(cluster.auth_dir / ADMIN_TOKEN_FILE)
+    client = StorageNodeClient(node.address, timeout=5.0)
+    try:
+        with pytest.raises(StorageNodeError) as refused:
+            await client.list_ledgers()
+    finally:
+        await client.close()
+        INTERNAL_TOKEN.configure(None)
+    assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED, refused.value

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import logging
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,8 +39,10 @@ from pubsubd.core import filters, ids, names, pb, validation
 from pubsubd.core.backlog_view import whole_backlogs
 from pubsubd.core.errors import InvalidAckId, InvalidArgument, PubsubError
 from pubsubd.core.load import weight
+from pubsubd.core.principal import Principal
 from pubsubd.core.publish_sources import MAX_SOURCES
 from pubsubd.core.records import Entry
+from pubsubd.core.tokens import TokenSettings, TokenVerifier, create_token
 from pubsubd.data import sources_wire
 from pubsubd.observability import http, http_conn
 from pubsubd.pulsar import commands, compression, frames, messages
@@ -47,6 +51,9 @@ from pubsubd.pulsar import names as pulsar_names
 from pubsubd.pulsar.api import BaseCommand, CompressionType, MessageMetadata, Type
 from pubsubd.storage import framing, segment_index
 from pubsubd.storage.errors import CorruptEntry
+from pubsubd.storage.node_client import APPEND_PORT_MAGIC, APPEND_PORT_TOKEN_MAGIC, MAX_TOKEN_BYTES
+from pubsubd.storagenode import append_port
+from pubsubd.storagenode.append_port import AppendPort, BadPreamble, read_preamble
 from pubsubd.storagenode.appends import check_version
 from pubsubd.storagenode.errors import BadFrames, UnsupportedVersion
 from pubsubd.storagenode.ledger_index import parse_frames
@@ -478,6 +485,87 @@ def _append_port_seeds() -> list[bytes]:
     return [len(body).to_bytes(4, "big") + body]
 
 
+# The append port's authentication as a node with --auth-* runs it: an HS256 secret and one
+# static token, and only the internal token's subject let in.
+PREAMBLE_SECRET = b"fuzz-preamble-secret-0123456789abcdef"
+PREAMBLE_STATIC = "static-internal-token"
+PREAMBLE_INTERNAL = Principal.from_subject("writer")
+ISSUED_S = 1_700_000_000  # when the seeds' JWTs were issued (PyJWT refuses a future iat)
+_preamble_port: AppendPort | None = None
+_preamble_loop: asyncio.AbstractEventLoop | None = None  # the readers' (never run: see below)
+
+
+def _preamble(data: bytes) -> None:
+    """The append port's preamble (storagenode/append_port.py): the magic, and with the token
+    magic a 4-byte length and the token, which the node's verifier and internal subject check
+    (PyJWT on any bytes). A connection is closed (BadPreamble), ends early, or gets a token
+    answer: let in only with a valid token of the internal subject, every other append refused
+    UNAUTHENTICATED or PERMISSION_DENIED; the frames after the preamble are left unread."""
+    global _preamble_port, _preamble_loop
+    if _preamble_port is None or _preamble_loop is None:
+        _preamble_loop = asyncio.new_event_loop()
+        settings = TokenSettings(
+            secret=PREAMBLE_SECRET,
+            static_tokens={hashlib.sha256(PREAMBLE_STATIC.encode()).digest(): PREAMBLE_INTERNAL},
+        )
+        _preamble_port = AppendPort(
+            None,  # type: ignore[arg-type]  # authentication never touches the store
+            "127.0.0.1",
+            verifier=TokenVerifier(settings),
+            internal=frozenset({PREAMBLE_INTERNAL}),
+        )
+    port = _preamble_port
+    reader = asyncio.StreamReader(loop=_preamble_loop)
+    reader.feed_data(data)
+    reader.feed_eof()
+    coroutine = read_preamble(reader)
+    try:
+        coroutine.send(None)  # fed and ended: it never waits, so it ends on this first step
+    except StopIteration as done:
+        token = done.value
+    else:
+        coroutine.close()
+        raise AssertionError("read_preamble waited on a reader that has all its input")
+    logger = logging.getLogger(append_port.__name__)
+    level, logger.level = logger.level, logging.ERROR  # a refusal per input: not logged
+    try:
+        denied, until = port.authenticate("fuzz", token)
+    finally:
+        logger.level = level
+    magic = len(APPEND_PORT_MAGIC)
+    used = magic + (0 if token is None else 4 + int.from_bytes(data[magic : magic + 4], "big"))
+    assert len(reader._buffer) == len(data) - used  # type: ignore[attr-defined]
+    if denied is None:
+        assert token is not None and until > 0
+        return
+    answer = denied(7)
+    assert answer.request_id == 7 and answer.end_offset == 0
+    assert answer.code in (
+        grpc.StatusCode.UNAUTHENTICATED.value[0],
+        grpc.StatusCode.PERMISSION_DENIED.value[0],
+    ), answer
+
+
+def _preamble_seeds() -> list[bytes]:
+    def with_token(token: str) -> bytes:
+        body = token.encode()
+        return APPEND_PORT_TOKEN_MAGIC + len(body).to_bytes(4, "big") + body
+
+    def jwt(subject: str, **kw: float) -> str:  # issued in 2023: the seeds stay valid
+        return create_token(subject, secret=PREAMBLE_SECRET, now=ISSUED_S, **kw)
+
+    return [
+        APPEND_PORT_MAGIC + _append_port_seeds()[0],
+        with_token(jwt("writer")) + _append_port_seeds()[0],
+        with_token(PREAMBLE_STATIC),
+        with_token(jwt("admin@pubsubd.local")),  # a client's token: PERMISSION_DENIED
+        with_token(jwt("writer", expires_in_s=60)),  # expired in 2023
+        with_token(create_token("writer", secret=b"x" * 32, now=ISSUED_S)),  # forged
+        APPEND_PORT_TOKEN_MAGIC + (MAX_TOKEN_BYTES + 1).to_bytes(4, "big"),
+        APPEND_PORT_TOKEN_MAGIC + b"\x00\x00\x00\x09abc",  # ends inside the token
+    ]
+
+
 def _sources(data: bytes) -> None:
     """The Sources service's ack-state messages (data/sources_wire.py): RecordAcks,
     ResetCursors and the cursors an Attach answers with; malformed ranges are ValueError
@@ -678,6 +766,13 @@ TARGETS: dict[str, Target] = {
         ),
         Target("segment_index", _segment_index, (), _segment_index_seeds),
         Target("storage_node_append", _append_port, (), _append_port_seeds),
+        Target(
+            "storage_node_preamble",
+            _preamble,
+            (BadPreamble, asyncio.IncompleteReadError),
+            _preamble_seeds,
+            512,
+        ),
         Target("sources_wire", _sources, (DecodeError, ValueError), _sources_seeds),
         Target("routing_records", _routing, (DecodeError,), _routing_seeds),
         Target("pulsar_frames", _pulsar, (frames.FrameError,), _pulsar_seeds),

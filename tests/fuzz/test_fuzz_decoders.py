@@ -17,7 +17,7 @@ from tests.fuzz.targets import TARGETS
 pytestmark = pytest.mark.fuzz
 
 # Inputs per target in the short run: each target's process (forked from one that instrumented
-# the imports in ~2.5 s) runs these in 0.1-2 s; 16 targets two at a time take ~6 s.
+# the imports in ~2.5 s) runs these in 0.1-2 s; 17 targets two at a time take ~6-10 s.
 SHORT_RUN_INPUTS = 4000
 
 

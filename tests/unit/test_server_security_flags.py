@@ -85,6 +85,34 @@ def test_only_the_writers_take_an_internal_token() -> None:
     assert "--zk-auth-file" in options("router")
 
 
+def test_storage_and_router_take_the_shared_flags_they_use() -> None:
+    """``storage`` and ``router`` declare their TLS (and the node its --auth-*) through
+    ``security_options`` too, with only the flags they have always taken; a storage node's
+    ``--internal-token-file`` names whose calls it takes."""
+    group: Any = typer.main.get_command(app)
+
+    def options(command: str) -> set[str]:
+        return {o for p in group.commands[command].params for o in p.opts}
+
+    tls = {"--tls-cert", "--tls-key", "--tls-client-ca"}
+    auth = {"--auth-secret-file", "--auth-public-key", "--auth-tokens-file"}
+    auth |= {"--auth-audience", "--auth-issuer"}
+    iam = {"--iam", "--iam-policy-file", "--trust-caller-header"}
+    assert tls | auth | {"--internal-token-file"} <= options("storage")
+    assert not (iam | {"--tls-ca"}) & options("storage")
+    assert tls | {"--tls-ca"} <= options("router")
+    assert not (auth | iam | {"--internal-token-file"}) & options("router")
+
+
+@pytest.mark.parametrize(
+    "command", [["storage", "--data-dir", "d"], ["router", "--cluster", "127.0.0.1:1"]]
+)
+def test_storage_and_router_check_their_tls_flags(command: list[str]) -> None:
+    result = CliRunner().invoke(app, [*command, "--tls-cert", "c.pem"], env={"COLUMNS": "200"})
+    assert result.exit_code == 1, result.output
+    assert "TLS needs both --tls-cert and --tls-key" in result.output
+
+
 def _secret(tmp_path: Path) -> Path:
     path = tmp_path / "secret"
     path.write_bytes(SECRET + b"\n")

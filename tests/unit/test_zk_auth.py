@@ -15,7 +15,7 @@ from kazoo.exceptions import NoAuthError
 
 from pubsubd.coordination.credentials import DigestCredential, load_credential, write_credential
 from pubsubd.coordination.ensemble import Ensemble
-from pubsubd.coordination.errors import AccessDenied
+from pubsubd.coordination.errors import AccessDenied, CoordinationUnavailable, startup_failure
 from pubsubd.coordination.zk import Coordinator, Create
 from pubsubd.storage.metadata import TopicRecord
 from pubsubd.storage.zk_metadata import ZooKeeperMetadataStore
@@ -27,6 +27,18 @@ CREDENTIAL = DigestCredential("pubsubd", "s3cret")
 
 
 # --- pure: the credential file ----------------------------------------------------------------
+
+
+def test_a_refusal_at_start_up_is_named_a_refusal_not_unreachability() -> None:
+    denied = AccessDenied("ZooKeeper refused access to /pubsubd (NoAuth): ... --zk-auth-file")
+    wrapped = RuntimeError("registration failed")
+    wrapped.__cause__ = denied
+    for error in (denied, wrapped):
+        assert startup_failure("reach ZooKeeper at h:1", error) == str(denied)
+    down = CoordinationUnavailable("connection lost")
+    assert startup_failure("reach ZooKeeper at h:1", down) == (
+        "cannot reach ZooKeeper at h:1: connection lost"
+    )
 
 
 def test_credential_file_round_trip(tmp_path: Path) -> None:

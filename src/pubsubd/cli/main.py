@@ -26,16 +26,8 @@ from pubsubd.cli.routing import routing_app
 from pubsubd.cli.security import certs_app, tokens_app
 from pubsubd.cli.server_security import (
     NO_FLAGS,
-    AuthAudience,
-    AuthIssuer,
-    AuthPublicKey,
-    AuthSecretFile,
-    AuthTokensFile,
+    NodeInternalTokenFile,
     SecurityFlags,
-    TlsCa,
-    TlsCert,
-    TlsClientCa,
-    TlsKey,
     internal_tls,
     security_options,
     server_tls,
@@ -328,6 +320,7 @@ def forwarder(
 
 @app.command()
 @zookeeper_tls_options
+@security_options(tls_ca=False, iam=False)
 def storage(
     data_dir: Annotated[
         list[Path],
@@ -361,33 +354,33 @@ def storage(
         ),
     ] = 0,
     log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
-    tls_client_ca: TlsClientCa = None,
-    auth_secret_file: AuthSecretFile = None,
-    auth_public_key: AuthPublicKey = None,
-    auth_tokens_file: AuthTokensFile = None,
-    auth_audience: AuthAudience = None,
-    auth_issuer: AuthIssuer = None,
+    internal_token_file: NodeInternalTokenFile = None,
+    security: SecurityFlags = NO_FLAGS,
 ) -> None:
     """Run a storage node: ledgers on its data directories, served to the cluster over gRPC
     (with --tls-*: TLS on its gRPC, append and HTTP ports; --tls-client-ca: mutual TLS; with
-    --auth-*: every call and append connection needs a valid bearer token, which the writers
-    send from their --internal-token-file)."""
+    --auth-*: every call and append connection needs a valid bearer token of the subject of
+    --internal-token-file, the token the writers send)."""
     from pubsubd.observability.logging import setup
     from pubsubd.storagenode.main import StartupError, StorageNodeConfig, run
 
     setup(log_level)
     try:
-        tls = server_tls(tls_cert, tls_key, tls_client_ca)
+        f = security
+        tls = server_tls(f.tls_cert, f.tls_key, f.tls_client_ca)
         tokens = config_mod.token_settings(
-            auth_secret_file, auth_public_key, auth_tokens_file, auth_audience, auth_issuer
+            f.auth_secret_file,
+            f.auth_public_key,
+            f.auth_tokens_file,
+            f.auth_audience,
+            f.auth_issuer,
         )
     except ValueError as e:
         _fail(e)
     config = StorageNodeConfig(
         tls=tls,
         tokens=tokens,
+        internal_token_file=internal_token_file,
         data_dirs=data_dir,
         port=port,
         http_port=http_port,
@@ -409,6 +402,7 @@ _SPREAD_DEFAULTS = SpreadSettings()
 
 @app.command()
 @zookeeper_tls_options
+@security_options(auth=False, iam=False)
 def router(
     cluster: ClusterOption,
     zk_root: Annotated[str, typer.Option(help="the cluster's ZooKeeper root")] = "/pubsubd",
@@ -486,10 +480,7 @@ def router(
     zk_session_timeout: ZkSessionOption = 10.0,
     pid_file: Annotated[Path | None, typer.Option(help="write the PID here when ready")] = None,
     log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
-    tls_client_ca: TlsClientCa = None,
-    tls_ca: TlsCa = None,
+    security: SecurityFlags = NO_FLAGS,
 ) -> None:
     """Run a router: active/standby, it assigns publish message sources and subscriptions to
     forwarders (bounded-load consistent hashing) and publishes the lists in ZooKeeper."""
@@ -498,9 +489,10 @@ def router(
 
     setup(log_level)
     try:
-        internal_tls(tls_ca, tls_cert, tls_key)
+        f = security
+        internal_tls(f.tls_ca, f.tls_cert, f.tls_key)
         config = RouterConfig(
-            tls=server_tls(tls_cert, tls_key, tls_client_ca),
+            tls=server_tls(f.tls_cert, f.tls_key, f.tls_client_ca),
             zk=cluster,
             zk_root=zk_root,
             router_id=router_id,

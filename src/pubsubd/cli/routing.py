@@ -57,7 +57,7 @@ def _fail(message: str) -> None:
 
 def _with_store(cluster: str, root: str, action: Callable[[Any], Awaitable[T]]) -> T:
     from pubsubd.control.routing_store import RoutingStore
-    from pubsubd.coordination.errors import CoordinationError
+    from pubsubd.coordination.errors import CoordinationError, startup_failure
     from pubsubd.coordination.zk import Coordinator
 
     async def run() -> T:
@@ -71,7 +71,7 @@ def _with_store(cluster: str, root: str, action: Callable[[Any], Awaitable[T]]) 
     try:
         return asyncio.run(run())
     except (CoordinationError, TimeoutError) as e:
-        _fail(f"cannot reach ZooKeeper at {cluster} ({root}): {e}")
+        _fail(startup_failure(f"reach ZooKeeper at {cluster} ({root})", e))
         raise AssertionError("unreachable") from None
 
 

@@ -110,6 +110,17 @@ InternalTokenFile = Annotated[
     ),
 ]
 
+# A storage node's reading of the same file: whose calls it takes, not what it sends.
+NodeInternalTokenFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--internal-token-file",
+        envvar="PUBSUBD_INTERNAL_TOKEN_FILE",
+        help="the cluster's internal token (a file, the writers' --internal-token-file): with "
+        "--auth-* (where it is required) only its subject may call this node",
+    ),
+]
+
 ZkTlsCa = Annotated[
     Path | None,
     typer.Option(
@@ -192,7 +203,7 @@ class SecurityFlags:
         internal clients (``--tls-ca``, ``--internal-token-file``). ValueError: what is wrong.
         ``forwarder``: authentication needs an internal token that this process accepts."""
         from pubsubd.control.policies import PolicyFileError, load_policy_file
-        from pubsubd.core.internal_token import INTERNAL_TOKEN
+        from pubsubd.core.internal_token import INTERNAL_TOKEN, internal_principal
 
         cfg = replace(
             cfg,
@@ -227,17 +238,11 @@ class SecurityFlags:
                 "own calls to other forwarders carry (dead letters, reads of copies)"
             )
         if cfg.internal_token_file is not None:
-            token = INTERNAL_TOKEN.configure(cfg.internal_token_file)
-            if cfg.tokens is not None and token is not None:
-                from pubsubd.core.errors import Unauthenticated
+            INTERNAL_TOKEN.configure(cfg.internal_token_file)
+            if cfg.tokens is not None:
                 from pubsubd.core.tokens import TokenVerifier
 
-                try:
-                    TokenVerifier(cfg.tokens).verify(token)
-                except Unauthenticated as e:
-                    raise ValueError(
-                        f"--internal-token-file: this process refuses its own token ({e})"
-                    ) from None
+                internal_principal(TokenVerifier(cfg.tokens), cfg.internal_token_file)
         internal_tls(self.tls_ca, self.tls_cert, self.tls_key)
         return cfg
 
@@ -289,12 +294,37 @@ def _with_flags(
     return cast(F, with_flags)
 
 
-def security_options(*, internal_token: bool = False) -> Callable[[F], F]:
+# The flags of each part a command may leave out (security_options); the rest always come.
+_TLS_CA = frozenset({"tls_ca"})
+_AUTH = frozenset(
+    {"auth_secret_file", "auth_public_key", "auth_tokens_file", "auth_audience", "auth_issuer"}
+)
+_IAM = frozenset({"iam", "iam_policy_file", "trust_caller_header"})
+_INTERNAL_TOKEN = frozenset({"internal_token_file"})
+
+
+def security_options(
+    *,
+    internal_token: bool = False,
+    tls_ca: bool = True,
+    auth: bool = True,
+    iam: bool = True,
+) -> Callable[[F], F]:
     """Add the security flags to a command whose ``security`` parameter receives them (a
-    :class:`SecurityFlags`); ``internal_token``: ``--internal-token-file`` too."""
+    :class:`SecurityFlags`; a flag left out stays None): the listeners' ``--tls-cert``,
+    ``--tls-key``, ``--tls-client-ca`` always; ``tls_ca``: ``--tls-ca`` (its clients of the
+    cluster's other processes); ``auth``: ``--auth-*``; ``iam``: ``--iam``,
+    ``--iam-policy-file``, ``--trust-caller-header``; ``internal_token``:
+    ``--internal-token-file``."""
+    left_out = (
+        (frozenset() if internal_token else _INTERNAL_TOKEN)
+        | (frozenset() if tls_ca else _TLS_CA)
+        | (frozenset() if auth else _AUTH)
+        | (frozenset() if iam else _IAM)
+    )
 
     def decorate(command: F) -> F:
-        flags = tuple(p for p in _FLAGS if internal_token or p.name != "internal_token_file")
+        flags = tuple(p for p in _FLAGS if p.name not in left_out)
 
         def run(given: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
             return command(*args, security=SecurityFlags(**given), **kwargs)
@@ -302,20 +332,6 @@ def security_options(*, internal_token: bool = False) -> Callable[[F], F]:
         return _with_flags(command, flags, run, replaces="security")
 
     return decorate
-
-
-def _access_denied(error: BaseException) -> BaseException | None:
-    """ZooKeeper's refusal (``coordination.errors.AccessDenied``) in ``error``'s chain."""
-    from pubsubd.coordination.errors import AccessDenied
-
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        if isinstance(current, AccessDenied):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
 
 
 def configure_zookeeper_tls(ca: Path | None, cert: Path | None, key: Path | None) -> None:
@@ -352,7 +368,9 @@ def zookeeper_tls_options(command: F) -> F:
         except typer.Exit:
             raise  # the command said why itself
         except Exception as e:
-            denied = _access_denied(e)
+            from pubsubd.coordination.errors import access_denied
+
+            denied = access_denied(e)
             if denied is None:
                 raise
             sys.stderr.write(f"error: {denied}\n")

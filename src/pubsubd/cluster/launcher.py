@@ -441,8 +441,15 @@ class LocalCluster:
         for k in range(disks):
             args += ["--data-dir", str(self.directory / f"storage-{i + 1}" / f"disk-{k + 1}")]
         # Mutual TLS: only the cluster's processes (showing certs dev's certificate) reach it.
-        # With tokens: every call and append connection shows one (the writers' internal one).
-        auth = ["--auth-secret-file", str(self.auth_dir / SECRET_FILE)] if self.auth_dir else []
+        # With tokens: every call and append connection shows one, of the internal subject.
+        auth = (
+            [
+                *("--auth-secret-file", str(self.auth_dir / SECRET_FILE)),
+                *("--internal-token-file", str(self.auth_dir / INTERNAL_TOKEN_FILE)),
+            ]
+            if self.auth_dir
+            else []
+        )
         return args + self._tls(client_ca=True, ca=False) + self._zk_auth() + auth
 
     def _zk_auth(self) -> list[str]:

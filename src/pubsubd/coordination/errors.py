@@ -8,6 +8,9 @@ wrong one), and ZooKeeper being out of reach (``CoordinationUnavailable``: conne
 session expired, client stopped, no answer in time). The last is also a domain
 ``Unavailable``, so a control-plane call that cannot reach ZooKeeper answers UNAVAILABLE and
 the client retries.
+
+:func:`startup_failure` is how every role says ZooKeeper failed it at start-up: a refusal as
+the refusal it is (naming the credential and ``--zk-auth-file``), not as unreachability.
 """
 
 from __future__ import annotations
@@ -59,3 +62,25 @@ class AccessDenied(CoordinationError):
     """ZooKeeper refused the request (NoAuth): the znode's ACL does not let this session's
     identity do it. The cluster's znodes are protected by its credential
     (``coordination/credentials.py``) and this process has none, or another one."""
+
+
+def access_denied(error: BaseException) -> AccessDenied | None:
+    """ZooKeeper's refusal in ``error``'s chain (itself, its cause or context), if any."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, AccessDenied):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def startup_failure(doing: str, error: BaseException) -> str:
+    """The one line a process ends with when ZooKeeper failed it at start-up while ``doing``
+    ("reach ZooKeeper at H"): ZooKeeper's refusal (:class:`AccessDenied`, which names the
+    credential and ``--zk-auth-file``) as it is, anything else as ``cannot {doing}: ...``."""
+    denied = access_denied(error)
+    if denied is not None:
+        return str(denied)
+    return f"cannot {doing}: {error}"

@@ -111,6 +111,22 @@ class PermissionDenied(PubsubError):
         )
 
 
+class NotInternalCaller(PermissionDenied):
+    """A valid token whose principal is not the cluster's own identity (the internal token's,
+    ``core/internal_token.py``) called a service only the cluster's processes may call (a
+    storage node): PERMISSION_DENIED, 403."""
+
+    def __init__(self, member: str, service: str) -> None:
+        self.permission = "(the cluster's internal identity)"
+        self.resource = service
+        self.member = member
+        PubsubError.__init__(
+            self,
+            f"{member} is not the cluster's internal identity: only the cluster's own "
+            f"processes (their --internal-token-file token) may call {service}",
+        )
+
+
 class Aborted(PubsubError):
     """A compare-and-set lost to a concurrent change (an IAM policy's etag): ABORTED, 409.
     Retriable as a whole: read again, then write."""

@@ -21,14 +21,29 @@ Rules:
    without a restart; a file that cannot be read keeps the last token read.
 4. Like ``core.tls.INTERNAL``, it is one process setting, configured once at start-up by the
    composition root before anything calls out.
+5. The token's principal (:func:`internal_principal`, read once at start-up from the same
+   file with the process's own verifier) is the cluster's identity. A forwarder lets it past
+   IAM; a storage node lets *only* it call (:func:`require_internal`: any other valid token,
+   a client's or an admin's, is refused PERMISSION_DENIED on gRPC and on the append port).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from pathlib import Path
 
-__all__ = ["INTERNAL_TOKEN", "InternalToken", "read_token"]
+from pubsubd.core.errors import NotInternalCaller, Unauthenticated
+from pubsubd.core.principal import Principal
+from pubsubd.core.tokens import TokenVerifier
+
+__all__ = [
+    "INTERNAL_TOKEN",
+    "InternalToken",
+    "internal_principal",
+    "read_token",
+    "require_internal",
+]
 
 Metadata = tuple[tuple[str, str], ...]
 
@@ -42,6 +57,24 @@ def read_token(path: Path) -> str:
     if not token:
         raise ValueError(f"token file {path} is empty")
     return token
+
+
+def internal_principal(verifier: TokenVerifier, path: Path) -> Principal:
+    """The cluster's identity: the principal of the internal token in ``path`` as ``verifier``
+    (the process's own settings) reads it. ValueError: no token there, or one it refuses."""
+    try:
+        return verifier.verify(read_token(path))
+    except Unauthenticated as e:
+        raise ValueError(
+            f"--internal-token-file: this process refuses its own token ({e})"
+        ) from None
+
+
+def require_internal(principal: Principal, internal: Collection[Principal], service: str) -> None:
+    """Let only the cluster's own identity (``internal``) call ``service``; raises
+    NotInternalCaller (PERMISSION_DENIED) for any other principal."""
+    if principal not in internal:
+        raise NotInternalCaller(principal.member, service)
 
 
 class InternalToken:

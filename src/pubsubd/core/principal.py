@@ -15,7 +15,7 @@ from __future__ import annotations
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-__all__ = ["ANONYMOUS", "CALLER", "Principal", "caller"]
+__all__ = ["ANONYMOUS", "CALLER", "CALLER_UNTIL", "Principal", "caller"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +39,12 @@ ANONYMOUS = Principal("allUsers")
 
 CALLER: ContextVar[Principal | None] = ContextVar("pubsubd_caller", default=None)
 """Set by authentication around each call's handler; read by authorization."""
+
+
+CALLER_UNTIL: ContextVar[float] = ContextVar("pubsubd_caller_until", default=float("inf"))
+"""When the current call's token expires (wall clock, its ``exp``; ``inf``: never, or no
+token): set by authentication beside :data:`CALLER`, read by a long stream that must not outlive
+its token (a storage node's AppendStream)."""
 
 
 def caller() -> Principal:

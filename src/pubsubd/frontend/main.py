@@ -41,7 +41,7 @@ from pubsubd.api.rest import RestFront, local_target
 from pubsubd.control.policies import ResourcePolicies, load_policy_file
 from pubsubd.control.routing_table import Forwarder
 from pubsubd.control.routing_views import NamesView, RoutingView
-from pubsubd.coordination.errors import CoordinationError
+from pubsubd.coordination.errors import CoordinationError, startup_failure
 from pubsubd.coordination.paths import DEFAULT_ROOT
 from pubsubd.coordination.registration import Registration, as_json
 from pubsubd.coordination.zk import Coordinator
@@ -219,7 +219,7 @@ class Frontend:
             )
             await self.registration.start()
         except CoordinationError as e:
-            raise StartupError(f"cannot reach ZooKeeper at {config.zk}: {e}") from e
+            raise StartupError(startup_failure(f"reach ZooKeeper at {config.zk}", e)) from e
         await server.start()
         self.server = server
         if config.http_port >= 0:

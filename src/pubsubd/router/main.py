@@ -56,7 +56,7 @@ from pubsubd.control.routing_table import (
 )
 from pubsubd.control.routing_views import NamesView
 from pubsubd.coordination.election import Election
-from pubsubd.coordination.errors import CoordinationError
+from pubsubd.coordination.errors import CoordinationError, startup_failure
 from pubsubd.coordination.paths import DEFAULT_ROOT
 from pubsubd.coordination.zk import Coordinator
 from pubsubd.core.backlog_view import WholeBacklog, ranked, whole_backlogs
@@ -185,7 +185,7 @@ class Router:
             await self.zk.start()
             await self.names.start()
         except CoordinationError as e:
-            raise StartupError(f"cannot reach ZooKeeper at {self.config.zk}: {e}") from e
+            raise StartupError(startup_failure(f"reach ZooKeeper at {self.config.zk}", e)) from e
         layout = self.zk.layout
         self._follows = [
             self.zk.watch_children(layout.forwarders, lambda _: self.election.poke()),

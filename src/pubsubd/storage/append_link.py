@@ -6,7 +6,10 @@ Appends are written in call order (the node starts them in arrival order, so a l
 appends stay in order per node). When the connection ends every waiting append fails with
 :class:`LinkEnded`; the client sends it again (a node accepts a retry of what it stores) and
 the next append connects anew. A connection starts with the process's internal token when it
-has one (:func:`preamble`); a node that refuses it answers every append UNAUTHENTICATED.
+has one (:func:`preamble`, read from its file then, so a replaced token is used from the next
+connection on); a node that refuses it answers every append UNAUTHENTICATED (or
+PERMISSION_DENIED), and the first such answer ends the connection, so the next append
+connects again with the current token. A node closes a connection whose token expires.
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ from pubsubd.storage.node_client import (
 __all__ = ["AppendLink", "LinkEnded", "preamble"]
 
 CONNECT_TIMEOUT_S = 5.0
+# A node's answers about the connection's token rather than the append itself.
+REFUSED_CREDENTIAL = frozenset(
+    {grpc.StatusCode.UNAUTHENTICATED.value[0], grpc.StatusCode.PERMISSION_DENIED.value[0]}
+)
 
 
 class LinkEnded(NodeUnavailable):
@@ -116,6 +123,12 @@ class AppendLink:
                     break
                 answer = pb.AppendStreamResponse.FromString(await reader.readexactly(size))
                 self._waiters.settle(answer)
+                if answer.code in REFUSED_CREDENTIAL:
+                    # The node refused this connection's token (none, expired, forged, not
+                    # the cluster's): the connection is no use. The next append connects
+                    # anew with the token the process holds then (its file may have changed).
+                    why = "the node refused the connection's token"
+                    break
         except (asyncio.IncompleteReadError, OSError, DecodeError) as e:
             why = str(e) or type(e).__name__
         except asyncio.CancelledError:

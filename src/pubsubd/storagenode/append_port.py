@@ -11,9 +11,14 @@ that is too long or does not parse closes that connection (and only that one); e
 refusal is an answer.
 
 With authentication on (a ``TokenVerifier``), a connection must start with
-:data:`~pubsubd.storage.node_client.APPEND_PORT_TOKEN_MAGIC` and a valid token (checked once, when
-the connection opens): on any other connection every append is answered UNAUTHENTICATED and none
-reaches the store. Without it both preambles are accepted and a token is ignored.
+:data:`~pubsubd.storage.node_client.APPEND_PORT_TOKEN_MAGIC` and a valid token of one of the
+``internal`` principals (the cluster's identity, ``core/internal_token.py``), checked when the
+connection opens: on any other connection every append is answered UNAUTHENTICATED (no valid
+token) or PERMISSION_DENIED (another principal's) and none reaches the store. A token that
+expires (``exp``) ends its connection then: the connection is closed, appends not yet answered
+fail on the writer's side, which sends them again (as after any lost connection) and connects
+anew with its current token (``storage/append_link.py``). Without authentication both preambles
+are accepted and a token is ignored.
 
 The node registers the port's address in ZooKeeper (``append_address``);
 writers that do not know it use gRPC.
@@ -24,14 +29,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import time
 from collections.abc import Callable
 from ssl import SSLContext
 
-import grpc
 from google.protobuf.message import DecodeError
 
 from pubsubd._gen.pubsubd.internal.v1 import storage_pb2 as pb
-from pubsubd.core.errors import Unauthenticated
+from pubsubd.api.grpc.status import to_status
+from pubsubd.core.errors import PermissionDenied, Unauthenticated
+from pubsubd.core.internal_token import require_internal
+from pubsubd.core.principal import Principal
 from pubsubd.core.tokens import TokenVerifier
 from pubsubd.storage.node_client import (
     APPEND_PORT_MAGIC,
@@ -44,7 +53,30 @@ from pubsubd.storagenode.ledger_store import LedgerStore
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AppendPort"]
+__all__ = ["AppendPort", "BadPreamble", "read_preamble"]
+
+SERVICE = "the append port"  # how a refusal names what was called
+
+Refusal = Callable[[int], pb.AppendStreamResponse]
+
+
+class BadPreamble(Exception):
+    """A connection did not open with a preamble the port takes (the message says how): the
+    port closes it."""
+
+
+async def read_preamble(reader: asyncio.StreamReader) -> str | None:
+    """The token a connection opens with (None: the plain preamble, no token). Raises
+    BadPreamble, or IncompleteReadError when the connection ends first."""
+    magic = await reader.readexactly(len(APPEND_PORT_MAGIC))
+    if magic == APPEND_PORT_MAGIC:
+        return None
+    if magic != APPEND_PORT_TOKEN_MAGIC:
+        raise BadPreamble("it did not start with the append port's preamble")
+    size = int.from_bytes(await reader.readexactly(4), "big")
+    if size > MAX_TOKEN_BYTES:
+        raise BadPreamble(f"a token of {size} bytes (at most {MAX_TOKEN_BYTES})")
+    return (await reader.readexactly(size)).decode(errors="replace")
 
 
 class AppendPort:
@@ -57,9 +89,11 @@ class AppendPort:
         port: int = 0,
         ssl: SSLContext | None = None,
         verifier: TokenVerifier | None = None,
+        internal: frozenset[Principal] | None = None,
     ) -> None:
         self.store = store
         self.verifier = verifier  # authentication on: every connection shows a valid token
+        self.internal = internal  # ... of one of these principals (None: any)
         self._ssl = ssl  # TLS when the node's ports speak it
         self.host = host
         self.port = port
@@ -67,6 +101,8 @@ class AppendPort:
         self._connections: set[asyncio.Task[None]] = set()
         self.refused_connections = 0
         self.unauthenticated_connections = 0
+        self.denied_connections = 0  # a valid token of a principal not let in
+        self.expired_connections = 0  # closed when their token expired
 
     @property
     def connections(self) -> int:
@@ -104,18 +140,32 @@ class AppendPort:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        magic = await reader.readexactly(len(APPEND_PORT_MAGIC))
-        token: str | None = None
-        if magic == APPEND_PORT_TOKEN_MAGIC:
-            size = int.from_bytes(await reader.readexactly(4), "big")
-            if size > MAX_TOKEN_BYTES:
-                self._refuse(peer, f"a token of {size} bytes (at most {MAX_TOKEN_BYTES})")
-                return
-            token = (await reader.readexactly(size)).decode(errors="replace")
-        elif magic != APPEND_PORT_MAGIC:
-            self._refuse(peer, "it did not start with the append port's preamble")
+        try:
+            token = await read_preamble(reader)
+        except BadPreamble as e:
+            self._refuse(peer, str(e))
             return
-        denied = self._authenticate(peer, token)
+        denied, until = self.authenticate(peer, token)
+        expiry: asyncio.TimerHandle | None = None
+        if math.isfinite(until):
+            expiry = asyncio.get_running_loop().call_later(
+                max(0.0, until - time.time()), self._expire, writer, peer
+            )
+        try:
+            await self._appends(reader, writer, peer, denied, until)
+        finally:
+            if expiry is not None:
+                expiry.cancel()
+
+    async def _appends(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        peer: object,
+        denied: Refusal | None,
+        until: float,
+    ) -> None:
+        """Serve a connection's appends; ``until``: when its token expires (wall clock)."""
 
         def answered(answer: pb.AppendStreamResponse) -> None:
             if writer.is_closing():
@@ -137,29 +187,53 @@ class AppendPort:
             if denied is not None:
                 answered(denied(request.request_id))
                 continue
+            if until != math.inf and time.time() >= until:
+                self._expire(writer, peer)  # before the timer: this append is not taken
+                return
             # Queued in arrival order: a ledger's appends reach the store in the order sent.
             start_append(self.store, request, answered)
 
-    def _authenticate(
-        self, peer: object, token: str | None
-    ) -> Callable[[int], pb.AppendStreamResponse] | None:
-        """None when the connection may append; else how each of its appends is answered."""
+    def authenticate(self, peer: object, token: str | None) -> tuple[Refusal | None, float]:
+        """How each of the connection's appends is answered (None: they may append), and
+        when its token expires (wall clock; ``inf``: never, or authentication off)."""
         if self.verifier is None:
-            return None
+            return None, math.inf
         try:
-            self.verifier.verify(token) if token is not None else self.verifier.principal(None)
+            if token is None:
+                self.verifier.principal(None)  # raises: the connection carries no token
+            assert token is not None
+            principal, until = self.verifier.verify_until(token)
+            if self.internal is not None:
+                require_internal(principal, self.internal, SERVICE)
         except Unauthenticated as e:
             self.unauthenticated_connections += 1
             log.warning("append port: the connection from %s is unauthenticated: %s", peer, e)
-            message = str(e)
-            code = grpc.StatusCode.UNAUTHENTICATED.value[0]
+            return _refusal(e), math.inf
+        except PermissionDenied as e:
+            self.denied_connections += 1
+            log.warning("append port: the connection from %s is refused: %s", peer, e)
+            return _refusal(e), math.inf
+        return None, until
 
-            def refused(request_id: int) -> pb.AppendStreamResponse:
-                return pb.AppendStreamResponse(request_id=request_id, code=code, message=message)
-
-            return refused
-        return None
+    def _expire(self, writer: asyncio.StreamWriter, peer: object) -> None:
+        """End a connection whose token expired: the writer reconnects with its current one."""
+        if writer.is_closing():
+            return
+        self.expired_connections += 1
+        log.info("append port: the token of the connection from %s expired: closing it", peer)
+        writer.close()
 
     def _refuse(self, peer: object, why: str) -> None:
         self.refused_connections += 1
         log.warning("append port: closing the connection from %s: %s", peer, why)
+
+
+def _refusal(error: Unauthenticated | PermissionDenied) -> Refusal:
+    """Every append of a refused connection answered with ``error``'s status and message."""
+    message = str(error)
+    code = to_status(error)[0].value[0]
+
+    def refused(request_id: int) -> pb.AppendStreamResponse:
+        return pb.AppendStreamResponse(request_id=request_id, code=code, message=message)
+
+    return refused

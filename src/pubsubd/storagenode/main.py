@@ -12,8 +12,10 @@ UNAVAILABLE, calls in flight finish, last-add-confirmed values are saved, files 
 With authentication on (``--auth-*``, ``StorageNodeConfig.tokens``) every gRPC call needs a
 valid bearer token (``api/grpc/authn.AuthInterceptor``, UNAUTHENTICATED otherwise) and so does
 every append-port connection (``append_port.py``); the writers send their internal token
-(``core/internal_token.py``). Any token the settings accept passes: the node authenticates its
-callers, it does not tell them apart (mutual TLS is what keeps clients off its ports).
+(``core/internal_token.py``). Only that token's principal passes: the node reads it from its
+own ``--internal-token-file`` at start-up (required with ``--auth-*``), and any other valid token
+(a client's, the admin's) gets PERMISSION_DENIED (``core.internal_token.require_internal``). An
+append-port connection is closed when its token expires (``append_port.py``).
 
 The node's ID is ``--node-id``, else the one persisted in the first data directory
 (``node_id``), else ``{hostname}-{port}`` (persisted then). A data directory keeps its ID:
@@ -36,9 +38,11 @@ import grpc
 from pubsubd import runtime
 from pubsubd.api.grpc import tls as grpc_tls
 from pubsubd.api.grpc.authn import AuthInterceptor
-from pubsubd.coordination.errors import CoordinationError
+from pubsubd.coordination.errors import CoordinationError, startup_failure
 from pubsubd.coordination.paths import DEFAULT_ROOT
 from pubsubd.coordination.registration import Registration, as_json, storage_info_changed
+from pubsubd.core.internal_token import internal_principal
+from pubsubd.core.principal import Principal
 from pubsubd.core.release import version
 from pubsubd.core.tls import ServerTls
 from pubsubd.core.tokens import TokenSettings, TokenVerifier
@@ -84,8 +88,10 @@ class StorageNodeConfig:
     # TLS on its gRPC, append and HTTP ports (core/tls.py); a client CA: mutual TLS, so only
     # the cluster's processes (showing certificates that CA signed) reach its ledgers.
     tls: ServerTls | None = None
-    # Authentication (--auth-*): every gRPC call and append connection shows a valid token.
+    # Authentication (--auth-*): every gRPC call and append connection shows a valid token,
+    # of the principal of the internal token in internal_token_file (required with tokens).
     tokens: TokenSettings | None = None
+    internal_token_file: Path | None = None
 
     def __post_init__(self) -> None:
         if not self.zk_session_timeout_s > 0:
@@ -174,6 +180,8 @@ class StorageNode:
                     "connections": self.append_port.connections,
                     "refused_connections": self.append_port.refused_connections,
                     "unauthenticated_connections": self.append_port.unauthenticated_connections,
+                    "denied_connections": self.append_port.denied_connections,
+                    "expired_connections": self.append_port.expired_connections,
                 }
             ),
             **self.store.status(),
@@ -193,13 +201,30 @@ class StorageNode:
             parts.append("full disks: " + ", ".join(full))
         return " / ".join(parts) or None
 
+    def _authentication(self) -> tuple[TokenVerifier | None, frozenset[Principal] | None]:
+        """The verifier of callers' tokens and the only principals let in (the cluster's
+        identity, from the internal token); (None, None) with authentication off."""
+        config = self.config
+        if config.tokens is None:
+            return None, None
+        if config.internal_token_file is None:
+            raise StartupError(
+                "a storage node with authentication needs --internal-token-file: only the "
+                "principal of that token (the cluster's writers) may call it"
+            )
+        verifier = TokenVerifier(config.tokens)
+        try:
+            return verifier, frozenset({internal_principal(verifier, config.internal_token_file)})
+        except ValueError as e:
+            raise StartupError(str(e)) from None
+
     async def start(self) -> None:
         config = self.config
+        verifier, internal = self._authentication()  # before anything opens: may refuse
         await self.store.open()
-        verifier = TokenVerifier(config.tokens) if config.tokens is not None else None
         server = grpc.aio.server(
             options=GRPC_OPTIONS,
-            interceptors=[AuthInterceptor(verifier)] if verifier is not None else None,
+            interceptors=[AuthInterceptor(verifier, internal)] if verifier is not None else None,
         )
         address = f"{config.host}:{config.port}"
         tls = config.tls
@@ -225,6 +250,7 @@ class StorageNode:
                 config.append_port,
                 ssl=tls.context() if tls else None,
                 verifier=verifier,
+                internal=internal,
             )
             await self.append_port.start()
         if config.http_port >= 0:
@@ -258,7 +284,9 @@ class StorageNode:
             )
             await registration.start()
         except CoordinationError as e:
-            raise StartupError(f"cannot register in ZooKeeper at {hosts} ({root}): {e}") from e
+            raise StartupError(
+                startup_failure(f"register in ZooKeeper at {hosts} ({root})", e)
+            ) from e
         self.registration = registration
 
     async def stop(self) -> None:

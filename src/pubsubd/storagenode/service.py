@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias
 
@@ -20,6 +22,7 @@ from google.protobuf.message import DecodeError
 
 from pubsubd._gen.pubsubd.internal.v1 import storage_pb2 as pb
 from pubsubd.core.errors import PubsubError
+from pubsubd.core.principal import CALLER_UNTIL
 from pubsubd.storagenode.appends import answer_append, check_version
 from pubsubd.storagenode.ledger_store import LedgerStore
 from pubsubd.storagenode.protocol import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, SERVICE
@@ -144,11 +147,15 @@ class StorageNodeServicer:
 class _AppendStreamHandler:
     """One AppendStream call: every request read is started at once (in arrival order, so a
     ledger's appends reach the store in the order the writer sent them); answers are written
-    as they complete, by one writer."""
+    as they complete, by one writer. A request that arrives after the call's token expired
+    (``CALLER_UNTIL``, authentication on) is not started: the stream stops reading, answers
+    what it started and ends (OK), and the writer sends that request again on a call with its
+    current token, as the append port's writers do."""
 
     def __init__(self, store: LedgerStore, context: Context) -> None:
         self.store = store
         self.context = context
+        self.until = CALLER_UNTIL.get()  # when the call's token expires (wall clock)
         self.answers: asyncio.Queue[pb.AppendStreamResponse | None] = asyncio.Queue()
         self.in_flight = 0
         self.reading = True
@@ -178,6 +185,9 @@ class _AppendStreamHandler:
                         grpc.StatusCode.INVALID_ARGUMENT,
                         "request: not a valid pubsubd.internal.v1.AppendStreamRequest",
                     )
+                if self.until != math.inf and time.time() >= self.until:
+                    log.info("AppendStream: the call's token expired: ending the stream")
+                    break
                 self.in_flight += 1
                 task = asyncio.ensure_future(answer_append(self.store, request))
                 task.add_done_callback(self._done)

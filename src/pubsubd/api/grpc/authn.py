@@ -5,9 +5,14 @@ With authentication on (``--auth-*`` flags; ``ServerConfig.tokens``), every meth
 ones in :data:`OPEN_METHODS` needs ``authorization: Bearer T`` metadata (what
 ``grpc.access_token_call_credentials`` sends). A call without a valid token ends with
 UNAUTHENTICATED before its handler runs; a valid one runs its handler with
-``core.principal.CALLER`` set to the token's principal, in the handler's own task (the
-interceptor wraps the method handler's behavior, so the variable is set in the context the
-servicer method runs in, for unary and streaming methods alike).
+``core.principal.CALLER`` set to the token's principal (and ``CALLER_UNTIL`` to its expiry),
+in the handler's own task (the interceptor wraps the method handler's behavior, so the
+variables are set in the context the servicer method runs in, for unary and streaming methods
+alike).
+
+With ``internal`` (a storage node: the principals of the cluster's internal token) a valid
+token of any other principal ends the call PERMISSION_DENIED
+(``core.internal_token.require_internal``), as IAM refuses a caller without the permission.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ from typing import Any
 import grpc
 
 from pubsubd.api.grpc.status import to_status
-from pubsubd.core.errors import Unauthenticated
-from pubsubd.core.principal import CALLER
-from pubsubd.core.tokens import TokenVerifier
+from pubsubd.core.errors import PermissionDenied, Unauthenticated
+from pubsubd.core.internal_token import require_internal
+from pubsubd.core.principal import CALLER, CALLER_UNTIL, Principal
+from pubsubd.core.tokens import TokenVerifier, bearer_token
 
 __all__ = ["OPEN_METHODS", "AuthInterceptor"]
 
@@ -33,8 +39,12 @@ MAX_CACHED_METHODS = 1024  # more than every service this process registers
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    def __init__(self, verifier: TokenVerifier) -> None:
+    def __init__(
+        self, verifier: TokenVerifier, internal: frozenset[Principal] | None = None
+    ) -> None:
+        """``internal``: only these principals may call (None: any valid token)."""
         self.verifier = verifier
+        self.internal = internal
         # method -> (its handler, the handler wrapped): wrapped once per method, not per call.
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
@@ -49,7 +59,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         known = self._wrapped.get(details.method)
         if known is not None and known[0] is handler:
             return known[1]
-        wrapped = _as_caller(handler, self.verifier)
+        wrapped = _as_caller(handler, _Gate(self.verifier, self.internal, details.method))
         # A registered method's handler is the same object on every call: cache it. A proxy
         # (the frontend) makes a handler per call for any name a client sends: caching those
         # would only grow without bound, so a method whose handler changed is not cached.
@@ -60,41 +70,60 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return wrapped
 
 
-def _as_caller(handler: grpc.RpcMethodHandler, verifier: TokenVerifier) -> grpc.RpcMethodHandler:
+class _Gate:
+    """What a method's calls must show: a token ``verifier`` accepts and, with ``internal``,
+    one of those principals."""
+
+    __slots__ = ("internal", "service", "verifier")
+
+    def __init__(
+        self, verifier: TokenVerifier, internal: frozenset[Principal] | None, method: str
+    ) -> None:
+        self.verifier = verifier
+        self.internal = internal
+        self.service = method.rsplit("/", 2)[-2] or method  # how a refusal names it
+
+
+def _as_caller(handler: grpc.RpcMethodHandler, gate: _Gate) -> grpc.RpcMethodHandler:
     """``handler`` with its behavior run as the caller its call's token names."""
     for kind in _BEHAVIORS:
         behavior = getattr(handler, kind)
         if behavior is not None:
-            return handler._replace(**{kind: _wrap(behavior, verifier)})
+            return handler._replace(**{kind: _wrap(behavior, gate)})
     return handler
 
 
-def _wrap(behavior: Any, verifier: TokenVerifier) -> Any:
+def _wrap(behavior: Any, gate: _Gate) -> Any:
     # Each call runs in its own task (a copy of the context), so the value set here is seen by
     # the handler and everything it awaits, and goes with the task: no reset is needed.
     if inspect.isasyncgenfunction(behavior):
 
         async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            await _enter(verifier, context)
+            await _enter(gate, context)
             async for response in behavior(request, context):
                 yield response
 
         return stream
 
     async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await _enter(verifier, context)
+        await _enter(gate, context)
         return await behavior(request, context)
 
     return call
 
 
-async def _enter(verifier: TokenVerifier, context: grpc.aio.ServicerContext) -> None:
-    """Set the caller of the call ``context`` is of, or end the call UNAUTHENTICATED."""
+async def _enter(gate: _Gate, context: grpc.aio.ServicerContext) -> None:
+    """Set the caller of the call ``context`` is of, or end the call UNAUTHENTICATED (or
+    PERMISSION_DENIED: a caller the gate does not let in)."""
     header = None
     for key, value in context.invocation_metadata() or ():
         if key == "authorization":
             header = value if isinstance(value, str) else value.decode(errors="replace")
     try:
-        CALLER.set(verifier.principal(header))
-    except Unauthenticated as e:
+        principal, until = gate.verifier.verify_until(bearer_token(header))
+        if gate.internal is not None:
+            require_internal(principal, gate.internal, gate.service)
+        CALLER.set(principal)
+        CALLER_UNTIL.set(until)
+    except (Unauthenticated, PermissionDenied) as e:
         await context.abort(to_status(e)[0], str(e))
