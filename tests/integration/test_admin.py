@@ -378,15 +378,31 @@ def test_list_subscriptions_pages(clients: Any, names: Any) -> None:
     assert sorted(listed) == sorted(mine)
 
 
-def test_delete_subscription_then_pull_not_found(clients: Any, names: Any) -> None:
+def _pull_not_found(sub: Any, sname: str) -> bool:
+    try:
+        sub.pull(request={"subscription": sname, "max_messages": 1, "return_immediately": True})
+    except exceptions.NotFound:
+        return True
+    return False
+
+
+def test_delete_subscription_then_pull_not_found(
+    clients: Any, names: Any, request: pytest.FixtureRequest
+) -> None:
     pub, sub = clients
     topic = names.topic()
     sname = names.subscription()
     pub.create_topic(name=topic)
     sub.create_subscription(name=sname, topic=topic)
     sub.delete_subscription(subscription=sname)
-    with pytest.raises(exceptions.NotFound):
-        sub.pull(request={"subscription": sname, "max_messages": 1, "return_immediately": True})
+    if "forwarders" in request.node.callspec.id:
+        # Behind a frontend a Pull right after the delete may reach the forwarder the router
+        # has just given the subscription (the delete went to another, before it was routed),
+        # which hears of the delete from its ZooKeeper watch a moment later (README, "Not
+        # built yet"). One CI run saw it.
+        wait_for(lambda: _pull_not_found(sub, sname), 10, "Pull to answer NOT_FOUND")
+    else:
+        assert _pull_not_found(sub, sname)
     with pytest.raises(exceptions.NotFound):
         sub.get_subscription(subscription=sname)
     with pytest.raises(exceptions.NotFound):
