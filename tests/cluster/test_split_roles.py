@@ -37,7 +37,7 @@ from tests.cluster.test_frontends import Receiver
 from tests.conftest import make_publisher, make_subscriber
 from tests.support.cluster import (
     environment,
-    running_cluster,
+    spread_cluster,
     subscription_server,
     topic_owner,
     topic_uid,
@@ -59,18 +59,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     # Small ledgers (several closed ones per topic), and copies that catch up from the
     # storage nodes whatever the gap (data/subscribe/remote_sources.py).
     small = {"PUBSUBD_LEDGER_BYTES": str(LEDGER_BYTES), "PUBSUBD_COPY_FILL_MIN_MESSAGES": "1"}
-    with (
-        environment(small),
-        running_cluster(
-            directory,
-            zones=2,
-            routers=1,
-            frontends=1,
-            forwarders=3,
-            forwarder_args=[["--no-subscribing"], ["--no-publishing"], ["--no-publishing"]],
-            session_timeout_s=20.0,
-        ) as c,
-    ):
+    # The spread tests' cluster (one publishing-only forwarder, two subscribing-only ones),
+    # with a router that does not spread.
+    with spread_cluster(directory, small, router_args=[]) as c:
         yield c
 
 
