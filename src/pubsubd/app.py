@@ -16,6 +16,7 @@ import shutil
 import socket
 import tempfile
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -414,8 +415,15 @@ class PubsubServer:
             )
             self.source_growth.start()
         if self.cluster is not None and self.config.cluster is not None:
+            forwarder_id = self._forwarder_id(self.config.cluster)
             if self.assigned:
-                self._follow_assignment(self.cluster, self._forwarder_id(self.config.cluster))
+                self._follow_assignment(self.cluster, forwarder_id)
+            else:
+                # serve --cluster owns every topic; it reports those published to since it
+                # started (the others weigh 1 anyway), not every name it has.
+                self._start_load_report(
+                    self.cluster, forwarder_id, self.publishing.published.keys()
+                )
             await self._register_forwarder(self.cluster.coordinator, self.config.cluster)
 
     def _forwarder_id(self, cluster: ClusterConfig) -> str:
@@ -506,10 +514,17 @@ class PubsubServer:
             )
         )
         self.routing.start()
-        # What its topics cost, for the router to weigh them by (data/load_report.py).
+        self._start_load_report(cluster, forwarder_id, self.owned)
+
+    def _start_load_report(
+        self, cluster: ClusterParts, forwarder_id: str, owned: Collection[str]
+    ) -> None:
+        """Report what its topics (``owned``: their uids) and subscriptions cost, and its
+        shares of their backlogs, for the router to weigh them by and the whole backlog views
+        to add up (data/load_report.py): a forwarder's, the topics it is assigned."""
         routing_store = RoutingStore(cluster.coordinator)
         self.load_report = LoadReporter(
-            owned=self.owned,
+            owned=owned,
             published=self.publishing.published,
             dispatchers=lambda: self.subscribing.dispatchers,
             write=lambda loads, at, subs, shares: routing_store.write_load(
