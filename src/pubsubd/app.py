@@ -16,6 +16,7 @@ import shutil
 import socket
 import tempfile
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,7 @@ from pubsubd.api.grpc import (
 )
 from pubsubd.api.grpc import tls as grpc_tls
 from pubsubd.api.grpc.authorization import Authorization, trusted_caller_header
+from pubsubd.api.grpc.serving_catch_up import ServingCatchUp
 from pubsubd.api.rest import RestFront, local_target
 from pubsubd.config import ClusterConfig, ServerConfig
 from pubsubd.control.expiry import Maintenance
@@ -48,7 +50,7 @@ from pubsubd.control.source_growth_loop import SourceGrowthLoop
 from pubsubd.coordination.liveness import OwnerCheck, this_process
 from pubsubd.coordination.registration import Registration
 from pubsubd.coordination.zk import Coordinator
-from pubsubd.core import pb
+from pubsubd.core import pb, publish_sources
 from pubsubd.core.backlog_view import BacklogShare
 from pubsubd.core.client_security import ClientSecurity
 from pubsubd.core.clock import SYSTEM_CLOCK
@@ -176,6 +178,8 @@ class PubsubServer:
             else None
         )
         self.load_report: LoadReporter | None = None
+        # A forwarder's writes to a subscription wait for the others serving it to apply them.
+        self.serving_catch_up: ServingCatchUp | None = None
         self.leg_cursors: LegCursors | None = None
         self.source_growth: SourceGrowthLoop | None = None
         self.routing: RoutingView | None = None
@@ -295,11 +299,21 @@ class PubsubServer:
             [
                 publisher.handlers(
                     publisher.PublisherServicer(
-                        self.catalog, self.snapshots, self.routes, self.clock, self.inflight
+                        self.catalog,
+                        self.snapshots,
+                        self.routes,
+                        self.clock,
+                        self.inflight,
+                        after_write=self._serving_caught_up,
                     )
                 ),
                 subscriber.handlers(
-                    subscriber.SubscriberServicer(self.catalog, self.snapshots, self.routes)
+                    subscriber.SubscriberServicer(
+                        self.catalog,
+                        self.snapshots,
+                        self.routes,
+                        after_write=self._serving_caught_up,
+                    )
                 ),
                 replay.handlers(
                     replay.ReplayServicer(
@@ -414,8 +428,15 @@ class PubsubServer:
             )
             self.source_growth.start()
         if self.cluster is not None and self.config.cluster is not None:
+            forwarder_id = self._forwarder_id(self.config.cluster)
             if self.assigned:
-                self._follow_assignment(self.cluster, self._forwarder_id(self.config.cluster))
+                self._follow_assignment(self.cluster, forwarder_id)
+            else:
+                # serve --cluster owns every topic; it reports those published to since it
+                # started (the others weigh 1 anyway), not every name it has.
+                self._start_load_report(
+                    self.cluster, forwarder_id, self.publishing.published.keys()
+                )
             await self._register_forwarder(self.cluster.coordinator, self.config.cluster)
 
     def _forwarder_id(self, cluster: ClusterConfig) -> str:
@@ -469,6 +490,7 @@ class PubsubServer:
             remote=self.remote_sources,
             ready=self.served,
             sources_assigned=sources_assigned,
+            caught_up=catalog.caught_up,
         )
         self.ownership = TopicOwnership(
             assigned=assigned,
@@ -506,10 +528,31 @@ class PubsubServer:
             )
         )
         self.routing.start()
-        # What its topics cost, for the router to weigh them by (data/load_report.py).
+        self._start_load_report(cluster, forwarder_id, self.owned)
+
+        def sources_of(topic_uid: str) -> int:
+            topic = catalog.topics_by_uid.get(topic_uid)
+            return publish_sources.parse(topic.topic.labels).sources if topic is not None else 0
+
+        self.serving_catch_up = ServingCatchUp(
+            RoutingStore(cluster.coordinator), self.routing, lambda: forwarder_id, sources_of
+        )
+
+    async def _serving_caught_up(self, record: SubscriptionRecord) -> None:
+        """After a write to a subscription: the other forwarders serving it have applied it
+        (api/grpc/serving_catch_up.py; a forwarder of a cluster of forwarders only)."""
+        if self.serving_catch_up is not None:
+            await self.serving_catch_up(record)
+
+    def _start_load_report(
+        self, cluster: ClusterParts, forwarder_id: str, owned: Collection[str]
+    ) -> None:
+        """Report what its topics (``owned``: their uids) and subscriptions cost, and its
+        shares of their backlogs, for the router to weigh them by and the whole backlog views
+        to add up (data/load_report.py): a forwarder's, the topics it is assigned."""
         routing_store = RoutingStore(cluster.coordinator)
         self.load_report = LoadReporter(
-            owned=self.owned,
+            owned=owned,
             published=self.publishing.published,
             dispatchers=lambda: self.subscribing.dispatchers,
             write=lambda loads, at, subs, shares: routing_store.write_load(
@@ -590,6 +633,8 @@ class PubsubServer:
             await self.registration.stop()  # routers move its units before it goes
         if self.load_report is not None:
             await self.load_report.close()
+        if self.serving_catch_up is not None:
+            await self.serving_catch_up.close()
         if self.source_growth is not None:
             await self.source_growth.close()
         if self.subscription_ownership is not None:
@@ -746,6 +791,8 @@ class PubsubServer:
                 "interval_s": self.load_report.interval_s,
                 "half_life_s": self.load_report.rates.half_life_s,
             }
+        if self.serving_catch_up is not None:  # forwarders asked to apply a subscription write
+            status["serving_catch_up"] = self.serving_catch_up.status()
         return status
 
     def _damage_report(self) -> dict[str, list[tuple[int, DamagedRange]]]:

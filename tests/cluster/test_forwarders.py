@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -215,6 +216,76 @@ def test_two_forwarders_updating_one_topic_and_subscription_at_once_lose_neither
         _update_both_at_once(publishers, subscribers, topic, subscription, round_)
     for subscriber in subscribers:
         subscriber.close()
+
+
+def test_a_pull_right_after_a_delete_made_through_another_forwarder_is_not_found(
+    cluster: LocalCluster, names: Any
+) -> None:
+    """A subscription deleted (or detached) through a forwarder that does not serve it, as a
+    frontend does with a name it has not routed yet: a Pull sent at once to the forwarder
+    serving it answers NOT_FOUND (FAILED_PRECONDITION after a detach), with no wait. The
+    forwarder that wrote asks the serving one to catch up before it answers
+    (api/grpc/serving_catch_up.py); before, the serving one still served the Pull until its
+    ZooKeeper watch told it, a few milliseconds later (README's gap)."""
+    topic = names.topic("deleted-then-pulled")
+    make_publisher(cluster.grpc).create_topic(name=topic)
+    through_frontend = make_subscriber(cluster.grpc)
+    subscriptions = [names.subscription(f"deleted-{i}") for i in range(8)]
+    for name in subscriptions:
+        through_frontend.create_subscription(name=name, topic=topic)
+    through_frontend.close()
+    serving = ""
+
+    def all_served() -> bool:
+        nonlocal serving
+        owners = {subscription_server(cluster, name) for name in subscriptions}
+        if len(owners) != 1 or "" in owners:
+            return False
+        serving = owners.pop()
+        return all(_pulls(cluster.process(serving).address, name) for name in subscriptions)
+
+    wait_for(all_served, 30, "every subscription served by its topic's owner")
+    other = next(n for n in FORWARDERS if n != serving)
+    writer = make_subscriber(cluster.process(other).address)
+    detacher = make_publisher(cluster.process(other).address)
+    reader = make_subscriber(cluster.process(serving).address)
+    served_after: list[str] = []
+    for i, name in enumerate(subscriptions):
+        if i % 2:
+            detacher.detach_subscription(request={"subscription": name})
+            expected: type[Exception] = exceptions.FailedPrecondition
+        else:
+            writer.delete_subscription(subscription=name)
+            expected = exceptions.NotFound
+        try:
+            _pull_now(reader, name)
+            served_after.append(name)
+        except expected:
+            pass
+    assert served_after == [], f"served after the write by {serving}: {served_after}"
+    for client in (writer, reader):
+        client.close()
+
+
+def _pulls(address: str, subscription: str) -> bool:
+    """Whether the forwarder at ``address`` serves ``subscription`` (a Pull answered)."""
+    subscriber = make_subscriber(address)
+    try:
+        _pull_now(subscriber, subscription)
+        return True
+    except exceptions.ServiceUnavailable:  # not served here (yet)
+        return False
+    finally:
+        subscriber.close()
+
+
+def _pull_now(subscriber: Any, subscription: str) -> None:
+    with warnings.catch_warnings():  # the client frowns on return_immediately
+        warnings.simplefilter("ignore", DeprecationWarning)
+        subscriber.pull(
+            request={"subscription": subscription, "max_messages": 1, "return_immediately": True},
+            timeout=5,
+        )
 
 
 def _update_both_at_once(

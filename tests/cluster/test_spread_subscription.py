@@ -329,6 +329,17 @@ def test_routing_show_and_the_router_give_a_spread_subscription_s_whole_backlog(
         assert share["sources"] == _served_sources(cluster, name, subscription)
     assert sum(s["backlog_messages"] for s in whole["forwarders"].values()) == expected
     assert whole["spread"] and whole["complete"], whole
+    # pubsubd cluster status shows the same whole (the same code, control/cluster_view.py).
+    described = subprocess.run(
+        [sys.executable, "-m", "pubsubd", "cluster", "status", "--json",
+         "--data-dir", str(cluster.directory)],
+        check=True, capture_output=True, timeout=60, text=True,
+    )  # fmt: skip
+    in_status = _whole(json.loads(described.stdout)["storage"]["routing"], subscription)
+    assert in_status is not None and in_status["spread"] and in_status["complete"], in_status
+    assert {
+        f: (s["sources"], s["backlog_messages"]) for f, s in in_status["forwarders"].items()
+    } == {f: (s["sources"], s["backlog_messages"]) for f, s in whole["forwarders"].items()}
 
     # The leading router shows the same whole (from the same reports, as of its last pass).
     def router_whole() -> dict[str, Any]:

@@ -85,6 +85,13 @@ def up(
             "(pubsubd router --spread-all)"
         ),
     ] = False,
+    load_half_life: Annotated[
+        float | None,
+        typer.Option(
+            help="s: the half-life of the load EWMAs the forwarders report, given to every "
+            "router (pubsubd router --load-half-life; default the router's, 10 s)"
+        ),
+    ] = None,
     probers: Annotated[
         int, typer.Option(help="probers (pubsubd prober) through every frontend")
     ] = 1,
@@ -128,6 +135,14 @@ def up(
     ):
         _fail(ValueError("--publishing-only and --subscribing-only count among --forwarders"))
         return
+    if load_half_life is not None:
+        from pubsubd.core.load import valid_half_life
+
+        try:
+            valid_half_life(load_half_life)
+        except ValueError as e:
+            _fail(e)
+            return
     roles = [
         ["--no-subscribing"] * (i < publishing_only)
         + ["--no-publishing"] * (i >= forwarders - subscribing_only)
@@ -148,13 +163,16 @@ def up(
             frontends=frontends,
             forwarders=forwarders,
             forwarder_args=roles,
-            router_args=(
-                ["--spread-all"]
-                if spread_all
-                else ["--spread-subscriptions"]
-                if spread_subscriptions
-                else []
-            ),
+            router_args=[
+                *(
+                    ["--spread-all"]
+                    if spread_all
+                    else ["--spread-subscriptions"]
+                    if spread_subscriptions
+                    else []
+                ),
+                *(["--load-half-life", str(load_half_life)] if load_half_life is not None else []),
+            ],
             probers=probers,
             tls_dir=tls_dir,
             tokens=tokens,
@@ -203,7 +221,9 @@ def down(data_dir: DataDir, as_json: AsJson = False) -> None:
 
 @cluster_app.command()
 def status(data_dir: DataDir, as_json: AsJson = False) -> None:
-    """Processes, zones, ledgers and the under-replicated count of the cluster in DATA_DIR."""
+    """Processes, zones, ledgers and the under-replicated count of the cluster in DATA_DIR,
+    its forwarders and routers, and each subscription's whole backlog (as routing show)."""
+    from pubsubd.cli.routing import print_backlogs
     from pubsubd.cluster.launcher import ClusterError, LocalCluster
     from pubsubd.cluster.status import cluster_status
 
@@ -248,6 +268,8 @@ def status(data_dir: DataDir, as_json: AsJson = False) -> None:
             f"{router['subscribing_units']} subscribing units, {router['total_moves']} moves"
         )
     )
+    if "subscriptions" in routing:  # each subscription's whole backlog, as routing show has it
+        print_backlogs(routing["subscriptions"])
 
 
 @cluster_app.command()

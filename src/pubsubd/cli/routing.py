@@ -120,10 +120,10 @@ def show(cluster: Cluster, zk_root: ZkRoot = "/pubsubd", as_json: AsJson = False
             f"router {router.get('router_id', '?')}: pass {router.get('generation', 0)}, "
             f"{router.get('moves', 0)} moves in it, {router.get('total_moves', 0)} in all"
         )
-    _print_backlogs(described["subscriptions"])
+    print_backlogs(described["subscriptions"])
 
 
-def _print_backlogs(subscriptions: list[dict[str, Any]]) -> None:
+def print_backlogs(subscriptions: list[dict[str, Any]]) -> None:
     """Each subscription's whole backlog, and each forwarder's share of it."""
     if not subscriptions:
         console.print("no subscription has a backlog or is spread")

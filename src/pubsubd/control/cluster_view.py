@@ -1,7 +1,7 @@
 """What a cluster looks like from ZooKeeper, for ``pubsubd cluster status``, ``pubsubd routing
 show`` and the dashboard of a serving process (which reads it with its own connection):
 storage nodes, zones, ledgers and their copies, the repair auditor, the forwarders, the
-leading router's last pass, and (``routing show``) each subscription's whole backlog from the
+leading router's last pass, and each subscription's whole backlog from the
 forwarders' load reports, with which forwarder serves which of its sources
 (``core/backlog_view.py``).
 
@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from pubsubd.control.routing_store import RoutingStore
+from pubsubd.control.routing_table import Forwarder
 from pubsubd.coordination.election import CANDIDATE_PREFIX
 from pubsubd.coordination.errors import NoNode
 from pubsubd.coordination.zk import Coordinator
@@ -93,10 +95,11 @@ async def _routing(coordinator: Coordinator) -> dict[str, Any]:
     """The registered forwarders and the leading router's last pass (issue 11)."""
     store = RoutingStore(coordinator)
     summary = await store.summary()
+    forwarders = await store.forwarders()
     return {
         "forwarders": [
             {"forwarder_id": f.forwarder_id, "address": f.address, "zone": f.zone}
-            for f in await store.forwarders()
+            for f in forwarders
         ],
         "router": None
         if summary is None
@@ -107,6 +110,8 @@ async def _routing(coordinator: Coordinator) -> dict[str, Any]:
             "subscribing_units": summary.subscribing_units,
             "total_moves": summary.total_moves,
         },
+        # The whole backlog of each subscription, as ``pubsubd routing show`` gives it.
+        **await subscription_backlogs(store, forwarders),
     }
 
 
@@ -140,11 +145,6 @@ async def describe_routing(store: RoutingStore) -> dict[str, Any]:
     forwarders = await store.forwarders()
     constraints, _ = await store.constraints()
     summary = await store.summary()
-    reports = await store.forwarder_reports()
-    backlogs = whole_backlogs(
-        ((r.forwarder_id, r.at_unix_s, r.shares) for r in reports),
-        {f.forwarder_id for f in forwarders},
-    )
     last = None
     if summary is not None:
         last = {
@@ -187,8 +187,23 @@ async def describe_routing(store: RoutingStore) -> dict[str, Any]:
             "pinned_topics": dict(sorted(constraints.pinned_topics.items())),
         },
         "router": last,
-        # Spread ones first, then by the largest backlog; a forwarder lists at most
-        # core.backlog_view.MAX_SHARES (``left_out``: how many it left out).
+        **await subscription_backlogs(store, forwarders),
+    }
+
+
+async def subscription_backlogs(
+    store: RoutingStore, forwarders: Iterable[Forwarder]
+) -> dict[str, Any]:
+    """``subscriptions``: the whole backlog of every subscription a registered forwarder
+    (of ``forwarders``) reports a share of (core/backlog_view.py), spread ones first, then by
+    the largest backlog; ``subscription_shares_left_out``: by forwarder, the shares its
+    report left out (it lists at most core.backlog_view.MAX_SHARES)."""
+    reports = await store.forwarder_reports()
+    backlogs = whole_backlogs(
+        ((r.forwarder_id, r.at_unix_s, r.shares) for r in reports),
+        {f.forwarder_id for f in forwarders},
+    )
+    return {
         "subscriptions": [b.as_json() for b in ranked(backlogs.values())],
         "subscription_shares_left_out": {
             r.forwarder_id: r.shares_left_out for r in reports if r.shares_left_out

@@ -29,7 +29,7 @@ from google.protobuf.message import DecodeError
 from pubsubd._gen.pubsubd.internal.v1 import routing_pb2 as pb
 from pubsubd.control.routing_table import Constraints, Forwarder
 from pubsubd.coordination.errors import BadVersion, NodeExists, NoNode
-from pubsubd.coordination.paths import unescape
+from pubsubd.coordination.paths import bucket, unescape
 from pubsubd.coordination.zk import Coordinator, ZnodeStat
 from pubsubd.core.backlog_view import BacklogShare
 from pubsubd.core.load import Load
@@ -365,6 +365,19 @@ class RoutingStore:
     async def routes(self) -> dict[str, tuple[str, ...]]:
         """Every unit's ordered list of forwarders, as the leading router last wrote them."""
         return {unit: route for unit, (route, _) in (await self.assignment()).items()}
+
+    async def current_routes(self, units: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        """The routes of ``units`` as ZooKeeper has them now: after a sync, so every write
+        completed before the call is seen; only their shards are read (a unit not routed:
+        absent)."""
+        wanted = set(units)
+        await self._zk.sync(self._layout.routing_shards)
+        paths = [self._layout.routing_shard(b) for b in sorted({bucket(u) for u in wanted})]
+        out: dict[str, tuple[str, ...]] = {}
+        for got in await self._zk.get_many(paths):
+            if got is not None:
+                out.update((u, r) for u, (r, _) in decode_shard(got[0]).items() if u in wanted)
+        return out
 
     async def assignment(
         self, spread: set[str] | None = None

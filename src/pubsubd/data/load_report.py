@@ -4,11 +4,13 @@ written where the leading router reads it (``routing/loads/<forwarder id>``,
 
 A topic's counters are read from the forwarders in this process: messages and bytes published
 (``PublishingForwarder.published``), messages delivered and leases held by its subscriptions'
-dispatchers (those served here). Every subscription served here is also reported on its own,
-by its uid: messages delivered and leases held, so the router weighs it among the subscribing
-forwarders (publishing and subscribing forwarders apart) and, summed over the forwarders that
-serve it, decides whether it is busy enough to spread (``core/subscription_spread.py``; a
-release before this one reported only those served on a copy). The rates are EWMAs
+dispatchers (those served here). ``pubsubd serve --cluster``, which owns every topic, reports
+the same way (the topics published to since it started). Every subscription served here is
+also reported on its own, by its uid: messages delivered and leases held, so the router weighs
+it among the subscribing forwarders (publishing and subscribing forwarders apart) and, summed
+over the forwarders that serve it, decides whether it is busy enough to spread
+(``core/subscription_spread.py``; a release before this one reported only those served on a
+copy). The rates are EWMAs
 (``core.load.Rates``); idle topics and subscriptions are left out (they weigh 1). Their
 half-life is the leading router's (``pubsubd router --load-half-life``, published in its
 summary and read before each report; ``core.load.HALF_LIFE_S`` while none says).
@@ -23,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 from pubsubd.coordination.errors import CoordinationError
@@ -53,7 +55,7 @@ class LoadReporter:
     def __init__(
         self,
         *,
-        owned: set[str],
+        owned: Collection[str],
         published: Mapping[str, list[int]],
         dispatchers: Callable[[], Mapping[str, Any]],
         write: Write,
@@ -63,11 +65,11 @@ class LoadReporter:
         shares: Callable[[], Mapping[str, BacklogShare]] = dict,
         half_life: Callable[[], Awaitable[float | None]] | None = None,
     ) -> None:
-        """``owned``: the topic uids served here; ``published``: uid -> [messages, bytes];
-        ``dispatchers()``: the subscription dispatchers (``topic_uid``, ``delivered``,
-        ``leases``); ``shares()``: the backlog shares of the subscriptions served here, by
-        uid; ``half_life()``: the half-life the leading router asks for (None or 0: none
-        said)."""
+        """``owned``: the topic uids served here (a live view, read at each sample);
+        ``published``: uid -> [messages, bytes]; ``dispatchers()``: the subscription
+        dispatchers (``topic_uid``, ``delivered``, ``leases``); ``shares()``: the backlog
+        shares of the subscriptions served here, by uid; ``half_life()``: the half-life the
+        leading router asks for (None or 0: none said)."""
         self.owned = owned
         self.published = published
         self.dispatchers = dispatchers

@@ -30,7 +30,7 @@ import abc
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,43 @@ RECORD_RETRY_S = 0.2
 # here are read again after this long before they are acted on, so a pass seen shard by shard
 # costs one change of sources, not one per shard.
 SOURCES_SETTLE_S = 0.2
+
+
+class _Rounds:
+    """Runs ``work`` for many callers at once: each caller waits for a round that starts after
+    its call (so a ZooKeeper sync, asked by every subscription gained at start-up, costs a
+    few rounds, not one each)."""
+
+    def __init__(self, work: Callable[[], Awaitable[None]]) -> None:
+        self._work = work
+        self._next: asyncio.Future[None] | None = None
+        self._running = False
+
+    async def __call__(self) -> None:
+        if self._next is None:
+            self._next = asyncio.get_running_loop().create_future()
+            self._next.add_done_callback(lambda f: f.cancelled() or f.exception())
+            if not self._running:
+                self._running = True
+                asyncio.get_running_loop().create_task(self._run(), name="catch-up rounds")
+        await asyncio.shield(self._next)
+
+    async def _run(self) -> None:
+        try:
+            while self._next is not None:
+                round_, self._next = self._next, None
+                try:
+                    await self._work()
+                except Exception as e:
+                    round_.set_exception(e)
+                else:
+                    round_.set_result(None)
+        finally:
+            self._running = False
+
+
+async def _nothing() -> None:
+    return None
 
 
 class _Moves(abc.ABC):
@@ -262,13 +299,17 @@ class SubscriptionOwnership(_Moves):
         remote: RemoteSources,
         ready: set[str],
         sources_assigned: Callable[[], Mapping[str, frozenset[int] | None]] = dict,
+        caught_up: Callable[[], Awaitable[None]] = _nothing,
     ) -> None:
         """``assigned()``: the subscription uids the published assignment gives this
         forwarder; ``topic_assigned(uid)``: whether it gives it the topic; ``record_of(uid)``:
         the subscription's record (None: not known here yet); ``ready``: the set
         the predicates read, kept current here; ``sources_assigned()``: by subscription uid,
-        the sources of a spread subscription assigned here (None or absent: served whole)."""
+        the sources of a spread subscription assigned here (None or absent: served whole);
+        ``caught_up()``: once this process applied every metadata write completed before
+        the call (``Catalog.caught_up``): a subscription gained is served only after it."""
         super().__init__(assigned, ready)
+        self._caught_up = _Rounds(caught_up)
         self._sources_assigned = sources_assigned
         self.serving_sources: dict[str, frozenset[int] | None] = {}  # of those served here
         self.regained = 0
@@ -344,7 +385,13 @@ class SubscriptionOwnership(_Moves):
                 return  # being taken over here: topic_moved() calls us again
             await self.remote.prepare(topic_uid, uid, record.start_offsets)
             self._remote_topic[uid] = topic_uid
-        if uid not in self._assigned() or self._closed:
+        # Served only once every write completed before now is applied here: a subscription
+        # deleted or changed through another forwarder before this one gained it is not
+        # served as it was (api/grpc/serving_catch_up.py asks the forwarders serving it
+        # already; this covers the ones that gain it after).
+        await self._caught_up()
+        record = self._record_of(uid)
+        if record is None or uid not in self._assigned() or self._closed:
             await self._forget_remote(uid)
             return
         sources = self._sources_assigned().get(uid)

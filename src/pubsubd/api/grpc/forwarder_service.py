@@ -23,9 +23,10 @@ SERVICE = "pubsubd.internal.v1.Forwarder"
 GIVE_BACK = f"/{SERVICE}/GiveBack"
 IDENTIFY = f"/{SERVICE}/Identify"
 SUBSCRIPTION_CURSORS = f"/{SERVICE}/SubscriptionCursors"
-# 1: GiveBack. 2: Identify. 3: SubscriptionCursors. A request of a newer version is served as
-# far as this one understands it.
-PROTOCOL_VERSION = 3
+CATCH_UP = f"/{SERVICE}/CatchUp"
+# 1: GiveBack. 2: Identify. 3: SubscriptionCursors. 4: CatchUp. A request of a newer version is
+# served as far as this one understands it.
+PROTOCOL_VERSION = 4
 
 
 class ForwarderServicer:
@@ -83,6 +84,13 @@ class ForwarderServicer:
             ]
         )
 
+    @rpc
+    async def CatchUp(self, request: Any, context: Context) -> Any:
+        """Answered once every metadata change completed before the call is applied here
+        (``Catalog.caught_up``; api/grpc/serving_catch_up.py asks it)."""
+        await self.catalog.caught_up()
+        return f.CatchUpResponse()
+
 
 def handlers(servicer: ForwarderServicer) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(
@@ -95,5 +103,6 @@ def handlers(servicer: ForwarderServicer) -> grpc.GenericRpcHandler:
                 f.SubscriptionCursorsRequest,
                 f.SubscriptionCursorsResponse,
             ),
+            "CatchUp": unary_method(servicer.CatchUp, f.CatchUpRequest, f.CatchUpResponse),
         },
     )

@@ -17,6 +17,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from pubsubd.api.grpc.status import rpc, unary_method
+from pubsubd.api.grpc.subscriber import AfterWrite, no_catch_up
 from pubsubd.control.catalog import Catalog
 from pubsubd.control.router import Routes
 from pubsubd.control.snapshots import Snapshots
@@ -38,8 +39,11 @@ class PublisherServicer:
         routes: Routes,
         clock: Clock = SYSTEM_CLOCK,
         inflight: MemoryBudget | None = None,
+        after_write: AfterWrite = no_catch_up,
     ) -> None:
+        """``after_write``: after DetachSubscription (api/grpc/subscriber.py)."""
         self.catalog = catalog
+        self.after_write = after_write
         self.clock = clock
         self.snapshots = snapshots
         self.routes = routes
@@ -111,6 +115,9 @@ class PublisherServicer:
     async def DetachSubscription(self, request: Any, context: Context) -> Any:
         await self.catalog.caught_up()
         await self.snapshots.detach(request.subscription)
+        entry = self.catalog.subscriptions.get(request.subscription)
+        if entry is not None:  # the forwarders serving it catch up (api/grpc/subscriber.py)
+            await self.after_write(entry.record)
         return pb.DetachSubscriptionResponse()
 
     @rpc

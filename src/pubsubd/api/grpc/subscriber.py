@@ -7,7 +7,9 @@ client treats that as a fatal error, so shutdown ends streams with UNAVAILABLE a
 reconnect.
 
 Every admin call (subscriptions, snapshots, Seek) first applies what other processes wrote
-before it (``Catalog.caught_up``), as the publisher's do.
+before it (``Catalog.caught_up``), as the publisher's do. A write to a subscription (delete,
+update, push config) is answered once the other forwarders serving it have applied it too
+(``after_write``: api/grpc/serving_catch_up.py in a cluster of forwarders).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeAlias
 
 import grpc
@@ -39,6 +41,7 @@ from pubsubd.core.failover_rank import FailoverRank
 from pubsubd.core.publish_sources import STREAM_SOURCES_HEADER, stream_sources
 from pubsubd.core.roles import StreamHandle, SubscribingForwarderApi
 from pubsubd.observability import metrics, sli
+from pubsubd.storage.metadata import SubscriptionRecord
 
 log = logging.getLogger(__name__)
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
@@ -53,11 +56,32 @@ class _HalfClosed(Exception):
     """The client closed its side of the stream."""
 
 
+# Called with a subscription's record after a write to it, before the write is answered.
+AfterWrite: TypeAlias = Callable[[SubscriptionRecord], Awaitable[None]]
+
+
+async def no_catch_up(_record: SubscriptionRecord) -> None:
+    """One process (or one serving process): nobody else serves the subscription."""
+
+
 class SubscriberServicer:
-    def __init__(self, catalog: Catalog, snapshots: Snapshots, routes: Routes) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        snapshots: Snapshots,
+        routes: Routes,
+        after_write: AfterWrite = no_catch_up,
+    ) -> None:
         self.catalog = catalog
         self.snapshots = snapshots
         self.routes = routes
+        self.after_write = after_write
+
+    async def _written(self, name: str) -> None:
+        """After a write to subscription ``name``: the forwarders serving it catch up."""
+        entry = self.catalog.subscriptions.get(name)
+        if entry is not None:
+            await self.after_write(entry.record)
 
     def _forwarder(self, name: str) -> tuple[SubscribingForwarderApi, Any]:
         entry = self.catalog.subscription(name)
@@ -81,15 +105,20 @@ class SubscriberServicer:
     async def UpdateSubscription(self, request: Any, context: Context) -> Any:
         if not request.HasField("subscription"):
             raise InvalidArgument("subscription: required")
-        return await retry_update(
+        updated = await retry_update(
             self.catalog.caught_up,
             lambda: self.catalog.update_subscription(request.subscription, request.update_mask),
         )
+        await self._written(request.subscription.name)
+        return updated
 
     @rpc
     async def DeleteSubscription(self, request: Any, context: Context) -> Any:
         await self.catalog.caught_up()
+        entry = self.catalog.subscriptions.get(request.subscription)
         await self.catalog.delete_subscription(request.subscription)
+        if entry is not None:
+            await self.after_write(entry.record)
         return pb.Empty()
 
     @rpc
@@ -197,6 +226,7 @@ class SubscriberServicer:
             self.catalog.caught_up,
             lambda: self.catalog.modify_push_config(request.subscription, request.push_config),
         )
+        await self._written(request.subscription)
         return pb.Empty()
 
     async def StreamingPull(

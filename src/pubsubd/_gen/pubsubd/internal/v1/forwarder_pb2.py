@@ -15,7 +15,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#pubsubd/internal/v1/forwarder.proto\x12\x13pubsubd.internal.v1\"R\n\x0fGiveBackRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x14\n\x0csubscription\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x63k_ids\x18\x03 \x03(\t\"&\n\x10GiveBackResponse\x12\x12\n\ngiven_back\x18\x01 \x01(\r\"+\n\x0fIdentifyRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\"g\n\x10IdentifyResponse\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x12\n\nsession_id\x18\x02 \x01(\x03\x12\x14\n\x0c\x66orwarder_id\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\"L\n\x1aSubscriptionCursorsRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x14\n\x0csubscription\x18\x02 \x01(\t\"C\n\x0cSourceCursor\x12\x0e\n\x06source\x18\x01 \x01(\r\x12\x13\n\x0bmark_delete\x18\x02 \x01(\x04\x12\x0e\n\x06ranges\x18\x03 \x03(\x04\"Q\n\x1bSubscriptionCursorsResponse\x12\x32\n\x07\x63ursors\x18\x01 \x03(\x0b\x32!.pubsubd.internal.v1.SourceCursor2\xb7\x02\n\tForwarder\x12W\n\x08GiveBack\x12$.pubsubd.internal.v1.GiveBackRequest\x1a%.pubsubd.internal.v1.GiveBackResponse\x12W\n\x08Identify\x12$.pubsubd.internal.v1.IdentifyRequest\x1a%.pubsubd.internal.v1.IdentifyResponse\x12x\n\x13SubscriptionCursors\x12/.pubsubd.internal.v1.SubscriptionCursorsRequest\x1a\x30.pubsubd.internal.v1.SubscriptionCursorsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#pubsubd/internal/v1/forwarder.proto\x12\x13pubsubd.internal.v1\"R\n\x0fGiveBackRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x14\n\x0csubscription\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x63k_ids\x18\x03 \x03(\t\"&\n\x10GiveBackResponse\x12\x12\n\ngiven_back\x18\x01 \x01(\r\"+\n\x0fIdentifyRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\"g\n\x10IdentifyResponse\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x12\n\nsession_id\x18\x02 \x01(\x03\x12\x14\n\x0c\x66orwarder_id\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\"L\n\x1aSubscriptionCursorsRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x14\n\x0csubscription\x18\x02 \x01(\t\"C\n\x0cSourceCursor\x12\x0e\n\x06source\x18\x01 \x01(\r\x12\x13\n\x0bmark_delete\x18\x02 \x01(\x04\x12\x0e\n\x06ranges\x18\x03 \x03(\x04\"Q\n\x1bSubscriptionCursorsResponse\x12\x32\n\x07\x63ursors\x18\x01 \x03(\x0b\x32!.pubsubd.internal.v1.SourceCursor\"*\n\x0e\x43\x61tchUpRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\"\x11\n\x0f\x43\x61tchUpResponse2\x8d\x03\n\tForwarder\x12W\n\x08GiveBack\x12$.pubsubd.internal.v1.GiveBackRequest\x1a%.pubsubd.internal.v1.GiveBackResponse\x12W\n\x08Identify\x12$.pubsubd.internal.v1.IdentifyRequest\x1a%.pubsubd.internal.v1.IdentifyResponse\x12x\n\x13SubscriptionCursors\x12/.pubsubd.internal.v1.SubscriptionCursorsRequest\x1a\x30.pubsubd.internal.v1.SubscriptionCursorsResponse\x12T\n\x07\x43\x61tchUp\x12#.pubsubd.internal.v1.CatchUpRequest\x1a$.pubsubd.internal.v1.CatchUpResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,6 +36,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SOURCECURSOR']._serialized_end=479
   _globals['_SUBSCRIPTIONCURSORSRESPONSE']._serialized_start=481
   _globals['_SUBSCRIPTIONCURSORSRESPONSE']._serialized_end=562
-  _globals['_FORWARDER']._serialized_start=565
-  _globals['_FORWARDER']._serialized_end=876
+  _globals['_CATCHUPREQUEST']._serialized_start=564
+  _globals['_CATCHUPREQUEST']._serialized_end=606
+  _globals['_CATCHUPRESPONSE']._serialized_start=608
+  _globals['_CATCHUPRESPONSE']._serialized_end=625
+  _globals['_FORWARDER']._serialized_start=628
+  _globals['_FORWARDER']._serialized_end=1025
 # @@protoc_insertion_point(module_scope)

@@ -63,3 +63,13 @@ class SubscriptionCursorsResponse(_message.Message):
     CURSORS_FIELD_NUMBER: _ClassVar[int]
     cursors: _containers.RepeatedCompositeFieldContainer[SourceCursor]
     def __init__(self, cursors: _Optional[_Iterable[_Union[SourceCursor, _Mapping]]] = ...) -> None: ...
+
+class CatchUpRequest(_message.Message):
+    __slots__ = ("protocol_version",)
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    def __init__(self, protocol_version: _Optional[int] = ...) -> None: ...
+
+class CatchUpResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
