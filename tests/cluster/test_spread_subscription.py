@@ -31,6 +31,7 @@ import _pulsar
 import grpc
 import pulsar
 import pytest
+from google.api_core import exceptions
 from google.cloud import pubsub_v1
 
 from pubsubd.cluster.launcher import LocalCluster
@@ -40,6 +41,7 @@ from tests.conftest import make_publisher, make_subscriber
 from tests.support import browser
 from tests.support.cluster import spread_cluster
 from tests.support.flood import Flood
+from tests.support.raw import gapic_publisher
 from tests.support.server import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -605,3 +607,71 @@ def test_a_killed_forwarder_s_sources_go_to_the_other_and_nothing_acked_is_lost(
     assert not flood.errors, f"publishes that failed for good: {dict(flood.errors)}"
     assert not receiver.received - sent, "messages nobody published"
     print(f"{len(acked)} acknowledged publishes, every one delivered")
+
+
+QUOTA = 20  # the topic's backlog quota, in messages
+
+
+def test_a_topic_quota_blocks_a_spread_subscription_at_its_whole_backlog(
+    cluster: LocalCluster, names: Any
+) -> None:
+    """A topic's ``block_publishers`` quota is evaluated at the topic's owner over every
+    source (data/publish/owner_quotas.py): a subscription spread over both subscribing
+    forwarders blocks publishers at the same backlog as in the one-process server (the 21st
+    of 20 refused, RESOURCE_EXHAUSTED naming the subscription and the quota), and once
+    everything is acked exactly 20 more are accepted. Each forwarder alone knows its own
+    sources only (the others' as of its attach): counted there, publishing stayed blocked
+    after the acks, or was blocked again after a few."""
+    endpoint = cluster.grpc
+    admin, subscriber = make_publisher(endpoint), make_subscriber(endpoint)
+    topic, subscription = names.topic("spread-quota"), names.subscription("spread-quota")
+    labels = {
+        "pubsubd-publish-sources": str(SOURCES),
+        "pubsubd-backlog-quota-messages": str(QUOTA),
+    }
+    admin.create_topic(request={"name": topic, "labels": labels})
+    subscriber.create_subscription(request={"name": subscription, "topic": topic})
+    wait_for(lambda: _spread_over_both(cluster, subscription), 30, "the sources spread")
+    gapic = gapic_publisher(endpoint)
+    refusals: list[str] = []
+    sent = 0
+
+    def publish() -> bool:
+        """One message, keyed over 16 keys (so over the sources), no client retry: whether
+        it was accepted (False: RESOURCE_EXHAUSTED)."""
+        nonlocal sent
+        try:
+            gapic.publish(
+                request={
+                    "topic": topic,
+                    "messages": [{"data": f"m{sent}".encode(), "ordering_key": f"k{sent % 16}"}],
+                },
+                retry=None,
+                timeout=10,
+            )
+        except exceptions.ResourceExhausted as e:
+            refusals.append(str(e))
+            return False
+        sent += 1
+        return True
+
+    def accepted_until_refused() -> int:
+        count = 0
+        while count <= 2 * QUOTA and publish():
+            count += 1
+        return count
+
+    assert accepted_until_refused() == QUOTA
+    assert subscription in refusals[-1] and "pubsubd-backlog-quota-messages" in refusals[-1]
+    served = {name: _status(cluster, name)["subscriptions"][subscription] for name in SUBSCRIBING}
+    backlogs = [int(s["backlog"]) for s in served.values()]
+    assert sum(backlogs) == QUOTA and all(backlogs), f"both forwarders hold some: {backlogs}"
+    got = _pull_all(subscriber, subscription, QUOTA)
+    assert len(got) == QUOTA
+    acked_at = time.monotonic()
+    while not publish():  # the acks reach the topic's owner within its ack flush
+        assert time.monotonic() - acked_at < 10, "still blocked 10 s after every ack"
+        time.sleep(0.02)
+    unblocked_after = time.monotonic() - acked_at
+    assert 1 + accepted_until_refused() == QUOTA  # the whole backlog again, no more, no less
+    print(f"publishing accepted again {unblocked_after * 1000:.0f} ms after the last ack")
