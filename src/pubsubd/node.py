@@ -120,7 +120,7 @@ def build(
         clock=clock,
         remote_logs=remote_logs,
         admits=owns_topic,
-        owner_quotas=owns_topic is not None,  # a cluster: topic quotas at the topic's owner
+        owner_quotas=owns_topic is not None,  # a cluster: block quotas at the topic's owner
     )
     router = Router([PUBLISHING], [SUBSCRIBING])
     routes_cell: list[Routes] = []
@@ -153,7 +153,7 @@ def build(
         clock=clock,
         dead_letter_publish=publish_dead_letter,
         budget=delivery_budget,
-        topic_quotas_at_owner=owns_topic is not None,
+        block_quotas_at_owner=owns_topic is not None,
     )
     routes = Routes(router, {PUBLISHING: publishing}, {SUBSCRIBING: subscribing})
     routes_cell.append(routes)

@@ -1,7 +1,7 @@
-"""A topic's block_publishers backlog quota evaluated at the topic's owner
-(data/publish/owner_quotas.py, over fake logs): every subscription's whole backlog counts,
-from its journal's cursors over every source; a subscription with a quota of its own is left
-to its dispatcher; blocks follow acks, resets, deletes and a topic's move, and are kept apart
+"""Block_publishers backlog quotas evaluated at the topic's owner (data/publish/
+owner_quotas.py, over fake logs): every subscription's whole backlog counts, from its journal's
+cursors over every source, against its own quota or else its topic's; evict_oldest ones are
+left to the dispatchers; blocks follow acks, deletes and a topic's move, and are kept apart
 from the dispatchers' (``owner:`` keys)."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def _owner() -> tuple[OwnerQuotas, Logs, dict[str, dict[int, Cursor]], dict]:  #
 def test_the_whole_backlog_over_every_source_blocks_and_acks_on_any_source_unblock() -> None:
     owner, logs, journals, blocks = _owner()
     owner.set_topic_quota("t", quotas.BacklogQuota(messages=4))
-    owner.set_subscription("t", "a", "projects/p/subscriptions/a", own_quota=False)
+    owner.set_subscription("t", "a", "projects/p/subscriptions/a", None, has_own=False)
     logs.ends = [2, 1]
     owner.evaluate("t")
     assert not blocks  # 3 of 4
@@ -67,22 +67,35 @@ def test_the_whole_backlog_over_every_source_blocks_and_acks_on_any_source_unblo
     assert not blocks
 
 
-def test_own_quotas_evict_policies_deletes_and_moves_leave_nothing_blocked() -> None:
+def test_a_subscription_s_own_quota_comes_first_and_evict_policies_block_nothing() -> None:
+    owner, logs, _journals, blocks = _owner()
+    logs.ends = [5, 5]
+    owner.set_topic_quota("t", quotas.BacklogQuota(messages=4))
+    owner.set_subscription("t", "a", "a", None, has_own=False)
+    assert blocks
+    owner.set_subscription("t", "a", "a", quotas.BacklogQuota(messages=20), has_own=True)
+    assert not blocks  # its own quota: 10 of 20
+    owner.set_topic_quota("t", None)
+    owner.set_subscription("t", "a", "a", quotas.BacklogQuota(messages=8), has_own=True)
+    assert "quota 8" in blocks[("t", OWNER_BLOCK_PREFIX + "a")][0]
+    evict = quotas.BacklogQuota(messages=4, policy=quotas.Policy.EVICT_OLDEST)
+    owner.set_subscription("t", "a", "a", evict, has_own=True)
+    assert not blocks  # evicting is the dispatchers' (they ack)
+    owner.set_subscription("t", "a", "a", None, has_own=True)  # labels that do not parse
+    owner.set_topic_quota("t", quotas.BacklogQuota(messages=4))
+    assert not blocks
+
+
+def test_deletes_detaches_and_moves_leave_nothing_blocked() -> None:
     owner, logs, journals, blocks = _owner()
     logs.ends = [5, 5]
     owner.set_topic_quota("t", quotas.BacklogQuota(messages=4))
-    owner.set_subscription("t", "a", "a", own_quota=False)
-    assert blocks
-    owner.set_subscription("t", "a", "a", own_quota=True)  # its dispatcher's from now on
-    assert not blocks
-    owner.set_subscription("t", "a", "a", own_quota=False)
+    owner.set_subscription("t", "a", "a", None, has_own=False)
     assert blocks
     owner.forget_subscription("t", "a")
     assert not blocks
-    owner.set_subscription("t", "a", "a", own_quota=False)
-    owner.set_topic_quota("t", quotas.BacklogQuota(messages=4, policy=quotas.Policy.EVICT_OLDEST))
-    assert not blocks  # evicting is the dispatchers' (they ack)
-    owner.set_topic_quota("t", quotas.BacklogQuota(messages=4))
+    owner.set_subscription("t", "a", "a", None, has_own=False)
+    assert blocks
     del journals["a"]  # detached
     owner.evaluate("t")
     assert not blocks
@@ -96,7 +109,7 @@ def test_own_quotas_evict_policies_deletes_and_moves_leave_nothing_blocked() -> 
 def test_an_age_limit_blocks_from_when_the_oldest_unacked_message_gets_too_old() -> None:
     owner, logs, journals, blocks = _owner()
     logs.ends = [3, 0]
-    owner.set_subscription("t", "a", "a", own_quota=False)
+    owner.set_subscription("t", "a", "a", None, has_own=False)
     owner.set_topic_quota("t", quotas.BacklogQuota(age_s=3600))
     reason, from_us = blocks[("t", OWNER_BLOCK_PREFIX + "a")]
     assert "pubsubd-backlog-quota-age-seconds" in reason

@@ -7,11 +7,10 @@ forwarder to what the records say. At start-up each replays the whole store. Whe
 is this forwarder's is the router's decision (``owns``, by the record's storage uid).
 
 - :class:`PublishingReconciler`: a topic's storage settings (sources, ordering-key sources,
-  damage policy, from its labels) and backlog quota, with which of its subscriptions have one
-  of their own (evaluated at the owner in a cluster, ``data/publish/owner_quotas.py``); the
-  pins of snapshots and named cursors; the storage of a topic dropped once the topic is
-  deleted and no subscription reads it any more; a deleted or detached subscription's ack
-  journal dropped.
+  damage policy, from its labels), its and its subscriptions' backlog quotas (block_publishers
+  ones evaluated at the owner in a cluster, ``data/publish/owner_quotas.py``); the pins of
+  snapshots and named cursors; the storage of a topic dropped once the topic is deleted and no
+  subscription reads it any more; a deleted or detached subscription's ack journal dropped.
 - :class:`SubscribingReconciler`: subscriptions served (opened from their sync point,
   reconfigured, closed when deleted or detached), their topics' backlog quotas.
 """
@@ -138,12 +137,15 @@ class PublishingReconciler:
         body = None if deleted else pb.Subscription.FromString(record.body)
         detached = body is not None and body.detached
         readers = self._readers.setdefault(record.topic_uid, set())
-        self.forwarder.set_subscription_quota(
-            record.topic_uid,
-            record.uid,
-            record.name,
-            None if body is None or detached else _has_own_quota(body),
-        )
+        if body is None or detached:
+            self.forwarder.set_subscription_quota(
+                record.topic_uid, record.uid, record.name, gone=True
+            )
+        else:
+            own, has_own = _own_quota(body)
+            self.forwarder.set_subscription_quota(
+                record.topic_uid, record.uid, record.name, own, has_own
+            )
         if deleted or detached:
             was_reading = record.uid in readers
             readers.discard(record.uid)
@@ -253,10 +255,11 @@ def _topic_quota(record: TopicRecord) -> quotas.BacklogQuota | None:
         return None
 
 
-def _has_own_quota(subscription: Any) -> bool:
-    """Whether a subscription sets a backlog quota of its own in its labels (an invalid one,
-    stored before labels were checked, counts as one: the owner leaves it alone)."""
+def _own_quota(subscription: Any) -> tuple[quotas.BacklogQuota | None, bool]:
+    """A subscription's own backlog quota, from its labels, and whether it has one (labels
+    that do not parse, stored before labels were checked, count as one: None, nothing)."""
     try:
-        return quotas.parse(subscription.labels) is not None
+        quota = quotas.parse(subscription.labels)
     except InvalidArgument:
-        return True
+        return None, True
+    return quota, quota is not None

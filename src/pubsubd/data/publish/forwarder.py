@@ -81,9 +81,9 @@ class PublishingForwarder:
         admits: Callable[[str], bool] | None = None,
         owner_quotas: bool = False,
     ) -> None:
-        """``owner_quotas``: evaluate the topics' block_publishers backlog quotas here, over
-        every subscription's journal (a cluster of forwarders: ``data/publish/owner_quotas.py``);
-        without it the subscribing side does (``pubsubd serve``)."""
+        """``owner_quotas``: evaluate the block_publishers backlog quotas of the topics owned
+        here, over every subscription's journal (a cluster of forwarders:
+        ``data/publish/owner_quotas.py``); without it the dispatchers do (``pubsubd serve``)."""
         self.data_dir = data_dir
         # In a cluster of forwarders: the topics (by uid) this one owns now. Opening another
         # one would take its sources over from their owner: refused (NotServedHere).
@@ -571,16 +571,23 @@ class PublishingForwarder:
             self.owner_quotas.set_topic_quota(topic_uid, quota)
 
     def set_subscription_quota(
-        self, topic_uid: str, sub_uid: str, name: str, own_quota: bool | None
+        self,
+        topic_uid: str,
+        sub_uid: str,
+        name: str,
+        own: BacklogQuota | None = None,
+        has_own: bool = False,
+        gone: bool = False,
     ) -> None:
-        """A subscription of a topic owned here: its name and whether it has a backlog quota
-        of its own (None: deleted or detached)."""
+        """A subscription of a topic owned here: its name and its own backlog quota, when it
+        has one (``has_own``; ``own`` None then: labels that do not parse); ``gone``: deleted
+        or detached."""
         if self.owner_quotas is None:
             return
-        if own_quota is None:
+        if gone:
             self.owner_quotas.forget_subscription(topic_uid, sub_uid)
         else:
-            self.owner_quotas.set_subscription(topic_uid, sub_uid, name, own_quota)
+            self.owner_quotas.set_subscription(topic_uid, sub_uid, name, own, has_own)
 
     def cursor_states(self, topic_uid: str, sub_uid: str) -> dict[int, CursorState]:
         journal = self._journal(topic_uid, sub_uid)

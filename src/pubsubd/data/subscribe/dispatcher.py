@@ -70,6 +70,7 @@ class SubscriptionDispatcher:
         "_tasks",
         "_timer",
         "_timer_at",
+        "blocks_at_owner",
         "clock",
         "planner",
         "publishing",
@@ -93,8 +94,12 @@ class SubscriptionDispatcher:
         topic_quota: quotas.BacklogQuota | None = None,
         budget: DeliveryBudget | None = None,
         served_sources: frozenset[int] | None = None,
+        blocks_at_owner: bool = False,
     ) -> None:
         self.uid = uid
+        # A cluster: block_publishers quotas are the topic's owner's (over every source,
+        # data/publish/owner_quotas.py); this dispatcher sends no block.
+        self.blocks_at_owner = blocks_at_owner
         self.topic_uid = topic_uid
         self.publishing = publishing
         self.reader = reader
@@ -220,6 +225,8 @@ class SubscriptionDispatcher:
     def _update_block(self) -> None:
         """A block_publishers quota: tell the publishing forwarder, as a value, whether (and
         from when, for the age limit) this subscription's backlog blocks publishers."""
+        if self.blocks_at_owner:
+            return
         quota = self.quota
         reason: str | None = None
         from_us = 0

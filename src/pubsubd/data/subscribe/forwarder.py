@@ -134,11 +134,11 @@ class SubscribingForwarder:
         clock: Clock = SYSTEM_CLOCK,
         dead_letter_publish: DeadLetterPublish = _no_dead_letters,
         budget: DeliveryBudget | None = None,
-        topic_quotas_at_owner: bool = False,
+        block_quotas_at_owner: bool = False,
     ) -> None:
-        # A cluster of forwarders: a topic's block_publishers backlog quota is evaluated at
-        # the topic's owner, over every source (data/publish/owner_quotas.py), not here.
-        self.topic_quotas_at_owner = topic_quotas_at_owner
+        # A cluster of forwarders: block_publishers backlog quotas are evaluated at the
+        # topic's owner, over every source (data/publish/owner_quotas.py), not here.
+        self.block_quotas_at_owner = block_quotas_at_owner
         # Outstanding deliveries of every subscription served here (data/subscribe/budget.py).
         self.budget = budget or DeliveryBudget()
         # topic uid -> the publishing forwarder holding its sources (the router's choice)
@@ -183,8 +183,9 @@ class SubscribingForwarder:
             cursors,
             clock=self.clock,
             dead_letter_publish=self.dead_letter_publish,
-            topic_quota=self._local(topic_quota),
+            topic_quota=topic_quota,
             budget=self.budget,
+            blocks_at_owner=self.block_quotas_at_owner,
             served_sources=self.served_sources.get(uid),
         )
         self.dispatchers[name] = dispatcher
@@ -201,13 +202,7 @@ class SubscribingForwarder:
     def set_topic_quota(self, topic_uid: str, quota: BacklogQuota | None) -> None:
         for d in self.dispatchers.values():
             if d.topic_uid == topic_uid:
-                d.set_topic_quota(self._local(quota))
-
-    def _local(self, quota: BacklogQuota | None) -> BacklogQuota | None:
-        """The part of a topic's quota evaluated here (all of it but, in a cluster, a
-        block_publishers one: the topic's owner evaluates that)."""
-        at_owner = quota is not None and quota.policy is Policy.BLOCK_PUBLISHERS
-        return None if self.topic_quotas_at_owner and at_owner else quota
+                d.set_topic_quota(quota)
 
     def mark_unavailable(self, name: str, why: str) -> None:
         self.unavailable[name] = why
