@@ -120,6 +120,7 @@ def build(
         clock=clock,
         remote_logs=remote_logs,
         admits=owns_topic,
+        owner_quotas=owns_topic is not None,  # a cluster: block quotas at the topic's owner
     )
     router = Router([PUBLISHING], [SUBSCRIBING])
     routes_cell: list[Routes] = []
@@ -152,6 +153,7 @@ def build(
         clock=clock,
         dead_letter_publish=publish_dead_letter,
         budget=delivery_budget,
+        block_quotas_at_owner=owns_topic is not None,
     )
     routes = Routes(router, {PUBLISHING: publishing}, {SUBSCRIBING: subscribing})
     routes_cell.append(routes)

@@ -24,13 +24,14 @@ import threading
 import time
 import urllib.request
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import _pulsar
 import grpc
 import pulsar
 import pytest
+from google.api_core import exceptions
 from google.cloud import pubsub_v1
 
 from pubsubd.cluster.launcher import LocalCluster
@@ -40,6 +41,7 @@ from tests.conftest import make_publisher, make_subscriber
 from tests.support import browser
 from tests.support.cluster import spread_cluster
 from tests.support.flood import Flood
+from tests.support.raw import gapic_publisher
 from tests.support.server import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -616,3 +618,102 @@ def test_a_killed_forwarder_s_sources_go_to_the_other_and_nothing_acked_is_lost(
     assert not flood.errors, f"publishes that failed for good: {dict(flood.errors)}"
     assert not receiver.received - sent, "messages nobody published"
     print(f"{len(acked)} acknowledged publishes, every one delivered")
+
+
+QUOTA = 20  # the backlog quotas, in messages
+QUOTA_LABEL = "pubsubd-backlog-quota-messages"
+
+
+def _blocks_at_the_quota(
+    endpoint: str, topic: str, subscription: str, when_blocked: Callable[[], None] = lambda: None
+) -> float:
+    """Publish one message at a time (keyed over 16 keys, so over the sources; no client
+    retry) until refused: exactly ``QUOTA`` accepted, the next refused with RESOURCE_EXHAUSTED
+    naming the subscription and the quota, as in the one-process server; then pull and ack
+    them all: publishing is accepted again, exactly ``QUOTA`` more. ``when_blocked`` checks
+    what it likes while the first ``QUOTA`` are unacked. Returns how long after the last ack
+    publishing was accepted again."""
+    gapic = gapic_publisher(endpoint)
+    subscriber = make_subscriber(endpoint)
+    refusals: list[str] = []
+    sent = 0
+
+    def publish() -> bool:
+        nonlocal sent
+        message = {"data": f"m{sent}".encode(), "ordering_key": f"k{sent % 16}"}
+        try:
+            gapic.publish(request={"topic": topic, "messages": [message]}, retry=None, timeout=10)
+        except exceptions.ResourceExhausted as e:
+            refusals.append(str(e))
+            return False
+        sent += 1
+        return True
+
+    def accepted_until_refused() -> int:
+        count = 0
+        while count <= 2 * QUOTA and publish():
+            count += 1
+        return count
+
+    assert accepted_until_refused() == QUOTA
+    assert subscription in refusals[-1] and QUOTA_LABEL in refusals[-1]
+    when_blocked()
+    got = _pull_all(subscriber, subscription, QUOTA)
+    assert len(got) == QUOTA
+    acked_at = time.monotonic()
+    while not publish():  # the acks reach the topic's owner within their ack flush
+        assert time.monotonic() - acked_at < 10, "still blocked 10 s after every ack"
+        time.sleep(0.02)
+    unblocked_after = time.monotonic() - acked_at
+    assert 1 + accepted_until_refused() == QUOTA  # the whole backlog again, no more, no less
+    subscriber.close()
+    return unblocked_after
+
+
+def test_a_topic_quota_blocks_a_spread_subscription_at_its_whole_backlog(
+    cluster: LocalCluster, names: Any
+) -> None:
+    """A topic's ``block_publishers`` quota is evaluated at the topic's owner over every
+    source (data/publish/owner_quotas.py): a subscription spread over both subscribing
+    forwarders blocks publishers at the same backlog as in the one-process server. Each
+    forwarder alone knows its own sources only (the others' as of its attach): counted there,
+    publishing stayed blocked after the acks, or was blocked again after a few."""
+    endpoint = cluster.grpc
+    admin, subscriber = make_publisher(endpoint), make_subscriber(endpoint)
+    topic, subscription = names.topic("spread-quota"), names.subscription("spread-quota")
+    labels = {"pubsubd-publish-sources": str(SOURCES), QUOTA_LABEL: str(QUOTA)}
+    admin.create_topic(request={"name": topic, "labels": labels})
+    subscriber.create_subscription(request={"name": subscription, "topic": topic})
+    wait_for(lambda: _spread_over_both(cluster, subscription), 30, "the sources spread")
+
+    def split_over_both() -> None:
+        served = [_status(cluster, n)["subscriptions"][subscription] for n in SUBSCRIBING]
+        backlogs = [int(s["backlog"]) for s in served]
+        assert sum(backlogs) == QUOTA and all(backlogs), f"both hold some: {backlogs}"
+
+    after = _blocks_at_the_quota(endpoint, topic, subscription, split_over_both)
+    print(f"spread, topic quota: accepted again {after * 1000:.0f} ms after the last ack")
+
+
+def test_a_subscription_s_own_quota_blocks_at_its_backlog_from_a_forwarder_apart(
+    cluster: LocalCluster, names: Any
+) -> None:
+    """A subscription with a quota of its own is never spread: it is served whole by a
+    subscribing forwarder apart from its topic's owner, and the owner evaluates the quota
+    (the dispatcher's block reached the owner up to an ack flush after the commit, so one
+    publish more got through)."""
+    endpoint = cluster.grpc
+    admin, subscriber = make_publisher(endpoint), make_subscriber(endpoint)
+    topic, subscription = names.topic("own-quota"), names.subscription("own-quota")
+    admin.create_topic(request={"name": topic, "labels": {"pubsubd-publish-sources": "4"}})
+    subscriber.create_subscription(
+        request={"name": subscription, "topic": topic, "labels": {QUOTA_LABEL: str(QUOTA)}}
+    )
+    wait_for(
+        lambda: any(subscription in _status(cluster, n)["subscriptions"] for n in SUBSCRIBING),
+        30,
+        "the subscription served",
+    )
+    assert not any(_served_sources(cluster, n, subscription) for n in SUBSCRIBING)  # whole
+    after = _blocks_at_the_quota(endpoint, topic, subscription)
+    print(f"whole, own quota: accepted again {after * 1000:.0f} ms after the last ack")

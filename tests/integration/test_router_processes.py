@@ -366,9 +366,10 @@ async def test_a_subscription_busy_over_its_forwarders_spreads_and_gathers_when_
     """``--spread-subscriptions`` spreads by load (core/subscription_spread.py): two forwarders
     each report 40 msg/s delivered for one subscription, under the 50 msg/s threshold alone
     but over it summed, so after the spread window its sources are placed on their own (marked
-    ``Route.spread``) while a quiet subscription stays whole; a router started after a kill -9
-    of the first keeps it spread; once the reports go quiet it is gathered back to the owner of
-    its first source."""
+    ``Route.spread``) over two forwarders (its width, ``Route.spread_width``) while a quiet
+    subscription stays whole; a router started after a kill -9 of the first keeps it spread as
+    wide; reported busier it widens to all three forwarders; once the reports go quiet it is
+    gathered back to the owner of its first source."""
     zk_string = zookeeper.connect_string
     mine = sessions[-1]
     store = RoutingStore(mine)
@@ -391,7 +392,10 @@ async def test_a_subscription_busy_over_its_forwarders_spreads_and_gathers_when_
     )  # fmt: skip
 
     async def spread_now() -> set[str]:
-        spread: set[str] = set()
+        return set(await widths_now())
+
+    async def widths_now() -> dict[str, int]:
+        spread: dict[str, int] = {}
         await store.assignment(spread)
         return spread
 
@@ -416,7 +420,14 @@ async def test_a_subscription_busy_over_its_forwarders_spreads_and_gathers_when_
         assert time.monotonic() - started >= 1.0  # not before the spread window
         routes = await store.routes()
         assert routes[subscribing_unit(hot, 0)] == head  # its first source stays
-        assert len({routes[subscribing_unit(hot, i)][0] for i in range(6)}) > 1
+        # 80 msg/s needs two forwarders to keep each share under 50: two heads, the other
+        # sources following them (source j, head j mod 2).
+        assert await widths_now() == {hot: 2}
+        assert len({routes[subscribing_unit(hot, i)][0] for i in range(6)}) == 2
+        assert all(
+            routes[subscribing_unit(hot, j)] == routes[subscribing_unit(hot, j % 2)]
+            for j in range(6)
+        )
         cold_head = routes[subscribing_unit(cold, 0)]
         assert all(routes[subscribing_unit(cold, i)] == cold_head for i in range(6))
         assert first.status()["spread"] == [hot]
@@ -428,7 +439,14 @@ async def test_a_subscription_busy_over_its_forwarders_spreads_and_gathers_when_
             "the second router leads",
         )
         await asyncio.sleep(1.5)  # a few passes, still busy: nothing changes
-        assert second.status()["spread"] == [hot] and await spread_now() == {hot}
+        assert second.status()["spread"] == [hot] and await widths_now() == {hot: 2}
+        # Busier: 160 msg/s would need four; there are three subscribing forwarders.
+        await report({hot: Load(messages_per_s=80.0), cold: Load(messages_per_s=5.0)})
+        await _until(lambda: _eq(widths_now(), {hot: 3}), 20, "the busier subscription widened")
+        routes = await store.routes()
+        assert routes[subscribing_unit(hot, 0)] == head
+        assert len({routes[subscribing_unit(hot, i)][0] for i in range(6)}) == 3
+        assert second.status()["spread_widths"] == {hot: 3}
         await report({})  # quiet: gathered after the gather window
 
         async def gathered() -> bool:

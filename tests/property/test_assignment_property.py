@@ -318,3 +318,60 @@ def test_weighted_placement_settles_no_unit_goes_round_every_window(
     for window in range(3, 6):
         moves = a.update(everyone, units, now=100.0 * window, weights=by_unit)
         assert moves == [], window
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    groups=st.lists(st.integers(1, 6), min_size=1, max_size=6),
+    others=st.integers(0, 40),
+    members=st.integers(1, 8),
+    epsilon=EPSILONS,
+)
+def test_units_of_a_group_go_to_members_of_their_own_while_there_are_enough(
+    groups: list[int], others: int, members: int, epsilon: float
+) -> None:
+    """A spread subscription's heads (one group) are kept apart: each group of ``k`` units is
+    on min(k, members) members, as long as the bound leaves room (every group here fits in
+    the bound: each member's load stays at most the bound all the same)."""
+    units = _units(others)
+    grouped = {f"s/g{g}/{i}": f"g{g}" for g, k in enumerate(groups) for i in range(k)}
+    a = Assignment(epsilon=epsilon)
+    a.update(_members(members), [*units, *grouped], now=0.0, groups=grouped)
+    loads = a.loads()
+    assert max(loads.values()) <= math.ceil((1 + epsilon) * len(a.owners) / members)
+    for g, k in enumerate(groups):
+        owners = {a.owners[f"s/g{g}/{i}"] for i in range(k)}
+        # Bounded loads may fill a member before a group reaches it: nearly always apart.
+        assert len(owners) >= min(k, members) - (1 if members > 2 else 0)
+
+
+def test_a_group_widening_lands_on_free_members_and_a_returning_member_takes_a_doubled_unit() -> (
+    None
+):
+    everyone = _members(4)
+    units = ["s/cold/0", "s/warm/0", "s/warm/1"]  # room on every member (the bound first)
+    warm = {"s/warm/0": "warm", "s/warm/1": "warm"}
+    a = Assignment(epsilon=0.5, hysteresis_s=30.0)
+    heads = {f"s/hot/{i}": "hot" for i in range(2)}
+    a.update(everyone, [*units, *heads], now=0.0, groups=heads | warm)
+    first = dict(a.owners)
+    assert len({a.owners[u] for u in heads}) == 2
+    heads = {f"s/hot/{i}": "hot" for i in range(4)}  # widened: two more heads
+    heads |= warm
+    moves = a.update(everyone, [*units, *heads], now=10.0, groups=heads)
+    assert len({a.owners[f"s/hot/{i}"] for i in range(4)}) == 4
+    assert a.owners["s/warm/0"] != a.owners["s/warm/1"]
+    assert all(a.owners[u] == first[u] for u in first)  # nothing else moved
+    assert {m.unit for m in moves} == {"s/hot/2", "s/hot/3"}
+    # One member goes: its head doubles up on another; back, a doubled head moves to it once
+    # outside the hysteresis window, and only that.
+    hot = [f"s/hot/{i}" for i in range(4)]
+    gone = a.owners["s/hot/3"]
+    left = [m for m in everyone if m.member_id != gone]
+    a.update(left, [*units, *heads], now=20.0, groups=heads)
+    assert len({a.owners[u] for u in hot}) == 3
+    a.update(everyone, [*units, *heads], now=200.0, groups=heads)
+    assert len({a.owners[u] for u in hot}) == 4
+    settled = dict(a.owners)
+    assert not a.update(everyone, [*units, *heads], now=300.0, groups=heads)
+    assert a.owners == settled

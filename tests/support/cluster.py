@@ -131,12 +131,13 @@ def running_cluster(
 
 @contextmanager
 def spread_cluster(
-    directory: Path, env: Mapping[str, str], router_args: list[str]
+    directory: Path, env: Mapping[str, str], router_args: list[str], subscribing: int = 2
 ) -> Iterator[LocalCluster]:
     """The cluster of the spread-subscription tests: one publishing-only forwarder
-    (``forwarder-1``) and two subscribing-only ones (``forwarder-2``, ``forwarder-3``) over two
-    zones, one router run with ``router_args`` (``--spread-subscriptions`` and its settings),
-    one frontend; ``env`` is the processes' extra settings (load report interval, ...)."""
+    (``forwarder-1``) and ``subscribing`` subscribing-only ones (``forwarder-2``,
+    ``forwarder-3``, ...) over two zones, one router run with ``router_args``
+    (``--spread-subscriptions`` and its settings), one frontend; ``env`` is the processes'
+    extra settings (load report interval, ...)."""
     with (
         environment(env),
         running_cluster(
@@ -144,8 +145,8 @@ def spread_cluster(
             zones=2,
             routers=1,
             frontends=1,
-            forwarders=3,
-            forwarder_args=[["--no-subscribing"], ["--no-publishing"], ["--no-publishing"]],
+            forwarders=1 + subscribing,
+            forwarder_args=[["--no-subscribing"], *[["--no-publishing"]] * subscribing],
             router_args=router_args,
             session_timeout_s=20.0,
         ) as cluster,

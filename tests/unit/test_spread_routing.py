@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pubsubd._gen.pubsubd.internal.v1 import routing_pb2
-from pubsubd.control.routing_store import encode_shard
+from pubsubd.control.routing_store import encode_shard, spread_subscriptions
 from pubsubd.control.routing_table import (
     Constraints,
     Forwarder,
@@ -100,6 +100,46 @@ def test_spreading_by_load_spreads_only_the_busy_and_gathers_keep_the_head_s_own
     table.update(SPLIT, Constraints(), TOPICS, SUBS, 20.0, spread_only=set())
     assert not table.spread_units
     assert all(table.route(subscribing_unit("hot", i)) == head for i in range(8))
+
+
+def test_a_width_places_that_many_heads_and_every_source_follows_one() -> None:
+    """``spread_widths``: a subscription of width k has heads ``s/{uid}/i`` (i < k) placed
+    on their own and source j following head j mod k; every unit is marked spread and the
+    width is published with it (``Route.spread_width``); a change of width rewrites the
+    shards, the head ``s/{uid}/0`` staying where it was."""
+    subscribing = [Forwarder(f"s{i}", f"127.0.0.1:{i}", publishing=False) for i in range(4)]
+    forwarders = [SPLIT[0], *subscribing]
+    table = _spread_table()
+    table.update(forwarders, Constraints(), TOPICS, SUBS, 0.0, spread_only=set())
+    head = table.route(subscribing_unit("hot", 0))
+    table.update(
+        forwarders, Constraints(), TOPICS, SUBS, 10.0, spread_only={"hot"}, spread_widths={"hot": 3}
+    )
+    routes = [table.route(subscribing_unit("hot", i)) for i in range(8)]
+    assert routes[0] == head
+    assert all(routes[j] == routes[j % 3] for j in range(8))
+    assert len({r[0] for r in routes[:3]}) == 3  # three heads on three forwarders
+    assert {table.spread_width(subscribing_unit("hot", i)) for i in range(8)} == {3}
+    assert table.spread_width(subscribing_unit("quiet", 0)) == 0
+    shard = bucket(subscribing_unit("hot", 5))
+    data = encode_shard(
+        table.shards[shard], 1, "r", lambda _: None, table.spread_units.__contains__,
+        table.spread_width,
+    )  # fmt: skip
+    assert spread_subscriptions(data) == {"hot": 3}
+    done = table.update(
+        forwarders, Constraints(), TOPICS, SUBS, 20.0, spread_only={"hot"}, spread_widths={"hot": 4}
+    )
+    routes = [table.route(subscribing_unit("hot", i)) for i in range(8)]
+    assert routes[0] == head and len({r[0] for r in routes}) == 4
+    assert all(routes[j] == routes[j % 4] for j in range(8))
+    assert {bucket(subscribing_unit("hot", i)) for i in range(8)} <= done.changed_shards
+    # Wider than the topic's sources: every source apart; none given: every source apart too.
+    table.update(
+        forwarders, Constraints(), TOPICS, SUBS, 30.0, spread_only={"hot", "quiet"},
+        spread_widths={"hot": 4, "quiet": 9},
+    )  # fmt: skip
+    assert table.spread_width(subscribing_unit("quiet", 1)) == 2
 
 
 def test_the_default_places_subscriptions_whole() -> None:

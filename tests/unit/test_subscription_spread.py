@@ -13,7 +13,12 @@ from hypothesis import strategies as st
 
 from pubsubd.control.routing_store import merge_reports, subscription_totals
 from pubsubd.core.load import Load
-from pubsubd.core.subscription_spread import SpreadSettings, SubscriptionSpread
+from pubsubd.core.subscription_spread import (
+    SpreadSettings,
+    SubscriptionSpread,
+    busy_width,
+    quiet_width,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -141,3 +146,103 @@ def test_a_steady_load_changes_at_most_once_and_between_the_thresholds_never(
     assert changes <= 1
     if 250.0 <= rate <= 500.0:
         assert changes == 0
+
+
+# -- the width (how many forwarders a spread subscription is placed over) -------------------
+
+
+def test_the_width_keeps_each_share_under_the_spread_share_within_the_limit() -> None:
+    """500 msg/s is one forwarder's spread share: 1,200 msg/s needs 3 forwarders, 2,600 needs
+    6 but the limit (live subscribing forwarders, the topic's sources) is 4."""
+    spread = SubscriptionSpread(SETTINGS)
+    loads = {"a": Load(1200.0), "b": Load(2600.0), "c": Load(700.0), "d": Load(900.0)}
+    limits = {"a": 4, "b": 4, "c": 4, "d": 1}
+    spread.decide(loads, loads, 0.0, limits)
+    changes = spread.decide(loads, loads, 30.0, limits)
+    assert changes.spread == {"a", "b", "c"}  # d may use one forwarder only: whole
+    assert spread.widths == {"a": 3, "b": 4, "c": 2}
+    assert busy_width(SETTINGS, 1.2) == 3 and quiet_width(SETTINGS, 1.2) == 5
+
+
+def test_a_spread_subscription_widens_as_its_load_rises_and_narrows_when_it_fits_in_fewer() -> None:
+    spread = SubscriptionSpread(SETTINGS)
+    limits = {"s": 8}
+    spread.decide(["s"], _rate(800), 0.0, limits)
+    spread.decide(["s"], _rate(800), 30.0, limits)
+    assert spread.widths == {"s": 2}
+    assert not spread.decide(["s"], _rate(1900), 40.0, limits).resized  # the window starts
+    assert not spread.decide(["s"], _rate(1900), 69.9, limits).resized
+    assert spread.decide(["s"], _rate(1900), 70.0, limits).resized == {"s"}
+    assert spread.widths == {"s": 4}
+    # 700 msg/s: 2 forwarders keep each share under the gather share (250) only from 3 up, so
+    # 4 narrows to 3 after the gather window, never to 2 (that would be over it at once).
+    spread.decide(["s"], _rate(700), 80.0, limits)
+    assert not spread.decide(["s"], _rate(700), 379.9, limits).resized
+    assert spread.decide(["s"], _rate(700), 380.0, limits).resized == {"s"}
+    assert spread.widths == {"s": 3}
+    assert not spread.decide(["s"], _rate(700), 2000.0, limits).resized  # 700 fits 3: stays
+    spread.decide(["s"], _rate(100), 2010.0, limits)
+    assert spread.decide(["s"], _rate(100), 2310.0, limits).gathered == {"s"}
+    assert spread.widths == {}
+
+
+def test_a_width_is_kept_when_forwarders_go_and_an_unknown_one_is_the_limit() -> None:
+    spread = SubscriptionSpread(SETTINGS, spread={"s": 3, "old": 0})
+    spread.decide(["s", "old"], _rate(1400) | {"old": Load(1400.0)}, 0.0, {"s": 2, "old": 5})
+    assert spread.widths == {"s": 3, "old": 5}  # fewer forwarders: the heads share them
+    assert not spread.decide(["s"], _rate(1400), 1000.0, {"s": 2}).resized
+
+
+WIDTH_LOADS = st.lists(
+    st.tuples(st.floats(0.0, 6000.0), st.floats(0.1, 60.0), st.integers(1, 8)),
+    min_size=1,
+    max_size=80,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(loads=WIDTH_LOADS)
+def test_no_load_changes_a_width_faster_than_its_windows_or_past_its_limit(
+    loads: list[tuple[float, float, int]],
+) -> None:
+    """Whatever the load and the limit do: a width grows only after the spread window over the
+    share it would exceed, never past the limit, and by no more than the load needs; it shrinks
+    only after the gather window, to a width whose shares stay under the gather share; and a
+    change follows the last one by its window at least."""
+    spread = SubscriptionSpread(SETTINGS)
+    now = 0.0
+    last_change = -1e9
+    history: list[tuple[float, float]] = []
+    for rate, step, limit in loads:
+        history.append((now, rate))
+        before = spread.widths.get("s", 1)
+        spread.decide(["s"], _rate(rate), now, {"s": limit})
+        after = spread.widths.get("s", 1)
+        if after > before:
+            assert now - last_change >= SETTINGS.spread_after_s
+            assert after <= limit and after >= 2
+            assert after <= busy_width(SETTINGS, rate / 1000.0)
+            window = [r for t, r in history if t >= now - SETTINGS.spread_after_s]
+            assert all(r > 500.0 * before for r in window)
+            last_change = now
+        elif after < before:
+            assert now - last_change >= SETTINGS.gather_after_s
+            window = [r for t, r in history if t >= now - SETTINGS.gather_after_s]
+            assert all(r < 250.0 * (before - 1) + 1e-6 for r in window)
+            assert rate < 250.0 * after
+            last_change = now
+        now += step
+
+
+@settings(max_examples=100, deadline=None)
+@given(rate=st.floats(0.0, 8000.0), width=st.integers(1, 8), steps=st.integers(20, 200))
+def test_a_steady_load_changes_a_width_at_most_once(rate: float, width: int, steps: int) -> None:
+    spread = SubscriptionSpread(SETTINGS, spread={"s": width} if width > 1 else {})
+    changes = 0
+    for i in range(steps):
+        done = spread.decide(["s"], _rate(rate), i * 5.0, {"s": 8})
+        changes += len(done.spread) + len(done.gathered) + len(done.resized)
+    assert changes <= 1
+    final = spread.widths.get("s", 1)
+    assert busy_width(SETTINGS, rate / 1000.0) <= final or final == 8
+    assert final <= quiet_width(SETTINGS, rate / 1000.0) or final == width

@@ -29,6 +29,11 @@ rest of the list are fallbacks. The rules (SCALE_OUT.md §3, Mirrokni, Thorup an
 * **Hysteresis.** A unit moved less than ``hysteresis_s`` ago is not moved again to even out
   loads; only losing its owner (gone, drained, or the unit pinned elsewhere) moves it sooner. A
   member may then stay over capacity until the window passes.
+* **Apart.** Units given the same *group* (``update(groups=)``: the heads of one spread
+  subscription) go to members holding no other unit of the group while one fits, so a
+  subscription spread over ``k`` heads is served by ``k`` members when there are that many; a
+  unit sharing its member with another of its group (members left, or none was free) moves to
+  a free member that fits once it is outside the hysteresis window, and stays otherwise.
 * **Constraints.** A drained member owns nothing (it still serves as a last fallback); a pinned
   unit goes to its pinned member while that member is present and not drained, and counts
   toward its load.
@@ -155,9 +160,12 @@ class Assignment:
         now: float,
         pins: Mapping[str, str] | None = None,
         weights: Mapping[str, int] | None = None,
+        groups: Mapping[str, str] | None = None,
     ) -> list[Move]:
         """Assign every unit among ``members`` at time ``now``; returns the moves made.
-        ``weights``: a unit's weight (at least 1; a unit left out weighs 1)."""
+        ``weights``: a unit's weight (at least 1; a unit left out weighs 1); ``groups``: a
+        unit's group (units of one group are kept apart; a unit left out has none)."""
+        groups = groups or {}
         if set(self.members) != {m.member_id for m in members}:
             self._all_ring = None  # ranked() builds it again for the new members
         self.members = {m.member_id: m for m in members}
@@ -223,13 +231,44 @@ class Assignment:
                 del self.owners[unit]
                 unplaced.append((unit, member, False))
 
+        # Units of a group sharing a member with another of it: all but the first look for a
+        # member of their own (outside the hysteresis window; they stay if none fits).
+        holding = self._holding(groups)
+        apart: set[str] = set()
+        if groups:
+            for unit in wanted:
+                group, owner = groups.get(unit), self.owners.get(unit)
+                if group is None or owner not in load or unit in pins:
+                    continue
+                if holding[group][owner] > 1 and not self._recent(unit, now):
+                    holding[group][owner] -= 1
+                    load[owner] -= weight(unit)
+                    del self.owners[unit]
+                    unplaced.append((unit, owner, False))
+                    apart.add(unit)
+
         ring = self._ring_of(eligible)
         capacity = self.capacity
         for unit, old, forced in sorted(unplaced, key=lambda item: self._point(item[0])):
             w = weight(unit)
+            group = groups.get(unit)
+            taken = holding.get(group, {}) if group is not None else {}
             target = next(
-                (m for m in ring.walk(self._point(unit)) if load[m] + w <= capacity), None
+                (
+                    m
+                    for m in ring.walk(self._point(unit))
+                    if load[m] + w <= capacity and not taken.get(m)
+                ),
+                None,
             )
+            if target is None and unit in apart:
+                target = old  # no member of its own fits: it stays
+            if target is None and taken:
+                target = next(
+                    (m for m in ring.walk(self._point(unit)) if load[m] + w <= capacity), None
+                )
+            if group is not None and target is not None:
+                holding.setdefault(group, {})[target] = taken.get(target, 0) + 1
             if target is None:  # hysteresis kept members over capacity, or a unit this heavy
                 # One shed to even out loads stays where it was (moving it would only move
                 # the overload); a new one, or one whose owner went, takes the least loaded.
@@ -237,6 +276,8 @@ class Assignment:
                     target = old
                 else:
                     target = min(eligible, key=lambda m: (load[m], m))
+                if group is not None:
+                    holding.setdefault(group, {})[target] = taken.get(target, 0) + 1
             load[target] += w
             if target == old:  # back where it was (it fit there after all): not a move
                 self.owners[unit] = target
@@ -245,8 +286,18 @@ class Assignment:
         newcomers = set(eligible) - self._eligible if self._eligible else set()
         self._eligible = frozenset(eligible)
         if newcomers:
-            self._fill(wanted, eligible, newcomers, load, set(pins), moves, ring, now)
+            self._fill(wanted, eligible, newcomers, load, set(pins), moves, ring, now, groups)
         return moves
+
+    def _holding(self, groups: Mapping[str, str]) -> dict[str, dict[str, int]]:
+        """Per group, how many of its units each member owns."""
+        holding: dict[str, dict[str, int]] = {}
+        for unit, group in groups.items():
+            owner = self.owners.get(unit)
+            if owner is not None:
+                members = holding.setdefault(group, {})
+                members[owner] = members.get(owner, 0) + 1
+        return holding
 
     def weight(self, unit: str) -> int:
         return self.weights.get(unit, 1)
@@ -272,6 +323,7 @@ class Assignment:
         moves: list[Move],
         ring: Ring,
         now: float,
+        groups: Mapping[str, str],
     ) -> None:
         """Newcomers (members that joined or were undrained since the last pass) well below
         the mean take units, so none stays idle:
@@ -279,7 +331,8 @@ class Assignment:
         consistent hashing itself moves on a join, each unit only ever earlier in its own walk,
         so no unit can go round in circles), until they hold the mean; then, if that was not
         enough, settled units of the busiest members, until they hold mean / (1 + epsilon).
-        Units pinned, moved in this pass or within the hysteresis window stay."""
+        Units pinned, moved in this pass or within the hysteresis window stay, and no unit
+        goes to a member holding another of its group."""
         if not wanted:
             return
         weight = self.weight
@@ -289,9 +342,22 @@ class Assignment:
         if not hungry:
             return
         moved = {m.unit for m in moves}
+        holding = self._holding(groups)
 
         def movable(unit: str) -> bool:
             return unit not in pinned and unit not in moved and not self._recent(unit, now)
+
+        def apart(unit: str, member: str) -> bool:
+            group = groups.get(unit)
+            return group is None or not holding.get(group, {}).get(member)
+
+        def moved_to(unit: str, owner: str, member: str) -> None:
+            group = groups.get(unit)
+            if group is not None:
+                held = holding.setdefault(group, {})
+                held[owner] = held.get(owner, 0) - 1
+                held[member] = held.get(member, 0) + 1
+            moves.append(self._move(unit, owner, member, False, now))
 
         for unit in wanted:
             owner = self.owners[unit]
@@ -300,11 +366,15 @@ class Assignment:
             for member in ring.walk(self._point(unit)):
                 if member == owner:
                     break
-                if member in hungry and load[member] + weight(unit) <= self.capacity:
+                if (
+                    member in hungry
+                    and load[member] + weight(unit) <= self.capacity
+                    and apart(unit, member)
+                ):
                     load[owner] -= weight(unit)
                     load[member] += weight(unit)
                     moved.add(unit)
-                    moves.append(self._move(unit, owner, member, False, now))
+                    moved_to(unit, owner, member)
                     if load[member] >= full:
                         hungry.discard(member)
                     break
@@ -328,11 +398,11 @@ class Assignment:
                 if donor is None:
                     return
                 unit = donors[donor].pop()
-                if load[member] + weight(unit) > self.capacity:
-                    continue  # too heavy for it: another may fit
+                if load[member] + weight(unit) > self.capacity or not apart(unit, member):
+                    continue  # too heavy for it, or beside its group: another may fit
                 load[donor] -= weight(unit)
                 load[member] += weight(unit)
-                moves.append(self._move(unit, donor, member, False, now))
+                moved_to(unit, donor, member)
 
     def _recent(self, unit: str, now: float) -> bool:
         moved = self._moved_at.get(unit)

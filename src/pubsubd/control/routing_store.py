@@ -213,6 +213,7 @@ def encode_shard(
     router_id: str,
     moved_at: Callable[[str], float | None],
     spread: Callable[[str], bool] = lambda _: False,
+    spread_width: Callable[[str], int] = lambda _: 0,
 ) -> bytes:
     shard = pb.AssignmentShard(
         protocol_version=PROTOCOL_VERSION, generation=generation, router_id=router_id
@@ -225,6 +226,7 @@ def encode_shard(
                 forwarders=route,
                 moved_at_unix_s=moved if moved else 0.0,
                 spread=spread(unit),
+                spread_width=spread_width(unit),
             )
         )
     return bytes(shard.SerializeToString())
@@ -238,10 +240,11 @@ def decode_shard(data: bytes) -> dict[str, tuple[tuple[str, ...], float | None]]
     }
 
 
-def spread_subscriptions(data: bytes) -> set[str]:
-    """The uids of the subscriptions a shard has spread units of (``Route.spread``)."""
+def spread_subscriptions(data: bytes) -> dict[str, int]:
+    """The uids of the subscriptions a shard has spread units of (``Route.spread``), with
+    their widths (``Route.spread_width``; 0: every source apart, or not published)."""
     return {
-        r.unit.split("/")[1]
+        r.unit.split("/")[1]: r.spread_width
         for r in pb.AssignmentShard.FromString(data).routes
         if r.spread and r.unit.startswith("s/")
     }
@@ -339,11 +342,13 @@ class RoutingStore:
         check: Callable[[], None],
         moved_at: Callable[[str], float | None] = lambda _: None,
         spread: Callable[[str], bool] = lambda _: False,
+        spread_width: Callable[[str], int] = lambda _: 0,
     ) -> int:
         """Write the ``changed`` shards (an empty one is deleted); ``check()`` before each
         write (it raises when this router stopped leading). ``moved_at(unit)``: when it last
         changed owner, Unix seconds (None: not since placed); ``spread(unit)``: whether it is
-        a spread subscription's unit. Returns the shards written."""
+        a spread subscription's unit, ``spread_width(unit)`` that subscription's width.
+        Returns the shards written."""
         written = 0
         for shard in sorted(changed):
             check()
@@ -354,7 +359,7 @@ class RoutingStore:
                     await self._zk.delete(path)
                 written += 1
                 continue
-            data = encode_shard(routes, generation, router_id, moved_at, spread)
+            data = encode_shard(routes, generation, router_id, moved_at, spread, spread_width)
             try:
                 await self._zk.set(path, data)
             except NoNode:
@@ -380,11 +385,11 @@ class RoutingStore:
         return out
 
     async def assignment(
-        self, spread: set[str] | None = None
+        self, spread: dict[str, int] | None = None
     ) -> dict[str, tuple[tuple[str, ...], float | None]]:
         """Every unit's ordered list and when it last moved (Unix seconds; None: not since
         placed), as the leading router last wrote them; ``spread`` gets the uids of the
-        subscriptions spread there."""
+        subscriptions spread there and their widths (0: not published)."""
         try:
             names = await self._zk.children(self._layout.routing_shards)
         except NoNode:

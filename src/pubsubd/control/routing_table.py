@@ -28,10 +28,12 @@ Spread subscriptions (``spread_subscriptions=True``, ``pubsubd router --spread-s
 topics are placed whole among the publishing forwarders and every subscription that may be
 spread (``SubscriptionUnits.spreadable``: shared and key_shared ones without a backlog quota of
 their own) and that the router spreads (``update(spread_only=)``: the busy ones,
-``core/subscription_spread.py``; all with ``--spread-all``) has each unit
-``s/{uid}/{source}`` placed on its own among the subscribing forwarders, so a busy
-subscription is served by several, each owning some of the topic's sources (an ordering key
-maps to one source, so to one forwarder: per-key order holds). Other subscriptions are placed
+``core/subscription_spread.py``; all with ``--spread-all``) is placed over ``k`` subscribing
+forwarders (its width, ``update(spread_widths=)``, chosen by load; every source apart with
+``--spread-all``): ``k`` heads ``s/{uid}/i`` (i < k) placed on their own, source ``j``
+following head ``j mod k``, so a busy subscription is served by several, each owning some of
+the topic's sources (an ordering key maps to one source, so to one forwarder: per-key order
+holds). Other subscriptions are placed
 whole (``s/{uid}/0``). This is the split placement, also while every
 forwarder is both kinds (``mode == "spread"``): a subscription served where its topic is owned
 reads it in-process, elsewhere from a copy. A forwarder serves the sources of a subscription
@@ -178,8 +180,10 @@ class RoutingTable:
         self.subscribing = Assignment(epsilon=epsilon, hysteresis_s=hysteresis_s)
         self.forwarders: dict[str, Forwarder] = {}
         self.shards: dict[str, dict[str, tuple[str, ...]]] = {}  # bucket -> unit -> route
-        # The routed units of spread subscriptions, each placed on its own (``Route.spread``).
+        # The routed units of spread subscriptions (``Route.spread``), and the width of each
+        # spread subscription by uid (``Route.spread_width``; left out: every source apart).
         self.spread_units: set[str] = set()
+        self.spread_widths: dict[str, int] = {}
         # The members each assignment last routed with: routes change only with them or with
         # their unit's owner, so a pass recomputes only those.
         self._routed_with: dict[str, tuple[tuple[str, str, bool], ...]] = {}
@@ -194,12 +198,14 @@ class RoutingTable:
         topic_weights: Mapping[str, int] | None = None,
         subscription_weights: Mapping[str, int] | None = None,
         spread_only: AbstractSet[str] | None = None,
+        spread_widths: Mapping[str, int] | None = None,
     ) -> Pass:
         """Place every unit among the registered forwarders at time ``now``. ``topic_weights``:
         a topic's weight by uid (``core/load.py``; 1 if left out), shared by its sources;
         ``subscription_weights``: a subscription's, when the roles are split; ``spread_only``:
         with spread subscriptions, the uids of those to spread (``core/subscription_spread.py``
-        decides by load; None: every spreadable one)."""
+        decides by load; None: every spreadable one); ``spread_widths``: over how many
+        forwarders each is spread (left out: every source placed apart)."""
         self.forwarders = {f.forwarder_id: f for f in forwarders}
         topic_weights = topic_weights or {}
         if self.colocate:
@@ -219,6 +225,7 @@ class RoutingTable:
                     topic_weights,
                     subscription_weights or {},
                     spread_only,
+                    spread_widths or {},
                 )
             return self._update_colocated(
                 constraints, list(topics), subscriptions, now, topic_weights
@@ -333,12 +340,17 @@ class RoutingTable:
         topic_weights: Mapping[str, int],
         subscription_weights: Mapping[str, int],
         spread_only: AbstractSet[str] | None = None,
+        spread_widths: Mapping[str, int] | None = None,
     ) -> Pass:
         """Place each topic whole among the publishing forwarders (its unit ``p/{uid}/0``) and
         each subscription whole among the subscribing ones (``s/{uid}/0``); every other unit
-        of a topic or subscription follows its head. Spread, a spreadable subscription's
-        units (of those in ``spread_only``, when given) are each placed on their own (its
-        weight shared among them)."""
+        of a topic or subscription follows its head. Spread, a spreadable subscription (of
+        those in ``spread_only``, when given) of width ``k`` (``spread_widths``; every source
+        when left out) has ``k`` heads ``s/{uid}/i`` (i < k) placed on their own, source
+        ``j`` following head ``j mod k`` (its weight shared among the heads, each head kept
+        on a forwarder of its own while there are enough: ``Assignment`` groups)."""
+        spread_widths = spread_widths or {}
+        widths: dict[str, int] = {}
         pins = {
             publishing_unit(t.uid, 0): constraints.pinned_topics[t.name]
             for t in topics
@@ -351,6 +363,7 @@ class RoutingTable:
         subscription_heads: list[tuple[str, list[str]]] = []
         subscription_unit_weights: dict[str, int] = {}
         spread: set[str] = set()
+        apart: dict[str, str] = {}  # a spread subscription's heads, by its uid
         for sub in live:
             count = sources[sub.topic_uid]
             units = [subscribing_unit(sub.uid, i) for i in range(count)]
@@ -360,11 +373,16 @@ class RoutingTable:
                 and sub.spreadable
                 and (spread_only is None or sub.uid in spread_only)
             ):
-                subscription_heads.extend((unit, [unit]) for unit in units)
+                width = max(1, min(spread_widths.get(sub.uid, count), count))
+                if count:
+                    widths[sub.uid] = width
+                firsts = units[:width]
+                subscription_heads.extend((h, units[i::width]) for i, h in enumerate(firsts))
+                apart.update(dict.fromkeys(firsts, sub.uid))  # each head on its own forwarder
                 spread.update(units)
                 if weight is not None and count:
-                    for unit in units:
-                        subscription_unit_weights[unit] = -(-weight // count)
+                    for unit in firsts:
+                        subscription_unit_weights[unit] = -(-weight // width)
             else:
                 subscription_heads.append((units[0] if units else "", units))
                 if weight is not None:
@@ -377,6 +395,7 @@ class RoutingTable:
                 list[tuple[str, list[str]]],
                 dict[str, str],
                 dict[str, int],
+                dict[str, str],
             ]
         ] = [
             (
@@ -392,6 +411,7 @@ class RoutingTable:
                 ],
                 pins,
                 weights,
+                {},
             ),
             (
                 "split-subscribing",
@@ -400,13 +420,14 @@ class RoutingTable:
                 [(head, units) for head, units in subscription_heads if head],
                 {},
                 subscription_unit_weights,
+                apart,
             ),
         ]
         moves: list[Move] = []
         wanted: dict[str, tuple[str, ...]] = {}
-        for key, assignment, members, heads, kind_pins, kind_weights in placed:
+        for key, assignment, members, heads, kind_pins, kind_weights, groups in placed:
             kind_moves = assignment.update(
-                members, [h for h, _ in heads], now, kind_pins, kind_weights
+                members, [h for h, _ in heads], now, kind_pins, kind_weights, groups
             )
             moves.extend(kind_moves)
             with_members = tuple(sorted((m.member_id, m.zone, m.drained) for m in members))
@@ -421,16 +442,26 @@ class RoutingTable:
                     continue  # no forwarder of this kind to take it
                 for unit in units:
                     wanted[unit] = route
-        return Pass(tuple(moves), self._publish(wanted, spread))
+        return Pass(tuple(moves), self._publish(wanted, spread, widths))
 
     def _publish(
-        self, wanted: Mapping[str, tuple[str, ...]], spread: set[str] | None = None
+        self,
+        wanted: Mapping[str, tuple[str, ...]],
+        spread: set[str] | None = None,
+        widths: Mapping[str, int] | None = None,
     ) -> frozenset[str]:
-        """Make the shards hold exactly ``wanted`` (``spread``: the units of it placed on their
-        own as spread subscriptions' units); returns the shards that changed."""
+        """Make the shards hold exactly ``wanted`` (``spread``: the units of it that are
+        spread subscriptions', ``widths`` those subscriptions' widths); returns the shards
+        that changed."""
         spread = {u for u in spread or () if u in wanted}
         changed: set[str] = {bucket(u) for u in spread ^ self.spread_units}
+        widths = dict(widths or {})
+        for unit in spread & self.spread_units:
+            uid = unit.split("/")[1]
+            if widths.get(uid) != self.spread_widths.get(uid):
+                changed.add(bucket(unit))
         self.spread_units = spread
+        self.spread_widths = widths
         for shard, routes in list(self.shards.items()):
             for unit in [u for u in routes if u not in wanted]:
                 del routes[unit]
@@ -485,6 +516,12 @@ class RoutingTable:
         """Seed a unit's owner from the published assignment (see ``Assignment.restore``)."""
         kind = self.publishing if unit_kind(unit) == "publishing" else self.subscribing
         kind.restore(unit, owner, moved_at)
+
+    def spread_width(self, unit: str) -> int:
+        """The width of the spread subscription ``unit`` is of (0: not spread)."""
+        if unit not in self.spread_units:
+            return 0
+        return self.spread_widths.get(unit.split("/")[1], 0)
 
     def route(self, unit: str) -> tuple[str, ...]:
         """The unit's ordered list of forwarder IDs (empty: no forwarder can take it)."""

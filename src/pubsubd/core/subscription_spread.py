@@ -9,6 +9,15 @@ and leases over ``outstanding_per_forwarder``. A whole subscription over ``sprea
 one forwarder's worth for ``spread_after_s`` is spread; a spread one under ``gather_ratio`` of
 that threshold for ``gather_after_s`` (longer) is gathered back to one forwarder.
 
+The *width* of a spread subscription, how many subscribing forwarders it is placed over, is
+chosen by load the same way: wide enough that each forwarder's share stays at most the spread
+share (:func:`busy_width`, at least 2), at most the live subscribing forwarders and its
+topic's sources (``limits``). Wanting more for ``spread_after_s`` widens it; fitting in fewer
+with each share under the gather share (:func:`quiet_width`) for ``gather_after_s`` narrows it
+(to 1: gathered). A width between the two changes nothing. The routing table places a
+subscription of width ``k`` as ``k`` heads ``s/{uid}/i`` (i < k), source ``j`` following head
+``j mod k``; the router publishes the width (``Route.spread_width``).
+
 Hysteresis, so no subscription goes back and forth (Pulsar's unload ping-pong):
 
 * the load is the sum over the forwarders that serve the subscription, so spreading it does not
@@ -16,8 +25,8 @@ Hysteresis, so no subscription goes back and forth (Pulsar's unload ping-pong):
 * the two thresholds are apart (``gather_ratio`` < 1): a load between them changes nothing;
 * a change restarts both windows, so a spread follows the last change by ``spread_after_s`` at
   least and a gather by ``gather_after_s`` (≥ ``spread_after_s``) at least;
-* a router that takes over starts from the published assignment's spread subscriptions
-  (``Route.spread``), so a router restart gathers nothing.
+* a router that takes over starts from the published assignment's spread subscriptions and
+  their widths (``Route.spread``, ``Route.spread_width``), so a router restart changes nothing.
 
 The decision is made by the leading router (``router/main.py``), which reads the load reports
 and applies it in its next pass; the forwarders and frontends follow the published routes, with
@@ -27,6 +36,7 @@ takes it from the old one).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -40,6 +50,8 @@ __all__ = [
     "Changes",
     "SpreadSettings",
     "SubscriptionSpread",
+    "busy_width",
+    "quiet_width",
 ]
 
 # How a router spreads subscriptions (``pubsubd router --spread-subscriptions [--spread-all]``).
@@ -47,6 +59,8 @@ SPREAD_OFF = "off"  # every subscription whole
 SPREAD_BY_LOAD = "load"  # spreadable subscriptions spread while busy (this module)
 SPREAD_ALL = "all"  # every spreadable subscription spread, whatever its load
 SPREAD_MODES = (SPREAD_OFF, SPREAD_BY_LOAD, SPREAD_ALL)
+_NO_LIMIT = 1 << 16  # more forwarders than any width needs
+_EPSILON = 1e-9  # float noise at a threshold does not change a width
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,56 +106,100 @@ class Changes:
 
     spread: frozenset[str]
     gathered: frozenset[str]
+    resized: frozenset[str] = frozenset()  # spread ones whose width changed
+
+
+def busy_width(settings: SpreadSettings, used: float) -> int:
+    """The fewest forwarders over which each share of ``used`` (forwarders' worth) is at most
+    the spread share: under it a subscription is busy (1: not busy at all)."""
+    return max(1, math.ceil(used / settings.spread_share - _EPSILON))
+
+
+def quiet_width(settings: SpreadSettings, used: float) -> int:
+    """The fewest forwarders over which each share of ``used`` is under the gather share:
+    over it a subscription is quiet (1: quiet enough to be served whole). Never under
+    :func:`busy_width`, so no load both widens and narrows."""
+    return math.floor(used / settings.gather_share + _EPSILON) + 1
 
 
 class SubscriptionSpread:
-    """The spread subscriptions, and per subscription since when it has been busy (whole) or
-    quiet (spread)."""
+    """The spread subscriptions and the width of each (how many subscribing forwarders it is
+    placed over), and per subscription since when it has wanted to be wider (busy) or
+    narrower (quiet)."""
 
-    def __init__(self, settings: SpreadSettings, spread: Iterable[str] = ()) -> None:
+    def __init__(
+        self, settings: SpreadSettings, spread: Iterable[str] | Mapping[str, int] = ()
+    ) -> None:
         """``spread``: the subscriptions spread already (a router taking over: those of the
-        published assignment)."""
+        published assignment), with their widths when known (``Route.spread_width``; 0 or a
+        bare uid: unknown, taken as the most it may use at the first pass)."""
         self.settings = settings
-        self.spread: set[str] = set(spread)
+        known = spread if isinstance(spread, Mapping) else dict.fromkeys(spread, 0)
+        self.widths: dict[str, int] = {uid: max(0, int(w)) for uid, w in known.items()}
         self._busy_since: dict[str, float] = {}
         self._quiet_since: dict[str, float] = {}
 
-    def decide(self, candidates: Iterable[str], loads: Mapping[str, Load], now: float) -> Changes:
+    @property
+    def spread(self) -> set[str]:
+        """The uids of the spread subscriptions."""
+        return set(self.widths)
+
+    def decide(
+        self,
+        candidates: Iterable[str],
+        loads: Mapping[str, Load],
+        now: float,
+        limits: Mapping[str, int] | None = None,
+    ) -> Changes:
         """One pass at ``now``: ``candidates`` are the subscriptions that may be spread
         (others are forgotten, and gathered if spread); ``loads`` their summed loads (a
-        subscription left out is idle)."""
+        subscription left out is idle); ``limits`` the most forwarders each may be spread
+        over (the live subscribing forwarders, its topic's sources; left out: no limit). One
+        whose limit is under 2 is not spread; one spread already keeps its width when its
+        limit falls (its sources share forwarders) and never widens past it."""
         settings = self.settings
         wanted = set(candidates)
-        gathered = {uid for uid in self.spread if uid not in wanted}
-        self.spread -= gathered
+        gathered = {uid for uid in self.widths if uid not in wanted}
+        for uid in gathered:
+            del self.widths[uid]
         for timers in (self._busy_since, self._quiet_since):
             for uid in [u for u in timers if u not in wanted]:
                 del timers[uid]
         spread: set[str] = set()
+        resized: set[str] = set()
         idle = Load()
         for uid in wanted:
             used = settings.utilization(loads.get(uid, idle))
-            if uid not in self.spread:
+            limit = _NO_LIMIT if limits is None else limits.get(uid, _NO_LIMIT)
+            width = self.widths.get(uid, 1)
+            if width == 0:  # spread by a router that published no width: the most it may use
+                width = max(2, limit)
+                if limit < _NO_LIMIT:
+                    self.widths[uid] = width
+            busy, quiet = busy_width(settings, used), quiet_width(settings, used)
+            wider = min(busy, limit)
+            if wider > width:
                 self._quiet_since.pop(uid, None)
-                if used <= settings.spread_share:
-                    self._busy_since.pop(uid, None)
-                    continue
                 since = self._busy_since.setdefault(uid, now)
                 if now - since >= settings.spread_after_s:
                     del self._busy_since[uid]
-                    self.spread.add(uid)
-                    spread.add(uid)
+                    self.widths[uid] = wider
+                    (resized if width > 1 else spread).add(uid)
                 continue
             self._busy_since.pop(uid, None)
-            if used >= settings.gather_share:
+            if quiet >= width:
                 self._quiet_since.pop(uid, None)
                 continue
             since = self._quiet_since.setdefault(uid, now)
             if now - since >= settings.gather_after_s:
                 del self._quiet_since[uid]
-                self.spread.discard(uid)
-                gathered.add(uid)
-        return Changes(frozenset(spread), frozenset(gathered))
+                if quiet <= 1:
+                    del self.widths[uid]
+                    gathered.add(uid)
+                else:
+                    self.widths[uid] = quiet
+                    resized.add(uid)
+        return Changes(frozenset(spread), frozenset(gathered), frozenset(resized))
 
     def timers(self) -> set[str]:
         """Subscriptions with a window running."""

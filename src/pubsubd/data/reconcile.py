@@ -7,9 +7,10 @@ forwarder to what the records say. At start-up each replays the whole store. Whe
 is this forwarder's is the router's decision (``owns``, by the record's storage uid).
 
 - :class:`PublishingReconciler`: a topic's storage settings (sources, ordering-key sources,
-  damage policy, from its labels); the pins of snapshots and named cursors; the storage of a
-  topic dropped once the topic is deleted and no subscription reads it any more; a deleted or
-  detached subscription's ack journal dropped.
+  damage policy, from its labels), its and its subscriptions' backlog quotas (block_publishers
+  ones evaluated at the owner in a cluster, ``data/publish/owner_quotas.py``); the pins of
+  snapshots and named cursors; the storage of a topic dropped once the topic is deleted and no
+  subscription reads it any more; a deleted or detached subscription's ack journal dropped.
 - :class:`SubscribingReconciler`: subscriptions served (opened from their sync point,
   reconfigured, closed when deleted or detached), their topics' backlog quotas.
 """
@@ -116,8 +117,10 @@ class PublishingReconciler:
         uid = record.uid
         if deleted:
             self._live.discard(uid)
+            self.forwarder.set_topic_quota(uid, None)
             return self._drop_if_unread(uid)
         self._live.add(uid)
+        self.forwarder.set_topic_quota(uid, _topic_quota(record))
         counts, policy = _storage_settings(record)
         try:
             added = self.forwarder.configure_topic(
@@ -131,8 +134,18 @@ class PublishingReconciler:
         return None
 
     def _subscription(self, record: SubscriptionRecord, deleted: bool) -> Awaitable[None] | None:
-        detached = not deleted and pb.Subscription.FromString(record.body).detached
+        body = None if deleted else pb.Subscription.FromString(record.body)
+        detached = body is not None and body.detached
         readers = self._readers.setdefault(record.topic_uid, set())
+        if body is None or detached:
+            self.forwarder.set_subscription_quota(
+                record.topic_uid, record.uid, record.name, gone=True
+            )
+        else:
+            own, has_own = _own_quota(body)
+            self.forwarder.set_subscription_quota(
+                record.topic_uid, record.uid, record.name, own, has_own
+            )
         if deleted or detached:
             was_reading = record.uid in readers
             readers.discard(record.uid)
@@ -240,3 +253,13 @@ def _topic_quota(record: TopicRecord) -> quotas.BacklogQuota | None:
         return quotas.parse(pb.Topic.FromString(record.body).labels)
     except InvalidArgument:
         return None
+
+
+def _own_quota(subscription: Any) -> tuple[quotas.BacklogQuota | None, bool]:
+    """A subscription's own backlog quota, from its labels, and whether it has one (labels
+    that do not parse, stored before labels were checked, count as one: None, nothing)."""
+    try:
+        quota = quotas.parse(subscription.labels)
+    except InvalidArgument:
+        return None, True
+    return quota, quota is not None

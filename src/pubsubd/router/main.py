@@ -37,7 +37,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,7 +85,7 @@ PASS_SECONDS = Gauge("pubsubd_router_pass_seconds", "Wall time of the last routi
 SPREAD = Gauge("pubsubd_router_spread_subscriptions", "Subscriptions spread by source (last pass)")
 SPREAD_CHANGES = Counter(
     "pubsubd_router_spread_changes",
-    "Subscriptions spread over several forwarders or gathered back to one, by load",
+    "Subscriptions spread over several forwarders, resized or gathered back to one, by load",
     ["change"],
 )
 
@@ -244,12 +244,12 @@ class Router:
         turn = self._turn
         self.table = self._new_table()
         clocks = time.monotonic() - time.time()  # a Unix time + this: the monotonic one
-        spread: set[str] = set()
+        spread: dict[str, int] = {}
         for unit, (forwarders, moved_at) in (await self.store.assignment(spread)).items():
             if forwarders:
                 moved = None if moved_at is None else moved_at + clocks
                 self.table.restore(unit, forwarders[0], moved)
-        if self.spreading is not None:  # what its predecessor spread stays spread
+        if self.spreading is not None:  # what its predecessor spread stays spread, as wide
             self.spreading = SubscriptionSpread(self.config.spread, spread)
         self._seeded_turn = turn
 
@@ -282,17 +282,22 @@ class Router:
         subscription_weights = {
             uid: w for uid, load in subscription_loads.items() if (w := weight(load)) > 1
         }
-        spread_only = self._spread(subscription_totals(reports))
+        topics = self.names.routed_topics()
+        serving = sum(1 for f in forwarders if f.subscribing and not constraints.drains(f))
+        spread_only, spread_widths = self._spread(
+            subscription_totals(reports), {t.uid: t.sources for t in topics}, serving
+        )
         check()
         done = self.table.update(
             forwarders,
             constraints,
-            self.names.routed_topics(),
+            topics,
             self.names.subscriptions.values(),
             time.monotonic(),
             weights,
             subscription_weights,
             spread_only,
+            spread_widths,
         )
         self.generation += 1
         clocks = time.time() - time.monotonic()  # a monotonic time + this: the Unix one
@@ -309,6 +314,7 @@ class Router:
             check,
             moved_at,
             self.table.spread_units.__contains__,
+            self.table.spread_width,
         )
         for move in done.moves:
             if move.source is not None:
@@ -361,24 +367,34 @@ class Router:
         if moved or written:
             log.info("router: pass %d: %s", self.generation, self.last_pass)
 
-    def _spread(self, totals: dict[str, Load]) -> set[str] | None:
-        """Spreading by load: the subscriptions to spread this pass (None: every spreadable
-        one, or none, as configured)."""
+    def _spread(
+        self, totals: dict[str, Load], sources: Mapping[str, int], serving: int
+    ) -> tuple[set[str] | None, dict[str, int] | None]:
+        """Spreading by load: the subscriptions to spread this pass and over how many
+        forwarders each (None: every spreadable one, each source apart, or none, as
+        configured). A width is at most the ``serving`` subscribing forwarders (registered,
+        not drained) and the topic's ``sources``."""
         if self.spreading is None:
-            return None
-        candidates = [s.uid for s in self.names.subscriptions.values() if s.spreadable]
-        changes = self.spreading.decide(candidates, totals, time.monotonic())
-        for change, uids in (("spread", changes.spread), ("gathered", changes.gathered)):
+            return None, None
+        subscriptions = [s for s in self.names.subscriptions.values() if s.spreadable]
+        limits = {s.uid: min(serving, sources.get(s.topic_uid, 1)) for s in subscriptions}
+        changes = self.spreading.decide(limits, totals, time.monotonic(), limits)
+        for change, uids in (
+            ("spread", changes.spread),
+            ("gathered", changes.gathered),
+            ("resized", changes.resized),
+        ):
             SPREAD_CHANGES.labels(change).inc(len(uids))
             for uid in sorted(uids):
                 used = self.config.spread.utilization(totals.get(uid, Load()))
                 log.info(
-                    "router: subscription %s %s (%.2f of a forwarder's capacity)",
+                    "router: subscription %s %s, width %d (%.2f of a forwarder's capacity)",
                     uid,
                     change,
+                    self.spreading.widths.get(uid, 1),
                     used,
                 )
-        return set(self.spreading.spread)
+        return self.spreading.spread, dict(self.spreading.widths)
 
     def status(self) -> dict[str, Any]:
         return {
@@ -395,6 +411,10 @@ class Router:
             "hysteresis_s": self.config.hysteresis_s,
             "spread_subscriptions": self.config.spread_subscriptions,
             "spread": sorted({u.split("/")[1] for u in self.table.spread_units}),
+            # The width of each spread subscription (how many forwarders it is placed over).
+            "spread_widths": {
+                u.split("/")[1]: self.table.spread_width(u) for u in self.table.spread_units
+            },
             "load_half_life_s": self.config.load_half_life_s,
             "subscription_backlogs": backlog_listing(self.backlogs.values()),
         }

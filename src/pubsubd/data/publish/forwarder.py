@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pubsubd.acks.cursor import Cursor
 from pubsubd.acks.journal import AckJournal
 from pubsubd.acks.replicated import JournalLedgers, cursor_source
 from pubsubd.core import pb
@@ -35,9 +36,11 @@ from pubsubd.core.errors import (
     SubscriptionNotFound,
     Unavailable,
 )
+from pubsubd.core.quotas import BacklogQuota
 from pubsubd.core.records import CursorState, SourceRange
 from pubsubd.data.publish.dedup import Deduplicator
 from pubsubd.data.publish.delays import DelayTracker, DueListener
+from pubsubd.data.publish.owner_quotas import OwnerQuotas
 from pubsubd.data.publish.source import TopicSources
 from pubsubd.observability import background
 from pubsubd.storage import disk_space
@@ -76,7 +79,11 @@ class PublishingForwarder:
         clock: Clock = SYSTEM_CLOCK,
         remote_logs: RemoteLogs | None = None,
         admits: Callable[[str], bool] | None = None,
+        owner_quotas: bool = False,
     ) -> None:
+        """``owner_quotas``: evaluate the block_publishers backlog quotas of the topics owned
+        here, over every subscription's journal (a cluster of forwarders:
+        ``data/publish/owner_quotas.py``); without it the dispatchers do (``pubsubd serve``)."""
         self.data_dir = data_dir
         # In a cluster of forwarders: the topics (by uid) this one owns now. Opening another
         # one would take its sources over from their owner: refused (NotServedHere).
@@ -119,6 +126,11 @@ class PublishingForwarder:
         self._publish_blocks: dict[str, dict[str, tuple[str, int]]] = {}
         # PublishDeduplicated's windows, per topic (data/publish/dedup.py)
         self.dedup = Deduplicator(self, dedup_window_s, clock)
+        self.owner_quotas = (
+            OwnerQuotas(self, self._journal_cursors, self.set_publish_block, clock.time_us)
+            if owner_quotas
+            else None
+        )
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -277,6 +289,8 @@ class PublishingForwarder:
         self.published.pop(topic_uid, None)
         self.dedup.windows.pop(topic_uid, None)
         self._publish_blocks.pop(topic_uid, None)
+        if self.owner_quotas is not None:
+            self.owner_quotas.forget(topic_uid)
         tracker = self.delays.pop(topic_uid, None)
         if tracker is not None:
             # On a full disk the next owner indexes the log again from the recorded progress.
@@ -299,6 +313,8 @@ class PublishingForwarder:
         """Open (or recover) the ack journal of a subscription, starting at its sync point;
         returns its ack state."""
         journal = self._attach(topic_uid, sub_uid, start_offsets)
+        if self.owner_quotas is not None:
+            self.owner_quotas.evaluate(topic_uid, sub_uid)
         return {s: c.snapshot() for s, c in journal.cursors.items()}
 
     def _attach(self, topic_uid: str, sub_uid: str, start_offsets: Mapping[int, int]) -> AckJournal:
@@ -329,6 +345,8 @@ class PublishingForwarder:
         if sources is None:
             return
         journal = sources.journals.pop(sub_uid, None)
+        if self.owner_quotas is not None:
+            self.owner_quotas.evaluate(topic_uid, sub_uid)  # it blocks nothing any more
         if journal is not None:
             self._dirty_journals.discard(journal)
             await journal.close()
@@ -392,6 +410,8 @@ class PublishingForwarder:
             counts = self.published[topic_uid] = [0, 0]
         counts[0] += count
         counts[1] += len(payload)
+        if self.owner_quotas is not None:  # before the publish is answered
+            self.owner_quotas.evaluate(topic_uid)
         return source, base
 
     async def publish_deduplicated(
@@ -525,6 +545,8 @@ class PublishingForwarder:
         if new:
             journal.record(source, new)
             self._dirty_journals.add(journal)
+            if self.owner_quotas is not None:
+                self.owner_quotas.evaluate(topic_uid, sub_uid)
 
     def reset_cursors(
         self, topic_uid: str, sub_uid: str, states: Mapping[int, CursorState]
@@ -533,6 +555,39 @@ class PublishingForwarder:
         for source, state in states.items():
             journal.reset(source, state)
         self._dirty_journals.add(journal)
+        if self.owner_quotas is not None:
+            self.owner_quotas.evaluate(topic_uid, sub_uid)
+
+    def _journal_cursors(self, topic_uid: str) -> dict[str, Mapping[int, Cursor]]:
+        """Every attached subscription's cursors of the topic, by subscription uid."""
+        sources = self.topics.get(topic_uid)
+        if sources is None:
+            return {}
+        return {uid: journal.cursors for uid, journal in sources.journals.items()}
+
+    def set_topic_quota(self, topic_uid: str, quota: BacklogQuota | None) -> None:
+        """The topic's backlog quota, evaluated here with ``owner_quotas`` (else ignored)."""
+        if self.owner_quotas is not None:
+            self.owner_quotas.set_topic_quota(topic_uid, quota)
+
+    def set_subscription_quota(
+        self,
+        topic_uid: str,
+        sub_uid: str,
+        name: str,
+        own: BacklogQuota | None = None,
+        has_own: bool = False,
+        gone: bool = False,
+    ) -> None:
+        """A subscription of a topic owned here: its name and its own backlog quota, when it
+        has one (``has_own``; ``own`` None then: labels that do not parse); ``gone``: deleted
+        or detached."""
+        if self.owner_quotas is None:
+            return
+        if gone:
+            self.owner_quotas.forget_subscription(topic_uid, sub_uid)
+        else:
+            self.owner_quotas.set_subscription(topic_uid, sub_uid, name, own, has_own)
 
     def cursor_states(self, topic_uid: str, sub_uid: str) -> dict[int, CursorState]:
         journal = self._journal(topic_uid, sub_uid)

@@ -15,7 +15,6 @@ preads), so no two deliveries interleave and no lock is needed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -34,6 +33,7 @@ from pubsubd.core.errors import (
 from pubsubd.core.queue_settings import QueueSettings
 from pubsubd.core.records import CursorState, DamagedRange
 from pubsubd.core.roles import PublishingForwarderApi
+from pubsubd.data.backlog_count import unacked_backlog
 from pubsubd.data.subscribe.budget import DeliveryBudget
 from pubsubd.data.subscribe.consumers import Consumer, PullWaiter, StreamConsumer
 from pubsubd.data.subscribe.dead_letter import dead_letter_request
@@ -70,6 +70,7 @@ class SubscriptionDispatcher:
         "_tasks",
         "_timer",
         "_timer_at",
+        "blocks_at_owner",
         "clock",
         "planner",
         "publishing",
@@ -93,8 +94,12 @@ class SubscriptionDispatcher:
         topic_quota: quotas.BacklogQuota | None = None,
         budget: DeliveryBudget | None = None,
         served_sources: frozenset[int] | None = None,
+        blocks_at_owner: bool = False,
     ) -> None:
         self.uid = uid
+        # A cluster: block_publishers quotas are the topic's owner's (over every source,
+        # data/publish/owner_quotas.py); this dispatcher sends no block.
+        self.blocks_at_owner = blocks_at_owner
         self.topic_uid = topic_uid
         self.publishing = publishing
         self.reader = reader
@@ -220,6 +225,8 @@ class SubscriptionDispatcher:
     def _update_block(self) -> None:
         """A block_publishers quota: tell the publishing forwarder, as a value, whether (and
         from when, for the age limit) this subscription's backlog blocks publishers."""
+        if self.blocks_at_owner:
+            return
         quota = self.quota
         reason: str | None = None
         from_us = 0
@@ -482,34 +489,14 @@ class SubscriptionDispatcher:
         ``served_only``: of the sources served here (what is reported: of a spread
         subscription, this forwarder's share); quotas count every source as known here.
 
-        Bytes come from the log's index: the unacked range's stored bytes minus those of the
-        acked ranges above the mark-delete position (a stored batch's bytes are shared evenly
-        by its messages); past ``MAX_EXACT_ACKED_RANGES`` ranges, the rest is prorated."""
-        messages = 0
-        size = 0.0
-        oldest_us = now_us
-        publishing, topic = self.publishing, self.topic_uid
-        for source, span in enumerate(publishing.ranges(topic)):
-            cursor = self.planner.cursors.get(source)
-            if cursor is None or not self._counted(source, served_only):
-                continue
-            unacked = cursor.unacked_count(span.end_offset)
-            messages += unacked
-            if unacked:
-                start, end = cursor.mark_delete, span.end_offset
-                total = publishing.stored_bytes(topic, source, start, end)
-                ranges = cursor.acked_ranges()
-                if len(ranges) > MAX_EXACT_ACKED_RANGES:  # many gaps: share the bytes evenly
-                    total = total * unacked / (end - start)
-                else:
-                    for first, stop in ranges:
-                        total -= publishing.stored_bytes(topic, source, first, stop)
-                size += max(total, 0.0)
-            first = cursor.next_unacked(cursor.mark_delete)
-            if first < span.committed_offset:
-                with contextlib.suppress(OffsetOutOfRange, DamagedEntries):
-                    oldest_us = min(oldest_us, publishing.publish_time_us(topic, source, first))
-        return quotas.Backlog(messages, int(size), max(0.0, (now_us - oldest_us) / 1e6))
+        Counted by ``data/backlog_count.py`` (bytes from the log's index)."""
+        return unacked_backlog(
+            self.publishing,
+            self.topic_uid,
+            self.planner.cursors,
+            now_us,
+            lambda source: self._counted(source, served_only),
+        )
 
     def backlog_share(self, now_us: int) -> BacklogShare | None:
         """This forwarder's share of the subscription's backlog, for its load report
@@ -579,9 +566,6 @@ class SubscriptionDispatcher:
             self.planner.budget.leave(self.planner)
         for consumer, ended in self.planner.effects().ended:
             _end(consumer, ended)
-
-
-MAX_EXACT_ACKED_RANGES = 256
 
 
 def _end(consumer: Consumer, error: PubsubError) -> None:

@@ -134,7 +134,11 @@ class SubscribingForwarder:
         clock: Clock = SYSTEM_CLOCK,
         dead_letter_publish: DeadLetterPublish = _no_dead_letters,
         budget: DeliveryBudget | None = None,
+        block_quotas_at_owner: bool = False,
     ) -> None:
+        # A cluster of forwarders: block_publishers backlog quotas are evaluated at the
+        # topic's owner, over every source (data/publish/owner_quotas.py), not here.
+        self.block_quotas_at_owner = block_quotas_at_owner
         # Outstanding deliveries of every subscription served here (data/subscribe/budget.py).
         self.budget = budget or DeliveryBudget()
         # topic uid -> the publishing forwarder holding its sources (the router's choice)
@@ -181,6 +185,7 @@ class SubscribingForwarder:
             dead_letter_publish=self.dead_letter_publish,
             topic_quota=topic_quota,
             budget=self.budget,
+            blocks_at_owner=self.block_quotas_at_owner,
             served_sources=self.served_sources.get(uid),
         )
         self.dispatchers[name] = dispatcher

@@ -15,7 +15,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!pubsubd/internal/v1/routing.proto\x12\x13pubsubd.internal.v1\"Q\n\x04Load\x12\x16\n\x0emessages_per_s\x18\x01 \x01(\x01\x12\x13\n\x0b\x62ytes_per_s\x18\x02 \x01(\x01\x12\x1c\n\x14outstanding_messages\x18\x03 \x01(\x03\"\xc1\x01\n\rForwarderInfo\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x14\n\x0c\x66orwarder_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0c\n\x04zone\x18\x04 \x01(\t\x12\x0f\n\x07version\x18\x05 \x01(\t\x12\x12\n\npublishing\x18\x06 \x01(\x08\x12\x13\n\x0bsubscribing\x18\x07 \x01(\x08\x12\'\n\x04load\x18\x08 \x01(\x0b\x32\x19.pubsubd.internal.v1.Load\"\xe8\x01\n\x12RoutingConstraints\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x1a\n\x12\x64rained_forwarders\x18\x02 \x03(\t\x12\x15\n\rdrained_zones\x18\x03 \x03(\t\x12P\n\rpinned_topics\x18\x04 \x03(\x0b\x32\x39.pubsubd.internal.v1.RoutingConstraints.PinnedTopicsEntry\x1a\x33\n\x11PinnedTopicsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"R\n\x05Route\x12\x0c\n\x04unit\x18\x01 \x01(\t\x12\x12\n\nforwarders\x18\x02 \x03(\t\x12\x17\n\x0fmoved_at_unix_s\x18\x03 \x01(\x01\x12\x0e\n\x06spread\x18\x04 \x01(\x08\"~\n\x0f\x41ssignmentShard\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x11\n\trouter_id\x18\x03 \x01(\t\x12*\n\x06routes\x18\x04 \x03(\x0b\x32\x1a.pubsubd.internal.v1.Route\"\xa2\x04\n\nLoadReport\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x14\n\x0c\x66orwarder_id\x18\x02 \x01(\t\x12\x11\n\tat_unix_s\x18\x03 \x01(\x01\x12;\n\x06topics\x18\x04 \x03(\x0b\x32+.pubsubd.internal.v1.LoadReport.TopicsEntry\x12I\n\rsubscriptions\x18\x05 \x03(\x0b\x32\x32.pubsubd.internal.v1.LoadReport.SubscriptionsEntry\x12?\n\x08\x62\x61\x63klogs\x18\x06 \x03(\x0b\x32-.pubsubd.internal.v1.LoadReport.BacklogsEntry\x12\x19\n\x11\x62\x61\x63klogs_left_out\x18\x07 \x01(\r\x1aH\n\x0bTopicsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.pubsubd.internal.v1.Load:\x02\x38\x01\x1aO\n\x12SubscriptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.pubsubd.internal.v1.Load:\x02\x38\x01\x1aR\n\rBacklogsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x30\n\x05value\x18\x02 \x01(\x0b\x32!.pubsubd.internal.v1.BacklogShare:\x02\x38\x01\"\x9b\x01\n\x0c\x42\x61\x63klogShare\x12\x14\n\x0csubscription\x18\x01 \x01(\t\x12\x0f\n\x07sources\x18\x02 \x03(\r\x12\x15\n\rtopic_sources\x18\x03 \x01(\r\x12\x10\n\x08messages\x18\x04 \x01(\x04\x12\r\n\x05\x62ytes\x18\x05 \x01(\x04\x12\x1c\n\x14oldest_unacked_age_s\x18\x06 \x01(\x01\x12\x0e\n\x06spread\x18\x07 \x01(\x08\"\xd4\x06\n\x0eRoutingSummary\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x11\n\trouter_id\x18\x03 \x01(\t\x12\x11\n\tat_unix_s\x18\x04 \x01(\x01\x12\x18\n\x10publishing_units\x18\x05 \x01(\r\x12\x19\n\x11subscribing_units\x18\x06 \x01(\r\x12\x1b\n\x13publishing_capacity\x18\x07 \x01(\r\x12\x1c\n\x14subscribing_capacity\x18\x08 \x01(\r\x12R\n\x10publishing_loads\x18\t \x03(\x0b\x32\x38.pubsubd.internal.v1.RoutingSummary.PublishingLoadsEntry\x12T\n\x11subscribing_loads\x18\n \x03(\x0b\x32\x39.pubsubd.internal.v1.RoutingSummary.SubscribingLoadsEntry\x12\r\n\x05moves\x18\x0b \x01(\r\x12\x13\n\x0btotal_moves\x18\x0c \x01(\x04\x12V\n\x12publishing_weights\x18\r \x03(\x0b\x32:.pubsubd.internal.v1.RoutingSummary.PublishingWeightsEntry\x12X\n\x13subscribing_weights\x18\x0e \x03(\x0b\x32;.pubsubd.internal.v1.RoutingSummary.SubscribingWeightsEntry\x12\x18\n\x10load_half_life_s\x18\x0f \x01(\x01\x1a\x36\n\x14PublishingLoadsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a\x37\n\x15SubscribingLoadsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a\x38\n\x16PublishingWeightsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a\x39\n\x17SubscribingWeightsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!pubsubd/internal/v1/routing.proto\x12\x13pubsubd.internal.v1\"Q\n\x04Load\x12\x16\n\x0emessages_per_s\x18\x01 \x01(\x01\x12\x13\n\x0b\x62ytes_per_s\x18\x02 \x01(\x01\x12\x1c\n\x14outstanding_messages\x18\x03 \x01(\x03\"\xc1\x01\n\rForwarderInfo\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x14\n\x0c\x66orwarder_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0c\n\x04zone\x18\x04 \x01(\t\x12\x0f\n\x07version\x18\x05 \x01(\t\x12\x12\n\npublishing\x18\x06 \x01(\x08\x12\x13\n\x0bsubscribing\x18\x07 \x01(\x08\x12\'\n\x04load\x18\x08 \x01(\x0b\x32\x19.pubsubd.internal.v1.Load\"\xe8\x01\n\x12RoutingConstraints\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x1a\n\x12\x64rained_forwarders\x18\x02 \x03(\t\x12\x15\n\rdrained_zones\x18\x03 \x03(\t\x12P\n\rpinned_topics\x18\x04 \x03(\x0b\x32\x39.pubsubd.internal.v1.RoutingConstraints.PinnedTopicsEntry\x1a\x33\n\x11PinnedTopicsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"h\n\x05Route\x12\x0c\n\x04unit\x18\x01 \x01(\t\x12\x12\n\nforwarders\x18\x02 \x03(\t\x12\x17\n\x0fmoved_at_unix_s\x18\x03 \x01(\x01\x12\x0e\n\x06spread\x18\x04 \x01(\x08\x12\x14\n\x0cspread_width\x18\x05 \x01(\r\"~\n\x0f\x41ssignmentShard\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x11\n\trouter_id\x18\x03 \x01(\t\x12*\n\x06routes\x18\x04 \x03(\x0b\x32\x1a.pubsubd.internal.v1.Route\"\xa2\x04\n\nLoadReport\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x14\n\x0c\x66orwarder_id\x18\x02 \x01(\t\x12\x11\n\tat_unix_s\x18\x03 \x01(\x01\x12;\n\x06topics\x18\x04 \x03(\x0b\x32+.pubsubd.internal.v1.LoadReport.TopicsEntry\x12I\n\rsubscriptions\x18\x05 \x03(\x0b\x32\x32.pubsubd.internal.v1.LoadReport.SubscriptionsEntry\x12?\n\x08\x62\x61\x63klogs\x18\x06 \x03(\x0b\x32-.pubsubd.internal.v1.LoadReport.BacklogsEntry\x12\x19\n\x11\x62\x61\x63klogs_left_out\x18\x07 \x01(\r\x1aH\n\x0bTopicsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.pubsubd.internal.v1.Load:\x02\x38\x01\x1aO\n\x12SubscriptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.pubsubd.internal.v1.Load:\x02\x38\x01\x1aR\n\rBacklogsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x30\n\x05value\x18\x02 \x01(\x0b\x32!.pubsubd.internal.v1.BacklogShare:\x02\x38\x01\"\x9b\x01\n\x0c\x42\x61\x63klogShare\x12\x14\n\x0csubscription\x18\x01 \x01(\t\x12\x0f\n\x07sources\x18\x02 \x03(\r\x12\x15\n\rtopic_sources\x18\x03 \x01(\r\x12\x10\n\x08messages\x18\x04 \x01(\x04\x12\r\n\x05\x62ytes\x18\x05 \x01(\x04\x12\x1c\n\x14oldest_unacked_age_s\x18\x06 \x01(\x01\x12\x0e\n\x06spread\x18\x07 \x01(\x08\"\xd4\x06\n\x0eRoutingSummary\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x11\n\trouter_id\x18\x03 \x01(\t\x12\x11\n\tat_unix_s\x18\x04 \x01(\x01\x12\x18\n\x10publishing_units\x18\x05 \x01(\r\x12\x19\n\x11subscribing_units\x18\x06 \x01(\r\x12\x1b\n\x13publishing_capacity\x18\x07 \x01(\r\x12\x1c\n\x14subscribing_capacity\x18\x08 \x01(\r\x12R\n\x10publishing_loads\x18\t \x03(\x0b\x32\x38.pubsubd.internal.v1.RoutingSummary.PublishingLoadsEntry\x12T\n\x11subscribing_loads\x18\n \x03(\x0b\x32\x39.pubsubd.internal.v1.RoutingSummary.SubscribingLoadsEntry\x12\r\n\x05moves\x18\x0b \x01(\r\x12\x13\n\x0btotal_moves\x18\x0c \x01(\x04\x12V\n\x12publishing_weights\x18\r \x03(\x0b\x32:.pubsubd.internal.v1.RoutingSummary.PublishingWeightsEntry\x12X\n\x13subscribing_weights\x18\x0e \x03(\x0b\x32;.pubsubd.internal.v1.RoutingSummary.SubscribingWeightsEntry\x12\x18\n\x10load_half_life_s\x18\x0f \x01(\x01\x1a\x36\n\x14PublishingLoadsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a\x37\n\x15SubscribingLoadsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a\x38\n\x16PublishingWeightsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a\x39\n\x17SubscribingWeightsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,27 +47,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROUTINGCONSTRAINTS_PINNEDTOPICSENTRY']._serialized_start=519
   _globals['_ROUTINGCONSTRAINTS_PINNEDTOPICSENTRY']._serialized_end=570
   _globals['_ROUTE']._serialized_start=572
-  _globals['_ROUTE']._serialized_end=654
-  _globals['_ASSIGNMENTSHARD']._serialized_start=656
-  _globals['_ASSIGNMENTSHARD']._serialized_end=782
-  _globals['_LOADREPORT']._serialized_start=785
-  _globals['_LOADREPORT']._serialized_end=1331
-  _globals['_LOADREPORT_TOPICSENTRY']._serialized_start=1094
-  _globals['_LOADREPORT_TOPICSENTRY']._serialized_end=1166
-  _globals['_LOADREPORT_SUBSCRIPTIONSENTRY']._serialized_start=1168
-  _globals['_LOADREPORT_SUBSCRIPTIONSENTRY']._serialized_end=1247
-  _globals['_LOADREPORT_BACKLOGSENTRY']._serialized_start=1249
-  _globals['_LOADREPORT_BACKLOGSENTRY']._serialized_end=1331
-  _globals['_BACKLOGSHARE']._serialized_start=1334
-  _globals['_BACKLOGSHARE']._serialized_end=1489
-  _globals['_ROUTINGSUMMARY']._serialized_start=1492
-  _globals['_ROUTINGSUMMARY']._serialized_end=2344
-  _globals['_ROUTINGSUMMARY_PUBLISHINGLOADSENTRY']._serialized_start=2116
-  _globals['_ROUTINGSUMMARY_PUBLISHINGLOADSENTRY']._serialized_end=2170
-  _globals['_ROUTINGSUMMARY_SUBSCRIBINGLOADSENTRY']._serialized_start=2172
-  _globals['_ROUTINGSUMMARY_SUBSCRIBINGLOADSENTRY']._serialized_end=2227
-  _globals['_ROUTINGSUMMARY_PUBLISHINGWEIGHTSENTRY']._serialized_start=2229
-  _globals['_ROUTINGSUMMARY_PUBLISHINGWEIGHTSENTRY']._serialized_end=2285
-  _globals['_ROUTINGSUMMARY_SUBSCRIBINGWEIGHTSENTRY']._serialized_start=2287
-  _globals['_ROUTINGSUMMARY_SUBSCRIBINGWEIGHTSENTRY']._serialized_end=2344
+  _globals['_ROUTE']._serialized_end=676
+  _globals['_ASSIGNMENTSHARD']._serialized_start=678
+  _globals['_ASSIGNMENTSHARD']._serialized_end=804
+  _globals['_LOADREPORT']._serialized_start=807
+  _globals['_LOADREPORT']._serialized_end=1353
+  _globals['_LOADREPORT_TOPICSENTRY']._serialized_start=1116
+  _globals['_LOADREPORT_TOPICSENTRY']._serialized_end=1188
+  _globals['_LOADREPORT_SUBSCRIPTIONSENTRY']._serialized_start=1190
+  _globals['_LOADREPORT_SUBSCRIPTIONSENTRY']._serialized_end=1269
+  _globals['_LOADREPORT_BACKLOGSENTRY']._serialized_start=1271
+  _globals['_LOADREPORT_BACKLOGSENTRY']._serialized_end=1353
+  _globals['_BACKLOGSHARE']._serialized_start=1356
+  _globals['_BACKLOGSHARE']._serialized_end=1511
+  _globals['_ROUTINGSUMMARY']._serialized_start=1514
+  _globals['_ROUTINGSUMMARY']._serialized_end=2366
+  _globals['_ROUTINGSUMMARY_PUBLISHINGLOADSENTRY']._serialized_start=2138
+  _globals['_ROUTINGSUMMARY_PUBLISHINGLOADSENTRY']._serialized_end=2192
+  _globals['_ROUTINGSUMMARY_SUBSCRIBINGLOADSENTRY']._serialized_start=2194
+  _globals['_ROUTINGSUMMARY_SUBSCRIBINGLOADSENTRY']._serialized_end=2249
+  _globals['_ROUTINGSUMMARY_PUBLISHINGWEIGHTSENTRY']._serialized_start=2251
+  _globals['_ROUTINGSUMMARY_PUBLISHINGWEIGHTSENTRY']._serialized_end=2307
+  _globals['_ROUTINGSUMMARY_SUBSCRIBINGWEIGHTSENTRY']._serialized_start=2309
+  _globals['_ROUTINGSUMMARY_SUBSCRIBINGWEIGHTSENTRY']._serialized_end=2366
 # @@protoc_insertion_point(module_scope)

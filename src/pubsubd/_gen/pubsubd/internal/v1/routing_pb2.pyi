@@ -56,16 +56,18 @@ class RoutingConstraints(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., drained_forwarders: _Optional[_Iterable[str]] = ..., drained_zones: _Optional[_Iterable[str]] = ..., pinned_topics: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Route(_message.Message):
-    __slots__ = ("unit", "forwarders", "moved_at_unix_s", "spread")
+    __slots__ = ("unit", "forwarders", "moved_at_unix_s", "spread", "spread_width")
     UNIT_FIELD_NUMBER: _ClassVar[int]
     FORWARDERS_FIELD_NUMBER: _ClassVar[int]
     MOVED_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     SPREAD_FIELD_NUMBER: _ClassVar[int]
+    SPREAD_WIDTH_FIELD_NUMBER: _ClassVar[int]
     unit: str
     forwarders: _containers.RepeatedScalarFieldContainer[str]
     moved_at_unix_s: float
     spread: bool
-    def __init__(self, unit: _Optional[str] = ..., forwarders: _Optional[_Iterable[str]] = ..., moved_at_unix_s: _Optional[float] = ..., spread: _Optional[bool] = ...) -> None: ...
+    spread_width: int
+    def __init__(self, unit: _Optional[str] = ..., forwarders: _Optional[_Iterable[str]] = ..., moved_at_unix_s: _Optional[float] = ..., spread: _Optional[bool] = ..., spread_width: _Optional[int] = ...) -> None: ...
 
 class AssignmentShard(_message.Message):
     __slots__ = ("protocol_version", "generation", "router_id", "routes")
