@@ -183,6 +183,7 @@ class StorageNode:
                     "unauthenticated_connections": self.append_port.unauthenticated_connections,
                     "denied_connections": self.append_port.denied_connections,
                     "expired_connections": self.append_port.expired_connections,
+                    "revoked_connections": self.append_port.revoked_connections,
                 }
             ),
             **self.store.status(),
