@@ -329,7 +329,9 @@ class PubsubServer:
                         served_sources=self.subscribing.served_sources.get,
                     )
                 ),
-                sources_service.handlers(sources_service.SourcesServicer(self.routes)),
+                sources_service.handlers(
+                    sources_service.SourcesServicer(self.routes, self.internal_identity)
+                ),
                 schema.handlers(schema.SchemaServicer(self.catalog)),
                 iam.handlers(
                     iam.IamPolicyServicer(

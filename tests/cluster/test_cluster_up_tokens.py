@@ -379,3 +379,68 @@ def _pulled_until(
                 metadata=_bearer(token),
             )
     return got
+
+
+def test_the_cluster_follows_its_internal_token_to_another_subject(cluster: LocalCluster) -> None:
+    """The internal token file every process of the cluster reads is replaced by a token of
+    another subject (rotation): the forwarders and the storage node follow it, so the old token
+    is refused on a forwarder's internal API and the new one served; the subscribing
+    forwarder's open Tail (old subject) is ended and opened again with the new token, the
+    writers' append connections likewise, and publish and pull go on through the frontend."""
+    assert cluster.auth_dir is not None
+    path = cluster.auth_dir / INTERNAL_TOKEN_FILE
+    secret = (cluster.auth_dir / SECRET_FILE).read_bytes().strip()
+    old = path.read_text().strip()
+    new = create_token(
+        "serviceAccount:pubsubd-internal-2@pubsubd.local", secret=secret, now=time.time()
+    )
+    admin = cluster.admin_token or ""
+    publisher, subscriber = _clients(cluster.frontends[0])
+    suffix = uuid.uuid4().hex[:8]
+    topic = f"projects/{PROJECT}/topics/rotate-{suffix}"
+    sub = f"projects/{PROJECT}/subscriptions/rotate-{suffix}"
+    publisher.create_topic(name=topic, metadata=_bearer(admin))
+    subscriber.create_subscription(name=sub, topic=topic, metadata=_bearer(admin))
+    wait_for(lambda: topic_owner(cluster, topic) == "forwarder-1", 30, "topic placed")
+    wait_for(lambda: subscription_server(cluster, sub) == "forwarder-2", 30, "sub placed")
+    _published(publisher, topic, b"before", admin)
+    assert _pulled_until(subscriber, sub, admin, {b"before"}) == {b"before"}  # a Tail is open
+    ids = {
+        "protocol_version": sources_wire.PROTOCOL_VERSION,
+        "topic_uid": topic_uid(cluster, topic),
+        "subscription_uid": subscription_uid(cluster, sub),
+    }
+    states = ("/pubsubd.internal.v1.Sources/CursorStates", sources_pb2.SubscriptionRequest(**ids))
+    owner = cluster.process("forwarder-1").address
+    reader_log = Path(cluster.process("forwarder-2").log)
+    # The owner's refusal of the reader's open Tail, made with the old token, as the reader
+    # logs it (api/grpc/authn.LongCall; remote_sources.py starts the Tail again).
+    ended = f"tail of {ids['topic_uid']} source 0 broke (<AioRpcError"
+    old_member = "serviceAccount:pubsubd-internal@pubsubd.local is not"
+
+    def tail_ended() -> bool:  # a "tail ... broke (the error); starting again" naming it
+        entries = reader_log.read_text().split("; starting again")
+        return any(ended in e and old_member in e.rsplit(ended, 1)[1] for e in entries)
+
+    assert not tail_ended()
+    _replace(path, new)
+    try:
+        wait_for(
+            lambda: _status_of(owner, *states, False, old) == grpc.StatusCode.PERMISSION_DENIED,
+            10,
+            "the owner to refuse the old subject",
+        )
+        assert _status_of(owner, *states, False, new) == grpc.StatusCode.OK
+        _published(publisher, topic, b"after", admin)
+        assert b"after" in _pulled_until(subscriber, sub, admin, {b"after"})
+        wait_for(tail_ended, 10, "the reader's Tail of the old subject to be ended")
+    finally:
+        _replace(path, old)
+
+
+def _replace(path: Path, token: str) -> None:
+    """Replace a token file as an operator rotating it would (a new file renamed over it)."""
+    fresh = path.with_name(path.name + ".new")
+    fresh.write_text(token)
+    fresh.chmod(0o600)
+    fresh.replace(path)

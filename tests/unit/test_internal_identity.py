@@ -6,10 +6,12 @@ refused PERMISSION_DENIED before the handler runs, the internal token passes, go
 methods and ``Forwarder/GiveBack`` stay open to any valid token, and ``Forwarder/Identify`` to
 anyone. When the internal token file is replaced by a token of another subject the identity
 follows it (the old subject is refused from then on); a file that cannot be read, or holds a
-token this process refuses, keeps the identity read before."""
+token this process refuses, keeps the identity read before. A long call (``LongCall``: a
+forwarder's Tail) is refused once its token expires or its caller is no longer the identity."""
 
 from __future__ import annotations
 
+import contextvars
 import os
 import time
 from collections.abc import AsyncIterator
@@ -19,10 +21,11 @@ from typing import Any
 import grpc
 import pytest
 
-from pubsubd.api.grpc.authn import AuthInterceptor
+from pubsubd.api.grpc.authn import AuthInterceptor, LongCall
 from pubsubd.core import internal_token
+from pubsubd.core.errors import NotInternalCaller, Unauthenticated
 from pubsubd.core.internal_token import InternalIdentity, internal_only
-from pubsubd.core.principal import Principal, caller
+from pubsubd.core.principal import CALLER, CALLER_UNTIL, Principal, caller
 from pubsubd.core.tokens import TokenSettings, TokenVerifier, create_token
 
 pytestmark = pytest.mark.unit
@@ -155,3 +158,31 @@ async def test_a_rotated_internal_token_changes_who_may_call_internal_methods(
     _write(path, new)
     assert await _call(address, ATTACH, new) == b"user:cluster-2"
     assert await _call(address, ATTACH, old) == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_long_call_is_refused_once_its_token_expires_or_its_caller_is_replaced(
+    tmp_path: Path,
+) -> None:
+    """``LongCall`` (a forwarder's Tail): read as the call starts, asked as it goes."""
+    verifier = TokenVerifier(TokenSettings(SECRET))
+    path = tmp_path / "internal.token"
+    path.write_text(_token("cluster"))
+    identity = InternalIdentity(verifier, path)
+    cluster = Principal.from_subject("cluster")
+
+    def started(until: float) -> LongCall:
+        def make() -> LongCall:
+            CALLER.set(cluster)
+            CALLER_UNTIL.set(until)
+            return LongCall(identity, "pubsubd.internal.v1.Sources")
+
+        return contextvars.copy_context().run(make)
+
+    assert LongCall(identity, "s").refusal() is None  # authentication off: no caller
+    going = started(time.time() + 600)
+    assert going.refusal() is None
+    expired = started(time.time() - 1)
+    assert isinstance(expired.refusal(), Unauthenticated)
+    _write(path, _token("cluster-2"))
+    refused = going.refusal()
+    assert isinstance(refused, NotInternalCaller) and "user:cluster is not" in str(refused)

@@ -21,18 +21,20 @@ Identify and GiveBack), so a client's or an admin's token cannot call them.
 from __future__ import annotations
 
 import inspect
+import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 
 from pubsubd.api.grpc.status import to_status
-from pubsubd.core.errors import PermissionDenied, Unauthenticated
+from pubsubd.core.errors import NotInternalCaller, PermissionDenied, PubsubError, Unauthenticated
 from pubsubd.core.internal_token import OPEN_METHODS, InternalIdentity, require_internal
 from pubsubd.core.principal import CALLER, CALLER_UNTIL
 from pubsubd.core.tokens import TokenVerifier, bearer_token
 
-__all__ = ["OPEN_METHODS", "AuthInterceptor"]
+__all__ = ["OPEN_METHODS", "AuthInterceptor", "LongCall"]
 
 # OPEN_METHODS, which any caller may make: a process of the cluster asking who serves at an
 # address (api/grpc/liveness.py) learns only the answer's identity fields.
@@ -136,3 +138,28 @@ async def _enter(gate: _Gate, context: grpc.aio.ServicerContext) -> None:
         CALLER_UNTIL.set(until)
     except (Unauthenticated, PermissionDenied) as e:
         await context.abort(to_status(e)[0], str(e))
+
+
+class LongCall:
+    """Whether a long call (a stream) may go on as the caller it started as: read in the
+    handler's task when the call starts (the interceptor set ``CALLER`` and ``CALLER_UNTIL``
+    there). A stream asks :meth:`refusal` as it goes and ends with it: its token expired
+    (UNAUTHENTICATED), or its caller is no longer the cluster's identity (PERMISSION_DENIED:
+    the internal token file changed subject). Authentication off: never refused."""
+
+    def __init__(self, internal: InternalIdentity | None, service: str) -> None:
+        self.caller = CALLER.get()
+        self.until = CALLER_UNTIL.get()
+        self.internal = internal
+        self.service = service
+
+    def refusal(self) -> PubsubError | None:
+        if self.until != math.inf and time.time() >= self.until:
+            return Unauthenticated("the call's token has expired")
+        if (
+            self.internal is not None
+            and self.caller is not None
+            and not self.internal.allows(self.caller)
+        ):
+            return NotInternalCaller(self.caller.member, self.service)
+        return None
