@@ -62,8 +62,7 @@ from pubsubd.core.errors import (
     Unavailable,
 )
 from pubsubd.core.flow_control import MemoryBudget
-from pubsubd.core.internal_token import INTERNAL_TOKEN, internal_principal
-from pubsubd.core.principal import Principal
+from pubsubd.core.internal_token import INTERNAL_TOKEN, InternalIdentity, internal_only
 from pubsubd.core.records import DamagedRange
 from pubsubd.core.release import version
 from pubsubd.core.tokens import TokenVerifier
@@ -245,10 +244,12 @@ class PubsubServer:
         # gRPC port, the HTTP port and the Pulsar port.
         self.verifier = TokenVerifier(config.tokens) if config.tokens is not None else None
         # The cluster's own identity: the principal of the token this process's calls to
-        # other forwarders carry (--internal-token-file), which authorization lets pass.
-        self.internal_principal = (
-            internal_principal(self.verifier, config.internal_token_file)
-            if self.verifier is not None and config.internal_token_file is not None
+        # other forwarders carry (--internal-token-file, followed when it changes), which
+        # authorization lets pass and which alone may call the internal methods (nobody
+        # without the file: no process of a cluster calls a stand-alone server).
+        self.internal_identity = (
+            InternalIdentity(self.verifier, config.internal_token_file)
+            if self.verifier is not None
             else None
         )
         # With TLS on, the REST and Pulsar fronts reach this process's gRPC API over a Unix
@@ -291,8 +292,12 @@ class PubsubServer:
             options=GRPC_OPTIONS,
             # Authentication first: it names the caller that authorization checks.
             interceptors=[
-                *([authn.AuthInterceptor(self.verifier)] if self.verifier else []),
-                *authorization(self.config, self.policies, self.internal_principal),
+                *(
+                    [authn.AuthInterceptor(self.verifier, self.internal_identity, internal_only)]
+                    if self.verifier
+                    else []
+                ),
+                *authorization(self.config, self.policies, self.internal_identity),
             ],
         )
         server.add_generic_rpc_handlers(
@@ -338,7 +343,9 @@ class PubsubServer:
                         served_sources=self.subscribing.served_sources.get,
                     )
                 ),
-                sources_service.handlers(sources_service.SourcesServicer(self.routes)),
+                sources_service.handlers(
+                    sources_service.SourcesServicer(self.routes, self.internal_identity)
+                ),
                 schema.handlers(schema.SchemaServicer(self.catalog)),
                 iam.handlers(
                     iam.IamPolicyServicer(
@@ -850,7 +857,7 @@ STORAGE_NODES_WAIT_S = 30.0
 
 
 def authorization(
-    config: ServerConfig, policies: ResourcePolicies, internal: Principal | None = None
+    config: ServerConfig, policies: ResourcePolicies, internal: InternalIdentity | None = None
 ) -> list[Authorization]:
     """The server interceptors of ``--iam``: none when authorization is off. A forwarder of a
     cluster without authentication (behind frontends, which check every call) only names the

@@ -9,7 +9,10 @@ pass IAM as the cluster's own identity. The official client, with the admin toke
 ``up`` printed, publishes, pulls, acks and gets a dead-lettered message through the frontend; a
 call without a token is UNAUTHENTICATED at the frontend and at a forwarder reached directly,
 and a forwarder reached directly refuses a valid token whose subject holds no role
-(PERMISSION_DENIED: it checks IAM itself). The cluster's prober probes with the admin token.
+(PERMISSION_DENIED: it checks IAM itself). The forwarders' internal API (Sources,
+SubscriptionCursors) refuses the admin token on a forwarder's port and at the frontend
+(PERMISSION_DENIED, nothing changed) and serves the internal token; the cluster goes on through
+a kill -9 and restart of the topic's owner. The cluster's prober probes with the admin token.
 The frontend's Pulsar port checks tokens too: the official pulsar-client with
 ``AuthenticationToken`` produces, consumes and reads through it; without a token, or with a
 forged one, it gets no producer.
@@ -34,10 +37,18 @@ from google.pubsub_v1 import PublisherClient, SubscriberClient
 from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 
-from pubsubd.cluster.launcher import AUTH_DIR, SECRET_FILE, LocalCluster
+from pubsubd._gen.pubsubd.internal.v1 import forwarder_pb2, sources_pb2
+from pubsubd.cluster.launcher import AUTH_DIR, INTERNAL_TOKEN_FILE, SECRET_FILE, LocalCluster
 from pubsubd.core.tokens import create_token
+from pubsubd.data import sources_wire
 from tests.conftest import PROJECT
-from tests.support.cluster import running_cluster, subscription_server, topic_owner
+from tests.support.cluster import (
+    running_cluster,
+    subscription_server,
+    subscription_uid,
+    topic_owner,
+    topic_uid,
+)
 from tests.support.server import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
@@ -226,3 +237,210 @@ def test_pulsar_front_of_a_frontend_with_authentication(cluster: LocalCluster) -
                 refused.create_producer(pulsar_topic)
         finally:
             refused.close()
+
+
+def _internal_calls(topic_uid_: str, sub_uid: str, sub: str) -> list[tuple[str, Any, bool]]:
+    """Internal calls that would change or reveal a subscription's state: (method, request,
+    server streaming)."""
+    version = sources_wire.PROTOCOL_VERSION
+    ids = {"protocol_version": version, "topic_uid": topic_uid_, "subscription_uid": sub_uid}
+    everything_acked = [sources_pb2.CursorState(source=0, mark_delete=1 << 40)]
+    return [
+        (
+            "/pubsubd.internal.v1.Sources/SetPublishBlock",
+            sources_pb2.SetPublishBlockRequest(**ids, reason="blocked by a client", from_us=1),
+            False,
+        ),
+        (
+            "/pubsubd.internal.v1.Sources/ResetCursors",
+            sources_pb2.ResetCursorsRequest(**ids, cursors=everything_acked),
+            False,
+        ),
+        (
+            "/pubsubd.internal.v1.Sources/RecordAcks",
+            sources_pb2.RecordAcksRequest(**ids, acks=everything_acked),
+            False,
+        ),
+        ("/pubsubd.internal.v1.Sources/Detach", sources_pb2.SubscriptionRequest(**ids), False),
+        (
+            "/pubsubd.internal.v1.Sources/CursorStates",
+            sources_pb2.SubscriptionRequest(**ids),
+            False,
+        ),
+        (
+            "/pubsubd.internal.v1.Sources/Tail",
+            sources_pb2.TailRequest(protocol_version=version, topic_uid=topic_uid_, source=0),
+            True,
+        ),
+        (
+            "/pubsubd.internal.v1.Forwarder/SubscriptionCursors",
+            forwarder_pb2.SubscriptionCursorsRequest(protocol_version=3, subscription=sub),
+            False,
+        ),
+    ]
+
+
+def _status_of(endpoint: str, method: str, request: Any, streaming: bool, token: str) -> Any:
+    """The status code of ``method`` called at ``endpoint`` with ``token`` (OK: it was served)."""
+    with grpc.insecure_channel(endpoint) as channel:
+        try:
+            if streaming:
+                call = channel.unary_stream(
+                    method, request_serializer=type(request).SerializeToString
+                )
+                for _ in call(request, metadata=_bearer(token), timeout=5):
+                    break  # one answer: it was served
+            else:
+                channel.unary_unary(method, request_serializer=type(request).SerializeToString)(
+                    request, metadata=_bearer(token), timeout=10
+                )
+        except grpc.RpcError as e:
+            return e.code()
+    return grpc.StatusCode.OK
+
+
+def test_internal_methods_refuse_a_client_or_admin_token_and_change_nothing(
+    cluster: LocalCluster,
+) -> None:
+    """The admin token (every IAM role, but not the cluster's identity) calls the internal API
+    on the forwarders' own ports and through the frontend: PERMISSION_DENIED everywhere, and
+    the topic still takes publishes (no publish block), its subscription still gets its
+    message (no cursor reset, no detach). The internal token is let in (the same calls' reads
+    answer). Then the topic's owner is killed (-9) and restarted and takes its sources back
+    (ledger recovery on the storage nodes, the subscribing forwarder's Tail and Attach again,
+    all with the internal token): publish and pull go on."""
+    admin = cluster.admin_token or ""
+    assert cluster.auth_dir is not None
+    internal = (cluster.auth_dir / INTERNAL_TOKEN_FILE).read_text().strip()
+    publisher, subscriber = _clients(cluster.frontends[0])
+    suffix = uuid.uuid4().hex[:8]
+    topic = f"projects/{PROJECT}/topics/internal-{suffix}"
+    sub = f"projects/{PROJECT}/subscriptions/internal-{suffix}"
+    publisher.create_topic(name=topic, metadata=_bearer(admin))
+    subscriber.create_subscription(name=sub, topic=topic, metadata=_bearer(admin))
+    wait_for(lambda: topic_owner(cluster, topic) == "forwarder-1", 30, "topic placed")
+    wait_for(lambda: subscription_server(cluster, sub) == "forwarder-2", 30, "sub placed")
+    _published(publisher, topic, b"before", admin)
+    calls = _internal_calls(topic_uid(cluster, topic), subscription_uid(cluster, sub), sub)
+    owner = cluster.process("forwarder-1").address
+    reader = cluster.process("forwarder-2").address
+    for method, request, streaming in calls:
+        at = reader if "SubscriptionCursors" in method else owner
+        for endpoint in (at, cluster.frontends[0]):
+            code = _status_of(endpoint, method, request, streaming, admin)
+            assert code == grpc.StatusCode.PERMISSION_DENIED, (method, endpoint, code)
+    for method, request, streaming in calls:
+        if method.endswith(("CursorStates", "Tail", "SubscriptionCursors")):  # reads only
+            at = reader if "SubscriptionCursors" in method else owner
+            assert _status_of(at, method, request, streaming, internal) == grpc.StatusCode.OK
+    _published(publisher, topic, b"after", admin)  # not blocked
+    # Nothing was acked or detached: both are delivered.
+    assert _pulled_until(subscriber, sub, admin, {b"before", b"after"}) == {b"before", b"after"}
+    cluster.kill("forwarder-1")
+    cluster.restart("forwarder-1")  # its sources are taken back from the storage nodes
+    _published(publisher, topic, b"restarted", admin)
+    # (acks within the owner's journal flush window may come again after a kill -9)
+    assert b"restarted" in _pulled_until(subscriber, sub, admin, {b"restarted"})
+
+
+def _published(publisher: PublisherClient, topic: str, data: bytes, token: str) -> None:
+    def attempt() -> bool:
+        try:
+            request = {"topic": topic, "messages": [{"data": data}]}
+            return bool(publisher.publish(request=request, metadata=_bearer(token)).message_ids)
+        except exceptions.ServiceUnavailable:
+            return False  # the topic is being taken over
+
+    wait_for(attempt, 60, "a publish through the frontend")
+
+
+def _pulled_until(
+    subscriber: SubscriberClient, sub: str, token: str, expected: set[bytes]
+) -> set[bytes]:
+    """The data of the messages pulled (and acked) through the frontend until every one of
+    ``expected`` came, or 60 s passed."""
+    got: set[bytes] = set()
+    deadline = time.monotonic() + 60
+    while not expected <= got and time.monotonic() < deadline:
+        try:
+            response = subscriber.pull(
+                request={"subscription": sub, "max_messages": 10},
+                metadata=_bearer(token),
+                timeout=10,
+            )
+        except (exceptions.ServiceUnavailable, exceptions.DeadlineExceeded):
+            continue
+        for received in response.received_messages:
+            got.add(received.message.data)
+        if response.received_messages:
+            subscriber.acknowledge(
+                subscription=sub,
+                ack_ids=[r.ack_id for r in response.received_messages],
+                metadata=_bearer(token),
+            )
+    return got
+
+
+def test_the_cluster_follows_its_internal_token_to_another_subject(cluster: LocalCluster) -> None:
+    """The internal token file every process of the cluster reads is replaced by a token of
+    another subject (rotation): the forwarders and the storage node follow it, so the old token
+    is refused on a forwarder's internal API and the new one served; the subscribing
+    forwarder's open Tail (old subject) is ended and opened again with the new token, the
+    writers' append connections likewise, and publish and pull go on through the frontend."""
+    assert cluster.auth_dir is not None
+    path = cluster.auth_dir / INTERNAL_TOKEN_FILE
+    secret = (cluster.auth_dir / SECRET_FILE).read_bytes().strip()
+    old = path.read_text().strip()
+    new = create_token(
+        "serviceAccount:pubsubd-internal-2@pubsubd.local", secret=secret, now=time.time()
+    )
+    admin = cluster.admin_token or ""
+    publisher, subscriber = _clients(cluster.frontends[0])
+    suffix = uuid.uuid4().hex[:8]
+    topic = f"projects/{PROJECT}/topics/rotate-{suffix}"
+    sub = f"projects/{PROJECT}/subscriptions/rotate-{suffix}"
+    publisher.create_topic(name=topic, metadata=_bearer(admin))
+    subscriber.create_subscription(name=sub, topic=topic, metadata=_bearer(admin))
+    wait_for(lambda: topic_owner(cluster, topic) == "forwarder-1", 30, "topic placed")
+    wait_for(lambda: subscription_server(cluster, sub) == "forwarder-2", 30, "sub placed")
+    _published(publisher, topic, b"before", admin)
+    assert _pulled_until(subscriber, sub, admin, {b"before"}) == {b"before"}  # a Tail is open
+    ids = {
+        "protocol_version": sources_wire.PROTOCOL_VERSION,
+        "topic_uid": topic_uid(cluster, topic),
+        "subscription_uid": subscription_uid(cluster, sub),
+    }
+    states = ("/pubsubd.internal.v1.Sources/CursorStates", sources_pb2.SubscriptionRequest(**ids))
+    owner = cluster.process("forwarder-1").address
+    reader_log = Path(cluster.process("forwarder-2").log)
+    # The owner's refusal of the reader's open Tail, made with the old token, as the reader
+    # logs it (api/grpc/authn.LongCall; remote_sources.py starts the Tail again).
+    ended = f"tail of {ids['topic_uid']} source 0 broke (<AioRpcError"
+    old_member = "serviceAccount:pubsubd-internal@pubsubd.local is not"
+
+    def tail_ended() -> bool:  # a "tail ... broke (the error); starting again" naming it
+        entries = reader_log.read_text().split("; starting again")
+        return any(ended in e and old_member in e.rsplit(ended, 1)[1] for e in entries)
+
+    assert not tail_ended()
+    _replace(path, new)
+    try:
+        wait_for(
+            lambda: _status_of(owner, *states, False, old) == grpc.StatusCode.PERMISSION_DENIED,
+            10,
+            "the owner to refuse the old subject",
+        )
+        assert _status_of(owner, *states, False, new) == grpc.StatusCode.OK
+        _published(publisher, topic, b"after", admin)
+        assert b"after" in _pulled_until(subscriber, sub, admin, {b"after"})
+        wait_for(tail_ended, 10, "the reader's Tail of the old subject to be ended")
+    finally:
+        _replace(path, old)
+
+
+def _replace(path: Path, token: str) -> None:
+    """Replace a token file as an operator rotating it would (a new file renamed over it)."""
+    fresh = path.with_name(path.name + ".new")
+    fresh.write_text(token)
+    fresh.chmod(0o600)
+    fresh.replace(path)

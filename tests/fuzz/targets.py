@@ -38,6 +38,7 @@ from pubsubd.control import routing_store
 from pubsubd.core import filters, ids, names, pb, validation
 from pubsubd.core.backlog_view import whole_backlogs
 from pubsubd.core.errors import InvalidAckId, InvalidArgument, PubsubError
+from pubsubd.core.internal_token import InternalIdentity
 from pubsubd.core.load import weight
 from pubsubd.core.principal import Principal
 from pubsubd.core.publish_sources import MAX_SOURCES
@@ -508,11 +509,12 @@ def _preamble(data: bytes) -> None:
             secret=PREAMBLE_SECRET,
             static_tokens={hashlib.sha256(PREAMBLE_STATIC.encode()).digest(): PREAMBLE_INTERNAL},
         )
+        verifier = TokenVerifier(settings)
         _preamble_port = AppendPort(
             None,  # type: ignore[arg-type]  # authentication never touches the store
             "127.0.0.1",
-            verifier=TokenVerifier(settings),
-            internal=frozenset({PREAMBLE_INTERNAL}),
+            verifier=verifier,
+            internal=InternalIdentity.fixed(verifier, frozenset({PREAMBLE_INTERNAL})),
         )
     port = _preamble_port
     reader = asyncio.StreamReader(loop=_preamble_loop)
@@ -529,14 +531,14 @@ def _preamble(data: bytes) -> None:
     logger = logging.getLogger(append_port.__name__)
     level, logger.level = logger.level, logging.ERROR  # a refusal per input: not logged
     try:
-        denied, until = port.authenticate("fuzz", token)
+        denied, until, principal = port.authenticate("fuzz", token)
     finally:
         logger.level = level
     magic = len(APPEND_PORT_MAGIC)
     used = magic + (0 if token is None else 4 + int.from_bytes(data[magic : magic + 4], "big"))
     assert len(reader._buffer) == len(data) - used  # type: ignore[attr-defined]
     if denied is None:
-        assert token is not None and until > 0
+        assert token is not None and until > 0 and principal == PREAMBLE_INTERNAL
         return
     answer = denied(7)
     assert answer.request_id == 7 and answer.end_offset == 0

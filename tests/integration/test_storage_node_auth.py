@@ -253,3 +253,61 @@ def test_authentication_without_the_internal_token_does_not_start(tmp_path: Path
     assert done.returncode == 1, done.stderr
     assert "needs --internal-token-file" in done.stderr, done.stderr
     assert not (tmp_path / "d").exists() or not any((tmp_path / "d").iterdir())
+
+
+def _replace(path: Path, token: str) -> None:
+    """Replace a token file as an operator rotating it would (a new file renamed over it)."""
+    fresh = path.with_name(path.name + ".new")
+    fresh.write_text(token)
+    fresh.replace(path)
+
+
+async def test_the_node_follows_its_internal_token_file_to_another_subject(
+    tmp_path: Path,
+) -> None:
+    """Rotation: the node's internal token file is replaced by a token of another subject.
+    From then on the old subject is refused (PERMISSION_DENIED) on gRPC, on the open
+    append-port connection (closed: ``revoked_connections``) and on the open AppendStream
+    (ended), nothing stored; once the writer's own file holds the new token, every path works
+    again, without a restart of the node."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(SECRET)
+    node_file, writer_file = tmp_path / "node-internal.token", tmp_path / "writer.token"
+    old = create_token(WRITER, secret=SECRET, now=time.time())
+    new = create_token("writer-2", secret=SECRET, now=time.time())
+    node_file.write_text(old)
+    writer_file.write_text(old)
+    args = ["--auth-secret-file", str(secret), "--internal-token-file", str(node_file)]
+    node = StorageNodeProcess(tmp_path / "node", disks=1, http=True, args=args).start()
+    INTERNAL_TOKEN.configure(writer_file)
+    clients = {path: _client(node, path) for path in PATHS.values()}
+    try:
+        for i, client in enumerate(clients.values()):
+            assert await client.append(400 + i, 1, 0, frames(0, 2)) == 2
+        _replace(node_file, new)
+        deadline = time.monotonic() + 10
+        while True:  # the node looks at its file again within a fraction of a second
+            try:
+                await clients["unary"].list_ledgers()
+            except StorageNodeError as e:
+                assert e.code == grpc.StatusCode.PERMISSION_DENIED, e
+                assert "user:writer" in str(e)
+                break
+            assert time.monotonic() < deadline, "the node kept the old subject"
+            await asyncio.sleep(0.1)
+        for i, (path, client) in enumerate(clients.items()):
+            with pytest.raises(StorageNodeError) as refused:
+                await client.append(400 + i, 1, 0, frames(2, 1), 1)
+            assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED, (path, refused.value)
+        assert _port_status(node)["revoked_connections"] == 1
+        _replace(writer_file, new)  # the writer's file rotates too
+        for i, client in enumerate(clients.values()):
+            assert await client.append(400 + i, 1, 0, frames(2, 1), 1) == 3
+            assert await client.append(400 + i, 1, 0, frames(3, 1), 2) == 4
+        assert {400, 401, 402} <= {s.ledger_id for s in await clients["unary"].list_ledgers()}
+        assert (await clients["unary"].read(400, 0)).frames.startswith(frames(0, 1))
+    finally:
+        for client in clients.values():
+            await client.close()
+        INTERNAL_TOKEN.configure(None)
+        node.stop()

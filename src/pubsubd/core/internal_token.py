@@ -21,15 +21,24 @@ Rules:
    without a restart; a file that cannot be read keeps the last token read.
 4. Like ``core.tls.INTERNAL``, it is one process setting, configured once at start-up by the
    composition root before anything calls out.
-5. The token's principal (:func:`internal_principal`, read once at start-up from the same
-   file with the process's own verifier) is the cluster's identity. A forwarder lets it past
-   IAM; a storage node lets *only* it call (:func:`require_internal`: any other valid token,
-   a client's or an admin's, is refused PERMISSION_DENIED on gRPC and on the append port).
+5. The token's principal is the cluster's identity (:class:`InternalIdentity`, read with the
+   process's own verifier). A forwarder lets it past IAM and lets *only* it call its internal
+   methods (every ``pubsubd.internal.v1`` method but Identify, open to anyone, and GiveBack, a
+   client's own call: :func:`internal_only`); a storage node lets only it call at all
+   (:func:`require_internal`: any other valid token, a client's or an admin's, is refused
+   PERMISSION_DENIED on gRPC and on the append port).
+6. The identity follows the file as the token does (rule 3): when the file changes, the new
+   token's principal replaces the old one, which is refused from then on (rotation to another
+   subject; the append connections and AppendStreams of the old one are ended, and their
+   writers reconnect with the token now in their file). A file that cannot be read, or holds a
+   token this process refuses, keeps the last identity (and is logged).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Collection
 from pathlib import Path
 
@@ -38,14 +47,37 @@ from pubsubd.core.principal import Principal
 from pubsubd.core.tokens import TokenVerifier
 
 __all__ = [
+    "CLIENT_METHODS",
     "INTERNAL_TOKEN",
+    "InternalIdentity",
     "InternalToken",
+    "internal_only",
     "internal_principal",
     "read_token",
     "require_internal",
 ]
 
+log = logging.getLogger(__name__)
+
 Metadata = tuple[tuple[str, str], ...]
+
+INTERNAL_SERVICES = "/pubsubd.internal.v1."
+# Internal methods a client's own calls make, with the client's token (checked by IAM as a
+# Pull): a frontend's or a REST front's give-back of a Pull response its client never got.
+CLIENT_METHODS = frozenset({"/pubsubd.internal.v1.Forwarder/GiveBack"})
+# Methods anyone may call: who serves at this address (api/grpc/liveness.py).
+OPEN_METHODS = frozenset({"/pubsubd.internal.v1.Forwarder/Identify"})
+# How often the identity looks at its file again, at most (a stat per append frame otherwise).
+RECHECK_S = 0.25
+
+
+def internal_only(method: str) -> bool:
+    """Whether only the cluster's identity may call ``method`` on a forwarder (rule 5)."""
+    return (
+        method.startswith(INTERNAL_SERVICES)
+        and method not in CLIENT_METHODS
+        and method not in OPEN_METHODS
+    )
 
 
 def read_token(path: Path) -> str:
@@ -75,6 +107,67 @@ def require_internal(principal: Principal, internal: Collection[Principal], serv
     NotInternalCaller (PERMISSION_DENIED) for any other principal."""
     if principal not in internal:
         raise NotInternalCaller(principal.member, service)
+
+
+def _stamp(path: Path) -> tuple[int, int, int]:
+    """What tells that a file changed: its modification time, inode and size."""
+    st = os.stat(path)
+    return st.st_mtime_ns, st.st_ino, st.st_size
+
+
+class InternalIdentity:
+    """The cluster's identity as this process reads it (rules 5, 6): the principal of the token
+    in ``path``, read again when the file changes. ``path`` None: nobody (authentication on
+    without an internal token: no process of a cluster calls this one)."""
+
+    def __init__(self, verifier: TokenVerifier, path: Path | None) -> None:
+        """Reads the token now: ValueError (no token, or one ``verifier`` refuses)."""
+        self.verifier = verifier
+        self.path = path
+        self._principals: frozenset[Principal] = frozenset()
+        self._stamp: tuple[int, int, int] | None = None
+        self._looked_at = time.monotonic()
+        if path is not None:
+            self._principals = frozenset({internal_principal(verifier, path)})
+            self._stamp = _stamp(path)
+
+    @classmethod
+    def fixed(cls, verifier: TokenVerifier, principals: frozenset[Principal]) -> InternalIdentity:
+        """An identity read from no file (tests, fuzzing): ``principals``, always."""
+        identity = cls(verifier, None)
+        identity._principals = principals
+        return identity
+
+    def principals(self) -> frozenset[Principal]:
+        """Who may make the cluster's internal calls now (the file looked at again when
+        :data:`RECHECK_S` has passed)."""
+        now = time.monotonic()
+        if self.path is None or now - self._looked_at < RECHECK_S:
+            return self._principals
+        self._looked_at = now
+        try:
+            stamp = _stamp(self.path)
+        except OSError as e:
+            log.warning(
+                "internal token file %s: %s; keeping the identity read before", self.path, e
+            )
+            return self._principals
+        if stamp != self._stamp:
+            self._stamp = stamp
+            try:
+                principal = internal_principal(self.verifier, self.path)
+            except ValueError as e:
+                log.warning("%s; keeping the identity read before", e)
+                return self._principals
+            if principal not in self._principals:
+                log.info(
+                    "internal token file changed: the cluster's identity is %s", principal.member
+                )
+            self._principals = frozenset({principal})
+        return self._principals
+
+    def allows(self, principal: Principal) -> bool:
+        return principal in self.principals()
 
 
 class InternalToken:

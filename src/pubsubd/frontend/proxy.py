@@ -20,6 +20,11 @@ no delivery attempt counted), with the original call's metadata (its token, with
 authentication on). What a cancelled call had not received yet, the forwarder gives
 back itself when the proxied call is cancelled.
 
+The forwarders' internal API (``pubsubd.internal.v1``, but GiveBack and Identify:
+``core.internal_token.internal_only``) is not passed through: only the cluster's own processes
+call it, on the forwarders' ports, so a call of it here is refused PERMISSION_DENIED (a
+forwarder with authentication refuses a client's token there too).
+
 Every call is counted as its client saw it (``pubsubd_frontend_requests_total{method,code}``):
 the forwarders' own counts (``observability/sli.py``) are what the SLO rules sum, so nothing is
 counted twice there; the frontend's show what clients got, including calls that reached no
@@ -41,6 +46,7 @@ from pubsubd._gen.pubsubd.internal.v1.forwarder_pb2 import GiveBackRequest, Give
 from pubsubd.control.routing_table import Forwarder
 from pubsubd.core.deadlines import within
 from pubsubd.core.errors import NOT_SERVED_HERE, STREAM_ACCEPTED
+from pubsubd.core.internal_token import internal_only
 from pubsubd.core.pb import PullResponse, StreamingPullResponse
 from pubsubd.frontend.targets import resource_name
 from pubsubd.observability.sli import CONTROL_PLANE_METHODS, PUBLISH_METHODS, PULL_METHODS
@@ -123,6 +129,18 @@ def _timeout(context: grpc.aio.ServicerContext[Any, Any]) -> float | None:
     return None if remaining is None or remaining > 1e9 else max(0.0, remaining)
 
 
+def _refuse_internal(method: str) -> Callable[..., Awaitable[bytes]]:
+    async def refuse(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        REQUESTS.labels("_other", grpc.StatusCode.PERMISSION_DENIED.name).inc()
+        await context.abort(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"{method.rsplit('/', 2)[-2]} is internal to the cluster: not served to clients",
+        )
+        raise AssertionError("unreachable")
+
+    return refuse
+
+
 class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]
     """A generic handler: every method goes to the forwarders ``choose`` names."""
 
@@ -161,6 +179,8 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]
         self, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
         method = handler_call_details.method
+        if internal_only(method):
+            return grpc.unary_unary_rpc_method_handler(_refuse_internal(method))
         if method in STREAMING_METHODS:
             return grpc.stream_stream_rpc_method_handler(self._stream(method))
         if method == PULL:

@@ -17,7 +17,9 @@ connection opens: on any other connection every append is answered UNAUTHENTICAT
 token) or PERMISSION_DENIED (another principal's) and none reaches the store. A token that
 expires (``exp``) ends its connection then: the connection is closed, appends not yet answered
 fail on the writer's side, which sends them again (as after any lost connection) and connects
-anew with its current token (``storage/append_link.py``). Without authentication both preambles
+anew with its current token (``storage/append_link.py``). So does a frame that arrives once the
+connection's principal is no longer the cluster's identity (the internal token file changed
+subject: ``InternalIdentity``). Without authentication both preambles
 are accepted and a token is ignored.
 
 The node registers the port's address in ZooKeeper (``append_address``);
@@ -39,7 +41,7 @@ from google.protobuf.message import DecodeError
 from pubsubd._gen.pubsubd.internal.v1 import storage_pb2 as pb
 from pubsubd.api.grpc.status import to_status
 from pubsubd.core.errors import PermissionDenied, Unauthenticated
-from pubsubd.core.internal_token import require_internal
+from pubsubd.core.internal_token import InternalIdentity, require_internal
 from pubsubd.core.principal import Principal
 from pubsubd.core.tokens import TokenVerifier
 from pubsubd.storage.node_client import (
@@ -89,11 +91,11 @@ class AppendPort:
         port: int = 0,
         ssl: SSLContext | None = None,
         verifier: TokenVerifier | None = None,
-        internal: frozenset[Principal] | None = None,
+        internal: InternalIdentity | None = None,
     ) -> None:
         self.store = store
         self.verifier = verifier  # authentication on: every connection shows a valid token
-        self.internal = internal  # ... of one of these principals (None: any)
+        self.internal = internal  # ... of its principals now (None: any)
         self._ssl = ssl  # TLS when the node's ports speak it
         self.host = host
         self.port = port
@@ -103,6 +105,7 @@ class AppendPort:
         self.unauthenticated_connections = 0
         self.denied_connections = 0  # a valid token of a principal not let in
         self.expired_connections = 0  # closed when their token expired
+        self.revoked_connections = 0  # closed when their principal was no longer let in
 
     @property
     def connections(self) -> int:
@@ -145,14 +148,14 @@ class AppendPort:
         except BadPreamble as e:
             self._refuse(peer, str(e))
             return
-        denied, until = self.authenticate(peer, token)
+        denied, until, principal = self.authenticate(peer, token)
         expiry: asyncio.TimerHandle | None = None
         if math.isfinite(until):
             expiry = asyncio.get_running_loop().call_later(
                 max(0.0, until - time.time()), self._expire, writer, peer
             )
         try:
-            await self._appends(reader, writer, peer, denied, until)
+            await self._appends(reader, writer, peer, denied, until, principal)
         finally:
             if expiry is not None:
                 expiry.cancel()
@@ -164,8 +167,10 @@ class AppendPort:
         peer: object,
         denied: Refusal | None,
         until: float,
+        principal: Principal | None,
     ) -> None:
-        """Serve a connection's appends; ``until``: when its token expires (wall clock)."""
+        """Serve a connection's appends; ``until``: when its token expires (wall clock);
+        ``principal``: who it authenticated as (None: authentication off)."""
 
         def answered(answer: pb.AppendStreamResponse) -> None:
             if writer.is_closing():
@@ -190,30 +195,40 @@ class AppendPort:
             if until != math.inf and time.time() >= until:
                 self._expire(writer, peer)  # before the timer: this append is not taken
                 return
+            if (
+                principal is not None
+                and self.internal is not None
+                and not self.internal.allows(principal)
+            ):
+                self._revoke(writer, peer, principal)  # the internal token changed subject
+                return
             # Queued in arrival order: a ledger's appends reach the store in the order sent.
             start_append(self.store, request, answered)
 
-    def authenticate(self, peer: object, token: str | None) -> tuple[Refusal | None, float]:
-        """How each of the connection's appends is answered (None: they may append), and
-        when its token expires (wall clock; ``inf``: never, or authentication off)."""
+    def authenticate(
+        self, peer: object, token: str | None
+    ) -> tuple[Refusal | None, float, Principal | None]:
+        """How each of the connection's appends is answered (None: they may append), when
+        its token expires (wall clock; ``inf``: never, or authentication off) and whom it
+        names (None: authentication off, or refused)."""
         if self.verifier is None:
-            return None, math.inf
+            return None, math.inf, None
         try:
             if token is None:
                 self.verifier.principal(None)  # raises: the connection carries no token
             assert token is not None
             principal, until = self.verifier.verify_until(token)
             if self.internal is not None:
-                require_internal(principal, self.internal, SERVICE)
+                require_internal(principal, self.internal.principals(), SERVICE)
         except Unauthenticated as e:
             self.unauthenticated_connections += 1
             log.warning("append port: the connection from %s is unauthenticated: %s", peer, e)
-            return _refusal(e), math.inf
+            return _refusal(e), math.inf, None
         except PermissionDenied as e:
             self.denied_connections += 1
             log.warning("append port: the connection from %s is refused: %s", peer, e)
-            return _refusal(e), math.inf
-        return None, until
+            return _refusal(e), math.inf, None
+        return None, until, principal
 
     def _expire(self, writer: asyncio.StreamWriter, peer: object) -> None:
         """End a connection whose token expired: the writer reconnects with its current one."""
@@ -221,6 +236,18 @@ class AppendPort:
             return
         self.expired_connections += 1
         log.info("append port: the token of the connection from %s expired: closing it", peer)
+        writer.close()
+
+    def _revoke(self, writer: asyncio.StreamWriter, peer: object, principal: Principal) -> None:
+        """End a connection whose principal is no longer the cluster's identity: its writer
+        reconnects with the token now in its file."""
+        self.revoked_connections += 1
+        log.info(
+            "append port: %s (the connection from %s) is no longer the cluster's identity: "
+            "closing it",
+            principal.member,
+            peer,
+        )
         writer.close()
 
     def _refuse(self, peer: object, why: str) -> None:

@@ -13,9 +13,11 @@ With authentication on (``--auth-*``, ``StorageNodeConfig.tokens``) every gRPC c
 valid bearer token (``api/grpc/authn.AuthInterceptor``, UNAUTHENTICATED otherwise) and so does
 every append-port connection (``append_port.py``); the writers send their internal token
 (``core/internal_token.py``). Only that token's principal passes: the node reads it from its
-own ``--internal-token-file`` at start-up (required with ``--auth-*``), and any other valid token
-(a client's, the admin's) gets PERMISSION_DENIED (``core.internal_token.require_internal``). An
-append-port connection is closed when its token expires (``append_port.py``).
+own ``--internal-token-file`` (required with ``--auth-*``; read at start-up and again when the
+file changes: ``InternalIdentity``), and any other valid token (a client's, the admin's) gets
+PERMISSION_DENIED (``core.internal_token.require_internal``). An append-port connection or an
+AppendStream is ended when its token expires, or when its principal is no longer the one the
+file names (``append_port.py``, ``service.py``).
 
 The node's ID is ``--node-id``, else the one persisted in the first data directory
 (``node_id``), else ``{hostname}-{port}`` (persisted then). A data directory keeps its ID:
@@ -41,8 +43,7 @@ from pubsubd.api.grpc.authn import AuthInterceptor
 from pubsubd.coordination.errors import CoordinationError, startup_failure
 from pubsubd.coordination.paths import DEFAULT_ROOT
 from pubsubd.coordination.registration import Registration, as_json, storage_info_changed
-from pubsubd.core.internal_token import internal_principal
-from pubsubd.core.principal import Principal
+from pubsubd.core.internal_token import InternalIdentity
 from pubsubd.core.release import version
 from pubsubd.core.tls import ServerTls
 from pubsubd.core.tokens import TokenSettings, TokenVerifier
@@ -182,6 +183,7 @@ class StorageNode:
                     "unauthenticated_connections": self.append_port.unauthenticated_connections,
                     "denied_connections": self.append_port.denied_connections,
                     "expired_connections": self.append_port.expired_connections,
+                    "revoked_connections": self.append_port.revoked_connections,
                 }
             ),
             **self.store.status(),
@@ -201,9 +203,10 @@ class StorageNode:
             parts.append("full disks: " + ", ".join(full))
         return " / ".join(parts) or None
 
-    def _authentication(self) -> tuple[TokenVerifier | None, frozenset[Principal] | None]:
+    def _authentication(self) -> tuple[TokenVerifier | None, InternalIdentity | None]:
         """The verifier of callers' tokens and the only principals let in (the cluster's
-        identity, from the internal token); (None, None) with authentication off."""
+        identity, from the internal token, following its file); (None, None) with
+        authentication off."""
         config = self.config
         if config.tokens is None:
             return None, None
@@ -214,7 +217,7 @@ class StorageNode:
             )
         verifier = TokenVerifier(config.tokens)
         try:
-            return verifier, frozenset({internal_principal(verifier, config.internal_token_file)})
+            return verifier, InternalIdentity(verifier, config.internal_token_file)
         except ValueError as e:
             raise StartupError(str(e)) from None
 
@@ -238,7 +241,7 @@ class StorageNode:
             resolve_node_id, config.data_dirs[0], config.node_id, self.port
         )
         server.add_generic_rpc_handlers(
-            [handlers(StorageNodeServicer(self.store, self.node_id, config.zone))]
+            [handlers(StorageNodeServicer(self.store, self.node_id, config.zone, internal))]
         )
         describe_process("storage", self.node_id, config.zone, version())
         await server.start()

@@ -22,7 +22,8 @@ from google.protobuf.message import DecodeError
 
 from pubsubd._gen.pubsubd.internal.v1 import storage_pb2 as pb
 from pubsubd.core.errors import PubsubError
-from pubsubd.core.principal import CALLER_UNTIL
+from pubsubd.core.internal_token import InternalIdentity
+from pubsubd.core.principal import CALLER, CALLER_UNTIL
 from pubsubd.storagenode.appends import answer_append, check_version
 from pubsubd.storagenode.ledger_store import LedgerStore
 from pubsubd.storagenode.protocol import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, SERVICE
@@ -68,10 +69,19 @@ def _method(fn: Handler, request_type: Any, response_type: Any) -> grpc.RpcMetho
 
 
 class StorageNodeServicer:
-    def __init__(self, store: LedgerStore, node_id: str, zone: str) -> None:
+    def __init__(
+        self,
+        store: LedgerStore,
+        node_id: str,
+        zone: str,
+        internal: InternalIdentity | None = None,
+    ) -> None:
+        """``internal``: with authentication on, the only principals an open AppendStream may
+        keep appending as (the interceptor checked its first request)."""
         self.store = store
         self.node_id = node_id
         self.zone = zone
+        self.internal = internal
 
     async def Append(self, request: pb.AppendRequest, context: Context) -> pb.AppendResponse:
         end = await self.store.append(
@@ -84,7 +94,7 @@ class StorageNodeServicer:
         return pb.AppendResponse(end_offset=end)
 
     async def AppendStream(self, requests: Any, context: Context) -> None:
-        await _AppendStreamHandler(self.store, context).run()
+        await _AppendStreamHandler(self.store, context, self.internal).run()
 
     async def Fence(self, request: pb.FenceRequest, context: Context) -> pb.FenceResponse:
         r = await self.store.fence(request.ledger_id, request.epoch)
@@ -150,12 +160,18 @@ class _AppendStreamHandler:
     as they complete, by one writer. A request that arrives after the call's token expired
     (``CALLER_UNTIL``, authentication on) is not started: the stream stops reading, answers
     what it started and ends (OK), and the writer sends that request again on a call with its
-    current token, as the append port's writers do."""
+    current token, as the append port's writers do. So does a request that arrives once the
+    call's principal is no longer the cluster's identity (the internal token file changed to
+    another subject)."""
 
-    def __init__(self, store: LedgerStore, context: Context) -> None:
+    def __init__(
+        self, store: LedgerStore, context: Context, internal: InternalIdentity | None = None
+    ) -> None:
         self.store = store
         self.context = context
         self.until = CALLER_UNTIL.get()  # when the call's token expires (wall clock)
+        self.internal = internal
+        self.caller = CALLER.get()  # None: authentication off
         self.answers: asyncio.Queue[pb.AppendStreamResponse | None] = asyncio.Queue()
         self.in_flight = 0
         self.reading = True
@@ -187,6 +203,16 @@ class _AppendStreamHandler:
                     )
                 if self.until != math.inf and time.time() >= self.until:
                     log.info("AppendStream: the call's token expired: ending the stream")
+                    break
+                if (
+                    self.internal is not None
+                    and self.caller is not None
+                    and not self.internal.allows(self.caller)
+                ):
+                    log.info(
+                        "AppendStream: %s is no longer the cluster's identity: ending it",
+                        self.caller.member,
+                    )
                     break
                 self.in_flight += 1
                 task = asyncio.ensure_future(answer_append(self.store, request))

@@ -10,41 +10,50 @@ in the handler's own task (the interceptor wraps the method handler's behavior, 
 variables are set in the context the servicer method runs in, for unary and streaming methods
 alike).
 
-With ``internal`` (a storage node: the principals of the cluster's internal token) a valid
-token of any other principal ends the call PERMISSION_DENIED
-(``core.internal_token.require_internal``), as IAM refuses a caller without the permission.
+With ``internal`` (the cluster's identity: ``core.internal_token.InternalIdentity``, the
+principal of the internal token, following its file) a valid token of any other principal ends
+the call PERMISSION_DENIED (``core.internal_token.require_internal``), as IAM refuses a caller
+without the permission: on every method of a storage node, and on a forwarder's internal
+methods (``core.internal_token.internal_only``: the ``pubsubd.internal.v1`` services but
+Identify and GiveBack), so a client's or an admin's token cannot call them.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 
 from pubsubd.api.grpc.status import to_status
-from pubsubd.core.errors import PermissionDenied, Unauthenticated
-from pubsubd.core.internal_token import require_internal
-from pubsubd.core.principal import CALLER, CALLER_UNTIL, Principal
+from pubsubd.core.errors import NotInternalCaller, PermissionDenied, PubsubError, Unauthenticated
+from pubsubd.core.internal_token import OPEN_METHODS, InternalIdentity, require_internal
+from pubsubd.core.principal import CALLER, CALLER_UNTIL
 from pubsubd.core.tokens import TokenVerifier, bearer_token
 
-__all__ = ["OPEN_METHODS", "AuthInterceptor"]
+__all__ = ["OPEN_METHODS", "AuthInterceptor", "LongCall"]
 
-# Methods any caller may make: a process of the cluster asking who serves at an address
-# (api/grpc/liveness.py) learns only the answer's identity fields.
-OPEN_METHODS = frozenset({"/pubsubd.internal.v1.Forwarder/Identify"})
+# OPEN_METHODS, which any caller may make: a process of the cluster asking who serves at an
+# address (api/grpc/liveness.py) learns only the answer's identity fields.
 _BEHAVIORS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
 MAX_CACHED_METHODS = 1024  # more than every service this process registers
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def __init__(
-        self, verifier: TokenVerifier, internal: frozenset[Principal] | None = None
+        self,
+        verifier: TokenVerifier,
+        internal: InternalIdentity | None = None,
+        only: Callable[[str], bool] | None = None,
     ) -> None:
-        """``internal``: only these principals may call (None: any valid token)."""
+        """``internal``: only its principals may call the methods ``only`` names (None: every
+        method); ``internal`` None: any valid token may call any method."""
         self.verifier = verifier
         self.internal = internal
+        self.only = only
         # method -> (its handler, the handler wrapped): wrapped once per method, not per call.
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
@@ -59,7 +68,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         known = self._wrapped.get(details.method)
         if known is not None and known[0] is handler:
             return known[1]
-        wrapped = _as_caller(handler, _Gate(self.verifier, self.internal, details.method))
+        method = details.method
+        internal = self.internal if self.only is None or self.only(method) else None
+        wrapped = _as_caller(handler, _Gate(self.verifier, internal, method))
         # A registered method's handler is the same object on every call: cache it. A proxy
         # (the frontend) makes a handler per call for any name a client sends: caching those
         # would only grow without bound, so a method whose handler changed is not cached.
@@ -77,7 +88,7 @@ class _Gate:
     __slots__ = ("internal", "service", "verifier")
 
     def __init__(
-        self, verifier: TokenVerifier, internal: frozenset[Principal] | None, method: str
+        self, verifier: TokenVerifier, internal: InternalIdentity | None, method: str
     ) -> None:
         self.verifier = verifier
         self.internal = internal
@@ -122,8 +133,33 @@ async def _enter(gate: _Gate, context: grpc.aio.ServicerContext) -> None:
     try:
         principal, until = gate.verifier.verify_until(bearer_token(header))
         if gate.internal is not None:
-            require_internal(principal, gate.internal, gate.service)
+            require_internal(principal, gate.internal.principals(), gate.service)
         CALLER.set(principal)
         CALLER_UNTIL.set(until)
     except (Unauthenticated, PermissionDenied) as e:
         await context.abort(to_status(e)[0], str(e))
+
+
+class LongCall:
+    """Whether a long call (a stream) may go on as the caller it started as: read in the
+    handler's task when the call starts (the interceptor set ``CALLER`` and ``CALLER_UNTIL``
+    there). A stream asks :meth:`refusal` as it goes and ends with it: its token expired
+    (UNAUTHENTICATED), or its caller is no longer the cluster's identity (PERMISSION_DENIED:
+    the internal token file changed subject). Authentication off: never refused."""
+
+    def __init__(self, internal: InternalIdentity | None, service: str) -> None:
+        self.caller = CALLER.get()
+        self.until = CALLER_UNTIL.get()
+        self.internal = internal
+        self.service = service
+
+    def refusal(self) -> PubsubError | None:
+        if self.until != math.inf and time.time() >= self.until:
+            return Unauthenticated("the call's token has expired")
+        if (
+            self.internal is not None
+            and self.caller is not None
+            and not self.internal.allows(self.caller)
+        ):
+            return NotInternalCaller(self.caller.member, self.service)
+        return None

@@ -41,6 +41,7 @@ from pubsubd.api.grpc.status import to_status
 from pubsubd.core import iam_calls
 from pubsubd.core.errors import PubsubError
 from pubsubd.core.iam import Requirement
+from pubsubd.core.internal_token import InternalIdentity
 from pubsubd.core.principal import CALLER, Principal, caller
 
 __all__ = ["CALLER_HEADER", "Authorization", "trusted_caller_header"]
@@ -78,11 +79,12 @@ class Authorization(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         identify: Identify | None = None,
         *,
         enforce: bool = True,
-        trusted: Principal | None = None,
+        trusted: InternalIdentity | None = None,
     ) -> None:
         """``enforce`` False: only name the caller (a forwarder behind frontends, which
         checked the call; its TestIamPermissions still answers for the caller). ``trusted``:
-        a principal every call of which passes (a forwarder's: the cluster's internal token)."""
+        principals every call of which passes (a forwarder's: the cluster's identity, the
+        principal of its internal token now)."""
         self._decide = decide
         self._identify = identify
         self._enforce = enforce
@@ -143,7 +145,7 @@ class Authorization(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if not self._enforce:
             return
         principal = caller()
-        if principal == self._trusted:
+        if self._trusted is not None and self._trusted.allows(principal):
             return
         raw = request if isinstance(request, bytes) else request.SerializeToString()
         try:

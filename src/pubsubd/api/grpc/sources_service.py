@@ -5,6 +5,11 @@ Tail streams one source's committed entries, as stored (no decoding, no re-encod
 new commit; the ack-state calls go to the same ``PublishingForwarderApi`` calls an in-process
 subscribing forwarder makes. Which forwarder serves a topic is the router's choice: a topic owned
 elsewhere answers UNAVAILABLE "not served here" (``Routes.publishing``).
+
+With authentication on, only the cluster's identity calls these methods (api/grpc/authn.py);
+a Tail goes on only while its token is valid and its caller still that identity (checked at
+each response, so within a heartbeat): then it ends (UNAUTHENTICATED, PERMISSION_DENIED) and
+its reader opens it again with the token now in its file.
 """
 
 from __future__ import annotations
@@ -18,9 +23,11 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from pubsubd._gen.pubsubd.internal.v1 import sources_pb2 as s
+from pubsubd.api.grpc.authn import LongCall
 from pubsubd.api.grpc.status import rpc, to_status, unary_method
 from pubsubd.control.router import Routes
 from pubsubd.core.errors import InvalidArgument, PubsubError
+from pubsubd.core.internal_token import InternalIdentity
 from pubsubd.data import sources_wire as wire
 from pubsubd.storage.errors import DamagedEntries, OffsetOutOfRange
 from pubsubd.storage.framing import encode_entry
@@ -52,8 +59,10 @@ def _subscription(request: Any) -> tuple[str, str]:
 
 
 class SourcesServicer:
-    def __init__(self, routes: Routes) -> None:
+    def __init__(self, routes: Routes, internal: InternalIdentity | None = None) -> None:
+        """``internal``: with authentication on, the identity a Tail's caller must stay."""
         self.routes = routes
+        self.internal = internal
 
     # --- Tail -----------------------------------------------------------------------------
 
@@ -71,6 +80,7 @@ class SourcesServicer:
             max_bytes = min(request.max_bytes or DEFAULT_TAIL_BYTES, MAX_TAIL_BYTES)
         except PubsubError as e:
             await context.abort(to_status(e)[0], str(e))
+        caller = LongCall(self.internal, wire.SERVICE)
         committed = asyncio.Event()
 
         def listener(_offset: int) -> None:
@@ -85,6 +95,9 @@ class SourcesServicer:
                     self.routes.publishing(topic)
                 except PubsubError as e:
                     await context.abort(to_status(e)[0], str(e))
+                refused = caller.refusal()
+                if refused is not None:
+                    await context.abort(to_status(refused)[0], str(refused))
                 committed.clear()
                 start = publishing.start_offset(topic, source)
                 offset = max(offset, start)
