@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -402,6 +403,69 @@ async def test_one_failing_disk_appends_answered_at_majority(
     with pytest.raises(TooFewDisks):
         await store.append(40, 1, 0, frames(5, 1))
     assert ledger_file(store.disks[0].path, 40).read_bytes() == frames(0, 5)
+
+
+def threads_of(disk: Disk, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the threads ``disk.write_at`` runs on, call by call (filled as it runs)."""
+    seen: list[str] = []
+    write_at = disk.write_at
+
+    def recorded(*args: Any) -> float:
+        seen.append(threading.current_thread().name)
+        return write_at(*args)
+
+    monkeypatch.setattr(disk, "write_at", recorded)
+    return seen
+
+
+async def test_one_disk_writes_on_the_loop_while_one_ledger_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one disk and one ledger writing, the group is written and synced on the event
+    loop's thread (no thread hop before the answer); two ledgers writing at once use the
+    disk's threads, so one's fdatasync does not wait for the other's."""
+    store = await opened(dirs(tmp_path, 1))
+    try:
+        seen = threads_of(store.disks[0], monkeypatch)
+        assert await store.append(50, 1, 0, frames(0, 2)) == 2
+        assert await store.append(50, 1, 0, frames(2, 3)) == 5
+        loop_thread = threading.current_thread().name
+        assert seen == [loop_thread, loop_thread]
+        seen.clear()
+        assert await asyncio.gather(
+            store.append(51, 1, 0, frames(0, 1)), store.append(52, 1, 0, frames(0, 2))
+        ) == [1, 2]
+        assert len(seen) == 2 and all(name.startswith("disk0") for name in seen)
+        for ledger_id, end in ((50, 5), (51, 1), (52, 2)):
+            assert ledger_file(store.disks[0].path, ledger_id).read_bytes() == frames(0, end)
+        assert offsets(await read_all(store, 50)) == list(range(5))
+    finally:
+        await store.close()
+
+
+async def test_one_disk_failing_on_the_loop_refuses_and_cuts_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write on the loop that fails is refused like one in a thread: a full disk is
+    RESOURCE_EXHAUSTED and stays in service, an I/O error takes the disk out; nothing of the
+    refused group stays in the file."""
+    store = await opened(dirs(tmp_path, 1))
+    try:
+        disk = store.disks[0]
+        assert await store.append(53, 1, 0, frames(0, 2)) == 2
+        failing(disk, errno.ENOSPC, monkeypatch)
+        with pytest.raises(DisksFull):
+            await store.append(53, 1, 0, frames(2, 1))
+        assert disk.healthy
+        monkeypatch.undo()
+        assert await store.append(53, 1, 0, frames(2, 1)) == 3
+        failing(disk, errno.EIO, monkeypatch)
+        with pytest.raises(TooFewDisks):
+            await store.append(53, 1, 0, frames(3, 1))
+        assert not disk.healthy
+        assert ledger_file(disk.path, 53).read_bytes() == frames(0, 3)
+    finally:
+        await store.close()
 
 
 async def test_full_disks_resource_exhausted_and_rolled_back(

@@ -11,7 +11,11 @@ Writes. Each ledger has one worker task that takes every append waiting for the 
 (group commit), checks each against the rules of ``ledger_index.plan_append`` and the fence,
 writes the new bytes to every healthy disk at the same position, one ``pwrite`` and one
 ``fdatasync`` per disk (in the disk's own threads, so a hung disk stalls only itself), and
-answers the whole group once a majority of the M disks have it durable. A disk that fails
+answers the whole group once a majority of the M disks have it durable. A node with one disk
+writes a group on the event loop itself while no other ledger is writing (the common case at
+a modest rate: a thread there and back cost as much CPU as the ``fdatasync`` and put two
+wake-ups on every answer's path); appends that arrive meanwhile wait in the socket, at most
+one ``fdatasync``, and several ledgers writing at once go to the threads again. A disk that fails
 (EIO, ENOSPC, ...) misses that group: it stops counting as a copy of the ledger ("lagging"), an
 I/O error other than a full disk marks the whole disk unhealthy, and writes go on while a
 majority of the disks takes them. A group that no majority took is cut off again everywhere
@@ -798,10 +802,20 @@ class LedgerStore:
             )
             return
         loop = asyncio.get_running_loop()
-        calls = {
-            loop.run_in_executor(d.executor, d.write_at, ledger.files[d.index], position, data): d
-            for d in targets
-        }
+        calls: dict[asyncio.Future[float], Disk]
+        if len(targets) == 1 and self.majority == 1 and len(self._workers) == 1:
+            # One disk, and no other ledger writing: write and sync it on the loop. A thread
+            # there and back costs as much as the fdatasync itself and two wake-ups more on
+            # the answer's path (BENCHMARKS.md, "Session L10"); nothing else waits meanwhile.
+            only = targets[0]
+            calls = {self._write_here(only, ledger.files[only.index], position, data): only}
+        else:
+            calls = {
+                loop.run_in_executor(
+                    d.executor, d.write_at, ledger.files[d.index], position, data
+                ): d
+                for d in targets
+            }
         ok: list[Disk] = []
         failed: dict[int, BaseException] = {}
 
@@ -817,7 +831,9 @@ class LedgerStore:
                     failed[disk.index] = exc
                     self._disk_error(disk, exc)
 
-        pending: set[asyncio.Future[float]] = set(calls)
+        written = {call for call in calls if call.done()}
+        collect(written)
+        pending: set[asyncio.Future[float]] = set(calls) - written
         while pending and len(ok) < self.majority and len(targets) - len(failed) >= self.majority:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             collect(done)
@@ -877,6 +893,18 @@ class LedgerStore:
         else:
             error = TooFewDisks(f"ledger {ledger.ledger_id}", detail)
         self._fail_group(writers, error)
+
+    @staticmethod
+    def _write_here(
+        disk: Disk, file: LedgerFile, position: int, data: bytes
+    ) -> asyncio.Future[float]:
+        """``disk.write_at`` on the calling thread, its outcome as a settled future."""
+        call: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        try:
+            call.set_result(disk.write_at(file, position, data))
+        except Exception as exc:
+            call.set_exception(exc)
+        return call
 
     def _fail_group(self, writers: list[_Append], error: PubsubError) -> None:
         metrics.APPENDS.labels(_result_label(error)).inc(len(writers))
