@@ -20,7 +20,13 @@ one warm-up run that is not reported:
   ``--write-partitions`` partitions) to a second topic;
 * the same Spark read (``minPartitions=2``) and Spark write against the null server
   (``bench.null_server``: it generates the pages a Read asks for and stores nothing), so the
-  figures show how fast Spark and the connector go when the server costs nothing.
+  figures show how fast Spark and the connector go when the server costs nothing;
+* the Spark read (``minPartitions=2``) with a user-specified schema of two columns
+  (``COLUMNS_SCHEMA``: offset and data), from pubsubd and from the null server: what a query
+  that needs only the payload and its position gets by saying so.
+
+``--java-options`` sets ``spark.driver.extraJavaOptions`` (the local[N] executor runs in the
+driver's JVM), e.g. Arrow's unchecked access, to measure JVM settings without code changes.
 
 ``--only NAME,...`` runs only those measurements (names as in the JSON).
 
@@ -60,6 +66,7 @@ PROJECT = "bench"
 CREATE_TOPIC = f"/{pb.PUBLISHER}/CreateTopic"
 FETCH_SIZE = 5000  # the source's default fetchSize
 PUBLISH_BATCH = 1000  # the sink's default publishBatchSize
+COLUMNS_SCHEMA = "offset long, data binary"  # the column-selection measurements' schema
 
 
 def log(msg: str) -> None:
@@ -207,7 +214,7 @@ def raw_publish_dedup(endpoint: str, topic: str, count: int, size: int) -> int:
     return published
 
 
-def spark_session(master: str) -> Any:
+def spark_session(master: str, java_options: str = "") -> Any:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
@@ -216,8 +223,11 @@ def spark_session(master: str) -> Any:
 
     from pubsubd.spark import register
 
+    builder = SparkSession.builder
+    if java_options:
+        builder = builder.config("spark.driver.extraJavaOptions", java_options)
     spark = (
-        SparkSession.builder.master(master)
+        builder.master(master)
         .appName("pubsubd-spark-bench")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
@@ -288,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-partitions", type=int, default=2, help="Spark write tasks")
     parser.add_argument("--fsync", default="always", help="pubsubd --fsync (always, interval)")
     parser.add_argument("--only", default="", help="comma-separated measurement names")
+    parser.add_argument("--java-options", default="", help="spark.driver.extraJavaOptions")
     args = parser.parse_args(argv)
     n: int = args.messages
     size: int = args.size
@@ -316,28 +327,32 @@ def main(argv: list[str] | None = None) -> int:
         log(f"filled: {fill_result['rows_per_s']:,.0f} msg/s")
 
         t_spark = time.monotonic()
-        spark = spark_session(args.master)
+        spark = spark_session(args.master, args.java_options)
         spark_start_s = time.monotonic() - t_spark
         log(f"Spark {spark.version} on {args.master} started in {spark_start_s:.1f} s")
         from pyspark.sql import functions as F
 
-        def reader(at: str = endpoint, topic: str = source, **options: str) -> Any:
+        def reader(
+            at: str = endpoint, topic: str = source, schema: str | None = None, **options: str
+        ) -> Any:
             r = spark.read.format("pubsubd").option("endpoint", at).option("topic", topic)
+            if schema is not None:
+                r = r.schema(schema)
             for k, v in options.items():
                 r = r.option(k, v)
             return r.load()
 
-        def spark_noop(**options: str) -> Callable[[], int]:
+        def spark_noop(schema: str | None = None, **options: str) -> Callable[[], int]:
             def go() -> int:
-                reader(**options).write.format("noop").mode("overwrite").save()
+                reader(schema=schema, **options).write.format("noop").mode("overwrite").save()
                 return n  # checked once by the count() measurement
 
             return go
 
         null_source = f"projects/{PROJECT}/topics/null-read-{n}-{size}"  # generated pages
 
-        def null_noop() -> int:
-            reader(null_endpoint, null_source, minPartitions="2").write.format("noop").mode(
+        def null_noop(schema: str | None = None) -> int:
+            reader(null_endpoint, null_source, schema, minPartitions="2").write.format("noop").mode(
                 "overwrite"
             ).save()
             return n
@@ -395,6 +410,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"Spark write, {args.write_partitions} tasks, to the null server",
                 lambda: spark_write(null_endpoint), n,
             ),
+            Measurement(
+                "spark-read-2-columns",
+                f"Spark read -> `noop`, `minPartitions=2`, schema `{COLUMNS_SCHEMA}`",
+                spark_noop(schema=COLUMNS_SCHEMA, minPartitions="2"), n,
+            ),
+            Measurement(
+                "null-spark-read-2-columns",
+                f"Spark read -> `noop`, `minPartitions=2`, schema `{COLUMNS_SCHEMA}`, null server",
+                lambda: null_noop(COLUMNS_SCHEMA), n,
+            ),
         ]  # fmt: skip
         if args.only:
             wanted = set(args.only.split(","))
@@ -424,6 +449,7 @@ def main(argv: list[str] | None = None) -> int:
             "master": args.master,
             "write_partitions": args.write_partitions,
             "fsync": args.fsync,
+            "java_options": args.java_options,
             "fetch_size": FETCH_SIZE,
             "publish_batch": PUBLISH_BATCH,
             "spark_start_s": round(spark_start_s, 1),

@@ -155,6 +155,48 @@ def test_batch_read_by_offsets_and_time(
     assert split.select("offset").distinct().count() == 250
 
 
+def test_user_schema_reads_only_its_columns(
+    spark: Any, shared_server: ServerProcess, names: Any, tmp_path: Path
+) -> None:
+    endpoint, topic = shared_server.endpoint, names.topic("columns")
+    create_topics(endpoint, topic)
+    publish(endpoint, topic, 0, 120)
+    reader = spark.read.format("pubsubd").option("endpoint", endpoint).option("topic", topic)
+    full = {r["offset"]: r for r in reader.load().collect()}
+    assert len(full) == 120
+
+    picked = reader.schema("data binary, offset long, attributes map<string,string>")
+    df = picked.option("minPartitions", "2").load()
+    assert df.columns == ["data", "offset", "attributes"]
+    rows = df.collect()
+    assert sorted(r["offset"] for r in rows) == list(range(120))
+    for r in rows:
+        assert (r["data"], r["attributes"]) == (
+            full[r["offset"]]["data"],
+            full[r["offset"]]["attributes"],
+        )
+
+    # The same selection from a stream, with a checkpoint: same rows, exactly once.
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    streamed = (
+        spark.readStream.format("pubsubd")
+        .schema("offset long, message_id string")
+        .option("endpoint", endpoint)
+        .option("topic", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", "50")
+        .load()
+    )
+    assert run_available_now(streamed, out, checkpoint) == [50, 50, 20]
+    got = spark.read.parquet(str(out)).collect()
+    assert sorted((r["offset"], r["message_id"]) for r in got) == sorted(
+        (o, full[o]["message_id"]) for o in full
+    )
+
+    with pytest.raises(Exception, match="no column 'value'"):
+        reader.schema("value binary").load().collect()
+
+
 def test_fail_on_data_loss(spark: Any, shared_server: ServerProcess, names: Any) -> None:
     endpoint, topic = shared_server.endpoint, names.topic("loss")
     create_topics(endpoint, topic)

@@ -11,10 +11,26 @@ pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
 import pyarrow as pa
+from pyspark.sql.types import (
+    BinaryType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from pubsubd._gen.pubsubd.v1 import replay_pb2 as r
 from pubsubd.spark.client import columns_from_rows
-from pubsubd.spark.source import ARROW_SCHEMA, columns_to_record_batch
+from pubsubd.spark.source import (
+    ARROW_SCHEMA,
+    DEFAULT_SCHEMA,
+    FULL,
+    SchemaError,
+    columns_to_record_batch,
+    projection_for,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -115,3 +131,62 @@ def test_rows_from_a_server_without_columns_convert_alike() -> None:
     for row in (*want, *got):
         row["attributes"] = dict(row["attributes"])
     assert got == want
+
+
+def test_the_default_schema_reads_every_column() -> None:
+    assert projection_for(None) is FULL
+    assert projection_for(DEFAULT_SCHEMA) is FULL
+    assert FULL.names == tuple(ARROW_SCHEMA.names)
+
+
+def test_a_user_schema_selects_columns_in_its_order() -> None:
+    schema = StructType(
+        [
+            StructField("data", BinaryType()),
+            StructField("Offset", LongType(), nullable=False),  # names match case-insensitively
+            StructField("attributes", MapType(StringType(), StringType())),
+            StructField("publish_time", TimestampType()),
+        ]
+    )
+    projection = projection_for(schema)
+    assert projection.names == ("data", "offset", "attributes", "publish_time")
+    batch = columns_to_record_batch(TOPIC, 3, columns(ROWS), projection)
+    # Spark compares the batch's schema with its own Arrow schema of the user's schema exactly.
+    assert batch.schema.names == ["data", "Offset", "attributes", "publish_time"]
+    assert not batch.schema.field("Offset").nullable
+    full = expected(3, ROWS)
+    for name, want in zip(batch.schema.names, projection.names, strict=True):
+        assert batch.column(name).equals(full.column(want)), name
+
+
+@pytest.mark.parametrize("partition", [0, 5])
+def test_every_single_column_alone_equals_the_full_batch_column(partition: int) -> None:
+    full = expected(partition, ROWS)
+    for spark_field in DEFAULT_SCHEMA.fields:
+        projection = projection_for(StructType([spark_field]))
+        batch = columns_to_record_batch(TOPIC, partition, columns(ROWS), projection)
+        assert batch.num_columns == 1 and batch.num_rows == len(ROWS)
+        assert batch.column(0).equals(full.column(spark_field.name)), spark_field.name
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ([StructField("value", BinaryType())], "no column 'value'"),
+        ([StructField("data", StringType())], "is binary, not string"),
+        ([StructField("offset", LongType()), StructField("OFFSET", LongType())], "twice"),
+        ([StructField("ordering_key", StringType(), nullable=False)], "may be null"),
+        ([], "selects no column"),
+    ],
+)
+def test_schemas_that_are_no_selection_are_refused(fields: list[StructField], message: str) -> None:
+    with pytest.raises(SchemaError, match=message):
+        projection_for(StructType(fields))
+
+
+def test_misaligned_columns_are_refused_whatever_the_projection() -> None:
+    short = columns(ROWS)
+    del short.data[-1]
+    only_offsets = projection_for(StructType([StructField("offset", LongType())]))
+    with pytest.raises(ValueError, match="different lengths"):
+        columns_to_record_batch(TOPIC, 0, short, only_offsets)

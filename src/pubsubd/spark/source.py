@@ -17,7 +17,7 @@ Spark made durable) so that the service's backlog metrics show the pipeline's la
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +34,7 @@ from pyspark.sql.datasource import (
     DataSourceWriter,
     InputPartition,
 )
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -41,7 +42,16 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import StructType
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from pubsubd.core import ids
 from pubsubd.core.client_security import ClientSecurity
@@ -71,11 +81,77 @@ ARROW_SCHEMA = pa.schema(
     ]
 )
 
+# The same schema as Spark types: what a user-specified schema is checked against.
+DEFAULT_SCHEMA = StructType(
+    [
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("message_id", StringType()),
+        StructField("ordering_key", StringType()),
+        StructField("data", BinaryType()),
+        StructField("attributes", MapType(StringType(), StringType())),
+        StructField("publish_time", TimestampType()),
+    ]
+)
+_NEVER_NULL = frozenset(DEFAULT_SCHEMA.names) - {"ordering_key"}
+
 _BYTES_SAMPLE = 64  # messages read per partition to estimate message size for maxBytesPerTrigger
 
 
 class DataLossError(RuntimeError):
     """Offsets the query needs are no longer retained (``failOnDataLoss=true``)."""
+
+
+class SchemaError(ValueError):
+    """A user-specified schema that is not a selection of the source's columns."""
+
+
+@dataclass(frozen=True)
+class Projection:
+    """The columns a query reads: ``names`` (of the default schema, in the order the user
+    asked for them) and ``schema``, the Arrow schema Spark expects of each batch (the user's
+    field names and nullability)."""
+
+    names: tuple[str, ...]
+    schema: pa.Schema
+
+
+FULL = Projection(tuple(ARROW_SCHEMA.names), ARROW_SCHEMA)
+
+
+def projection_for(schema: StructType | None) -> Projection:
+    """The projection a schema Spark hands to ``reader``/``streamReader`` asks for: the default
+    schema (or none) reads every column; a user-specified schema (``.schema("offset long, data
+    binary")``) may name any of the default columns, each once, in any order, with its default
+    type (names match case-insensitively, as Spark resolves columns), and reads only those.
+    ``NOT NULL`` is accepted for every column but ``ordering_key`` (null for unkeyed messages).
+    Anything else raises :class:`SchemaError`."""
+    if schema is None:
+        return FULL
+    default = {f.name: f.dataType for f in DEFAULT_SCHEMA.fields}
+    names: list[str] = []
+    for f in schema.fields:
+        name = f.name.lower()
+        if name not in default:
+            raise SchemaError(
+                f"pubsubd source has no column {f.name!r}; a user-specified schema may select "
+                f"any of: {SCHEMA_DDL}"
+            )
+        if name in names:
+            raise SchemaError(f"pubsubd source: column {f.name!r} appears twice in the schema")
+        if f.dataType.simpleString() != default[name].simpleString():
+            raise SchemaError(
+                f"pubsubd source: column {f.name!r} is {default[name].simpleString()}, "
+                f"not {f.dataType.simpleString()} (cast it after load())"
+            )
+        if not f.nullable and name not in _NEVER_NULL:
+            raise SchemaError(f"pubsubd source: column {f.name!r} may be null (unkeyed messages)")
+        names.append(name)
+    if not names:
+        raise SchemaError("pubsubd source: the schema selects no column")
+    arrow = to_arrow_schema(schema, timezone="UTC")
+    return FULL if arrow.equals(ARROW_SCHEMA) else Projection(tuple(names), arrow)
 
 
 @dataclass
@@ -90,6 +166,7 @@ class RangePartition(InputPartition):
     fetch_size: int
     fail_on_data_loss: bool
     security: ClientSecurity = field(default_factory=ClientSecurity)
+    projection: Projection = FULL
 
 
 def _report_loss(loss: off.DataLoss, topic: str, fail: bool) -> None:
@@ -99,46 +176,60 @@ def _report_loss(loss: off.DataLoss, topic: str, fail: bool) -> None:
     log.warning("%s", text)
 
 
-def columns_to_record_batch(topic: str, partition: int, columns: Any) -> pa.RecordBatch:
+def columns_to_record_batch(
+    topic: str, partition: int, columns: Any, projection: Projection = FULL
+) -> pa.RecordBatch:
     """One columnar Read page (``ReadColumns``) of a partition -> a RecordBatch with exactly
-    ``ARROW_SCHEMA``. Integer columns go through numpy (upb containers export them without a
-    Python int per row), message IDs are computed by Arrow from the offsets, and the attribute
-    maps are built from their flattened keys and values with offsets from the per-row counts."""
+    ``projection.schema`` (``ARROW_SCHEMA`` by default). Only the projection's columns are built.
+    Integer columns go through numpy (upb containers export them without a Python int per row),
+    message IDs are computed by Arrow from the offsets, and the attribute maps are built from
+    their flattened keys and values with offsets from the per-row counts."""
     offsets = pa.array(np.asarray(columns.offsets, dtype=np.int64))
     n = len(offsets)
     counts = np.asarray(columns.attribute_counts, dtype=np.int32)
-    map_offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(counts, out=map_offsets[1:])
-    keys = columns.attribute_keys[:]
-    values = columns.attribute_values[:]
-    ordering_keys = columns.ordering_keys[:]
-    publish_us = np.asarray(columns.publish_time_us, dtype=np.int64)
-    data = columns.data[:]
-    if not (len(counts) == len(ordering_keys) == len(publish_us) == len(data) == n) or not (
-        map_offsets[-1] == len(keys) == len(values)
-    ):
+    keys, values = columns.attribute_keys, columns.attribute_values
+    if not (
+        len(counts)
+        == len(columns.ordering_keys)
+        == len(columns.publish_time_us)
+        == len(columns.data)
+        == n
+    ) or not (int(counts.sum()) == len(keys) == len(values)):
         raise ValueError(f"pubsubd Read returned columns of different lengths ({topic})")
-    base = ids.position(partition, 0)  # message ID = decimal of position(partition, offset)
-    positions = pc.bit_wise_or(offsets, pa.scalar(base, pa.int64())) if base else offsets
-    if any(ordering_keys):
-        keyed = pa.array(ordering_keys, pa.string())
-        ordering = pc.if_else(pc.equal(keyed, ""), pa.scalar(None, pa.string()), keyed)
-    else:
-        ordering = pa.nulls(n, pa.string())
+
+    def message_ids() -> pa.Array:
+        base = ids.position(partition, 0)  # message ID = decimal of position(partition, offset)
+        positions = pc.bit_wise_or(offsets, pa.scalar(base, pa.int64())) if base else offsets
+        return pc.cast(positions, pa.string())
+
+    def ordering_keys() -> pa.Array:
+        keyed_rows = columns.ordering_keys[:]
+        if not any(keyed_rows):
+            return pa.nulls(n, pa.string())
+        keyed = pa.array(keyed_rows, pa.string())
+        return pc.if_else(pc.equal(keyed, ""), pa.scalar(None, pa.string()), keyed)
+
+    def attributes() -> pa.Array:
+        map_offsets = np.zeros(n + 1, dtype=np.int32)
+        np.cumsum(counts, out=map_offsets[1:])
+        return pa.MapArray.from_arrays(
+            pa.array(map_offsets), pa.array(keys[:], pa.string()), pa.array(values[:], pa.string())
+        )
+
+    build: dict[str, Callable[[], pa.Array]] = {
+        "topic": lambda: pa.repeat(pa.scalar(topic, pa.string()), n),
+        "partition": lambda: pa.repeat(pa.scalar(partition, pa.int32()), n),
+        "offset": lambda: offsets,
+        "message_id": message_ids,
+        "ordering_key": ordering_keys,
+        "data": lambda: pa.array(columns.data[:], pa.binary()),
+        "attributes": attributes,
+        "publish_time": lambda: pa.array(
+            np.asarray(columns.publish_time_us, dtype=np.int64), ARROW_SCHEMA.field(7).type
+        ),
+    }
     return pa.RecordBatch.from_arrays(
-        [
-            pa.repeat(pa.scalar(topic, pa.string()), n),
-            pa.repeat(pa.scalar(partition, pa.int32()), n),
-            offsets,
-            pc.cast(positions, pa.string()),
-            ordering,
-            pa.array(data, pa.binary()),
-            pa.MapArray.from_arrays(
-                pa.array(map_offsets), pa.array(keys, pa.string()), pa.array(values, pa.string())
-            ),
-            pa.array(publish_us, ARROW_SCHEMA.field(7).type),
-        ],
-        schema=ARROW_SCHEMA,
+        [build[name]() for name in projection.names], schema=projection.schema
     )
 
 
@@ -183,7 +274,7 @@ def read_range(p: RangePartition) -> Iterator[pa.RecordBatch]:
                 cur = max(next_offset, offsets[-1] + 1)
                 if cur < p.end:
                     ahead = (cur, pool.submit(fetch, cur))
-                yield columns_to_record_batch(p.topic, p.partition, columns)
+                yield columns_to_record_batch(p.topic, p.partition, columns, p.projection)
             elif next_offset > cur:
                 cur = next_offset
             else:
@@ -197,6 +288,7 @@ def _partitions(
     opts: SourceOptions,
     parts: list[off.OffsetRange],
     frozen: tuple[int | None, int | None] | None = None,
+    projection: Projection = FULL,
 ) -> list[RangePartition]:
     """One RangePartition per piece of ``parts``, split by ``frozen`` (the split recorded in a
     micro-batch's end offset) or else by the options."""
@@ -212,6 +304,7 @@ def _partitions(
             security=opts.security,
             fetch_size=opts.fetch_size,
             fail_on_data_loss=opts.fail_on_data_loss,
+            projection=projection,
         )
         for r in pieces
     ]
@@ -220,8 +313,9 @@ def _partitions(
 class PubsubdStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batch reader with admission control (maxOffsetsPerTrigger / maxBytesPerTrigger)."""
 
-    def __init__(self, opts: SourceOptions) -> None:
+    def __init__(self, opts: SourceOptions, projection: Projection = FULL) -> None:
         self.opts = opts
+        self.projection = projection
         self._initial: off.Positions | None = None
         self._target: off.Positions | None = None
         self._head: off.Positions | None = None
@@ -335,7 +429,9 @@ class PubsubdStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self.opts.topic
             )
             begin = off.with_new_partitions(begin, bounds)
-        return _partitions(self.opts, off.ranges(begin, stop), off.split_from_json(end))
+        return _partitions(
+            self.opts, off.ranges(begin, stop), off.split_from_json(end), self.projection
+        )
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)
@@ -366,8 +462,9 @@ class PubsubdBatchReader(DataSourceReader):
     """Backfills: ``startingOffsets`` (default earliest) .. ``endingOffsets`` (default latest), or
     ``startingTimestamp`` / ``endingTimestamp``."""
 
-    def __init__(self, opts: SourceOptions) -> None:
+    def __init__(self, opts: SourceOptions, projection: Projection = FULL) -> None:
         self.opts = opts
+        self.projection = projection
 
     def plan(self) -> list[off.OffsetRange]:
         opts = self.opts
@@ -396,7 +493,7 @@ class PubsubdBatchReader(DataSourceReader):
         return off.ranges(begin, stop)
 
     def partitions(self) -> Sequence[InputPartition]:
-        return _partitions(self.opts, self.plan())
+        return _partitions(self.opts, self.plan(), projection=self.projection)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)
@@ -417,10 +514,10 @@ class PubsubdDataSource(DataSource):
         return SCHEMA_DDL
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return PubsubdBatchReader(SourceOptions.parse(self.options))
+        return PubsubdBatchReader(SourceOptions.parse(self.options), projection_for(schema))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return PubsubdStreamReader(SourceOptions.parse(self.options))
+        return PubsubdStreamReader(SourceOptions.parse(self.options), projection_for(schema))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from pubsubd.spark.sink import PubsubdBatchWriter
