@@ -46,23 +46,17 @@ it sends again when it resubscribes (``start_message_id``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import grpc
-
-from pubsubd.core import active_notices, failover_rank, pb
-from pubsubd.core.deadlines import within
-from pubsubd.core.errors import STREAM_ACCEPTED
+from pubsubd.core import active_notices
 from pubsubd.core.failover_rank import FailoverRank
 from pubsubd.core.ids import OFFSET_BITS, OFFSET_MASK
-from pubsubd.core.publish_sources import STREAM_SOURCES_HEADER
-from pubsubd.pulsar import commands, errors, ids, messages
+from pubsubd.pulsar import commands, ids, messages, streams
 from pubsubd.pulsar.errors import PulsarError
-from pubsubd.pulsar.gateway import Gateway, requests_from
+from pubsubd.pulsar.gateway import Gateway
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +80,7 @@ class Consumer:
         sources: frozenset[int] | None = None,
         auto_ack: bool = False,
         failover: FailoverRank | None = None,
+        open_in_process: streams.OpenInProcess | None = None,
     ) -> None:
         self.gateway = gateway
         self.write = write
@@ -107,8 +102,17 @@ class Consumer:
         # (index i: position entry + i), None once acked.
         self._sent: dict[tuple[int, int], list[str | None]] = {}
         self.batching = not auto_ack
-        self._requests: asyncio.Queue[Any] = asyncio.Queue()
-        self._call: Any = None
+        # The stream under this consumer (streams.py): in this process when the server
+        # allows it, else a StreamingPull on the gateway's channel.
+        self._leg: streams.GrpcLeg | streams.LocalLeg = (
+            streams.LocalLeg(
+                open_in_process, subscription, client_id, STREAM_DEADLINE_S, sources, failover
+            )
+            if open_in_process is not None
+            else streams.GrpcLeg(
+                gateway, subscription, client_id, STREAM_DEADLINE_S, sources, failover
+            )
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self.closing = False
         self.paused = False  # during a seek: nothing goes to the client
@@ -116,30 +120,7 @@ class Consumer:
 
     async def open(self) -> None:
         """Open the stream; PulsarError if the subscription refuses this consumer."""
-        self._requests.put_nowait(
-            pb.StreamingPullRequest(
-                subscription=self.subscription,
-                stream_ack_deadline_seconds=STREAM_DEADLINE_S,
-                max_outstanding_messages=1,
-                client_id=self.client_id,
-            )
-        )
-        metadata = self.gateway.metadata
-        if self.sources is not None:
-            header = (STREAM_SOURCES_HEADER, ",".join(map(str, sorted(self.sources))))
-            metadata = (*(metadata or ()), header)
-        if self.failover is not None:
-            metadata = (
-                *(metadata or ()),
-                (active_notices.HEADER, "1"),
-                (failover_rank.HEADER, failover_rank.encode(self.failover)),
-            )
-        self._call = self.gateway.streaming_pull(requests_from(self._requests), metadata=metadata)
-        headers = await self._call.initial_metadata()
-        if STREAM_ACCEPTED not in tuple(headers or ()):
-            code = await self._call.code()
-            details = await self._call.details()
-            raise errors.from_status(code, details or "", subscription=True)
+        await self._leg.open()
         self._tasks = [
             asyncio.create_task(self._read(), name=f"pulsar_consumer_{self.consumer_id}"),
             asyncio.create_task(self._extend(), name=f"pulsar_leases_{self.consumer_id}"),
@@ -151,22 +132,21 @@ class Consumer:
         window = self._wanted_window()
         if window > self._window:
             self._window = window
-            self._requests.put_nowait(pb.StreamingPullRequest(max_outstanding_messages=window))
+            self._leg.set_window(window)
 
     def _wanted_window(self) -> int:
         """What the stream may hold for this consumer: its unsettled messages and the client's
         unused permits (the buffer is within those: it is what the permits will take)."""
         return max(1, min(self._held_count + self.permits, MAX_OUTSTANDING))
 
-    def _settle(self, request: Any, settled: int) -> None:
-        """Send ``request`` (acks or nacks of ``settled`` held messages) with the window they
+    def _settle(self, acks: list[str], nacks: list[str], settled: int) -> None:
+        """Send ``acks`` or ``nacks`` (of ``settled`` held messages) with the window they
         narrow: settled messages make no room for more."""
         self._held_count = max(0, self._held_count - settled)
         window = self._wanted_window()
-        if window != self._window:
-            self._window = window
-            request.max_outstanding_messages = window
-        self._requests.put_nowait(request)
+        moved = window != self._window
+        self._window = window
+        self._leg.settle(acks, nacks, window if moved else None)
 
     def _pump(self) -> None:
         buffer, sent, consumer_id = self._buffer, self._sent, self.consumer_id
@@ -226,7 +206,7 @@ class Consumer:
         self._held_count += held
         self.write(b"".join(out))
         if acked:  # a reader's: settled as sent, so the permits they took are gone too
-            self._settle(pb.StreamingPullRequest(ack_ids=acked), 0)
+            self._settle(acked, [], 0)
 
     def ack(self, cmd: Any) -> None:
         """ACK individual (a list of IDs, each a MESSAGE's (ledger, entry), with ``ack_set``
@@ -260,7 +240,7 @@ class Consumer:
                     del sent[key]
                     ack_ids += [a for a in held if a is not None]
         if ack_ids:
-            self._settle(pb.StreamingPullRequest(ack_ids=ack_ids), len(ack_ids))
+            self._settle(ack_ids, [], len(ack_ids))
         if cmd.HasField("request_id"):
             self.write(commands.ack_response(self.consumer_id, cmd.request_id))
 
@@ -321,7 +301,7 @@ class Consumer:
             self._buffer.clear()
             self._held_count = len(ack_ids)  # the buffer's too: settled with the rest
         if ack_ids:
-            self._settle(_nack_request(ack_ids), len(ack_ids))
+            self._settle([], ack_ids, len(ack_ids))
 
     def _held(self) -> list[str]:
         """The ack IDs of everything this consumer holds: delivered and unacked, or waiting
@@ -337,18 +317,13 @@ class Consumer:
         if self.closing:
             return
         self.closing = True
-        self._requests.put_nowait(None)  # half-close: the server ends the stream
+        reader = None
         for task in self._tasks:
-            if task.get_name().startswith("pulsar_leases"):
+            if task.get_name().startswith("pulsar_consumer"):
+                reader = task
+            else:
                 task.cancel()
-        reader = [t for t in self._tasks if t.get_name().startswith("pulsar_consumer")]
-        if reader:
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
-                await within(asyncio.shield(reader[0]), 5)
-        if self._call is not None:
-            self._call.cancel()
-        for task in self._tasks:
-            task.cancel()
+        await streams.end_reader(reader, self._leg)
         held = self._held()
         self._sent.clear()
         self._buffer.clear()
@@ -360,19 +335,17 @@ class Consumer:
                 log.info("Pulsar consumer %d: give-back failed: %s", self.consumer_id, e)
 
     async def _read(self) -> None:
+        leg = self._leg
         try:
             while True:
-                response = await self._call.read()
-                if response is grpc.aio.EOF:
+                received = await leg.read()
+                if received is None:
                     break
-                if isinstance(response, active_notices.ActiveNotice):
-                    self.write(commands.active_consumer_change(self.consumer_id, response.active))
+                if isinstance(received, active_notices.ActiveNotice):
+                    self.write(commands.active_consumer_change(self.consumer_id, received.active))
                     continue
-                self._buffer.extend(response.received_messages)
+                self._buffer.extend(received)
                 self._pump()
-        except grpc.aio.AioRpcError as e:
-            if not self.closing:
-                log.info("stream of Pulsar consumer %d ended: %s", self.consumer_id, e.code())
         except asyncio.CancelledError:
             return
         if not self.closing and self.on_lost is not None:
@@ -383,19 +356,7 @@ class Consumer:
             await asyncio.sleep(EXTEND_EVERY_S)
             held = self._held()
             for start in range(0, len(held), 2500):
-                part = held[start : start + 2500]
-                self._requests.put_nowait(
-                    pb.StreamingPullRequest(
-                        modify_deadline_ack_ids=part,
-                        modify_deadline_seconds=[STREAM_DEADLINE_S] * len(part),
-                    )
-                )
-
-
-def _nack_request(ack_ids: list[str]) -> Any:
-    return pb.StreamingPullRequest(
-        modify_deadline_ack_ids=ack_ids, modify_deadline_seconds=[0] * len(ack_ids)
-    )
+                self._leg.extend(held[start : start + 2500], STREAM_DEADLINE_S)
 
 
 def _bit(words: Any, i: int) -> bool:

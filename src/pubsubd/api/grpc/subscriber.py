@@ -268,6 +268,19 @@ class SubscriberServicer:
                 log.debug("stream %d closed; %d outstanding", stream.id, stream.outstanding)
                 stream.close()
 
+    def open_in_process(
+        self,
+        first: Any,
+        sources: frozenset[int] | None,
+        notices: bool = False,
+        rank: FailoverRank | None = None,
+    ) -> tuple[SubscribingForwarderApi, StreamHandle]:
+        """A StreamingPull for a caller in this process (the Pulsar front, pulsar/streams.py):
+        the handler's own checks of ``first`` and opening, no transport; the caller applies
+        later requests as ``_read_stream`` does. Raises PubsubError as the handler answers."""
+        forwarder, _, stream = self._open_stream(first, sources, notices, rank)
+        return forwarder, stream
+
     def _open_stream(
         self,
         first: Any,
