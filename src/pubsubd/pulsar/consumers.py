@@ -49,16 +49,20 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
-from pubsubd.core import active_notices
+from pubsubd.core import active_notices, pb
 from pubsubd.core.failover_rank import FailoverRank
 from pubsubd.core.ids import OFFSET_BITS, OFFSET_MASK
-from pubsubd.pulsar import commands, ids, messages, streams
+from pubsubd.pulsar import commands, ids, messages, stored, streams
 from pubsubd.pulsar.errors import PulsarError
 from pubsubd.pulsar.gateway import Gateway
 
 log = logging.getLogger(__name__)
+
+# What settles one delivered message: its ack ID over gRPC, (position, lease generation) over
+# an in-process stream (streams.py).
+AckRef: TypeAlias = str | tuple[int, int]
 
 MAX_OUTSTANDING = 20000
 MAX_BATCH = 1000  # messages per delivered batch (the client's own batching default)
@@ -100,7 +104,7 @@ class Consumer:
         self._buffer: deque[Any] = deque()  # ReceivedMessages waiting for permits
         # (ledger, entry) of each MESSAGE the client holds -> the ack IDs of its messages
         # (index i: position entry + i), None once acked.
-        self._sent: dict[tuple[int, int], list[str | None]] = {}
+        self._sent: dict[tuple[int, int], list[AckRef | None]] = {}
         self.batching = not auto_ack
         # The stream under this consumer (streams.py): in this process when the server
         # allows it, else a StreamingPull on the gateway's channel.
@@ -113,6 +117,9 @@ class Consumer:
                 gateway, subscription, client_id, STREAM_DEADLINE_S, sources, failover
             )
         )
+        # Its deliveries unframed (streams.LocalLeg.read): (position, delivery, attempt, stored
+        # message) each, settled as (position, generation), not ack IDs.
+        self._raw = isinstance(self._leg, streams.LocalLeg)
         self._tasks: list[asyncio.Task[None]] = []
         self.closing = False
         self.paused = False  # during a seek: nothing goes to the client
@@ -139,7 +146,7 @@ class Consumer:
         unused permits (the buffer is within those: it is what the permits will take)."""
         return max(1, min(self._held_count + self.permits, MAX_OUTSTANDING))
 
-    def _settle(self, acks: list[str], nacks: list[str], settled: int) -> None:
+    def _settle(self, acks: list[AckRef], nacks: list[AckRef], settled: int) -> None:
         """Send ``acks`` or ``nacks`` (of ``settled`` held messages) with the window they
         narrow: settled messages make no room for more."""
         self._held_count = max(0, self._held_count - settled)
@@ -149,6 +156,9 @@ class Consumer:
         self._leg.settle(acks, nacks, window if moved else None)
 
     def _pump(self) -> None:
+        if self._raw:
+            self._pump_raw()
+            return
         buffer, sent, consumer_id = self._buffer, self._sent, self.consumer_id
         partition = next(iter(self.sources)) if self.sources is not None else -1
         count = 0 if self.paused else min(self.permits, len(buffer))
@@ -156,7 +166,7 @@ class Consumer:
             return
         self.permits -= count
         out = []
-        acked: list[str] = []
+        acked: list[AckRef] = []
         auto_ack, take = self.auto_ack, buffer.popleft
         held = 0
         max_batch = MAX_BATCH if self.batching else 1
@@ -169,7 +179,7 @@ class Consumer:
             redelivery = attempt - 1 if attempt > 1 else 0
             count -= 1
             batch = [message]
-            ack_ids: list[str | None] = [received.ack_id]
+            ack_ids: list[AckRef | None] = [received.ack_id]
             # The batch takes the next messages while they are the next positions of the
             # source, with the same delivery attempt and publish time (a batch carries one).
             published, size, expected = message.publish_time, len(message.data), pos + 1
@@ -208,11 +218,94 @@ class Consumer:
         if acked:  # a reader's: settled as sent, so the permits they took are gone too
             self._settle(acked, [], 0)
 
+    def _pump_raw(self) -> None:
+        """:meth:`_pump` over an in-process stream's deliveries, each (position, delivery,
+        attempt, stored message): a plain message (``stored.plain``) batched from its bytes,
+        any other parsed. The same frames as ``_pump`` for the same messages (a unit test
+        compares them)."""
+        buffer, sent, consumer_id = self._buffer, self._sent, self.consumer_id
+        partition = next(iter(self.sources)) if self.sources is not None else -1
+        count = 0 if self.paused else min(self.permits, len(buffer))
+        if not count:
+            return
+        self.permits -= count
+        out = []
+        acked: list[AckRef] = []
+        auto_ack, take = self.auto_ack, buffer.popleft
+        held = 0
+        max_batch = MAX_BATCH if self.batching else 1
+        plain, parse = stored.plain, pb.PubsubMessage.FromString
+        while count:  # once per delivered message: kept lean
+            pos, delivery, attempt, raw = take()
+            ledger, entry = pos >> OFFSET_BITS, pos & OFFSET_MASK
+            redelivery = attempt - 1 if attempt > 1 else 0
+            count -= 1
+            first = plain(raw)
+            if first is None:
+                message = parse(raw)
+                item, stamp = message, message.publish_time.SerializeToString()
+                size = len(message.data)
+            else:
+                item, stamp = first
+                size = len(item)
+            batch = [item]
+            deliveries = [delivery]
+            expected = pos + 1
+            # As _pump: the next positions of the source, same attempt and publish time.
+            while count and len(batch) < max_batch and size < MAX_BATCH_BYTES:
+                next_pos, next_delivery, next_attempt, next_raw = buffer[0]
+                if next_pos != expected or next_attempt != attempt:
+                    break
+                nxt = plain(next_raw)
+                if nxt is None:
+                    m = parse(next_raw)
+                    if m.publish_time.SerializeToString() != stamp:
+                        break
+                    batch.append(m)
+                    size += len(m.data)
+                else:
+                    if nxt[1] != stamp:
+                        break
+                    batch.append(nxt[0])
+                    size += len(nxt[0])
+                take()
+                deliveries.append(next_delivery)
+                expected += 1
+                count -= 1
+            if len(batch) > 1:
+                sent[(ledger, entry)] = deliveries
+                held += len(deliveries)
+                out.append(
+                    messages.stored_batch_frame(
+                        consumer_id,
+                        ledger,
+                        entry,
+                        redelivery,
+                        stored.publish_ms(stamp),
+                        batch,
+                        partition,
+                    )
+                )
+                continue
+            if auto_ack:
+                acked.append(delivery)
+            else:
+                sent[(ledger, entry)] = deliveries
+                held += 1
+            single = item if first is None else parse(raw)
+            out.append(
+                messages.message_frame(consumer_id, ledger, entry, redelivery, single, partition)
+            )
+        self._held_count += held
+        self.write(b"".join(out))
+        if acked:  # a reader's: settled as sent, so the permits they took are gone too
+            self._settle(acked, [], 0)
+
     def ack(self, cmd: Any) -> None:
         """ACK individual (a list of IDs, each a MESSAGE's (ledger, entry), with ``ack_set``
         for the batch's messages still unacked) or cumulative (everything up to an ID, same
         source)."""
-        ack_ids: list[str] = []
+        ack_ids: list[AckRef] = []
         if cmd.ack_type == cmd.Cumulative:
             if not self.cumulative_ok:
                 log.info("cumulative ack on a shared subscription %s ignored", self.subscription)
@@ -257,7 +350,7 @@ class Consumer:
             return int(mid.entryId + mid.batch_index)
         return int(mid.entryId) + len(held) - 1
 
-    def _take_through(self, ledger: int, last: int, ack_ids: list[str]) -> None:
+    def _take_through(self, ledger: int, last: int, ack_ids: list[AckRef]) -> None:
         """Move the ack IDs of every held message of ``ledger`` at an entry up to ``last`` to
         ``ack_ids``."""
         sent = self._sent
@@ -271,7 +364,7 @@ class Consumer:
             if not any(held):
                 del sent[key]
 
-    def _take_position(self, ledger: int, entry: int, ack_ids: list[str]) -> None:
+    def _take_position(self, ledger: int, entry: int, ack_ids: list[AckRef]) -> None:
         """Move the ack ID of the one message at (ledger, entry), in whichever delivery holds it
         (an ID the client built itself, or one with a batch index), to ``ack_ids``."""
         for key, held in self._sent.items():
@@ -288,7 +381,7 @@ class Consumer:
         """Negative acks / ack timeout: the listed deliveries (what this consumer still holds of
         each), or (no list) all this one holds."""
         if cmd.message_ids:
-            ack_ids: list[str] = []
+            ack_ids: list[AckRef] = []
             for mid in cmd.message_ids:
                 held = self._sent.pop((mid.ledgerId, mid.entryId), None)
                 if held is None:  # not a delivery's ID: the message at that position
@@ -303,10 +396,12 @@ class Consumer:
         if ack_ids:
             self._settle([], ack_ids, len(ack_ids))
 
-    def _held(self) -> list[str]:
+    def _held(self) -> list[AckRef]:
         """The ack IDs of everything this consumer holds: delivered and unacked, or waiting
         for permits."""
         held = [a for ack_ids in self._sent.values() for a in ack_ids if a is not None]
+        if self._raw:
+            return held + [item[1] for item in self._buffer]
         return held + [r.ack_id for r in self._buffer]
 
     async def close(self) -> None:
@@ -330,7 +425,7 @@ class Consumer:
         log.debug("closed Pulsar consumer %d: giving back %d", self.consumer_id, len(held))
         if held:
             try:
-                await self.gateway.nack(self.subscription, held)
+                await self._leg.give_back(held)
             except PulsarError as e:  # the subscription is gone: nothing to give back
                 log.info("Pulsar consumer %d: give-back failed: %s", self.consumer_id, e)
 

@@ -61,16 +61,22 @@ class StreamLeg(Protocol):
         ...
 
     async def read(self) -> Sequence[Any] | ActiveNotice | None:
-        """The next delivered ReceivedMessages, a failover notice, or None: the stream ended."""
+        """The next delivered messages (ReceivedMessages; in process, (position, delivery,
+        attempt, stored message) tuples), a failover notice, or None: the stream ended."""
         ...
 
-    def settle(self, acks: list[str], nacks: list[str], window: int | None) -> None:
-        """Acknowledge ``acks``, redeliver ``nacks`` now, then set the window (None: as is)."""
+    def settle(self, acks: list[Any], nacks: list[Any], window: int | None) -> None:
+        """Acknowledge ``acks``, redeliver ``nacks`` now, then set the window (None: as is).
+        Each names one delivery: an ack ID (gRPC), a (position, generation) (in process)."""
         ...
 
-    def extend(self, ack_ids: list[str], seconds: int) -> None: ...
+    def extend(self, deliveries: list[Any], seconds: int) -> None: ...
 
     def set_window(self, window: int) -> None: ...
+
+    async def give_back(self, deliveries: list[Any]) -> None:
+        """After ``close``: redeliver these now (PulsarError if the subscription is gone)."""
+        ...
 
     async def close(self) -> None:
         """End the stream: what it delivered stays leased (the consumer gives it back)."""
@@ -142,7 +148,7 @@ class GrpcLeg:
             return response
         return response.received_messages  # type: ignore[no-any-return]
 
-    def settle(self, acks: list[str], nacks: list[str], window: int | None) -> None:
+    def settle(self, acks: list[Any], nacks: list[Any], window: int | None) -> None:
         if acks:
             request = pb.StreamingPullRequest(ack_ids=acks)
         else:
@@ -153,11 +159,11 @@ class GrpcLeg:
             request.max_outstanding_messages = window
         self._requests.put_nowait(request)
 
-    def extend(self, ack_ids: list[str], seconds: int) -> None:
+    def extend(self, deliveries: list[Any], seconds: int) -> None:
         self._requests.put_nowait(
             pb.StreamingPullRequest(
-                modify_deadline_ack_ids=ack_ids,
-                modify_deadline_seconds=[seconds] * len(ack_ids),
+                modify_deadline_ack_ids=deliveries,
+                modify_deadline_seconds=[seconds] * len(deliveries),
             )
         )
 
@@ -168,6 +174,10 @@ class GrpcLeg:
         """No more requests: the server ends the stream (its reader then reads None)."""
         self._closing = True
         self._requests.put_nowait(None)
+
+    async def give_back(self, deliveries: list[Any]) -> None:
+        # A unary ModifyAckDeadline(0): the stream is over.
+        await self.gateway.nack(self.subscription, deliveries)
 
     async def close(self) -> None:
         if self._call is not None:
@@ -194,6 +204,7 @@ class LocalLeg:
         self.rank = rank
         self._forwarder: SubscribingForwarderApi | None = None
         self._stream: StreamHandle | None = None
+        self._incarnation = ""  # the subscription's, which its deliveries belong to
         self._closed = False
 
     async def open(self) -> None:
@@ -203,7 +214,8 @@ class LocalLeg:
                 first, self.sources, self.rank is not None, self.rank
             )
         except PubsubError as e:
-            raise errors.from_status(to_status(e)[0], str(e), subscription=True) from e
+            raise _pulsar_error(e) from e
+        self._incarnation = self._stream.incarnation
         metrics.OPEN_STREAMS.inc()
 
     async def read(self) -> Sequence[Any] | ActiveNotice | None:
@@ -216,10 +228,21 @@ class LocalLeg:
             if not self._closed:
                 log.info("stream of %s ended: %s", self.subscription, item)
             return None
-        messages, _ = item
-        metrics.DELIVERED_MESSAGES.inc(len(messages))
-        # The same bytes the handler would write (core/wire.py), parsed once.
-        return pb.StreamingPullResponse.FromString(b"".join(messages)).received_messages  # type: ignore[no-any-return]
+        # Raw (the stream was opened so): the stored messages, their positions, the first
+        # lease generation (message i's is first + i) and the attempts.
+        assert len(item) == 4, "an in-process stream's responses are raw"
+        stored, positions, first, attempts = item
+        metrics.DELIVERED_MESSAGES.inc(len(stored))
+        generations = range(first, first + len(positions))
+        return list(
+            zip(
+                positions,
+                zip(positions, generations, strict=True),
+                [0] * len(positions) if attempts is None else attempts,
+                stored,
+                strict=True,
+            )
+        )
 
     def _apply(self, apply: Callable[[SubscribingForwarderApi, StreamHandle], None]) -> None:
         """Apply one request's worth, as the handler's reader does: a domain error ends the
@@ -233,23 +256,27 @@ class LocalLeg:
         except PubsubError as e:
             stream.end(e)
 
-    def settle(self, acks: list[str], nacks: list[str], window: int | None) -> None:
-        name = self.subscription
+    def settle(self, acks: list[Any], nacks: list[Any], window: int | None) -> None:
+        name, incarnation = self.subscription, self._incarnation
 
         def apply(forwarder: SubscribingForwarderApi, stream: StreamHandle) -> None:
             if acks:
-                forwarder.acknowledge(name, acks)
+                forwarder.acknowledge_deliveries(name, incarnation, acks)
                 metrics.ACKED_MESSAGES.inc(len(acks))
             if nacks:
-                forwarder.modify_ack_deadline(name, nacks, 0)
+                forwarder.modify_deadline_deliveries(name, incarnation, nacks, 0)
             if window is not None:
                 stream.set_max_messages(window)
 
         self._apply(apply)
 
-    def extend(self, ack_ids: list[str], seconds: int) -> None:
-        name = self.subscription
-        self._apply(lambda forwarder, _: forwarder.modify_ack_deadline(name, ack_ids, seconds))
+    def extend(self, deliveries: list[Any], seconds: int) -> None:
+        name, incarnation = self.subscription, self._incarnation
+        self._apply(
+            lambda forwarder, _: forwarder.modify_deadline_deliveries(
+                name, incarnation, deliveries, seconds
+            )
+        )
 
     def set_window(self, window: int) -> None:
         self._apply(lambda _, stream: stream.set_max_messages(window))
@@ -266,6 +293,21 @@ class LocalLeg:
             # handler's stream ends with responses it never wrote.
             self._stream.close()
             metrics.OPEN_STREAMS.dec()
+
+    async def give_back(self, deliveries: list[Any]) -> None:
+        if self._forwarder is None:
+            return
+        try:
+            self._forwarder.modify_deadline_deliveries(
+                self.subscription, self._incarnation, deliveries, 0
+            )
+        except PubsubError as e:
+            raise _pulsar_error(e) from e
+
+
+def _pulsar_error(e: PubsubError) -> errors.PulsarError:
+    """What the gRPC leg would have reported for ``e`` (its status, as the handler answers)."""
+    return errors.from_status(to_status(e)[0], str(e), subscription=True)
 
 
 async def end_reader(reader: asyncio.Task[None] | None, leg: GrpcLeg | LocalLeg) -> None:
