@@ -41,6 +41,11 @@ A consumer of partition N (``TOPIC-partition-N``) opens its stream with the requ
 ``pubsubd-sources: N``, so the server hands it only source N's messages. A reader's consumer
 (``auto_ack``) acknowledges what it sends at once: a reader's position is the client's, which
 it sends again when it resubscribes (``start_message_id``).
+
+The stream is a leg (streams.py): a StreamingPull call through the gateway, whose deliveries
+are ReceivedMessages settled by ack ID (``_pump``), or in this process, whose deliveries are
+raw, (position, (position, generation), attempt, stored message) each, settled by (position,
+generation) (``_pump_raw``, which writes the same frames for the same messages).
 """
 
 from __future__ import annotations
@@ -407,8 +412,9 @@ class Consumer:
     async def close(self) -> None:
         """End the stream, then give back what this consumer holds (redelivered at once).
 
-        The nack goes after the stream has ended (a unary ModifyAckDeadline): nacked on the
-        open stream, the messages could be sent straight back to it while it closes."""
+        The nack goes after the stream has ended (``StreamLeg.give_back``: a unary
+        ModifyAckDeadline, or in process the forwarder's call): nacked on the open stream, the
+        messages could be sent straight back to it while it closes."""
         if self.closing:
             return
         self.closing = True
