@@ -288,17 +288,18 @@ class PubsubServer:
         self._slo_task = asyncio.create_task(self._slo_loop(), name="slo_monitor")
         self.dashboard.start()
         self._damage_gauges()
-        server = grpc.aio.server(
-            options=GRPC_OPTIONS,
-            # Authentication first: it names the caller that authorization checks.
-            interceptors=[
-                *(
-                    [authn.AuthInterceptor(self.verifier, self.internal_identity, internal_only)]
-                    if self.verifier
-                    else []
-                ),
-                *authorization(self.config, self.policies, self.internal_identity),
-            ],
+        # Authentication first: it names the caller that authorization checks.
+        interceptors = [
+            *(
+                [authn.AuthInterceptor(self.verifier, self.internal_identity, internal_only)]
+                if self.verifier
+                else []
+            ),
+            *authorization(self.config, self.policies, self.internal_identity),
+        ]
+        server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=interceptors)
+        subscriber_servicer = subscriber.SubscriberServicer(
+            self.catalog, self.snapshots, self.routes, after_write=self._serving_caught_up
         )
         server.add_generic_rpc_handlers(
             [
@@ -312,14 +313,7 @@ class PubsubServer:
                         after_write=self._serving_caught_up,
                     )
                 ),
-                subscriber.handlers(
-                    subscriber.SubscriberServicer(
-                        self.catalog,
-                        self.snapshots,
-                        self.routes,
-                        after_write=self._serving_caught_up,
-                    )
-                ),
+                subscriber.handlers(subscriber_servicer),
                 replay.handlers(
                     replay.ReplayServicer(
                         self.catalog, self.routes, self.cursors, self.snapshots, self.clock
@@ -394,6 +388,9 @@ class PubsubServer:
                 f"pubsubd-{version()}",
                 ssl=tls.context() if tls else None,
                 verifier=self.verifier,
+                # Its consumers' StreamingPulls in this process, without the loopback hop,
+                # when the gRPC port checks no caller (pulsar/streams.py); else through it.
+                open_in_process=None if interceptors else subscriber_servicer.open_in_process,
             )
             self.pulsar_port = await self.pulsar.start(self.config.host, self.config.pulsar_port)
         if self.config.prober_interval_s > 0:

@@ -128,7 +128,10 @@ def run(p: DeliveryPlanner, now: float) -> Effects:
     p.plan(now)
     fx = p.effects()
     for d in fx.deliveries:
-        d.consumer.deliver(d.received, d.positions)
+        if d.consumer.raw:
+            d.consumer.deliver_raw(d)
+        else:
+            d.consumer.deliver(d.received, d.positions)
     return fx
 
 

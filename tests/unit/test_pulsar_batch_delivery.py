@@ -7,6 +7,7 @@ for the stream (acks, nacks) is read back.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from pubsubd.core import ids as core_ids
@@ -14,6 +15,7 @@ from pubsubd.core import pb
 from pubsubd.pulsar import frames
 from pubsubd.pulsar.api import BaseCommand, CommandAck, MessageMetadata
 from pubsubd.pulsar.consumers import Consumer
+from pubsubd.pulsar.streams import GrpcLeg
 
 
 def _consumer(auto_ack: bool = False, cumulative_ok: bool = False) -> tuple[Consumer, list[Any]]:
@@ -56,11 +58,18 @@ def _deliveries(written: list[bytes]) -> list[tuple[int, int, int, int]]:
     return out
 
 
+def _requests(consumer: Consumer) -> asyncio.Queue[Any]:
+    """The StreamingPull requests the consumer queued on its gRPC stream leg."""
+    leg = consumer._leg
+    assert isinstance(leg, GrpcLeg)
+    return leg._requests
+
+
 def _queued(consumer: Consumer) -> tuple[list[str], list[str]]:
     """(acked, nacked) ack IDs the consumer queued for its stream."""
     acked: list[str] = []
     nacked: list[str] = []
-    queue = consumer._requests
+    queue = _requests(consumer)
     while not queue.empty():
         request = queue.get_nowait()
         acked += request.ack_ids
@@ -167,7 +176,7 @@ def test_a_readers_messages_go_out_one_per_frame_and_are_acked_at_once() -> None
 def _windows(consumer: Consumer) -> list[int]:
     """The stream windows (max_outstanding_messages) the consumer queued, in order."""
     out = []
-    queue = consumer._requests
+    queue = _requests(consumer)
     while not queue.empty():
         request = queue.get_nowait()
         if request.max_outstanding_messages:

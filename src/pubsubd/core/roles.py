@@ -224,11 +224,22 @@ class StreamHandle(Protocol):
     @property
     def outstanding(self) -> int: ...
 
+    @property
+    def incarnation(self) -> str:
+        """The subscription incarnation the stream's deliveries belong to."""
+        ...
+
     async def next_response(
         self,
-    ) -> tuple[list[bytes], list[int]] | ActiveNotice | BaseException:
+    ) -> (
+        tuple[list[bytes], list[int]]
+        | tuple[list[bytes], list[int], int, list[int] | None]
+        | ActiveNotice
+        | BaseException
+    ):
         """The next response to write (or failover notice), or the error that ends the
-        stream."""
+        stream. A raw stream's responses are (stored messages, positions, the first lease
+        generation, delivery attempts or None): unframed, no ack IDs built."""
         ...
 
     def end(self, error: BaseException) -> None: ...
@@ -303,16 +314,31 @@ class SubscribingForwarderApi(Protocol):
         sources: frozenset[int] | None = None,
         active_notices: bool = False,
         failover_rank: FailoverRank | None = None,
+        raw: bool = False,
     ) -> StreamHandle:
         """A StreamingPull consumer; ``sources``: it takes messages of these publish message
         sources only (None: of every source); ``active_notices``: it is told when it becomes
         or stops being a failover subscription's receiver (core/active_notices.py);
-        ``failover_rank``: how it ranks on a failover subscription (core/failover_rank.py)."""
+        ``failover_rank``: how it ranks on a failover subscription (core/failover_rank.py);
+        ``raw``: its responses unframed (an in-process caller's, ``StreamHandle``)."""
         ...
 
     def acknowledge(self, name: str, ack_ids: list[str]) -> None: ...
 
+    def acknowledge_deliveries(
+        self, name: str, incarnation: str, deliveries: list[tuple[int, int]]
+    ) -> None:
+        """``acknowledge`` of the ack IDs (position, generation) of ``incarnation`` name."""
+        ...
+
     def modify_ack_deadline(self, name: str, ack_ids: list[str], seconds: int) -> None: ...
+
+    def modify_deadline_deliveries(
+        self, name: str, incarnation: str, deliveries: list[tuple[int, int]], seconds: int
+    ) -> None:
+        """``modify_ack_deadline`` of the ack IDs (position, generation) of ``incarnation``
+        name."""
+        ...
 
     def give_back(self, name: str, ack_ids: list[str]) -> int:
         """A frontend could not hand these deliveries to its client: they go to other

@@ -44,6 +44,7 @@ from pubsubd.pulsar.credentials import NEVER, TOKEN_METHOD, Credentials, check_m
 from pubsubd.pulsar.errors import PulsarError
 from pubsubd.pulsar.gateway import Gateway
 from pubsubd.pulsar.producers import Producer
+from pubsubd.pulsar.streams import OpenInProcess
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +68,11 @@ class ServerState:
         server_version: str,
         verifier: TokenVerifier | None = None,
         tls: bool = False,
+        open_in_process: OpenInProcess | None = None,
     ) -> None:
         self.gateway = gateway
+        # Consumers' streams opened in this process (streams.py), None: through the gateway.
+        self.open_in_process = open_in_process
         self.verifier = verifier  # None: authentication off
         self.tls = tls  # the port speaks TLS: lookups answer pulsar+ssl:// URLs
         self.incarnation = incarnation  # part of every dedup ID (see producers.py)
@@ -722,6 +726,7 @@ class Connection:
                 sources=sources,
                 auto_ack=temporary,
                 failover=rank,
+                open_in_process=self.state.open_in_process,
             )
             await consumer.open()
             consumer.on_lost = self._consumer_lost

@@ -41,30 +41,33 @@ A consumer of partition N (``TOPIC-partition-N``) opens its stream with the requ
 ``pubsubd-sources: N``, so the server hands it only source N's messages. A reader's consumer
 (``auto_ack``) acknowledges what it sends at once: a reader's position is the client's, which
 it sends again when it resubscribes (``start_message_id``).
+
+The stream is a leg (streams.py): a StreamingPull call through the gateway, whose deliveries
+are ReceivedMessages settled by ack ID (``_pump``), or in this process, whose deliveries are
+raw, (position, (position, generation), attempt, stored message) each, settled by (position,
+generation) (``_pump_raw``, which writes the same frames for the same messages).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
-import grpc
-
-from pubsubd.core import active_notices, failover_rank, pb
-from pubsubd.core.deadlines import within
-from pubsubd.core.errors import STREAM_ACCEPTED
+from pubsubd.core import active_notices, pb
 from pubsubd.core.failover_rank import FailoverRank
 from pubsubd.core.ids import OFFSET_BITS, OFFSET_MASK
-from pubsubd.core.publish_sources import STREAM_SOURCES_HEADER
-from pubsubd.pulsar import commands, errors, ids, messages
+from pubsubd.pulsar import commands, ids, messages, stored, streams
 from pubsubd.pulsar.errors import PulsarError
-from pubsubd.pulsar.gateway import Gateway, requests_from
+from pubsubd.pulsar.gateway import Gateway
 
 log = logging.getLogger(__name__)
+
+# What settles one delivered message: its ack ID over gRPC, (position, lease generation) over
+# an in-process stream (streams.py).
+AckRef: TypeAlias = str | tuple[int, int]
 
 MAX_OUTSTANDING = 20000
 MAX_BATCH = 1000  # messages per delivered batch (the client's own batching default)
@@ -86,6 +89,7 @@ class Consumer:
         sources: frozenset[int] | None = None,
         auto_ack: bool = False,
         failover: FailoverRank | None = None,
+        open_in_process: streams.OpenInProcess | None = None,
     ) -> None:
         self.gateway = gateway
         self.write = write
@@ -105,10 +109,22 @@ class Consumer:
         self._buffer: deque[Any] = deque()  # ReceivedMessages waiting for permits
         # (ledger, entry) of each MESSAGE the client holds -> the ack IDs of its messages
         # (index i: position entry + i), None once acked.
-        self._sent: dict[tuple[int, int], list[str | None]] = {}
+        self._sent: dict[tuple[int, int], list[AckRef | None]] = {}
         self.batching = not auto_ack
-        self._requests: asyncio.Queue[Any] = asyncio.Queue()
-        self._call: Any = None
+        # The stream under this consumer (streams.py): in this process when the server
+        # allows it, else a StreamingPull on the gateway's channel.
+        self._leg: streams.GrpcLeg | streams.LocalLeg = (
+            streams.LocalLeg(
+                open_in_process, subscription, client_id, STREAM_DEADLINE_S, sources, failover
+            )
+            if open_in_process is not None
+            else streams.GrpcLeg(
+                gateway, subscription, client_id, STREAM_DEADLINE_S, sources, failover
+            )
+        )
+        # Its deliveries unframed (streams.LocalLeg.read): (position, delivery, attempt, stored
+        # message) each, settled as (position, generation), not ack IDs.
+        self._raw = isinstance(self._leg, streams.LocalLeg)
         self._tasks: list[asyncio.Task[None]] = []
         self.closing = False
         self.paused = False  # during a seek: nothing goes to the client
@@ -116,30 +132,7 @@ class Consumer:
 
     async def open(self) -> None:
         """Open the stream; PulsarError if the subscription refuses this consumer."""
-        self._requests.put_nowait(
-            pb.StreamingPullRequest(
-                subscription=self.subscription,
-                stream_ack_deadline_seconds=STREAM_DEADLINE_S,
-                max_outstanding_messages=1,
-                client_id=self.client_id,
-            )
-        )
-        metadata = self.gateway.metadata
-        if self.sources is not None:
-            header = (STREAM_SOURCES_HEADER, ",".join(map(str, sorted(self.sources))))
-            metadata = (*(metadata or ()), header)
-        if self.failover is not None:
-            metadata = (
-                *(metadata or ()),
-                (active_notices.HEADER, "1"),
-                (failover_rank.HEADER, failover_rank.encode(self.failover)),
-            )
-        self._call = self.gateway.streaming_pull(requests_from(self._requests), metadata=metadata)
-        headers = await self._call.initial_metadata()
-        if STREAM_ACCEPTED not in tuple(headers or ()):
-            code = await self._call.code()
-            details = await self._call.details()
-            raise errors.from_status(code, details or "", subscription=True)
+        await self._leg.open()
         self._tasks = [
             asyncio.create_task(self._read(), name=f"pulsar_consumer_{self.consumer_id}"),
             asyncio.create_task(self._extend(), name=f"pulsar_leases_{self.consumer_id}"),
@@ -151,24 +144,26 @@ class Consumer:
         window = self._wanted_window()
         if window > self._window:
             self._window = window
-            self._requests.put_nowait(pb.StreamingPullRequest(max_outstanding_messages=window))
+            self._leg.set_window(window)
 
     def _wanted_window(self) -> int:
         """What the stream may hold for this consumer: its unsettled messages and the client's
         unused permits (the buffer is within those: it is what the permits will take)."""
         return max(1, min(self._held_count + self.permits, MAX_OUTSTANDING))
 
-    def _settle(self, request: Any, settled: int) -> None:
-        """Send ``request`` (acks or nacks of ``settled`` held messages) with the window they
+    def _settle(self, acks: list[AckRef], nacks: list[AckRef], settled: int) -> None:
+        """Send ``acks`` or ``nacks`` (of ``settled`` held messages) with the window they
         narrow: settled messages make no room for more."""
         self._held_count = max(0, self._held_count - settled)
         window = self._wanted_window()
-        if window != self._window:
-            self._window = window
-            request.max_outstanding_messages = window
-        self._requests.put_nowait(request)
+        moved = window != self._window
+        self._window = window
+        self._leg.settle(acks, nacks, window if moved else None)
 
     def _pump(self) -> None:
+        if self._raw:
+            self._pump_raw()
+            return
         buffer, sent, consumer_id = self._buffer, self._sent, self.consumer_id
         partition = next(iter(self.sources)) if self.sources is not None else -1
         count = 0 if self.paused else min(self.permits, len(buffer))
@@ -176,7 +171,7 @@ class Consumer:
             return
         self.permits -= count
         out = []
-        acked: list[str] = []
+        acked: list[AckRef] = []
         auto_ack, take = self.auto_ack, buffer.popleft
         held = 0
         max_batch = MAX_BATCH if self.batching else 1
@@ -189,7 +184,7 @@ class Consumer:
             redelivery = attempt - 1 if attempt > 1 else 0
             count -= 1
             batch = [message]
-            ack_ids: list[str | None] = [received.ack_id]
+            ack_ids: list[AckRef | None] = [received.ack_id]
             # The batch takes the next messages while they are the next positions of the
             # source, with the same delivery attempt and publish time (a batch carries one).
             published, size, expected = message.publish_time, len(message.data), pos + 1
@@ -226,13 +221,96 @@ class Consumer:
         self._held_count += held
         self.write(b"".join(out))
         if acked:  # a reader's: settled as sent, so the permits they took are gone too
-            self._settle(pb.StreamingPullRequest(ack_ids=acked), 0)
+            self._settle(acked, [], 0)
+
+    def _pump_raw(self) -> None:
+        """:meth:`_pump` over an in-process stream's deliveries, each (position, delivery,
+        attempt, stored message): a plain message (``stored.plain``) batched from its bytes,
+        any other parsed. The same frames as ``_pump`` for the same messages (a unit test
+        compares them)."""
+        buffer, sent, consumer_id = self._buffer, self._sent, self.consumer_id
+        partition = next(iter(self.sources)) if self.sources is not None else -1
+        count = 0 if self.paused else min(self.permits, len(buffer))
+        if not count:
+            return
+        self.permits -= count
+        out = []
+        acked: list[AckRef] = []
+        auto_ack, take = self.auto_ack, buffer.popleft
+        held = 0
+        max_batch = MAX_BATCH if self.batching else 1
+        plain, parse = stored.plain, pb.PubsubMessage.FromString
+        while count:  # once per delivered message: kept lean
+            pos, delivery, attempt, raw = take()
+            ledger, entry = pos >> OFFSET_BITS, pos & OFFSET_MASK
+            redelivery = attempt - 1 if attempt > 1 else 0
+            count -= 1
+            first = plain(raw)
+            if first is None:
+                message = parse(raw)
+                item, stamp = message, message.publish_time.SerializeToString()
+                size = len(message.data)
+            else:
+                item, stamp = first
+                size = len(item)
+            batch = [item]
+            deliveries = [delivery]
+            expected = pos + 1
+            # As _pump: the next positions of the source, same attempt and publish time.
+            while count and len(batch) < max_batch and size < MAX_BATCH_BYTES:
+                next_pos, next_delivery, next_attempt, next_raw = buffer[0]
+                if next_pos != expected or next_attempt != attempt:
+                    break
+                nxt = plain(next_raw)
+                if nxt is None:
+                    m = parse(next_raw)
+                    if m.publish_time.SerializeToString() != stamp:
+                        break
+                    batch.append(m)
+                    size += len(m.data)
+                else:
+                    if nxt[1] != stamp:
+                        break
+                    batch.append(nxt[0])
+                    size += len(nxt[0])
+                take()
+                deliveries.append(next_delivery)
+                expected += 1
+                count -= 1
+            if len(batch) > 1:
+                sent[(ledger, entry)] = deliveries
+                held += len(deliveries)
+                out.append(
+                    messages.stored_batch_frame(
+                        consumer_id,
+                        ledger,
+                        entry,
+                        redelivery,
+                        stored.publish_ms(stamp),
+                        batch,
+                        partition,
+                    )
+                )
+                continue
+            if auto_ack:
+                acked.append(delivery)
+            else:
+                sent[(ledger, entry)] = deliveries
+                held += 1
+            single = item if first is None else parse(raw)
+            out.append(
+                messages.message_frame(consumer_id, ledger, entry, redelivery, single, partition)
+            )
+        self._held_count += held
+        self.write(b"".join(out))
+        if acked:  # a reader's: settled as sent, so the permits they took are gone too
+            self._settle(acked, [], 0)
 
     def ack(self, cmd: Any) -> None:
         """ACK individual (a list of IDs, each a MESSAGE's (ledger, entry), with ``ack_set``
         for the batch's messages still unacked) or cumulative (everything up to an ID, same
         source)."""
-        ack_ids: list[str] = []
+        ack_ids: list[AckRef] = []
         if cmd.ack_type == cmd.Cumulative:
             if not self.cumulative_ok:
                 log.info("cumulative ack on a shared subscription %s ignored", self.subscription)
@@ -260,7 +338,7 @@ class Consumer:
                     del sent[key]
                     ack_ids += [a for a in held if a is not None]
         if ack_ids:
-            self._settle(pb.StreamingPullRequest(ack_ids=ack_ids), len(ack_ids))
+            self._settle(ack_ids, [], len(ack_ids))
         if cmd.HasField("request_id"):
             self.write(commands.ack_response(self.consumer_id, cmd.request_id))
 
@@ -277,7 +355,7 @@ class Consumer:
             return int(mid.entryId + mid.batch_index)
         return int(mid.entryId) + len(held) - 1
 
-    def _take_through(self, ledger: int, last: int, ack_ids: list[str]) -> None:
+    def _take_through(self, ledger: int, last: int, ack_ids: list[AckRef]) -> None:
         """Move the ack IDs of every held message of ``ledger`` at an entry up to ``last`` to
         ``ack_ids``."""
         sent = self._sent
@@ -291,7 +369,7 @@ class Consumer:
             if not any(held):
                 del sent[key]
 
-    def _take_position(self, ledger: int, entry: int, ack_ids: list[str]) -> None:
+    def _take_position(self, ledger: int, entry: int, ack_ids: list[AckRef]) -> None:
         """Move the ack ID of the one message at (ledger, entry), in whichever delivery holds it
         (an ID the client built itself, or one with a batch index), to ``ack_ids``."""
         for key, held in self._sent.items():
@@ -308,7 +386,7 @@ class Consumer:
         """Negative acks / ack timeout: the listed deliveries (what this consumer still holds of
         each), or (no list) all this one holds."""
         if cmd.message_ids:
-            ack_ids: list[str] = []
+            ack_ids: list[AckRef] = []
             for mid in cmd.message_ids:
                 held = self._sent.pop((mid.ledgerId, mid.entryId), None)
                 if held is None:  # not a delivery's ID: the message at that position
@@ -321,58 +399,54 @@ class Consumer:
             self._buffer.clear()
             self._held_count = len(ack_ids)  # the buffer's too: settled with the rest
         if ack_ids:
-            self._settle(_nack_request(ack_ids), len(ack_ids))
+            self._settle([], ack_ids, len(ack_ids))
 
-    def _held(self) -> list[str]:
+    def _held(self) -> list[AckRef]:
         """The ack IDs of everything this consumer holds: delivered and unacked, or waiting
         for permits."""
         held = [a for ack_ids in self._sent.values() for a in ack_ids if a is not None]
+        if self._raw:
+            return held + [item[1] for item in self._buffer]
         return held + [r.ack_id for r in self._buffer]
 
     async def close(self) -> None:
         """End the stream, then give back what this consumer holds (redelivered at once).
 
-        The nack goes after the stream has ended (a unary ModifyAckDeadline): nacked on the
-        open stream, the messages could be sent straight back to it while it closes."""
+        The nack goes after the stream has ended (``StreamLeg.give_back``: a unary
+        ModifyAckDeadline, or in process the forwarder's call): nacked on the open stream, the
+        messages could be sent straight back to it while it closes."""
         if self.closing:
             return
         self.closing = True
-        self._requests.put_nowait(None)  # half-close: the server ends the stream
+        reader = None
         for task in self._tasks:
-            if task.get_name().startswith("pulsar_leases"):
+            if task.get_name().startswith("pulsar_consumer"):
+                reader = task
+            else:
                 task.cancel()
-        reader = [t for t in self._tasks if t.get_name().startswith("pulsar_consumer")]
-        if reader:
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
-                await within(asyncio.shield(reader[0]), 5)
-        if self._call is not None:
-            self._call.cancel()
-        for task in self._tasks:
-            task.cancel()
+        await streams.end_reader(reader, self._leg)
         held = self._held()
         self._sent.clear()
         self._buffer.clear()
         log.debug("closed Pulsar consumer %d: giving back %d", self.consumer_id, len(held))
         if held:
             try:
-                await self.gateway.nack(self.subscription, held)
+                await self._leg.give_back(held)
             except PulsarError as e:  # the subscription is gone: nothing to give back
                 log.info("Pulsar consumer %d: give-back failed: %s", self.consumer_id, e)
 
     async def _read(self) -> None:
+        leg = self._leg
         try:
             while True:
-                response = await self._call.read()
-                if response is grpc.aio.EOF:
+                received = await leg.read()
+                if received is None:
                     break
-                if isinstance(response, active_notices.ActiveNotice):
-                    self.write(commands.active_consumer_change(self.consumer_id, response.active))
+                if isinstance(received, active_notices.ActiveNotice):
+                    self.write(commands.active_consumer_change(self.consumer_id, received.active))
                     continue
-                self._buffer.extend(response.received_messages)
+                self._buffer.extend(received)
                 self._pump()
-        except grpc.aio.AioRpcError as e:
-            if not self.closing:
-                log.info("stream of Pulsar consumer %d ended: %s", self.consumer_id, e.code())
         except asyncio.CancelledError:
             return
         if not self.closing and self.on_lost is not None:
@@ -383,19 +457,7 @@ class Consumer:
             await asyncio.sleep(EXTEND_EVERY_S)
             held = self._held()
             for start in range(0, len(held), 2500):
-                part = held[start : start + 2500]
-                self._requests.put_nowait(
-                    pb.StreamingPullRequest(
-                        modify_deadline_ack_ids=part,
-                        modify_deadline_seconds=[STREAM_DEADLINE_S] * len(part),
-                    )
-                )
-
-
-def _nack_request(ack_ids: list[str]) -> Any:
-    return pb.StreamingPullRequest(
-        modify_deadline_ack_ids=ack_ids, modify_deadline_seconds=[0] * len(ack_ids)
-    )
+                self._leg.extend(held[start : start + 2500], STREAM_DEADLINE_S)
 
 
 def _bit(words: Any, i: int) -> bool:

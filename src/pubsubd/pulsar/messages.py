@@ -256,19 +256,31 @@ def batch_frame(
     event_time}][data])``, the client's own batch format. The caller puts in one batch only
     messages with the same publish time and redelivery count (the batch carries one of each).
     """
-    command = _command(consumer_id, ledger, entry, redelivery_count, partition)
-    meta = (
-        _PRODUCER
-        + b"\x10"
-        + _V(entry)
-        + b"\x18"
-        + _V(_publish_ms(batch[0]))
-        + b"\x58"
-        + _V(len(batch))
+    return stored_batch_frame(
+        consumer_id, ledger, entry, redelivery_count, _publish_ms(batch[0]), batch, partition
     )
+
+
+def stored_batch_frame(
+    consumer_id: int,
+    ledger: int,
+    entry: int,
+    redelivery_count: int,
+    publish_ms: int,
+    batch: list[Any],
+    partition: int = -1,
+) -> bytes:
+    """:func:`batch_frame` with the publish time given, each item a PubsubMessage or, for a
+    message with nothing but data (``stored.plain``), its data bytes."""
+    command = _command(consumer_id, ledger, entry, redelivery_count, partition)
+    meta = _PRODUCER + b"\x10" + _V(entry) + b"\x18" + _V(publish_ms) + b"\x58" + _V(len(batch))
     parts = [_U32.pack(len(meta)), meta]
     pack = _U32.pack
     for message in batch:  # once per delivered message: kept lean
+        if type(message) is bytes:
+            single = b"\x18" + _V(len(message))
+            parts += (pack(len(single)), single, message)
+            continue
         data: bytes = message.data
         single = b"\x18" + _V(len(data))
         if message.attributes or message.ordering_key:

@@ -1,7 +1,8 @@
 """The Pulsar port: accepts connections and serves each (connection.py) until it closes.
 
 With ``ssl`` the port speaks TLS only (the clients' ``pulsar+ssl://`` URLs); with a token
-``verifier`` every connection must authenticate in its CONNECT (connection.py).
+``verifier`` every connection must authenticate in its CONNECT (connection.py). With
+``open_in_process`` its consumers' StreamingPulls are opened in this process (streams.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from ssl import SSLContext
 from pubsubd.core.tokens import TokenVerifier
 from pubsubd.pulsar.connection import Connection, ServerState
 from pubsubd.pulsar.gateway import Gateway
+from pubsubd.pulsar.streams import OpenInProcess
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +29,7 @@ class PulsarServer:
         *,
         ssl: SSLContext | None = None,
         verifier: TokenVerifier | None = None,
+        open_in_process: OpenInProcess | None = None,
     ) -> None:
         self.state = ServerState(
             Gateway(grpc_address),
@@ -34,6 +37,7 @@ class PulsarServer:
             server_version,
             verifier=verifier,
             tls=ssl is not None,
+            open_in_process=open_in_process,
         )
         self._ssl = ssl
         self._server: asyncio.Server | None = None

@@ -282,7 +282,7 @@ class SubscriberServicer:
                 if isinstance(item, active_notices.ActiveNotice):
                     yield active_notices.encode(item.active)
                     continue
-                messages, _ = item
+                messages = item[0]  # framed: this stream is not raw
                 metrics.DELIVERED_MESSAGES.inc(len(messages))
                 messages.append(props)
                 yield b"".join(messages)  # a serialized StreamingPullResponse (core/wire.py)
@@ -298,12 +298,27 @@ class SubscriberServicer:
                 log.debug("stream %d closed; %d outstanding", stream.id, stream.outstanding)
                 stream.close()
 
+    def open_in_process(
+        self,
+        first: Any,
+        sources: frozenset[int] | None,
+        notices: bool = False,
+        rank: FailoverRank | None = None,
+    ) -> tuple[SubscribingForwarderApi, StreamHandle]:
+        """A StreamingPull for a caller in this process (the Pulsar front, pulsar/streams.py):
+        the handler's own checks of ``first`` and opening, no transport, its responses raw
+        (``StreamHandle.next_response``); the caller applies later requests as
+        ``_read_stream`` does. Raises PubsubError as the handler answers."""
+        forwarder, _, stream = self._open_stream(first, sources, notices, rank, raw=True)
+        return forwarder, stream
+
     def _open_stream(
         self,
         first: Any,
         sources: frozenset[int] | None,
         notices: bool = False,
         rank: FailoverRank | None = None,
+        raw: bool = False,
     ) -> tuple[SubscribingForwarderApi, Any, StreamHandle]:
         if not first.subscription:
             raise InvalidArgument("subscription: the first request of a stream must name it")
@@ -326,6 +341,7 @@ class SubscriberServicer:
             sources,
             notices,
             rank,
+            raw,
         )
         try:
             self._apply(forwarder, first.subscription, first)

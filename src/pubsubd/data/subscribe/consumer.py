@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import itertools
+from typing import Any
 
 from pubsubd.core.failover_rank import FailoverRank
 
@@ -39,6 +40,10 @@ class Consumer(abc.ABC):
     notified_active: bool | None = None
     # How a stream ranks on a failover subscription (core/failover_rank.py; None: by client_id).
     failover_rank: FailoverRank | None = None
+    # Handed its deliveries unframed (an in-process stream, the Pulsar front's): the stored
+    # messages, their positions, the first lease generation and the delivery attempts, with
+    # no ReceivedMessage and no ack ID built (``planner.Delivery``).
+    raw = False
 
     def __init__(self, ack_deadline_s: float, max_messages: int, max_bytes: int) -> None:
         self.id = next(_ids)
@@ -84,6 +89,10 @@ class Consumer(abc.ABC):
     def notify_active(self, active: bool) -> None:
         """Tell the client it became (or stopped being) a receiver; only streams can."""
         return
+
+    def deliver_raw(self, delivery: Any) -> None:
+        """Take a ``planner.Delivery`` unframed; only a ``raw`` consumer is handed one."""
+        raise NotImplementedError(f"{type(self).__name__} takes framed deliveries")
 
     @abc.abstractmethod
     def deliver(self, messages: list[bytes], positions: list[int]) -> None:

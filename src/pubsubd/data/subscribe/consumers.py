@@ -4,6 +4,7 @@ of responses, a future); their flow control is ``consumer.Consumer``'s."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any, TypeAlias
 
 from pubsubd.core.active_notices import ActiveNotice
 from pubsubd.data.subscribe.consumer import (
@@ -12,12 +13,22 @@ from pubsubd.data.subscribe.consumer import (
     Consumer,
 )
 
+# What a stream's queue holds: a response (framed messages, positions), a raw stream's response
+# (stored messages, positions, first generation, attempts or None), a notice, an ending error.
+StreamItem: TypeAlias = (
+    tuple[list[bytes], list[int]]
+    | tuple[list[bytes], list[int], int, list[int] | None]
+    | ActiveNotice
+    | BaseException
+)
+
 __all__ = [
     "MAX_RESPONSE_BYTES",
     "MAX_RESPONSE_MESSAGES",
     "Consumer",
     "PullWaiter",
     "StreamConsumer",
+    "StreamItem",
 ]
 
 
@@ -31,14 +42,18 @@ class StreamConsumer(Consumer):
     ) -> None:
         super().__init__(ack_deadline_s, max_messages, max_bytes)
         self.client_id = client_id  # stable across the client's reconnects
-        # Responses (messages, positions) or notices not yet written to the stream, or the
-        # error to end it
-        self.queue: asyncio.Queue[tuple[list[bytes], list[int]] | ActiveNotice | BaseException] = (
-            asyncio.Queue()
-        )
+        # Responses (messages, positions; a raw stream's: stored messages, positions, first
+        # lease generation, attempts) or notices not yet written to the stream, or the error
+        # to end it
+        self.queue: asyncio.Queue[StreamItem] = asyncio.Queue()
 
     def deliver(self, messages: list[bytes], positions: list[int]) -> None:
         self.queue.put_nowait((messages, positions))
+
+    def deliver_raw(self, delivery: Any) -> None:
+        self.queue.put_nowait(
+            (delivery.received, delivery.positions, delivery.first_generation, delivery.attempts)
+        )
 
     def notify_active(self, active: bool) -> None:
         self.queue.put_nowait(ActiveNotice(active))

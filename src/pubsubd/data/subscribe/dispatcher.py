@@ -299,7 +299,11 @@ class SubscriptionDispatcher:
         for consumer, error in fx.ended:
             _end(consumer, error)
         for delivery in fx.deliveries:
-            delivery.consumer.deliver(delivery.received, delivery.positions)
+            consumer = delivery.consumer
+            if consumer.raw:
+                consumer.deliver_raw(delivery)
+            else:
+                consumer.deliver(delivery.received, delivery.positions)
         for pos, attempts in fx.dead_letters:
             self._start_dead_letter(pos, attempts)
         if fx.pump:

@@ -16,7 +16,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from pubsubd.core.active_notices import ActiveNotice
 from pubsubd.core.clock import SYSTEM_CLOCK, Clock
 from pubsubd.core.deadlines import within
 from pubsubd.core.errors import (
@@ -34,7 +33,7 @@ from pubsubd.core.roles import PublishingForwarderApi
 from pubsubd.core.validation import modify_deadline
 from pubsubd.data.decoding import DecodeCache
 from pubsubd.data.subscribe.budget import DeliveryBudget
-from pubsubd.data.subscribe.consumers import PullWaiter, StreamConsumer
+from pubsubd.data.subscribe.consumers import PullWaiter, StreamConsumer, StreamItem
 from pubsubd.data.subscribe.dispatcher import DeadLetterPublish, SubscriptionDispatcher
 from pubsubd.data.subscribe.push import PushManager
 from pubsubd.data.subscribe.reader import TopicReader
@@ -84,11 +83,15 @@ class Stream:
     def outstanding(self) -> int:
         return self._consumer.outstanding
 
-    async def next_response(
-        self,
-    ) -> tuple[list[bytes], list[int]] | ActiveNotice | BaseException:
-        """The next response to write (framed ReceivedMessages, their positions), a failover
-        notice, or the error that ends the stream."""
+    @property
+    def incarnation(self) -> str:
+        """The subscription incarnation its deliveries belong to (their ack IDs' first part)."""
+        return self._dispatcher.planner.incarnation
+
+    async def next_response(self) -> StreamItem:
+        """The next response to write (framed ReceivedMessages, their positions; a raw
+        stream's unframed form, ``StreamConsumer.deliver_raw``), a failover notice, or the
+        error that ends the stream."""
         return await self._consumer.queue.get()
 
     def end(self, error: BaseException) -> None:
@@ -379,12 +382,14 @@ class SubscribingForwarder:
         sources: frozenset[int] | None = None,
         active_notices: bool = False,
         failover_rank: FailoverRank | None = None,
+        raw: bool = False,
     ) -> Stream:
         if self.closing:
             raise Unavailable("the server is shutting down")
         d = self.dispatcher(name)
         d.admit(client_id)
         consumer = StreamConsumer(ack_deadline_s, max_messages, max_bytes, client_id)
+        consumer.raw = raw
         consumer.sources = sources
         consumer.active_notices = active_notices
         consumer.failover_rank = failover_rank
@@ -395,10 +400,28 @@ class SubscribingForwarder:
 
     def acknowledge(self, name: str, ack_ids: list[str]) -> None:
         d = self.dispatcher(name)
-        decoded = d.decode_all(ack_ids)
+        self._acknowledge(d, d.decode_all(ack_ids))
+
+    def acknowledge_deliveries(
+        self, name: str, incarnation: str, deliveries: list[tuple[int, int]]
+    ) -> None:
+        """:meth:`acknowledge` of the ack IDs ``incarnation``-(position, generation) names,
+        without building or parsing them (a raw stream's)."""
+        self._acknowledge(self._dispatcher_of(name, incarnation), deliveries)
+
+    @staticmethod
+    def _acknowledge(d: SubscriptionDispatcher, deliveries: list[tuple[int, int]]) -> None:
         # Ack IDs issued before a Seek no longer ack anything (their deliveries were undone).
         floor = d.generation_floor
-        d.acknowledge([pos for pos, generation in decoded if generation >= floor])
+        d.acknowledge([pos for pos, generation in deliveries if generation >= floor])
+
+    def _dispatcher_of(self, name: str, incarnation: str) -> SubscriptionDispatcher:
+        """The subscription's dispatcher if it is still ``incarnation``; else InvalidAckId, as
+        for an ack ID of a deleted subscription of the same name."""
+        d = self.dispatcher(name)
+        if d.planner.incarnation != incarnation:
+            raise InvalidAckId(f"{incarnation}-... (subscription {name} was recreated)")
+        return d
 
     def give_back(self, name: str, ack_ids: list[str]) -> int:
         d = self.dispatcher(name)
@@ -412,6 +435,14 @@ class SubscribingForwarder:
         modify_deadline(seconds)
         d = self.dispatcher(name)
         d.modify_deadline(d.decode_all(ack_ids), seconds)
+
+    def modify_deadline_deliveries(
+        self, name: str, incarnation: str, deliveries: list[tuple[int, int]], seconds: int
+    ) -> None:
+        """:meth:`modify_ack_deadline` of the ack IDs ``incarnation``-(position, generation)
+        names, without building or parsing them (a raw stream's)."""
+        modify_deadline(seconds)
+        self._dispatcher_of(name, incarnation).modify_deadline(deliveries, seconds)
 
     # --- exactly-once -------------------------------------------------------------------------
 

@@ -90,11 +90,16 @@ class SourceReader(Protocol):
 
 @dataclass(slots=True)
 class Delivery:
-    """One response: framed ReceivedMessages for ``consumer`` and the positions leased."""
+    """One response: framed ReceivedMessages for ``consumer`` and the positions leased. For a
+    ``raw`` consumer, ``received`` are the stored messages themselves (``data/decoding.py``'s
+    serialized PubsubMessages), message i leased at generation ``first_generation`` + i (its
+    ack ID's), with ``attempts`` its delivery attempts (None: not reported, as 0)."""
 
     consumer: Consumer
     received: list[bytes]
     positions: list[int]
+    first_generation: int = 0
+    attempts: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -332,6 +337,19 @@ class DeliveryPlanner:
         sizes = [size for _, _, size in batch]
         # One lease run per response (leases.py): generations first, first + 1, ...
         first = self.leases.grant_run(positions, sizes, now, consumer.ack_deadline_s, consumer.id)
+        if consumer.raw:
+            # Unframed, for an in-process stream: the same leases and attempts, no ack IDs.
+            self._delivered(consumer, sizes)
+            self._effects.deliveries.append(
+                Delivery(
+                    consumer,
+                    [message for _, message, _ in batch],
+                    positions,
+                    first,
+                    list(map(self.leases.attempts, positions)) if report else None,
+                )
+            )
+            return
         received_message = wire.received_message
         mask = ids.OFFSET_MASK
         incarnation = self.incarnation
@@ -352,13 +370,17 @@ class DeliveryPlanner:
                 )
                 for gen, (pos, message, _) in enumerate(batch, first)
             ]
+        self._delivered(consumer, sizes)
+        self._effects.deliveries.append(Delivery(consumer, received, positions))
+
+    def _delivered(self, consumer: Consumer, sizes: list[int]) -> None:
+        """Count a response of messages of ``sizes`` against the consumer and the budgets."""
         total = sum(sizes)
-        consumer.taken(len(batch), total)
+        consumer.taken(len(sizes), total)
         self._outstanding_bytes += total
         if self.budget is not None:
-            self.budget.taken(self, len(batch), total)
-        self.delivered += len(batch)
-        self._effects.deliveries.append(Delivery(consumer, received, positions))
+            self.budget.taken(self, len(sizes), total)
+        self.delivered += len(sizes)
 
     def _current_filter(self) -> filters.Filter | None:
         text = self.subscription.filter

@@ -1,0 +1,59 @@
+"""The subscribing forwarder's stored messages read without a protobuf object (pure).
+
+An in-process stream (streams.py) hands the front each message as ``data/decoding.py`` makes
+it: a serialized PubsubMessage, the client's stored fields followed by the message ID (field 3)
+and the publish time (field 4). Most messages are *plain*: data (field 1, or none: empty),
+then ID and time, nothing else: no attributes, no ordering key. :func:`plain` reads such a one
+by slicing (data, and the publish time's serialized Timestamp as the batch key); anything else
+(attributes, an ordering key, a field in another order, a length over one varint byte where
+one is expected) is None, and the caller parses it with protobuf. A property test checks that
+whatever :func:`plain` reads is what protobuf reads.
+"""
+
+from __future__ import annotations
+
+from google.protobuf import timestamp_pb2
+
+_DATA = 0x0A  # PubsubMessage.data: field 1, length-delimited
+_MESSAGE_ID = 0x1A  # field 3, length-delimited
+_PUBLISH_TIME = 0x22  # field 4, length-delimited
+
+
+def plain(m: bytes) -> tuple[bytes, bytes] | None:
+    """(data, the publish time's serialized Timestamp) of a plain message, else None."""
+    n = len(m)
+    if n < 4:
+        return None
+    if m[0] == _DATA:
+        size = m[1]
+        p = 2
+        if size & 0x80:  # a multi-byte varint (data of 128 bytes or more)
+            size &= 0x7F
+            shift = 7
+            while True:
+                if p >= n or shift > 28:
+                    return None
+                b = m[p]
+                p += 1
+                size |= (b & 0x7F) << shift
+                if not b & 0x80:
+                    break
+                shift += 7
+        end = p + size
+        data = m[p:end]
+    else:
+        data = b""
+        end = 0
+    # Then exactly the message ID and the publish time, each with a one-byte length.
+    if end + 4 > n or m[end] != _MESSAGE_ID or m[end + 1] & 0x80:
+        return None
+    at = end + 2 + m[end + 1]
+    if at + 2 > n or m[at] != _PUBLISH_TIME or m[at + 1] & 0x80 or at + 2 + m[at + 1] != n:
+        return None
+    return data, m[at + 2 :]
+
+
+def publish_ms(stamp: bytes) -> int:
+    """Milliseconds of a serialized Timestamp (``plain``'s second value)."""
+    ts = timestamp_pb2.Timestamp.FromString(stamp)
+    return int(ts.seconds * 1000 + ts.nanos // 1_000_000)

@@ -1,0 +1,134 @@
+"""The Pulsar consumer over an in-process stream writes what it writes over gRPC.
+
+The same stored messages (``data/decoding.py``'s form: plain ones, ones with attributes, an
+ordering key, the reserved dedup attribute, data of 128 bytes and more, several publish times
+and attempts) go to two consumers: one fed ReceivedMessages as the gRPC stream delivers them
+(``_pump``), one fed the raw form an in-process stream delivers (``_pump_raw``). Under the
+same FLOW permits, acks and nacks they write the same bytes, and settle the same deliveries
+(an ack ID against the (position, generation) it names).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pubsubd.core import ids as core_ids
+from pubsubd.core import pb
+from pubsubd.core.records import Entry
+from pubsubd.core.validation import DEDUP_ID_ATTRIBUTE
+from pubsubd.data.decoding import decode
+from pubsubd.pulsar.api import BaseCommand, CommandAck
+from pubsubd.pulsar.consumers import Consumer
+
+pytestmark = pytest.mark.unit
+
+INCARNATION = "inc"
+
+
+class Leg:
+    """Records what a consumer settles (as a StreamLeg would send it)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[Any], int | None]] = []
+
+    def settle(self, acks: list[Any], nacks: list[Any], window: int | None) -> None:
+        self.calls.append(("settle", [_named(a) for a in acks + nacks], window))
+
+    def set_window(self, window: int) -> None:
+        self.calls.append(("window", [], window))
+
+
+def _named(ref: Any) -> tuple[int, int]:
+    """The (position, generation) an ack ID or a raw delivery names."""
+    if isinstance(ref, str):
+        return core_ids.decode_ack_id(ref, INCARNATION)
+    return (int(ref[0]), int(ref[1]))
+
+
+def _consumer(raw: bool, written: list[bytes], **kw: Any) -> Consumer:
+    consumer = Consumer(
+        gateway=None,  # type: ignore[arg-type]  # never called: no stream is opened
+        write=written.append,
+        consumer_id=3,
+        subscription="projects/p/subscriptions/s",
+        client_id="c",
+        cumulative_ok=True,
+        open_in_process=(lambda *a: None) if raw else None,  # type: ignore[arg-type,return-value]
+        **kw,
+    )
+    consumer._leg = Leg()  # type: ignore[assignment]
+    return consumer
+
+
+def _stored() -> list[tuple[int, bytes]]:
+    """(position, stored message) of entries as the subscribing forwarder decodes them."""
+    entries = [
+        ([pb.PubsubMessage(data=b"p%d" % i) for i in range(5)], 1_700_000_000_123_000),
+        ([pb.PubsubMessage(data=b"x" * 300), pb.PubsubMessage(data=b"")], 1_700_000_000_123_000),
+        (
+            [
+                pb.PubsubMessage(data=b"a", attributes={"k": "v"}),
+                pb.PubsubMessage(data=b"b", attributes={DEDUP_ID_ATTRIBUTE: "d1"}),
+                pb.PubsubMessage(data=b"c", ordering_key="key"),
+            ],
+            1_700_000_000_123_000,
+        ),
+        ([pb.PubsubMessage(data=b"q%d" % i) for i in range(4)], 1_700_000_001_000_000),
+    ]
+    out: list[tuple[int, bytes]] = []
+    offset = 0
+    for messages, time_us in entries:
+        payload = pb.PublishRequest(topic="projects/p/topics/t", messages=messages)
+        entry = Entry(offset, len(messages), time_us, payload.SerializeToString())
+        decoded = decode(0, entry).messages
+        out += [(core_ids.position(0, offset + i), m) for i, m in enumerate(decoded)]
+        offset += len(messages)
+    return out
+
+
+def _fill(framed: Consumer, raw: Consumer, attempts: dict[int, int]) -> None:
+    for generation, (pos, stored) in enumerate(_stored(), 40):
+        attempt = attempts.get(pos, 1)
+        framed._buffer.append(
+            pb.ReceivedMessage(
+                ack_id=core_ids.encode_ack_id(INCARNATION, pos, generation),
+                message=pb.PubsubMessage.FromString(stored),
+                delivery_attempt=attempt,
+            )
+        )
+        raw._buffer.append((pos, (pos, generation), attempt, stored))
+
+
+@pytest.mark.parametrize("auto_ack", [False, True])
+def test_raw_and_framed_consumers_write_the_same_frames_and_settle_the_same(
+    auto_ack: bool,
+) -> None:
+    framed_out: list[bytes] = []
+    raw_out: list[bytes] = []
+    framed = _consumer(False, framed_out, auto_ack=auto_ack)
+    raw = _consumer(True, raw_out, auto_ack=auto_ack)
+    _fill(framed, raw, attempts={3: 2, 4: 2})
+    for permits in (2, 1, 4, 3, 100):
+        framed.flow(permits)
+        raw.flow(permits)
+        assert raw_out == framed_out
+        assert raw._sent.keys() == framed._sent.keys()
+    assert len(framed_out) == 5 and not raw._buffer
+    # Acks: a whole batch, a batch-index ack, a position inside a batch, then a cumulative
+    # ack and a nack of what is left.
+    for consumer in (framed, raw):
+        cmd = CommandAck(consumer_id=3)
+        cmd.message_id.add(ledgerId=0, entryId=0)
+        cmd.message_id.add(ledgerId=0, entryId=5, ack_set=[0b10])
+        cmd.message_id.add(ledgerId=0, entryId=11)
+        consumer.ack(cmd)
+        cumulative = CommandAck(consumer_id=3, ack_type=CommandAck.Cumulative)
+        cumulative.message_id.add(ledgerId=0, entryId=9)
+        consumer.ack(cumulative)
+        consumer.redeliver(BaseCommand().redeliverUnacknowledgedMessages)
+    framed_leg, raw_leg = framed._leg, raw._leg
+    assert isinstance(framed_leg, Leg) and isinstance(raw_leg, Leg)
+    assert raw_leg.calls == framed_leg.calls
+    assert any(names for _, names, _ in raw_leg.calls)
