@@ -159,9 +159,32 @@ def make_subscriber(
         if fresh_connection:
             options.append(("grpc.use_local_subchannel_pool", 1))
         channel = grpc.insecure_channel(endpoint, options=options)
-        return pubsub_v1.SubscriberClient(transport=SubscriberGrpcTransport(channel=channel))
+        return _Subscriber(transport=SubscriberGrpcTransport(channel=channel))
     with emulator_host(endpoint):
-        return pubsub_v1.SubscriberClient()
+        return _Subscriber()
+
+
+class _Subscriber(pubsub_v1.SubscriberClient):  # type: ignore[misc]
+    """The official subscriber, whose ``close`` first ends its ``subscribe`` streams and waits
+    for their threads: ``future.cancel()`` only starts the stream's shutdown in a thread, and a
+    channel closed before it ends lets the client's lease thread call a closed channel (an
+    unhandled thread exception, which fails whichever test runs then)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._streams: list[pubsub_v1.subscriber.futures.StreamingPullFuture] = []
+
+    def subscribe(self, *args: Any, **kwargs: Any) -> Any:
+        future = super().subscribe(*args, **kwargs)
+        self._streams.append(future)
+        return future
+
+    def close(self) -> None:
+        for future in self._streams:
+            future.cancel()
+            with contextlib.suppress(Exception):
+                future.result(timeout=30)
+        super().close()
 
 
 @pytest.fixture
