@@ -92,7 +92,7 @@ class Consumer(abc.ABC):
 
     def deliver_raw(self, delivery: Any) -> None:
         """Take a ``planner.Delivery`` unframed; only a ``raw`` consumer is handed one."""
-        raise NotImplementedError(f"{type(self).__name__} takes framed deliveries")
+        raise TypeError(f"{type(self).__name__} takes framed deliveries, not raw ones")
 
     @abc.abstractmethod
     def deliver(self, messages: list[bytes], positions: list[int]) -> None:
