@@ -30,7 +30,9 @@ between two reads. It remembers each record's creation and modification zxids; i
 and deletes update that memory before they publish, so a process hears its own writes once.
 A change is published after it is read back, so several changes to one record between two
 reads are heard as one. kazoo drops every watch when the connection is lost: each dropped
-watch is read again once connected (after a new session that is every record, a full re-read).
+watch, and each read sent while disconnected, is read again once connected and after a sync
+(the server reconnected to may be one just back from a crash, not yet caught up with the
+leader); after a new session that is every record, a full re-read.
 Cost: one data watch per record on the server and in kazoo, and the records in memory.
 """
 
@@ -54,7 +56,7 @@ from pubsubd.coordination.errors import (
     NoNode,
 )
 from pubsubd.coordination.paths import DEFAULT_ROOT
-from pubsubd.coordination.zk import Coordinator, SessionState, WatchEvent, ZnodeStat
+from pubsubd.coordination.zk import Coordinator, EventType, SessionState, WatchEvent, ZnodeStat
 from pubsubd.core.deadlines import within
 from pubsubd.core.errors import AlreadyExists, InternalError
 from pubsubd.storage.metadata import (
@@ -537,6 +539,12 @@ class _Follower:
         self._again: set[str] = set()  # marked while in flight: read again after
         self._stale: set[str] = set()  # written by us while a read was in flight
         self._waiting: set[str] = set()  # failed while disconnected: read once connected
+        # Read while disconnected: kazoo queues such a read and sends it on the next
+        # connection, whose server may not have caught up with the leader yet (a follower just
+        # back from a crash). Read again once connected, after a sync.
+        self._unsure: set[str] = set()
+        self._dropped: set[str] = set()  # watches the connection's loss dropped
+        self._resync: asyncio.Task[None] | None = None
         self._later: set[str] = set()  # no answer in time: read again in a moment
         self._wake = asyncio.Event()
         self._closed = False
@@ -574,7 +582,7 @@ class _Follower:
         self._closed = True
         self._remove_listener()
         self._wake.set()
-        for task in self._workers:
+        for task in (*self._workers, *([self._resync] if self._resync else [])):
             task.cancel()
 
     # -- what this process wrote -------------------------------------------------------------
@@ -603,13 +611,43 @@ class _Follower:
         return sorted(await self.coordinator.children(path, watch=self._fired))
 
     def _fired(self, event: WatchEvent) -> None:
+        if event.type is EventType.NONE:  # the connection dropped it: read once caught up
+            self._dropped.add(event.path)
+            if self.coordinator.connected:
+                self._resync_soon()
+            return
         self._mark(event.path)
 
     def _state_changed(self, state: SessionState) -> None:
         if state is SessionState.CONNECTED:
-            waiting, self._waiting = self._waiting, set()
-            for path in waiting:
-                self._mark(path)
+            self._resync_soon()
+
+    def _resync_soon(self) -> None:
+        if self._resync is None and (self._waiting or self._unsure or self._dropped):
+            self._settled.clear()
+            self._resync = self.loop.create_task(self._resync_all(), name="metadata resync")
+
+    async def _resync_all(self) -> None:
+        """Read again what a lost connection left unsure, once this session's server has caught
+        up with the leader: a server just back from a crash may answer (and arm watches) from
+        before changes others completed while we were away."""
+        try:
+            while self._waiting or self._unsure or self._dropped:
+                try:
+                    await self.coordinator.sync(self.layout.metadata)
+                except CoordinationUnavailable:
+                    if not self.coordinator.connected:
+                        return  # the next connection starts another
+                    await asyncio.sleep(0.2)
+                    continue
+                again = self._waiting | self._unsure | self._dropped
+                self._waiting, self._unsure, self._dropped = set(), set(), set()
+                for path in sorted(again):
+                    self._mark(path)
+        finally:
+            self._resync = None
+            if not (self._queue or self._inflight or self._later):
+                self._settled.set()
 
     def _mark(self, path: str) -> None:
         self._settled.clear()
@@ -648,6 +686,8 @@ class _Follower:
             path = next(iter(self._queue))
             del self._queue[path]
             self._inflight.add(path)
+            if not self.coordinator.connected:
+                self._unsure.add(path)
             try:
                 await self._read(path)
             except CoordinationUnavailable:
@@ -663,7 +703,7 @@ class _Follower:
                 if path in self._again:
                     self._again.discard(path)
                     self._mark(path)
-                elif not (self._queue or self._inflight or self._later):
+                elif not (self._queue or self._inflight or self._later or self._resync):
                     self._settled.set()
 
     async def _read(self, path: str) -> None:
