@@ -38,12 +38,13 @@ retry_base_module.random = random.Random()  # type: ignore[assignment]
 
 
 # With `make test` (two xdist workers, `-n 2 --dist loadgroup`) the heavy directories (whole
-# local clusters, Spark JVMs, kill -9 crash tests) form one group, run one test at a time on one
-# worker; the feature tests run against every deployment form another (one worker starts the
-# session's two clusters, not both); every other module is a group of its own (its
-# module-scoped server started once), handed to whichever worker is free. So at most one heavy
-# test runs at any moment.
-HEAVY = ("cluster", "spark", "crash")
+# local clusters, Spark JVMs) form one group, run one test at a time on one worker; the feature
+# tests run against every deployment form another (one worker starts the session's two
+# clusters, not both); every other module is a group of its own (its module-scoped server
+# started once), handed to whichever worker is free. So at most one heavy test runs at any
+# moment. The heavy group is the suite's longest path (~27 of its ~28 minutes), so the kill -9
+# crash tests of one server (tests/crash) run beside it, on the other worker.
+HEAVY = ("cluster", "spark")
 
 
 @pytest.hookimpl(wrapper=True)
