@@ -30,9 +30,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from google.api_core import exceptions
 from google.cloud import pubsub_v1
 
 from pubsubd.cluster.launcher import LocalCluster
+from pubsubd.core.quotas import MESSAGES_LABEL as QUOTA_LABEL
 from tests.cluster.test_frontends import Receiver
 from tests.conftest import make_publisher, make_subscriber
 from tests.support.cluster import (
@@ -43,6 +45,7 @@ from tests.support.cluster import (
     topic_uid,
 )
 from tests.support.flood import Flood
+from tests.support.raw import gapic_publisher
 from tests.support.server import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -352,3 +355,105 @@ def test_a_catch_up_cut_by_kill_9_resumes_from_the_copy_s_end(
     # owner still sent only the open ledger's part.
     assert from_nodes > 0 and kept > 0, (from_nodes, from_owner)
     assert from_owner <= total // 4, (from_nodes, from_owner)
+
+
+def test_a_subscription_created_through_one_forwarder_is_pulled_at_once_through_another(
+    cluster: LocalCluster, names: Any
+) -> None:
+    """CreateSubscription is answered by the topic's owner (the publishing forwarder); the
+    subscription is served by a subscribing forwarder the router names a moment later. A Pull
+    sent at once, through the frontend or to a subscribing forwarder directly, and a stream
+    opened at once through the frontend, each get the message published right after the
+    create, with the official client and no NOT_FOUND: until the subscription is placed
+    every forwarder refuses it as "not served here" (UNAVAILABLE, which the frontend and the
+    client retry), and the one that gains it catches up with the metadata store before it
+    serves it (data/ownership.py ``SubscriptionOwnership``)."""
+    publisher = make_publisher(cluster.grpc)
+    topic = names.topic("created-then-pulled")
+    publisher.create_topic(name=topic)
+    wait_for(lambda: topic_owner(cluster, topic) == PUBLISHING, 30, "the topic is placed")
+    creator = make_subscriber(cluster.grpc)
+    readers = {
+        a: make_subscriber(a)
+        for a in (cluster.grpc, *(cluster.process(n).address for n in SUBSCRIBING))
+    }
+    not_found: list[str] = []
+    waits: list[float] = []
+    for i in range(8):
+        name = names.subscription(f"created-{i}")
+        creator.create_subscription(name=name, topic=topic)
+        data = f"m-{i}".encode()
+        publisher.publish(topic, data).result(timeout=30)
+        address = cluster.grpc
+        if i % 2:  # directly to its subscribing forwarder, as soon as the router names it
+            wait_for(lambda n=name: _server(cluster, n), 30, "the subscription is placed")
+            address = cluster.process(_server(cluster, name)).address
+        started = time.monotonic()
+        try:
+            pulled = readers[address].pull(
+                request={"subscription": name, "max_messages": 10}, timeout=30
+            )
+        except exceptions.NotFound:
+            not_found.append(name)
+            continue
+        waits.append(time.monotonic() - started)
+        assert [m.message.data for m in pulled.received_messages] == [data]
+    streamed = names.subscription("created-streamed")
+    creator.create_subscription(name=streamed, topic=topic)
+    publisher.publish(topic, b"streamed").result(timeout=30)
+    receiver = _Receiver(cluster.grpc, streamed)
+    try:
+        wait_for(lambda: receiver.has({b"streamed"}) or receiver._future.done(), 30, "streamed")
+        assert not receiver._future.done(), receiver._future.exception()
+    finally:
+        receiver.close()
+    assert not_found == [], f"NOT_FOUND right after the create: {not_found}"
+    print(f"first Pull answered after {min(waits):.3f}-{max(waits):.3f} s")
+    for client in (creator, *readers.values()):
+        client.close()
+
+
+QUOTA = 20  # a block_publishers backlog quota, in messages
+
+
+def test_a_topic_s_new_owner_counts_its_subscriptions_backlog_at_once(
+    cluster: LocalCluster, names: Any
+) -> None:
+    """A topic with a block_publishers quota of 20 and an idle subscription served by a
+    subscribing forwarder: 12 published, then the topic's owner restarts (SIGTERM; the topic is
+    taken over by the new process). The new owner knows the subscription's backlog as soon as
+    it serves the topic (it opens every subscription's ack journal when it gains the topic,
+    data/reconcile.py): exactly 8 more are accepted and the next is refused. Before, it
+    counted the subscription only once its subscribing forwarder attached again there, which
+    an idle one does on its next ack: every publish was accepted."""
+    admin = make_publisher(cluster.grpc)
+    topic, subscription = names.topic("moved-quota"), names.subscription("moved-quota")
+    admin.create_topic(request={"name": topic, "labels": {QUOTA_LABEL: str(QUOTA)}})
+    make_subscriber(cluster.grpc).create_subscription(name=subscription, topic=topic)
+    wait_for(lambda: _server(cluster, subscription) in SUBSCRIBING, 30, "the subscription placed")
+    gapic = gapic_publisher(cluster.grpc)
+
+    def publish(data: bytes) -> bool:
+        try:
+            gapic.publish(
+                request={"topic": topic, "messages": [{"data": data}]}, retry=None, timeout=10
+            )
+        except exceptions.ResourceExhausted:
+            return False
+        return True
+
+    assert all(publish(f"before-{i}".encode()) for i in range(12))
+    cluster.stop(PUBLISHING)
+    cluster.restart(PUBLISHING)
+
+    def served_again() -> bool:
+        try:
+            return publish(b"after-0")
+        except (exceptions.ServiceUnavailable, exceptions.DeadlineExceeded):
+            return False
+
+    wait_for(served_again, 60, "the topic served by its new owner")
+    accepted = 1
+    while accepted <= QUOTA and publish(f"after-{accepted}".encode()):
+        accepted += 1
+    assert accepted == QUOTA - 12, f"{12 + accepted} accepted in all at a quota of {QUOTA}"

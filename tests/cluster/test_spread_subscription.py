@@ -718,3 +718,47 @@ def test_a_subscription_s_own_quota_blocks_at_its_backlog_from_a_forwarder_apart
     assert not any(_served_sources(cluster, n, subscription) for n in SUBSCRIBING)  # whole
     after = _blocks_at_the_quota(endpoint, topic, subscription)
     print(f"whole, own quota: accepted again {after * 1000:.0f} ms after the last ack")
+
+
+def test_a_topic_evict_oldest_quota_evicts_nothing_under_the_whole_backlog(
+    cluster: LocalCluster, names: Any
+) -> None:
+    """A topic with an evict_oldest quota of 20 over 8 sources (the router spreads every
+    spreadable subscription here): 16 published and all acked, then 16 more. The whole
+    backlog (16) is under the quota, so after three quota checks all 16 are delivered. The
+    subscription is served whole by one subscribing forwarder (control/routing_views.py
+    ``spreadable``), whose dispatcher sees every ack. Spread, each forwarder counted the other
+    forwarders' sources as of its attach (their later acks never reach it), so each thought
+    the backlog over 20 and evicted its own sources' messages: some of the 16 were lost."""
+    endpoint = cluster.grpc
+    admin, subscriber = make_publisher(endpoint), make_subscriber(endpoint)
+    topic, subscription = names.topic("evicting"), names.subscription("evicting")
+    labels = {
+        "pubsubd-publish-sources": str(SOURCES),
+        QUOTA_LABEL: str(QUOTA),
+        "pubsubd-backlog-policy": "evict_oldest",
+    }
+    admin.create_topic(request={"name": topic, "labels": labels})
+    subscriber.create_subscription(request={"name": subscription, "topic": topic})
+    wait_for(
+        lambda: any(subscription in _status(cluster, n)["subscriptions"] for n in SUBSCRIBING),
+        30,
+        "the subscription served",
+    )
+    time.sleep(2.0)  # the router's next passes: placed as it stays
+    gapic = gapic_publisher(endpoint)
+
+    def publish(prefix: str) -> None:
+        for i in range(16):  # keyed over 16 keys: over the sources
+            message = {"data": f"{prefix}-{i}".encode(), "ordering_key": f"k{i}"}
+            gapic.publish(request={"topic": topic, "messages": [message]}, timeout=10)
+
+    publish("first")
+    assert len(_pull_all(subscriber, subscription, 16)) == 16
+    time.sleep(1.0)  # the acks flushed
+    publish("second")
+    time.sleep(3.5)  # three quota checks (PUBSUBD_QUOTA_CHECK_S, 1 s)
+    got = _pull_all(subscriber, subscription, 16)
+    assert sorted(got) == sorted(f"second-{i}" for i in range(16)), f"{16 - len(got)} evicted"
+    assert not any(_served_sources(cluster, n, subscription) for n in SUBSCRIBING)  # whole
+    subscriber.close()

@@ -17,11 +17,11 @@ from pubsubd.control.routing_table import (
     publishing_unit,
     subscribing_unit,
 )
-from pubsubd.control.routing_views import RoutingView, spreadable
+from pubsubd.control.routing_views import NamesView, RoutingView, spreadable
 from pubsubd.coordination.paths import bucket
 from pubsubd.coordination.zk import Coordinator
 from pubsubd.core import pb
-from pubsubd.storage.metadata import SubscriptionRecord
+from pubsubd.storage.metadata import Change, SubscriptionRecord, TopicRecord
 
 pytestmark = pytest.mark.unit
 
@@ -193,3 +193,25 @@ def test_a_shard_without_marks_reads_as_whole_subscriptions() -> None:
     ).SerializeToString()
     view._shard_read("a", (data, None))  # type: ignore[arg-type]
     assert view.owned_subscription_sources("f1") == {"x": None}
+
+
+def _topic_record(labels: dict[str, str]) -> TopicRecord:
+    body = pb.Topic(name="projects/p/topics/t", labels=labels).SerializeToString()
+    return TopicRecord("projects/p/topics/t", "t", body)
+
+
+def test_a_subscription_of_a_topic_whose_quota_evicts_is_served_whole() -> None:
+    """Eviction is the dispatcher's, and a dispatcher serving part of a subscription would
+    count the other sources' backlog as of its attach: too high, so it would evict early. Its
+    topic's quota changing (either way, or the topic deleted) changes it at once."""
+    view = NamesView(Coordinator("127.0.0.1:1", "/unused"))
+    evicting = {"pubsubd-backlog-quota-messages": "10", "pubsubd-backlog-policy": "evict_oldest"}
+    view._changed(Change(_topic_record(evicting)))
+    view._changed(Change(_record({})))
+    assert not view.subscriptions["projects/p/subscriptions/s"].spreadable
+    view._changed(Change(_topic_record({"pubsubd-backlog-quota-messages": "10"})))  # blocks
+    assert view.subscriptions["projects/p/subscriptions/s"].spreadable
+    view._changed(Change(_topic_record(evicting)))
+    assert not view.subscriptions["projects/p/subscriptions/s"].spreadable
+    view._changed(Change(_topic_record(evicting), deleted=True))
+    assert view.subscriptions["projects/p/subscriptions/s"].spreadable

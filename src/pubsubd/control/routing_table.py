@@ -27,8 +27,9 @@ topic's sources apart: ``pubsubd router`` never runs it).
 Spread subscriptions (``spread_subscriptions=True``, ``pubsubd router --spread-subscriptions``):
 topics are placed whole among the publishing forwarders and every subscription that may be
 spread (``SubscriptionUnits.spreadable``: shared and key_shared ones without a backlog quota of
-their own) and that the router spreads (``update(spread_only=)``: the busy ones,
-``core/subscription_spread.py``; all with ``--spread-all``) is placed over ``k`` subscribing
+their own, of a topic whose quota does not evict) and that the router spreads
+(``update(spread_only=)``: the busy ones, ``core/subscription_spread.py``; all with
+``--spread-all``) is placed over ``k`` subscribing
 forwarders (its width, ``update(spread_widths=)``, chosen by load; every source apart with
 ``--spread-all``): ``k`` heads ``s/{uid}/i`` (i < k) placed on their own, source ``j``
 following head ``j mod k``, so a busy subscription is served by several, each owning some of
@@ -148,7 +149,8 @@ class SubscriptionUnits:
     topic_uid: str
     # May be served by several subscribing forwarders by source (with spread subscriptions):
     # not exclusive or failover (one client for the whole subscription), no backlog quota of
-    # its own (each forwarder sees the ack state of its own sources only).
+    # its own (each forwarder sees the ack state of its own sources only), nor one of a topic
+    # whose quota is evict_oldest (control/routing_views.py: it would evict early).
     spreadable: bool = True
 
 

@@ -1,7 +1,8 @@
 """What routers and frontends follow in ZooKeeper, kept in memory and current through watches.
 
 * :class:`NamesView`: every topic (name -> uid and publish message sources) and subscription
-  (name -> uid and topic uid), from the metadata store (``storage/zk_metadata.py``).
+  (name -> uid, topic uid, whether it may be spread), from the metadata store
+  (``storage/zk_metadata.py``).
 * :class:`RoutingView`: the registered forwarders, the routing constraints and the
   assignment's routes, as the leading router published them (``control/routing_store.py``). A
   frontend sends each call by it.
@@ -24,7 +25,7 @@ from pubsubd.coordination.errors import CoordinationError
 from pubsubd.coordination.paths import bucket
 from pubsubd.coordination.zk import Coordinator, Follow, ZnodeStat
 from pubsubd.core import pb as api_pb
-from pubsubd.core import publish_sources, queue_settings
+from pubsubd.core import publish_sources, queue_settings, quotas
 from pubsubd.core.queue_settings import SubscriptionType
 from pubsubd.storage.metadata import Change, SubscriptionRecord, TopicRecord
 from pubsubd.storage.zk_metadata import ZooKeeperMetadataStore
@@ -41,13 +42,26 @@ def _nothing() -> None:
 def spreadable(record: SubscriptionRecord) -> bool:
     """Whether the subscription may be served by several subscribing forwarders by source:
     shared or key_shared (exclusive and failover rank one client over the whole subscription)
-    and without a backlog quota of its own (each forwarder sees its own sources' acks)."""
+    and without a backlog quota of its own (each forwarder sees its own sources' acks). Its
+    topic may forbid it too (``evicts_oldest``, applied by :class:`NamesView`)."""
     try:
         settings = queue_settings.parse(api_pb.Subscription.FromString(record.body).labels)
     except Exception:  # unreadable or invalid labels: served whole, as before
         return False
     shared = settings.type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED)
     return shared and settings.quota is None
+
+
+def evicts_oldest(topic: TopicRecord) -> bool:
+    """Whether the topic's backlog quota (for its subscriptions without one of their own)
+    evicts the oldest messages. Such a subscription is served whole: eviction is the
+    dispatcher's (it acks), and a dispatcher serving some sources counts the others' acks as
+    of its attach, so it would evict early, losing messages under the quota."""
+    try:
+        quota = quotas.parse(api_pb.Topic.FromString(topic.body).labels)
+    except Exception:  # unreadable or invalid labels: no quota applies
+        return False
+    return quota is not None and quota.policy is quotas.Policy.EVICT_OLDEST
 
 
 class NamesView:
@@ -59,6 +73,8 @@ class NamesView:
         self._on_change = on_change
         self.topics: dict[str, TopicUnits] = {}
         self.subscriptions: dict[str, SubscriptionUnits] = {}
+        self._evicting: set[str] = set()  # uids of topics with an evict_oldest quota
+        self._own_spreadable: dict[str, bool] = {}  # by subscription name: spreadable()
 
     async def start(self) -> None:
         """Follow the store (the coordinator must be started)."""
@@ -93,22 +109,39 @@ class NamesView:
         topic = api_pb.Topic.FromString(record.body)
         sources = publish_sources.parse(topic.labels).sources
         self.topics[record.name] = TopicUnits(record.name, record.uid, sources)
+        self._set_evicting(record.uid, evicts_oldest(record))
+
+    def _set_evicting(self, topic_uid: str, evicting: bool) -> None:
+        if evicting == (topic_uid in self._evicting):
+            return
+        if evicting:
+            self._evicting.add(topic_uid)
+        else:
+            self._evicting.discard(topic_uid)
+        for name, units in list(self.subscriptions.items()):  # its subscriptions: spreadable?
+            if units.topic_uid == topic_uid:
+                self.subscriptions[name] = self._units(name, units.uid, topic_uid)
 
     def _put_subscription(self, record: SubscriptionRecord) -> None:
-        self.subscriptions[record.name] = SubscriptionUnits(
-            record.uid, record.topic_uid, spreadable(record)
-        )
+        self._own_spreadable[record.name] = spreadable(record)
+        self.subscriptions[record.name] = self._units(record.name, record.uid, record.topic_uid)
+
+    def _units(self, name: str, uid: str, topic_uid: str) -> SubscriptionUnits:
+        own = self._own_spreadable.get(name, False)
+        return SubscriptionUnits(uid, topic_uid, own and topic_uid not in self._evicting)
 
     def _changed(self, change: Change) -> None:
         record = change.record
         if isinstance(record, TopicRecord):
             if change.deleted:
                 self.topics.pop(record.name, None)
+                self._set_evicting(record.uid, False)  # its quota went with it
             else:
                 self._put_topic(record)
         elif isinstance(record, SubscriptionRecord):
             if change.deleted:
                 self.subscriptions.pop(record.name, None)
+                self._own_spreadable.pop(record.name, None)
             else:
                 self._put_subscription(record)
         else:

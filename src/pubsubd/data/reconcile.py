@@ -153,6 +153,8 @@ class PublishingReconciler:
                 return None  # detached before (start-up replay): no journal to drop
             return self._detach(record)
         readers.add(record.uid)
+        # Counted at once against a block_publishers quota evaluated here (a cluster).
+        self.forwarder.count_subscription(record.topic_uid, record.uid, record.start_offsets)
         return None
 
     async def _detach(self, record: SubscriptionRecord) -> None:

@@ -589,6 +589,22 @@ class PublishingForwarder:
         else:
             self.owner_quotas.set_subscription(topic_uid, sub_uid, name, own, has_own)
 
+    def count_subscription(
+        self, topic_uid: str, sub_uid: str, start_offsets: Mapping[int, int]
+    ) -> None:
+        """With ``owner_quotas``: open the ack journal of a subscription of a topic owned here
+        now (what its subscribing forwarder's ``attach`` would do), so that its backlog counts
+        against its quota at once: on its creation, and when the topic is gained from another
+        forwarder (its journal restored from its cursor ledgers), not only once the
+        subscribing forwarder serving it attaches again (it does so on its next ack). A topic
+        that cannot be opened (DATA_LOSS) counts nothing, as before."""
+        if self.owner_quotas is None:
+            return
+        try:
+            self.attach(topic_uid, sub_uid, start_offsets)
+        except (DataLoss, NotServedHere) as e:
+            log.debug("subscription storage %s not counted here: %s", sub_uid, e)
+
     def cursor_states(self, topic_uid: str, sub_uid: str) -> dict[int, CursorState]:
         journal = self._journal(topic_uid, sub_uid)
         return {s: c.snapshot() for s, c in journal.cursors.items()}

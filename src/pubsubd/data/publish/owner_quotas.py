@@ -12,8 +12,12 @@ the publish is answered, as in the one-process server), every ack recorded, ever
 attach and detach. Its blocks are kept apart from any a dispatcher sends (``set_publish_block``
 under ``owner:{subscription uid}``), so neither clears the other's. The subscribing forwarders
 of a cluster leave ``block_publishers`` quotas to the owner
-(``SubscribingForwarder.block_quotas_at_owner``); ``evict_oldest`` stays with the dispatchers
-(acking is theirs).
+(``SubscribingForwarder.block_quotas_at_owner``). ``evict_oldest`` stays with the dispatchers:
+evicting is acking, and the dispatcher holds what an ack changes (leases, redeliveries, key
+queues, its cursor mirror); the owner's journal only follows it (an ack made here would reach
+no planner: evicted messages delivered all the same, the mirror and the journal apart). So a
+subscription under such a quota is served whole (never spread, control/routing_views.py),
+where its dispatcher's count is exact.
 
 Staleness: an ack counts here once its forwarder sent it (the ack flush, 50 ms), so a cluster
 may refuse a publish up to that long after the one-process server would accept it again;
