@@ -288,3 +288,33 @@ def test_given_back_lease_does_not_expire() -> None:
     t.give_back(1, consumer=1)
     assert t.next_deadline() == 20.0
     assert [p for p, _ in t.expired(30.0)] == [2]
+
+
+def test_a_run_grant_is_the_same_as_granting_one_by_one() -> None:
+    """grant_run (built in bulk) leases and counts exactly as grant per position, for fresh
+    positions and for positions delivered before (the attempts then count up)."""
+    import random
+
+    rng = random.Random(13)
+    bulk, single = LeaseTable(), LeaseTable()
+    granted = dict.fromkeys(range(60), 0)  # deliveries since the last ack, counted here
+    for round_ in range(30):
+        positions = rng.sample(range(60), rng.randint(1, 12))
+        sizes = [rng.randint(1, 500) for _ in positions]
+        consumer = rng.randint(1, 3)
+        first = bulk.grant_run(positions, sizes, float(round_), 10.0, consumer)
+        assert first == single.next_generation
+        for pos, size in zip(positions, sizes, strict=True):
+            single.grant(pos, float(round_), 10.0, consumer, size)
+            granted[pos] += 1
+        assert dict(bulk.leased) == dict(single.leased)
+        assert [bulk.leased[p].generation for p in positions] == list(
+            range(first, first + len(positions))
+        )
+        assert bulk.attempts_of(list(range(60))) == list(granted.values())
+        for pos in rng.sample(range(60), 5):  # some acked: their counts start again
+            bulk.forget(pos)
+            single.forget(pos)
+            granted[pos] = 0
+    with pytest.raises(ValueError):
+        bulk.grant_run([1, 2], [10], 0.0, 10.0, 1)

@@ -160,16 +160,21 @@ class Consumer:
         self._window = window
         self._leg.settle(acks, nacks, window if moved else None)
 
+    def _permitted(self) -> int:
+        """How many buffered messages go out now (the permits they take are spent)."""
+        count = 0 if self.paused else min(self.permits, len(self._buffer))
+        self.permits -= count
+        return count
+
     def _pump(self) -> None:
         if self._raw:
             self._pump_raw()
             return
-        buffer, sent, consumer_id = self._buffer, self._sent, self.consumer_id
-        partition = next(iter(self.sources)) if self.sources is not None else -1
-        count = 0 if self.paused else min(self.permits, len(buffer))
+        count = self._permitted()
         if not count:
             return
-        self.permits -= count
+        buffer, sent, consumer_id = self._buffer, self._sent, self.consumer_id
+        partition = next(iter(self.sources)) if self.sources is not None else -1
         out = []
         acked: list[AckRef] = []
         auto_ack, take = self.auto_ack, buffer.popleft
@@ -228,18 +233,17 @@ class Consumer:
         attempt, stored message): a plain message (``stored.plain``) batched from its bytes,
         any other parsed. The same frames as ``_pump`` for the same messages (a unit test
         compares them)."""
-        buffer, sent, consumer_id = self._buffer, self._sent, self.consumer_id
-        partition = next(iter(self.sources)) if self.sources is not None else -1
-        count = 0 if self.paused else min(self.permits, len(buffer))
+        count = self._permitted()
         if not count:
             return
-        self.permits -= count
+        buffer, sent, consumer_id = self._buffer, self._sent, self.consumer_id
+        partition = next(iter(self.sources)) if self.sources is not None else -1
         out = []
         acked: list[AckRef] = []
         auto_ack, take = self.auto_ack, buffer.popleft
         held = 0
         max_batch = MAX_BATCH if self.batching else 1
-        plain, parse = stored.plain, pb.PubsubMessage.FromString
+        plain, plain_at, parse = stored.plain, stored.plain_at, pb.PubsubMessage.FromString
         while count:  # once per delivered message: kept lean
             pos, delivery, attempt, raw = take()
             ledger, entry = pos >> OFFSET_BITS, pos & OFFSET_MASK
@@ -256,23 +260,24 @@ class Consumer:
             batch = [item]
             deliveries = [delivery]
             expected = pos + 1
+            time = stored.time_field(stamp)
             # As _pump: the next positions of the source, same attempt and publish time.
             while count and len(batch) < max_batch and size < MAX_BATCH_BYTES:
                 next_pos, next_delivery, next_attempt, next_raw = buffer[0]
                 if next_pos != expected or next_attempt != attempt:
                     break
-                nxt = plain(next_raw)
-                if nxt is None:
+                data = plain_at(next_raw, time)  # plain, with this publish time
+                if data is not None:
+                    batch.append(data)
+                    size += len(data)
+                elif plain(next_raw) is not None:  # plain, another publish time
+                    break
+                else:
                     m = parse(next_raw)
                     if m.publish_time.SerializeToString() != stamp:
                         break
                     batch.append(m)
                     size += len(m.data)
-                else:
-                    if nxt[1] != stamp:
-                        break
-                    batch.append(nxt[0])
-                    size += len(nxt[0])
                 take()
                 deliveries.append(next_delivery)
                 expected += 1

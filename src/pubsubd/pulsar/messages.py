@@ -261,6 +261,21 @@ def batch_frame(
     )
 
 
+def _data_head(size: int) -> bytes:
+    """A batch message's size and SingleMessageMetadata{payload_size = size} (a message with
+    nothing but data), kept for sizes up to ``_DATA_HEADS_MAX``."""
+    single = b"\x18" + _V(size)
+    head = _U32.pack(len(single)) + single
+    if size <= _DATA_HEADS_MAX:
+        _DATA_HEADS[size] = head
+    return head
+
+
+# The heads of data-only batch messages by data size (at most _DATA_HEADS_MAX + 1 entries).
+_DATA_HEADS: dict[int, bytes] = {}
+_DATA_HEADS_MAX = 65536
+
+
 def stored_batch_frame(
     consumer_id: int,
     ledger: int,
@@ -276,10 +291,13 @@ def stored_batch_frame(
     meta = _PRODUCER + b"\x10" + _V(entry) + b"\x18" + _V(publish_ms) + b"\x58" + _V(len(batch))
     parts = [_U32.pack(len(meta)), meta]
     pack = _U32.pack
+    heads = _DATA_HEADS
     for message in batch:  # once per delivered message: kept lean
         if type(message) is bytes:
-            single = b"\x18" + _V(len(message))
-            parts += (pack(len(single)), single, message)
+            head = heads.get(len(message))
+            if head is None:
+                head = _data_head(len(message))
+            parts += (head, message)
             continue
         data: bytes = message.data
         single = b"\x18" + _V(len(data))

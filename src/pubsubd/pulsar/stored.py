@@ -7,10 +7,14 @@ then ID and time, nothing else: no attributes, no ordering key. :func:`plain` re
 by slicing (data, and the publish time's serialized Timestamp as the batch key); anything else
 (attributes, an ordering key, a field in another order, a length over one varint byte where
 one is expected) is None, and the caller parses it with protobuf. A property test checks that
-whatever :func:`plain` reads is what protobuf reads.
+whatever :func:`plain` reads is what protobuf reads. :func:`plain_at` is the check of the
+next message of a batch: its data if it is plain with a given publish time (as ``plain``
+would say), with fewer steps for the common short message.
 """
 
 from __future__ import annotations
+
+import functools
 
 from google.protobuf import timestamp_pb2
 
@@ -53,7 +57,38 @@ def plain(m: bytes) -> tuple[bytes, bytes] | None:
     return data, m[at + 2 :]
 
 
+def time_field(stamp: bytes) -> bytes:
+    """The publish time field (tag, length, Timestamp) that ends a plain message whose publish
+    time is ``stamp`` (``plain``'s second value), for :func:`plain_at`."""
+    return bytes((_PUBLISH_TIME, len(stamp))) + stamp
+
+
+def plain_at(m: bytes, time: bytes) -> bytes | None:
+    """The data of ``m`` if it is plain and ends with ``time`` (:func:`time_field` of its
+    publish time), else None: exactly ``plain(m)[0]`` when ``plain(m)[1]`` is that time."""
+    n = len(m)
+    if n > 2 and m[0] == _DATA:
+        end = m[1] + 2  # the data's end, for a one-byte length (checked below)
+        rest = n - len(time)
+        # data, then the ID with a one-byte length taking the bytes up to the time field
+        if (
+            end < 0x82
+            and end + 1 < rest
+            and m[end] == _MESSAGE_ID
+            and m[end + 1] < 0x80
+            and end + 2 + m[end + 1] == rest
+            and m.endswith(time)
+        ):
+            return m[2:end]
+    found = plain(m)
+    if found is None or time_field(found[1]) != time:
+        return None
+    return found[0]
+
+
+@functools.lru_cache(maxsize=256)
 def publish_ms(stamp: bytes) -> int:
-    """Milliseconds of a serialized Timestamp (``plain``'s second value)."""
+    """Milliseconds of a serialized Timestamp (``plain``'s second value); an entry's messages
+    share one, so the last few are kept."""
     ts = timestamp_pb2.Timestamp.FromString(stamp)
     return int(ts.seconds * 1000 + ts.nanos // 1_000_000)

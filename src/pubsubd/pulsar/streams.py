@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from typing import Any, Protocol
 
 import grpc
@@ -232,15 +233,17 @@ class LocalLeg:
         # lease generation (message i's is first + i) and the attempts.
         assert len(item) == 4, "an in-process stream's responses are raw"
         stored, positions, first, attempts = item
-        metrics.DELIVERED_MESSAGES.inc(len(stored))
-        generations = range(first, first + len(positions))
+        count = len(positions)
+        assert len(stored) == count and (attempts is None or len(attempts) == count)
+        metrics.DELIVERED_MESSAGES.inc(count)
+        # Lengths checked once: zip without strict (once per delivered message).
         return list(
             zip(
                 positions,
-                zip(positions, generations, strict=True),
-                [0] * len(positions) if attempts is None else attempts,
+                zip(positions, range(first, first + count), strict=False),
+                repeat(0, count) if attempts is None else attempts,
                 stored,
-                strict=True,
+                strict=False,
             )
         )
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 
 # The heap is rebuilt when it holds more than twice the live leases plus this many items.
 COMPACT_SLACK = 4096
@@ -98,15 +99,31 @@ class LeaseTable:
         gets generation ``first + k`` where ``first`` is returned (as ``grant`` one by one)."""
         first = self._next_generation
         count = len(positions)
+        if len(sizes) != count:
+            raise ValueError(f"{len(sizes)} sizes for {count} positions")
         self._next_generation = first + count
         deadline = now + deadline_s
-        leases, attempts = self._leases, self._attempts
-        get = attempts.get
-        gen = first
-        for pos, size in zip(positions, sizes, strict=True):
-            leases[pos] = Lease(gen, deadline, consumer, size)
-            attempts[pos] = get(pos, 0) + 1
-            gen += 1
+        attempts = self._attempts
+        # Built by map and update (once per delivered message: kept lean).
+        self._leases.update(
+            zip(
+                positions,
+                map(
+                    Lease,
+                    range(first, first + count),
+                    repeat(deadline, count),
+                    repeat(consumer, count),
+                    sizes,
+                ),
+                strict=False,  # lengths checked above
+            )
+        )
+        if attempts.keys().isdisjoint(positions):  # first deliveries: the common case
+            attempts.update(dict.fromkeys(positions, 1))
+        else:
+            get = attempts.get
+            for pos in positions:
+                attempts[pos] = get(pos, 0) + 1
         self._push(deadline, _Run(positions, range(first, first + count)))
         return first
 
@@ -139,6 +156,11 @@ class LeaseTable:
 
     def attempts(self, pos: int) -> int:
         return self._attempts.get(pos, 0)
+
+    def attempts_of(self, positions: list[int]) -> list[int]:
+        """:meth:`attempts` of each of ``positions``."""
+        get = self._attempts.get
+        return [get(pos, 0) for pos in positions]
 
     def extend(self, pos: int, now: float, seconds: float) -> Lease | None:
         """Set the deadline of a current lease to now + seconds; None if it is not leased."""

@@ -346,7 +346,7 @@ class DeliveryPlanner:
                     [message for _, message, _ in batch],
                     positions,
                     first,
-                    list(map(self.leases.attempts, positions)) if report else None,
+                    self.leases.attempts_of(positions) if report else None,
                 )
             )
             return
