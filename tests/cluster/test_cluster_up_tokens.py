@@ -43,6 +43,7 @@ from pubsubd.core.tokens import create_token
 from pubsubd.data import sources_wire
 from tests.conftest import PROJECT
 from tests.support.cluster import (
+    environment,
     running_cluster,
     subscription_server,
     subscription_uid,
@@ -56,18 +57,23 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with running_cluster(
-        tmp_path_factory.mktemp("cluster-up-tokens") / "c",
-        storage_nodes=1,
-        replicas=1,
-        routers=1,
-        frontends=1,
-        forwarders=2,
-        forwarder_args=[["--no-subscribing"], ["--no-publishing"]],
-        probers=1,
-        tokens=True,
-        iam=True,
-    ) as c:
+    # No grace for a replaced internal identity (the rotation test checks the refusal; the
+    # grace itself: tests/integration/test_storage_node_auth.py).
+    with (
+        environment({"PUBSUBD_INTERNAL_TOKEN_GRACE": "0"}),
+        running_cluster(
+            tmp_path_factory.mktemp("cluster-up-tokens") / "c",
+            storage_nodes=1,
+            replicas=1,
+            routers=1,
+            frontends=1,
+            forwarders=2,
+            forwarder_args=[["--no-subscribing"], ["--no-publishing"]],
+            probers=1,
+            tokens=True,
+            iam=True,
+        ) as c,
+    ):
         yield c
 
 
