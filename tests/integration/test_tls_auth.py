@@ -34,6 +34,7 @@ from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransp
 from pubsubd.core.client_security import ClientSecurity
 from pubsubd.core.tokens import create_token
 from pubsubd.pulsar import frames
+from pubsubd.pulsar import names as pulsar_names
 from pubsubd.pulsar.api import BaseCommand, ServerError, Type
 from tests.conftest import PROJECT, _Subscriber, make_publisher
 from tests.support.server import ServerProcess, wait_for
@@ -476,7 +477,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory, secret_file: Path) -> Iter
         *("--auth-secret-file", str(secret_file)),
         *("--iam", "--iam-policy-file", str(policies)),
     ]
-    srv = ServerProcess(base / "data", args=args).start()
+    srv = ServerProcess(base / "data", args=args, pulsar=True).start()
     yield srv
     srv.kill()
 
@@ -718,3 +719,67 @@ def test_a_revoked_binding_ends_an_open_stream_with_permission_denied(
 
 def _long(subject: str) -> str:
     return create_token(subject, secret=SECRET, now=time.time(), expires_in_s=600)
+
+
+def test_a_revoked_binding_closes_an_open_pulsar_consumer(
+    guarded: ServerProcess, names: Any
+) -> None:
+    """A Pulsar consumer reads through a StreamingPull checked as its connection's caller:
+    when root removes carol's binding, the stream ends PERMISSION_DENIED and the front closes
+    the consumer (CLOSE_CONSUMER, as a broker does on unload); the client subscribes again and
+    is refused (AuthorizationError), so nothing published after the revocation reaches it."""
+    pulsar_topic = f"persistent://{PROJECT}/default/revoke-{names.suffix}"
+    mapped = pulsar_names.parse_topic(pulsar_topic)
+    subscription = mapped.subscription("s")
+
+    def client(subject: str) -> pulsar.Client:
+        return pulsar.Client(
+            f"pulsar://127.0.0.1:{guarded.pulsar_port}",
+            authentication=pulsar.AuthenticationToken(_long(subject)),
+            operation_timeout_seconds=5,
+            logger=pulsar.ConsoleLogger(_pulsar.LoggerLevel.Error),
+        )
+
+    root_md = [("authorization", f"Bearer {_long('root@example.com')}")]
+    root, carol = client("root@example.com"), client("carol@example.com")
+    log_from = 0
+    try:
+        shared = pulsar.ConsumerType.Shared
+        root.subscribe(pulsar_topic, "s", consumer_type=shared).close()  # as Pulsar makes them
+        producer = root.create_producer(pulsar_topic)
+        pub = make_publisher(guarded.endpoint)
+        viewer = {"role": "roles/pubsub.viewer", "members": ["user:carol@example.com"]}
+        consume = {"role": "roles/pubsub.subscriber", "members": ["user:carol@example.com"]}
+        pub.set_iam_policy(
+            request={"resource": mapped.google, "policy": {"bindings": [viewer]}},
+            metadata=root_md,
+        )
+        policy = pub.set_iam_policy(
+            request={"resource": subscription, "policy": {"bindings": [viewer, consume]}},
+            metadata=root_md,
+        )
+        consumer = carol.subscribe(pulsar_topic, "s", consumer_type=shared)
+        producer.send(b"granted")
+        received = consumer.receive(10_000)
+        assert received.data() == b"granted"
+        consumer.acknowledge(received)
+        log_from = len(guarded.log())
+        revoked_at = time.monotonic()
+        pub.set_iam_policy(
+            request={
+                "resource": subscription,
+                "policy": {"bindings": [viewer], "etag": policy.etag},
+            },
+            metadata=root_md,
+        )
+        wait_for(lambda: not consumer.is_connected(), 5, "the consumer to be closed")
+        assert time.monotonic() - revoked_at < 2.0
+        producer.send(b"revoked")
+        with pytest.raises(pulsar.Timeout):
+            consumer.receive(2_000)
+    finally:
+        carol.close()
+        root.close()
+    log = guarded.log()[log_from:]
+    assert f"stream of {subscription} ended: StatusCode.PERMISSION_DENIED" in log, log
+    assert "Task was destroyed" not in log, log
