@@ -13,7 +13,7 @@ import pytest
 from pubsubd.core import stream_guard
 from pubsubd.core.errors import PermissionDenied, PubsubError, Unavailable
 from pubsubd.core.principal import CALLER_UNTIL
-from pubsubd.core.stream_guard import GUARD, StreamGuard
+from pubsubd.core.stream_guard import GUARD, StreamGuard, TokenExpired
 
 pytestmark = pytest.mark.unit
 
@@ -33,7 +33,7 @@ async def test_a_stream_ends_unavailable_when_its_token_expires() -> None:
     await asyncio.sleep(0.01)
     assert ended == []
     await asyncio.sleep(0.2)
-    assert len(ended) == 1 and isinstance(ended[0], Unavailable)
+    assert len(ended) == 1 and isinstance(ended[0], TokenExpired)
     assert "expired" in str(ended[0])
     guard.close()
 

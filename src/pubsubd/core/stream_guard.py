@@ -30,9 +30,16 @@ from contextvars import ContextVar
 from pubsubd.core.errors import PubsubError, Unavailable
 from pubsubd.core.principal import CALLER_UNTIL
 
-__all__ = ["GUARD", "TOKEN_EXPIRED", "StreamGuard", "watch"]
+__all__ = ["GUARD", "StreamGuard", "TokenExpired", "watch"]
 
-TOKEN_EXPIRED = "the caller's token expired: reconnect with a fresh one"
+
+class TokenExpired(Unavailable):
+    """The stream's token expired (UNAVAILABLE, so the client reopens it): the client's
+    credentials, not a server fault (the SLIs do not count it as one)."""
+
+    def __init__(self) -> None:
+        super().__init__("the caller's token expired: reconnect with a fresh one")
+
 
 End = Callable[[PubsubError], None]
 
@@ -67,7 +74,7 @@ class StreamGuard:
         if until != math.inf:
             loop = asyncio.get_running_loop()
             delay = max(0.0, until - time.time())
-            self._timer = loop.call_later(delay, self.refuse, Unavailable(TOKEN_EXPIRED))
+            self._timer = loop.call_later(delay, self.refuse, TokenExpired())
 
     def close(self) -> None:
         """The stream ended: nothing ends it again."""

@@ -280,7 +280,9 @@ class SubscriberServicer:
                     return
                 if isinstance(item, BaseException):
                     status, _ = to_status(item)
-                    code = status.name
+                    # A token that expired is the client's to renew: not a server fault.
+                    expired = isinstance(item, stream_guard.TokenExpired)
+                    code = None if expired else status.name
                     await context.abort(status, str(item))
                     raise item  # unreachable: abort raises
                 if isinstance(item, active_notices.ActiveNotice):
