@@ -116,7 +116,7 @@ InternalTokenGrace = Annotated[
         envvar="PUBSUBD_INTERNAL_TOKEN_GRACE",
         min=0.0,
         help="after the internal token file names another subject, the one before stays "
-        "accepted this long, s (rotation across machines; 0 = none) [default: 60]",
+        "accepted this long, s (rotation across machines; default 60; 0 = none)",
     ),
 ]
 
