@@ -255,7 +255,7 @@ def test_authentication_without_the_internal_token_does_not_start(tmp_path: Path
     assert not (tmp_path / "d").exists() or not any((tmp_path / "d").iterdir())
 
 
-GRACE_S = 2.0  # the rotation test's --internal-token-grace
+GRACE_S = 3.0  # the rotation test's --internal-token-grace
 
 
 def _replace(path: Path, token: str) -> None:
@@ -269,7 +269,7 @@ async def test_the_node_follows_its_internal_token_file_to_another_subject(
     tmp_path: Path,
 ) -> None:
     """Rotation: the node's internal token file is replaced by a token of another subject.
-    The old subject stays accepted for the grace (``--internal-token-grace 2``: a writer whose
+    The old subject stays accepted for the grace (``--internal-token-grace 3``: a writer whose
     file has not changed yet goes on); after it the old subject is refused (PERMISSION_DENIED)
     on gRPC, on the open append-port connection (closed: ``revoked_connections``) and on the
     open AppendStream (ended), nothing stored; once the writer's own file holds the new token,
