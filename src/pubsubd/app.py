@@ -248,7 +248,9 @@ class PubsubServer:
         # authorization lets pass and which alone may call the internal methods (nobody
         # without the file: no process of a cluster calls a stand-alone server).
         self.internal_identity = (
-            InternalIdentity(self.verifier, config.internal_token_file)
+            InternalIdentity(
+                self.verifier, config.internal_token_file, config.internal_token_grace_s
+            )
             if self.verifier is not None
             else None
         )
@@ -871,7 +873,9 @@ def authorization(
             "for tests and development only",
             "x-pubsubd-caller",
         )
-    return [Authorization(policies.check, identify, enforce=enforce, trusted=internal)]
+    checking = Authorization(policies.check, identify, enforce=enforce, trusted=internal)
+    policies.on_change(checking.recheck)  # a revoked permission ends the open streams it held
+    return [checking]
 
 
 async def connect_cluster(config: ServerConfig) -> ClusterParts:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from pubsubd.core.internal_token import DEFAULT_GRACE_S
 from pubsubd.core.source_growth import GrowthSettings
 from pubsubd.core.tls import ServerTls
 from pubsubd.core.tokens import TokenSettings, load_static_tokens
@@ -132,6 +133,8 @@ class ServerConfig:
     # A forwarder's own calls to other forwarders carry the token in this file
     # (core/internal_token.py); its principal passes IAM.
     internal_token_file: Path | None = None
+    # After the file names another subject, the one before stays accepted this long, s.
+    internal_token_grace_s: float = DEFAULT_GRACE_S
     # None: one machine (embedded metadata, local disks). Set: metadata in ZooKeeper and every
     # publish message source replicated on storage nodes (storage/ledgers/).
     cluster: ClusterConfig | None = None

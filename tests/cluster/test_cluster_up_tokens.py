@@ -41,8 +41,9 @@ from pubsubd._gen.pubsubd.internal.v1 import forwarder_pb2, sources_pb2
 from pubsubd.cluster.launcher import AUTH_DIR, INTERNAL_TOKEN_FILE, SECRET_FILE, LocalCluster
 from pubsubd.core.tokens import create_token
 from pubsubd.data import sources_wire
-from tests.conftest import PROJECT
+from tests.conftest import PROJECT, _Subscriber
 from tests.support.cluster import (
+    environment,
     running_cluster,
     subscription_server,
     subscription_uid,
@@ -56,18 +57,23 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with running_cluster(
-        tmp_path_factory.mktemp("cluster-up-tokens") / "c",
-        storage_nodes=1,
-        replicas=1,
-        routers=1,
-        frontends=1,
-        forwarders=2,
-        forwarder_args=[["--no-subscribing"], ["--no-publishing"]],
-        probers=1,
-        tokens=True,
-        iam=True,
-    ) as c:
+    # No grace for a replaced internal identity (the rotation test checks the refusal; the
+    # grace itself: tests/integration/test_storage_node_auth.py).
+    with (
+        environment({"PUBSUBD_INTERNAL_TOKEN_GRACE": "0"}),
+        running_cluster(
+            tmp_path_factory.mktemp("cluster-up-tokens") / "c",
+            storage_nodes=1,
+            replicas=1,
+            routers=1,
+            frontends=1,
+            forwarders=2,
+            forwarder_args=[["--no-subscribing"], ["--no-publishing"]],
+            probers=1,
+            tokens=True,
+            iam=True,
+        ) as c,
+    ):
         yield c
 
 
@@ -444,3 +450,82 @@ def _replace(path: Path, token: str) -> None:
     fresh.write_text(token)
     fresh.chmod(0o600)
     fresh.replace(path)
+
+
+def test_a_stream_through_the_frontend_follows_its_token_and_the_policies(
+    cluster: LocalCluster,
+) -> None:
+    """The official subscriber through the frontend (core/stream_guard.py): with a client
+    interceptor that sends a fresh 2-3 s token on every call, it receives across the token's
+    expiry (the stream ends UNAVAILABLE and is reopened); when the admin then removes carol's
+    binding on the subscription (SetIamPolicy through the frontend, followed by every process
+    through ZooKeeper), her open stream ends PERMISSION_DENIED within two seconds."""
+    assert cluster.auth_dir is not None
+    secret = (cluster.auth_dir / SECRET_FILE).read_bytes().strip()
+    admin = _bearer(cluster.admin_token or "")
+    endpoint = cluster.frontends[0]
+    publisher, admin_subscriber = _clients(endpoint)
+    suffix = uuid.uuid4().hex[:8]
+    topic = f"projects/{PROJECT}/topics/guard-{suffix}"
+    sub = f"projects/{PROJECT}/subscriptions/guard-{suffix}"
+    publisher.create_topic(name=topic, metadata=admin)
+    admin_subscriber.create_subscription(name=sub, topic=topic, metadata=admin)
+    wait_for(lambda: topic_owner(cluster, topic) == "forwarder-1", 30, "topic placed")
+    wait_for(lambda: subscription_server(cluster, sub) == "forwarder-2", 30, "sub placed")
+    binding = {"role": "roles/pubsub.subscriber", "members": ["user:carol@example.com"]}
+    policy = publisher.set_iam_policy(
+        request={"resource": sub, "policy": {"bindings": [binding]}}, metadata=admin
+    )
+    streams: list[float] = []
+
+    class FreshToken(grpc.StreamStreamClientInterceptor, grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+        def _details(self, details: Any) -> Any:
+            if details.method.endswith("/StreamingPull"):
+                streams.append(time.time())
+            token = create_token(
+                "carol@example.com", secret=secret, expires_in_s=3, now=time.time()
+            )
+            return _Details(details, ("authorization", f"Bearer {token}"))
+
+        def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+            return continuation(self._details(details), request)
+
+        def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+            return continuation(self._details(details), requests)
+
+    channel = grpc.intercept_channel(grpc.insecure_channel(endpoint), FreshToken())
+    carol = _Subscriber(transport=SubscriberGrpcTransport(channel=channel))
+    received: set[bytes] = set()
+    future = carol.subscribe(sub, lambda m: (received.add(m.data), m.ack()))
+    try:
+        sent: set[bytes] = set()
+        end = time.time() + 4.5  # past the first stream's token
+        while time.time() < end:
+            data = f"m{len(sent)}".encode()
+            publisher.publish(topic=topic, messages=[{"data": data}], metadata=admin)
+            sent.add(data)
+            time.sleep(0.3)
+        wait_for(lambda: received >= sent, 20, "every message across the expiry")
+        assert len(streams) >= 2 and not future.done(), streams
+        revoked_at = time.monotonic()
+        publisher.set_iam_policy(
+            request={"resource": sub, "policy": {"bindings": [], "etag": policy.etag}},
+            metadata=admin,
+        )
+        with pytest.raises(exceptions.PermissionDenied, match=r"subscriptions\.consume"):
+            future.result(timeout=10)
+        assert time.monotonic() - revoked_at < 2.0
+    finally:
+        carol.close()
+
+
+class _Details(grpc.ClientCallDetails):  # type: ignore[misc]
+    """A call's details with one more metadata entry."""
+
+    def __init__(self, details: Any, extra: tuple[str, str]) -> None:
+        self.method = details.method
+        self.timeout = details.timeout
+        self.metadata = [*(details.metadata or ()), extra]
+        self.credentials = details.credentials
+        self.wait_for_ready = details.wait_for_ready
+        self.compression = details.compression

@@ -255,6 +255,9 @@ def test_authentication_without_the_internal_token_does_not_start(tmp_path: Path
     assert not (tmp_path / "d").exists() or not any((tmp_path / "d").iterdir())
 
 
+GRACE_S = 3.0  # the rotation test's --internal-token-grace
+
+
 def _replace(path: Path, token: str) -> None:
     """Replace a token file as an operator rotating it would (a new file renamed over it)."""
     fresh = path.with_name(path.name + ".new")
@@ -266,10 +269,11 @@ async def test_the_node_follows_its_internal_token_file_to_another_subject(
     tmp_path: Path,
 ) -> None:
     """Rotation: the node's internal token file is replaced by a token of another subject.
-    From then on the old subject is refused (PERMISSION_DENIED) on gRPC, on the open
-    append-port connection (closed: ``revoked_connections``) and on the open AppendStream
-    (ended), nothing stored; once the writer's own file holds the new token, every path works
-    again, without a restart of the node."""
+    The old subject stays accepted for the grace (``--internal-token-grace 3``: a writer whose
+    file has not changed yet goes on); after it the old subject is refused (PERMISSION_DENIED)
+    on gRPC, on the open append-port connection (closed: ``revoked_connections``) and on the
+    open AppendStream (ended), nothing stored; once the writer's own file holds the new token,
+    every path works again, without a restart of the node."""
     secret = tmp_path / "secret"
     secret.write_bytes(SECRET)
     node_file, writer_file = tmp_path / "node-internal.token", tmp_path / "writer.token"
@@ -277,7 +281,10 @@ async def test_the_node_follows_its_internal_token_file_to_another_subject(
     new = create_token("writer-2", secret=SECRET, now=time.time())
     node_file.write_text(old)
     writer_file.write_text(old)
-    args = ["--auth-secret-file", str(secret), "--internal-token-file", str(node_file)]
+    args = [
+        *("--auth-secret-file", str(secret), "--internal-token-file", str(node_file)),
+        *("--internal-token-grace", str(GRACE_S)),
+    ]
     node = StorageNodeProcess(tmp_path / "node", disks=1, http=True, args=args).start()
     INTERNAL_TOKEN.configure(writer_file)
     clients = {path: _client(node, path) for path in PATHS.values()}
@@ -285,8 +292,15 @@ async def test_the_node_follows_its_internal_token_file_to_another_subject(
         for i, client in enumerate(clients.values()):
             assert await client.append(400 + i, 1, 0, frames(0, 2)) == 2
         _replace(node_file, new)
+        rotated = time.monotonic()
+        await asyncio.sleep(0.5)  # the node has looked at its file again (every 0.25 s)
+        # In the grace: the old subject still calls, on every path.
+        for i, client in enumerate(clients.values()):
+            assert await client.append(400 + i, 1, 0, frames(2, 1), 1) == 3
+        assert time.monotonic() - rotated < GRACE_S, "too slow to check within the grace"
+        assert _port_status(node)["revoked_connections"] == 0
         deadline = time.monotonic() + 10
-        while True:  # the node looks at its file again within a fraction of a second
+        while True:  # refused once the grace is over
             try:
                 await clients["unary"].list_ledgers()
             except StorageNodeError as e:
@@ -295,15 +309,16 @@ async def test_the_node_follows_its_internal_token_file_to_another_subject(
                 break
             assert time.monotonic() < deadline, "the node kept the old subject"
             await asyncio.sleep(0.1)
+        assert time.monotonic() - rotated >= GRACE_S - 0.3  # not before the grace ends
         for i, (path, client) in enumerate(clients.items()):
             with pytest.raises(StorageNodeError) as refused:
-                await client.append(400 + i, 1, 0, frames(2, 1), 1)
+                await client.append(400 + i, 1, 0, frames(3, 1), 2)
             assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED, (path, refused.value)
         assert _port_status(node)["revoked_connections"] == 1
         _replace(writer_file, new)  # the writer's file rotates too
         for i, client in enumerate(clients.values()):
-            assert await client.append(400 + i, 1, 0, frames(2, 1), 1) == 3
             assert await client.append(400 + i, 1, 0, frames(3, 1), 2) == 4
+            assert await client.append(400 + i, 1, 0, frames(4, 1), 3) == 5
         assert {400, 401, 402} <= {s.ledger_id for s in await clients["unary"].list_ledgers()}
         assert (await clients["unary"].read(400, 0)).frames.startswith(frames(0, 1))
     finally:

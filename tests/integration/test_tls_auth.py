@@ -28,12 +28,15 @@ from google.api_core import exceptions
 from google.cloud import pubsub_v1
 from google.pubsub_v1.services.publisher import PublisherClient as GapicPublisher
 from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
+from google.pubsub_v1.services.subscriber import SubscriberClient
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 
+from pubsubd.core.client_security import ClientSecurity
 from pubsubd.core.tokens import create_token
 from pubsubd.pulsar import frames
+from pubsubd.pulsar import names as pulsar_names
 from pubsubd.pulsar.api import BaseCommand, ServerError, Type
-from tests.conftest import PROJECT, make_publisher
+from tests.conftest import PROJECT, _Subscriber, make_publisher
 from tests.support.server import ServerProcess, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -463,6 +466,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory, secret_file: Path) -> Iter
                         "bindings": [
                             {"role": "roles/pubsub.editor", "members": ["user:alice@example.com"]},
                             {"role": "roles/pubsub.viewer", "members": ["user:bob@example.com"]},
+                            {"role": "roles/pubsub.admin", "members": ["user:root@example.com"]},
                         ]
                     }
                 }
@@ -473,7 +477,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory, secret_file: Path) -> Iter
         *("--auth-secret-file", str(secret_file)),
         *("--iam", "--iam-policy-file", str(policies)),
     ]
-    srv = ServerProcess(base / "data", args=args).start()
+    srv = ServerProcess(base / "data", args=args, pulsar=True).start()
     yield srv
     srv.kill()
 
@@ -573,3 +577,209 @@ def test_in_server_prober_carries_its_token(server: ServerProcess, certs: Path, 
             time.sleep(0.2)
     assert {p["probe"] for p in probes} == {"publish_receive", "control_plane"}
     assert all(p["ok"] for p in probes), probes
+
+
+# --- an open StreamingPull held to its caller's token and permission (core/stream_guard.py) ---
+
+
+class _MintingCredentials(grpc.AuthMetadataPlugin):  # type: ignore[misc]
+    """Call credentials that refresh: a fresh short token for every call (as a client's
+    credentials refresh theirs), counting the StreamingPulls opened."""
+
+    def __init__(self) -> None:
+        self.streams = 0
+
+    def __call__(self, context: Any, callback: Any) -> None:
+        if context.method_name == "StreamingPull":
+            self.streams += 1
+        callback((("authorization", f"Bearer {_short_token()}"),), None)
+
+
+def _subscriber(srv: ServerProcess, creds: Any) -> _Subscriber:
+    return _Subscriber(
+        transport=SubscriberGrpcTransport(channel=grpc.secure_channel(srv.endpoint, creds))
+    )
+
+
+def test_a_subscriber_whose_credentials_refresh_keeps_receiving_across_token_expiry(
+    server: ServerProcess, certs: Path, token: str, names: Any
+) -> None:
+    """Tokens of 2-3 s: the server ends the stream UNAVAILABLE at each expiry, the official
+    subscriber reopens it with a fresh token, and every message published over two expiries
+    is received."""
+    pub, admin = _clients(server, _credentials(certs, token))
+    topic, subscription = names.topic(), names.subscription()
+    pub.create_topic(name=topic)
+    admin.create_subscription(name=subscription, topic=topic)
+    minting = _MintingCredentials()
+    tls = grpc.ssl_channel_credentials(root_certificates=(certs / "ca.pem").read_bytes())
+    sub = _subscriber(
+        server, grpc.composite_channel_credentials(tls, grpc.metadata_call_credentials(minting))
+    )
+    received: set[bytes] = set()
+    future = sub.subscribe(subscription, lambda m: (received.add(m.data), m.ack()))
+    try:
+        sent: set[bytes] = set()
+        end = time.time() + 6.5  # past two expiries of the stream's token at least
+        while time.time() < end:
+            data = f"m{len(sent)}".encode()
+            pub.publish(topic, data).result(timeout=30)
+            sent.add(data)
+            time.sleep(0.2)
+        wait_for(lambda: received >= sent, 20, "every message, across the expiries")
+        assert not future.done()
+        assert minting.streams >= 3, minting.streams  # reopened at each expiry
+    finally:
+        sub.close()
+    assert received == sent
+
+
+def test_a_subscriber_whose_token_expires_unrefreshed_stops_receiving(
+    server: ServerProcess, certs: Path, token: str, names: Any
+) -> None:
+    """One short token, never refreshed: the stream ends at its expiry and the reopened one
+    is refused UNAUTHENTICATED, so a message published after it is not delivered to it."""
+    pub, admin = _clients(server, _credentials(certs, token))
+    topic, subscription = names.topic(), names.subscription()
+    pub.create_topic(name=topic)
+    admin.create_subscription(name=subscription, topic=topic)
+    short = _short_token()
+    expires = json.loads(_b64(short.split(".")[1]))["exp"]
+    sub = _subscriber(server, _credentials(certs, short))
+    received: list[bytes] = []
+    future = sub.subscribe(subscription, lambda m: (received.append(m.data), m.ack()))
+    try:
+        pub.publish(topic, b"before").result(timeout=30)
+        wait_for(lambda: received == [b"before"], 10, "the message before the expiry")
+        time.sleep(max(0.0, expires - time.time()) + 0.5)
+        pub.publish(topic, b"after").result(timeout=30)
+        with pytest.raises(exceptions.Unauthenticated):
+            future.result(timeout=10)
+        time.sleep(0.5)
+        assert received == [b"before"]
+    finally:
+        sub.close()
+    # Still there for a client with a valid token.
+    pulled = admin.pull(subscription=subscription, max_messages=10, timeout=10)
+    assert [m.message.data for m in pulled.received_messages] == [b"after"]
+
+
+def _b64(part: str) -> bytes:
+    import base64
+
+    return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+
+
+def test_a_revoked_binding_ends_an_open_stream_with_permission_denied(
+    guarded: ServerProcess, names: Any
+) -> None:
+    """carol holds roles/pubsub.subscriber on one subscription only (its own policy); root
+    (admin) removes the binding while carol's stream is open: the stream ends
+    PERMISSION_DENIED within a second or two, without carol calling anything."""
+
+    def bearer(subject: str) -> list[tuple[str, str]]:
+        return [("authorization", f"Bearer {_long(subject)}")]
+
+    root = bearer("root@example.com")
+    pub = make_publisher(guarded.endpoint)
+    admin = SubscriberClient(
+        transport=SubscriberGrpcTransport(channel=grpc.insecure_channel(guarded.endpoint))
+    )
+    topic, subscription = names.topic(), names.subscription()
+    pub.create_topic(name=topic, metadata=root)
+    admin.create_subscription(name=subscription, topic=topic, metadata=root)
+    binding = {"role": "roles/pubsub.subscriber", "members": ["user:carol@example.com"]}
+    policy = pub.set_iam_policy(
+        request={"resource": subscription, "policy": {"bindings": [binding]}}, metadata=root
+    )
+    carol = _Subscriber(
+        transport=SubscriberGrpcTransport(
+            channel=ClientSecurity(token=_long("carol@example.com")).channel(guarded.endpoint)
+        )
+    )
+    received: list[bytes] = []
+    future = carol.subscribe(subscription, lambda m: (received.append(m.data), m.ack()))
+    gapic = GapicPublisher(
+        transport=PublisherGrpcTransport(channel=grpc.insecure_channel(guarded.endpoint))
+    )
+    try:
+        gapic.publish(request={"topic": topic, "messages": [{"data": b"granted"}]}, metadata=root)
+        wait_for(lambda: received == [b"granted"], 10, "carol's stream to deliver")
+        revoked_at = time.monotonic()
+        pub.set_iam_policy(
+            request={"resource": subscription, "policy": {"bindings": [], "etag": policy.etag}},
+            metadata=root,
+        )
+        with pytest.raises(exceptions.PermissionDenied, match=r"pubsub\.subscriptions\.consume"):
+            future.result(timeout=10)
+        assert time.monotonic() - revoked_at < 2.0
+    finally:
+        carol.close()
+
+
+def _long(subject: str) -> str:
+    return create_token(subject, secret=SECRET, now=time.time(), expires_in_s=600)
+
+
+def test_a_revoked_binding_closes_an_open_pulsar_consumer(
+    guarded: ServerProcess, names: Any
+) -> None:
+    """A Pulsar consumer reads through a StreamingPull checked as its connection's caller:
+    when root removes carol's binding, the stream ends PERMISSION_DENIED and the front closes
+    the consumer (CLOSE_CONSUMER, as a broker does on unload); the client subscribes again and
+    is refused (AuthorizationError), so nothing published after the revocation reaches it."""
+    pulsar_topic = f"persistent://{PROJECT}/default/revoke-{names.suffix}"
+    mapped = pulsar_names.parse_topic(pulsar_topic)
+    subscription = mapped.subscription("s")
+
+    def client(subject: str) -> pulsar.Client:
+        return pulsar.Client(
+            f"pulsar://127.0.0.1:{guarded.pulsar_port}",
+            authentication=pulsar.AuthenticationToken(_long(subject)),
+            operation_timeout_seconds=5,
+            logger=pulsar.ConsoleLogger(_pulsar.LoggerLevel.Error),
+        )
+
+    root_md = [("authorization", f"Bearer {_long('root@example.com')}")]
+    root, carol = client("root@example.com"), client("carol@example.com")
+    log_from = 0
+    try:
+        shared = pulsar.ConsumerType.Shared
+        root.subscribe(pulsar_topic, "s", consumer_type=shared).close()  # as Pulsar makes them
+        producer = root.create_producer(pulsar_topic)
+        pub = make_publisher(guarded.endpoint)
+        viewer = {"role": "roles/pubsub.viewer", "members": ["user:carol@example.com"]}
+        consume = {"role": "roles/pubsub.subscriber", "members": ["user:carol@example.com"]}
+        pub.set_iam_policy(
+            request={"resource": mapped.google, "policy": {"bindings": [viewer]}},
+            metadata=root_md,
+        )
+        policy = pub.set_iam_policy(
+            request={"resource": subscription, "policy": {"bindings": [viewer, consume]}},
+            metadata=root_md,
+        )
+        consumer = carol.subscribe(pulsar_topic, "s", consumer_type=shared)
+        producer.send(b"granted")
+        received = consumer.receive(10_000)
+        assert received.data() == b"granted"
+        consumer.acknowledge(received)
+        log_from = len(guarded.log())
+        revoked_at = time.monotonic()
+        pub.set_iam_policy(
+            request={
+                "resource": subscription,
+                "policy": {"bindings": [viewer], "etag": policy.etag},
+            },
+            metadata=root_md,
+        )
+        wait_for(lambda: not consumer.is_connected(), 5, "the consumer to be closed")
+        assert time.monotonic() - revoked_at < 2.0
+        producer.send(b"revoked")
+        with pytest.raises(pulsar.Timeout):
+            consumer.receive(2_000)
+    finally:
+        carol.close()
+        root.close()
+    log = guarded.log()[log_from:]
+    assert f"stream of {subscription} ended: StatusCode.PERMISSION_DENIED" in log, log
+    assert "Task was destroyed" not in log, log

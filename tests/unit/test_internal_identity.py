@@ -5,9 +5,10 @@ in-process grpc.aio server: a client's or an admin's valid token calling ``Sourc
 refused PERMISSION_DENIED before the handler runs, the internal token passes, google.pubsub.v1
 methods and ``Forwarder/GiveBack`` stay open to any valid token, and ``Forwarder/Identify`` to
 anyone. When the internal token file is replaced by a token of another subject the identity
-follows it (the old subject is refused from then on); a file that cannot be read, or holds a
-token this process refuses, keeps the identity read before. A long call (``LongCall``: a
-forwarder's Tail) is refused once its token expires or its caller is no longer the identity."""
+follows it (the old subject stays accepted for the grace, ``Succession``, then is refused); a
+file that cannot be read, or holds a token this process refuses, keeps the identity read before.
+A long call (``LongCall``: a forwarder's Tail) is refused once its token expires or its caller
+is no longer the identity."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import pytest
 from pubsubd.api.grpc.authn import AuthInterceptor, LongCall
 from pubsubd.core import internal_token
 from pubsubd.core.errors import NotInternalCaller, Unauthenticated
-from pubsubd.core.internal_token import InternalIdentity, internal_only
+from pubsubd.core.internal_token import InternalIdentity, Succession, internal_only
 from pubsubd.core.principal import CALLER, CALLER_UNTIL, Principal, caller
 from pubsubd.core.tokens import TokenSettings, TokenVerifier, create_token
 
@@ -66,7 +67,7 @@ def test_the_identity_follows_its_file_to_another_subject(tmp_path: Path) -> Non
     verifier = TokenVerifier(TokenSettings(SECRET))
     path = tmp_path / "internal.token"
     path.write_text(_token("cluster-a"))
-    identity = InternalIdentity(verifier, path)
+    identity = InternalIdentity(verifier, path, grace_s=0)
     a, b = Principal.from_subject("cluster-a"), Principal.from_subject("cluster-b")
     assert identity.principals() == {a}
     _write(path, _token("cluster-b"))
@@ -78,6 +79,62 @@ def test_the_identity_follows_its_file_to_another_subject(tmp_path: Path) -> Non
     assert identity.principals() == {b}
     path.write_text(_token("cluster-a"))
     assert identity.principals() == {a}
+
+
+A, B, C = (Principal.from_subject(f"cluster-{x}") for x in "abc")
+
+
+def test_a_replaced_identity_is_accepted_until_its_grace_ends() -> None:
+    succession = Succession(A, grace_s=60)
+    assert succession.principals(0.0) == {A}
+    assert not succession.follow(A, 1.0)  # the same subject again: nothing replaced
+    assert succession.follow(B, 10.0)
+    assert succession.principals(10.0) == {A, B}
+    assert succession.principals(69.9) == {A, B}
+    assert succession.principals(70.0) == {B}  # the grace is over: refused from then on
+    assert succession.principals(1e9) == {B}
+
+
+def test_each_replaced_identity_has_its_own_grace_and_coming_back_ends_it() -> None:
+    succession = Succession(A, grace_s=10)
+    succession.follow(B, 0.0)
+    succession.follow(C, 5.0)
+    assert succession.principals(5.0) == {A, B, C}
+    assert succession.principals(10.0) == {B, C}  # A's grace ran from 0, B's from 5
+    assert succession.principals(15.0) == {C}
+    succession.follow(B, 20.0)  # back to B: current again, C in its grace
+    succession.follow(C, 21.0)  # and back to C: B's grace starts anew, C is not "previous"
+    assert succession.principals(30.9) == {B, C}
+    assert succession.principals(31.0) == {C}
+
+
+def test_no_grace_refuses_the_replaced_identity_at_once() -> None:
+    succession = Succession(A, grace_s=0)
+    succession.follow(B, 0.0)
+    assert succession.principals(0.0) == {B}
+    with pytest.raises(ValueError, match="negative"):
+        Succession(A, grace_s=-1)
+
+
+def test_the_identity_keeps_the_old_subject_for_the_grace_on_its_clock(tmp_path: Path) -> None:
+    """InternalIdentity over a fake clock: the file names cluster-b, cluster-a stays accepted
+    for the grace, then only cluster-b is; a file that cannot be read meanwhile does not stop
+    the grace running out."""
+    now = [100.0]
+    path = tmp_path / "internal.token"
+    path.write_text(_token("cluster-a"))
+    identity = InternalIdentity(
+        TokenVerifier(TokenSettings(SECRET)), path, grace_s=30, clock=lambda: now[0]
+    )
+    _write(path, _token("cluster-b"))
+    now[0] = 101.0
+    assert identity.principals() == {A, B}
+    path.unlink()
+    now[0] = 130.9  # the grace runs from when the change was seen (101)
+    assert identity.principals() == {A, B}
+    now[0] = 131.0
+    assert identity.principals() == {B}
+    assert identity.allows(B) and not identity.allows(A)
 
 
 def test_the_identity_is_looked_at_again_only_every_recheck_interval(
@@ -113,7 +170,9 @@ async def forwarder(tmp_path: Path) -> AsyncIterator[tuple[str, Path, list[str]]
             return grpc.unary_unary_rpc_method_handler(unary)
 
     srv = grpc.aio.server(
-        interceptors=[AuthInterceptor(verifier, InternalIdentity(verifier, path), internal_only)]
+        interceptors=[
+            AuthInterceptor(verifier, InternalIdentity(verifier, path, grace_s=0), internal_only)
+        ]
     )
     srv.add_generic_rpc_handlers([Any_()])
     port = srv.add_insecure_port("127.0.0.1:0")
@@ -167,7 +226,7 @@ def test_a_long_call_is_refused_once_its_token_expires_or_its_caller_is_replaced
     verifier = TokenVerifier(TokenSettings(SECRET))
     path = tmp_path / "internal.token"
     path.write_text(_token("cluster"))
-    identity = InternalIdentity(verifier, path)
+    identity = InternalIdentity(verifier, path, grace_s=0)
     cluster = Principal.from_subject("cluster")
 
     def started(until: float) -> LongCall:

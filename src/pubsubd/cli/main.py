@@ -26,6 +26,7 @@ from pubsubd.cli.routing import routing_app
 from pubsubd.cli.security import certs_app, tokens_app
 from pubsubd.cli.server_security import (
     NO_FLAGS,
+    InternalTokenGrace,
     NodeInternalTokenFile,
     SecurityFlags,
     internal_tls,
@@ -34,6 +35,7 @@ from pubsubd.cli.server_security import (
     zookeeper_tls_options,
 )
 from pubsubd.cli.slo import alerts, slo_app
+from pubsubd.core.internal_token import DEFAULT_GRACE_S
 from pubsubd.core.load import HALF_LIFE_S
 from pubsubd.core.subscription_spread import (
     SPREAD_ALL,
@@ -355,6 +357,7 @@ def storage(
     ] = 0,
     log_level: Annotated[str, typer.Option(envvar="PUBSUBD_LOG_LEVEL")] = "INFO",
     internal_token_file: NodeInternalTokenFile = None,
+    internal_token_grace: InternalTokenGrace = None,
     security: SecurityFlags = NO_FLAGS,
 ) -> None:
     """Run a storage node: ledgers on its data directories, served to the cluster over gRPC
@@ -381,6 +384,9 @@ def storage(
         tls=tls,
         tokens=tokens,
         internal_token_file=internal_token_file,
+        internal_token_grace_s=(
+            internal_token_grace if internal_token_grace is not None else DEFAULT_GRACE_S
+        ),
         data_dirs=data_dir,
         port=port,
         http_port=http_port,

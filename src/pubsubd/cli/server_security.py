@@ -110,6 +110,16 @@ InternalTokenFile = Annotated[
     ),
 ]
 
+InternalTokenGrace = Annotated[
+    float | None,
+    typer.Option(
+        envvar="PUBSUBD_INTERNAL_TOKEN_GRACE",
+        min=0.0,
+        help="after the internal token file names another subject, the one before stays "
+        "accepted this long, s (rotation across machines; default 60; 0 = none)",
+    ),
+]
+
 # A storage node's reading of the same file: whose calls it takes, not what it sends.
 NodeInternalTokenFile = Annotated[
     Path | None,
@@ -174,6 +184,7 @@ _FLAGS = tuple(
         ("iam_policy_file", IamPolicyFile),
         ("trust_caller_header", TrustCallerHeader),
         ("internal_token_file", InternalTokenFile),
+        ("internal_token_grace", InternalTokenGrace),
     )
 )
 
@@ -195,6 +206,7 @@ class SecurityFlags:
     iam_policy_file: Path | None = None
     trust_caller_header: bool | None = None
     internal_token_file: Path | None = None
+    internal_token_grace: float | None = None
 
     def apply(
         self, cfg: config_mod.ServerConfig, *, forwarder: bool = False
@@ -211,6 +223,11 @@ class SecurityFlags:
             iam_policy_file=self.iam_policy_file or cfg.iam_policy_file,
             trust_caller_header=bool(self.trust_caller_header) or cfg.trust_caller_header,
             internal_token_file=self.internal_token_file or cfg.internal_token_file,
+            internal_token_grace_s=(
+                self.internal_token_grace
+                if self.internal_token_grace is not None
+                else cfg.internal_token_grace_s
+            ),
         )
         try:
             load_policy_file(cfg.iam_policy_file)
@@ -300,7 +317,7 @@ _AUTH = frozenset(
     {"auth_secret_file", "auth_public_key", "auth_tokens_file", "auth_audience", "auth_issuer"}
 )
 _IAM = frozenset({"iam", "iam_policy_file", "trust_caller_header"})
-_INTERNAL_TOKEN = frozenset({"internal_token_file"})
+_INTERNAL_TOKEN = frozenset({"internal_token_file", "internal_token_grace"})
 
 
 def security_options(

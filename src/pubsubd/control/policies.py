@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -119,9 +119,16 @@ class ResourcePolicies:
         self._bodies: dict[str, bytes] = {}  # resource -> its stored record's body
         self._compiled: dict[str, iam.CompiledPolicy] = {}
         self.decisions = iam.Policies(dict(projects or {}), self._compiled)
+        self._listeners: list[Callable[[], None]] = []
         for record in store.load_policies():
             self._apply(record, deleted=False)
         store.changes.watch(self._changed)
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after each policy change this view applies (its own, and every
+        other process's through the change feed): authorization decides its open streams
+        again (core/stream_guard.py)."""
+        self._listeners.append(listener)
 
     # -- following the store ----------------------------------------------------------------
 
@@ -130,11 +137,16 @@ class ResourcePolicies:
             self._policies.pop(record.resource, None)
             self._bodies.pop(record.resource, None)
             self._compiled.pop(record.resource, None)
-            return
-        policy = pb.Policy.FromString(record.body)
-        self._policies[record.resource] = policy
-        self._bodies[record.resource] = record.body
-        self._compiled[record.resource] = _compiled(policy)
+        else:
+            policy = pb.Policy.FromString(record.body)
+            self._policies[record.resource] = policy
+            self._bodies[record.resource] = record.body
+            self._compiled[record.resource] = _compiled(policy)
+        for listener in self._listeners:
+            try:
+                listener()
+            except Exception:  # one listener's failure must not stop the view following
+                log.exception("policy change listener failed")
 
     def _changed(self, change: Change) -> Applied:
         record = change.record

@@ -28,10 +28,13 @@ Rules:
    (:func:`require_internal`: any other valid token, a client's or an admin's, is refused
    PERMISSION_DENIED on gRPC and on the append port).
 6. The identity follows the file as the token does (rule 3): when the file changes, the new
-   token's principal replaces the old one, which is refused from then on (rotation to another
-   subject; the append connections and AppendStreams of the old one are ended, and their
-   writers reconnect with the token now in their file). A file that cannot be read, or holds a
-   token this process refuses, keeps the last identity (and is logged).
+   token's principal replaces the old one, which stays accepted for a grace period
+   (``--internal-token-grace``, :data:`DEFAULT_GRACE_S`; 0: none) and is refused from then on
+   (rotation to another subject across machines: a process whose file has not changed yet
+   still calls with the old token; after the grace, the append connections and AppendStreams
+   of the old one are ended, and their writers reconnect with the token now in their file).
+   A file that cannot be read, or holds a token this process refuses, keeps the last identity
+   (and is logged). :class:`Succession` is the pure rule, over a clock it is given.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from pubsubd.core.errors import NotInternalCaller, Unauthenticated
@@ -48,9 +51,11 @@ from pubsubd.core.tokens import TokenVerifier
 
 __all__ = [
     "CLIENT_METHODS",
+    "DEFAULT_GRACE_S",
     "INTERNAL_TOKEN",
     "InternalIdentity",
     "InternalToken",
+    "Succession",
     "internal_only",
     "internal_principal",
     "read_token",
@@ -69,6 +74,8 @@ CLIENT_METHODS = frozenset({"/pubsubd.internal.v1.Forwarder/GiveBack"})
 OPEN_METHODS = frozenset({"/pubsubd.internal.v1.Forwarder/Identify"})
 # How often the identity looks at its file again, at most (a stat per append frame otherwise).
 RECHECK_S = 0.25
+# How long a replaced identity stays accepted after the file names another (rule 6).
+DEFAULT_GRACE_S = 60.0
 
 
 def internal_only(method: str) -> bool:
@@ -115,20 +122,65 @@ def _stamp(path: Path) -> tuple[int, int, int]:
     return st.st_mtime_ns, st.st_ino, st.st_size
 
 
+class Succession:
+    """Rule 6, pure: the identity now and the ones it replaced, each accepted until its grace
+    ends (monotonic seconds the caller gives)."""
+
+    __slots__ = ("_previous", "current", "grace_s")
+
+    def __init__(self, current: Principal | None, grace_s: float = DEFAULT_GRACE_S) -> None:
+        if grace_s < 0:
+            raise ValueError(f"the internal token grace must not be negative, got {grace_s}")
+        self.current = current
+        self.grace_s = grace_s
+        self._previous: dict[Principal, float] = {}  # a replaced identity -> accepted until
+
+    def follow(self, principal: Principal, now: float) -> bool:
+        """The file names ``principal`` now; True if that replaced the current identity (which
+        stays accepted for the grace)."""
+        if principal == self.current:
+            return False
+        self._previous.pop(principal, None)  # back to an earlier one: it is current again
+        if self.current is not None and self.grace_s > 0:
+            self._previous[self.current] = now + self.grace_s
+        self.current = principal
+        return True
+
+    def principals(self, now: float) -> frozenset[Principal]:
+        """Who is accepted at ``now``: the current identity, and replaced ones in their grace."""
+        for principal, until in list(self._previous.items()):
+            if now >= until:
+                del self._previous[principal]
+        held = set(self._previous)
+        if self.current is not None:
+            held.add(self.current)
+        return frozenset(held)
+
+
 class InternalIdentity:
     """The cluster's identity as this process reads it (rules 5, 6): the principal of the token
-    in ``path``, read again when the file changes. ``path`` None: nobody (authentication on
-    without an internal token: no process of a cluster calls this one)."""
+    in ``path``, read again when the file changes, and the one it replaced during its grace.
+    ``path`` None: nobody (authentication on without an internal token: no process of a
+    cluster calls this one)."""
 
-    def __init__(self, verifier: TokenVerifier, path: Path | None) -> None:
+    def __init__(
+        self,
+        verifier: TokenVerifier,
+        path: Path | None,
+        grace_s: float = DEFAULT_GRACE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         """Reads the token now: ValueError (no token, or one ``verifier`` refuses)."""
         self.verifier = verifier
         self.path = path
+        self._clock = clock
+        self._succession = Succession(None, grace_s)
         self._principals: frozenset[Principal] = frozenset()
         self._stamp: tuple[int, int, int] | None = None
-        self._looked_at = time.monotonic()
+        self._looked_at = clock()
         if path is not None:
-            self._principals = frozenset({internal_principal(verifier, path)})
+            self._succession.follow(internal_principal(verifier, path), self._looked_at)
+            self._principals = self._succession.principals(self._looked_at)
             self._stamp = _stamp(path)
 
     @classmethod
@@ -141,29 +193,33 @@ class InternalIdentity:
     def principals(self) -> frozenset[Principal]:
         """Who may make the cluster's internal calls now (the file looked at again when
         :data:`RECHECK_S` has passed)."""
-        now = time.monotonic()
+        now = self._clock()
         if self.path is None or now - self._looked_at < RECHECK_S:
             return self._principals
         self._looked_at = now
+        stamp: tuple[int, int, int] | None
         try:
             stamp = _stamp(self.path)
         except OSError as e:
             log.warning(
                 "internal token file %s: %s; keeping the identity read before", self.path, e
             )
-            return self._principals
+            stamp = self._stamp  # nothing to follow: the grace still runs out
         if stamp != self._stamp:
             self._stamp = stamp
             try:
                 principal = internal_principal(self.verifier, self.path)
             except ValueError as e:
                 log.warning("%s; keeping the identity read before", e)
-                return self._principals
-            if principal not in self._principals:
-                log.info(
-                    "internal token file changed: the cluster's identity is %s", principal.member
-                )
-            self._principals = frozenset({principal})
+            else:
+                if self._succession.follow(principal, now):
+                    log.info(
+                        "internal token file changed: the cluster's identity is %s "
+                        "(the one before stays accepted for %g s)",
+                        principal.member,
+                        self._succession.grace_s,
+                    )
+        self._principals = self._succession.principals(now)
         return self._principals
 
     def allows(self, principal: Principal) -> bool:

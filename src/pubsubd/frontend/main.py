@@ -174,6 +174,7 @@ class Frontend:
     async def start(self) -> None:
         config = self.config
         identify = trusted_caller_header if config.trust_caller_header else None
+        checking = Authorization(self.authorize, identify) if config.iam else None
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -182,7 +183,7 @@ class Frontend:
             # Authentication first: it names the caller that authorization checks.
             interceptors=[
                 *([AuthInterceptor(self.verifier)] if self.verifier is not None else []),
-                *([Authorization(self.authorize, identify)] if config.iam else []),
+                *([checking] if checking is not None else []),
             ],
         )
         server.add_generic_rpc_handlers([self.proxy])
@@ -209,6 +210,8 @@ class Frontend:
                 self._policy_store = ZooKeeperMetadataStore(self.zk, kinds=(POLICIES,))
                 await self._policy_store.follow()
                 self.policies = ResourcePolicies(self._policy_store, self._projects)
+                if checking is not None:  # a revoked permission ends the streams it held
+                    self.policies.on_change(checking.recheck)
             self.routing.start()
             self.registration = Registration(
                 self.zk,

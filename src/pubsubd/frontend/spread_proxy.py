@@ -12,6 +12,10 @@ subscribing forwarders that each serve some of the subscription's sources (``fan
   routes name then. While a leg answers "not served here" (a source moving), every leg is opened
   again every 50 ms within the client's deadline, as for one forwarder. A response read from a
   leg that never reached the client goes back to that leg's forwarder (GiveBack).
+* **The caller's token and permission** hold the client's stream (``core/stream_guard.py``):
+  it ends UNAVAILABLE when the token expires (the official subscriber reopens it with fresh
+  credentials) and PERMISSION_DENIED when a policy change revokes its consume permission (this
+  frontend's ``Authorization.recheck``), whatever its forwarders check.
 * **Routes that change** under an open stream (a source moved, a forwarder left, the
   subscription became spread or whole again) end the client's stream with UNAVAILABLE within
   ``ROUTES_POLL_S``, so no source stays unserved behind a stale fan-out.
@@ -35,7 +39,9 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from pubsubd.core.errors import STREAM_ACCEPTED, InvalidArgument
+from pubsubd.api.grpc.status import to_status
+from pubsubd.core import stream_guard
+from pubsubd.core.errors import STREAM_ACCEPTED, InvalidArgument, PubsubError
 from pubsubd.core.pb import (
     AcknowledgeRequest,
     ModifyAckDeadlineRequest,
@@ -127,11 +133,19 @@ class SpreadingProxy(Proxy):
         )
         loop = asyncio.get_running_loop()
         changed = loop.create_task(self._legs_change(method, first, _key(spread)))
+        refused: asyncio.Future[PubsubError] = loop.create_future()
+
+        def refuse(error: PubsubError) -> None:
+            if not refused.done():
+                refused.set_result(error)
+
+        guard = stream_guard.watch(refuse)  # its token's expiry, its permission
         step: asyncio.Future[bytes] | None = None
         try:
             while True:
                 step = asyncio.ensure_future(inner.__anext__())
-                done, _ = await asyncio.wait({step, changed}, return_when=asyncio.FIRST_COMPLETED)
+                waits: set[asyncio.Future[Any]] = {step, changed, refused}
+                done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
                 if step in done:
                     try:
                         response = step.result()
@@ -139,12 +153,16 @@ class SpreadingProxy(Proxy):
                         return
                     yield response
                     continue
+                if refused in done:
+                    code, _ = to_status(refused.result())
+                    await context.abort(code, str(refused.result()))
                 self.routes_changed += 1
                 await context.abort(
                     grpc.StatusCode.UNAVAILABLE,
                     "the subscription's forwarders changed: open the stream again",
                 )
         finally:
+            guard.close()
             for task in (changed, step):
                 if task is not None and not task.done():
                     task.cancel()

@@ -134,6 +134,7 @@ class GrpcLeg:
         if STREAM_ACCEPTED not in tuple(headers or ()):
             code = await self._call.code()
             details = await self._call.details()
+            await self.close()  # refused: nothing reads this leg again
             raise errors.from_status(code, details or "", subscription=True)
 
     async def read(self) -> Sequence[Any] | ActiveNotice | None:
@@ -181,6 +182,9 @@ class GrpcLeg:
         await self.gateway.nack(self.subscription, deliveries)
 
     async def close(self) -> None:
+        # The request iterator ends too: grpc.aio's task that reads it would otherwise wait
+        # on the queue after a stream the server ended, and be destroyed pending.
+        self._requests.put_nowait(None)
         if self._call is not None:
             self._call.cancel()
 

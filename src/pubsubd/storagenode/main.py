@@ -43,7 +43,7 @@ from pubsubd.api.grpc.authn import AuthInterceptor
 from pubsubd.coordination.errors import CoordinationError, startup_failure
 from pubsubd.coordination.paths import DEFAULT_ROOT
 from pubsubd.coordination.registration import Registration, as_json, storage_info_changed
-from pubsubd.core.internal_token import InternalIdentity
+from pubsubd.core.internal_token import DEFAULT_GRACE_S, InternalIdentity
 from pubsubd.core.release import version
 from pubsubd.core.tls import ServerTls
 from pubsubd.core.tokens import TokenSettings, TokenVerifier
@@ -93,6 +93,8 @@ class StorageNodeConfig:
     # of the principal of the internal token in internal_token_file (required with tokens).
     tokens: TokenSettings | None = None
     internal_token_file: Path | None = None
+    # After that file names another subject, the one before stays accepted this long, s.
+    internal_token_grace_s: float = DEFAULT_GRACE_S
 
     def __post_init__(self) -> None:
         if not self.zk_session_timeout_s > 0:
@@ -217,7 +219,9 @@ class StorageNode:
             )
         verifier = TokenVerifier(config.tokens)
         try:
-            return verifier, InternalIdentity(verifier, config.internal_token_file)
+            return verifier, InternalIdentity(
+                verifier, config.internal_token_file, config.internal_token_grace_s
+            )
         except ValueError as e:
             raise StartupError(str(e)) from None
 

@@ -13,7 +13,9 @@ cluster's internal token (``core/internal_token.py``), which its peers' own call
 
 What a call needs is decided by :mod:`pubsubd.core.iam_calls` from the request's bytes (a
 StreamingPull by its first request), and whether the caller holds it by :mod:`pubsubd.core.iam`
-over ``decide``'s policies.
+over ``decide``'s policies. A stream it let open stays among its open streams
+(``core/stream_guard.py``): :meth:`Authorization.recheck`, called on every policy change,
+decides each again and ends one whose caller lost the permission PERMISSION_DENIED.
 
 Who the caller is, is :func:`pubsubd.core.principal.caller`: authentication sets
 ``principal.CALLER``. The one seam is ``identify``, a function from a call's metadata to its
@@ -43,6 +45,7 @@ from pubsubd.core.errors import PubsubError
 from pubsubd.core.iam import Requirement
 from pubsubd.core.internal_token import InternalIdentity
 from pubsubd.core.principal import CALLER, Principal, caller
+from pubsubd.core.stream_guard import GUARD, StreamGuard
 
 __all__ = ["CALLER_HEADER", "Authorization", "trusted_caller_header"]
 
@@ -92,6 +95,17 @@ class Authorization(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         # method -> (the handler served, its wrapped twin): a servicer's handlers are the same
         # objects call after call, so each is wrapped once (a proxy's, made per call, each time).
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        # The streams this interceptor let open, with who opened them and what they needed.
+        self._open: dict[StreamGuard, tuple[Principal, list[Requirement]]] = {}
+
+    def recheck(self) -> None:
+        """A policy changed: end each open stream whose caller lost what it needed."""
+        for guard, (principal, needs) in list(self._open.items()):
+            try:
+                self._decide(principal, needs)
+            except PubsubError as e:
+                DENIED.labels("StreamingPull").inc()
+                guard.refuse(e)
 
     async def intercept_service(
         self,
@@ -141,20 +155,25 @@ class Authorization(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     async def _check(
         self, method: str, request: Any, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> None:
+    ) -> tuple[Principal, list[Requirement]] | None:
+        """Refuse the call, or let it pass: the caller and what it needed (None: not
+        checked, a caller every call of which passes)."""
         if not self._enforce:
-            return
+            return None
         principal = caller()
         if self._trusted is not None and self._trusted.allows(principal):
-            return
+            return None
         raw = request if isinstance(request, bytes) else request.SerializeToString()
         try:
-            self._decide(principal, iam_calls.requirements(method, raw))
+            needs = list(iam_calls.requirements(method, raw))
+            self._decide(principal, needs)
         except PubsubError as e:
             code, _ = to_status(e)
             if code is grpc.StatusCode.PERMISSION_DENIED:
                 DENIED.labels(method.rsplit("/", 1)[-1]).inc()
             await context.abort(code, str(e))
+            raise  # unreachable: abort raises
+        return principal, needs
 
     def _unary(self, method: str, inner: Callable[..., Any]) -> Callable[..., Any]:
         if inspect.isasyncgenfunction(inner):
@@ -188,15 +207,24 @@ class Authorization(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     first = await anext(requests)
                 except StopAsyncIteration:
                     return
-                await self._check(method, first, context)
+                checked = await self._check(method, first, context)
 
                 async def replayed() -> AsyncIterator[Any]:
                     yield first
                     async for request in requests:
                         yield request
 
-                async for response in inner(replayed(), context):
-                    yield response
+                # Held to its permission while it is open (recheck): the handler binds the
+                # guard to its stream (core/stream_guard.py).
+                guard = StreamGuard()
+                if checked is not None:
+                    GUARD.set(guard)
+                    self._open[guard] = checked
+                try:
+                    async for response in inner(replayed(), context):
+                        yield response
+                finally:
+                    self._open.pop(guard, None)
             finally:
                 _reset(token)
 

@@ -4,7 +4,9 @@ StreamingPull runs two halves: a reader task applies the client's stream request
 opens the consumer; later ones carry heartbeats, acks, deadline changes), while the handler itself
 writes the consumer's responses. A stream is never ended with OK by the server: the official
 client treats that as a fatal error, so shutdown ends streams with UNAVAILABLE and clients
-reconnect.
+reconnect. An open stream is held to its caller's token and permission
+(``core/stream_guard.py``): it ends UNAVAILABLE when the token expires (the client reopens it
+with fresh credentials) and PERMISSION_DENIED when a policy change revokes consume.
 
 Every admin call (subscriptions, snapshots, Seek) first applies what other processes wrote
 before it (``Catalog.caught_up``), as the publisher's do. A write to a subscription (delete,
@@ -29,7 +31,7 @@ from pubsubd.control.catalog import Catalog
 from pubsubd.control.router import Routes
 from pubsubd.control.snapshots import Snapshots
 from pubsubd.control.update_retry import retry_update
-from pubsubd.core import active_notices, failover_rank, names, pb, validation, wire
+from pubsubd.core import active_notices, failover_rank, names, pb, stream_guard, validation, wire
 from pubsubd.core.errors import (
     STREAM_ACCEPTED,
     FailedPrecondition,
@@ -235,6 +237,7 @@ class SubscriberServicer:
         requests = _parsed(raw_requests)
         stream: StreamHandle | None = None
         reader: asyncio.Task[None] | None = None
+        guard: stream_guard.StreamGuard | None = None
         metrics.OPEN_STREAMS.inc()
         code: str | None = "OK"  # the stream's outcome for the SLIs (None: not recorded)
         try:
@@ -257,6 +260,7 @@ class SubscriberServicer:
                 code = None if isinstance(e, NotServedHere) else to_status(e)[0].name
                 await context.abort(to_status(e)[0], str(e))
                 raise  # unreachable: abort raises
+            guard = stream_guard.watch(stream.end)  # its token's expiry, its permission
             props = wire.subscription_properties(
                 pb.StreamingPullResponse.SubscriptionProperties(
                     message_ordering_enabled=entry.subscription.enable_message_ordering,
@@ -276,7 +280,9 @@ class SubscriberServicer:
                     return
                 if isinstance(item, BaseException):
                     status, _ = to_status(item)
-                    code = status.name
+                    # A token that expired is the client's to renew: not a server fault.
+                    expired = isinstance(item, stream_guard.TokenExpired)
+                    code = None if expired else status.name
                     await context.abort(status, str(item))
                     raise item  # unreachable: abort raises
                 if isinstance(item, active_notices.ActiveNotice):
@@ -288,6 +294,8 @@ class SubscriberServicer:
                 yield b"".join(messages)  # a serialized StreamingPullResponse (core/wire.py)
         finally:
             metrics.OPEN_STREAMS.dec()
+            if guard is not None:
+                guard.close()
             if code is not None:
                 sli.record_rpc("StreamingPull", code, 0.0)
             if reader is not None:
