@@ -255,7 +255,7 @@ def test_authentication_without_the_internal_token_does_not_start(tmp_path: Path
     assert not (tmp_path / "d").exists() or not any((tmp_path / "d").iterdir())
 
 
-GRACE_S = 3.0  # the rotation test's --internal-token-grace
+GRACE_S = 6.0  # the rotation test's --internal-token-grace
 
 
 def _replace(path: Path, token: str) -> None:

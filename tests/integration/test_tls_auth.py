@@ -712,7 +712,8 @@ def test_a_revoked_binding_ends_an_open_stream_with_permission_denied(
         )
         with pytest.raises(exceptions.PermissionDenied, match=r"pubsub\.subscriptions\.consume"):
             future.result(timeout=10)
-        assert time.monotonic() - revoked_at < 2.0
+        # At once, not at a lease's end or a poll (the bound is loose: CI is busy).
+        assert time.monotonic() - revoked_at < 8.0
     finally:
         carol.close()
 
@@ -773,7 +774,8 @@ def test_a_revoked_binding_closes_an_open_pulsar_consumer(
             metadata=root_md,
         )
         wait_for(lambda: not consumer.is_connected(), 5, "the consumer to be closed")
-        assert time.monotonic() - revoked_at < 2.0
+        # At once, not at a lease's end or a poll (the bound is loose: CI is busy).
+        assert time.monotonic() - revoked_at < 8.0
         producer.send(b"revoked")
         with pytest.raises(pulsar.Timeout):
             consumer.receive(2_000)
