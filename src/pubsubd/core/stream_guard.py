@@ -88,9 +88,10 @@ GUARD: ContextVar[StreamGuard | None] = ContextVar("pubsubd_stream_guard", defau
 """The current call's guard, when authorization watches it (set for the handler)."""
 
 
-def watch(end: End) -> StreamGuard:
-    """Hold the current call's open stream to its token's expiry and, when authorization
-    watches it, to its permission: ``end`` ends it. The caller closes the guard it gets."""
+def watch(end: End, expiry_grace_s: float = 0.0) -> StreamGuard:
+    """Hold the current call's open stream to its token's expiry (plus ``expiry_grace_s``)
+    and, when authorization watches it, to its permission: ``end`` ends it. The caller closes
+    the guard it gets."""
     guard = GUARD.get() or StreamGuard()
-    guard.bind(end, CALLER_UNTIL.get())
+    guard.bind(end, CALLER_UNTIL.get() + expiry_grace_s)
     return guard

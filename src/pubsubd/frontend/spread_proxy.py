@@ -88,6 +88,9 @@ TO_EVERY_LEG = frozenset({SUBSCRIBER + "Seek", "/pubsubd.v1.Replay/SeekOffsets"}
 SPREAD_METHODS = frozenset({STREAMING_PULL, PULL, ACKNOWLEDGE, MODIFY_ACK_DEADLINE, *TO_EVERY_LEG})
 # How often an open stream's legs are compared with the routes.
 ROUTES_POLL_S = 0.5
+# After the client's token expires, how long the frontend lets its forwarders end the stream
+# before it ends the stream itself (see ``_stream_first``).
+EXPIRY_GRACE_S = 2.0
 
 # (method, first request) -> the legs of a spread subscription, None if it is not spread.
 Spread = Callable[[str, bytes], Sequence[Leg] | None]
@@ -139,7 +142,12 @@ class SpreadingProxy(Proxy):
             if not refused.done():
                 refused.set_result(error)
 
-        guard = stream_guard.watch(refuse)  # its token's expiry, its permission
+        # Its token's expiry, its permission. A forwarder that checks tokens ends its leg at
+        # the same expiry, and that end loses nothing: what it sent before comes through to
+        # the client first. Ending the client's stream here first would drop what is on its
+        # way from the forwarder (leased, so redelivered only when the lease runs out): the
+        # frontend ends it itself only a moment later, for forwarders that check nothing.
+        guard = stream_guard.watch(refuse, expiry_grace_s=EXPIRY_GRACE_S)
         step: asyncio.Future[bytes] | None = None
         try:
             while True:
