@@ -683,3 +683,38 @@ async def test_a_group_refused_behind_an_acknowledged_unwritten_one_reuses_only_
     assert await log.append(b"c", 1, 3) == 1
     assert [e.payload for e in log.read(0)] == [b"a", b"c"]
     await log.close()
+
+
+async def test_a_read_never_runs_from_a_damaged_local_end_on_to_unwritten_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The local copy ends in a damaged range (a sealed segment's tail, the active segment
+    empty) while acknowledged entries wait for their local write: a read stops before the
+    damage, never returning entries on both sides of it as if they were contiguous."""
+    directory = tmp_path / "s"
+    local = SourceLog.open(directory)
+    for i in range(5):
+        await local.append(b"message %d" % i, 1, 100 + i)
+    await local.close()
+    sealed = directory / "00000000000000000000.seg"
+    data = bytearray(sealed.read_bytes())
+    data[-3] ^= 0xFF  # the last entry (offset 4) is damaged
+    sealed.write_bytes(bytes(data))
+    (directory / "00000000000000000005.seg").touch()  # the empty active segment
+    log = SourceLog.open(directory, remote=_SlowRemote())
+    assert [d.first_offset for d in log.damaged_ranges()] == [4]
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    real_append = QuorumWriter.append
+
+    async def held(self: QuorumWriter, segment_base: int, data: bytes, sync: bool) -> None:
+        await gate
+        await real_append(self, segment_base, data, sync)
+
+    monkeypatch.setattr(QuorumWriter, "append", held)
+    assert await log.append(b"after", 1, 200) == 5  # acknowledged, not written locally
+    assert [e.base_offset for e in log.read(0)] == [0, 1, 2, 3]
+    assert [e.payload for e in log.read(5)] == [b"after"]
+    gate.set_result(None)
+    await _written(log, 6)
+    assert [e.base_offset for e in log.read(0)] == [0, 1, 2, 3]
+    await log.close()

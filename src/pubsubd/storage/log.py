@@ -1214,7 +1214,8 @@ class SourceLog:
                 run_start = i + 1
             if run_start < stop and not self._load_into(result, segment, run_start, stop):
                 return self._partial(result, offset)
-        if not limited and self._unwritten:  # read on past the local copy's end
+        if not limited and result and result[-1].next_offset == self._written_offset:
+            # Read on past the local copy's end (not past damage that ends it).
             self._read_unwritten(result, self._written_offset, max_entries, max_bytes, total)
         return result
 
