@@ -239,6 +239,15 @@ class _Pending:
     future: asyncio.Future[int]
 
 
+@dataclass(slots=True, eq=False)
+class _Flight:
+    """A replicated log's group on its way to the storage nodes."""
+
+    group: list[_Pending]
+    sent: asyncio.Future[None] = field(init=False)
+    landed: bool = False  # the quorum has it
+
+
 def _recover(directory: Path) -> tuple[list[_Segment], list[DamagedRange]]:
     """Scan the segment files of ``directory`` into an index; cut a torn last tail; record
     damaged entries instead of failing on them."""
@@ -686,37 +695,40 @@ class SourceLog:
         """The writer of a replicated log: up to REMOTE_PIPELINE groups travel to the storage
         nodes at once (their round trip is most of an append's time). As each one's quorum
         answers, in order, it is made readable (from memory) and acknowledged at once, in
-        the remote append's done callback; this task then writes it to the local copy,
-        which puts it in the index (:meth:`_accept`). A group the quorum refused fails every
-        group behind it (the remote log fails them too); one the quorum took is never failed
-        (see :meth:`_write_durable_group`)."""
+        the task that sent it (no loop turn in between); this task then writes it to the
+        local copy, which puts it in the index (:meth:`_accept`). A group the quorum refused
+        fails every group behind it (the remote log fails them too); one the quorum took is
+        never failed (see :meth:`_write_durable_group`)."""
         assert self._wakeup is not None
         wakeup = self._wakeup
-        flights: deque[tuple[list[_Pending], asyncio.Task[None]]] = deque()
+        flights: deque[_Flight] = deque()
         to_write: list[_Pending] = []  # acknowledged, not yet in the local copy
 
         def accept_landed() -> None:
-            while flights:
-                group, sent = flights[0]
-                if not sent.done() or sent.cancelled() or sent.exception() is not None:
-                    return
-                flights.popleft()
+            while flights and flights[0].landed:
+                group = flights.popleft().group
                 self._accept(group)
                 to_write.extend(group)
 
-        def landed(_: object) -> None:
-            accept_landed()
+        async def send(flight: _Flight, first: int, data: bytes, end: int) -> None:
+            await remote.append(first, data, end)
+            flight.landed = True
+            accept_landed()  # flights complete in order; an earlier one may still be out
+            wakeup.set()
+
+        def woken(_: object) -> None:
             wakeup.set()
 
         while True:
             accept_landed()
-            if flights and flights[0][1].done():  # the quorum refused it
-                group, sent = flights.popleft()
+            if flights and flights[0].sent.done():  # the quorum refused it
+                head = flights.popleft()
+                group, sent = head.group, head.sent
                 error = StorageError("cancelled") if sent.cancelled() else sent.exception()
                 assert error is not None
-                behind = [p for g, _ in flights for p in g]
-                for _, later in flights:
-                    later.add_done_callback(_retrieve)  # they fail too; nobody waits
+                behind = [p for f in flights for p in f.group]
+                for later in flights:
+                    later.sent.add_done_callback(_retrieve)  # they fail too; nobody waits
                 flights.clear()
                 self._fail([*group, *behind], error)
             if to_write:
@@ -731,9 +743,10 @@ class SourceLog:
                 group = self._take_group()
                 first, end = group[0].entry.base_offset, group[-1].entry.next_offset
                 data = group[0].frame if len(group) == 1 else b"".join(p.frame for p in group)
-                sent = asyncio.ensure_future(remote.append(first, data, end))
-                sent.add_done_callback(landed)
-                flights.append((group, sent))
+                flight = _Flight(group)
+                flight.sent = asyncio.ensure_future(send(flight, first, data, end))
+                flight.sent.add_done_callback(woken)
+                flights.append(flight)
                 continue
             if not self._pending and not flights:
                 if not await self._idle():
