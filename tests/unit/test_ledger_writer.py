@@ -580,3 +580,141 @@ async def test_a_local_write_that_fails_after_the_quorum_took_the_group_is_retri
     assert [e.payload for e in log.read(0, max_entries=5)] == [b"a", b"b", b"c"]
     assert remote.appended == [(0, 1), (1, 2), (2, 3)]
     await log.close()
+
+
+async def test_a_replicated_log_answers_at_the_quorum_and_reads_from_memory_until_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The quorum holds a group: its appends are answered and its entries readable (reads,
+    entry_at, publish times, time lookups, stored bytes, listeners) while the local copy's
+    write is still on its way; once written they are read from the local copy, with no
+    second commit notification."""
+    remote = _SlowRemote()
+    log = SourceLog.open(tmp_path / "s", remote=remote)
+    assert await log.append(b"a", 1, 100) == 0
+    await _written(log, 1)
+    empty = log.stored_bytes(0, 1)
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    real_append = QuorumWriter.append
+
+    async def held(self: QuorumWriter, segment_base: int, data: bytes, sync: bool) -> None:
+        await gate
+        await real_append(self, segment_base, data, sync)
+
+    monkeypatch.setattr(QuorumWriter, "append", held)
+    commits: list[int] = []
+    log.add_listener(commits.append)
+    assert await asyncio.gather(log.append(b"bb", 2, 200), log.append(b"ccc", 1, 300)) == [1, 3]
+    stats = log.stats()
+    assert (stats["written_offset"], stats["committed_offset"]) == (1, 4)
+    assert stats["unwritten_entries"] == 2 and commits == [4]
+
+    def check_reads() -> None:
+        assert [e.payload for e in log.read(0)] == [b"a", b"bb", b"ccc"]
+        assert [e.payload for e in log.read(2)] == [b"bb", b"ccc"]
+        assert [e.payload for e in log.read(0, max_entries=2)] == [b"a", b"bb"]
+        assert [e.payload for e in log.read(1, max_bytes=1)] == [b"bb"]
+        assert log.read(4) == []
+        assert log.entry_at(2).payload == b"bb" and log.publish_time_us(3) == 300
+        assert [log.offset_for_time(t) for t in (50, 150, 300, 301)] == [0, 1, 3, 4]
+        assert log.stored_bytes(0, 1) == empty
+        assert log.stored_bytes(1, 2) == log.stored_bytes(2, 3) > 0  # half of "bb"'s frame
+
+    check_reads()
+    whole = log.stored_bytes(0, 4)
+    gate.set_result(None)
+    await _written(log, 4)
+    assert log.stats()["unwritten_entries"] == 0 and commits == [4]
+    check_reads()
+    assert log.stored_bytes(0, 4) == whole
+    assert await log.append(b"d", 1, 500) == 4
+    await log.close()
+    reopened = SourceLog.open(tmp_path / "s")
+    assert [e.payload for e in reopened.read(0)] == [b"a", b"bb", b"ccc", b"d"]
+    await reopened.close()
+
+
+async def _written(log: SourceLog, offset: int) -> None:
+    """Wait until the local copy holds every offset below ``offset``."""
+    for _ in range(400):
+        if log.stats()["written_offset"] >= offset:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"local copy not written up to {offset}: {log.stats()}")
+
+
+class _GatedRemote(_SlowRemote):
+    """A RemoteLog whose appends are answered when the test says, by their first offset."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answers: dict[int, asyncio.Future[None]] = {}
+
+    async def append(self, first_offset: int, frames: bytes, end_offset: int) -> None:
+        answer = self.answers.setdefault(first_offset, asyncio.get_running_loop().create_future())
+        await answer
+        self.appended.append((first_offset, end_offset))
+
+
+async def test_a_group_refused_behind_an_acknowledged_unwritten_one_reuses_only_its_offsets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two groups on their way; the quorum takes the first and refuses the second in the same
+    turn: the first is acknowledged (its local write comes after the failure is handled),
+    the second fails and only its offsets are handed out again."""
+    monkeypatch.setattr(log_module, "REMOTE_PIPELINE_BYTES", 1)  # pipeline even tiny groups
+    remote = _GatedRemote()
+    log = SourceLog.open(tmp_path / "s", remote=remote)
+    first = asyncio.ensure_future(log.append(b"a", 1, 1))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    second = asyncio.ensure_future(log.append(b"b", 1, 2))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert set(remote.answers) == {0, 1}  # both sent
+    remote.answers[0].set_result(None)
+    remote.answers[1].set_exception(ReplicationFailed("no quorum"))
+    assert await first == 0
+    with pytest.raises(StorageError):
+        await second
+    assert log.end_offset == 1 and log.committed_offset == 1
+    remote.answers[1] = asyncio.get_running_loop().create_future()
+    remote.answers[1].set_result(None)
+    assert await log.append(b"c", 1, 3) == 1
+    assert [e.payload for e in log.read(0)] == [b"a", b"c"]
+    await log.close()
+
+
+async def test_a_read_never_runs_from_a_damaged_local_end_on_to_unwritten_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The local copy ends in a damaged range (a sealed segment's tail, the active segment
+    empty) while acknowledged entries wait for their local write: a read stops before the
+    damage, never returning entries on both sides of it as if they were contiguous."""
+    directory = tmp_path / "s"
+    local = SourceLog.open(directory)
+    for i in range(5):
+        await local.append(b"message %d" % i, 1, 100 + i)
+    await local.close()
+    sealed = directory / "00000000000000000000.seg"
+    data = bytearray(sealed.read_bytes())
+    data[-3] ^= 0xFF  # the last entry (offset 4) is damaged
+    sealed.write_bytes(bytes(data))
+    (directory / "00000000000000000005.seg").touch()  # the empty active segment
+    log = SourceLog.open(directory, remote=_SlowRemote())
+    assert [d.first_offset for d in log.damaged_ranges()] == [4]
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    real_append = QuorumWriter.append
+
+    async def held(self: QuorumWriter, segment_base: int, data: bytes, sync: bool) -> None:
+        await gate
+        await real_append(self, segment_base, data, sync)
+
+    monkeypatch.setattr(QuorumWriter, "append", held)
+    assert await log.append(b"after", 1, 200) == 5  # acknowledged, not written locally
+    assert [e.base_offset for e in log.read(0)] == [0, 1, 2, 3]
+    assert [e.payload for e in log.read(5)] == [b"after"]
+    gate.set_result(None)
+    await _written(log, 6)
+    assert [e.base_offset for e in log.read(0)] == [0, 1, 2, 3]
+    await log.close()

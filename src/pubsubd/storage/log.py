@@ -9,7 +9,9 @@ Writes: :meth:`SourceLog.append` assigns offsets immediately, in call order, and
 the frame. One writer task takes everything queued, writes it with one ``write()`` and,
 with :attr:`FsyncPolicy.ALWAYS`, one fsync for the whole group before resolving every
 append in it (group commit). Writes go through a :class:`QuorumWriter`, today over the
-local disk only. Reads are synchronous ``pread`` calls on the local segment files, with a
+local disk only. A replicated log (``remote``, a cluster) acknowledges a group once the
+storage nodes' quorum has it and serves it from memory until its unsynced local write has
+put it in the index. Reads are synchronous ``pread`` calls on the local segment files, with a
 bounded in-memory cache of recent entries for fan-out to many subscriptions.
 
 Recovery (:meth:`SourceLog.open`) rebuilds the in-memory index (three ``array('q')`` per
@@ -237,6 +239,15 @@ class _Pending:
     future: asyncio.Future[int]
 
 
+@dataclass(slots=True, eq=False)
+class _Flight:
+    """A replicated log's group on its way to the storage nodes."""
+
+    group: list[_Pending]
+    sent: asyncio.Future[None] = field(init=False)
+    landed: bool = False  # the quorum has it
+
+
 def _recover(directory: Path) -> tuple[list[_Segment], list[DamagedRange]]:
     """Scan the segment files of ``directory`` into an index; cut a torn last tail; record
     damaged entries instead of failing on them."""
@@ -409,6 +420,10 @@ def _index_of(segment: _Segment) -> segment_index.SegmentIndex:
     )
 
 
+def _base_offset(entry: Entry) -> int:
+    return entry.base_offset
+
+
 def _retrieve(task: asyncio.Future[None]) -> None:
     """Mark a discarded task's outcome as seen (no "exception never retrieved" warning)."""
     if not task.cancelled():
@@ -462,11 +477,13 @@ class SourceLog:
         "_segments",
         "_stop_syncer",
         "_syncer_task",
+        "_unwritten",
         "_wakeup",
         "_write_fd_open",
         "_write_groups",
         "_writer",
         "_writer_task",
+        "_written_offset",
     )
 
     def __init__(
@@ -484,7 +501,8 @@ class SourceLog:
         self._directory = directory
         # In a cluster the source's ledgers on the storage nodes are the durable copy and
         # this directory a local copy to read from (storage/ledgers/): an append is
-        # committed once the remote quorum has it, and the local write is not fsynced.
+        # committed (readable, acknowledged) once the remote quorum has it, and written to
+        # the local copy after that, not fsynced.
         self._remote = remote
         self._remote_tasks: set[asyncio.Task[int]] = set()
         # Damage found while running is re-read from the storage nodes at once; until that
@@ -502,6 +520,12 @@ class SourceLog:
         self._writer = QuorumWriter([self._replica])
         self._end_offset = segments[-1].end_offset
         self._committed_offset = self._end_offset
+        # A replicated log acknowledges a group once the storage nodes' quorum has it and
+        # writes its local copy after that: the entries [written, committed) are readable
+        # from ``_unwritten`` (in offset order) until the local write puts them in the
+        # index. Without a remote the two offsets are always equal.
+        self._written_offset = self._end_offset
+        self._unwritten: list[Entry] = []
         self._pending: deque[_Pending] | None = None  # created by the first append
         self._pending_bytes = 0  # frame bytes in _pending
         self._listeners: list[Listener] = []
@@ -669,29 +693,49 @@ class SourceLog:
 
     async def _run_replicated_writer(self, remote: RemoteLog) -> None:
         """The writer of a replicated log: up to REMOTE_PIPELINE groups travel to the storage
-        nodes at once (their round trip is most of an append's time); as each one's quorum
-        answers, in order, it is written to the local copy, made readable and acknowledged.
-        A group the quorum refused fails every group behind it (the remote log fails them
-        too); one the quorum took is never failed (see :meth:`_write_durable_group`)."""
+        nodes at once (their round trip is most of an append's time). As each one's quorum
+        answers, in order, it is made readable (from memory) and acknowledged at once, in
+        the task that sent it (no loop turn in between); this task then writes it to the
+        local copy, which puts it in the index (:meth:`_accept`). A group the quorum refused
+        fails every group behind it (the remote log fails them too); one the quorum took is
+        never failed (see :meth:`_write_durable_group`)."""
         assert self._wakeup is not None
         wakeup = self._wakeup
-        flights: deque[tuple[list[_Pending], asyncio.Task[None]]] = deque()
+        flights: deque[_Flight] = deque()
+        to_write: list[_Pending] = []  # acknowledged, not yet in the local copy
+
+        def accept_landed() -> None:
+            while flights and flights[0].landed:
+                group = flights.popleft().group
+                self._accept(group)
+                to_write.extend(group)
+
+        async def send(flight: _Flight, first: int, data: bytes, end: int) -> None:
+            await remote.append(first, data, end)
+            flight.landed = True
+            accept_landed()  # flights complete in order; an earlier one may still be out
+            wakeup.set()
 
         def woken(_: object) -> None:
             wakeup.set()
 
         while True:
-            while flights and flights[0][1].done():
-                group, sent = flights.popleft()
+            accept_landed()
+            if flights and flights[0].sent.done():  # the quorum refused it
+                head = flights.popleft()
+                group, sent = head.group, head.sent
                 error = StorageError("cancelled") if sent.cancelled() else sent.exception()
-                if error is None:
-                    await self._write_durable_group(group)
-                    continue
-                behind = [p for g, _ in flights for p in g]
-                for _, later in flights:
-                    later.add_done_callback(_retrieve)  # they fail too; nobody waits
+                assert error is not None
+                behind = [p for f in flights for p in f.group]
+                for later in flights:
+                    later.sent.add_done_callback(_retrieve)  # they fail too; nobody waits
                 flights.clear()
                 self._fail([*group, *behind], error)
+            if to_write:
+                written = to_write[:]
+                to_write.clear()
+                await self._write_durable_group(written)
+                continue
             if self._pending and (
                 not flights
                 or (len(flights) < REMOTE_PIPELINE and self._pending_bytes >= REMOTE_PIPELINE_BYTES)
@@ -699,9 +743,10 @@ class SourceLog:
                 group = self._take_group()
                 first, end = group[0].entry.base_offset, group[-1].entry.next_offset
                 data = group[0].frame if len(group) == 1 else b"".join(p.frame for p in group)
-                sent = asyncio.ensure_future(remote.append(first, data, end))
-                sent.add_done_callback(woken)
-                flights.append((group, sent))
+                flight = _Flight(group)
+                flight.sent = asyncio.ensure_future(send(flight, first, data, end))
+                flight.sent.add_done_callback(woken)
+                flights.append(flight)
                 continue
             if not self._pending and not flights:
                 if not await self._idle():
@@ -739,12 +784,13 @@ class SourceLog:
     async def _write_durable_group(self, group: list[_Pending]) -> None:
         """Write to the local copy a group the storage nodes' quorum already holds.
 
-        Its offsets are the ledger's now, so they are never handed out again: if the local
-        write fails (a full or failing local disk), the group's appends are acknowledged
-        anyway (they are durable) and the rest of it is written again, with a growing pause,
-        until it is written or the log closes; readers see it once it is. Appends behind it
-        wait, and the publish memory budget pushes back on publishers. A log closed before
-        that reopens from the ledgers, which fill the local copy in (materialize).
+        Its appends are acknowledged and its entries readable from memory already
+        (:meth:`_accept`); its offsets are the ledger's, so they are never handed out again.
+        If the local write fails (a full or failing local disk), the rest of the group is
+        written again, with a growing pause, until it is written or the log closes; readers
+        keep reading it from memory meanwhile. No new group is sent meanwhile (appends wait,
+        and the publish memory budget pushes back on publishers). A log closed before that
+        reopens from the ledgers, which fill the local copy in (materialize).
         """
         pause = LOCAL_RETRY_FIRST_S
         while (failure := await self._write_group(group)) is not None:
@@ -833,13 +879,31 @@ class SourceLog:
             start = stop
         return None
 
+    def _accept(self, group: list[_Pending]) -> None:
+        """A replicated log: the quorum holds ``group`` (the next entries in order). Make it
+        readable from memory and acknowledge it; the local write follows (:meth:`_commit`)."""
+        self._unwritten.extend(item.entry for item in group)
+        self._committed_offset = group[-1].entry.next_offset
+        self._notify()
+        self._resolve(group)
+
     def _commit(self, segment: _Segment, chunk: list[_Pending]) -> None:
+        """``chunk`` is written to ``segment``: index it. Without a remote that also makes it
+        readable; a replicated log's entries were readable since :meth:`_accept`."""
         for item in chunk:
             entry = item.entry
             segment.add(entry.base_offset, entry.count, entry.publish_time_us, len(item.frame))
             self._cache.put(entry)
-        self._committed_offset = segment.end_offset
-        self._notify()
+        self._written_offset = written = segment.end_offset
+        unwritten = self._unwritten
+        if unwritten:
+            indexed = 0
+            while indexed < len(unwritten) and unwritten[indexed].base_offset < written:
+                indexed += 1
+            del unwritten[:indexed]
+        if written > self._committed_offset:
+            self._committed_offset = written
+            self._notify()
 
     @staticmethod
     def _resolve(chunk: list[_Pending]) -> None:
@@ -853,7 +917,7 @@ class SourceLog:
         if self._pending is not None:
             self._pending.clear()
         self._pending_bytes = 0
-        self._end_offset = self._segments[-1].end_offset
+        self._end_offset = self._committed_offset  # acknowledged entries keep theirs
         logger.log(
             logging.DEBUG if disk_full_reason(cause) else logging.ERROR,  # see above
             "log %s: write of %d appends failed: %s",
@@ -976,6 +1040,7 @@ class SourceLog:
             os.close(fd)
         self._read_fds.clear()
         self._cache.clear()
+        self._unwritten = []  # a log closed before writing them reopens from the ledgers
         self._closed = True
 
     # -- reads -------------------------------------------------------------------------
@@ -985,8 +1050,9 @@ class SourceLog:
             raise LogClosed(f"log {self._directory} is closed")
 
     def _locate(self, offset: int) -> tuple[int, int]:
-        """(segment index, entry index) of the committed entry containing ``offset``."""
-        if offset < self.start_offset or offset >= self._committed_offset:
+        """(segment index, entry index) of the written entry containing ``offset`` (callers
+        look in :meth:`_unwritten_at` first for offsets at or past ``_written_offset``)."""
+        if offset < self.start_offset or offset >= self._written_offset:
             raise OffsetOutOfRange(offset, self.start_offset, self._committed_offset)
         if self._damage:
             damaged = self._damage.at(offset)
@@ -1119,8 +1185,12 @@ class SourceLog:
             raise OffsetOutOfRange(offset, self.start_offset, self._committed_offset)
         if offset >= self._committed_offset:
             return []
+        result: list[Entry] = []
+        if offset >= self._written_offset:
+            self._read_unwritten(result, offset, max_entries, max_bytes, 0)
+            return result
         seg_index, index = self._locate(offset)
-        stop_offset = self._committed_offset
+        stop_offset = self._written_offset
         if self._damage:
             stop_offset = min(stop_offset, self._damage.next_after(offset) or stop_offset)
         # Plan (segment, first, stop) ranges within the limits using index sizes only.
@@ -1145,7 +1215,6 @@ class SourceLog:
             if index > first:
                 plan.append((segment, first, index))
             seg_index, index = seg_index + 1, 0
-        result: list[Entry] = []
         for segment, first, stop in plan:
             run_start = first
             for i in range(first, stop):
@@ -1158,7 +1227,32 @@ class SourceLog:
                 run_start = i + 1
             if run_start < stop and not self._load_into(result, segment, run_start, stop):
                 return self._partial(result, offset)
+        if not limited and result and result[-1].next_offset == self._written_offset:
+            # Read on past the local copy's end (not past damage that ends it).
+            self._read_unwritten(result, self._written_offset, max_entries, max_bytes, total)
         return result
+
+    def _unwritten_at(self, offset: int) -> Entry | None:
+        """The acknowledged entry containing ``offset`` that the local copy does not hold yet
+        (a replicated log, ``written_offset <= offset < committed_offset``); else None."""
+        unwritten = self._unwritten
+        if not unwritten or offset < self._written_offset or offset >= self._committed_offset:
+            return None
+        return unwritten[bisect_right(unwritten, offset, key=_base_offset) - 1]
+
+    def _read_unwritten(
+        self, result: list[Entry], offset: int, max_entries: int, max_bytes: int, total: int
+    ) -> None:
+        """Extend ``result`` (``total`` payload bytes so far) with acknowledged entries not
+        yet in the local copy, from the one containing ``offset``, within the limits."""
+        unwritten = self._unwritten
+        at = max(0, bisect_right(unwritten, offset, key=_base_offset) - 1)
+        for entry in unwritten[at:]:
+            size = len(entry.payload)
+            if len(result) >= max_entries or (result and total + size > max_bytes):
+                return
+            result.append(entry)
+            total += size
 
     def _load_into(self, result: list[Entry], segment: _Segment, first: int, stop: int) -> bool:
         """Extend ``result`` with entries ``[first, stop)``; False if damage cut it short."""
@@ -1259,6 +1353,9 @@ class SourceLog:
     def entry_at(self, offset: int) -> Entry:
         """The committed entry containing ``offset``; :class:`OffsetOutOfRange` if none."""
         self._check_readable()
+        unwritten = self._unwritten_at(offset)
+        if unwritten is not None:
+            return unwritten
         self._locate(offset)
         return self.read(offset, max_entries=1)[0]
 
@@ -1266,6 +1363,9 @@ class SourceLog:
         """Publish time of the committed entry containing ``offset``, from the in-memory index
         (no I/O); :class:`OffsetOutOfRange` if none."""
         self._check_readable()
+        unwritten = self._unwritten_at(offset)
+        if unwritten is not None:
+            return unwritten.publish_time_us
         seg_index, index = self._locate(offset)
         return self._segments[seg_index].times[index]
 
@@ -1285,6 +1385,9 @@ class SourceLog:
         for segment in segments[seg_index:]:
             if segment.times and segment.times[-1] >= publish_time_us:
                 return segment.offsets[bisect_left(segment.times, publish_time_us)]
+        for entry in self._unwritten:
+            if entry.publish_time_us >= publish_time_us:
+                return entry.base_offset
         return self._committed_offset
 
     def stored_bytes(self, start: int, stop: int) -> float:
@@ -1299,6 +1402,8 @@ class SourceLog:
         self._check_readable()
         segments = self._segments
         offset = min(max(offset, segments[0].base), self._committed_offset)
+        if offset > self._written_offset:
+            return self._bytes_before_unwritten(offset)
         seg_index = bisect_right(segments, offset, key=lambda s: s.base) - 1
         before = float(sum(s.size for s in segments[:seg_index]))
         segment = segments[seg_index]
@@ -1314,6 +1419,20 @@ class SourceLog:
         position = segment.positions[index]
         length = segment.frame_end(index) - position
         return before + position + length * (offset - first) / (after - first)
+
+    def _bytes_before_unwritten(self, offset: int) -> float:
+        """:meth:`_bytes_before` an offset past the local copy's end: every segment, and the
+        acknowledged entries not written yet as the frames they will be."""
+        before = float(sum(s.size for s in self._segments))
+        for entry in self._unwritten:
+            if entry.base_offset >= offset:
+                break
+            length = len(entry.payload) + FRAME_OVERHEAD
+            if entry.next_offset <= offset:
+                before += length
+            else:
+                before += length * (offset - entry.base_offset) / entry.count
+        return before
 
     # -- retention ---------------------------------------------------------------------
 
@@ -1360,6 +1479,8 @@ class SourceLog:
             "start_offset": self.start_offset,
             "end_offset": self._end_offset,
             "committed_offset": self._committed_offset,
+            "written_offset": self._written_offset,
+            "unwritten_entries": len(self._unwritten),
             "fsyncs": self._fsyncs,
             "write_groups": self._write_groups,
             "local_write_retries": self._local_write_retries,
