@@ -38,7 +38,15 @@ def test_kill9_then_a_flipped_byte_loses_only_the_damaged_entry(
             server.endpoint,
             batch_settings=pubsub_v1.types.BatchSettings(max_messages=50, max_latency=0.005),
         )
-        pub.create_topic(request={"name": TOPIC, "labels": {"pubsubd-damaged-entries": "skip"}})
+        # Retention keeps the acknowledged segments: a trim pass after the drain would
+        # otherwise drop the damaged segment, and its range from /status, before the check.
+        pub.create_topic(
+            request={
+                "name": TOPIC,
+                "labels": {"pubsubd-damaged-entries": "skip"},
+                "message_retention_duration": {"seconds": 3600},
+            }
+        )
         sub = make_subscriber(server.endpoint)
         sub.create_subscription(name=SUB, topic=TOPIC)
         sub.close()
