@@ -14,7 +14,8 @@ It stores nothing and checks almost nothing:
   parses the request, stores nothing and answers consecutive ids (no duplicates);
   ``GetTopicRanges`` of a topic whose ID ends ``-{count}-{size}`` answers one source
   ``[0, count)``, and a columnar ``Read`` of it generates the page (``size`` data bytes per row,
-  no attributes); any other topic is empty.
+  no attributes), in Arrow (pubsubd's own encoder) when the request asks and pyarrow is there;
+  any other topic is empty.
 
 Run: ``python -m bench.null_server --port 0``; it logs ``null-server ready grpc=HOST:PORT``.
 """
@@ -36,6 +37,7 @@ import grpc
 
 from bench import pb
 from pubsubd._gen.pubsubd.v1 import replay_pb2
+from pubsubd.api.grpc import replay_arrow
 
 log = logging.getLogger("bench.null_server")
 
@@ -235,7 +237,10 @@ class NullServer:
         stop = min(end, request.start_offset + min(request.max_messages or 1000, 10_000))
         out = replay_pb2.ReadResponse(next_offset=max(stop, request.start_offset))
         n = stop - request.start_offset
-        if n > 0:
+        if request.arrow and replay_arrow.AVAILABLE:  # encoded as pubsubd encodes a page
+            ipc = replay_arrow.batch_ipc(_arrow_page(request.start_offset, n, size))
+            return replay_arrow.read_response(out.next_offset, ipc)
+        elif n > 0:
             cols = out.columns
             cols.offsets.extend(range(request.start_offset, stop))
             cols.data.extend(itertools.repeat(b"x" * size, n))
@@ -305,10 +310,44 @@ class NullServer:
                     replay_pb2.GetTopicRangesRequest,
                     ser(replay_pb2.GetTopicRangesResponse),
                 ),
-                "Read": unary(self.read, replay_pb2.ReadRequest, ser(replay_pb2.ReadResponse)),
+                "Read": unary(
+                    self.read, replay_pb2.ReadRequest, _bytes_or(replay_pb2.ReadResponse)
+                ),
             },
         )
         return [publisher, subscriber, replay]
+
+
+def _bytes_or(cls: Any) -> Callable[[Any], bytes]:
+    """A response serializer that passes bytes (an answer framed by hand) as they are."""
+
+    def serialize(message: Any) -> bytes:
+        return message if isinstance(message, bytes) else cls.SerializeToString(message)  # type: ignore[no-any-return]
+
+    return serialize
+
+
+def _arrow_page(start: int, n: int, size: int) -> Any:
+    """A generated page as pubsubd's Arrow ``Read`` batch (``replay_arrow.page_schema``)."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = max(n, 0)
+    schema = replay_arrow.page_schema()
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(np.arange(start, start + n, dtype=np.int64)),
+            pa.array([b"x" * size] * n, pa.binary()),
+            pa.nulls(n, pa.string()),
+            pa.array(np.full(n, int(time.time() * 1e6)), schema.field("publish_time").type),
+            pa.MapArray.from_arrays(
+                pa.array(np.zeros(n + 1, np.int32)),
+                pa.array([], pa.string()),
+                pa.array([], pa.string()),
+            ),
+        ],
+        schema=schema,
+    )
 
 
 def _generated(topic: str) -> tuple[int, int]:

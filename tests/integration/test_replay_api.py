@@ -398,24 +398,49 @@ def _column_rows(resp: Any, source: int) -> list[Row]:
     return rows
 
 
+def _arrow_rows(resp: Any, source: int) -> list[Row]:
+    """An Arrow page (ReadRequest.arrow) as rows; its message IDs derived as documented."""
+    import pyarrow as pa
+
+    batch = pa.ipc.open_stream(resp.arrow_ipc).read_next_batch()
+    assert batch.schema.names == ["offset", "data", "ordering_key", "publish_time", "attributes"]
+    assert all(batch.column(name).null_count == 0 for name in ("offset", "data", "attributes"))
+    times = batch.column("publish_time").cast("int64").to_pylist()
+    return [
+        (
+            row["offset"],
+            str(source << 48 | row["offset"]),
+            row["data"],
+            dict(row["attributes"]),
+            row["ordering_key"] or "",
+            micros,
+        )
+        for row, micros in zip(batch.to_pylist(), times, strict=True)
+    ]
+
+
 def _read_both(replay: ReplayClient, **kw: Any) -> tuple[list[Row], int]:
-    """One page read as rows and as columns: the same rows and next_offset, each form alone."""
+    """One page read as rows, as columns and as Arrow: the same rows and next_offset, each
+    form alone."""
     rows = replay.Read(**kw)
     cols = replay.Read(**kw, columnar=True)
+    arrow = replay.Read(**kw, columnar=True, arrow=True)
     assert not rows.HasField("columns") and cols.HasField("columns") and not cols.messages
+    assert arrow.arrow_ipc and not arrow.HasField("columns") and not arrow.messages
     got = _message_rows(rows)
     assert _column_rows(cols, kw["source"]) == got
-    assert cols.next_offset == rows.next_offset
+    assert _arrow_rows(arrow, kw["source"]) == got
+    assert cols.next_offset == rows.next_offset == arrow.next_offset
     return got, rows.next_offset
 
 
 def _fail_both(replay: ReplayClient, **kw: Any) -> tuple[grpc.StatusCode, str]:
     outcomes = []
-    for columnar in (False, True):
+    for form in ({}, {"columnar": True}, {"columnar": True, "arrow": True}):
         with pytest.raises(grpc.RpcError) as e:
-            replay.Read(**kw, columnar=columnar)
+            replay.Read(**kw, **form)
         outcomes.append((_code(e), e.value.details()))  # type: ignore[attr-defined]
-    assert outcomes[0] == outcomes[1]
+    assert outcomes[0] == outcomes[1] == outcomes[2]
     return outcomes[0]
 
 
@@ -437,9 +462,9 @@ def _pages_both(replay: ReplayClient, topic: str, source: int, start: int, **kw:
 def test_columnar_read_returns_what_row_read_returns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Columnar pages (ReadRequest.columnar) hold exactly the rows of row pages, whatever cuts
-    the page (max_messages, max_bytes, end_offset), on both sources of a topic, and fail alike
-    below a retention gap."""
+    """Columnar pages (ReadRequest.columnar) and Arrow pages (ReadRequest.arrow) hold exactly
+    the rows of row pages, whatever cuts the page (max_messages, max_bytes, end_offset), on
+    both sources of a topic, and fail alike below a retention gap."""
     monkeypatch.setenv("PUBSUBD_SEGMENT_BYTES", "4096")  # tiny segments: trimmed early
     server = ServerProcess(tmp_path / "data").start()
     try:

@@ -187,7 +187,14 @@ class ReplayClient:
         return dict(resp.offsets)
 
     def _read(
-        self, topic: str, partition: int, start: int, end: int, max_messages: int, columnar: bool
+        self,
+        topic: str,
+        partition: int,
+        start: int,
+        end: int,
+        max_messages: int,
+        columnar: bool,
+        arrow: bool = False,
     ) -> Any:
         request = replay_pb2.ReadRequest(
             topic=topic,
@@ -196,6 +203,7 @@ class ReplayClient:
             end_offset=end,
             max_messages=max_messages,
             columnar=columnar,
+            arrow=arrow,
         )
         return self._call("Read", request, replay_pb2.ReadResponse)
 
@@ -214,6 +222,19 @@ class ReplayClient:
         Row i's message ID is not sent: it is ``str(partition << 48 | offsets[i])``."""
         resp = self._read(topic, partition, start, end, max_messages, columnar=True)
         if resp.messages:  # a server from before columnar reads ignored the request's field
+            return columns_from_rows(resp.messages), resp.next_offset
+        return resp.columns, resp.next_offset
+
+    def read_page(
+        self, topic: str, partition: int, start: int, end: int, max_messages: int = 0
+    ) -> tuple[bytes | Any, int]:
+        """One page of ``[start, end)``, asked for as Arrow: (``ReadResponse.arrow_ipc`` bytes,
+        next offset) when the server answered so, else (``ReadColumns``, next offset) as
+        :meth:`read_columns` returns (a server without pyarrow, or from before Arrow reads)."""
+        resp = self._read(topic, partition, start, end, max_messages, columnar=True, arrow=True)
+        if resp.arrow_ipc:
+            return resp.arrow_ipc, resp.next_offset
+        if resp.messages:  # a server from before columnar reads
             return columns_from_rows(resp.messages), resp.next_offset
         return resp.columns, resp.next_offset
 

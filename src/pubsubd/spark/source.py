@@ -176,6 +176,13 @@ def _report_loss(loss: off.DataLoss, topic: str, fail: bool) -> None:
     log.warning("%s", text)
 
 
+def _message_ids(partition: int, offsets: pa.Array) -> pa.Array:
+    """Message IDs of a partition's rows: the decimal of position(partition, offset)."""
+    base = ids.position(partition, 0)
+    positions = pc.bit_wise_or(offsets, pa.scalar(base, pa.int64())) if base else offsets
+    return pc.cast(positions, pa.string())
+
+
 def columns_to_record_batch(
     topic: str, partition: int, columns: Any, projection: Projection = FULL
 ) -> pa.RecordBatch:
@@ -197,11 +204,6 @@ def columns_to_record_batch(
     ) or not (int(counts.sum()) == len(keys) == len(values)):
         raise ValueError(f"pubsubd Read returned columns of different lengths ({topic})")
 
-    def message_ids() -> pa.Array:
-        base = ids.position(partition, 0)  # message ID = decimal of position(partition, offset)
-        positions = pc.bit_wise_or(offsets, pa.scalar(base, pa.int64())) if base else offsets
-        return pc.cast(positions, pa.string())
-
     def ordering_keys() -> pa.Array:
         keyed_rows = columns.ordering_keys[:]
         if not any(keyed_rows):
@@ -220,7 +222,7 @@ def columns_to_record_batch(
         "topic": lambda: pa.repeat(pa.scalar(topic, pa.string()), n),
         "partition": lambda: pa.repeat(pa.scalar(partition, pa.int32()), n),
         "offset": lambda: offsets,
-        "message_id": message_ids,
+        "message_id": lambda: _message_ids(partition, offsets),
         "ordering_key": ordering_keys,
         "data": lambda: pa.array(columns.data[:], pa.binary()),
         "attributes": attributes,
@@ -233,6 +235,66 @@ def columns_to_record_batch(
     )
 
 
+# The rows of an Arrow page (``ReadResponse.arrow_ipc``, the server's ``replay_arrow``): the
+# columns the server stores; topic, partition and message ID are derived here.
+PAGE_SCHEMA = pa.schema(
+    [
+        ("offset", pa.int64()),
+        ("data", pa.binary()),
+        ("ordering_key", pa.string()),
+        ("publish_time", pa.timestamp("us", tz="UTC")),
+        ("attributes", pa.map_(pa.string(), pa.string())),
+    ]
+)
+
+
+def page_rows(ipc: bytes) -> pa.RecordBatch:
+    """The batch of an Arrow page: its buffers are mapped, no row is copied or touched."""
+    batch = pa.ipc.open_stream(ipc).read_next_batch()
+    if not batch.schema.equals(PAGE_SCHEMA):
+        raise ValueError(
+            f"pubsubd Read returned an Arrow page of schema {batch.schema}, not {PAGE_SCHEMA}"
+        )
+    return batch
+
+
+def arrow_to_record_batch(
+    topic: str, partition: int, page: pa.RecordBatch, projection: Projection = FULL
+) -> pa.RecordBatch:
+    """One Arrow Read page (:func:`page_rows`) of a partition -> a RecordBatch with exactly
+    ``projection.schema``: the page's columns as they are, topic and partition repeated and
+    message IDs computed by Arrow from the offsets."""
+    n = page.num_rows
+    offsets = page.column(0)
+
+    build: dict[str, Callable[[], pa.Array]] = {
+        "topic": lambda: pa.repeat(pa.scalar(topic, pa.string()), n),
+        "partition": lambda: pa.repeat(pa.scalar(partition, pa.int32()), n),
+        "offset": lambda: offsets,
+        "message_id": lambda: _message_ids(partition, offsets),
+        "ordering_key": lambda: page.column(2),
+        "data": lambda: page.column(1),
+        "attributes": lambda: page.column(4),
+        "publish_time": lambda: page.column(3),
+    }
+    return pa.RecordBatch.from_arrays(
+        [build[name]() for name in projection.names], schema=projection.schema
+    )
+
+
+def _page_offsets(page: Any) -> tuple[int, int] | None:
+    """First and last offset of a page in either form (Arrow batch, ``ReadColumns``); None if
+    it has no rows."""
+    if isinstance(page, pa.RecordBatch):
+        if not page.num_rows:
+            return None
+        offsets = page.column(0)
+        return offsets[0].as_py(), offsets[-1].as_py()
+    if not page.offsets:
+        return None
+    return page.offsets[0], page.offsets[-1]
+
+
 def read_range(p: RangePartition) -> Iterator[pa.RecordBatch]:
     """Read ``[p.start, p.end)`` in pages; a retention gap is data loss (fail or skip).
 
@@ -242,7 +304,10 @@ def read_range(p: RangePartition) -> Iterator[pa.RecordBatch]:
     client = get_client(p.endpoint, p.security)
 
     def fetch(offset: int) -> tuple[Any, int]:
-        return client.read_columns(p.topic, p.partition, offset, p.end, p.fetch_size)  # type: ignore[no-any-return]
+        """A page as an Arrow batch when the server answers in Arrow (mapped in this helper
+        thread), else as ``ReadColumns`` (an older server, or one without pyarrow)."""
+        page, next_offset = client.read_page(p.topic, p.partition, offset, p.end, p.fetch_size)
+        return (page_rows(page) if isinstance(page, bytes) else page), next_offset
 
     cur = p.start
     with ThreadPoolExecutor(1, thread_name_prefix="pubsubd-read") as pool:
@@ -251,7 +316,7 @@ def read_range(p: RangePartition) -> Iterator[pa.RecordBatch]:
             page = ahead[1] if ahead is not None and ahead[0] == cur else pool.submit(fetch, cur)
             ahead = None
             try:
-                columns, next_offset = page.result()
+                rows, next_offset = page.result()
             except ReplayError as exc:
                 if exc.code != grpc.StatusCode.OUT_OF_RANGE:
                     raise
@@ -265,16 +330,19 @@ def read_range(p: RangePartition) -> Iterator[pa.RecordBatch]:
                 )
                 cur = earliest
                 continue
-            offsets = columns.offsets
-            if offsets:
-                first = offsets[0]
+            span = _page_offsets(rows)
+            if span is not None:
+                first, last = span
                 if first > cur:
                     loss = off.DataLoss(p.partition, cur, first, p.end)
                     _report_loss(loss, p.topic, p.fail_on_data_loss)
-                cur = max(next_offset, offsets[-1] + 1)
+                cur = max(next_offset, last + 1)
                 if cur < p.end:
                     ahead = (cur, pool.submit(fetch, cur))
-                yield columns_to_record_batch(p.topic, p.partition, columns, p.projection)
+                if isinstance(rows, pa.RecordBatch):
+                    yield arrow_to_record_batch(p.topic, p.partition, rows, p.projection)
+                else:
+                    yield columns_to_record_batch(p.topic, p.partition, rows, p.projection)
             elif next_offset > cur:
                 cur = next_offset
             else:

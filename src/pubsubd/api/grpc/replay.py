@@ -19,6 +19,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from pubsubd._gen.pubsubd.v1 import replay_pb2 as r
+from pubsubd.api.grpc import replay_arrow
 from pubsubd.api.grpc.status import rpc, unary_method
 from pubsubd.control.catalog import Catalog, TopicEntry
 from pubsubd.control.cursors import Cursors
@@ -305,12 +306,14 @@ class ReplayServicer:
         entry, publishing = self._topic(request.topic)
         source = request.source
         rows, next_offset = _page(self._log(publishing, entry.record.uid, source), request)
+        if request.arrow and replay_arrow.AVAILABLE:
+            return replay_arrow.read_response(next_offset, replay_arrow.page_ipc(rows))
         out = r.ReadResponse(next_offset=next_offset)
         if request.columnar:
             _fill_columns(out.columns, rows)
         else:
             _fill_messages(out.messages, source, rows)
-        return out
+        return out.SerializeToString()
 
     def _cursor(self, rec: CursorRecord) -> Any:
         cursor = r.Cursor(topic=rec.topic, name=rec.name, offsets=rec.offsets)
@@ -397,7 +400,7 @@ def handlers(servicer: ReplayServicer) -> grpc.GenericRpcHandler:
             "LookupOffsets": unary(
                 s.LookupOffsets, r.LookupOffsetsRequest, r.LookupOffsetsResponse
             ),
-            "Read": unary(s.Read, r.ReadRequest, r.ReadResponse),
+            "Read": unary(s.Read, r.ReadRequest, None),  # answers bytes: see the method
             "GetCursor": unary(s.GetCursor, r.GetCursorRequest, r.Cursor),
             "CommitCursor": unary(s.CommitCursor, r.CommitCursorRequest, r.Cursor),
             "PublishDeduplicated": unary(  # takes the raw bytes: see the method

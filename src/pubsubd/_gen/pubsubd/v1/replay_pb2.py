@@ -16,7 +16,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pubsubd/v1/replay.proto\x12\npubsubd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"&\n\x15GetTopicRangesRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"M\n\x0bSourceRange\x12\x0e\n\x06source\x18\x01 \x01(\x05\x12\x17\n\x0f\x65\x61rliest_offset\x18\x02 \x01(\x03\x12\x15\n\rlatest_offset\x18\x03 \x01(\x03\"B\n\x16GetTopicRangesResponse\x12(\n\x07sources\x18\x01 \x03(\x0b\x32\x17.pubsubd.v1.SourceRange\"O\n\x14LookupOffsetsRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x88\x01\n\x15LookupOffsetsResponse\x12?\n\x07offsets\x18\x01 \x03(\x0b\x32..pubsubd.v1.LookupOffsetsResponse.OffsetsEntry\x1a.\n\x0cOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x91\x01\n\x0bReadRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\x05\x12\x14\n\x0cstart_offset\x18\x03 \x01(\x03\x12\x12\n\nend_offset\x18\x04 \x01(\x03\x12\x14\n\x0cmax_messages\x18\x05 \x01(\x05\x12\x11\n\tmax_bytes\x18\x06 \x01(\x03\x12\x10\n\x08\x63olumnar\x18\x07 \x01(\x08\"\xfb\x01\n\rReplayMessage\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x12\n\nmessage_id\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12=\n\nattributes\x18\x04 \x03(\x0b\x32).pubsubd.v1.ReplayMessage.AttributesEntry\x12\x14\n\x0cordering_key\x18\x05 \x01(\t\x12\x30\n\x0cpublish_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa8\x01\n\x0bReadColumns\x12\x0f\n\x07offsets\x18\x01 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x02 \x03(\x0c\x12\x15\n\rordering_keys\x18\x03 \x03(\t\x12\x17\n\x0fpublish_time_us\x18\x04 \x03(\x03\x12\x18\n\x10\x61ttribute_counts\x18\x05 \x03(\x05\x12\x16\n\x0e\x61ttribute_keys\x18\x06 \x03(\t\x12\x18\n\x10\x61ttribute_values\x18\x07 \x03(\t\"z\n\x0cReadResponse\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.pubsubd.v1.ReplayMessage\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x03\x12(\n\x07\x63olumns\x18\x03 \x01(\x0b\x32\x17.pubsubd.v1.ReadColumns\"/\n\x10GetCursorRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\xb8\x01\n\x06\x43ursor\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x30\n\x07offsets\x18\x03 \x03(\x0b\x32\x1f.pubsubd.v1.Cursor.OffsetsEntry\x12/\n\x0b\x63ommit_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a.\n\x0cOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xa1\x01\n\x13\x43ommitCursorRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12=\n\x07offsets\x18\x03 \x03(\x0b\x32,.pubsubd.v1.CommitCursorRequest.OffsetsEntry\x1a.\n\x0cOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xc3\x01\n\x13\x44\x65\x64uplicatedMessage\x12\x10\n\x08\x64\x65\x64up_id\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x43\n\nattributes\x18\x03 \x03(\x0b\x32/.pubsubd.v1.DeduplicatedMessage.AttributesEntry\x12\x14\n\x0cordering_key\x18\x04 \x01(\t\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"~\n\x1aPublishDeduplicatedRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x31\n\x08messages\x18\x02 \x03(\x0b\x32\x1f.pubsubd.v1.DeduplicatedMessage\x12\x13\n\x06source\x18\x03 \x01(\x05H\x00\x88\x01\x01\x42\t\n\x07_source\"F\n\x1bPublishDeduplicatedResponse\x12\x13\n\x0bmessage_ids\x18\x01 \x03(\t\x12\x12\n\nduplicates\x18\x02 \x01(\x05\"\x98\x01\n\x12SeekOffsetsRequest\x12\x14\n\x0csubscription\x18\x01 \x01(\t\x12<\n\x07offsets\x18\x02 \x03(\x0b\x32+.pubsubd.v1.SeekOffsetsRequest.OffsetsEntry\x1a.\n\x0cOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x15\n\x13SeekOffsetsResponse\"#\n\x12ListCursorsRequest\x12\r\n\x05topic\x18\x01 \x01(\t\":\n\x13ListCursorsResponse\x12#\n\x07\x63ursors\x18\x01 \x03(\x0b\x32\x12.pubsubd.v1.Cursor\"2\n\x13\x44\x65leteCursorRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\x16\n\x14\x44\x65leteCursorResponse2\xd1\x05\n\x06Replay\x12W\n\x0eGetTopicRanges\x12!.pubsubd.v1.GetTopicRangesRequest\x1a\".pubsubd.v1.GetTopicRangesResponse\x12T\n\rLookupOffsets\x12 .pubsubd.v1.LookupOffsetsRequest\x1a!.pubsubd.v1.LookupOffsetsResponse\x12\x39\n\x04Read\x12\x17.pubsubd.v1.ReadRequest\x1a\x18.pubsubd.v1.ReadResponse\x12=\n\tGetCursor\x12\x1c.pubsubd.v1.GetCursorRequest\x1a\x12.pubsubd.v1.Cursor\x12\x43\n\x0c\x43ommitCursor\x12\x1f.pubsubd.v1.CommitCursorRequest\x1a\x12.pubsubd.v1.Cursor\x12\x66\n\x13PublishDeduplicated\x12&.pubsubd.v1.PublishDeduplicatedRequest\x1a\'.pubsubd.v1.PublishDeduplicatedResponse\x12N\n\x0bListCursors\x12\x1e.pubsubd.v1.ListCursorsRequest\x1a\x1f.pubsubd.v1.ListCursorsResponse\x12Q\n\x0c\x44\x65leteCursor\x12\x1f.pubsubd.v1.DeleteCursorRequest\x1a .pubsubd.v1.DeleteCursorResponse\x12N\n\x0bSeekOffsets\x12\x1e.pubsubd.v1.SeekOffsetsRequest\x1a\x1f.pubsubd.v1.SeekOffsetsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pubsubd/v1/replay.proto\x12\npubsubd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"&\n\x15GetTopicRangesRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"M\n\x0bSourceRange\x12\x0e\n\x06source\x18\x01 \x01(\x05\x12\x17\n\x0f\x65\x61rliest_offset\x18\x02 \x01(\x03\x12\x15\n\rlatest_offset\x18\x03 \x01(\x03\"B\n\x16GetTopicRangesResponse\x12(\n\x07sources\x18\x01 \x03(\x0b\x32\x17.pubsubd.v1.SourceRange\"O\n\x14LookupOffsetsRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x88\x01\n\x15LookupOffsetsResponse\x12?\n\x07offsets\x18\x01 \x03(\x0b\x32..pubsubd.v1.LookupOffsetsResponse.OffsetsEntry\x1a.\n\x0cOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xa0\x01\n\x0bReadRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\x05\x12\x14\n\x0cstart_offset\x18\x03 \x01(\x03\x12\x12\n\nend_offset\x18\x04 \x01(\x03\x12\x14\n\x0cmax_messages\x18\x05 \x01(\x05\x12\x11\n\tmax_bytes\x18\x06 \x01(\x03\x12\x10\n\x08\x63olumnar\x18\x07 \x01(\x08\x12\r\n\x05\x61rrow\x18\x08 \x01(\x08\"\xfb\x01\n\rReplayMessage\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x12\n\nmessage_id\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12=\n\nattributes\x18\x04 \x03(\x0b\x32).pubsubd.v1.ReplayMessage.AttributesEntry\x12\x14\n\x0cordering_key\x18\x05 \x01(\t\x12\x30\n\x0cpublish_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa8\x01\n\x0bReadColumns\x12\x0f\n\x07offsets\x18\x01 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x02 \x03(\x0c\x12\x15\n\rordering_keys\x18\x03 \x03(\t\x12\x17\n\x0fpublish_time_us\x18\x04 \x03(\x03\x12\x18\n\x10\x61ttribute_counts\x18\x05 \x03(\x05\x12\x16\n\x0e\x61ttribute_keys\x18\x06 \x03(\t\x12\x18\n\x10\x61ttribute_values\x18\x07 \x03(\t\"\x8d\x01\n\x0cReadResponse\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.pubsubd.v1.ReplayMessage\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x03\x12(\n\x07\x63olumns\x18\x03 \x01(\x0b\x32\x17.pubsubd.v1.ReadColumns\x12\x11\n\tarrow_ipc\x18\x04 \x01(\x0c\"/\n\x10GetCursorRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\xb8\x01\n\x06\x43ursor\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x30\n\x07offsets\x18\x03 \x03(\x0b\x32\x1f.pubsubd.v1.Cursor.OffsetsEntry\x12/\n\x0b\x63ommit_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a.\n\x0cOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xa1\x01\n\x13\x43ommitCursorRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12=\n\x07offsets\x18\x03 \x03(\x0b\x32,.pubsubd.v1.CommitCursorRequest.OffsetsEntry\x1a.\n\x0cOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xc3\x01\n\x13\x44\x65\x64uplicatedMessage\x12\x10\n\x08\x64\x65\x64up_id\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x43\n\nattributes\x18\x03 \x03(\x0b\x32/.pubsubd.v1.DeduplicatedMessage.AttributesEntry\x12\x14\n\x0cordering_key\x18\x04 \x01(\t\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"~\n\x1aPublishDeduplicatedRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x31\n\x08messages\x18\x02 \x03(\x0b\x32\x1f.pubsubd.v1.DeduplicatedMessage\x12\x13\n\x06source\x18\x03 \x01(\x05H\x00\x88\x01\x01\x42\t\n\x07_source\"F\n\x1bPublishDeduplicatedResponse\x12\x13\n\x0bmessage_ids\x18\x01 \x03(\t\x12\x12\n\nduplicates\x18\x02 \x01(\x05\"\x98\x01\n\x12SeekOffsetsRequest\x12\x14\n\x0csubscription\x18\x01 \x01(\t\x12<\n\x07offsets\x18\x02 \x03(\x0b\x32+.pubsubd.v1.SeekOffsetsRequest.OffsetsEntry\x1a.\n\x0cOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x15\n\x13SeekOffsetsResponse\"#\n\x12ListCursorsRequest\x12\r\n\x05topic\x18\x01 \x01(\t\":\n\x13ListCursorsResponse\x12#\n\x07\x63ursors\x18\x01 \x03(\x0b\x32\x12.pubsubd.v1.Cursor\"2\n\x13\x44\x65leteCursorRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\x16\n\x14\x44\x65leteCursorResponse2\xd1\x05\n\x06Replay\x12W\n\x0eGetTopicRanges\x12!.pubsubd.v1.GetTopicRangesRequest\x1a\".pubsubd.v1.GetTopicRangesResponse\x12T\n\rLookupOffsets\x12 .pubsubd.v1.LookupOffsetsRequest\x1a!.pubsubd.v1.LookupOffsetsResponse\x12\x39\n\x04Read\x12\x17.pubsubd.v1.ReadRequest\x1a\x18.pubsubd.v1.ReadResponse\x12=\n\tGetCursor\x12\x1c.pubsubd.v1.GetCursorRequest\x1a\x12.pubsubd.v1.Cursor\x12\x43\n\x0c\x43ommitCursor\x12\x1f.pubsubd.v1.CommitCursorRequest\x1a\x12.pubsubd.v1.Cursor\x12\x66\n\x13PublishDeduplicated\x12&.pubsubd.v1.PublishDeduplicatedRequest\x1a\'.pubsubd.v1.PublishDeduplicatedResponse\x12N\n\x0bListCursors\x12\x1e.pubsubd.v1.ListCursorsRequest\x1a\x1f.pubsubd.v1.ListCursorsResponse\x12Q\n\x0c\x44\x65leteCursor\x12\x1f.pubsubd.v1.DeleteCursorRequest\x1a .pubsubd.v1.DeleteCursorResponse\x12N\n\x0bSeekOffsets\x12\x1e.pubsubd.v1.SeekOffsetsRequest\x1a\x1f.pubsubd.v1.SeekOffsetsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -48,47 +48,47 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LOOKUPOFFSETSRESPONSE_OFFSETSENTRY']._serialized_start=431
   _globals['_LOOKUPOFFSETSRESPONSE_OFFSETSENTRY']._serialized_end=477
   _globals['_READREQUEST']._serialized_start=480
-  _globals['_READREQUEST']._serialized_end=625
-  _globals['_REPLAYMESSAGE']._serialized_start=628
-  _globals['_REPLAYMESSAGE']._serialized_end=879
-  _globals['_REPLAYMESSAGE_ATTRIBUTESENTRY']._serialized_start=830
-  _globals['_REPLAYMESSAGE_ATTRIBUTESENTRY']._serialized_end=879
-  _globals['_READCOLUMNS']._serialized_start=882
-  _globals['_READCOLUMNS']._serialized_end=1050
-  _globals['_READRESPONSE']._serialized_start=1052
-  _globals['_READRESPONSE']._serialized_end=1174
-  _globals['_GETCURSORREQUEST']._serialized_start=1176
-  _globals['_GETCURSORREQUEST']._serialized_end=1223
-  _globals['_CURSOR']._serialized_start=1226
-  _globals['_CURSOR']._serialized_end=1410
+  _globals['_READREQUEST']._serialized_end=640
+  _globals['_REPLAYMESSAGE']._serialized_start=643
+  _globals['_REPLAYMESSAGE']._serialized_end=894
+  _globals['_REPLAYMESSAGE_ATTRIBUTESENTRY']._serialized_start=845
+  _globals['_REPLAYMESSAGE_ATTRIBUTESENTRY']._serialized_end=894
+  _globals['_READCOLUMNS']._serialized_start=897
+  _globals['_READCOLUMNS']._serialized_end=1065
+  _globals['_READRESPONSE']._serialized_start=1068
+  _globals['_READRESPONSE']._serialized_end=1209
+  _globals['_GETCURSORREQUEST']._serialized_start=1211
+  _globals['_GETCURSORREQUEST']._serialized_end=1258
+  _globals['_CURSOR']._serialized_start=1261
+  _globals['_CURSOR']._serialized_end=1445
   _globals['_CURSOR_OFFSETSENTRY']._serialized_start=431
   _globals['_CURSOR_OFFSETSENTRY']._serialized_end=477
-  _globals['_COMMITCURSORREQUEST']._serialized_start=1413
-  _globals['_COMMITCURSORREQUEST']._serialized_end=1574
+  _globals['_COMMITCURSORREQUEST']._serialized_start=1448
+  _globals['_COMMITCURSORREQUEST']._serialized_end=1609
   _globals['_COMMITCURSORREQUEST_OFFSETSENTRY']._serialized_start=431
   _globals['_COMMITCURSORREQUEST_OFFSETSENTRY']._serialized_end=477
-  _globals['_DEDUPLICATEDMESSAGE']._serialized_start=1577
-  _globals['_DEDUPLICATEDMESSAGE']._serialized_end=1772
-  _globals['_DEDUPLICATEDMESSAGE_ATTRIBUTESENTRY']._serialized_start=830
-  _globals['_DEDUPLICATEDMESSAGE_ATTRIBUTESENTRY']._serialized_end=879
-  _globals['_PUBLISHDEDUPLICATEDREQUEST']._serialized_start=1774
-  _globals['_PUBLISHDEDUPLICATEDREQUEST']._serialized_end=1900
-  _globals['_PUBLISHDEDUPLICATEDRESPONSE']._serialized_start=1902
-  _globals['_PUBLISHDEDUPLICATEDRESPONSE']._serialized_end=1972
-  _globals['_SEEKOFFSETSREQUEST']._serialized_start=1975
-  _globals['_SEEKOFFSETSREQUEST']._serialized_end=2127
+  _globals['_DEDUPLICATEDMESSAGE']._serialized_start=1612
+  _globals['_DEDUPLICATEDMESSAGE']._serialized_end=1807
+  _globals['_DEDUPLICATEDMESSAGE_ATTRIBUTESENTRY']._serialized_start=845
+  _globals['_DEDUPLICATEDMESSAGE_ATTRIBUTESENTRY']._serialized_end=894
+  _globals['_PUBLISHDEDUPLICATEDREQUEST']._serialized_start=1809
+  _globals['_PUBLISHDEDUPLICATEDREQUEST']._serialized_end=1935
+  _globals['_PUBLISHDEDUPLICATEDRESPONSE']._serialized_start=1937
+  _globals['_PUBLISHDEDUPLICATEDRESPONSE']._serialized_end=2007
+  _globals['_SEEKOFFSETSREQUEST']._serialized_start=2010
+  _globals['_SEEKOFFSETSREQUEST']._serialized_end=2162
   _globals['_SEEKOFFSETSREQUEST_OFFSETSENTRY']._serialized_start=431
   _globals['_SEEKOFFSETSREQUEST_OFFSETSENTRY']._serialized_end=477
-  _globals['_SEEKOFFSETSRESPONSE']._serialized_start=2129
-  _globals['_SEEKOFFSETSRESPONSE']._serialized_end=2150
-  _globals['_LISTCURSORSREQUEST']._serialized_start=2152
-  _globals['_LISTCURSORSREQUEST']._serialized_end=2187
-  _globals['_LISTCURSORSRESPONSE']._serialized_start=2189
-  _globals['_LISTCURSORSRESPONSE']._serialized_end=2247
-  _globals['_DELETECURSORREQUEST']._serialized_start=2249
-  _globals['_DELETECURSORREQUEST']._serialized_end=2299
-  _globals['_DELETECURSORRESPONSE']._serialized_start=2301
-  _globals['_DELETECURSORRESPONSE']._serialized_end=2323
-  _globals['_REPLAY']._serialized_start=2326
-  _globals['_REPLAY']._serialized_end=3047
+  _globals['_SEEKOFFSETSRESPONSE']._serialized_start=2164
+  _globals['_SEEKOFFSETSRESPONSE']._serialized_end=2185
+  _globals['_LISTCURSORSREQUEST']._serialized_start=2187
+  _globals['_LISTCURSORSREQUEST']._serialized_end=2222
+  _globals['_LISTCURSORSRESPONSE']._serialized_start=2224
+  _globals['_LISTCURSORSRESPONSE']._serialized_end=2282
+  _globals['_DELETECURSORREQUEST']._serialized_start=2284
+  _globals['_DELETECURSORREQUEST']._serialized_end=2334
+  _globals['_DELETECURSORRESPONSE']._serialized_start=2336
+  _globals['_DELETECURSORRESPONSE']._serialized_end=2358
+  _globals['_REPLAY']._serialized_start=2361
+  _globals['_REPLAY']._serialized_end=3082
 # @@protoc_insertion_point(module_scope)

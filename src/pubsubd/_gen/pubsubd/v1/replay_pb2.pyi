@@ -53,7 +53,7 @@ class LookupOffsetsResponse(_message.Message):
     def __init__(self, offsets: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class ReadRequest(_message.Message):
-    __slots__ = ("topic", "source", "start_offset", "end_offset", "max_messages", "max_bytes", "columnar")
+    __slots__ = ("topic", "source", "start_offset", "end_offset", "max_messages", "max_bytes", "columnar", "arrow")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     START_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class ReadRequest(_message.Message):
     MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     COLUMNAR_FIELD_NUMBER: _ClassVar[int]
+    ARROW_FIELD_NUMBER: _ClassVar[int]
     topic: str
     source: int
     start_offset: int
@@ -68,7 +69,8 @@ class ReadRequest(_message.Message):
     max_messages: int
     max_bytes: int
     columnar: bool
-    def __init__(self, topic: _Optional[str] = ..., source: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_bytes: _Optional[int] = ..., columnar: _Optional[bool] = ...) -> None: ...
+    arrow: bool
+    def __init__(self, topic: _Optional[str] = ..., source: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_bytes: _Optional[int] = ..., columnar: _Optional[bool] = ..., arrow: _Optional[bool] = ...) -> None: ...
 
 class ReplayMessage(_message.Message):
     __slots__ = ("offset", "message_id", "data", "attributes", "ordering_key", "publish_time")
@@ -112,14 +114,16 @@ class ReadColumns(_message.Message):
     def __init__(self, offsets: _Optional[_Iterable[int]] = ..., data: _Optional[_Iterable[bytes]] = ..., ordering_keys: _Optional[_Iterable[str]] = ..., publish_time_us: _Optional[_Iterable[int]] = ..., attribute_counts: _Optional[_Iterable[int]] = ..., attribute_keys: _Optional[_Iterable[str]] = ..., attribute_values: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReadResponse(_message.Message):
-    __slots__ = ("messages", "next_offset", "columns")
+    __slots__ = ("messages", "next_offset", "columns", "arrow_ipc")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    ARROW_IPC_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[ReplayMessage]
     next_offset: int
     columns: ReadColumns
-    def __init__(self, messages: _Optional[_Iterable[_Union[ReplayMessage, _Mapping]]] = ..., next_offset: _Optional[int] = ..., columns: _Optional[_Union[ReadColumns, _Mapping]] = ...) -> None: ...
+    arrow_ipc: bytes
+    def __init__(self, messages: _Optional[_Iterable[_Union[ReplayMessage, _Mapping]]] = ..., next_offset: _Optional[int] = ..., columns: _Optional[_Union[ReadColumns, _Mapping]] = ..., arrow_ipc: _Optional[bytes] = ...) -> None: ...
 
 class GetCursorRequest(_message.Message):
     __slots__ = ("topic", "name")
