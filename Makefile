@@ -2,8 +2,8 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# Two pytest-xdist workers, grouped by tests/conftest.py (the heavy tests one at a time on one
-# worker, the rest beside them): ~27 min on 2 cores instead of ~38 in one process
+# Two pytest-xdist workers (tests/conftest.py says how tests are spread over them): ~30 min on
+# 2 cores instead of ~38 in one process
 # (PYTEST_ARGS= for one process). The hang that kept this off was Python 3.11's wait_for
 # swallowing a cancellation (core/deadlines.py).
 PYTEST_ARGS ?= -n 2 --dist loadgroup
