@@ -40,10 +40,11 @@ retry_base_module.random = random.Random()  # type: ignore[assignment]
 # With `make test` (two xdist workers, `-n 2 --dist loadgroup`) these markers are meant to
 # keep the heavy directories (whole local clusters, Spark JVMs) in one group, one test at a
 # time, and the feature tests of every deployment in another (one worker starting the session's
-# two clusters). Found on 2026-11-27: the workers do not keep them together (two tests of one
-# group ran on both workers, also with this hook first), so tests go one by one to whichever
-# worker is free and two heavy tests may run at once. The suite passes that way in ~30 min;
-# making the groups hold is left to do (a single heavy group would be ~31 min on its own).
+# two clusters). Found on 2026-11-27: the workers do not keep them together. pytest-xdist 3.8
+# appends the group to ``item._nodeid``, but pytest 9 builds ``item.nodeid`` from ``_id``, so
+# the controller never sees a group: tests go one by one to whichever worker is free and two
+# heavy tests may run at once. The suite passes that way in ~30 min; making the groups hold
+# (and balancing them: a single heavy group would be ~31 min on its own) is left to do.
 HEAVY = ("cluster", "spark")
 
 
