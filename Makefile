@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # 2 cores instead of ~38 in one process
 # (PYTEST_ARGS= for one process). The hang that kept this off was Python 3.11's wait_for
 # swallowing a cancellation (core/deadlines.py).
-PYTEST_ARGS ?= -n 2 --dist loadgroup
+PYTEST_ARGS ?= -n 2 --dist loadgroup --no-loadscope-reorder
 
 .PHONY: run test check fuzz bench bench-quick dashboard-bench dashboard-screenshots clean spark-demo spark-bench proto cluster cluster-down
 

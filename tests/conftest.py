@@ -37,14 +37,18 @@ leaser_module.random = random.Random()  # type: ignore[assignment]
 retry_base_module.random = random.Random()  # type: ignore[assignment]
 
 
-# With `make test` (two xdist workers, `-n 2 --dist loadgroup`) these markers are meant to
-# keep the heavy directories (whole local clusters, Spark JVMs) in one group, one test at a
-# time, and the feature tests of every deployment in another (one worker starting the session's
-# two clusters). Found on 2026-11-27: the workers do not keep them together. pytest-xdist 3.8
-# appends the group to ``item._nodeid``, but pytest 9 builds ``item.nodeid`` from ``_id``, so
-# the controller never sees a group: tests go one by one to whichever worker is free and two
-# heavy tests may run at once. The suite passes that way in ~30 min; making the groups hold
-# (and balancing them: a single heavy group would be ~31 min on its own) is left to do.
+# With `make test` (two xdist workers, `-n 2 --dist loadgroup --no-loadscope-reorder`) every
+# test is given a group, and a group runs whole on one worker:
+# - "heavy": whole local clusters and Spark JVMs (tests/cluster, tests/spark), one at a time;
+# - "deployments": the feature tests of every deployment (the `shared_server` fixture), so one
+#   worker starts the session's two clusters once (the Spark source and sink tests among them);
+# - otherwise a group per file.
+# Groups go out in the order below (heavy first: it is the longest, ~half the suite), then the
+# collection order; the other worker takes everything else meanwhile.
+# pytest-xdist 3.8 writes the group into `item._nodeid`, which pytest 9.2 no longer reads (its
+# node ids come from `_id`): the groups silently stopped holding, two heavy tests ran at once
+# and the cluster tests missed their bounds. pyproject pins pytest below 9 until xdist follows.
+GROUP_ORDER = ("heavy", "deployments", "crash")
 HEAVY = ("cluster", "spark")
 
 
@@ -62,16 +66,26 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
             leftover.kill()
 
 
+def _group(item: pytest.Item) -> str:
+    parts = item.path.relative_to(Path(__file__).parent).parts
+    if "shared_server" in getattr(item, "fixturenames", ()):
+        return "deployments"
+    if parts[0] in HEAVY:
+        return "heavy"
+    return "/".join(parts)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    groups = {item: _group(item) for item in items}
+    rank = {group: index for index, group in enumerate(GROUP_ORDER)}
+
+    def order(item: pytest.Item) -> int:
+        group = groups[item]
+        return rank.get(group, rank.get(group.split("/")[0], len(GROUP_ORDER)))
+
+    items.sort(key=order)  # stable: within a rank, the collection order
     for item in items:
-        parts = item.path.relative_to(Path(__file__).parent).parts
-        if parts[0] in HEAVY:
-            group = "heavy"
-        elif "shared_server" in getattr(item, "fixturenames", ()):
-            group = "deployments"
-        else:
-            group = "/".join(parts)
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group(groups[item]))
 
 
 @pytest.fixture

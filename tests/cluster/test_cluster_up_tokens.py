@@ -24,6 +24,7 @@ import json
 import time
 import urllib.request
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -495,6 +496,22 @@ def test_a_stream_through_the_frontend_follows_its_token_and_the_policies(
 
     channel = grpc.intercept_channel(grpc.insecure_channel(endpoint), FreshToken())
     carol = _Subscriber(transport=SubscriberGrpcTransport(channel=channel))
+
+    def may_consume() -> bool:
+        try:
+            with warnings.catch_warnings():  # the client frowns on return_immediately
+                warnings.simplefilter("ignore", DeprecationWarning)
+                carol.pull(
+                    request={"subscription": sub, "max_messages": 1, "return_immediately": True},
+                    timeout=10,
+                )
+        except exceptions.PermissionDenied:
+            return False
+        return True
+
+    # The binding reaches the subscription's forwarder through ZooKeeper, a moment after
+    # SetIamPolicy returns: a stream opened before would be refused for good.
+    wait_for(may_consume, 30, "carol's binding in force where the subscription is served")
     received: set[bytes] = set()
     future = carol.subscribe(sub, lambda m: (received.add(m.data), m.ack()))
     try:
