@@ -45,9 +45,10 @@ retry_base_module.random = random.Random()  # type: ignore[assignment]
 # - otherwise a group per file.
 # Groups go out in the order below (heavy first: it is the longest, ~half the suite), then the
 # collection order; the other worker takes everything else meanwhile.
-# pytest-xdist 3.8 writes the group into `item._nodeid`, which pytest 9.2 no longer reads (its
-# node ids come from `_id`): the groups silently stopped holding, two heavy tests ran at once
-# and the cluster tests missed their bounds. pyproject pins pytest below 9 until xdist follows.
+# The groups held nowhere before 2026-11-27, for two reasons: pytest-xdist 3.8 writes a test's
+# group into its id in its own collection hook, which ran before this one (no marker yet: hence
+# tryfirst below), and pytest 9.2 no longer reads ids from where xdist writes them (pyproject
+# pins pytest below 9 until xdist follows). Two heavy tests then ran at once.
 GROUP_ORDER = ("heavy", "deployments", "crash")
 HEAVY = ("cluster", "spark")
 
@@ -75,6 +76,7 @@ def _group(item: pytest.Item) -> str:
     return "/".join(parts)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     groups = {item: _group(item) for item in items}
     rank = {group: index for index, group in enumerate(GROUP_ORDER)}

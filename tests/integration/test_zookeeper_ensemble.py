@@ -19,7 +19,7 @@ from pubsubd.coordination.ensemble import STATE_FILE, Ensemble, require_zookeepe
 from pubsubd.coordination.errors import CoordinationUnavailable
 from pubsubd.coordination.zk import Coordinator, SessionState
 from pubsubd.storage.metadata import Change, TopicRecord
-from pubsubd.storage.zk_metadata import ZooKeeperMetadataStore
+from pubsubd.storage.zk_metadata import TOPICS, ZooKeeperMetadataStore
 
 pytestmark = pytest.mark.integration
 
@@ -182,7 +182,7 @@ async def test_a_follower_catches_up_after_its_node_returns(ensemble: Ensemble) 
 
         deadline = time.monotonic() + 20
         while len(heard) < 3:
-            assert time.monotonic() < deadline, heard
+            assert time.monotonic() < deadline, (heard, _follower_state(reader, gone))
             await asyncio.sleep(0.02)
         await asyncio.sleep(0.3)  # negative check: nothing heard twice
         assert sorted(heard, key=repr) == sorted(
@@ -193,3 +193,28 @@ async def test_a_follower_catches_up_after_its_node_returns(ensemble: Ensemble) 
         reader.close()
         writer.close()
         ensemble.stop()
+
+
+def _follower_state(store: ZooKeeperMetadataStore, record: TopicRecord) -> dict[str, object]:
+    """What a follower knows of one record, for a failure's message (CI once saw a deletion
+    made while the follower's node was down go unheard)."""
+    follower = store._follower
+    assert follower is not None
+    path = store.layout.record(TOPICS, record)
+    bucket = path.rpartition("/")[0]
+    return {
+        "path": path,
+        "seen": path in follower.seen,
+        "listed": path.rpartition("/")[2] in follower.listed.get(bucket, ()),
+        "queued": list(follower._queue),
+        "inflight": sorted(follower._inflight),
+        "again": sorted(follower._again),
+        "dropped": sorted(follower._dropped),
+        "unsure": sorted(follower._unsure),
+        "waiting": sorted(follower._waiting),
+        "later": sorted(follower._later),
+        "resyncing": follower._resync is not None,
+        "connected": store.coordinator.connected,
+        "session_lost": store.coordinator.session_lost,
+        "on_server": store.coordinator._client.exists(path) is not None,
+    }
