@@ -272,8 +272,12 @@ class ZooKeeperMetadataStore:
 
     async def follow(self) -> None:
         """Publish other processes' changes from now on (on the running loop). Reads every
-        record once, without publishing it: call it before the first ``load_*``."""
+        record once, without publishing it: call it before the first ``load_*``. What it
+        reads includes every change completed before the call, by any process (a sync first:
+        this session's server may not have applied the last ones yet, and a record created
+        then deleted while the connection is lost would never be heard of)."""
         if self._follower is None:
+            await self.coordinator.sync(self.layout.metadata)
             self._follower = _Follower(self)
             await self._follower.scan()
 
