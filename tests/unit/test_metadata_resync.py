@@ -16,7 +16,13 @@ import pytest
 from pubsubd.coordination.errors import CoordinationUnavailable, NoNode
 from pubsubd.coordination.zk import EventType, SessionState, WatchEvent, ZnodeStat
 from pubsubd.storage.metadata import Change, ChangeFeed, TopicRecord
-from pubsubd.storage.zk_metadata import TOPICS, MetadataLayout, _Follower, encode
+from pubsubd.storage.zk_metadata import (
+    TOPICS,
+    MetadataLayout,
+    ZooKeeperMetadataStore,
+    _Follower,
+    encode,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -89,6 +95,12 @@ class _LaggingServer:
         if self.connected:
             self.view = dict(self.leader)
 
+    def write_unseen(self, path: str, data: bytes) -> None:
+        """Another process's write, completed at the leader, that this session's server has
+        not applied yet (it was not in that write's quorum)."""
+        self.zxid += 1
+        self.leader[path] = (data, self.zxid, self.zxid)
+
     def delete(self, path: str) -> None:
         self.zxid += 1
         del self.leader[path]
@@ -137,6 +149,7 @@ class _Store:
     layout: MetadataLayout
     kinds: tuple[Any, ...] = (TOPICS,)
     changes: ChangeFeed = field(default_factory=ChangeFeed)
+    _follower: Any = None
 
 
 async def _until(condition: Callable[[], bool], within: float = 3.0) -> None:
@@ -207,5 +220,29 @@ async def test_watches_dropped_while_the_loop_was_busy_are_read_after_a_sync() -
                 watch(WatchEvent(EventType.NONE, path))
 
         await _until(lambda: heard == [(gone, True)])
+    finally:
+        follower.close()
+
+
+async def test_following_starts_from_every_change_completed_before_it() -> None:
+    """follow() syncs before its first read: a record another process created just before,
+    not yet applied by this session's server, is known, so its deletion while the connection
+    is lost is heard (CI saw it missed: the record was created and deleted out of sight)."""
+    server = _LaggingServer()
+    layout = MetadataLayout("/m", (TOPICS,))
+    gone = TopicRecord("projects/p/topics/gone", "u2", b"")
+    server.write_unseen(layout.record(TOPICS, gone), encode(gone))
+    store = _Store(server, layout)
+    heard: list[tuple[object, bool]] = []
+    store.changes.watch(lambda change: heard.append((change.record, change.deleted)))
+    await ZooKeeperMetadataStore.follow(store)  # type: ignore[arg-type]
+    follower = store._follower
+    try:
+        assert layout.record(TOPICS, gone) in follower.seen
+        server.lose_connection()
+        server.delete(layout.record(TOPICS, gone))
+        server.reconnect_to_a_lagging_server()
+        await _until(lambda: len(heard) >= 1)
+        assert heard == [(gone, True)]
     finally:
         follower.close()
