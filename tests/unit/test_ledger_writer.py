@@ -441,12 +441,20 @@ class _SlowRemote:
     """A RemoteLog whose appends take a while and can be made to fail at an offset."""
 
     def __init__(self) -> None:
+        self.calls = 0
         self.in_flight = 0
         self.most_in_flight = 0
         self.fail_at: int | None = None
         self.appended: list[tuple[int, int]] = []
 
+    async def sent(self, calls: int) -> None:
+        """Wait until ``calls`` appends have been sent (each group in its own)."""
+        async with asyncio.timeout(5):
+            while self.calls < calls:
+                await asyncio.sleep(0.001)
+
     async def append(self, first_offset: int, frames: bytes, end_offset: int) -> None:
+        self.calls += 1
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
@@ -488,7 +496,7 @@ async def test_a_replicated_log_keeps_several_groups_in_flight_and_commits_in_or
     appends = []
     for i in range(12):
         appends.append(asyncio.ensure_future(log.append(b"m%d" % i, 1, i)))
-        await asyncio.sleep(0.002)  # one group each: the remote is slower than this
+        await remote.sent(i + 1)  # one group each (the remote is slower than this)
     assert await asyncio.gather(*appends) == list(range(12))
     assert remote.most_in_flight > 1
     assert [e.payload for e in log.read(0, max_entries=12)] == [b"m%d" % i for i in range(12)]
@@ -498,7 +506,7 @@ async def test_a_replicated_log_keeps_several_groups_in_flight_and_commits_in_or
     appends = []
     for i in range(12, 16):
         appends.append(asyncio.ensure_future(log.append(b"n%d" % i, 1, i)))
-        await asyncio.sleep(0.002)
+        await remote.sent(i + 1)
     results = await asyncio.gather(*appends, return_exceptions=True)
     assert results[0] == 12
     assert all(isinstance(r, StorageError) for r in results[1:])

@@ -376,10 +376,9 @@ class SourceLedgers:
         ):
             return False
         try:
-            flight = self._send(ledger, frames, end_offset)
+            self._send(ledger, frames, end_offset, (done, first_offset))
         except ReplicationFailed:
             return False  # too few healthy nodes: append() rolls
-        flight.done, flight.first_offset, flight.frames = done, first_offset, frames
         return True
 
     def _finish(self, flight: _Flight, error: BaseException | None) -> None:
@@ -499,14 +498,21 @@ class SourceLedgers:
         logger.error("%s", self._stopped)
         raise LostOwnership(self._stopped)
 
-    def _send(self, ledger: LedgerMeta, frames: bytes, end_offset: int) -> _Flight:
+    def _send(
+        self,
+        ledger: LedgerMeta,
+        frames: bytes,
+        end_offset: int,
+        started: tuple[AppendDone, int] | None = None,
+    ) -> _Flight:
         """Send an append to every healthy node of ``ledger``; the caller awaits its outcome.
 
         To a node whose connection is up the append is written at once and its answer
         settles the flight from the connection's reader (``submit_encoded``: no task, no
         event-loop turn on either side); otherwise, or while an earlier append to that node
         still waits in a task to be sent, it goes in a task of its own. Either way each node
-        receives a ledger's appends in the order sent."""
+        receives a ledger's appends in the order sent. ``started``: start_append's callback
+        and first offset (the flight then tells its outcome that way)."""
         assert self.epoch is not None
         live = [n for n in ledger.nodes if n not in self._failed]
         if len(live) < ledger.ack_quorum:
@@ -520,6 +526,9 @@ class SourceLedgers:
             asyncio.get_running_loop().create_future(),
             time.perf_counter(),
         )
+        if started is not None:
+            flight.done, flight.first_offset = started
+            flight.frames = frames
         request = self._nodes.encode_append(
             ledger.ledger_id, self.epoch, ledger.first_offset, frames, self._confirmed_end
         )
