@@ -442,6 +442,7 @@ class _SlowRemote:
 
     def __init__(self) -> None:
         self.calls = 0
+        self.called = asyncio.Event()
         self.in_flight = 0
         self.most_in_flight = 0
         self.fail_at: int | None = None
@@ -451,10 +452,12 @@ class _SlowRemote:
         """Wait until ``calls`` appends have been sent (each group in its own)."""
         async with asyncio.timeout(5):
             while self.calls < calls:
-                await asyncio.sleep(0.001)
+                await self.called.wait()
+                self.called.clear()
 
     async def append(self, first_offset: int, frames: bytes, end_offset: int) -> None:
         self.calls += 1
+        self.called.set()
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
