@@ -921,39 +921,3 @@ async def test_a_replicated_log_sends_its_groups_through_start_append(tmp_path: 
     assert log.committed_offset == 4
     assert [e.payload for e in log.read(1, max_entries=3)] == [b"b0", b"b1", b"b2"]
     await log.close()
-
-
-class _InstantRemote(_SlowRemote):
-    """A RemoteLog whose quorum answers at once."""
-
-    async def append(self, first_offset: int, frames: bytes, end_offset: int) -> None:
-        self.appended.append((first_offset, end_offset))
-
-
-async def test_a_replicated_log_writes_its_local_copy_later_in_fewer_writes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Acknowledged groups are written to the local copy once LOCAL_WRITE_DELAY_S passed
-    (several in one write) or LOCAL_WRITE_BYTES wait, and all of them when the log closes;
-    readers read them from memory meanwhile."""
-    monkeypatch.setattr(log_module, "LOCAL_WRITE_DELAY_S", 0.3)
-    log = SourceLog.open(tmp_path / "s", remote=_InstantRemote())
-    assert [await log.append(b"m%d" % i, 1, i) for i in range(5)] == [0, 1, 2, 3, 4]
-    stats = log.stats()
-    assert (stats["committed_offset"], stats["written_offset"], stats["write_groups"]) == (5, 0, 0)
-    assert [e.payload for e in log.read(0, max_entries=5)] == [b"m%d" % i for i in range(5)]
-    await asyncio.sleep(0.2)
-    assert log.stats()["written_offset"] == 0  # not due yet
-    await asyncio.sleep(0.6)
-    assert log.stats()["written_offset"] == 5
-    assert log.stats()["write_groups"] == 1  # five acknowledged groups, one local write
-    monkeypatch.setattr(log_module, "LOCAL_WRITE_BYTES", 100)
-    assert await log.append(b"x" * 200, 1, 9) == 5
-    await asyncio.sleep(0.02)  # at once: LOCAL_WRITE_BYTES wait, no need for the delay
-    assert log.stats()["written_offset"] == 6
-    monkeypatch.setattr(log_module, "LOCAL_WRITE_BYTES", 1 << 20)
-    assert await log.append(b"last", 1, 10) == 6
-    await log.close()  # writes what waits
-    again = SourceLog.open(tmp_path / "s")
-    assert again.end_offset == 7 and again.read(6)[0].payload == b"last"
-    await again.close()

@@ -95,11 +95,6 @@ MAX_GROUP_BYTES = 16 << 20  # bytes written per group; a bigger backlog forms se
 # round trip would leave the nodes idle. At most REMOTE_PIPELINE groups are on their way.
 REMOTE_PIPELINE = 4
 REMOTE_PIPELINE_BYTES = 4 << 20
-# A replicated log writes the local copy of acknowledged groups once this many bytes wait or
-# the oldest of them has waited this long: not in the steps that answer the publishes, and at
-# a modest rate in one thread hop for several groups (readers read them from memory meanwhile).
-LOCAL_WRITE_BYTES = 1 << 20
-LOCAL_WRITE_DELAY_S = 0.02
 # A replicated log's local copy that could not be written is tried again after this pause,
 # doubled after each failure up to the second figure (the data is durable meanwhile).
 LOCAL_RETRY_FIRST_S = 0.1
@@ -711,27 +706,20 @@ class SourceLog:
         this task itself (``remote.start_append``: no task per group), else in a task of its
         own. As each one's quorum answers, in order, it is made readable (from memory) and
         acknowledged at once, in the step that learns it (the storage node connection's
-        reader: no event-loop turn in between); this task writes it to the local copy later
-        (LOCAL_WRITE_DELAY_S, LOCAL_WRITE_BYTES), which puts it in the index (:meth:`_accept`).
-        A group the quorum refused fails every group behind it (the remote log fails them
-        too); one the quorum took is never failed (see :meth:`_write_durable_group`)."""
+        reader: no event-loop turn in between); this task then writes it to the local copy,
+        which puts it in the index (:meth:`_accept`). A group the quorum refused fails every
+        group behind it (the remote log fails them too); one the quorum took is never failed
+        (see :meth:`_write_durable_group`)."""
         assert self._wakeup is not None
         wakeup = self._wakeup
-        loop = asyncio.get_running_loop()
         flights: deque[_Flight] = deque()
         to_write: list[_Pending] = []  # acknowledged, not yet in the local copy
-        to_write_bytes = 0
-        write_due = 0.0  # loop time by which to_write is written (LOCAL_WRITE_DELAY_S)
 
         def accept_landed() -> None:
-            nonlocal to_write_bytes, write_due
             while flights and flights[0].landed:
                 group = flights.popleft().group
                 self._accept(group)
-                if not to_write:
-                    write_due = loop.time() + LOCAL_WRITE_DELAY_S
                 to_write.extend(group)
-                to_write_bytes += sum(len(p.frame) for p in group)
 
         def settled(flight: _Flight, error: BaseException | None) -> None:
             if error is None:
@@ -759,12 +747,9 @@ class SourceLog:
                 behind = [p for f in flights for p in f.group]
                 flights.clear()  # they fail too (the remote log fails them)
                 self._fail([*head.group, *behind], error)
-            if to_write and (
-                self._closing or to_write_bytes >= LOCAL_WRITE_BYTES or loop.time() >= write_due
-            ):
+            if to_write:
                 written = to_write[:]
                 to_write.clear()
-                to_write_bytes = 0
                 await self._write_durable_group(written)
                 continue
             if self._pending and (
@@ -781,13 +766,11 @@ class SourceLog:
                     self._remote_sends.add(task)
                     task.add_done_callback(self._remote_sends.discard)
                 continue
-            if not self._pending and not flights and not to_write:
+            if not self._pending and not flights:
                 if not await self._idle():
                     return
                 continue
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout_at(write_due if to_write else None):
-                    await wakeup.wait()
+            await wakeup.wait()
             wakeup.clear()
 
     async def _idle(self) -> bool:
