@@ -605,7 +605,8 @@ async def test_start_append_tells_its_callback_in_the_group_commits_own_step(
 ) -> None:
     """``answered`` is called by the step that settles the append, before anything the
     settlement schedules (the future's callbacks run one event-loop turn later); a refusal
-    found by the worker reaches it too, and its future's exception counts as retrieved."""
+    found later (a gap that stays open) reaches it too, and its future's exception counts as
+    retrieved."""
     told: list[tuple[int | None, BaseException | None]] = []
     seen_by_future_callback: list[int] = []
 
@@ -616,10 +617,8 @@ async def test_start_append_tells_its_callback_in_the_group_commits_own_step(
     future.add_done_callback(lambda _: seen_by_future_callback.append(len(told)))
     assert await future == 2
     assert told == [(2, None)] and seen_by_future_callback == [1]
-    # Queued, then fenced before the worker takes it: refused from the worker's step.
-    late = store.start_append(3, 1, 0, frames(2, 1), answered=answered)
-    fence = asyncio.ensure_future(store.fence(3, 5))
-    await asyncio.sleep(0)  # the fence rises at once
-    await fence
-    assert late.done() and isinstance(told[1][1], FencedAppend) and told[1][0] is None
+    # Past the end: parked, then refused as a gap when its wait runs out (a timer's step).
+    late = store.start_append(3, 1, 0, frames(5, 1), answered=answered)
+    await asyncio.sleep(store.gap_wait_s + 0.3)
+    assert late.done() and isinstance(told[1][1], AppendGap) and told[1][0] is None
     del late  # its exception was retrieved: no "never retrieved" warning at collection
