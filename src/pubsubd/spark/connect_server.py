@@ -12,10 +12,8 @@ registers must be importable here; ``stop`` kills the server's process group by 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -23,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from pubsubd.spark.standalone import ClusterError, spark_home
+from pubsubd.spark.standalone import ClusterError, kill_process_group, spark_home
 
 _STARTED = re.compile(r"Spark Connect server started at: (\S+):(\d+)")
 _JVM_OPTS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
@@ -112,7 +110,4 @@ class ConnectServer:
     def stop(self) -> None:
         if self.proc is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(10)
+        kill_process_group(self.proc)

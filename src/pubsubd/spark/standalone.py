@@ -58,6 +58,51 @@ def children(pid: int) -> list[int]:
     return found
 
 
+# What a Spark process has on its command line: the JVMs' main classes, PySpark's workers.
+SPARK_MARKS = (b"org.apache.spark", b"pyspark")
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The processes whose process group is ``pgid`` (from /proc; Linux only)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[2]) == pgid:
+            found.append(int(entry.name))
+    return found
+
+
+def _is_spark(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return any(mark in cmdline for mark in SPARK_MARKS)
+
+
+def kill_process_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the process group ``proc`` leads, and reap ``proc``. While ``proc`` is not reaped
+    its PID, the group's ID, cannot be reused, so the whole group goes. Once it is gone, another
+    process may lead a new group with that ID (a test's server started in its own session, say:
+    a likely cause of one dying unexplained in CI), so then only the Spark processes left in
+    the group are killed."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    else:
+        for pid in _group_members(proc.pid):
+            if _is_spark(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+
+
 @dataclass
 class Daemon:
     """One master or worker JVM (the leader of its own process group)."""
@@ -84,10 +129,7 @@ class Daemon:
 
     def kill_group(self) -> None:
         """SIGKILL the daemon's process group: the daemon, its executors and their workers."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(10)
+        kill_process_group(self.proc)
 
 
 @dataclass
