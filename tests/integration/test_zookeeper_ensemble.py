@@ -20,16 +20,9 @@ from pubsubd.coordination.errors import CoordinationUnavailable
 from pubsubd.coordination.zk import Coordinator, SessionState
 from pubsubd.storage.metadata import Change, TopicRecord
 from pubsubd.storage.zk_metadata import TOPICS, ZooKeeperMetadataStore
+from tests.support.process import pid_alive
 
 pytestmark = pytest.mark.integration
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return not stat[stat.rfind(")") + 2 :].startswith("Z")
 
 
 async def _until_leader(ensemble: Ensemble, within: float = 10.0) -> int:
@@ -50,7 +43,7 @@ async def test_a_write_survives_kill_9_of_the_leader(ensemble: Ensemble) -> None
     ensemble.start()
     try:
         pids = ensemble.pids
-        assert all(pid is not None and _alive(pid) for pid in pids)
+        assert all(pid is not None and pid_alive(pid) for pid in pids)
         modes = sorted(str(ensemble.mode(i)) for i in range(3))
         assert modes == ["follower", "follower", "leader"], modes
         assert time.monotonic() - started < 15
@@ -68,7 +61,7 @@ async def test_a_write_survives_kill_9_of_the_leader(ensemble: Ensemble) -> None
             old_leader = await _until_leader(ensemble)
             killed_at = time.monotonic()
             ensemble.kill(old_leader)
-            assert ensemble.pids[old_leader] is None and not _alive(pids[old_leader] or 0)
+            assert ensemble.pids[old_leader] is None and not pid_alive(pids[old_leader] or 0)
             new_leader = await _until_leader(ensemble)
             elected_in = time.monotonic() - killed_at
             assert new_leader != old_leader
@@ -88,7 +81,7 @@ async def test_a_write_survives_kill_9_of_the_leader(ensemble: Ensemble) -> None
     finally:
         ensemble.stop()
     assert ensemble.pids == [None, None, None]
-    assert not any(_alive(pid or 0) for pid in pids)
+    assert not any(pid_alive(pid or 0) for pid in pids)
 
 
 def test_stop_through_the_state_file_leaves_no_process(ensemble: Ensemble) -> None:
@@ -97,14 +90,14 @@ def test_stop_through_the_state_file_leaves_no_process(ensemble: Ensemble) -> No
     try:
         state = json.loads((ensemble.directory / STATE_FILE).read_text())
         recorded = [node["pid"] for node in state["nodes"]]
-        assert recorded == ensemble.pids and all(_alive(pid) for pid in recorded)
+        assert recorded == ensemble.pids and all(pid_alive(pid) for pid in recorded)
         assert state["connect_string"] == ensemble.connect_string
 
         attached = Ensemble.attach(ensemble.directory)
         assert attached.connect_string == ensemble.connect_string
         assert attached.leader() is not None
         attached.stop()
-        assert not any(_alive(pid) for pid in recorded)
+        assert not any(pid_alive(pid) for pid in recorded)
         assert attached.pids == [None, None, None]
         saved = json.loads((ensemble.directory / STATE_FILE).read_text())
         assert [node["pid"] for node in saved["nodes"]] == [None, None, None]
@@ -135,7 +128,7 @@ def test_a_reused_pid_is_never_signalled(ensemble: Ensemble, tmp_path: Path) -> 
     attached = Ensemble.attach(ensemble.directory)
     assert attached.pids == [None]
     attached.stop()  # would SIGTERM pytest itself if it trusted the PID
-    assert _alive(os.getpid())
+    assert pid_alive(os.getpid())
 
 
 def _put(store: ZooKeeperMetadataStore, record: TopicRecord) -> None:

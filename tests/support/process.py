@@ -19,6 +19,15 @@ from pathlib import Path
 LAUNCHED: list[LoggedProcess] = []
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (an exited process not reaped yet, a zombie, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return not stat[stat.rfind(")") + 2 :].startswith("Z")
+
+
 @dataclass
 class LoggedProcess:
     log_path: Path

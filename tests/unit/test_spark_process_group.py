@@ -14,16 +14,9 @@ from pathlib import Path
 import pytest
 
 from pubsubd.spark.standalone import _group_members, kill_process_group
+from tests.support.process import pid_alive
 
 pytestmark = pytest.mark.unit
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return not stat[stat.rfind(")") + 2 :].startswith("Z")
 
 
 def _group(script: str) -> tuple[subprocess.Popen[bytes], list[int]]:
@@ -44,7 +37,7 @@ def test_a_live_leaders_whole_group_is_killed() -> None:
     kill_process_group(proc)
     assert proc.returncode is not None
     deadline = time.monotonic() + 10
-    while any(_alive(p) for p in members):
+    while any(pid_alive(p) for p in members):
         assert time.monotonic() < deadline, "a member of the group survived"
         time.sleep(0.02)
 
@@ -59,10 +52,10 @@ def test_after_the_leader_is_gone_only_spark_processes_of_its_group_are_killed()
     try:
         kill_process_group(proc)
         deadline = time.monotonic() + 10
-        while _alive(spark[0]):
+        while pid_alive(spark[0]):
             assert time.monotonic() < deadline, "the Spark process survived"
             time.sleep(0.02)
-        assert _alive(other[0])
+        assert pid_alive(other[0])
     finally:
         for pid in members:
             with contextlib.suppress(ProcessLookupError):

@@ -42,8 +42,9 @@ def spark_home() -> Path:
     return Path(pyspark.__file__).parent
 
 
-def children(pid: int) -> list[int]:
-    """Direct child processes of ``pid`` (from /proc; Linux only)."""
+def _processes_with(field: int, value: int) -> list[int]:
+    """The processes whose ``field`` of /proc/PID/stat after the command name (0 state, 1 the
+    parent's PID, 2 the process group) is ``value`` (Linux only)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -52,10 +53,15 @@ def children(pid: int) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        # pid (comm) state ppid ...: comm may hold spaces and ')', so split after the last ')'
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+        # pid (comm) state ppid pgrp ...: comm may hold spaces and ')', so split after the last ')'
+        if int(stat.rsplit(")", 1)[1].split()[field]) == value:
             found.append(int(entry.name))
     return found
+
+
+def children(pid: int) -> list[int]:
+    """Direct child processes of ``pid``."""
+    return _processes_with(1, pid)
 
 
 # What a Spark process has on its command line: the JVMs' main classes, PySpark's workers.
@@ -63,18 +69,8 @@ SPARK_MARKS = (b"org.apache.spark", b"pyspark")
 
 
 def _group_members(pgid: int) -> list[int]:
-    """The processes whose process group is ``pgid`` (from /proc; Linux only)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[2]) == pgid:
-            found.append(int(entry.name))
-    return found
+    """The processes whose process group is ``pgid``."""
+    return _processes_with(2, pgid)
 
 
 def _is_spark(pid: int) -> bool:
