@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pubsubd.storage.errors import ListConflict, LostOwnership, ReplicationFailed
@@ -42,6 +43,9 @@ class FakeNodes:
         self.refused = 0
         # Node -> a future its next appends wait for (a slow node); its exception fails them.
         self.gates: dict[str, asyncio.Future[None]] = {}
+        # Nodes whose connection is up: appends go through submit_encoded (no task).
+        self.connected: set[str] = set()
+        self.submitted = 0
 
     def ledger(self, node: str, ledger_id: int) -> FakeLedger | None:
         return self.held.get((node, ledger_id))
@@ -79,6 +83,30 @@ class FakeNodes:
         self, node: NodeInfo, request: tuple[int, int, int, bytes, int]
     ) -> int:
         return await self.append(node, *request)
+
+    def submit_encoded(
+        self,
+        node: NodeInfo,
+        request: tuple[int, int, int, bytes, int],
+        answered: Callable[[int | None, BaseException | None], None],
+    ) -> bool:
+        """The connected path (a node in ``connected``): the append runs now, its answer is
+        handed to ``answered`` when done; else False (the writer uses append_encoded)."""
+        if node.node_id not in self.connected:
+            return False
+        self.submitted += 1
+        call = asyncio.ensure_future(self.append(node, *request))
+
+        def done(call: asyncio.Future[int]) -> None:
+            if call.cancelled():
+                answered(None, asyncio.CancelledError())
+            elif (error := call.exception()) is not None:
+                answered(None, error)
+            else:
+                answered(call.result(), None)
+
+        call.add_done_callback(done)
+        return True
 
     async def fence(self, node: NodeInfo, ledger_id: int, epoch: int) -> NodeFence:
         if node.node_id in self.down:
@@ -190,8 +218,15 @@ class FakeDirectory:
         return self.alive
 
 
-def cluster(node_count: int = 3, zones: int = 3) -> tuple[DirectoryState, FakeNodes]:
+def cluster(
+    node_count: int = 3, zones: int = 3, *, connected: bool = True
+) -> tuple[DirectoryState, FakeNodes]:
+    """``connected``: appends go to every node through ``submit_encoded`` (no task), as to
+    nodes whose append port is connected; False: through tasks (``append_encoded``)."""
     state = DirectoryState()
     for i in range(node_count):
         state.nodes[f"n{i}"] = NodeInfo(f"n{i}", f"fake:{i}", f"z{i % zones}")
-    return state, FakeNodes()
+    nodes = FakeNodes()
+    if connected:
+        nodes.connected = set(state.nodes)
+    return state, nodes

@@ -598,3 +598,27 @@ def test_fence_records_written_at_once_by_a_disks_threads_end_with_the_highest(
     assert decode_fence(disk.fence_path(9).read_bytes()) == max(records)
     assert disk.healthy
     disk.executor.shutdown()
+
+
+async def test_start_append_tells_its_callback_in_the_group_commits_own_step(
+    store: LedgerStore,
+) -> None:
+    """``answered`` is called by the step that settles the append, before anything the
+    settlement schedules (the future's callbacks run one event-loop turn later); a refusal
+    found later (a gap that stays open) reaches it too, and its future's exception counts as
+    retrieved."""
+    told: list[tuple[int | None, BaseException | None]] = []
+    seen_by_future_callback: list[int] = []
+
+    def answered(end: int | None, error: BaseException | None) -> None:
+        told.append((end, error))
+
+    future = store.start_append(3, 1, 0, frames(0, 2), answered=answered)
+    future.add_done_callback(lambda _: seen_by_future_callback.append(len(told)))
+    assert await future == 2
+    assert told == [(2, None)] and seen_by_future_callback == [1]
+    # Past the end: parked, then refused as a gap when its wait runs out (a timer's step).
+    late = store.start_append(3, 1, 0, frames(5, 1), answered=answered)
+    await asyncio.sleep(store.gap_wait_s + 0.3)
+    assert late.done() and isinstance(told[1][1], AppendGap) and told[1][0] is None
+    del late  # its exception was retrieved: no "never retrieved" warning at collection

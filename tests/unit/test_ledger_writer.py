@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -440,12 +441,23 @@ class _SlowRemote:
     """A RemoteLog whose appends take a while and can be made to fail at an offset."""
 
     def __init__(self) -> None:
+        self.calls = 0
+        self.called = asyncio.Event()
         self.in_flight = 0
         self.most_in_flight = 0
         self.fail_at: int | None = None
         self.appended: list[tuple[int, int]] = []
 
+    async def sent(self, calls: int) -> None:
+        """Wait until ``calls`` appends have been sent (each group in its own)."""
+        async with asyncio.timeout(5):
+            while self.calls < calls:
+                await self.called.wait()
+                self.called.clear()
+
     async def append(self, first_offset: int, frames: bytes, end_offset: int) -> None:
+        self.calls += 1
+        self.called.set()
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
@@ -455,6 +467,15 @@ class _SlowRemote:
             self.appended.append((first_offset, end_offset))
         finally:
             self.in_flight -= 1
+
+    def start_append(
+        self,
+        first_offset: int,
+        frames: bytes,
+        end_offset: int,
+        done: Callable[[BaseException | None], None],
+    ) -> bool:
+        return False  # every group in a task of its own (append)
 
     async def read_frames(self, start: int, end: int) -> bytes:
         return b""
@@ -478,7 +499,7 @@ async def test_a_replicated_log_keeps_several_groups_in_flight_and_commits_in_or
     appends = []
     for i in range(12):
         appends.append(asyncio.ensure_future(log.append(b"m%d" % i, 1, i)))
-        await asyncio.sleep(0.002)  # one group each: the remote is slower than this
+        await remote.sent(i + 1)  # one group each (the remote is slower than this)
     assert await asyncio.gather(*appends) == list(range(12))
     assert remote.most_in_flight > 1
     assert [e.payload for e in log.read(0, max_entries=12)] == [b"m%d" % i for i in range(12)]
@@ -488,7 +509,7 @@ async def test_a_replicated_log_keeps_several_groups_in_flight_and_commits_in_or
     appends = []
     for i in range(12, 16):
         appends.append(asyncio.ensure_future(log.append(b"n%d" % i, 1, i)))
-        await asyncio.sleep(0.002)
+        await remote.sent(i + 1)
     results = await asyncio.gather(*appends, return_exceptions=True)
     assert results[0] == 12
     assert all(isinstance(r, StorageError) for r in results[1:])
@@ -717,4 +738,186 @@ async def test_a_read_never_runs_from_a_damaged_local_end_on_to_unwritten_entrie
     gate.set_result(None)
     await _written(log, 6)
     assert [e.base_offset for e in log.read(0)] == [0, 1, 2, 3]
+    await log.close()
+
+
+# -- start_append: an append sent and answered without a task (issue 10, session D10) -------
+
+
+def _frames(offset: int, n: int = 1) -> bytes:
+    return b"".join(
+        encode_entry(Entry(offset + i, 1, 1000 + offset + i, b"m%d" % (offset + i)))
+        for i in range(n)
+    )
+
+
+class _Outcomes:
+    """start_append's ``done`` callbacks: what each append was told, in call order."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[int, BaseException | None]] = []
+        self.changed = asyncio.Event()
+
+    def done(self, offset: int) -> Callable[[BaseException | None], None]:
+        def told(error: BaseException | None) -> None:
+            assert offset not in [o for o, _ in self.told], "told twice"
+            self.told.append((offset, error))
+            self.changed.set()
+
+        return told
+
+    async def wait(self, count: int) -> None:
+        while len(self.told) < count:
+            async with asyncio.timeout(5):
+                await self.changed.wait()
+            self.changed.clear()
+
+
+async def test_start_append_sends_at_once_and_tells_the_outcome_at_the_quorum() -> None:
+    state, nodes = cluster()
+    writer = _writer(state, nodes)
+    await writer.take_over()
+    await _append(writer, 0, 1)  # opens the ledger
+    outcomes = _Outcomes()
+    before = nodes.submitted
+    end = 1
+    for _ in range(4):  # pipelined: each sent before the last is answered
+        assert writer.start_append(end, _frames(end, 2), end + 2, outcomes.done(end))
+        end += 2
+    assert nodes.submitted == before + 4 * 3  # no task: every node got each one at once
+    assert outcomes.told == []  # nothing answered before the nodes did
+    await outcomes.wait(4)
+    assert outcomes.told == [(1, None), (3, None), (5, None), (7, None)]  # in order
+    assert writer.end_offset == 9
+    ledger = writer.ledgers.last
+    assert ledger is not None
+    assert all(nodes.ledger(n, ledger.ledger_id).end == 9 for n in ledger.nodes)  # type: ignore[union-attr]
+
+
+async def test_start_append_declines_what_only_append_can_do() -> None:
+    state, nodes = cluster()
+    writer = _writer(state, nodes)
+    outcomes = _Outcomes()
+    assert not writer.start_append(0, _frames(0), 1, outcomes.done(0))  # not taken over yet
+    await writer.take_over()
+    assert not writer.start_append(0, _frames(0), 1, outcomes.done(0))  # no open ledger yet
+    await _append(writer, 0, 1)
+    assert not writer.start_append(5, _frames(5), 6, outcomes.done(5))  # not where it ends
+    writer.roll_next()
+    assert not writer.start_append(1, _frames(1), 2, outcomes.done(1))  # a roll takes the lock
+    assert await _append(writer, 1, 1) == 2
+    assert writer.start_append(2, _frames(2), 3, outcomes.done(2))
+    await outcomes.wait(1)
+    assert outcomes.told == [(2, None)] and writer.end_offset == 3
+    assert nodes.submitted > 0 and not [e for _, e in outcomes.told if e is not None]
+
+
+async def test_start_append_keeps_each_nodes_order_behind_an_append_in_a_task() -> None:
+    """A node whose connection is not up yet gets the append in a task; once it is up, the
+    next append must not overtake the one still waiting in that task (the node would see a
+    gap and refuse it)."""
+    state, nodes = cluster(connected=False)
+    writer = _writer(state, nodes)
+    await writer.take_over()
+    await _append(writer, 0, 1)
+    outcomes = _Outcomes()
+    assert writer.start_append(1, _frames(1), 2, outcomes.done(1))  # every node: a task
+    nodes.connected = {"n0", "n1", "n2"}  # the connections come up before the tasks run
+    assert writer.start_append(2, _frames(2), 3, outcomes.done(2))
+    assert nodes.submitted == 0  # behind a queued append each node still gets a task
+    await outcomes.wait(2)
+    assert outcomes.told == [(1, None), (2, None)]
+    assert writer.start_append(3, _frames(3), 4, outcomes.done(3))
+    assert nodes.submitted == 3  # nothing queued any more: sent at once
+    await outcomes.wait(3)
+    ledger = writer.ledgers.last
+    assert ledger is not None
+    assert all(nodes.ledger(n, ledger.ledger_id).end == 4 for n in ledger.nodes)  # type: ignore[union-attr]
+
+
+async def test_start_append_failures_go_again_in_order_to_a_new_ledger() -> None:
+    """Two of three nodes fail the head of three pipelined appends: all three are refused
+    by the open ledger, then sent again, in order, to a new ledger on the nodes left; each
+    caller is told once, after that."""
+    state, nodes = cluster(node_count=5, zones=5)
+    writer = _writer(state, nodes)
+    await writer.take_over()
+    await _append(writer, 0, 1)
+    first = writer.ledgers.last
+    assert first is not None
+    loop = asyncio.get_running_loop()
+    gate: asyncio.Future[None] = loop.create_future()
+    nodes.gates = {first.nodes[0]: gate, first.nodes[1]: gate}
+    outcomes = _Outcomes()
+    for offset in (1, 2, 3):
+        assert writer.start_append(offset, _frames(offset), offset + 1, outcomes.done(offset))
+    await asyncio.sleep(0.01)
+    assert outcomes.told == []
+    nodes.down |= {first.nodes[0], first.nodes[1]}
+    nodes.gates = {}
+    gate.set_exception(ConnectionError("node lost"))
+    await outcomes.wait(3)
+    assert outcomes.told == [(1, None), (2, None), (3, None)]
+    assert writer.end_offset == 4
+    closed, second = writer.ledgers.ledgers[-2:]
+    assert closed.state is LedgerState.CLOSED and closed.end_offset == 1
+    assert second.first_offset == 1 and not {first.nodes[0], first.nodes[1]} & set(second.nodes)
+    held = nodes.ledger(second.nodes[0], second.ledger_id)
+    assert held is not None and [b for b, _, _ in held.entries] == [1, 2, 3]
+
+
+async def test_start_append_to_a_fenced_ledger_tells_lost_ownership() -> None:
+    state, nodes = cluster()
+    old = _writer(state, nodes, "old")
+    await old.take_over()
+    await _append(old, 0, 2)
+    state.owners.clear()  # the session expired while the process was stopped...
+    new = _writer(state, nodes, "new")
+    await new.take_over()  # ...and the new owner fenced the ledger
+    outcomes = _Outcomes()
+    assert old.start_append(2, _frames(2), 3, outcomes.done(2))
+    await outcomes.wait(1)
+    assert isinstance(outcomes.told[0][1], LostOwnership)
+    assert old.appends_refused == 1
+    assert not old.start_append(2, _frames(2), 3, outcomes.done(2))  # stopped for good
+
+
+async def test_start_append_waits_for_a_lapsed_lease_and_refuses_a_lost_session() -> None:
+    state, nodes = cluster()
+    writer = _writer(state, nodes)
+    await writer.take_over()
+    await _append(writer, 0, 1)
+    directory: FakeDirectory = writer._directory  # type: ignore[assignment]
+    directory.lapsed = True  # the process was stopped past its lease: renewed first
+    outcomes = _Outcomes()
+    assert writer.start_append(1, _frames(1), 2, outcomes.done(1))
+    await outcomes.wait(1)
+    assert outcomes.told == [(1, None)] and not directory.lapsed
+    directory.lapsed = True
+    renewed = directory.renew_lease
+
+    async def renew() -> bool:  # ZooKeeper answers in a new session: the old one is lost
+        directory.alive = False
+        return await renewed()
+
+    directory.renew_lease = renew  # type: ignore[method-assign]
+    assert writer.start_append(2, _frames(2), 3, outcomes.done(2))
+    await outcomes.wait(2)
+    assert isinstance(outcomes.told[1][1], LostOwnership)  # durable, but not acknowledged
+    assert writer.appends_refused == 1
+
+
+async def test_a_replicated_log_sends_its_groups_through_start_append(tmp_path: Path) -> None:
+    """Through SourceLog: once the ledger is open a group goes out from the writer task
+    itself (start_append), not in a task per group, and is acknowledged when it lands."""
+    state, nodes = cluster()
+    writer = _writer(state, nodes)
+    await writer.take_over()
+    log = SourceLog.open(tmp_path / "s", remote=writer)
+    assert await log.append(b"a", 1, 1) == 0  # opens the ledger (append, in a task)
+    submitted = nodes.submitted
+    assert [await log.append(b"b%d" % i, 1, 2) for i in range(3)] == [1, 2, 3]
+    assert nodes.submitted == submitted + 3 * 3
+    assert log.committed_offset == 4
+    assert [e.payload for e in log.read(1, max_entries=3)] == [b"b0", b"b1", b"b2"]
     await log.close()

@@ -28,6 +28,7 @@ from pubsubd.storage.node_client import (
     APPEND_PORT_MAGIC,
     APPEND_PORT_TOKEN_MAGIC,
     MAX_MESSAGE_BYTES,
+    AnswerCallback,
     AnswerWaiters,
     EncodedAppend,
     NodeUnavailable,
@@ -76,18 +77,29 @@ class AppendLink:
             raise self.broken
         request_id, future = self._waiters.add(deadline_s)
         try:
-            prefix, frames = stream_request(request_id, request)
-            size = len(prefix) + len(frames)
-            buffers = (size.to_bytes(4, "big") + prefix, frames)
-            if self._writer is not None:
-                self._writer.writelines(buffers)
-            else:  # written, in call order, as soon as the connection is up
-                self._backlog.append(buffers)
-                if self._connecting is None:
-                    self._connecting = asyncio.ensure_future(self._connect())
+            self._send(request_id, request)
             return await future
         finally:
             self._waiters.remove(request_id)
+
+    def submit(self, request: EncodedAppend, deadline_s: float, answered: AnswerCallback) -> None:
+        """:meth:`append` without a coroutine: the request is written now (or queued for the
+        connection, in call order) and ``answered`` is called with its outcome from the
+        connection's reader (no event-loop turn in between), its deadline or the link's end."""
+        if self.broken is not None:
+            raise self.broken
+        self._send(self._waiters.add_callback(deadline_s, answered), request)
+
+    def _send(self, request_id: int, request: EncodedAppend) -> None:
+        prefix, frames = stream_request(request_id, request)
+        size = len(prefix) + len(frames)
+        buffers = (size.to_bytes(4, "big") + prefix, frames)
+        if self._writer is not None:
+            self._writer.writelines(buffers)
+        else:  # written, in call order, as soon as the connection is up
+            self._backlog.append(buffers)
+            if self._connecting is None:
+                self._connecting = asyncio.ensure_future(self._connect())
 
     async def _connect(self) -> None:
         host, _, port = self.append_address.rpartition(":")

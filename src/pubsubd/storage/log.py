@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import logging
 import os
 import time
@@ -107,6 +108,18 @@ class RemoteLog(Protocol):
     """The durable copy of a log on other machines (storage/ledgers/writer.py)."""
 
     async def append(self, first_offset: int, frames: bytes, end_offset: int) -> None: ...
+    def start_append(
+        self,
+        first_offset: int,
+        frames: bytes,
+        end_offset: int,
+        done: Callable[[BaseException | None], None],
+    ) -> bool:
+        """:meth:`append` without a coroutine: sent now, ``done`` called once with its
+        outcome (None: durable), from the step that learns it; or False (nothing sent):
+        await :meth:`append` instead."""
+        ...
+
     async def read_frames(self, start: int, end: int) -> bytes:
         """Frames of the durable copy from ``start`` (an entry's base offset), at least one
         entry when ``start < end``, none at or past ``end``."""
@@ -244,8 +257,8 @@ class _Flight:
     """A replicated log's group on its way to the storage nodes."""
 
     group: list[_Pending]
-    sent: asyncio.Future[None] = field(init=False)
     landed: bool = False  # the quorum has it
+    error: BaseException | None = None  # the quorum refused it
 
 
 def _recover(directory: Path) -> tuple[list[_Segment], list[DamagedRange]]:
@@ -424,12 +437,6 @@ def _base_offset(entry: Entry) -> int:
     return entry.base_offset
 
 
-def _retrieve(task: asyncio.Future[None]) -> None:
-    """Mark a discarded task's outcome as seen (no "exception never retrieved" warning)."""
-    if not task.cancelled():
-        task.exception()
-
-
 def _create_log_files(directory: Path, first_segment: Path) -> None:
     """Create a new log's directory (and missing parents) and first segment, durably."""
     make_dirs(directory)
@@ -469,6 +476,7 @@ class SourceLog:
         "_read_fds",
         "_release_requested",
         "_remote",
+        "_remote_sends",
         "_remote_tasks",
         "_replica",
         "_restoring",
@@ -505,6 +513,7 @@ class SourceLog:
         # the local copy after that, not fsynced.
         self._remote = remote
         self._remote_tasks: set[asyncio.Task[int]] = set()
+        self._remote_sends: set[asyncio.Future[None]] = set()  # groups sent in tasks
         # Damage found while running is re-read from the storage nodes at once; until that
         # finishes, readers wait at it instead of applying the damage policy (it is not lost).
         self._restoring = False
@@ -693,12 +702,14 @@ class SourceLog:
 
     async def _run_replicated_writer(self, remote: RemoteLog) -> None:
         """The writer of a replicated log: up to REMOTE_PIPELINE groups travel to the storage
-        nodes at once (their round trip is most of an append's time). As each one's quorum
-        answers, in order, it is made readable (from memory) and acknowledged at once, in
-        the task that sent it (no loop turn in between); this task then writes it to the
-        local copy, which puts it in the index (:meth:`_accept`). A group the quorum refused
-        fails every group behind it (the remote log fails them too); one the quorum took is
-        never failed (see :meth:`_write_durable_group`)."""
+        nodes at once (their round trip is most of an append's time). A group goes out from
+        this task itself (``remote.start_append``: no task per group), else in a task of its
+        own. As each one's quorum answers, in order, it is made readable (from memory) and
+        acknowledged at once, in the step that learns it (the storage node connection's
+        reader: no event-loop turn in between); this task then writes it to the local copy,
+        which puts it in the index (:meth:`_accept`). A group the quorum refused fails every
+        group behind it (the remote log fails them too); one the quorum took is never failed
+        (see :meth:`_write_durable_group`)."""
         assert self._wakeup is not None
         wakeup = self._wakeup
         flights: deque[_Flight] = deque()
@@ -710,27 +721,32 @@ class SourceLog:
                 self._accept(group)
                 to_write.extend(group)
 
-        async def send(flight: _Flight, first: int, data: bytes, end: int) -> None:
-            await remote.append(first, data, end)
-            flight.landed = True
-            accept_landed()  # flights complete in order; an earlier one may still be out
+        def settled(flight: _Flight, error: BaseException | None) -> None:
+            if error is None:
+                flight.landed = True
+                accept_landed()  # flights complete in order; an earlier one may still be out
+            else:
+                flight.error = error
             wakeup.set()
 
-        def woken(_: object) -> None:
-            wakeup.set()
+        async def send(flight: _Flight, first: int, data: bytes, end: int) -> None:
+            try:
+                await remote.append(first, data, end)
+            except asyncio.CancelledError:
+                settled(flight, StorageError("cancelled"))
+                raise
+            except Exception as e:
+                settled(flight, e)
+            else:
+                settled(flight, None)
 
         while True:
             accept_landed()
-            if flights and flights[0].sent.done():  # the quorum refused it
+            if flights and (error := flights[0].error) is not None:  # the quorum refused it
                 head = flights.popleft()
-                group, sent = head.group, head.sent
-                error = StorageError("cancelled") if sent.cancelled() else sent.exception()
-                assert error is not None
                 behind = [p for f in flights for p in f.group]
-                for later in flights:
-                    later.sent.add_done_callback(_retrieve)  # they fail too; nobody waits
-                flights.clear()
-                self._fail([*group, *behind], error)
+                flights.clear()  # they fail too (the remote log fails them)
+                self._fail([*head.group, *behind], error)
             if to_write:
                 written = to_write[:]
                 to_write.clear()
@@ -744,9 +760,11 @@ class SourceLog:
                 first, end = group[0].entry.base_offset, group[-1].entry.next_offset
                 data = group[0].frame if len(group) == 1 else b"".join(p.frame for p in group)
                 flight = _Flight(group)
-                flight.sent = asyncio.ensure_future(send(flight, first, data, end))
-                flight.sent.add_done_callback(woken)
                 flights.append(flight)
+                if not remote.start_append(first, data, end, functools.partial(settled, flight)):
+                    task = asyncio.ensure_future(send(flight, first, data, end))
+                    self._remote_sends.add(task)
+                    task.add_done_callback(self._remote_sends.discard)
                 continue
             if not self._pending and not flights:
                 if not await self._idle():

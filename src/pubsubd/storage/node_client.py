@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -367,25 +367,45 @@ def stream_request(request_id: int, append: EncodedAppend) -> tuple[bytes, bytes
     return prefix, append.frames
 
 
+# What an append's answer is handed to: (the node's end offset, None) or (None, the refusal).
+AnswerCallback = Callable[[int | None, BaseException | None], None]
+
+
 class AnswerWaiters:
     """The appends of one stream or connection that wait for their answers, by request ID.
     Each is settled by its answer (:meth:`settle`), its deadline, or the end of the stream
-    (:meth:`fail_all`); the AppendStream client and the append port's link share it."""
+    (:meth:`fail_all`); the AppendStream client and the append port's link share it. A waiter
+    is a future (:meth:`add`) or a callback (:meth:`add_callback`), called in the reader's
+    own step: no event-loop turn between the answer read and the one waiting for it."""
 
     def __init__(self, address: str) -> None:
         self.address = address
-        self._waiting: dict[int, tuple[asyncio.Future[int], asyncio.TimerHandle]] = {}
+        self._waiting: dict[int, tuple[AnswerCallback, asyncio.TimerHandle]] = {}
         self._next_id = 1
 
     def add(self, deadline_s: float) -> tuple[int, asyncio.Future[int]]:
         """A new request ID and the future its answer settles; call :meth:`remove` after."""
-        loop = asyncio.get_running_loop()
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def settled(end_offset: int | None, error: BaseException | None) -> None:
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(end_offset)  # type: ignore[arg-type]
+
+        return self.add_callback(deadline_s, settled), future
+
+    def add_callback(self, deadline_s: float, callback: AnswerCallback) -> int:
+        """A new request ID whose answer (or failure) is handed to ``callback``, once."""
         request_id = self._next_id
         self._next_id += 1
-        future: asyncio.Future[int] = loop.create_future()
-        expiry = loop.call_later(deadline_s, self._expire, future, deadline_s)
-        self._waiting[request_id] = (future, expiry)
-        return request_id, future
+        expiry = asyncio.get_running_loop().call_later(
+            deadline_s, self._expire, request_id, deadline_s
+        )
+        self._waiting[request_id] = (callback, expiry)
+        return request_id
 
     def remove(self, request_id: int) -> None:
         found = self._waiting.pop(request_id, None)
@@ -395,30 +415,36 @@ class AnswerWaiters:
     def settle(self, answer: pb.AppendStreamResponse) -> None:
         """Hand an answer to its append: the end offset, or the refusal as its typed error
         (nobody waits if its caller gave up)."""
-        found = self._waiting.get(answer.request_id)
-        if found is None or found[0].done():
+        found = self._waiting.pop(answer.request_id, None)
+        if found is None:
             return
+        callback, expiry = found
+        expiry.cancel()
         if answer.code == 0:
-            found[0].set_result(answer.end_offset)
+            callback(answer.end_offset, None)
         else:
             code = CODES.get(answer.code)
-            found[0].set_exception(
-                error_from_status(self.address, code, answer.message, dict(answer.metadata))
+            callback(
+                None, error_from_status(self.address, code, answer.message, dict(answer.metadata))
             )
 
     def fail_all(self, error: StorageNodeError) -> None:
-        for future, _ in self._waiting.values():
-            if not future.done():
-                future.set_exception(error)
+        waiting = list(self._waiting.values())
+        self._waiting.clear()
+        for callback, expiry in waiting:
+            expiry.cancel()
+            callback(None, error)
 
-    def _expire(self, future: asyncio.Future[int], deadline_s: float) -> None:
-        if not future.done():
-            future.set_exception(
+    def _expire(self, request_id: int, deadline_s: float) -> None:
+        found = self._waiting.pop(request_id, None)
+        if found is not None:
+            found[0](
+                None,
                 NodeUnavailable(
                     self.address,
                     grpc.StatusCode.DEADLINE_EXCEEDED,
                     f"append: no answer within {deadline_s:g} s",
-                )
+                ),
             )
 
 
@@ -531,6 +557,7 @@ class StorageNodeClient:
         self._stream: _AppendStream | None = None
         self.append_address = append_address
         self._link: AppendLink | None = None
+        self._retries: set[asyncio.Future[int]] = set()  # unary retries of submitted appends
         ch = self._channel
 
         def method(path: str, request: Any, response: Any) -> Any:
@@ -612,6 +639,43 @@ class StorageNodeClient:
                     raise
                 self._use_stream = False  # an older node: Append from now on
         response = await self._call(self._append, request.joined(), deadline_s)
+        return int(response.end_offset)
+
+    def submit_encoded(self, request: EncodedAppend, answered: AnswerCallback) -> bool:
+        """:meth:`append_encoded` without a coroutine, when the node's append port is
+        connected: the request is written now and ``answered`` called from the connection's
+        reader. False (nothing sent) when it is not: the caller awaits
+        :meth:`append_encoded`, which connects. An append whose connection ends before its
+        answer is sent once more as a unary call, as there."""
+        link = self._link
+        if (
+            link is None
+            or link.broken is not None
+            or not self.append_address
+            or link.append_address != self.append_address
+        ):
+            return False
+        from pubsubd.storage.append_link import LinkEnded
+
+        def settled(end_offset: int | None, error: BaseException | None) -> None:
+            if not isinstance(error, LinkEnded):
+                answered(end_offset, error)
+                return
+            retry = asyncio.ensure_future(self._unary_append(request))
+            self._retries.add(retry)
+            retry.add_done_callback(self._retries.discard)
+            retry.add_done_callback(
+                lambda done: answered(
+                    None if done.cancelled() or done.exception() else done.result(),
+                    (asyncio.CancelledError() if done.cancelled() else done.exception()),
+                )
+            )
+
+        link.submit(request, self.timeout, settled)
+        return True
+
+    async def _unary_append(self, request: EncodedAppend) -> int:
+        response = await self._call(self._append, request.joined(), None)
         return int(response.end_offset)
 
     async def _serves_append_stream(self) -> bool:

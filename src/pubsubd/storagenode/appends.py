@@ -3,13 +3,13 @@
 message and metadata through :func:`~pubsubd.storagenode.service.refusal`'s map, the same a
 unary ``Append`` sends as its status and trailing metadata.
 
-:func:`start_append` hands the append to the store at once and calls back with the answer when
-the store settles it: no task per append (the append port's way, one event-loop step fewer
-between the store's group commit and the answer). :func:`answer_append` awaits the same."""
+:func:`start_append` hands the append to the store at once and calls back with the answer in
+the step where the store settles it (its group commit): no task per append and no event-loop
+turn between the commit and the answer (the append port's way). :func:`answer_append` awaits
+the same."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 
@@ -57,27 +57,20 @@ def start_append(
 ) -> None:
     """Queue ``request``'s append in the store (in call order, so a ledger's appends reach it
     in the order they arrived) and call ``answered`` with its answer once it is settled:
-    at once for a refusal, else when its group commit is durable or refused."""
+    at once for a refusal, else from the group commit that makes it durable or refuses it."""
     a = request.append
     request_id = request.request_id
+
+    def settled(end_offset: int | None, error: BaseException | None) -> None:
+        answered(_answer(request_id, end_offset, error))
+
     try:
         check_version(a.protocol_version)
-        future = store.start_append(
-            a.ledger_id, a.epoch, a.first_offset, a.frames, a.last_add_confirmed
+        store.start_append(
+            a.ledger_id, a.epoch, a.first_offset, a.frames, a.last_add_confirmed, settled
         )
     except Exception as exc:
         answered(_answer(request_id, None, exc))
-        return
-
-    def settled(done: asyncio.Future[int]) -> None:
-        if done.cancelled():
-            answered(_answer(request_id, None, asyncio.CancelledError()))
-        elif (error := done.exception()) is not None:
-            answered(_answer(request_id, None, error))
-        else:
-            answered(_answer(request_id, done.result(), None))
-
-    future.add_done_callback(settled)
 
 
 async def answer_append(

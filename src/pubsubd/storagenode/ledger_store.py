@@ -99,6 +99,9 @@ IDLE_CLOSE_S = 30.0  # a ledger unused this long closes its files
 DISK_THREADS = 4
 COPY_CHUNK = 8 << 20
 
+# How start_append's caller hears of its append: (end offset, None) or (None, the refusal).
+Answered = Callable[[int | None, BaseException | None], None]
+
 _FENCE = struct.Struct("<4sBQq")
 _FENCE_CRC = struct.Struct("<I")
 FENCE_MAGIC = b"PSLF"
@@ -324,6 +327,8 @@ class _Append:
     future: asyncio.Future[int]
     parked_until: float | None = None
     timer: asyncio.TimerHandle | None = None
+    # Called in the step that settles the append (start_append's caller: no loop turn).
+    answered: Answered | None = None
 
 
 @dataclass(eq=False)
@@ -389,14 +394,30 @@ def _concat(parts: list[Frames]) -> Frames:
     return Frames(frames, crcs, at)
 
 
-def _settle(future: asyncio.Future[Any], exc: BaseException) -> None:
+def _settle(op: _Op, exc: BaseException) -> None:
+    """Refuse ``op`` (once): its future, and an append's ``answered`` callback at once."""
+    future: asyncio.Future[Any] = op.future
     if not future.done():
         future.set_exception(exc)
+        if isinstance(op, _Append) and op.answered is not None:
+            future.exception()  # retrieved: the callback tells the caller
+            _tell(op.answered, None, exc)
 
 
-def _answer(future: asyncio.Future[Any], value: object) -> None:
+def _answer(op: _Op, value: object) -> None:
+    """Answer ``op`` (once): its future, and an append's ``answered`` callback at once."""
+    future: asyncio.Future[Any] = op.future
     if not future.done():
         future.set_result(value)
+        if isinstance(op, _Append) and op.answered is not None:
+            _tell(op.answered, value, None)  # type: ignore[arg-type]
+
+
+def _tell(answered: Answered, end: int | None, error: BaseException | None) -> None:
+    try:
+        answered(end, error)
+    except Exception:  # the caller's bug must not stop the ledger's worker
+        log.exception("an append's answer callback failed")
 
 
 def _result_label(exc: BaseException) -> str:
@@ -470,7 +491,7 @@ class LedgerStore:
         for ledger in self._ledgers.values():
             for op in ledger.parked:
                 self._unpark_timer(op)
-                _settle(op.future, NodeStopping())
+                _settle(op, NodeStopping())
             ledger.parked.clear()
         if self._workers:
             await asyncio.gather(*list(self._workers), return_exceptions=True)
@@ -499,10 +520,19 @@ class LedgerStore:
         return await self.start_append(ledger_id, epoch, first_offset, data, lac)
 
     def start_append(
-        self, ledger_id: int, epoch: int, first_offset: int, data: bytes, lac: int = -1
+        self,
+        ledger_id: int,
+        epoch: int,
+        first_offset: int,
+        data: bytes,
+        lac: int = -1,
+        answered: Answered | None = None,
     ) -> asyncio.Future[int]:
         """:meth:`append` without a coroutine: queue the append now (a refusal found at once is
-        raised here) and return the future its group commit settles."""
+        raised here) and return the future its group commit settles; ``answered``, if given,
+        is called with the outcome in the step that settles it (the group commit's), not one
+        event-loop turn later as the future's callbacks are (the future's exception is then
+        marked retrieved)."""
         self._check_serving()
         try:
             frames = parse_frames(ledger_id, data) if data else Frames([], [], 0)
@@ -513,7 +543,9 @@ class LedgerStore:
         if epoch < ledger.fence:
             raise self._fenced(ledger, epoch)
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        ledger.ops.append(_Append(epoch, first_offset, data, frames, lac, future))
+        ledger.ops.append(
+            _Append(epoch, first_offset, data, frames, lac, future, answered=answered)
+        )
         self._kick(ledger)
         return future
 
@@ -677,7 +709,7 @@ class LedgerStore:
         except BaseException as exc:  # a bug: nobody may wait for ever
             log.exception("ledger %d: worker failed", ledger.ledger_id)
             while ledger.ops:
-                _settle(ledger.ops.popleft().future, exc)
+                _settle(ledger.ops.popleft(), exc)
             if not isinstance(exc, Exception):
                 raise
         finally:
@@ -701,7 +733,7 @@ class LedgerStore:
                 continue
             if op.epoch < ledger.fence:
                 ops.popleft()
-                _settle(op.future, self._fenced(ledger, op.epoch))
+                _settle(op, self._fenced(ledger, op.epoch))
                 continue
             if not op.frames.frames:  # only a last-add-confirmed
                 ops.popleft()
@@ -725,7 +757,7 @@ class LedgerStore:
             except PubsubError as exc:
                 ops.popleft()
                 metrics.APPENDS.labels(_result_label(exc)).inc()
-                _settle(op.future, exc)
+                _settle(op, exc)
                 continue
             ops.popleft()
             if not plan.tail.frames:  # a retry of what is stored
@@ -749,7 +781,7 @@ class LedgerStore:
             await self._write_group(ledger, b"".join(chunks), _concat(parts), writers)
         for op in ready:
             ledger.lac = max(ledger.lac, op.lac)
-            _answer(op.future, ledger.end_offset if ledger.index is not None else op.first_offset)
+            _answer(op, ledger.end_offset if ledger.index is not None else op.first_offset)
 
     def _continuations(
         self, ledger: Ledger, first_offset: int, end: int, size: int
@@ -850,7 +882,7 @@ class LedgerStore:
             end = ledger.index.end_offset
             for op in writers:
                 ledger.lac = max(ledger.lac, op.lac)
-                _answer(op.future, end)
+                _answer(op, end)
             self._unpark(ledger)
         # The other disks finish (or fail) before the ledger's next write.
         if pending:
@@ -909,7 +941,7 @@ class LedgerStore:
     def _fail_group(self, writers: list[_Append], error: PubsubError) -> None:
         metrics.APPENDS.labels(_result_label(error)).inc(len(writers))
         for op in writers:
-            _settle(op.future, error)
+            _settle(op, error)
 
     def _disk_error(self, disk: Disk, exc: BaseException) -> None:
         cause = exc.__cause__ if isinstance(exc, CopyDamaged) and exc.__cause__ else exc
@@ -928,7 +960,7 @@ class LedgerStore:
             op.parked_until = now + self.gap_wait_s
         if now >= op.parked_until:
             metrics.APPENDS.labels("gap").inc()
-            _settle(op.future, gap)
+            _settle(op, gap)
             return
         ledger.parked.append(op)
         loop = asyncio.get_running_loop()
@@ -969,7 +1001,7 @@ class LedgerStore:
         ledger.parked.remove(op)
         end = ledger.end_offset if ledger.index is not None else op.first_offset
         metrics.APPENDS.labels("gap").inc()
-        _settle(op.future, AppendGap(ledger.ledger_id, op.frames.first_offset, end))
+        _settle(op, AppendGap(ledger.ledger_id, op.frames.first_offset, end))
 
     # --- reads ------------------------------------------------------------------------------
 
@@ -1049,16 +1081,16 @@ class LedgerStore:
             if parked.epoch < epoch:
                 ledger.parked.remove(parked)
                 self._unpark_timer(parked)
-                _settle(parked.future, self._fenced(ledger, parked.epoch))
+                _settle(parked, self._fenced(ledger, parked.epoch))
         try:
             await self._save_record(ledger, epoch, ledger.lac)
         except PubsubError as exc:
-            _settle(op.future, exc)
+            _settle(op, exc)
             return
         metrics.FENCES.inc()
         index = ledger.index
         _answer(
-            op.future,
+            op,
             FenceResult(
                 exists=index is not None,
                 first_offset=index.first_offset if index is not None else 0,
@@ -1076,13 +1108,13 @@ class LedgerStore:
                 log.warning(
                     "ledger %d: saving last-add-confirmed failed: %s", ledger.ledger_id, exc
                 )
-        _answer(op.future, None)
+        _answer(op, None)
 
     async def _apply_delete(self, ledger: Ledger, op: _Delete) -> None:
         existed = ledger.index is not None or ledger.fence > 0
         for parked in ledger.parked:
             self._unpark_timer(parked)
-            _settle(parked.future, UnknownLedger(ledger.ledger_id))
+            _settle(parked, UnknownLedger(ledger.ledger_id))
         ledger.parked.clear()
         for file in ledger.files:
             file.close()
@@ -1108,7 +1140,7 @@ class LedgerStore:
         if not ledger.ops and self._ledgers.get(ledger.ledger_id) is ledger:
             del self._ledgers[ledger.ledger_id]
             self._touched.discard(ledger.ledger_id)
-        _answer(op.future, existed)
+        _answer(op, existed)
 
     # --- housekeeping -----------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from pubsubd.storage.ledgers.placement import NodeInfo
 from pubsubd.storage.ledgers.writer import DEFAULT_LEDGER_BYTES, NodeFence, SourceLedgers
 from pubsubd.storage.metadata import Change, MetadataStore, TopicRecord
 from pubsubd.storage.node_client import (
+    AnswerCallback,
     EncodedAppend,
     LedgerFenced,
     StorageNodePool,
@@ -55,6 +56,12 @@ class PooledNodes:
     async def append_encoded(self, node: NodeInfo, request: EncodedAppend) -> int:
         client = self._pool.client(node.address, node.append_address)
         return await client.append_encoded(request)
+
+    def submit_encoded(
+        self, node: NodeInfo, request: EncodedAppend, answered: AnswerCallback
+    ) -> bool:
+        client = self._pool.client(node.address, node.append_address)
+        return client.submit_encoded(request, answered)
 
     async def fence(self, node: NodeInfo, ledger_id: int, epoch: int) -> NodeFence:
         result = await self._pool.client(node.address).fence(ledger_id, epoch)

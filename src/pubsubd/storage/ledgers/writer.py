@@ -52,6 +52,10 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# How a SourceLedgers.start_append caller learns its append's outcome: None, durable on
+# ack_quorum nodes; else why not (ReplicationFailed, LostOwnership).
+AppendDone = Callable[[BaseException | None], None]
+
 # A ledger rolls over after this many bytes, so retention deletes whole ledgers.
 DEFAULT_LEDGER_BYTES = 64 << 20
 # How long one storage node call may take before the node counts as failed for it.
@@ -84,6 +88,17 @@ class StorageNodes(Protocol):
 
     async def append_encoded(self, node: NodeInfo, request: Any) -> int:
         """Answers, or fails, within NODE_CALL_TIMEOUT_S (the node client's deadline)."""
+        ...
+
+    def submit_encoded(
+        self,
+        node: NodeInfo,
+        request: Any,
+        answered: Callable[[int | None, BaseException | None], None],
+    ) -> bool:
+        """:meth:`append_encoded` without a task, when the node's connection is up: sent
+        now, ``answered`` (end offset, or the error) called once from the connection's reader.
+        False: nothing was sent, await :meth:`append_encoded` instead."""
         ...
 
     async def fence(self, node: NodeInfo, ledger_id: int, epoch: int) -> NodeFence: ...
@@ -141,6 +156,10 @@ class _Flight:
     live: int  # nodes it was sent to
     outcome: asyncio.Future[None]  # completed in order by SourceLedgers._advance
     sent_at: float = 0.0  # time.perf_counter() when sent
+    # Sent by start_append: told its outcome by _advance (and retried from there), no task.
+    done: AppendDone | None = None
+    first_offset: int = 0
+    frames: bytes = b""
     ok: int = 0
     failed: int = 0
     settled: bool = False  # enough answers to know (error: why it failed)
@@ -148,6 +167,14 @@ class _Flight:
 
     def settle(self, error: BaseException | None) -> None:
         self.settled, self.error = True, error
+
+
+@dataclass(eq=False, slots=True)
+class _Queued:
+    """An append to one node waiting in a task to be sent (``SourceLedgers._queued``)."""
+
+    node_id: str
+    started: bool = False
 
 
 async def _timed(awaitable: Awaitable[T]) -> T:
@@ -184,6 +211,8 @@ class SourceLedgers:
         self._sent_end = 0  # where the next append goes: the end of the last one sent
         self._in_flight: deque[_Flight] = deque()  # sent, not yet completed, in order
         self._failed: set[str] = set()  # nodes that failed an append of the open ledger
+        self._queued: dict[str, int] = {}  # per node: appends in tasks not yet sent
+        self._followups: set[asyncio.Future[None]] = set()  # start_append's lease checks, retries
         self._stopped: str | None = None
         self._lock = asyncio.Lock()
         self.appends_refused = 0
@@ -325,7 +354,66 @@ class SourceLedgers:
 
     # -- appends -------------------------------------------------------------------------
 
-    async def append(self, first_offset: int, frames: bytes, end_offset: int) -> None:
+    def start_append(
+        self, first_offset: int, frames: bytes, end_offset: int, done: AppendDone
+    ) -> bool:
+        """:meth:`append` without a coroutine, when the open ledger takes it as it is (no
+        takeover, no roll, no other append waiting for the lock): sent to the nodes at once,
+        and ``done`` called once, from the step that completes it (the node connection's
+        reader when the nodes' answers come that way): ``done(None)`` when ``ack_quorum``
+        nodes have the entries durable and the session is proven alive (a lease that must be
+        renewed first takes a task), else ``done(error)`` after :meth:`append`'s retries. False:
+        nothing was sent; await :meth:`append`."""
+        ledger = self._open
+        if (
+            ledger is None
+            or self._roll_next
+            or self._lock.locked()
+            or self._stopped is not None
+            or self.epoch is None
+            or first_offset != self._sent_end
+            or not self._directory.owns()
+        ):
+            return False
+        try:
+            self._send(ledger, frames, end_offset, (done, first_offset))
+        except ReplicationFailed:
+            return False  # too few healthy nodes: append() rolls
+        return True
+
+    def _finish(self, flight: _Flight, error: BaseException | None) -> None:
+        """Tell a start_append caller its append's outcome (as append() would return)."""
+        done = flight.done
+        assert done is not None
+        if error is None and self._directory.lease_holds():
+            done(None)
+            return
+        if isinstance(error, Fenced):
+            try:
+                self._stop(str(error))
+            except LostOwnership as e:
+                done(e)
+            return
+        if error is not None and not isinstance(error, ReplicationFailed):
+            done(error)
+            return
+        # The lease must be renewed first, or the append goes again to a new ledger.
+        again = (
+            self._confirm_owner()
+            if error is None
+            else self.append(flight.first_offset, flight.frames, flight.end_offset, sent_before=1)
+        )
+        task = asyncio.ensure_future(again)
+        self._followups.add(task)
+        task.add_done_callback(functools.partial(self._followed_up, done))
+
+    def _followed_up(self, done: AppendDone, task: asyncio.Future[None]) -> None:
+        self._followups.discard(task)
+        done(StorageError("cancelled") if task.cancelled() else task.exception())
+
+    async def append(
+        self, first_offset: int, frames: bytes, end_offset: int, *, sent_before: int = 0
+    ) -> None:
         """Make the entries ``[first_offset, end_offset)`` (``frames``) durable on
         ``ack_quorum`` nodes. Raises ReplicationFailed (the caller fails the publishes and
         reuses the offsets) or LostOwnership.
@@ -333,8 +421,9 @@ class SourceLedgers:
         Appends are pipelined: each is sent as soon as the one before it was sent, and they
         complete in order. When one fails, every append sent after it fails too (a node keeps a
         ledger's entries in order, so none of them can reach a quorum without it); each is then
-        sent again, in the same order, to a new ledger, up to three times."""
-        for attempt in range(3):
+        sent again, in the same order, to a new ledger, up to three times in all
+        (``sent_before``: how many times it was sent already)."""
+        for attempt in range(sent_before, 3):
             async with self._lock:
                 try:
                     if self._stopped is not None:
@@ -409,8 +498,21 @@ class SourceLedgers:
         logger.error("%s", self._stopped)
         raise LostOwnership(self._stopped)
 
-    def _send(self, ledger: LedgerMeta, frames: bytes, end_offset: int) -> _Flight:
-        """Send an append to every healthy node of ``ledger``; the caller awaits its outcome."""
+    def _send(
+        self,
+        ledger: LedgerMeta,
+        frames: bytes,
+        end_offset: int,
+        started: tuple[AppendDone, int] | None = None,
+    ) -> _Flight:
+        """Send an append to every healthy node of ``ledger``; the caller awaits its outcome.
+
+        To a node whose connection is up the append is written at once and its answer
+        settles the flight from the connection's reader (``submit_encoded``: no task, no
+        event-loop turn on either side); otherwise, or while an earlier append to that node
+        still waits in a task to be sent, it goes in a task of its own. Either way each node
+        receives a ledger's appends in the order sent. ``started``: start_append's callback
+        and first offset (the flight then tells its outcome that way)."""
         assert self.epoch is not None
         live = [n for n in ledger.nodes if n not in self._failed]
         if len(live) < ledger.ack_quorum:
@@ -424,18 +526,40 @@ class SourceLedgers:
             asyncio.get_running_loop().create_future(),
             time.perf_counter(),
         )
+        if started is not None:
+            flight.done, flight.first_offset = started
+            flight.frames = frames
         request = self._nodes.encode_append(
             ledger.ledger_id, self.epoch, ledger.first_offset, frames, self._confirmed_end
         )
         for node_id in live:
+            if not self._queued.get(node_id) and self._submit(flight, node_id, request):
+                continue
             # Tasks start in creation order, so each node receives the appends in order.
-            task = asyncio.ensure_future(self._send_to(node_id, request))
-            task.add_done_callback(functools.partial(self._settle, flight, node_id))
+            self._queued[node_id] = self._queued.get(node_id, 0) + 1
+            ticket = _Queued(node_id)
+            task = asyncio.ensure_future(self._send_to(ticket, request))
+            task.add_done_callback(functools.partial(self._settle_task, flight, ticket))
         self._in_flight.append(flight)
         self._sent_end = end_offset
         return flight
 
-    async def _send_to(self, node_id: str, request: Any) -> int:
+    def _submit(self, flight: _Flight, node_id: str, request: Any) -> bool:
+        node = self._directory.node(node_id)
+        if node is None:
+            return False  # the task fails it
+
+        def answered(_: int | None, error: BaseException | None) -> None:
+            self._settle(flight, node_id, error)
+
+        try:
+            return self._nodes.submit_encoded(node, request, answered)
+        except Exception:  # the connection broke just now: the task path reports it
+            return False
+
+    async def _send_to(self, ticket: _Queued, request: Any) -> int:
+        self._unqueue(ticket)  # from here on it is sent before any later append
+        node_id = ticket.node_id
         if node_id in self._failed:
             raise ReplicationFailed(f"{node_id} failed an earlier append")
         node = self._directory.node(node_id)
@@ -443,11 +567,18 @@ class SourceLedgers:
             raise ReplicationFailed(f"storage node {node_id} is not registered")
         return await self._nodes.append_encoded(node, request)  # it has its own deadline
 
-    def _settle(self, flight: _Flight, node_id: str, task: asyncio.Future[int]) -> None:
-        """One node answered ``flight``."""
-        error: BaseException | None = (
-            asyncio.CancelledError() if task.cancelled() else task.exception()
-        )
+    def _unqueue(self, ticket: _Queued) -> None:
+        if not ticket.started:
+            ticket.started = True
+            self._queued[ticket.node_id] -= 1
+
+    def _settle_task(self, flight: _Flight, ticket: _Queued, task: asyncio.Future[int]) -> None:
+        self._unqueue(ticket)  # (a task cancelled before it started)
+        error = asyncio.CancelledError() if task.cancelled() else task.exception()
+        self._settle(flight, ticket.node_id, error)
+
+    def _settle(self, flight: _Flight, node_id: str, error: BaseException | None) -> None:
+        """One node answered ``flight`` (``error``: it failed)."""
         if error is not None:
             if self._open is not None and self._open.ledger_id == flight.ledger_id:
                 self._failed.add(node_id)  # (a straggler of a closed ledger says nothing)
@@ -488,17 +619,27 @@ class SourceLedgers:
                 if self._open_bytes >= self._ledger_bytes:
                     self._roll_next = True
                 head.outcome.set_result(None)
+                if head.done is not None:
+                    self._finish(head, None)
                 continue
-            head.outcome.set_exception(head.error)
+            failed = [(head, head.error)]
             for later in in_flight:  # cannot reach a quorum without the one that failed
-                later.outcome.set_exception(
-                    Fenced(str(head.error))
-                    if isinstance(head.error, Fenced)
-                    else ReplicationFailed(f"an earlier append failed: {head.error}")
+                failed.append(
+                    (
+                        later,
+                        Fenced(str(head.error))
+                        if isinstance(head.error, Fenced)
+                        else ReplicationFailed(f"an earlier append failed: {head.error}"),
+                    )
                 )
             in_flight.clear()
             self._sent_end = self._confirmed_end
             self._roll_next = True
+            for flight, error in failed:  # in order: their retries take the lock in order
+                flight.outcome.set_exception(error)
+                if flight.done is not None:
+                    flight.outcome.exception()  # retrieved: nobody awaits it
+                    self._finish(flight, error)
 
     async def _drain(self) -> None:
         """Wait until every append sent has completed (the lock keeps new ones out)."""
