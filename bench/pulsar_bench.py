@@ -5,6 +5,9 @@ Workloads (100-byte messages, one client process, the official ``pulsar-client``
 * ``produce-batched``: ``send_async`` of N messages with batching (≤1000 messages, 10 ms),
   ``block_if_queue_full``, 5000 pending; timed until ``flush()`` returns (every receipt in).
 * ``produce-sync``: ``send()`` one at a time (each waits for its receipt) for a fixed time.
+* ``grpc-sync`` (pubsubd only): google.pubsub.v1 Publish of one message per call from a
+  blocking gRPC stub, each waiting for its answer, for a fixed time: the same server's
+  one-at-a-time publish without the Pulsar front.
 * ``consume``: a backlog of N messages (published batched beforehand), then one Shared consumer
   (receiver queue 1000) that ``receive()``s and ``acknowledge()``s each; timed from subscribe
   until the last message is received.
@@ -36,14 +39,18 @@ import uuid
 from pathlib import Path
 
 import _pulsar
+import grpc
 import pulsar
+
+from bench import pb
 
 PAYLOAD = b"x" * 100
 
 
 def _start(
     cmd: list[str], ready: re.Pattern[str], env: dict[str, str] | None = None
-) -> tuple[subprocess.Popen[str], int]:
+) -> tuple[subprocess.Popen[str], tuple[int, ...]]:
+    """The process and the ports its ready line names (``ready``'s groups)."""
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
@@ -53,7 +60,7 @@ def _start(
         line = proc.stdout.readline()
         m = ready.search(line)
         if m:
-            return proc, int(m.group(1))
+            return proc, tuple(int(g) for g in m.groups())
     proc.kill()
     raise RuntimeError(f"{cmd} did not start")
 
@@ -107,6 +114,25 @@ def produce_sync(port: int, seconds: float) -> float:
     return count / elapsed
 
 
+def grpc_sync(port: int, seconds: float) -> float:
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    topic = f"projects/bench/topics/sync-{uuid.uuid4().hex[:8]}"
+    channel.unary_unary(
+        f"/{pb.PUBLISHER}/CreateTopic", pb.Topic.SerializeToString, pb.Topic.FromString
+    )(pb.Topic(name=topic))
+    publish = channel.unary_unary(pb.PUBLISH, lambda b: b, pb.PublishResponse.FromString)
+    request = pb.publish_request(topic, 1, len(PAYLOAD))
+    publish(request)  # warm
+    count = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        publish(request)
+        count += 1
+    elapsed = time.perf_counter() - start
+    channel.close()
+    return count / elapsed
+
+
 def consume(port: int, n: int, null: bool) -> float:
     client = _client(port)
     topic = f"bench-{uuid.uuid4().hex[:8]}" + (f"-prebuilt-{n}" if null else "")
@@ -128,10 +154,13 @@ def consume(port: int, n: int, null: bool) -> float:
     return n / elapsed
 
 
-WORKLOADS = ("produce-batched", "produce-sync", "consume")
+WORKLOADS = ("produce-batched", "produce-sync", "grpc-sync", "consume")
 
 
-def _one(workload: str, port: int, null: bool, args: argparse.Namespace) -> float:
+def _one(workload: str, ports: tuple[int, ...], null: bool, args: argparse.Namespace) -> float:
+    port = ports[-1]  # the Pulsar port; pubsubd's gRPC port is first
+    if workload == "grpc-sync":
+        return grpc_sync(ports[0], args.sync_seconds)
     if workload == "produce-batched":
         return produce_batched(port, args.messages)
     if workload == "produce-sync":
@@ -155,7 +184,7 @@ def _targets(args: argparse.Namespace, baseline_src: Path | None) -> list[tuple[
 
 def _start_target(
     name: str, fsync: str | None, tmp: str, src: Path | None
-) -> tuple[subprocess.Popen[str], int]:
+) -> tuple[subprocess.Popen[str], tuple[int, ...]]:
     if fsync is None:
         batch = "1000" if name == "null-batched" else "1"
         cmd = [sys.executable, "-m", "bench.pulsar_null_broker", "--port", "0", "--batch", batch]
@@ -165,7 +194,7 @@ def _start_target(
         "--pulsar-port", "0", "--fsync", fsync, "--data-dir", tmp,
     ]  # fmt: skip
     env = None if src is None else {**os.environ, "PYTHONPATH": str(src)}
-    return _start(cmd, re.compile(r"pubsubd ready .* pulsar=(\d+)"), env)
+    return _start(cmd, re.compile(r"pubsubd ready grpc=\S+:(\d+) .* pulsar=(\d+)"), env)
 
 
 def main() -> None:
@@ -193,7 +222,7 @@ def main() -> None:
 
             baseline_src = stack.enter_context(exported(args.baseline)).src
         targets = _targets(args, baseline_src)
-        ports: dict[str, int] = {}
+        ports: dict[str, tuple[int, ...]] = {}
         for name, fsync in targets:
             tmp = stack.enter_context(tempfile.TemporaryDirectory())
             src = baseline_src if name.startswith("baseline-") else None
@@ -211,6 +240,8 @@ def main() -> None:
                         continue
                     if workload != "consume" and name == "null-batched":
                         continue  # produce does not depend on how a broker delivers
+                    if workload == "grpc-sync" and fsync is None:
+                        continue  # a null broker has no gRPC port
                     rate = _one(workload, ports[name], fsync is None, args)
                     values[name].setdefault(workload, []).append(rate)
                     print(f"run {run + 1} {name} {workload} {rate:.0f}", flush=True)

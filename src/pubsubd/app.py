@@ -303,6 +303,9 @@ class PubsubServer:
         subscriber_servicer = subscriber.SubscriberServicer(
             self.catalog, self.snapshots, self.routes, after_write=self._serving_caught_up
         )
+        replay_servicer = replay.ReplayServicer(
+            self.catalog, self.routes, self.cursors, self.snapshots, self.clock
+        )
         server.add_generic_rpc_handlers(
             [
                 publisher.handlers(
@@ -316,11 +319,7 @@ class PubsubServer:
                     )
                 ),
                 subscriber.handlers(subscriber_servicer),
-                replay.handlers(
-                    replay.ReplayServicer(
-                        self.catalog, self.routes, self.cursors, self.snapshots, self.clock
-                    )
-                ),
+                replay.handlers(replay_servicer),
                 admin.handlers(
                     admin.AdminServicer(
                         self.catalog,
@@ -390,9 +389,11 @@ class PubsubServer:
                 f"pubsubd-{version()}",
                 ssl=tls.context() if tls else None,
                 verifier=self.verifier,
-                # Its consumers' StreamingPulls in this process, without the loopback hop,
-                # when the gRPC port checks no caller (pulsar/streams.py); else through it.
+                # Its consumers' StreamingPulls and its producers' publishes in this process,
+                # without the loopback hop, when the gRPC port checks no caller
+                # (pulsar/streams.py, pulsar/gateway.py); else through it.
                 open_in_process=None if interceptors else subscriber_servicer.open_in_process,
+                publish_in_process=None if interceptors else replay_servicer.publish_in_process,
             )
             self.pulsar_port = await self.pulsar.start(self.config.host, self.config.pulsar_port)
         if self.config.prober_interval_s > 0:

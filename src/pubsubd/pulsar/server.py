@@ -2,7 +2,8 @@
 
 With ``ssl`` the port speaks TLS only (the clients' ``pulsar+ssl://`` URLs); with a token
 ``verifier`` every connection must authenticate in its CONNECT (connection.py). With
-``open_in_process`` its consumers' StreamingPulls are opened in this process (streams.py).
+``open_in_process`` its consumers' StreamingPulls are opened in this process (streams.py), with
+``publish_in_process`` its producers' publishes are made in it (gateway.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from ssl import SSLContext
 
 from pubsubd.core.tokens import TokenVerifier
 from pubsubd.pulsar.connection import Connection, ServerState
-from pubsubd.pulsar.gateway import Gateway
+from pubsubd.pulsar.gateway import Gateway, PublishInProcess
 from pubsubd.pulsar.streams import OpenInProcess
 
 log = logging.getLogger(__name__)
@@ -30,9 +31,10 @@ class PulsarServer:
         ssl: SSLContext | None = None,
         verifier: TokenVerifier | None = None,
         open_in_process: OpenInProcess | None = None,
+        publish_in_process: PublishInProcess | None = None,
     ) -> None:
         self.state = ServerState(
-            Gateway(grpc_address),
+            Gateway(grpc_address, publish_in_process),
             uuid.uuid4().hex[:8],
             server_version,
             verifier=verifier,

@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 
 from pubsubd._gen.pubsubd.v1 import replay_pb2 as r
 from pubsubd.api.grpc import replay_arrow
-from pubsubd.api.grpc.status import rpc, unary_method
+from pubsubd.api.grpc.status import in_process, rpc, unary_method
 from pubsubd.control.catalog import Catalog, TopicEntry
 from pubsubd.control.cursors import Cursors
 from pubsubd.control.router import Routes
@@ -348,6 +348,17 @@ class ReplayServicer:
 
     @rpc
     async def PublishDeduplicated(self, raw: bytes, context: Context) -> Any:
+        message_ids, duplicates = await self.publish_deduplicated(raw)
+        return r.PublishDeduplicatedResponse(message_ids=message_ids, duplicates=duplicates)
+
+    async def publish_in_process(self, raw: bytes) -> tuple[list[str], int]:
+        """PublishDeduplicated for a caller in this process (the Pulsar front's producers,
+        pulsar/gateway.py, when the gRPC port checks no caller): the method's own work on the
+        request's bytes, counted as the method; raises PubsubError as the method answers."""
+        return await in_process("PublishDeduplicated", self.publish_deduplicated(raw))
+
+    async def publish_deduplicated(self, raw: bytes) -> tuple[list[str], int]:
+        """PublishDeduplicated's work: (every message's ID, how many were duplicates)."""
         # The Spark sink's requests (IDs and data only) are read flat from the wire bytes,
         # already checked; anything else is parsed and checked message by message.
         flat = flat_request(raw)
@@ -379,7 +390,7 @@ class ReplayServicer:
         stored = len(message_ids) - duplicates
         metrics.PUBLISHED_MESSAGES.inc(stored)
         metrics.DEDUP_DUPLICATES.inc(duplicates)
-        return r.PublishDeduplicatedResponse(message_ids=message_ids, duplicates=duplicates)
+        return message_ids, duplicates
 
     @rpc
     async def SeekOffsets(self, request: Any, context: Context) -> Any:

@@ -150,6 +150,30 @@ def rpc(
     return wrapper
 
 
+async def in_process(method: str, call: Awaitable[R]) -> R:
+    """A servicer method's own work called in this process (the Pulsar front's publishes,
+    pulsar/gateway.py): counted and reported as :func:`rpc` counts the method (SLIs, error
+    events); a domain error is raised as it is (the caller maps it, ``to_status``), a bug is
+    logged and raised as InternalError, which the RPC answers as INTERNAL."""
+    started = time.perf_counter()
+    try:
+        result = await call
+    except PubsubError as e:
+        code = to_status(e)[0].name
+        events.record_error(method, code)
+        if not isinstance(e, NotServedHere):
+            sli.record_rpc(method, code, time.perf_counter() - started)
+        raise
+    except Exception as e:
+        log.exception("%s failed", method)
+        code = grpc.StatusCode.INTERNAL.name
+        events.record_error(method, code)
+        sli.record_rpc(method, code, time.perf_counter() - started)
+        raise InternalError(f"internal error: {type(e).__name__}") from e
+    sli.record_rpc(method, "OK", time.perf_counter() - started)
+    return result
+
+
 def parsing(fn: Any, cls: Any) -> Any:
     """Take raw request bytes; an unparsable body is INVALID_ARGUMENT (not UNKNOWN)."""
 
