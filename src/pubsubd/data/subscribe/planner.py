@@ -31,9 +31,11 @@ Rules:
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from itertools import accumulate, repeat
 from typing import Any, Protocol, TypeAlias
 
 from pubsubd.acks.cursor import Cursor, CursorState
@@ -520,7 +522,51 @@ class DeliveryPlanner:
                     delays = decoded.deliver_at
                     key = decoded.ordering_key if ordered else ""
                     start = max(offset, entry.base_offset)
-                    for off in range(start, entry.base_offset + entry.count):
+                    end = entry.base_offset + entry.count
+                    if flt is None and delays is None and not key and start < end:
+                        # No filter, delay or key: a run of unacked, unleased messages is
+                        # taken at once, as the loop below would take it one by one.
+                        if acked_at is not None and start >= acked_at:
+                            unacked, acked_at = cursor.unacked_run(start)
+                        stop = min(end, start + max_msgs - len(out))
+                        if acked_at is not None:
+                            stop = min(stop, acked_at)
+                        first = source_bits | start
+                        if (
+                            start >= unacked
+                            and stop > start
+                            and not any(
+                                map(leased.__contains__, range(first, first + stop - start))
+                            )
+                        ):
+                            i, j = start - entry.base_offset, stop - entry.base_offset
+                            run_sizes = (
+                                list(map(len, messages[i:j])) if sizes is None else sizes[i:j]
+                            )
+                            # sums[k]: the response's bytes with k more of the run
+                            sums = list(accumulate(run_sizes, initial=size))
+                            k = bisect_right(sums, max_bytes) - 1
+                            if not out:
+                                k = max(k, 1)  # the first message, however big
+                            k = max(k, 0)
+                            out.extend(
+                                zip(
+                                    range(first, first + k),
+                                    messages[i : i + k],
+                                    run_sizes[:k],
+                                    repeat(stamp, k),
+                                    strict=False,
+                                )
+                            )
+                            size = sums[k]
+                            offset = start + k
+                            if start + k < stop or len(out) >= max_msgs:
+                                full = True  # by bytes, or by count
+                                break
+                            if stop == end:
+                                continue
+                            start = stop  # the rest of the entry one by one
+                    for off in range(start, end):
                         offset = off + 1
                         if acked_at is not None and off >= acked_at:
                             unacked, acked_at = cursor.unacked_run(off)
