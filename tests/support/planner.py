@@ -8,6 +8,7 @@ from typing import Any
 
 from pubsubd.core import ids, pb
 from pubsubd.core.damage_policy import DamagePolicy
+from pubsubd.core.dedup_batches import MessageBatch
 from pubsubd.core.records import CursorState, DamagedRange, Entry
 from pubsubd.data.decoding import DecodeCache, DecodedEntry
 from pubsubd.data.subscribe.consumers import Consumer
@@ -43,6 +44,18 @@ class MemoryTopic:
             ],
         )
         log.append(Entry(base, len(data), self.time_us, request.SerializeToString()))
+        return [ids.position(source, base + i) for i in range(len(data))]
+
+    def publish_deduplicated(self, *data: bytes, source: int = 0) -> list[int]:
+        """One entry of ``data`` messages stored as PublishDeduplicated stores them (each with
+        the reserved dedup attribute: a Pulsar producer's); returns their positions."""
+        log = self.sources[source]
+        base = log[-1].next_offset if log else 0
+        batch = MessageBatch(
+            [(f"pulsar/inc/p/{base + i}", pb.PubsubMessage(data=d)) for i, d in enumerate(data)]
+        )
+        [(payload, _, _, _)] = batch.stored(range(len(data)))
+        log.append(Entry(base, len(data), self.time_us, payload))
         return [ids.position(source, base + i) for i in range(len(data))]
 
     def source_count(self) -> int:

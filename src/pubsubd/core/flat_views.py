@@ -76,6 +76,13 @@ def attribute_lengths(raw: bytes) -> tuple[list[int], list[int]]:
     return list(map(len, kv.key)), list(map(len, kv.value))
 
 
+def attribute_keys_values(raw: bytes) -> tuple[list[bytes], list[bytes]]:
+    """Every attribute key and every value present on the wire, across all messages, in
+    order (an entry whose key or value is empty may omit it)."""
+    kv = _KeysValuesView.FromString(raw).messages.attributes
+    return list(kv.key), list(kv.value)
+
+
 def attribute_keys(raw: bytes) -> list[bytes]:
     """Every attribute key present on the wire, across all messages, in order."""
     return list(_KeysValuesView.FromString(raw).messages.attributes.key)

@@ -233,13 +233,14 @@ class StreamHandle(Protocol):
         self,
     ) -> (
         tuple[list[bytes], list[int]]
-        | tuple[list[bytes], list[int], int, list[int] | None]
+        | tuple[list[bytes], list[int], int, list[int] | None, list[bytes | None] | None]
         | ActiveNotice
         | BaseException
     ):
         """The next response to write (or failover notice), or the error that ends the
         stream. A raw stream's responses are (stored messages, positions, the first lease
-        generation, delivery attempts or None): unframed, no ack IDs built."""
+        generation, delivery attempts or None, each message's form: ``planner.Delivery``):
+        unframed, no ack IDs built."""
         ...
 
     def end(self, error: BaseException) -> None: ...

@@ -16,13 +16,19 @@ occurrence would be *merged* with it, not replace it), or whose wire form the cu
 read (an unknown field of another wire type, a tag over one byte), sends its entry down the
 protobuf path. The parsed messages (``DecodedEntry.parsed``: filters, dead letters, the replay
 API) get the same ID, publish time and attributes, set on first use.
+
+A raw stream (the Pulsar front's in-process one) takes a *plain* entry (every message data
+only, perhaps with the reserved attribute) as ``DecodedEntry.plain``: the data list, each
+message's size and the publish time, from three flat reads of the payload (~0.3 µs per
+message) instead of the splice (~1 µs with the reserved attribute to cut). Each form of a
+cached entry is made when first asked for, so readers of one form never pay for another; a
+property test checks that ``plain`` says what ``messages`` says.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
@@ -37,6 +43,8 @@ _DEDUP_KEY = DEDUP_ID_ATTRIBUTE.encode()
 _DEDUP_ENTRY_KEY = b"\x0a" + bytes([len(_DEDUP_KEY)]) + _DEDUP_KEY
 _MESSAGE_ID = b"\x1a"  # PubsubMessage.message_id: field 3, length-delimited
 _PUBLISH_TIME = b"\x22"  # PubsubMessage.publish_time: field 4, length-delimited
+# A reserved map entry whose value is shorter than this has one-byte lengths throughout.
+_SHORT_DEDUP_VALUE = 0x80 - len(_DEDUP_ENTRY_KEY) - 2
 
 # Decoded entries kept per topic, bounded by the stored size of the entries (the decoded form
 # is about twice that).
@@ -77,53 +85,123 @@ def _views() -> tuple[Any, Any]:
 _RawMessages, _PublishTimes = _views()
 
 
-@dataclass(frozen=True, slots=True)
+class PlainEntry(NamedTuple):
+    """A *plain* entry as a raw (in-process) stream takes it (:meth:`DecodedEntry.plain`):
+    every message's data, the size of its delivered form (``len(messages[i])``, what flow
+    control counts) and the entry's publish time as a serialized Timestamp (``messages[i]``
+    ends with it as field 4; the same object for every message of the entry)."""
+
+    data: list[bytes]
+    sizes: list[int]
+    stamp: bytes
+
+
 class DecodedEntry:
-    entry: Entry
-    messages: list[bytes]  # serialized PubsubMessage per offset, message_id/publish_time set
-    ordering_key: str  # one per entry: every message of a PublishRequest shares it
-    # epoch microseconds before which each message must not be delivered; None if none is delayed
-    deliver_at: list[int | None] | None = None
-    source: int = 0
-    # the parsed messages; ``_ready`` holds True once their ID, publish time and attributes are
-    # set as in ``messages`` (on first use of ``parsed``)
-    _parsed: Any = field(default=None, compare=False, repr=False)
-    _ready: list[bool] = field(default_factory=list, compare=False, repr=False)
-    # memo of plain_data(): empty until first asked (only the replay API's Read asks)
-    _plain: list[list[bytes] | None] = field(default_factory=list, compare=False, repr=False)
+    """One stored entry's messages, each form made on first use and kept (the cache holds one
+    per entry for every reader of the topic): ``messages`` (serialized PubsubMessages with ID
+    and publish time, framed consumers and the replay API), ``parsed`` (attributes, filters,
+    dead letters), :meth:`plain_data` (a columnar Read) and :meth:`plain` (a raw stream).
+    Nothing is decoded before it is asked for: a reader of one form never pays for another."""
+
+    __slots__ = (
+        "_messages",
+        "_ordering_key",
+        "_parsed",
+        "_plain",
+        "_plain_entry",
+        "_ready",
+        "deliver_at",
+        "entry",
+        "source",
+    )
+
+    def __init__(
+        self,
+        entry: Entry,
+        source: int = 0,
+        parsed: Any = None,
+        deliver_at: list[int | None] | None = None,
+    ) -> None:
+        self.entry = entry
+        self.source = source
+        # epoch microseconds before which each message must not be delivered; None if none is
+        # delayed
+        self.deliver_at = deliver_at
+        # the parsed messages (None until first needed); ``_ready`` once their ID, publish time
+        # and attributes are set as in ``messages``
+        self._parsed = parsed
+        self._ready = False
+        self._messages: list[bytes] | None = None
+        self._ordering_key: str | None = None
+        # memos of plain_data() and plain(): empty until first asked
+        self._plain: list[list[bytes] | None] = []
+        self._plain_entry: list[PlainEntry | None] = []
+
+    @property
+    def messages(self) -> list[bytes]:
+        """Serialized PubsubMessage per offset, message_id and publish_time set, the reserved
+        dedup attribute stripped."""
+        messages = self._messages
+        if messages is None:
+            messages = _spliced(self.source, self.entry)
+            if messages is None:
+                messages = [m.SerializeToString() for m in self.parsed]
+            self._messages = messages
+        return messages
+
+    @property
+    def ordering_key(self) -> str:
+        """One per entry: every message of a PublishRequest shares it."""
+        key = self._ordering_key
+        if key is None:
+            messages = self._raw_parsed()
+            key = self._ordering_key = messages[0].ordering_key if messages else ""
+        return key
+
+    def _raw_parsed(self) -> Any:
+        parsed = self._parsed
+        if parsed is None:
+            parsed = self._parsed = pb.PublishRequest.FromString(self.entry.payload).messages
+        return parsed
 
     @property
     def parsed(self) -> Any:
         """The parsed PubsubMessages (repeated field), for attributes and filters: message ID
         and publish time set, the reserved dedup attribute removed, as in ``messages``."""
+        parsed = self._raw_parsed()
         if not self._ready:
-            _complete(self._parsed, self.source, self.entry)
-            self._ready.append(True)
-        return self._parsed
+            _complete(parsed, self.source, self.entry)
+            self._ready = True
+        return parsed
 
     def plain_data(self) -> list[bytes] | None:
         """Every message's data in one list when no message has an attribute but the reserved
         one (so a columnar Read needs no parsed message), else None: read ``parsed``."""
         memo = self._plain
         if not memo:
-            memo.append(_plain_data(self.entry.payload, len(self.messages)))
+            memo.append(_plain_data(self.entry.payload, self.entry.count))
+        return memo[0]
+
+    def plain(self) -> PlainEntry | None:
+        """The entry as a raw stream takes it when every message is *plain* (data, and perhaps
+        the reserved attribute, nothing else), else None: read ``messages``. What it holds is
+        exactly what ``messages`` says of each message (data, publish time, size); no
+        ``messages`` is made for it (:func:`_plain_entry`)."""
+        memo = self._plain_entry
+        if not memo:
+            memo.append(_plain_entry(self.source, self.entry))
         return memo[0]
 
 
 def decode(source: int, entry: Entry) -> DecodedEntry:
-    """An entry's messages, serialized with message_id and publish_time set; the reserved dedup
-    attribute is stripped (stored for the dedup window only, never delivered)."""
+    """An entry's messages, decoded on first use (:class:`DecodedEntry`); the reserved dedup
+    attribute is stripped (stored for the dedup window only, never delivered). Only delays
+    are read here (a delayed message's due time is every reader's concern)."""
     payload = entry.payload
-    request = pb.PublishRequest.FromString(payload)
-    parsed = request.messages
-    delays = due_times(parsed, entry.publish_time_us) if MARKER in payload else None
-    ordering_key = parsed[0].ordering_key if parsed else ""
-    messages = _spliced(source, entry)
-    if messages is not None:
-        return DecodedEntry(entry, messages, ordering_key, delays, source, parsed)
-    _complete(parsed, source, entry)
-    messages = [m.SerializeToString() for m in parsed]
-    return DecodedEntry(entry, messages, ordering_key, delays, source, parsed, [True])
+    if MARKER not in payload:
+        return DecodedEntry(entry, source)
+    parsed = pb.PublishRequest.FromString(payload).messages
+    return DecodedEntry(entry, source, parsed, due_times(parsed, entry.publish_time_us))
 
 
 def _complete(parsed: Any, source: int, entry: Entry) -> None:
@@ -151,10 +229,7 @@ def _spliced(source: int, entry: Entry) -> list[bytes] | None:
         if None in cut:
             return None
         raw = cut  # type: ignore[assignment]
-    seconds, micros = divmod(entry.publish_time_us, 1_000_000)
-    stamp = (b"\x08" + varint(seconds) if seconds else b"") + (
-        b"\x10" + varint(micros * 1000) if micros else b""
-    )
+    stamp = _stamp(entry.publish_time_us)
     stamp_field = _PUBLISH_TIME + varint(len(stamp)) + stamp
     base = ids.position(source, entry.base_offset)
     end = base + len(raw)
@@ -168,6 +243,64 @@ def _spliced(source: int, entry: Entry) -> list[bytes] | None:
         m + _MESSAGE_ID + bytes((len(mid),)) + mid + stamp_field
         for m, mid in zip(raw, [b"%d" % p for p in range(base, end)], strict=True)
     ]
+
+
+def _stamp(publish_time_us: int) -> bytes:
+    """The publish time as a serialized Timestamp (the value of a message's field 4)."""
+    seconds, micros = divmod(publish_time_us, 1_000_000)
+    return (b"\x08" + varint(seconds) if seconds else b"") + (
+        b"\x10" + varint(micros * 1000) if micros else b""
+    )
+
+
+def _plain_entry(source: int, entry: Entry) -> PlainEntry | None:
+    """:meth:`DecodedEntry.plain`: three flat reads of the payload instead of a pass over each
+    message. The entry is plain when (1) it holds as many ``data`` fields as messages, (2) its
+    attribute keys are none, or one reserved key per message with as many values, and (3) the
+    messages' bytes add up to exactly those data fields and reserved map entries, each written
+    as protobuf writes it (one-byte tags, shortest lengths): no byte is left for any other
+    field (an ordering key, an attribute, a message ID or publish time of the client's, an
+    unknown field), and each message's delivered form (``_spliced``: its bytes less the
+    reserved entry, then ID and time) is its data field, the ID field and the time field,
+    whose sizes are known. What publish checks (core/validation.py) makes this exact: a stored
+    message has non-empty data or an attribute of the client's (so with (2) each message has
+    a data field, and with (1) exactly one: its data, in order), no empty attribute key, and
+    the reserved attribute only as the server writes it (so each reserved key is in its own
+    entry with its value). A message ID's digits differ within an entry only across a power
+    of ten; such an entry is not plain (its ``messages`` serve)."""
+    payload = entry.payload
+    raw = _RawMessages.FromString(payload).messages
+    n = len(raw)
+    data = flat_views.message_data(payload)
+    if not n or len(data) != n:
+        return None
+    lengths = list(map(len, data))
+    stored = sum(lengths)
+    short = max(lengths) < 0x80
+    stored += 2 * n if short else sum(1 + len(varint(length)) for length in lengths)
+    keys, values = flat_views.attribute_keys_values(payload)
+    if keys:
+        if len(keys) != n or len(values) != n or keys.count(_DEDUP_KEY) != n:
+            return None
+        value_bytes = list(map(len, values))
+        if max(value_bytes) >= _SHORT_DEDUP_VALUE:
+            return None  # a long dedup ID: not worth the general case
+        # per entry: tag, length, key field, value tag, value length, value
+        stored += n * (4 + len(_DEDUP_ENTRY_KEY)) + sum(value_bytes)
+    if sum(map(len, raw)) != stored:
+        return None
+    base = ids.position(source, entry.base_offset)
+    digits = len(b"%d" % base)
+    if digits != len(b"%d" % (base + n - 1)):
+        return None
+    stamp = _stamp(entry.publish_time_us)
+    # the ID field (tag, length, digits) and the time field (tag, length, Timestamp)
+    extra = 2 + digits + 2 + len(stamp)
+    if short:  # the data field: tag, one-byte length, data
+        sizes = [length + (2 + extra) for length in lengths]
+    else:
+        sizes = [length + 1 + len(varint(length)) + extra for length in lengths]
+    return PlainEntry(data, sizes, stamp)
 
 
 def _without_dedup(m: bytes) -> bytes | None:

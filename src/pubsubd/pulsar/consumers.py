@@ -44,8 +44,8 @@ it sends again when it resubscribes (``start_message_id``).
 
 The stream is a leg (streams.py): a StreamingPull call through the gateway, whose deliveries
 are ReceivedMessages settled by ack ID (``_pump``), or in this process, whose deliveries are
-raw, (position, (position, generation), attempt, stored message) each, settled by (position,
-generation) (``_pump_raw``, which writes the same frames for the same messages).
+raw, (position, (position, generation), attempt, stored message, stamp) each, settled by
+(position, generation) (``_pump_raw``, which writes the same frames for the same messages).
 """
 
 from __future__ import annotations
@@ -230,9 +230,10 @@ class Consumer:
 
     def _pump_raw(self) -> None:
         """:meth:`_pump` over an in-process stream's deliveries, each (position, delivery,
-        attempt, stored message): a plain message (``stored.plain``) batched from its bytes,
-        any other parsed. The same frames as ``_pump`` for the same messages (a unit test
-        compares them)."""
+        attempt, stored message, stamp): a plain entry's data with its publish time ``stamp``
+        (``planner.Delivery.stamps``) or a serialized PubsubMessage (stamp None), batched from
+        its bytes when plain (``stored.plain``), else parsed. The same frames as ``_pump`` for
+        the same messages (a unit test compares them)."""
         count = self._permitted()
         if not count:
             return
@@ -245,39 +246,50 @@ class Consumer:
         max_batch = MAX_BATCH if self.batching else 1
         plain, plain_at, parse = stored.plain, stored.plain_at, pb.PubsubMessage.FromString
         while count:  # once per delivered message: kept lean
-            pos, delivery, attempt, raw = take()
+            pos, delivery, attempt, raw, stamp = take()
             ledger, entry = pos >> OFFSET_BITS, pos & OFFSET_MASK
             redelivery = attempt - 1 if attempt > 1 else 0
             count -= 1
-            first = plain(raw)
-            if first is None:
-                message = parse(raw)
-                item, stamp = message, message.publish_time.SerializeToString()
-                size = len(message.data)
+            message: Any = None  # the first message parsed, if it is not plain
+            if stamp is not None:  # a plain entry's data
+                item: Any = raw
             else:
-                item, stamp = first
-                size = len(item)
+                first = plain(raw)
+                if first is None:
+                    message = parse(raw)
+                    item, stamp = message, message.publish_time.SerializeToString()
+                else:
+                    item, stamp = first
+            size = len(item) if message is None else len(message.data)
             batch = [item]
             deliveries = [delivery]
             expected = pos + 1
-            time = stored.time_field(stamp)
+            time = b""  # stored.time_field(stamp), made when a serialized message follows
             # As _pump: the next positions of the source, same attempt and publish time.
             while count and len(batch) < max_batch and size < MAX_BATCH_BYTES:
-                next_pos, next_delivery, next_attempt, next_raw = buffer[0]
+                next_pos, next_delivery, next_attempt, next_raw, next_stamp = buffer[0]
                 if next_pos != expected or next_attempt != attempt:
                     break
-                data = plain_at(next_raw, time)  # plain, with this publish time
-                if data is not None:
-                    batch.append(data)
-                    size += len(data)
-                elif plain(next_raw) is not None:  # plain, another publish time
-                    break
-                else:
-                    m = parse(next_raw)
-                    if m.publish_time.SerializeToString() != stamp:
+                if next_stamp is not None:  # a plain entry's data: its time is the entry's
+                    if next_stamp is not stamp and next_stamp != stamp:
                         break
-                    batch.append(m)
-                    size += len(m.data)
+                    batch.append(next_raw)
+                    size += len(next_raw)
+                else:
+                    if not time:
+                        time = stored.time_field(stamp)
+                    data = plain_at(next_raw, time)  # plain, with this publish time
+                    if data is not None:
+                        batch.append(data)
+                        size += len(data)
+                    elif plain(next_raw) is not None:  # plain, another publish time
+                        break
+                    else:
+                        m = parse(next_raw)
+                        if m.publish_time.SerializeToString() != stamp:
+                            break
+                        batch.append(m)
+                        size += len(m.data)
                 take()
                 deliveries.append(next_delivery)
                 expected += 1
@@ -302,7 +314,7 @@ class Consumer:
             else:
                 sent[(ledger, entry)] = deliveries
                 held += 1
-            single = item if first is None else parse(raw)
+            single = message if message is not None else parse(stored.message(item, stamp))
             out.append(
                 messages.message_frame(consumer_id, ledger, entry, redelivery, single, partition)
             )

@@ -9,7 +9,9 @@ by slicing (data, and the publish time's serialized Timestamp as the batch key);
 one is expected) is None, and the caller parses it with protobuf. A property test checks that
 whatever :func:`plain` reads is what protobuf reads. :func:`plain_at` is the check of the
 next message of a batch: its data if it is plain with a given publish time (as ``plain``
-would say), with fewer steps for the common short message.
+would say), with fewer steps for the common short message. A plain entry's messages reach a
+raw stream as their data and the entry's publish time already (``DecodedEntry.plain``), read
+once per entry; these read the others.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from __future__ import annotations
 import functools
 
 from google.protobuf import timestamp_pb2
+
+from pubsubd.core.wire import varint
 
 _DATA = 0x0A  # PubsubMessage.data: field 1, length-delimited
 _MESSAGE_ID = 0x1A  # field 3, length-delimited
@@ -84,6 +88,13 @@ def plain_at(m: bytes, time: bytes) -> bytes | None:
     if found is None or time_field(found[1]) != time:
         return None
     return found[0]
+
+
+def message(data: bytes, stamp: bytes) -> bytes:
+    """The serialized PubsubMessage holding ``data`` and the publish time ``stamp`` (a plain
+    message as ``plain`` reads it, without its ID)."""
+    head = bytes((_DATA,)) + varint(len(data)) if data else b""
+    return head + data + time_field(stamp)
 
 
 @functools.lru_cache(maxsize=256)

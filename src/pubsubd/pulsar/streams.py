@@ -63,7 +63,8 @@ class StreamLeg(Protocol):
 
     async def read(self) -> Sequence[Any] | ActiveNotice | None:
         """The next delivered messages (ReceivedMessages; in process, (position, delivery,
-        attempt, stored message) tuples), a failover notice, or None: the stream ended."""
+        attempt, stored message, stamp) tuples: ``planner.Delivery``), a failover notice, or
+        None: the stream ended."""
         ...
 
     def settle(self, acks: list[Any], nacks: list[Any], window: int | None) -> None:
@@ -234,11 +235,13 @@ class LocalLeg:
                 log.info("stream of %s ended: %s", self.subscription, item)
             return None
         # Raw (the stream was opened so): the stored messages, their positions, the first
-        # lease generation (message i's is first + i) and the attempts.
-        assert len(item) == 4, "an in-process stream's responses are raw"
-        stored, positions, first, attempts = item
+        # lease generation (message i's is first + i), the attempts and each message's form
+        # (None: a serialized PubsubMessage; else its data, and this its publish time).
+        assert len(item) == 5, "an in-process stream's responses are raw"
+        stored, positions, first, attempts, stamps = item
         count = len(positions)
         assert len(stored) == count and (attempts is None or len(attempts) == count)
+        assert stamps is None or len(stamps) == count
         metrics.DELIVERED_MESSAGES.inc(count)
         # Lengths checked once: zip without strict (once per delivered message).
         return list(
@@ -247,6 +250,7 @@ class LocalLeg:
                 zip(positions, range(first, first + count), strict=False),
                 repeat(0, count) if attempts is None else attempts,
                 stored,
+                repeat(None, count) if stamps is None else stamps,
                 strict=False,
             )
         )

@@ -14,10 +14,11 @@ from pubsubd.data.subscribe.consumer import (
 )
 
 # What a stream's queue holds: a response (framed messages, positions), a raw stream's response
-# (stored messages, positions, first generation, attempts or None), a notice, an ending error.
+# (stored messages, positions, first generation, attempts or None, stamps: planner.Delivery), a
+# notice, an ending error.
 StreamItem: TypeAlias = (
     tuple[list[bytes], list[int]]
-    | tuple[list[bytes], list[int], int, list[int] | None]
+    | tuple[list[bytes], list[int], int, list[int] | None, list[bytes | None] | None]
     | ActiveNotice
     | BaseException
 )
@@ -43,7 +44,7 @@ class StreamConsumer(Consumer):
         super().__init__(ack_deadline_s, max_messages, max_bytes)
         self.client_id = client_id  # stable across the client's reconnects
         # Responses (messages, positions; a raw stream's: stored messages, positions, first
-        # lease generation, attempts) or notices not yet written to the stream, or the error
+        # lease generation, attempts, stamps) or notices not yet written to the stream, or the error
         # to end it
         self.queue: asyncio.Queue[StreamItem] = asyncio.Queue()
 
@@ -52,7 +53,13 @@ class StreamConsumer(Consumer):
 
     def deliver_raw(self, delivery: Any) -> None:
         self.queue.put_nowait(
-            (delivery.received, delivery.positions, delivery.first_generation, delivery.attempts)
+            (
+                delivery.received,
+                delivery.positions,
+                delivery.first_generation,
+                delivery.attempts,
+                delivery.stamps,
+            )
         )
 
     def notify_active(self, active: bool) -> None:

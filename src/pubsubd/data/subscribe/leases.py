@@ -159,8 +159,7 @@ class LeaseTable:
 
     def attempts_of(self, positions: list[int]) -> list[int]:
         """:meth:`attempts` of each of ``positions``."""
-        get = self._attempts.get
-        return [get(pos, 0) for pos in positions]
+        return list(map(self._attempts.get, positions, repeat(0, len(positions))))
 
     def extend(self, pos: int, now: float, seconds: float) -> Lease | None:
         """Set the deadline of a current lease to now + seconds; None if it is not leased."""

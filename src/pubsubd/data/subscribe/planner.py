@@ -31,10 +31,12 @@ Rules:
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from itertools import accumulate, repeat
+from typing import Any, Protocol, TypeAlias
 
 from pubsubd.acks.cursor import Cursor, CursorState
 from pubsubd.core import filters, ids, queue_settings, wire
@@ -53,6 +55,11 @@ from pubsubd.data.subscribe.retry import DelayQueue, backoff_s
 from pubsubd.data.subscribe.roster import Roster, held_by_stream, room, same_client
 from pubsubd.storage.damage import DamagedRange
 from pubsubd.storage.errors import DamagedEntries, OffsetOutOfRange
+
+# A message taken for delivery: position, the message (a serialized PubsubMessage, or for a
+# raw consumer a plain entry's data), the size flow control counts (the serialized message's,
+# in either form), and None or the plain message's publish time (``Delivery.stamps``).
+Taken: TypeAlias = tuple[int, bytes, int, bytes | None]
 
 # Entries read from a source per step while filling a response.
 READ_ENTRIES = 64
@@ -91,15 +98,19 @@ class SourceReader(Protocol):
 @dataclass(slots=True)
 class Delivery:
     """One response: framed ReceivedMessages for ``consumer`` and the positions leased. For a
-    ``raw`` consumer, ``received`` are the stored messages themselves (``data/decoding.py``'s
-    serialized PubsubMessages), message i leased at generation ``first_generation`` + i (its
-    ack ID's), with ``attempts`` its delivery attempts (None: not reported, as 0)."""
+    ``raw`` consumer, ``received`` are the stored messages themselves, message i leased at
+    generation ``first_generation`` + i (its ack ID's), with ``attempts`` its delivery
+    attempts (None: not reported, as 0) and ``stamps`` the form of each: None, a serialized
+    PubsubMessage (``DecodedEntry.messages``), else the message's data alone, its publish time
+    the serialized Timestamp ``stamps[i]`` (a plain entry's, ``DecodedEntry.plain``: no
+    attributes, no ordering key; one object per entry)."""
 
     consumer: Consumer
     received: list[bytes]
     positions: list[int]
     first_generation: int = 0
     attempts: list[int] | None = None
+    stamps: list[bytes | None] | None = None
 
 
 @dataclass(slots=True)
@@ -329,12 +340,12 @@ class DeliveryPlanner:
             if consumer.is_pull:
                 self.remove_consumer(consumer)
 
-    def _deliver(self, consumer: Consumer, batch: list[tuple[int, bytes, int]], now: float) -> None:
+    def _deliver(self, consumer: Consumer, batch: list[Taken], now: float) -> None:
         report = (
             self.subscription.HasField("dead_letter_policy") or self.settings.always_report_attempts
         )
-        positions = [pos for pos, _, _ in batch]
-        sizes = [size for _, _, size in batch]
+        positions = [pos for pos, _, _, _ in batch]
+        sizes = [size for _, _, size, _ in batch]
         # One lease run per response (leases.py): generations first, first + 1, ...
         first = self.leases.grant_run(positions, sizes, now, consumer.ack_deadline_s, consumer.id)
         if consumer.raw:
@@ -343,10 +354,11 @@ class DeliveryPlanner:
             self._effects.deliveries.append(
                 Delivery(
                     consumer,
-                    [message for _, message, _ in batch],
+                    [message for _, message, _, _ in batch],
                     positions,
                     first,
                     self.leases.attempts_of(positions) if report else None,
+                    [stamp for _, _, _, stamp in batch],
                 )
             )
             return
@@ -361,14 +373,14 @@ class DeliveryPlanner:
                     message,
                     attempts(pos),
                 )
-                for gen, (pos, message, _) in enumerate(batch, first)
+                for gen, (pos, message, _, _) in enumerate(batch, first)
             ]
         else:
             received = [
                 received_message(
                     f"{incarnation}-{pos >> ids.OFFSET_BITS}-{pos & mask}-{gen}".encode(), message
                 )
-                for gen, (pos, message, _) in enumerate(batch, first)
+                for gen, (pos, message, _, _) in enumerate(batch, first)
             ]
         self._delivered(consumer, sizes)
         self._effects.deliveries.append(Delivery(consumer, received, positions))
@@ -403,13 +415,16 @@ class DeliveryPlanner:
         max_bytes: int,
         consumer: Consumer,
         key_owner: Callable[[str], Consumer | None] | None = None,
-    ) -> list[tuple[int, bytes, int]]:
+    ) -> list[Taken]:
         """Up to max_msgs messages (at least one if any, then up to max_bytes) to deliver next:
         free ordering keys' queues first, then redeliveries, then new messages from the log.
         With ``key_owner`` (Key_Shared) a key's messages go only to the client owning it; a
-        consumer with ``sources`` takes only those sources' messages."""
-        out: list[tuple[int, bytes, int]] = []
+        consumer with ``sources`` takes only those sources' messages. A raw consumer takes a
+        plain entry's messages as their data (``Taken``); every other message, and every
+        message a framed consumer takes, as ``DecodedEntry.messages`` has it."""
+        out: list[Taken] = []
         size = 0
+        raw = consumer.raw
         ordered = bool(self.subscription.enable_message_ordering) or key_owner is not None
         sources = consumer.sources
 
@@ -427,15 +442,15 @@ class DeliveryPlanner:
         if ordered:
             for key, positions in self.ordering.take_ready(max_msgs, mine):
                 for j, pos in enumerate(positions):
-                    message = self._message_at(pos)
-                    if message is None or self._is_dead_lettering(pos):
+                    taken = self._message_at(pos, raw)
+                    if taken is None or self._is_dead_lettering(pos):
                         self.ordering.forget(pos)
                         continue
-                    if out and size + len(message) > max_bytes:
+                    if out and size + taken[2] > max_bytes:
                         self.ordering.give_back(key, positions[j:])
                         return out
-                    out.append((pos, message, len(message)))
-                    size += len(message)
+                    out.append(taken)
+                    size += taken[2]
                     self.ordering.delivered(key, pos)
                 batch_keys.add(key)
         # Redeliveries, oldest position first.
@@ -450,15 +465,15 @@ class DeliveryPlanner:
                 self._redeliver_set.discard(pos)
             if pos in self.leases or self._is_dead_lettering(pos):
                 continue
-            message = self._message_at(pos)
-            if message is None:
+            taken = self._message_at(pos, raw)
+            if taken is None:
                 continue
-            if out and size + len(message) > max_bytes:
+            if out and size + taken[2] > max_bytes:
                 self._requeue(pos)
                 bytes_full = True
                 break
-            out.append((pos, message, len(message)))
-            size += len(message)
+            out.append(taken)
+            size += taken[2]
         for pos in others:
             heapq.heappush(self._redeliver, pos)
         if bytes_full:
@@ -499,11 +514,59 @@ class DeliveryPlanner:
                     break
                 for entry in entries:
                     decoded = reader.decoded(source, entry)
-                    messages = decoded.messages
+                    plain = decoded.plain() if raw else None
+                    if plain is None:
+                        messages, sizes, stamp = decoded.messages, None, None
+                    else:
+                        messages, sizes, stamp = plain
                     delays = decoded.deliver_at
                     key = decoded.ordering_key if ordered else ""
                     start = max(offset, entry.base_offset)
-                    for off in range(start, entry.base_offset + entry.count):
+                    end = entry.base_offset + entry.count
+                    if flt is None and delays is None and not key and start < end:
+                        # No filter, delay or key: a run of unacked, unleased messages is
+                        # taken at once, as the loop below would take it one by one.
+                        if acked_at is not None and start >= acked_at:
+                            unacked, acked_at = cursor.unacked_run(start)
+                        stop = min(end, start + max_msgs - len(out))
+                        if acked_at is not None:
+                            stop = min(stop, acked_at)
+                        first = source_bits | start
+                        if (
+                            start >= unacked
+                            and stop > start
+                            and not any(
+                                map(leased.__contains__, range(first, first + stop - start))
+                            )
+                        ):
+                            i, j = start - entry.base_offset, stop - entry.base_offset
+                            run_sizes = (
+                                list(map(len, messages[i:j])) if sizes is None else sizes[i:j]
+                            )
+                            # sums[k]: the response's bytes with k more of the run
+                            sums = list(accumulate(run_sizes, initial=size))
+                            k = bisect_right(sums, max_bytes) - 1
+                            if not out:
+                                k = max(k, 1)  # the first message, however big
+                            k = max(k, 0)
+                            out.extend(
+                                zip(
+                                    range(first, first + k),
+                                    messages[i : i + k],
+                                    run_sizes[:k],
+                                    repeat(stamp, k),
+                                    strict=False,
+                                )
+                            )
+                            size = sums[k]
+                            offset = start + k
+                            if start + k < stop or len(out) >= max_msgs:
+                                full = True  # by bytes, or by count
+                                break
+                            if stop == end:
+                                continue
+                            start = stop  # the rest of the entry one by one
+                    for off in range(start, end):
                         offset = off + 1
                         if acked_at is not None and off >= acked_at:
                             unacked, acked_at = cursor.unacked_run(off)
@@ -517,6 +580,7 @@ class DeliveryPlanner:
                             auto_acked.append(pos)  # never delivered, never backlog
                             continue
                         message = messages[i]
+                        message_size = len(message) if sizes is None else sizes[i]
                         if delays is not None:
                             at = delays[i]
                             if at is not None and not reader.delay_due(at, pos):
@@ -528,12 +592,12 @@ class DeliveryPlanner:
                         ):
                             self.ordering.hold(key, pos)
                             continue
-                        if out and size + len(message) > max_bytes:
+                        if out and size + message_size > max_bytes:
                             offset = off
                             full = True
                             break
-                        out.append((pos, message, len(message)))
-                        size += len(message)
+                        out.append((pos, message, message_size, stamp))
+                        size += message_size
                         if key:
                             self.ordering.delivered(key, pos)
                             batch_keys.add(key)
@@ -583,7 +647,9 @@ class DeliveryPlanner:
             return None
         return self.reader.decoded(source, entry), offset - entry.base_offset
 
-    def _message_at(self, pos: int) -> bytes | None:
+    def _message_at(self, pos: int, raw: bool) -> Taken | None:
+        """The unacked message at ``pos`` as ``_take`` hands it out (``raw``: for a raw
+        consumer), or None."""
         cursor = self.cursors.get(ids.source_of(pos))
         if cursor is None or cursor.is_acked(ids.offset_of(pos)):
             return None
@@ -591,8 +657,11 @@ class DeliveryPlanner:
         if found is None:
             return None
         decoded, i = found
+        plain = decoded.plain() if raw else None
+        if plain is not None:
+            return pos, plain.data[i], plain.sizes[i], plain.stamp
         message: bytes = decoded.messages[i]
-        return message
+        return pos, message, len(message), None
 
     def delayed_due(self, positions: list[int]) -> None:
         """Delayed messages fell due: those already read past go back for delivery (those
