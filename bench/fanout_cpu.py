@@ -78,16 +78,7 @@ async def _drain(endpoint: str, subscriptions: list[str], count: int) -> dict[st
     """One raw StreamingPull per subscription until each has seen ``count`` distinct
     messages (and every ack is answered)."""
     async with grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS) as channel:
-        streaming_pull = channel.stream_stream(
-            pb.STREAMING_PULL,
-            request_serializer=pb.StreamingPullRequest.SerializeToString,
-            response_deserializer=pb.StreamingPullResponse.FromString,
-        )
-        acknowledge = channel.unary_unary(
-            pb.ACKNOWLEDGE,
-            request_serializer=pb.AcknowledgeRequest.SerializeToString,
-            response_deserializer=pb.Empty.FromString,
-        )
+        streaming_pull, acknowledge = pb.subscriber_stubs(channel)
 
         async def one(subscription: str) -> tuple[int, int]:
             seen: set[str] = set()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import grpc
 from google.protobuf import empty_pb2
 from google.pubsub_v1 import types as _t
 
@@ -35,6 +36,21 @@ SUBSCRIBER = "google.pubsub.v1.Subscriber"
 PUBLISH = f"/{PUBLISHER}/Publish"
 STREAMING_PULL = f"/{SUBSCRIBER}/StreamingPull"
 ACKNOWLEDGE = f"/{SUBSCRIBER}/Acknowledge"
+
+
+def subscriber_stubs(channel: grpc.aio.Channel) -> tuple[Any, Any]:
+    """The raw StreamingPull and unary Acknowledge callables of ``channel``."""
+    streaming_pull = channel.stream_stream(
+        STREAMING_PULL,
+        request_serializer=StreamingPullRequest.SerializeToString,
+        response_deserializer=StreamingPullResponse.FromString,
+    )
+    acknowledge = channel.unary_unary(
+        ACKNOWLEDGE,
+        request_serializer=AcknowledgeRequest.SerializeToString,
+        response_deserializer=Empty.FromString,
+    )
+    return streaming_pull, acknowledge
 
 
 # Attribute sets of the feature workloads (bench/workloads.py), by message index in a request.

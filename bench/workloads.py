@@ -652,16 +652,7 @@ def drain_raw(
 
     async def run(res: Resources, backlog: int) -> Result:
         async with grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS) as channel:
-            streaming_pull = channel.stream_stream(
-                pb.STREAMING_PULL,
-                request_serializer=pb.StreamingPullRequest.SerializeToString,
-                response_deserializer=pb.StreamingPullResponse.FromString,
-            )
-            acknowledge = channel.unary_unary(
-                pb.ACKNOWLEDGE,
-                request_serializer=pb.AcknowledgeRequest.SerializeToString,
-                response_deserializer=pb.Empty.FromString,
-            )
+            streaming_pull, acknowledge = pb.subscriber_stubs(channel)
             acks: set[asyncio.Task[Any]] = set()
             seen: set[str] = set()
             deliveries = 0
