@@ -145,6 +145,12 @@ class Consumer:
         if window > self._window:
             self._window = window
             self._leg.set_window(window)
+            # In process, what the wider window delivers is written in this FLOW's step, not
+            # after two turns of the loop (the dispatcher's pump, then the reader's).
+            ready = self._leg.ready()
+            if ready:
+                self._buffer.extend(ready)
+                self._pump()
 
     def _wanted_window(self) -> int:
         """What the stream may hold for this consumer: its unsettled messages and the client's
