@@ -69,7 +69,10 @@ log = logging.getLogger(__name__)
 # an in-process stream (streams.py).
 AckRef: TypeAlias = str | tuple[int, int]
 
-MAX_OUTSTANDING = 20000
+# Unacked messages per consumer, as a Pulsar broker's ``maxUnackedMessagesPerConsumer`` default:
+# the client acks in groups (every 100 ms), so a fast consumer holds 100 ms of messages it has
+# acked; at 20,000 it stalled for the next group (BENCHMARKS.md, PC4).
+MAX_OUTSTANDING = 50_000
 MAX_BATCH = 1000  # messages per delivered batch (the client's own batching default)
 MAX_BATCH_BYTES = 1024 * 1024  # payload bytes per delivered batch
 STREAM_DEADLINE_S = 60
