@@ -203,3 +203,22 @@ def test_the_streams_window_is_what_the_consumer_holds_plus_its_unused_permits()
     shared_nothing, _ = _consumer()
     shared_nothing.flow(0)
     assert _windows(shared_nothing) == []  # 1 (the window at open) already
+
+
+def test_the_window_stops_at_pulsars_unacked_limit_per_consumer() -> None:
+    """Held (acked by the client's ack grouping but not yet told) plus permits, up to 50,000
+    (Pulsar's maxUnackedMessagesPerConsumer default); acks open it again."""
+    consumer, written = _consumer()
+    consumer.flow(30_000)
+    consumer._buffer.extend(_received(0, o, publish_ms=o) for o in range(30_000))
+    consumer.flow(0)
+    assert sum(n for _, _, n, _ in _deliveries(written)) == 30_000
+    assert _windows(consumer) == [30_000]
+    consumer.flow(15_000)
+    assert _windows(consumer) == [45_000]  # 30,000 held + 15,000 permits
+    consumer.flow(10_000)
+    assert _windows(consumer) == [50_000]  # not 55,000
+    consumer.flow(500)
+    assert _windows(consumer) == []
+    _ack(consumer, *((0, o, []) for o in range(10_000)))
+    assert _windows(consumer) == [45_500]  # 20,000 held + 25,500 permits

@@ -251,6 +251,18 @@ class StreamHandle(Protocol):
         """The stream's max_outstanding_messages changed (a later request set it)."""
         ...
 
+    def take_ready(
+        self,
+    ) -> list[
+        tuple[list[bytes], list[int]]
+        | tuple[list[bytes], list[int], int, list[int] | None, list[bytes | None] | None]
+        | ActiveNotice
+        | BaseException
+    ]:
+        """Deliver now what the stream's window allows and take the responses queued for it,
+        up to the first notice or error (those stay for ``next_response``, in order)."""
+        ...
+
     def alive(self) -> None:
         """A request arrived: the client reads this stream."""
         ...

@@ -69,7 +69,10 @@ log = logging.getLogger(__name__)
 # an in-process stream (streams.py).
 AckRef: TypeAlias = str | tuple[int, int]
 
-MAX_OUTSTANDING = 20000
+# Unacked messages per consumer, as a Pulsar broker's ``maxUnackedMessagesPerConsumer`` default:
+# the client acks in groups (every 100 ms), so a fast consumer holds 100 ms of messages it has
+# acked; at 20,000 it stalled for the next group (BENCHMARKS.md, PC4).
+MAX_OUTSTANDING = 50_000
 MAX_BATCH = 1000  # messages per delivered batch (the client's own batching default)
 MAX_BATCH_BYTES = 1024 * 1024  # payload bytes per delivered batch
 STREAM_DEADLINE_S = 60
@@ -145,6 +148,12 @@ class Consumer:
         if window > self._window:
             self._window = window
             self._leg.set_window(window)
+            # In process, what the wider window delivers is written in this FLOW's step, not
+            # after two turns of the loop (the dispatcher's pump, then the reader's).
+            ready = self._leg.ready()
+            if ready:
+                self._buffer.extend(ready)
+                self._pump()
 
     def _wanted_window(self) -> int:
         """What the stream may hold for this consumer: its unsettled messages and the client's

@@ -76,6 +76,11 @@ class StreamLeg(Protocol):
 
     def set_window(self, window: int) -> None: ...
 
+    def ready(self) -> list[Any]:
+        """Deliveries available at once, in order before anything ``read`` returns later
+        (in process: what a wider window delivers in this step; over gRPC: none)."""
+        ...
+
     async def give_back(self, deliveries: list[Any]) -> None:
         """After ``close``: redeliver these now (PulsarError if the subscription is gone)."""
         ...
@@ -173,6 +178,9 @@ class GrpcLeg:
     def set_window(self, window: int) -> None:
         self._requests.put_nowait(pb.StreamingPullRequest(max_outstanding_messages=window))
 
+    def ready(self) -> list[Any]:
+        return []  # a response arrives only through the call's reader
+
     def half_close(self) -> None:
         """No more requests: the server ends the stream (its reader then reads None)."""
         self._closing = True
@@ -234,26 +242,19 @@ class LocalLeg:
             if not self._closed:
                 log.info("stream of %s ended: %s", self.subscription, item)
             return None
-        # Raw (the stream was opened so): the stored messages, their positions, the first
-        # lease generation (message i's is first + i), the attempts and each message's form
-        # (None: a serialized PubsubMessage; else its data, and this its publish time).
-        assert len(item) == 5, "an in-process stream's responses are raw"
-        stored, positions, first, attempts, stamps = item
-        count = len(positions)
-        assert len(stored) == count and (attempts is None or len(attempts) == count)
-        assert stamps is None or len(stamps) == count
-        metrics.DELIVERED_MESSAGES.inc(count)
-        # Lengths checked once: zip without strict (once per delivered message).
-        return list(
-            zip(
-                positions,
-                zip(positions, range(first, first + count), strict=False),
-                repeat(0, count) if attempts is None else attempts,
-                stored,
-                repeat(None, count) if stamps is None else stamps,
-                strict=False,
-            )
-        )
+        return _deliveries(item)
+
+    def ready(self) -> list[Any]:
+        """Deliver now what the window allows (the stream's ``take_ready``) and return the
+        deliveries queued for this leg, as ``read`` would return them one response at a time;
+        a notice or the stream's end stays for ``read``."""
+        stream = self._stream
+        if stream is None or self._closed:
+            return []
+        out: list[Any] = []
+        for item in stream.take_ready():
+            out += _deliveries(item)
+        return out
 
     def _apply(self, apply: Callable[[SubscribingForwarderApi, StreamHandle], None]) -> None:
         """Apply one request's worth, as the handler's reader does: a domain error ends the
@@ -314,6 +315,32 @@ class LocalLeg:
             )
         except PubsubError as e:
             raise _pulsar_error(e) from e
+
+
+def _deliveries(item: Any) -> list[Any]:
+    """A raw response's deliveries: (position, (position, generation), attempt, stored message,
+    stamp) each.
+
+    Raw (the stream was opened so): the stored messages, their positions, the first lease
+    generation (message i's is first + i), the attempts and each message's form (None: a
+    serialized PubsubMessage; else its data, and this its publish time)."""
+    assert len(item) == 5, "an in-process stream's responses are raw"
+    stored, positions, first, attempts, stamps = item
+    count = len(positions)
+    assert len(stored) == count and (attempts is None or len(attempts) == count)
+    assert stamps is None or len(stamps) == count
+    metrics.DELIVERED_MESSAGES.inc(count)
+    # Lengths checked once: zip without strict (once per delivered message).
+    return list(
+        zip(
+            positions,
+            zip(positions, range(first, first + count), strict=False),
+            repeat(0, count) if attempts is None else attempts,
+            stored,
+            repeat(None, count) if stamps is None else stamps,
+            strict=False,
+        )
+    )
 
 
 def _pulsar_error(e: PubsubError) -> errors.PulsarError:

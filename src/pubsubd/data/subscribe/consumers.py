@@ -4,6 +4,7 @@ of responses, a future); their flow control is ``consumer.Consumer``'s."""
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Any, TypeAlias
 
 from pubsubd.core.active_notices import ActiveNotice
@@ -28,9 +29,29 @@ __all__ = [
     "MAX_RESPONSE_MESSAGES",
     "Consumer",
     "PullWaiter",
+    "Responses",
     "StreamConsumer",
     "StreamItem",
 ]
+
+
+class Responses(asyncio.Queue[StreamItem]):
+    """A stream's queue of items, which also hands over its leading responses at once
+    (:meth:`take_responses`). Its storage is made by ``asyncio.Queue``'s own hook, as
+    ``LifoQueue``'s (``Queue`` reads ``_queue`` for its size)."""
+
+    def _init(self, maxsize: int) -> None:
+        self._queue: deque[StreamItem] = deque()
+        self._items = self._queue
+
+    def take_responses(self) -> list[StreamItem]:
+        """The responses at the head of the queue, up to the first item that is not one (a
+        notice, the ending error: left for ``get``, so items keep their order)."""
+        out: list[StreamItem] = []
+        items = self._items
+        while items and isinstance(items[0], tuple):
+            out.append(self.get_nowait())
+        return out
 
 
 class StreamConsumer(Consumer):
@@ -46,7 +67,7 @@ class StreamConsumer(Consumer):
         # Responses (messages, positions; a raw stream's: stored messages, positions, first
         # lease generation, attempts, stamps) or notices not yet written to the stream, or the error
         # to end it
-        self.queue: asyncio.Queue[StreamItem] = asyncio.Queue()
+        self.queue = Responses()
 
     def deliver(self, messages: list[bytes], positions: list[int]) -> None:
         self.queue.put_nowait((messages, positions))

@@ -257,6 +257,11 @@ class SubscriptionDispatcher:
             self._pump_scheduled = True
             asyncio.get_running_loop().call_soon(self._background, "pump", self.pump)
 
+    def pump_now(self) -> None:
+        """:meth:`pump` in the caller's step (a scheduled one still runs, finding less to do);
+        a failure is handled as a scheduled pump's."""
+        self._background("pump", self.pump)
+
     def pump(self) -> None:
         """Deliver as much as the consumers can take (the planner decides)."""
         self._pump_scheduled = False

@@ -110,6 +110,15 @@ class Stream:
         if wider:
             self._dispatcher.schedule_pump()
 
+    def take_ready(self) -> list[StreamItem]:
+        """Deliver now (the dispatcher's pump in this step, not at the loop's next turn) and
+        take this stream's queued responses, up to the first item that is not one (a notice or
+        the ending error stays for :meth:`next_response`). The in-process Pulsar front calls it
+        when its client's FLOW widens the window, so the MESSAGE answering it is written in
+        the FLOW's own step (BENCHMARKS.md, PC4)."""
+        self._dispatcher.pump_now()
+        return self._consumer.queue.take_responses()
+
     def alive(self) -> None:
         """A request arrived on the stream: a stalled stream receives again."""
         if self._consumer.stalled:
