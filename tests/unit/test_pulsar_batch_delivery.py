@@ -12,10 +12,10 @@ from typing import Any
 
 from pubsubd.core import ids as core_ids
 from pubsubd.core import pb
-from pubsubd.pulsar import frames
-from pubsubd.pulsar.api import BaseCommand, CommandAck, MessageMetadata
+from pubsubd.pulsar.api import BaseCommand, CommandAck
 from pubsubd.pulsar.consumers import Consumer
 from pubsubd.pulsar.streams import GrpcLeg
+from tests.support.pulsar_frames import written_messages
 
 
 def _consumer(auto_ack: bool = False, cumulative_ok: bool = False) -> tuple[Consumer, list[Any]]:
@@ -43,19 +43,7 @@ def _received(
     return r
 
 
-def _deliveries(written: list[bytes]) -> list[tuple[int, int, int, int]]:
-    """(ledger, entry, messages in it, redelivery count) of each MESSAGE written."""
-    out = []
-    for frame in frames.FrameDecoder().feed(b"".join(written)):
-        cmd = BaseCommand()
-        cmd.ParseFromString(frame.command)
-        meta = MessageMetadata()
-        meta.ParseFromString(frame.metadata or b"")
-        n = meta.num_messages_in_batch if meta.HasField("num_messages_in_batch") else 1
-        mid = cmd.message.message_id
-        out.append((mid.ledgerId, mid.entryId, n, cmd.message.redelivery_count))
-    written.clear()
-    return out
+_deliveries = written_messages
 
 
 def _requests(consumer: Consumer) -> asyncio.Queue[Any]:

@@ -24,11 +24,11 @@ from pubsubd.core import pb
 from pubsubd.core.active_notices import ActiveNotice
 from pubsubd.data.subscribe.consumers import Responses
 from pubsubd.node import Node
-from pubsubd.pulsar import frames
-from pubsubd.pulsar.api import BaseCommand, CommandAck, MessageMetadata
+from pubsubd.pulsar.api import CommandAck
 from pubsubd.pulsar.consumers import Consumer
 from pubsubd.pulsar.gateway import Gateway, deduplicated
 from tests.support.inproc import running_node
+from tests.support.pulsar_frames import written_messages
 
 pytestmark = pytest.mark.unit
 
@@ -73,16 +73,7 @@ def _consumer(node: Node, consumer_id: int, written: list[bytes]) -> Consumer:
 
 def _taken(written: list[bytes]) -> list[tuple[int, int, int]]:
     """(ledger, entry, messages in it) of each MESSAGE written since the last call."""
-    out = []
-    for frame in frames.FrameDecoder().feed(b"".join(written)):
-        cmd = BaseCommand()
-        cmd.ParseFromString(frame.command)
-        meta = MessageMetadata()
-        meta.ParseFromString(frame.metadata or b"")
-        n = meta.num_messages_in_batch if meta.HasField("num_messages_in_batch") else 1
-        out.append((cmd.message.message_id.ledgerId, cmd.message.message_id.entryId, n))
-    written.clear()
-    return out
+    return [m[:3] for m in written_messages(written)]
 
 
 def _positions(taken: list[tuple[int, int, int]]) -> list[int]:
