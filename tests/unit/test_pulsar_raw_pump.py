@@ -12,8 +12,6 @@ generation) it names).
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from pubsubd.core import ids as core_ids
@@ -23,48 +21,10 @@ from pubsubd.core.validation import DEDUP_ID_ATTRIBUTE
 from pubsubd.data.decoding import decode
 from pubsubd.pulsar.api import BaseCommand, CommandAck
 from pubsubd.pulsar.consumers import Consumer
+from pubsubd.pulsar.deliveries import RawDeliveries
+from tests.support.pulsar_legs import INCARNATION, RecordingLeg, recording_consumer
 
 pytestmark = pytest.mark.unit
-
-INCARNATION = "inc"
-
-
-class Leg:
-    """Records what a consumer settles (as a StreamLeg would send it)."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, list[Any], int | None]] = []
-
-    def settle(self, acks: list[Any], nacks: list[Any], window: int | None) -> None:
-        self.calls.append(("settle", [_named(a) for a in acks + nacks], window))
-
-    def set_window(self, window: int) -> None:
-        self.calls.append(("window", [], window))
-
-    def ready(self) -> list[Any]:
-        return []  # deliveries are fed to the consumer's buffer by the test
-
-
-def _named(ref: Any) -> tuple[int, int]:
-    """The (position, generation) an ack ID or a raw delivery names."""
-    if isinstance(ref, str):
-        return core_ids.decode_ack_id(ref, INCARNATION)
-    return (int(ref[0]), int(ref[1]))
-
-
-def _consumer(raw: bool, written: list[bytes], **kw: Any) -> Consumer:
-    consumer = Consumer(
-        gateway=None,  # type: ignore[arg-type]  # never called: no stream is opened
-        write=written.append,
-        consumer_id=3,
-        subscription="projects/p/subscriptions/s",
-        client_id="c",
-        cumulative_ok=True,
-        open_in_process=(lambda *a: None) if raw else None,  # type: ignore[arg-type,return-value]
-        **kw,
-    )
-    consumer._leg = Leg()  # type: ignore[assignment]
-    return consumer
 
 
 def _stored(plain: bool = False) -> list[tuple[int, bytes, bytes | None]]:
@@ -111,7 +71,7 @@ def _fill(framed: Consumer, raw: Consumer, attempts: dict[int, int], plain: bool
                 delivery_attempt=attempt,
             )
         )
-        raw._buffer.append((pos, (pos, generation), attempt, item, stamp))
+        raw._buffered_more([RawDeliveries([pos], generation, [attempt], [item], [stamp])])
 
 
 @pytest.mark.parametrize("plain", [False, True], ids=["serialized", "plain-entries"])
@@ -121,8 +81,8 @@ def test_raw_and_framed_consumers_write_the_same_frames_and_settle_the_same(
 ) -> None:
     framed_out: list[bytes] = []
     raw_out: list[bytes] = []
-    framed = _consumer(False, framed_out, auto_ack=auto_ack)
-    raw = _consumer(True, raw_out, auto_ack=auto_ack)
+    framed = recording_consumer(False, framed_out, auto_ack=auto_ack)
+    raw = recording_consumer(True, raw_out, auto_ack=auto_ack)
     _fill(framed, raw, attempts={3: 2, 4: 2}, plain=plain)
     for permits in (2, 1, 4, 3, 100):
         framed.flow(permits)
@@ -143,6 +103,6 @@ def test_raw_and_framed_consumers_write_the_same_frames_and_settle_the_same(
         consumer.ack(cumulative)
         consumer.redeliver(BaseCommand().redeliverUnacknowledgedMessages)
     framed_leg, raw_leg = framed._leg, raw._leg
-    assert isinstance(framed_leg, Leg) and isinstance(raw_leg, Leg)
+    assert isinstance(framed_leg, RecordingLeg) and isinstance(raw_leg, RecordingLeg)
     assert raw_leg.calls == framed_leg.calls
     assert any(names for _, names, _ in raw_leg.calls)

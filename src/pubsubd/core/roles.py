@@ -338,10 +338,12 @@ class SubscribingForwarderApi(Protocol):
 
     def acknowledge(self, name: str, ack_ids: list[str]) -> None: ...
 
-    def acknowledge_deliveries(
-        self, name: str, incarnation: str, deliveries: list[tuple[int, int]]
+    def acknowledge_runs(
+        self, name: str, incarnation: str, runs: list[tuple[int, int, int]]
     ) -> None:
-        """``acknowledge`` of the ack IDs (position, generation) of ``incarnation`` name."""
+        """``acknowledge`` of the ack IDs of ``incarnation`` that runs name: (position,
+        generation, count) is ``count`` deliveries, the k-th at position + k with generation
+        + k (a response's lease run, leases.py)."""
         ...
 
     def modify_ack_deadline(self, name: str, ack_ids: list[str], seconds: int) -> None: ...

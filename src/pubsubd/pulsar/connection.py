@@ -853,6 +853,8 @@ class Connection:
         if not request.HasField("message_publish_time") and not request.HasField("message_id"):
             raise PulsarError("NotAllowedError", "SEEK needs a message ID or a publish time")
 
+        consumer.settle_acks()  # acks read before the SEEK apply before it
+
         async def seek() -> None:
             # As Pulsar does: answer, then close the consumer so the client subscribes again.
             # Deliveries the stream makes around the reset would reach the client while its

@@ -43,36 +43,42 @@ A consumer of partition N (``TOPIC-partition-N``) opens its stream with the requ
 it sends again when it resubscribes (``start_message_id``).
 
 The stream is a leg (streams.py): a StreamingPull call through the gateway, whose deliveries
-are ReceivedMessages settled by ack ID (``_pump``), or in this process, whose deliveries are
-raw, (position, (position, generation), attempt, stored message, stamp) each, settled by
-(position, generation) (``_pump_raw``, which writes the same frames for the same messages).
+are ReceivedMessages settled by ack ID (``_pump``), or in this process, whose responses are
+raw (deliveries.RawDeliveries: the planner's columns), each message settled by (position,
+generation) (``_pump_raw``, which writes the same frames for the same messages).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from itertools import accumulate
 from typing import Any, TypeAlias
 
 from pubsubd.core import active_notices, pb
 from pubsubd.core.failover_rank import FailoverRank
 from pubsubd.core.ids import OFFSET_BITS, OFFSET_MASK
 from pubsubd.pulsar import commands, ids, messages, stored, streams
+from pubsubd.pulsar.deliveries import DeliveryRun, RawDeliveries
 from pubsubd.pulsar.errors import PulsarError
 from pubsubd.pulsar.gateway import Gateway
 
 log = logging.getLogger(__name__)
 
-# What settles one delivered message: its ack ID over gRPC, (position, lease generation) over
-# an in-process stream (streams.py).
-AckRef: TypeAlias = str | tuple[int, int]
+# What settles a delivered message: its ack ID over gRPC, (position, lease generation) over
+# an in-process stream (streams.py), where a DeliveryRun settles a batch's (deliveries.py).
+AckRef: TypeAlias = str | tuple[int, int] | DeliveryRun
 
 # Unacked messages per consumer, as a Pulsar broker's ``maxUnackedMessagesPerConsumer`` default:
 # the client acks in groups (every 100 ms), so a fast consumer holds 100 ms of messages it has
 # acked; at 20,000 it stalled for the next group (BENCHMARKS.md, PC4).
 MAX_OUTSTANDING = 50_000
+# Messages whose acks are settled in one turn of the loop (Consumer._settle_some_acks): a few
+# milliseconds of the planner's work.
+ACK_SLICE = 4096
 MAX_BATCH = 1000  # messages per delivered batch (the client's own batching default)
 MAX_BATCH_BYTES = 1024 * 1024  # payload bytes per delivered batch
 STREAM_DEADLINE_S = 60
@@ -109,10 +115,15 @@ class Consumer:
         self.permits = 0
         self._held_count = 0  # messages delivered to the client and not settled
         self._window = 1  # the stream's max_outstanding_messages as last sent
-        self._buffer: deque[Any] = deque()  # ReceivedMessages waiting for permits
+        # What waits for permits: ReceivedMessages; in process, RawDeliveries (deliveries.py),
+        # holding ``_raw_buffered`` messages.
+        self._buffer: deque[Any] = deque()
+        self._raw_buffered = 0
         # (ledger, entry) of each MESSAGE the client holds -> the ack IDs of its messages
         # (index i: position entry + i), None once acked.
-        self._sent: dict[tuple[int, int], list[AckRef | None]] = {}
+        # In process, a batch taken from one response is held as a DeliveryRun until part of
+        # it is settled (_listed).
+        self._sent: dict[tuple[int, int], list[AckRef | None] | DeliveryRun] = {}
         self.batching = not auto_ack
         # The stream under this consumer (streams.py): in this process when the server
         # allows it, else a StreamingPull on the gateway's channel.
@@ -125,17 +136,24 @@ class Consumer:
                 gateway, subscription, client_id, STREAM_DEADLINE_S, sources, failover
             )
         )
-        # Its deliveries unframed (streams.LocalLeg.read): (position, delivery, attempt, stored
-        # message) each, settled as (position, generation), not ack IDs.
+        # Its deliveries unframed (streams.LocalLeg.read): RawDeliveries, each message settled
+        # as (position, generation), not ack IDs.
         self._raw = isinstance(self._leg, streams.LocalLeg)
         self._tasks: list[asyncio.Task[None]] = []
         self.closing = False
         self.paused = False  # during a seek: nothing goes to the client
         self.on_lost: Callable[[Consumer], None] | None = None
+        # Acks read and not yet settled on the stream (settled in slices, _settle_some_acks),
+        # and how to run the next slice in a later turn of the loop (set once the stream is
+        # open; without it, acks are settled as read).
+        self._acks_due: deque[AckRef] = deque()
+        self._acks_scheduled = False
+        self._defer: Callable[[Callable[[], None]], Any] | None = None
 
     async def open(self) -> None:
         """Open the stream; PulsarError if the subscription refuses this consumer."""
         await self._leg.open()
+        self._defer = asyncio.get_running_loop().call_soon
         self._tasks = [
             asyncio.create_task(self._read(), name=f"pulsar_consumer_{self.consumer_id}"),
             asyncio.create_task(self._extend(), name=f"pulsar_leases_{self.consumer_id}"),
@@ -152,8 +170,13 @@ class Consumer:
             # after two turns of the loop (the dispatcher's pump, then the reader's).
             ready = self._leg.ready()
             if ready:
-                self._buffer.extend(ready)
+                self._buffered_more(ready)
                 self._pump()
+
+    def _buffered_more(self, received: Sequence[Any]) -> None:
+        self._buffer.extend(received)
+        if self._raw:
+            self._raw_buffered += sum(map(len, received))
 
     def _wanted_window(self) -> int:
         """What the stream may hold for this consumer: its unsettled messages and the client's
@@ -171,7 +194,8 @@ class Consumer:
 
     def _permitted(self) -> int:
         """How many buffered messages go out now (the permits they take are spent)."""
-        count = 0 if self.paused else min(self.permits, len(self._buffer))
+        buffered = self._raw_buffered if self._raw else len(self._buffer)
+        count = 0 if self.paused else min(self.permits, buffered)
         self.permits -= count
         return count
 
@@ -238,24 +262,36 @@ class Consumer:
             self._settle(acked, [], 0)
 
     def _pump_raw(self) -> None:
-        """:meth:`_pump` over an in-process stream's deliveries, each (position, delivery,
-        attempt, stored message, stamp): a plain entry's data with its publish time ``stamp``
+        """:meth:`_pump` over an in-process stream's responses (RawDeliveries, deliveries.py):
+        a message is a plain entry's data with its publish time ``stamp``
         (``planner.Delivery.stamps``) or a serialized PubsubMessage (stamp None), batched from
-        its bytes when plain (``stored.plain``), else parsed. The same frames as ``_pump`` for
-        the same messages (a unit test compares them)."""
+        its bytes when plain (``stored.plain``), else parsed. A run of plain messages with one
+        publish time, one attempt and consecutive positions joins a batch at once
+        (``RawDeliveries.run``). The same frames as ``_pump`` for the same messages (a unit
+        test and a property test compare them)."""
         count = self._permitted()
         if not count:
             return
-        buffer, sent, consumer_id = self._buffer, self._sent, self.consumer_id
+        self._raw_buffered -= count
+        chunks, sent, consumer_id = self._buffer, self._sent, self.consumer_id
         partition = next(iter(self.sources)) if self.sources is not None else -1
         out = []
         acked: list[AckRef] = []
-        auto_ack, take = self.auto_ack, buffer.popleft
+        auto_ack, take = self.auto_ack, chunks.popleft
         held = 0
         max_batch = MAX_BATCH if self.batching else 1
         plain, plain_at, parse = stored.plain, stored.plain_at, pb.PubsubMessage.FromString
-        while count:  # once per delivered message: kept lean
-            pos, delivery, attempt, raw, stamp = take()
+        while count:  # once per delivered batch (or message that is not plain)
+            chunk: RawDeliveries = chunks[0]
+            i = chunk.start
+            pos = chunk.positions[i]
+            attempt = chunk.attempt(i)
+            raw = chunk.stored[i]
+            stamp = chunk.stamp(i)
+            delivery = (pos, chunk.first + i)
+            chunk.start = i + 1
+            if not chunk:
+                take()
             ledger, entry = pos >> OFFSET_BITS, pos & OFFSET_MASK
             redelivery = attempt - 1 if attempt > 1 else 0
             count -= 1
@@ -271,26 +307,45 @@ class Consumer:
                     item, stamp = first
             size = len(item) if message is None else len(message.data)
             batch = [item]
-            deliveries = [delivery]
+            # The batch's deliveries: one run while their generations follow each other
+            # (as within one response), else a list.
+            run_generation, run_count = delivery[1], 1
+            listed: list[AckRef | None] | None = None
             expected = pos + 1
             time = b""  # stored.time_field(stamp), made when a serialized message follows
             # As _pump: the next positions of the source, same attempt and publish time.
             while count and len(batch) < max_batch and size < MAX_BATCH_BYTES:
-                next_pos, next_delivery, next_attempt, next_raw, next_stamp = buffer[0]
-                if next_pos != expected or next_attempt != attempt:
+                chunk = chunks[0]
+                i = chunk.start
+                if chunk.positions[i] != expected or chunk.attempt(i) != attempt:
                     break
+                next_stamp = chunk.stamp(i)
                 if next_stamp is not None:  # a plain entry's data: its time is the entry's
                     if next_stamp is not stamp and next_stamp != stamp:
                         break
-                    batch.append(next_raw)
-                    size += len(next_raw)
+                    k = chunk.run(i, min(count, max_batch - len(batch), len(chunk)))
+                    data = chunk.stored[i : i + k]
+                    # As one by one: a message joins while the batch is under the byte cap.
+                    sums = list(accumulate(map(len, data), initial=size))
+                    k = bisect_left(sums, MAX_BATCH_BYTES, 0, k)
+                    batch += data[:k]
+                    size = sums[k]
+                    generation = chunk.first + i
+                    if listed is None and generation == run_generation + run_count:
+                        run_count += k
+                    else:
+                        if listed is None:
+                            listed = [*DeliveryRun(pos, run_generation, run_count).pairs()]
+                        listed += chunk.refs(i, i + k)
                 else:
+                    k = 1
+                    next_raw = chunk.stored[i]
                     if not time:
                         time = stored.time_field(stamp)
-                    data = plain_at(next_raw, time)  # plain, with this publish time
-                    if data is not None:
-                        batch.append(data)
-                        size += len(data)
+                    one = plain_at(next_raw, time)  # plain, with this publish time
+                    if one is not None:
+                        batch.append(one)
+                        size += len(one)
                     elif plain(next_raw) is not None:  # plain, another publish time
                         break
                     else:
@@ -299,13 +354,23 @@ class Consumer:
                             break
                         batch.append(m)
                         size += len(m.data)
-                take()
-                deliveries.append(next_delivery)
-                expected += 1
-                count -= 1
+                    generation = chunk.first + i
+                    if listed is None and generation == run_generation + run_count:
+                        run_count += 1
+                    else:
+                        if listed is None:
+                            listed = [*DeliveryRun(pos, run_generation, run_count).pairs()]
+                        listed.append((expected, generation))
+                chunk.start = i + k
+                if not chunk:
+                    take()
+                expected += k
+                count -= k
             if len(batch) > 1:
-                sent[(ledger, entry)] = deliveries
-                held += len(deliveries)
+                sent[(ledger, entry)] = (
+                    DeliveryRun(pos, run_generation, run_count) if listed is None else listed
+                )
+                held += len(batch)
                 out.append(
                     messages.stored_batch_frame(
                         consumer_id,
@@ -321,7 +386,7 @@ class Consumer:
             if auto_ack:
                 acked.append(delivery)
             else:
-                sent[(ledger, entry)] = deliveries
+                sent[(ledger, entry)] = [delivery]
                 held += 1
             single = message if message is not None else parse(stored.message(item, stamp))
             out.append(
@@ -352,6 +417,7 @@ class Consumer:
                     self._take_position(mid.ledgerId, ids.key(mid)[1], ack_ids)
                 elif mid.ack_set:  # batch-index ack: bit i set = message i not acked yet
                     words = mid.ack_set
+                    held = self._listed(key)
                     for i, ack_id in enumerate(held):
                         if ack_id is not None and not _bit(words, i):
                             ack_ids.append(ack_id)
@@ -362,11 +428,45 @@ class Consumer:
                     self._take_position(mid.ledgerId, mid.entryId + mid.batch_index, ack_ids)
                 else:
                     del sent[key]
-                    ack_ids += [a for a in held if a is not None]
+                    _take_all(held, ack_ids)
         if ack_ids:
-            self._settle(ack_ids, [], len(ack_ids))
+            self._acks_due.extend(ack_ids)
+            if cmd.HasField("request_id") or self._defer is None:
+                self.settle_acks()  # before the receipt
+            elif not self._acks_scheduled:
+                self._acks_scheduled = True
+                self._defer(self._settle_some_acks)
         if cmd.HasField("request_id"):
             self.write(commands.ack_response(self.consumer_id, cmd.request_id))
+
+    def _settle_some_acks(self) -> None:
+        """Settle at most ``ACK_SLICE`` messages of the acks due, the rest in a later turn of
+        the loop: a grouped ACK of tens of thousands of messages does not hold the loop, and a
+        FLOW read meanwhile is answered at once. Until settled, an acked message counts as held
+        (the window stays as wide), so the stream never hands this consumer more than its
+        client's permits."""
+        self._acks_scheduled = False
+        due = self._acks_due
+        refs: list[AckRef] = []
+        count = 0
+        while due and count < ACK_SLICE:
+            ref = due.popleft()
+            refs.append(ref)
+            count += ref.count if isinstance(ref, DeliveryRun) else 1
+        if refs:
+            self._settle(refs, [], count)
+        if due and self._defer is not None:
+            self._acks_scheduled = True
+            self._defer(self._settle_some_acks)
+
+    def settle_acks(self) -> None:
+        """Settle every ack due now: before a nack, a seek or the end of the stream, which must
+        find them settled (the client's order)."""
+        due = self._acks_due
+        if due:
+            refs = list(due)
+            due.clear()
+            self._settle(refs, [], settled_count(refs))
 
     def _last_acked(self, mid: Any) -> int:
         """The last entry a cumulative ack of ``mid`` covers: a whole delivered batch, or with
@@ -386,7 +486,10 @@ class Consumer:
         ``ack_ids``."""
         sent = self._sent
         for key in [k for k in sent if k[0] == ledger and k[1] <= last]:
-            held = sent[key]
+            if last - key[1] + 1 >= len(sent[key]):  # all of it
+                _take_all(sent.pop(key), ack_ids)
+                continue
+            held = self._listed(key)
             for i in range(min(len(held), last - key[1] + 1)):
                 ack_id = held[i]
                 if ack_id is not None:
@@ -395,11 +498,19 @@ class Consumer:
             if not any(held):
                 del sent[key]
 
+    def _listed(self, key: tuple[int, int]) -> list[AckRef | None]:
+        """The deliveries of the MESSAGE at ``key`` as a list, to settle some of them."""
+        held = self._sent[key]
+        if isinstance(held, DeliveryRun):
+            held = self._sent[key] = [*held.pairs()]
+        return held
+
     def _take_position(self, ledger: int, entry: int, ack_ids: list[AckRef]) -> None:
         """Move the ack ID of the one message at (ledger, entry), in whichever delivery holds it
         (an ID the client built itself, or one with a batch index), to ``ack_ids``."""
-        for key, held in self._sent.items():
-            if key[0] == ledger and key[1] <= entry < key[1] + len(held):
+        for key, found in self._sent.items():
+            if key[0] == ledger and key[1] <= entry < key[1] + len(found):
+                held = self._listed(key)
                 ack_id = held[entry - key[1]]
                 if ack_id is not None:
                     ack_ids.append(ack_id)
@@ -411,6 +522,7 @@ class Consumer:
     def redeliver(self, cmd: Any) -> None:
         """Negative acks / ack timeout: the listed deliveries (what this consumer still holds of
         each), or (no list) all this one holds."""
+        self.settle_acks()
         if cmd.message_ids:
             ack_ids: list[AckRef] = []
             for mid in cmd.message_ids:
@@ -418,21 +530,27 @@ class Consumer:
                 if held is None:  # not a delivery's ID: the message at that position
                     self._take_position(mid.ledgerId, ids.key(mid)[1], ack_ids)
                 else:
-                    ack_ids += [a for a in held if a is not None]
+                    _take_all(held, ack_ids)
         else:
             ack_ids = self._held()
             self._sent.clear()
             self._buffer.clear()
+            self._raw_buffered = 0
             self._held_count = len(ack_ids)  # the buffer's too: settled with the rest
         if ack_ids:
-            self._settle([], ack_ids, len(ack_ids))
+            self._settle([], ack_ids, settled_count(ack_ids))
 
     def _held(self) -> list[AckRef]:
         """The ack IDs of everything this consumer holds: delivered and unacked, or waiting
         for permits."""
-        held = [a for ack_ids in self._sent.values() for a in ack_ids if a is not None]
+        held: list[AckRef] = []
+        for ack_ids in self._sent.values():
+            if isinstance(ack_ids, DeliveryRun):
+                held += ack_ids.pairs()
+            else:
+                held += [a for a in ack_ids if a is not None]
         if self._raw:
-            return held + [item[1] for item in self._buffer]
+            return held + [d for c in self._buffer for d in c.refs(c.start, len(c.positions))]
         return held + [r.ack_id for r in self._buffer]
 
     async def close(self) -> None:
@@ -444,6 +562,7 @@ class Consumer:
         if self.closing:
             return
         self.closing = True
+        self.settle_acks()  # on the stream, before it ends
         reader = None
         for task in self._tasks:
             if task.get_name().startswith("pulsar_consumer"):
@@ -454,6 +573,7 @@ class Consumer:
         held = self._held()
         self._sent.clear()
         self._buffer.clear()
+        self._raw_buffered = 0
         log.debug("closed Pulsar consumer %d: giving back %d", self.consumer_id, len(held))
         if held:
             try:
@@ -471,7 +591,7 @@ class Consumer:
                 if isinstance(received, active_notices.ActiveNotice):
                     self.write(commands.active_consumer_change(self.consumer_id, received.active))
                     continue
-                self._buffer.extend(received)
+                self._buffered_more(received)
                 self._pump()
         except asyncio.CancelledError:
             return
@@ -484,6 +604,21 @@ class Consumer:
             held = self._held()
             for start in range(0, len(held), 2500):
                 self._leg.extend(held[start : start + 2500], STREAM_DEADLINE_S)
+
+
+def _take_all(held: list[AckRef | None] | DeliveryRun, ack_ids: list[AckRef]) -> None:
+    """Move what a MESSAGE's deliveries still hold to ``ack_ids``."""
+    if isinstance(held, DeliveryRun):
+        ack_ids.append(held)
+    elif None in held:
+        ack_ids += [a for a in held if a is not None]
+    else:
+        ack_ids += held  # type: ignore[arg-type]  # no None in it
+
+
+def settled_count(refs: list[AckRef]) -> int:
+    """How many deliveries ``refs`` names (a DeliveryRun names its count)."""
+    return len(refs) + sum(r.count - 1 for r in refs if isinstance(r, DeliveryRun))
 
 
 def _bit(words: Any, i: int) -> bool:

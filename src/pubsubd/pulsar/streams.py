@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from itertools import repeat
 from typing import Any, Protocol
 
 import grpc
@@ -41,6 +40,7 @@ from pubsubd.core.publish_sources import STREAM_SOURCES_HEADER
 from pubsubd.core.roles import StreamHandle, SubscribingForwarderApi
 from pubsubd.observability import metrics
 from pubsubd.pulsar import errors
+from pubsubd.pulsar.deliveries import RawDeliveries, as_pairs, as_runs
 from pubsubd.pulsar.gateway import Gateway, requests_from
 
 log = logging.getLogger(__name__)
@@ -62,14 +62,15 @@ class StreamLeg(Protocol):
         ...
 
     async def read(self) -> Sequence[Any] | ActiveNotice | None:
-        """The next delivered messages (ReceivedMessages; in process, (position, delivery,
-        attempt, stored message, stamp) tuples: ``planner.Delivery``), a failover notice, or
-        None: the stream ended."""
+        """The next delivered messages (ReceivedMessages; in process, one response's
+        RawDeliveries: ``planner.Delivery``'s columns), a failover notice, or None: the stream
+        ended."""
         ...
 
     def settle(self, acks: list[Any], nacks: list[Any], window: int | None) -> None:
         """Acknowledge ``acks``, redeliver ``nacks`` now, then set the window (None: as is).
-        Each names one delivery: an ack ID (gRPC), a (position, generation) (in process)."""
+        Each names one delivery: an ack ID (gRPC), a (position, generation) (in process); in
+        process a DeliveryRun names a batch's (deliveries.py)."""
         ...
 
     def extend(self, deliveries: list[Any], seconds: int) -> None: ...
@@ -242,19 +243,16 @@ class LocalLeg:
             if not self._closed:
                 log.info("stream of %s ended: %s", self.subscription, item)
             return None
-        return _deliveries(item)
+        return [_deliveries(item)]
 
     def ready(self) -> list[Any]:
         """Deliver now what the window allows (the stream's ``take_ready``) and return the
-        deliveries queued for this leg, as ``read`` would return them one response at a time;
-        a notice or the stream's end stays for ``read``."""
+        responses queued for this leg (RawDeliveries each), as ``read`` would return them one
+        at a time; a notice or the stream's end stays for ``read``."""
         stream = self._stream
         if stream is None or self._closed:
             return []
-        out: list[Any] = []
-        for item in stream.take_ready():
-            out += _deliveries(item)
-        return out
+        return [_deliveries(item) for item in stream.take_ready()]
 
     def _apply(self, apply: Callable[[SubscribingForwarderApi, StreamHandle], None]) -> None:
         """Apply one request's worth, as the handler's reader does: a domain error ends the
@@ -273,10 +271,11 @@ class LocalLeg:
 
         def apply(forwarder: SubscribingForwarderApi, stream: StreamHandle) -> None:
             if acks:
-                forwarder.acknowledge_deliveries(name, incarnation, acks)
-                metrics.ACKED_MESSAGES.inc(len(acks))
+                runs = as_runs(acks)
+                forwarder.acknowledge_runs(name, incarnation, runs)
+                metrics.ACKED_MESSAGES.inc(sum(count for _, _, count in runs))
             if nacks:
-                forwarder.modify_deadline_deliveries(name, incarnation, nacks, 0)
+                forwarder.modify_deadline_deliveries(name, incarnation, as_pairs(nacks), 0)
             if window is not None:
                 stream.set_max_messages(window)
 
@@ -284,9 +283,10 @@ class LocalLeg:
 
     def extend(self, deliveries: list[Any], seconds: int) -> None:
         name, incarnation = self.subscription, self._incarnation
+        pairs = as_pairs(deliveries)
         self._apply(
             lambda forwarder, _: forwarder.modify_deadline_deliveries(
-                name, incarnation, deliveries, seconds
+                name, incarnation, pairs, seconds
             )
         )
 
@@ -311,15 +311,14 @@ class LocalLeg:
             return
         try:
             self._forwarder.modify_deadline_deliveries(
-                self.subscription, self._incarnation, deliveries, 0
+                self.subscription, self._incarnation, as_pairs(deliveries), 0
             )
         except PubsubError as e:
             raise _pulsar_error(e) from e
 
 
-def _deliveries(item: Any) -> list[Any]:
-    """A raw response's deliveries: (position, (position, generation), attempt, stored message,
-    stamp) each.
+def _deliveries(item: Any) -> RawDeliveries:
+    """A raw response's deliveries, as its columns (deliveries.py).
 
     Raw (the stream was opened so): the stored messages, their positions, the first lease
     generation (message i's is first + i), the attempts and each message's form (None: a
@@ -330,17 +329,7 @@ def _deliveries(item: Any) -> list[Any]:
     assert len(stored) == count and (attempts is None or len(attempts) == count)
     assert stamps is None or len(stamps) == count
     metrics.DELIVERED_MESSAGES.inc(count)
-    # Lengths checked once: zip without strict (once per delivered message).
-    return list(
-        zip(
-            positions,
-            zip(positions, range(first, first + count), strict=False),
-            repeat(0, count) if attempts is None else attempts,
-            stored,
-            repeat(None, count) if stamps is None else stamps,
-            strict=False,
-        )
-    )
+    return RawDeliveries(positions, first, attempts, stored, stamps)
 
 
 def _pulsar_error(e: PubsubError) -> errors.PulsarError:

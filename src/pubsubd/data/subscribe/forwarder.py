@@ -411,12 +411,22 @@ class SubscribingForwarder:
         d = self.dispatcher(name)
         self._acknowledge(d, d.decode_all(ack_ids))
 
-    def acknowledge_deliveries(
-        self, name: str, incarnation: str, deliveries: list[tuple[int, int]]
+    def acknowledge_runs(
+        self, name: str, incarnation: str, runs: list[tuple[int, int, int]]
     ) -> None:
-        """:meth:`acknowledge` of the ack IDs ``incarnation``-(position, generation) names,
-        without building or parsing them (a raw stream's)."""
-        self._acknowledge(self._dispatcher_of(name, incarnation), deliveries)
+        """:meth:`acknowledge` of the ack IDs ``incarnation``-(position + k, generation + k)
+        for k below count of each run, without building or parsing them (a raw stream's)."""
+        d = self._dispatcher_of(name, incarnation)
+        # Ack IDs issued before a Seek no longer ack anything (their deliveries were undone).
+        floor = d.generation_floor
+        positions: list[int] = []
+        for pos, generation, count in runs:
+            skip = floor - generation  # the run's first deliveries may be from before it
+            if skip <= 0:
+                positions += range(pos, pos + count)
+            elif skip < count:
+                positions += range(pos + skip, pos + count)
+        d.acknowledge(positions)
 
     @staticmethod
     def _acknowledge(d: SubscriptionDispatcher, deliveries: list[tuple[int, int]]) -> None:
