@@ -57,7 +57,9 @@ class Cursor:
     def ack(self, offsets: Iterable[int]) -> list[tuple[int, int]]:
         """Ack individual offsets (any order); return the newly acked ranges."""
         md = self._mark_delete
-        added = self._acked.add_many(o for o in offsets if o >= md)
+        if not isinstance(offsets, list) or (offsets and min(offsets) < md):
+            offsets = [o for o in offsets if o >= md]
+        added = self._acked.add_many(offsets)
         if added:
             self._advance()
         return added

@@ -28,6 +28,7 @@ Rules:
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -214,14 +215,10 @@ class LeaseTable:
 
     def forget_all(self, positions: list[int]) -> list[Lease]:
         """:meth:`forget` each position (acked); return the leases that ended."""
-        pop_lease, pop_count = self._leases.pop, self._attempts.pop
-        ended = []
-        for pos in positions:
-            pop_count(pos, None)
-            lease = pop_lease(pos, None)
-            if lease is not None:
-                ended.append(lease)
-        return ended
+        # C-level passes (once per acked message): a Lease is never false, a miss is None.
+        absent = repeat(None)
+        deque(map(self._attempts.pop, positions, absent), maxlen=0)
+        return list(filter(None, map(self._leases.pop, positions, absent)))
 
     def forget(self, pos: int) -> None:
         """The position is acked: drop its delivery count too."""
