@@ -143,3 +143,41 @@ def test_raw_responses_write_and_settle_as_received_messages(
         # Every delivery is named once: sent (then nacked) or still buffered (nacked too).
         nacked = [d for kind, names, _ in raw_leg.calls if kind == "settle" for d in names]
         assert sorted(nacked) == sorted((pos, 40 + k) for k, (pos, _, _, _) in enumerate(delivered))
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 3),  # position step from the previous (1: consecutive)
+            st.sampled_from([b"\x08\x01", b"\x08\x02"]),  # stamp
+            st.integers(1, 2),  # attempt
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    st.data(),
+)
+def test_a_run_is_the_longest_prefix_with_one_stamp_attempt_and_consecutive_positions(
+    shape: list[tuple[int, bytes, int]], data: st.DataObject
+) -> None:
+    positions = []
+    p = 1000
+    for step, _, _ in shape:
+        p += step
+        positions.append(p)
+    stamps: list[bytes | None] = [bytes(stamp) for _, stamp, _ in shape]  # equal, not one object
+    attempts = [a for _, _, a in shape]
+    chunk = RawDeliveries(positions, 7, attempts, [b""] * len(shape), stamps)
+    i = data.draw(st.integers(0, len(shape) - 1))
+    limit = data.draw(st.integers(1, len(shape) - i))
+    k = 1
+    while (
+        k < limit
+        and positions[i + k] == positions[i] + k
+        and stamps[i + k] == stamps[i]
+        and attempts[i + k] == attempts[i]
+    ):
+        k += 1
+    assert chunk.run(i, limit) == k
+    assert chunk.refs(i, i + k) == [(positions[i + t], 7 + i + t) for t in range(k)]

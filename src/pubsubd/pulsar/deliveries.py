@@ -101,14 +101,24 @@ class RawDeliveries:
         """How many messages from ``i`` (at least 1, at most ``limit``) have message i's publish
         time (``stamps``), its delivery attempt, and positions following message i's."""
         j = i + limit
-        if self.stamps is None:
+        stamps, attempts, positions = self.stamps, self.attempts, self.positions
+        if stamps is None:
             return 1
-        k = _lead(self.stamps[i:j])
-        if k > 1 and self.attempts is not None:
-            k = _lead(self.attempts[i : i + k])
+        # Most often all of them: checked by C-level counts and one comparison.
+        p = positions[i]
+        if (
+            stamps[i:j].count(stamps[i]) == limit
+            and (attempts is None or attempts[i:j].count(attempts[i]) == limit)
+            and positions[j - 1] - p == limit - 1
+            and positions[i:j] == list(range(p, p + limit))
+        ):
+            return limit
+        k = _lead(stamps[i:j])
+        if k > 1 and attempts is not None:
+            k = _lead(attempts[i : i + k])
         if k > 1:
             # positions[i + t] - t is positions[i] for each t of a run of consecutive positions
-            k = _lead(map(sub, self.positions[i : i + k], range(k)))
+            k = _lead(map(sub, positions[i : i + k], range(k)))
         return k
 
 
