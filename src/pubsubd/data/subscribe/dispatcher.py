@@ -373,7 +373,9 @@ class SubscriptionDispatcher:
         """:meth:`decode` of each (raises for the first malformed one)."""
         return ids.decode_ack_ids(ack_ids, self.planner.incarnation)
 
-    def acknowledge(self, positions: list[int]) -> None:
+    def acknowledge(self, positions: list[int], spans: list[tuple[int, int]] | None = None) -> None:
+        """Acknowledge ``positions``; ``spans``, if given, are the same positions as (first,
+        count) runs of consecutive positions (planner.acknowledge)."""
         events.record_acks(self, positions)  # delivery-latency SLI; O(1) per batch
         sli.record_acks(
             str(self.subscription.topic),
@@ -382,7 +384,7 @@ class SubscriptionDispatcher:
             self.publish_time_us,
             self.clock.time_us(),
         )
-        self.planner.acknowledge(positions)
+        self.planner.acknowledge(positions, spans)
         self._apply()
 
     def publish_time_us(self, pos: int) -> int:

@@ -420,13 +420,13 @@ class SubscribingForwarder:
         # Ack IDs issued before a Seek no longer ack anything (their deliveries were undone).
         floor = d.generation_floor
         positions: list[int] = []
+        spans: list[tuple[int, int]] = []
         for pos, generation, count in runs:
-            skip = floor - generation  # the run's first deliveries may be from before it
-            if skip <= 0:
-                positions += range(pos, pos + count)
-            elif skip < count:
+            skip = max(0, floor - generation)  # its first deliveries may be from before it
+            if skip < count:
                 positions += range(pos + skip, pos + count)
-        d.acknowledge(positions)
+                spans.append((pos + skip, count - skip))
+        d.acknowledge(positions, spans)
 
     @staticmethod
     def _acknowledge(d: SubscriptionDispatcher, deliveries: list[tuple[int, int]]) -> None:

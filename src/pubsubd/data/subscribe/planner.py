@@ -802,20 +802,25 @@ class DeliveryPlanner:
     def decode(self, ack_id: str) -> tuple[int, int]:
         return ids.decode_ack_id(ack_id, self.incarnation)
 
-    def acknowledge(self, positions: list[int]) -> None:
+    def acknowledge(self, positions: list[int], spans: list[tuple[int, int]] | None = None) -> None:
         """The client's acks. One for a keyed message that waits to be delivered again behind
         an earlier failed message of its key is dropped: its ack ID is from the delivery the
-        failure ended, and taking it would let the key's redelivery skip the message."""
+        failure ended, and taking it would let the key's redelivery skip the message.
+        ``spans``: the same positions as (first, count) runs of consecutive positions (a
+        Pulsar batch's), which the cursors take as ranges."""
         ordering = self.ordering
         if ordering.awaits_any():
             positions = [p for p in positions if not ordering.awaits_redelivery(p)]
-        self._ack_positions(positions)
+            spans = None
+        self._ack_positions(positions, spans)
 
     def evict(self, positions: list[int]) -> None:
         """Acknowledge ``positions`` for the server's own reasons (backlog quota)."""
         self._ack_positions(positions)
 
-    def _ack_positions(self, positions: list[int]) -> None:
+    def _ack_positions(
+        self, positions: list[int], spans: list[tuple[int, int]] | None = None
+    ) -> None:
         # Runs once per acked message: the leases end in one call, what they held is given
         # back per consumer (as _release does one by one), offsets are grouped per source.
         freed = False
@@ -845,6 +850,16 @@ class DeliveryPlanner:
         if ordering.tracks_positions():
             for pos in positions:
                 ordering.acked(pos)
+        if spans is None:
+            self._ack_offsets(positions)
+        else:
+            self._ack_spans(spans)
+        self.acked += len(positions)
+        if freed or self.subscription.enable_message_ordering:
+            self._effects.pump = True
+
+    def _ack_offsets(self, positions: list[int]) -> None:
+        """The cursors' part of ``_ack_positions``: offsets grouped per source."""
         by_source: dict[int, list[int]] = defaultdict(list)
         bits, mask = ids.OFFSET_BITS, ids.OFFSET_MASK
         if positions and min(positions) >> bits == max(positions) >> bits:  # one source
@@ -860,9 +875,27 @@ class DeliveryPlanner:
             ranges = cursor.ack(offsets)
             if ranges:
                 acks.setdefault(source, []).extend(ranges)
-        self.acked += len(positions)
-        if freed or self.subscription.enable_message_ordering:
-            self._effects.pump = True
+
+    def _ack_spans(self, spans: list[tuple[int, int]]) -> None:
+        """:meth:`_ack_offsets` for (first, count) runs of consecutive positions (one source
+        each: a source's offsets never reach the next source's): each merged run is one range,
+        as ``Cursor.ack`` collapses single offsets into runs."""
+        bits, mask = ids.OFFSET_BITS, ids.OFFSET_MASK
+        merged: list[list[int]] = []  # [start, end) positions, sorted, not touching
+        for first, count in sorted(spans):
+            if merged and first <= merged[-1][1] and first >> bits == merged[-1][0] >> bits:
+                merged[-1][1] = max(merged[-1][1], first + count)
+            else:
+                merged.append([first, first + count])
+        acks = self._effects.acks
+        for start, end in merged:
+            source = start >> bits
+            cursor = self.cursors.get(source)
+            if cursor is None:
+                continue
+            ranges = cursor.ack_range(start & mask, ((end - 1) & mask) + 1)
+            if ranges:
+                acks.setdefault(source, []).extend(ranges)
 
     def ack_below(self, source: int, cut: int) -> bool:
         """Acknowledge every offset of ``source`` below ``cut`` (messages older than the
