@@ -5,8 +5,10 @@ The messages are entries as the subscribing forwarder decodes them (plain entrie
 their data and publish time, others serialized; publish times that repeat from one entry to
 the next), with positions skipped between and inside entries, delivery attempts that change,
 cut into responses of any size. Batch limits are made small so that runs end by count and by
-bytes. Under any FLOW permits, then a nack of what is left, both consumers write the same
-bytes and settle the same (position, generation) deliveries.
+bytes. Under any FLOW permits, acks of every kind (a whole batch, batch-index acks, a batch
+index, a position inside a batch, cumulative to a batch or into one), a nack of one delivery, then a nack of what is
+left, both consumers write the same bytes and settle the same (position, generation)
+deliveries.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pubsubd.core import pb
 from pubsubd.core.records import Entry
 from pubsubd.data.decoding import decode
 from pubsubd.pulsar import consumers
-from pubsubd.pulsar.api import BaseCommand
+from pubsubd.pulsar.api import BaseCommand, CommandAck
 from pubsubd.pulsar.deliveries import RawDeliveries
 from tests.support.pulsar_legs import INCARNATION, RecordingLeg, recording_consumer
 
@@ -44,7 +46,7 @@ def _messages(
     entries: list[tuple[int, list[tuple[int, bool]], int]], kept: list[bool]
 ) -> list[tuple[int, bytes, Any, bytes | None]]:
     """(position, serialized message, raw form, stamp) of each delivered message."""
-    out = []
+    out: list[tuple[int, bytes, Any, bytes | None]] = []
     offset = 0
     n = 0
     for time_us, shapes, skip in entries:
@@ -81,6 +83,16 @@ def _messages(
     st.lists(st.integers(1, 25), min_size=1, max_size=8),  # FLOW permits
     st.integers(2, 12),  # MAX_BATCH
     st.integers(1, 400),  # MAX_BATCH_BYTES
+    st.lists(
+        st.tuples(
+            st.sampled_from(
+                ["whole", "ack_set", "batch_index", "inside", "cumulative", "cumulative_index"]
+            ),
+            st.integers(0, 50),  # which delivery
+            st.integers(0, 50),  # which message in it
+        ),
+        max_size=6,
+    ),
 )
 def test_raw_responses_write_and_settle_as_received_messages(
     entries: list[tuple[int, list[tuple[int, bool]], int]],
@@ -90,6 +102,7 @@ def test_raw_responses_write_and_settle_as_received_messages(
     permits: list[int],
     max_batch: int,
     max_bytes: int,
+    acks: list[tuple[str, int, int]],
 ) -> None:
     delivered = _messages(entries, kept)
     with pytest.MonkeyPatch.context() as mp:
@@ -135,12 +148,39 @@ def test_raw_responses_write_and_settle_as_received_messages(
             raw.flow(p)
             assert raw_out == framed_out
             assert raw._sent.keys() == framed._sent.keys()
+        # The client's acks of what it holds, of every kind, then a nack of one delivery.
+        for kind, pick, index in acks:
+            keys = sorted(framed._sent)
+            if not keys:
+                break
+            ledger, entry = keys[pick % len(keys)]
+            size = len(framed._sent[(ledger, entry)])
+            cmd = CommandAck(consumer_id=3)
+            if kind.startswith("cumulative"):
+                cmd.ack_type = CommandAck.Cumulative
+            mid = cmd.message_id.add(ledgerId=ledger, entryId=entry)
+            if kind == "ack_set":  # batch-index acks: bits set are the unacked messages
+                mid.ack_set.append(((1 << size) - 1) & ~(1 << (index % size)))
+            elif kind in ("batch_index", "cumulative_index"):
+                mid.batch_index = index % size
+                mid.batch_size = size
+            elif kind == "inside":  # an ID the client built: the position itself
+                mid.entryId = entry + index % size
+            for consumer in (framed, raw):
+                consumer.ack(cmd)
+            assert raw._sent.keys() == framed._sent.keys()
+        if framed._sent:
+            ledger, entry = sorted(framed._sent)[0]
+            for consumer in (framed, raw):
+                nack = BaseCommand().redeliverUnacknowledgedMessages
+                nack.message_ids.add(ledgerId=ledger, entryId=entry)
+                consumer.redeliver(nack)
         framed.redeliver(BaseCommand().redeliverUnacknowledgedMessages)
         raw.redeliver(BaseCommand().redeliverUnacknowledgedMessages)
         framed_leg, raw_leg = framed._leg, raw._leg
         assert isinstance(framed_leg, RecordingLeg) and isinstance(raw_leg, RecordingLeg)
         assert raw_leg.calls == framed_leg.calls
-        # Every delivery is named once: sent (then nacked) or still buffered (nacked too).
+        # Every delivery is named once: sent (then acked or nacked) or buffered (nacked).
         nacked = [d for kind, names, _ in raw_leg.calls if kind == "settle" for d in names]
         assert sorted(nacked) == sorted((pos, 40 + k) for k, (pos, _, _, _) in enumerate(delivered))
 
