@@ -25,7 +25,11 @@ Flow: the stream's window (``max_outstanding_messages``, which pubsubd lets a la
 move) is what this consumer holds unacked plus the client's unused permits, as a Pulsar broker
 dispatches no more than the permits: a FLOW widens it, an ack or nack narrows it by what it
 settles (in the same request), so the server never hands this consumer more than its client
-asked for, and another consumer of a Shared subscription gets the rest. At most
+asked for, and another consumer of a Shared subscription gets the rest. Once the stream is
+open, acks are settled in slices of ``ACK_SLICE`` messages, one per turn of the loop (a
+grouped ACK names tens of thousands), so FLOWs read meanwhile are answered at once; an acked
+message counts as held until settled, and a nack, a seek, a receipt or closing settles every
+ack due first. At most
 ``MAX_OUTSTANDING`` unacked messages, and at least 1 (0 would mean no limit): a consumer
 holding nothing with no permits may be handed one message ahead. Pulsar has no ack deadline,
 so the leases of everything this consumer holds are extended every ``EXTEND_EVERY_S``; closing
