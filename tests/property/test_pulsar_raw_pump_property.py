@@ -6,9 +6,9 @@ their data and publish time, others serialized; publish times that repeat from o
 the next), with positions skipped between and inside entries, delivery attempts that change,
 cut into responses of any size. Batch limits are made small so that runs end by count and by
 bytes. Under any FLOW permits, acks of every kind (a whole batch, batch-index acks, a batch
-index, a position inside a batch, cumulative to a batch or into one), a nack of one delivery, then a nack of what is
-left, both consumers write the same bytes and settle the same (position, generation)
-deliveries.
+index, a position inside a batch, cumulative to a batch or into one), a nack of one delivery,
+then a nack of what is left, both consumers write the same bytes and settle the same
+(position, generation) deliveries.
 """
 
 from __future__ import annotations

@@ -187,3 +187,24 @@ async def test_retention_bytes_label_pins_the_topic_and_combines_with_time(
     assert sources.pins["topic-retention"] == {0: 3}  # the size limit is the stricter
     update({})  # labels cleared, time retention left: the time pin alone
     assert sources.pins["topic-retention"] == {0: 1}
+
+
+async def test_a_subscription_served_by_another_forwarder_is_left_to_it(
+    node: Node, clock: ManualClock
+) -> None:
+    """In a cluster a subscription may be served by another forwarder than its topic's
+    (spread subscriptions): the pass here skips it, and still expires the others' messages
+    (it raised NotServedHere and stopped, CI 2026-11-28)."""
+    mine = _create(node, "mine", message_retention_duration=pb.Duration(seconds=int(DAY)))
+    elsewhere = _create(node, "elsewhere")
+    other = node.catalog.subscription(elsewhere).record.uid
+    topic_uid = node.catalog.topic(TOPIC).record.uid
+    node.routes.restrict(
+        serves=lambda uid: uid == topic_uid,
+        topic_of=lambda _: topic_uid,
+        serves_subscription=lambda uid: uid != other,
+    )
+    await _publish_aged(node, clock, [9, 3, 0])
+    assert node.snapshots.expire_unacked() == 1
+    assert _journaled_mark_delete(node, mine) == 2
+    assert node.subscribing.cursor_states(elsewhere)[0].mark_delete == 0

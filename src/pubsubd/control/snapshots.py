@@ -510,10 +510,11 @@ class Snapshots:
             if sub.subscription.detached:
                 continue
             topic_uid = sub.record.topic_uid
-            if not self.routes.serves_topic(topic_uid):
-                continue  # another forwarder's
-            publishing = self.routes.publishing(topic_uid)
-            subscribing = self.routes.subscribing(sub.record.uid)
+            routes = self.routes
+            if not routes.serves_topic(topic_uid) or not routes.serves_subscription(sub.record.uid):
+                continue  # another forwarder's (a subscription may be served apart from its topic)
+            publishing = routes.publishing(topic_uid)
+            subscribing = routes.subscribing(sub.record.uid)
             name = sub.record.name
             if not publishing.on_disk(topic_uid) or not subscribing.serves(name):
                 continue  # never written to: no messages
