@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# Two pytest-xdist workers (tests/conftest.py says how tests are spread over them): ~27 min on
+# Two pytest-xdist workers (tests/conftest.py says how tests are spread over them): 23-37 min on
 # 2 cores instead of ~38 in one process
 # (PYTEST_ARGS= for one process). The hang that kept this off was Python 3.11's wait_for
 # swallowing a cancellation (core/deadlines.py).
