@@ -62,6 +62,35 @@ def test_a_shared_consumer_takes_only_what_its_permits_allow(
     assert {m.redelivery_count() for m in by_busy + by_idle} == {0}
 
 
+def test_what_a_stalled_consumer_had_read_ahead_goes_to_another_uncounted(
+    pulsar_client: pulsar.Client,
+) -> None:
+    """The server reads ahead of a consumer's permits (up to its receiver queue) and gives
+    that back, never sent, once the consumer stops sending FLOWs: another Shared consumer
+    gets all but the stalled one's client queue, none of it counted as a redelivery; what
+    the stalled client had been sent comes back counted when it closes."""
+    topic = _topic("ahead")
+    stalled = pulsar_client.subscribe(topic, "work", consumer_type=pulsar.ConsumerType.Shared)
+    producer = pulsar_client.create_producer(
+        topic, batching_enabled=True, batching_max_messages=1000, block_if_queue_full=True
+    )
+    sent = [f"m{i}".encode() for i in range(3000)]
+    for data in sent:
+        producer.send_async(data, None)
+    producer.flush()
+    stalled.receive(5000)  # its client queues up to 1,000 and it stops there
+    busy = pulsar_client.subscribe(topic, "work", consumer_type=pulsar.ConsumerType.Shared)
+    by_busy = _drain(busy)
+    assert 2000 - 1 <= len(by_busy) <= 2000
+    assert {m.redelivery_count() for m in by_busy} == {0}
+    stalled.close()  # what its client was sent comes back, counted
+    back = _drain(busy)
+    assert 1000 <= len(back) <= 1001
+    assert {m.redelivery_count() for m in back} == {1}
+    got = [m.data() for m in by_busy + back]
+    assert sorted(got) == sorted(sent)  # each once: nothing lost, nothing twice
+
+
 # --- ACTIVE_CONSUMER_CHANGE -----------------------------------------------------------------
 # pulsar-client 3.13's Python wrapper does not expose the C++ client's ConsumerEventListener,
 # so these speak the protocol themselves.

@@ -28,6 +28,15 @@ class RecordingLeg:
     def ready(self) -> list[Any]:
         return []  # deliveries are fed to the consumer's buffer by the test
 
+    def give_back_unsent(self, deliveries: list[Any]) -> None:
+        self.calls.append(("unsent", names(deliveries), None))
+
+    async def give_back(self, deliveries: list[Any]) -> None:
+        self.calls.append(("give_back", names(deliveries), None))
+
+    async def close(self) -> None:
+        self.calls.append(("close", [], None))
+
 
 def names(refs: list[Any]) -> list[tuple[int, int]]:
     """The (position, generation) of each delivery ack IDs or raw deliveries name (a
@@ -43,9 +52,12 @@ def names(refs: list[Any]) -> list[tuple[int, int]]:
     return out
 
 
-def recording_consumer(raw: bool, written: list[bytes], **kw: Any) -> Consumer:
+def recording_consumer(
+    raw: bool, written: list[bytes], read_ahead: bool = True, **kw: Any
+) -> Consumer:
     """A consumer (in process if ``raw``) that writes to ``written`` and settles on a
-    RecordingLeg."""
+    RecordingLeg; without ``read_ahead`` an in-process one asks its stream for what a consumer
+    over gRPC would (to compare their calls)."""
     consumer = Consumer(
         gateway=None,  # type: ignore[arg-type]  # never called: no stream is opened
         write=written.append,
@@ -57,4 +69,6 @@ def recording_consumer(raw: bool, written: list[bytes], **kw: Any) -> Consumer:
         **kw,
     )
     consumer._leg = RecordingLeg()  # type: ignore[assignment]
+    if not read_ahead:
+        consumer._read_ahead_max = 0
     return consumer

@@ -84,10 +84,11 @@ def test_until_settled_acked_messages_count_as_held_so_a_flow_widens_by_its_perm
     assert isinstance(leg, RecordingLeg)
     _ack_batches(consumer, range(0, 10_000, 1000))
     consumer.flow(500)
-    assert leg.calls[-1] == ("window", [], 10_500)  # held 10,000 + 500 permits
+    # held 10,000 + 500 permits, and 1,000 read ahead (the largest FLOW, test_pulsar_read_ahead)
+    assert leg.calls[-1] == ("window", [], 11_500)
     _run(turns)
     # Each slice narrows the window by what it settled: 500 permits remain.
-    assert [w for kind, _, w in leg.calls if kind == "settle"] == [5500, 500]
+    assert [w for kind, _, w in leg.calls if kind == "settle"] == [6500, 1500]
 
 
 def test_a_nack_a_receipt_and_closing_find_the_acks_due_settled_first() -> None:

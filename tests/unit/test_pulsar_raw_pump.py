@@ -82,7 +82,7 @@ def test_raw_and_framed_consumers_write_the_same_frames_and_settle_the_same(
     framed_out: list[bytes] = []
     raw_out: list[bytes] = []
     framed = recording_consumer(False, framed_out, auto_ack=auto_ack)
-    raw = recording_consumer(True, raw_out, auto_ack=auto_ack)
+    raw = recording_consumer(True, raw_out, read_ahead=False, auto_ack=auto_ack)
     _fill(framed, raw, attempts={3: 2, 4: 2}, plain=plain)
     for permits in (2, 1, 4, 3, 100):
         framed.flow(permits)

@@ -360,6 +360,12 @@ class SubscribingForwarderApi(Protocol):
         consumers at once, without counting an attempt. Returns how many went back."""
         ...
 
+    def give_back_deliveries(
+        self, name: str, incarnation: str, deliveries: list[tuple[int, int]]
+    ) -> int:
+        """``give_back`` of the ack IDs (position, generation) of ``incarnation`` name."""
+        ...
+
     async def acknowledge_checked(self, name: str, ack_ids: list[str]) -> None:
         """Acknowledge; under exactly-once, durable before returning, stale IDs reported."""
         ...

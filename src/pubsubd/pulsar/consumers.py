@@ -84,6 +84,15 @@ MAX_OUTSTANDING = 50_000
 # milliseconds of the planner's work.
 ACK_SLICE = 4096
 MAX_BATCH = 1000  # messages per delivered batch (the client's own batching default)
+# In process, a consumer whose client asks for more than one message at a time reads ahead:
+# the stream may lease it, beyond its client's permits, up to its client's largest FLOW (the
+# receiver queue) and at most READ_AHEAD_MAX, so the next FLOW is answered from messages already
+# planned, and the planning after it overlaps the client's work (BENCHMARKS.md, PC7). Messages
+# read ahead were never sent: they go back without counting a delivery attempt when the
+# client sends no FLOW for READ_AHEAD_IDLE_S (so a stalled consumer of a Shared subscription
+# holds no more than its own receiver queue for long), when it closes, or on a redeliver-all.
+READ_AHEAD_MAX = MAX_BATCH
+READ_AHEAD_IDLE_S = 0.25
 MAX_BATCH_BYTES = 1024 * 1024  # payload bytes per delivered batch
 STREAM_DEADLINE_S = 60
 EXTEND_EVERY_S = 20.0
@@ -153,11 +162,21 @@ class Consumer:
         self._acks_due: deque[AckRef] = deque()
         self._acks_scheduled = False
         self._defer: Callable[[Callable[[], None]], Any] | None = None
+        # Reading ahead (READ_AHEAD_IDLE_S): what the stream may hold beyond the permits
+        # (0: not now), the client's largest FLOW, when its last FLOW came (the loop's clock)
+        # and the timer that ends reading ahead once it stops sending them.
+        self._read_ahead = 0
+        self._read_ahead_max = READ_AHEAD_MAX
+        self._largest_flow = 0
+        self._last_flow = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
 
     async def open(self) -> None:
         """Open the stream; PulsarError if the subscription refuses this consumer."""
         await self._leg.open()
-        self._defer = asyncio.get_running_loop().call_soon
+        self._loop = asyncio.get_running_loop()
+        self._defer = self._loop.call_soon
         self._tasks = [
             asyncio.create_task(self._read(), name=f"pulsar_consumer_{self.consumer_id}"),
             asyncio.create_task(self._extend(), name=f"pulsar_leases_{self.consumer_id}"),
@@ -165,6 +184,13 @@ class Consumer:
 
     def flow(self, permits: int) -> None:
         self.permits += permits
+        if self._raw and permits > 1:  # a client with a receiver queue: read ahead
+            self._largest_flow = min(max(self._largest_flow, permits), self._read_ahead_max)
+            self._read_ahead = self._largest_flow
+            if self._loop is not None:
+                self._last_flow = self._loop.time()
+                if self._idle_timer is None:
+                    self._idle_timer = self._loop.call_later(READ_AHEAD_IDLE_S, self._idle_check)
         self._pump()
         window = self._wanted_window()
         if window > self._window:
@@ -184,8 +210,35 @@ class Consumer:
 
     def _wanted_window(self) -> int:
         """What the stream may hold for this consumer: its unsettled messages and the client's
-        unused permits (the buffer is within those: it is what the permits will take)."""
-        return max(1, min(self._held_count + self.permits, MAX_OUTSTANDING))
+        unused permits (what the buffer holds up to those is what the permits will take),
+        and what it reads ahead."""
+        return max(1, min(self._held_count + self.permits, MAX_OUTSTANDING) + self._read_ahead)
+
+    def _idle_check(self) -> None:
+        """The read-ahead timer: stop reading ahead once no FLOW came for READ_AHEAD_IDLE_S."""
+        self._idle_timer = None
+        loop = self._loop
+        if loop is None or self.closing or not self._read_ahead:
+            return
+        idle = loop.time() - self._last_flow
+        if idle < READ_AHEAD_IDLE_S or self.paused:
+            self._idle_timer = loop.call_later(
+                max(READ_AHEAD_IDLE_S - idle, 0.05), self._idle_check
+            )
+            return
+        self.stop_reading_ahead()
+
+    def stop_reading_ahead(self) -> None:
+        """The stream holds no more than the permits for this consumer, and what it read
+        ahead goes back without counting a delivery attempt (until the next FLOW)."""
+        self._read_ahead = 0
+        window = self._wanted_window()
+        if window != self._window:
+            self._window = window
+            self._leg.set_window(window)
+        unsent = self._unsent()
+        if unsent:
+            self._leg.give_back_unsent(unsent)
 
     def _settle(self, acks: list[AckRef], nacks: list[AckRef], settled: int) -> None:
         """Send ``acks`` or ``nacks`` (of ``settled`` held messages) with the window they
@@ -536,23 +589,38 @@ class Consumer:
                 else:
                     _take_all(held, ack_ids)
         else:
-            ack_ids = self._held()
+            unsent = self._unsent()
+            if unsent:  # never sent: not an attempt (over gRPC it is: GrpcLeg)
+                self._leg.give_back_unsent(unsent)
+            ack_ids = self._delivered()
             self._sent.clear()
-            self._buffer.clear()
-            self._raw_buffered = 0
-            self._held_count = len(ack_ids)  # the buffer's too: settled with the rest
         if ack_ids:
             self._settle([], ack_ids, settled_count(ack_ids))
 
-    def _held(self) -> list[AckRef]:
-        """The ack IDs of everything this consumer holds: delivered and unacked, or waiting
-        for permits."""
+    def _delivered(self) -> list[AckRef]:
+        """The ack IDs of what this consumer delivered and its client has not acked."""
         held: list[AckRef] = []
         for ack_ids in self._sent.values():
             if isinstance(ack_ids, DeliveryRun):
                 held += ack_ids.pairs()
             else:
                 held += [a for a in ack_ids if a is not None]
+        return held
+
+    def _unsent(self) -> list[AckRef]:
+        """Empty the buffer (what waits for permits); the ack IDs of what it held."""
+        if self._raw:
+            unsent = [d for c in self._buffer for d in c.refs(c.start, len(c.positions))]
+        else:
+            unsent = [r.ack_id for r in self._buffer]
+        self._buffer.clear()
+        self._raw_buffered = 0
+        return unsent
+
+    def _held(self) -> list[AckRef]:
+        """The ack IDs of everything this consumer holds: delivered and unacked, or waiting
+        for permits."""
+        held = self._delivered()
         if self._raw:
             return held + [d for c in self._buffer for d in c.refs(c.start, len(c.positions))]
         return held + [r.ack_id for r in self._buffer]
@@ -566,6 +634,9 @@ class Consumer:
         if self.closing:
             return
         self.closing = True
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         self.settle_acks()  # on the stream, before it ends
         reader = None
         for task in self._tasks:
@@ -574,11 +645,20 @@ class Consumer:
             else:
                 task.cancel()
         await streams.end_reader(reader, self._leg)
-        held = self._held()
+        unsent = self._unsent()
+        held = self._delivered()
         self._sent.clear()
-        self._buffer.clear()
-        self._raw_buffered = 0
-        log.debug("closed Pulsar consumer %d: giving back %d", self.consumer_id, len(held))
+        if self._raw:  # never sent: not an attempt
+            if unsent:
+                self._leg.give_back_unsent(unsent)
+        else:  # over gRPC a give-back counts anyway (GrpcLeg.give_back_unsent)
+            held += unsent
+        log.debug(
+            "closed Pulsar consumer %d: giving back %d, %d unsent",
+            self.consumer_id,
+            len(held),
+            len(unsent),
+        )
         if held:
             try:
                 await self._leg.give_back(held)

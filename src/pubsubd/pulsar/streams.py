@@ -86,6 +86,11 @@ class StreamLeg(Protocol):
         """After ``close``: redeliver these now (PulsarError if the subscription is gone)."""
         ...
 
+    def give_back_unsent(self, deliveries: list[Any]) -> None:
+        """Deliveries the consumer never sent to its client go to any consumer now, without
+        counting a delivery attempt where the leg can (in process; after ``close`` too)."""
+        ...
+
     async def close(self) -> None:
         """End the stream: what it delivered stays leased (the consumer gives it back)."""
         ...
@@ -181,6 +186,12 @@ class GrpcLeg:
 
     def ready(self) -> list[Any]:
         return []  # a response arrives only through the call's reader
+
+    def give_back_unsent(self, deliveries: list[Any]) -> None:
+        # google.pubsub.v1 has no call that gives a delivery back uncounted: a nack, on the
+        # stream while it is open. Only an in-process consumer reads ahead (consumers.py), so
+        # this is at most the one message a consumer is handed ahead of its permits.
+        self.settle([], deliveries, None)
 
     def half_close(self) -> None:
         """No more requests: the server ends the stream (its reader then reads None)."""
@@ -305,6 +316,17 @@ class LocalLeg:
             # handler's stream ends with responses it never wrote.
             self._stream.close()
             metrics.OPEN_STREAMS.dec()
+
+    def give_back_unsent(self, deliveries: list[Any]) -> None:
+        forwarder = self._forwarder
+        if forwarder is None:
+            return
+        try:
+            forwarder.give_back_deliveries(
+                self.subscription, self._incarnation, as_pairs(deliveries)
+            )
+        except PubsubError as e:  # the subscription is gone or recreated: nothing to give back
+            log.info("%s: unsent deliveries not given back: %s", self.subscription, e)
 
     async def give_back(self, deliveries: list[Any]) -> None:
         if self._forwarder is None:

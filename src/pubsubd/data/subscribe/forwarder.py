@@ -450,6 +450,13 @@ class SubscribingForwarder:
                 deliveries.append(d.decode(ack_id))
         return d.give_back_deliveries(deliveries)
 
+    def give_back_deliveries(
+        self, name: str, incarnation: str, deliveries: list[tuple[int, int]]
+    ) -> int:
+        """:meth:`give_back` of the ack IDs ``incarnation``-(position, generation) names,
+        without building or parsing them (a raw stream's)."""
+        return self._dispatcher_of(name, incarnation).give_back_deliveries(deliveries)
+
     def modify_ack_deadline(self, name: str, ack_ids: list[str], seconds: int) -> None:
         modify_deadline(seconds)
         d = self.dispatcher(name)
