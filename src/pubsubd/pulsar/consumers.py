@@ -25,7 +25,9 @@ Flow: the stream's window (``max_outstanding_messages``, which pubsubd lets a la
 move) is what this consumer holds unacked plus the client's unused permits, as a Pulsar broker
 dispatches no more than the permits: a FLOW widens it, an ack or nack narrows it by what it
 settles (in the same request), so the server never hands this consumer more than its client
-asked for, and another consumer of a Shared subscription gets the rest. Once the stream is
+asked for, and another consumer of a Shared subscription gets the rest; in process the
+window also holds what the consumer reads ahead (READ_AHEAD_MAX: leased, planned, not sent,
+and given back uncounted once its client stops sending FLOWs). Once the stream is
 open, acks are settled in slices of ``ACK_SLICE`` messages, one per turn of the loop (a
 grouped ACK names tens of thousands), so FLOWs read meanwhile are answered at once; an acked
 message counts as held until settled, and a nack, a seek, a receipt or closing settles every

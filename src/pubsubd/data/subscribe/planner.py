@@ -65,7 +65,11 @@ _size_of = attrgetter("size")
 # in either form), and None or the plain message's publish time (``Delivery.stamps``).
 Taken: TypeAlias = tuple[int, bytes, int, bytes | None]
 
-# Entries read from a source per step while filling a response.
+# Entries read from a source per step while filling a response: FIRST_READ_ENTRIES first,
+# twice as many each further step, at most READ_ENTRIES. A producer's batch is one entry, so
+# one or two usually fill a response; the log's read costs per entry it returns (BENCHMARKS.md,
+# PC7), and the entries of a read not taken were read for nothing (they are read again).
+FIRST_READ_ENTRIES = 2
 READ_ENTRIES = 64
 # A message whose dead-letter topic is missing (or whose forwarding failed) waits this long
 # before the next try.
@@ -500,9 +504,11 @@ class DeliveryPlanner:
             unacked: int = 0
             acked_at: int | None = -1
             source_bits = source << ids.OFFSET_BITS
+            read_entries = FIRST_READ_ENTRIES
             while not full and len(out) < max_msgs and offset < committed:
                 try:
-                    entries = reader.read(source, offset, READ_ENTRIES)
+                    entries = reader.read(source, offset, read_entries)
+                    read_entries = min(2 * read_entries, READ_ENTRIES)
                 except OffsetOutOfRange:
                     offset = max(offset, reader.start_offset(source))
                     continue
