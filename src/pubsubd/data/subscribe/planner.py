@@ -33,7 +33,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, repeat
 from operator import attrgetter
@@ -64,6 +64,40 @@ _size_of = attrgetter("size")
 # raw consumer a plain entry's data), the size flow control counts (the serialized message's,
 # in either form), and None or the plain message's publish time (``Delivery.stamps``).
 Taken: TypeAlias = tuple[int, bytes, int, bytes | None]
+
+
+class TakenColumns:
+    """The messages taken for one response (``DeliveryPlanner._take``), as columns of their
+    ``Taken`` fields: a run of one entry joins by four C-level extends, and the response's
+    Delivery takes the columns as they are."""
+
+    __slots__ = ("messages", "positions", "sizes", "stamps")
+
+    def __init__(self) -> None:
+        self.positions: list[int] = []
+        self.messages: list[bytes] = []
+        self.sizes: list[int] = []
+        self.stamps: list[bytes | None] = []
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def add(self, pos: int, message: bytes, size: int, stamp: bytes | None) -> None:
+        self.positions.append(pos)
+        self.messages.append(message)
+        self.sizes.append(size)
+        self.stamps.append(stamp)
+
+    def extend_run(
+        self, first: int, messages: Sequence[bytes], sizes: Sequence[int], stamp: bytes | None
+    ) -> None:
+        """The messages at positions first, first + 1, ... with one publish time."""
+        k = len(messages)
+        self.positions += range(first, first + k)
+        self.messages += messages
+        self.sizes += sizes
+        self.stamps += repeat(stamp, k)
+
 
 # Entries read from a source per step while filling a response: FIRST_READ_ENTRIES first,
 # twice as many each further step, at most READ_ENTRIES. A producer's batch is one entry, so
@@ -348,12 +382,16 @@ class DeliveryPlanner:
             if consumer.is_pull:
                 self.remove_consumer(consumer)
 
-    def _deliver(self, consumer: Consumer, batch: list[Taken], now: float) -> None:
+    def _deliver(self, consumer: Consumer, batch: TakenColumns, now: float) -> None:
         report = (
             self.subscription.HasField("dead_letter_policy") or self.settings.always_report_attempts
         )
-        # The batch's columns, transposed at C level (once per delivered message).
-        positions, stored, sizes, stamps = map(list, zip(*batch, strict=True))
+        positions, stored, sizes, stamps = (
+            batch.positions,
+            batch.messages,
+            batch.sizes,
+            batch.stamps,
+        )
         # One lease run per response (leases.py): generations first, first + 1, ...
         first = self.leases.grant_run(positions, sizes, now, consumer.ack_deadline_s, consumer.id)
         if consumer.raw:
@@ -381,14 +419,14 @@ class DeliveryPlanner:
                     message,
                     attempts(pos),
                 )
-                for gen, (pos, message, _, _) in enumerate(batch, first)
+                for gen, (pos, message) in enumerate(zip(positions, stored, strict=True), first)
             ]
         else:
             received = [
                 received_message(
                     f"{incarnation}-{pos >> ids.OFFSET_BITS}-{pos & mask}-{gen}".encode(), message
                 )
-                for gen, (pos, message, _, _) in enumerate(batch, first)
+                for gen, (pos, message) in enumerate(zip(positions, stored, strict=True), first)
             ]
         self._delivered(consumer, sizes)
         self._effects.deliveries.append(Delivery(consumer, received, positions))
@@ -423,14 +461,14 @@ class DeliveryPlanner:
         max_bytes: int,
         consumer: Consumer,
         key_owner: Callable[[str], Consumer | None] | None = None,
-    ) -> list[Taken]:
+    ) -> TakenColumns:
         """Up to max_msgs messages (at least one if any, then up to max_bytes) to deliver next:
         free ordering keys' queues first, then redeliveries, then new messages from the log.
         With ``key_owner`` (Key_Shared) a key's messages go only to the client owning it; a
         consumer with ``sources`` takes only those sources' messages. A raw consumer takes a
         plain entry's messages as their data (``Taken``); every other message, and every
         message a framed consumer takes, as ``DecodedEntry.messages`` has it."""
-        out: list[Taken] = []
+        out = TakenColumns()
         size = 0
         raw = consumer.raw
         ordered = bool(self.subscription.enable_message_ordering) or key_owner is not None
@@ -457,7 +495,7 @@ class DeliveryPlanner:
                     if out and size + taken[2] > max_bytes:
                         self.ordering.give_back(key, positions[j:])
                         return out
-                    out.append(taken)
+                    out.add(*taken)
                     size += taken[2]
                     self.ordering.delivered(key, pos)
                 batch_keys.add(key)
@@ -480,7 +518,7 @@ class DeliveryPlanner:
                 self._requeue(pos)
                 bytes_full = True
                 break
-            out.append(taken)
+            out.add(*taken)
             size += taken[2]
         for pos in others:
             heapq.heappush(self._redeliver, pos)
@@ -559,15 +597,7 @@ class DeliveryPlanner:
                             if not out:
                                 k = max(k, 1)  # the first message, however big
                             k = max(k, 0)
-                            out.extend(
-                                zip(
-                                    range(first, first + k),
-                                    messages[i : i + k],
-                                    run_sizes[:k],
-                                    repeat(stamp, k),
-                                    strict=False,
-                                )
-                            )
+                            out.extend_run(first, messages[i : i + k], run_sizes[:k], stamp)
                             size = sums[k]
                             offset = start + k
                             if start + k < stop or len(out) >= max_msgs:
@@ -606,7 +636,7 @@ class DeliveryPlanner:
                             offset = off
                             full = True
                             break
-                        out.append((pos, message, message_size, stamp))
+                        out.add(pos, message, message_size, stamp)
                         size += message_size
                         if key:
                             self.ordering.delivered(key, pos)
