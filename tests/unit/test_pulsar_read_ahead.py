@@ -148,3 +148,17 @@ def test_no_flow_for_the_idle_time_ends_reading_ahead_and_a_flow_keeps_it(
     # Sent: 0..1, then 2..3 (the second FLOW); read ahead and never sent: 4, 5.
     assert after == [(_pairs(4, 2, 5), None)]
     assert windows[-1] == ([], 4)  # the four the client holds
+
+
+def test_a_failover_consumer_that_stops_being_active_gives_back_what_it_read_ahead() -> None:
+    written: list[bytes] = []
+    consumer = recording_consumer(True, written)
+    consumer.flow(2)
+    consumer._buffered_more([_deliveries(0, 5, 1)])
+    consumer._pump()
+    consumer.told(True)
+    assert _calls(consumer, "unsent") == []
+    consumer.told(False)
+    assert _calls(consumer, "unsent") == [(_pairs(2, 3, 3), None)]
+    assert _calls(consumer, "window")[-1] == ([], 2)
+    assert len(written) == 3  # the MESSAGE, then both notices

@@ -92,7 +92,8 @@ MAX_BATCH = 1000  # messages per delivered batch (the client's own batching defa
 # planned, and the planning after it overlaps the client's work (BENCHMARKS.md, PC7). Messages
 # read ahead were never sent: they go back without counting a delivery attempt when the
 # client sends no FLOW for READ_AHEAD_IDLE_S (so a stalled consumer of a Shared subscription
-# holds no more than its own receiver queue for long), when it closes, or on a redeliver-all.
+# holds no more than its own receiver queue for long), when it closes, on a redeliver-all, and
+# when a Failover consumer stops being the active one.
 READ_AHEAD_MAX = MAX_BATCH
 READ_AHEAD_IDLE_S = 0.25
 MAX_BATCH_BYTES = 1024 * 1024  # payload bytes per delivered batch
@@ -229,6 +230,13 @@ class Consumer:
             )
             return
         self.stop_reading_ahead()
+
+    def told(self, active: bool) -> None:
+        """A failover notice, in order with the deliveries: tell the client; a consumer that
+        stops being active gives back what it read ahead (the active one takes it)."""
+        self.write(commands.active_consumer_change(self.consumer_id, active))
+        if not active and self._read_ahead:
+            self.stop_reading_ahead()
 
     def stop_reading_ahead(self) -> None:
         """The stream holds no more than the permits for this consumer, and what it read
@@ -675,7 +683,7 @@ class Consumer:
                 if received is None:
                     break
                 if isinstance(received, active_notices.ActiveNotice):
-                    self.write(commands.active_consumer_change(self.consumer_id, received.active))
+                    self.told(received.active)
                     continue
                 self._buffered_more(received)
                 self._pump()
