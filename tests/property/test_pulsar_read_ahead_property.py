@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from pubsubd.core import ids as core_ids
 from pubsubd.pulsar.api import BaseCommand, CommandAck
+from pubsubd.pulsar.consumers import settled_count
 from pubsubd.pulsar.deliveries import RawDeliveries
 from tests.support.pulsar_frames import written_messages
 from tests.support.pulsar_legs import RecordingLeg, recording_consumer
@@ -84,6 +85,7 @@ def test_never_more_than_the_permits_and_each_delivery_named_once(
         assert len(sent) <= permits  # never more than the client asked for
         unsent = {pos for k, names, _ in leg.calls if k == "unsent" for pos, _ in names}
         assert not unsent & sent  # given back uncounted only what was never sent
+        assert consumer._held_count == settled_count(consumer._delivered())
     asyncio.run(consumer.close())
     named: list[Any] = [d for k, names, _ in leg.calls if k != "window" for d in names]
     assert sorted(named) == sorted(fed)
