@@ -1,4 +1,5 @@
-"""Property test: LeaseTable against a naive model (a dict of pos -> (generation, deadline))."""
+"""Property test: LeaseTable against a naive model (a dict of pos -> (generation, deadline,
+confirmed), with each lease's holder and size)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ positions = st.integers(min_value=0, max_value=15)
 # Small integer-valued durations so that deadlines collide often.
 durations = st.integers(min_value=0, max_value=20).map(float)
 steps = st.integers(min_value=0, max_value=15).map(float)
+sizes = st.integers(min_value=0, max_value=1000)
 
 
 class LeaseMachine(RuleBasedStateMachine):
@@ -25,11 +27,14 @@ class LeaseMachine(RuleBasedStateMachine):
         self.model: dict[int, tuple[int, float, bool]] = {}  # pos -> (gen, deadline, confirmed)
         self.attempts: dict[int, int] = {}
         self.holders: dict[int, int] = {}  # pos -> consumer of its current lease
+        self.sizes: dict[int, int] = {}  # pos -> size of its current lease
         self.last_generation = 0
 
-    @rule(pos=positions, d=durations, consumer=st.integers(0, 3))
-    def grant(self, pos: int, d: float, consumer: int) -> None:
-        lease = self.table.grant(pos, self.now, d, consumer, 1)
+    @rule(pos=positions, d=durations, consumer=st.integers(0, 3), size=sizes)
+    def grant(self, pos: int, d: float, consumer: int, size: int) -> None:
+        lease = self.table.grant(pos, self.now, d, consumer, size)
+        assert (lease.consumer, lease.size) == (consumer, size)
+        self.sizes[pos] = size
         assert lease.generation > self.last_generation
         self.last_generation = lease.generation
         assert lease.deadline == self.now + d
@@ -38,17 +43,35 @@ class LeaseMachine(RuleBasedStateMachine):
         self.holders[pos] = consumer
         self.attempts[pos] = self.attempts.get(pos, 0) + 1
 
-    @rule(run=st.lists(positions, max_size=6, unique=True), d=durations, consumer=st.integers(0, 3))
-    def grant_run(self, run: list[int], d: float, consumer: int) -> None:
-        first = self.table.grant_run(run, [1] * len(run), self.now, d, consumer)
+    @rule(
+        run=st.lists(st.tuples(positions, sizes), max_size=6, unique_by=lambda t: t[0]),
+        d=durations,
+        consumer=st.integers(0, 3),
+    )
+    def grant_run(self, run: list[tuple[int, int]], d: float, consumer: int) -> None:
+        first = self.table.grant_run(
+            [p for p, _ in run], [size for _, size in run], self.now, d, consumer
+        )
+        self.sizes.update(run)
         if not run:
             return
         assert first > self.last_generation
         self.last_generation = first + len(run) - 1
-        for k, pos in enumerate(run):
+        for k, (pos, _) in enumerate(run):
             self.model[pos] = (first + k, self.now + d, False)
             self.holders[pos] = consumer
             self.attempts[pos] = self.attempts.get(pos, 0) + 1
+
+    @rule(
+        start=positions,
+        run_sizes=st.lists(sizes, min_size=1, max_size=8),
+        d=durations,
+        consumer=st.integers(0, 3),
+    )
+    def grant_consecutive(self, start: int, run_sizes: list[int], d: float, consumer: int) -> None:
+        """A run of consecutive positions (the usual response: its hold needs no index)."""
+        run = list(range(start, min(start + len(run_sizes), 16)))
+        self.grant_run(list(zip(run, run_sizes, strict=False)), d, consumer)
 
     @rule(
         picks=st.lists(st.tuples(positions, st.booleans()), max_size=6, unique_by=lambda t: t[0]),
@@ -65,7 +88,7 @@ class LeaseMachine(RuleBasedStateMachine):
         expected = [
             pos for pos, gen in deliveries if pos in self.model and self.model[pos][0] == gen
         ]
-        assert [lease.generation for lease in extended] == [self.model[p][0] for p in expected]
+        assert extended == {self.holders[p] for p in expected}
         for pos in expected:
             self.model[pos] = (self.model[pos][0], self.now + d, True)
 
@@ -103,6 +126,18 @@ class LeaseMachine(RuleBasedStateMachine):
         if not self.attempts[pos]:
             del self.attempts[pos]
 
+    @rule(picks=st.lists(positions, max_size=8, unique=True))
+    def forget_all(self, picks: list[int]) -> None:
+        returned = self.table.forget_all(picks)
+        expected: dict[int, list[int]] = {}
+        for pos in picks:
+            self.attempts.pop(pos, None)
+            if self.model.pop(pos, None) is not None:
+                counts = expected.setdefault(self.holders[pos], [0, 0])
+                counts[0] += 1
+                counts[1] += self.sizes[pos]
+        assert returned == expected
+
     @rule(pos=positions)
     def forget(self, pos: int) -> None:
         self.table.forget(pos)
@@ -135,6 +170,12 @@ class LeaseMachine(RuleBasedStateMachine):
             lease = self.table.get(p)
             assert lease is not None
             assert (lease.generation, lease.deadline, lease.confirmed) == (gen, deadline, confirmed)
+            assert (lease.consumer, lease.size) == (self.holders[p], self.sizes[p])
+            assert self.table.is_current(p, gen) and not self.table.is_current(p, gen + 1)
+            assert self.table.generation(p) == gen
+        assert self.table.leased == self.model.keys()
+        held = sorted(p for p in self.model if self.holders[p] == 0)
+        assert sorted(self.table.held_by(0)) == held
 
     @invariant()
     def same_attempts(self) -> None:

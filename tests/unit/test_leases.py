@@ -32,7 +32,7 @@ def test_grant_records_lease() -> None:
     assert lease.confirmed is False
     assert 7 in t
     assert len(t) == 1
-    assert t.get(7) is lease
+    assert t.get(7) == lease  # leases are values
     assert t.attempts(7) == 1
     assert t.next_deadline() == 110.0
 
@@ -59,7 +59,7 @@ def test_generations_keep_increasing_after_clear() -> None:
 def test_regrant_gets_new_generation_and_counts_attempt() -> None:
     t = LeaseTable()
     first = t.grant(5, 0.0, 10.0, 1, 1)
-    assert t.release(5) is first
+    assert t.release(5) == first
     assert 5 not in t
     assert t.attempts(5) == 1  # survives the lease end
     second = t.grant(5, 1.0, 10.0, 2, 1)
@@ -72,7 +72,7 @@ def test_extend_keeps_generation_and_confirms() -> None:
     lease = t.grant(1, 0.0, 10.0, 1, 1)
     gen = lease.generation
     extended = t.extend(1, now=5.0, seconds=30.0)
-    assert extended is lease
+    assert extended is not None
     assert extended.generation == gen
     assert extended.deadline == 35.0
     assert extended.confirmed is True
@@ -161,7 +161,7 @@ def test_regrant_without_release_replaces_lease() -> None:
     t.grant(1, 0.0, 10.0, 1, 1)
     new = t.grant(1, 0.0, 50.0, 2, 1)
     assert len(t) == 1
-    assert t.get(1) is new
+    assert t.get(1) == new
     assert t.expired(10.0) == []
     assert t.expired(50.0) == [(1, new)]
 
@@ -249,7 +249,7 @@ def test_give_back_ends_lease_without_counting_the_attempt() -> None:
     t.release(4)  # nacked: the first delivery counts
     second = t.grant(4, 1.0, 60.0, consumer=2, size=7)
     assert t.attempts(4) == 2
-    assert t.give_back(4, consumer=2) is second
+    assert t.give_back(4, consumer=2) == second
     assert 4 not in t
     assert t.attempts(4) == 1  # consumer 2 never had it
     assert t.next_deadline() is None  # its heap item is stale
@@ -274,7 +274,7 @@ def test_give_back_only_by_the_holder() -> None:
     lease = t.grant(1, 0.0, 10.0, consumer=1, size=1)
     assert t.give_back(1, consumer=2) is None  # someone else's lease
     assert t.give_back(2, consumer=1) is None  # not leased
-    assert t.get(1) is lease
+    assert t.get(1) == lease
     assert t.attempts(1) == 1
     t.release(1)
     assert t.give_back(1, consumer=1) is None  # already ended (ack, nack, expiry)
@@ -307,10 +307,8 @@ def test_a_run_grant_is_the_same_as_granting_one_by_one() -> None:
         for pos, size in zip(positions, sizes, strict=True):
             single.grant(pos, float(round_), 10.0, consumer, size)
             granted[pos] += 1
-        assert dict(bulk.leased) == dict(single.leased)
-        assert [bulk.leased[p].generation for p in positions] == list(
-            range(first, first + len(positions))
-        )
+        assert {p: bulk.get(p) for p in bulk.leased} == {p: single.get(p) for p in single.leased}
+        assert [bulk.generation(p) for p in positions] == list(range(first, first + len(positions)))
         assert bulk.attempts_of(list(range(60))) == list(granted.values())
         for pos in rng.sample(range(60), 5):  # some acked: their counts start again
             bulk.forget(pos)
@@ -318,3 +316,39 @@ def test_a_run_grant_is_the_same_as_granting_one_by_one() -> None:
             granted[pos] = 0
     with pytest.raises(ValueError):
         bulk.grant_run([1, 2], [10], 0.0, 10.0, 1)
+
+
+def test_extending_one_position_of_a_run_leaves_the_others_deadline() -> None:
+    """A run's positions share their hold; an extension moves only the positions it names."""
+    t = LeaseTable()
+    first = t.grant_run([1, 2, 3], [10, 20, 30], 0.0, 10.0, consumer=1)
+    assert t.extend_all([(2, first + 1)], 5.0, 60.0) == {1}
+    assert [t.get(p).deadline for p in (1, 2, 3)] == [10.0, 65.0, 10.0]  # type: ignore[union-attr]
+    assert [t.get(p).confirmed for p in (1, 2, 3)] == [False, True, False]  # type: ignore[union-attr]
+    assert [p for p, _ in t.expired(10.0)] == [1, 3]
+    assert t.next_deadline() == 65.0
+    assert t.get(2) == leases.Lease(first + 1, 65.0, 1, 20, True)
+
+
+def test_extend_all_names_the_consumers_and_skips_stale_deliveries() -> None:
+    t = LeaseTable()
+    a = t.grant_run([1, 2], [1, 1], 0.0, 10.0, consumer=7)
+    b = t.grant_run([3], [1], 0.0, 10.0, consumer=8)
+    assert t.extend_all([(1, a), (2, a), (3, b + 5)], 1.0, 30.0) == {7}  # (2, a) is stale
+    assert t.get(2).deadline == 10.0  # type: ignore[union-attr]
+    assert t.extend_all([(2, a + 1), (3, b)], 1.0, 30.0) == {7, 8}
+    assert t.is_current(3, b) and not t.is_current(3, b + 1) and not t.is_current(9, b)
+
+
+def test_forget_all_says_what_each_consumer_held() -> None:
+    t = LeaseTable()
+    t.grant_run([1, 2, 3], [10, 20, 30], 0.0, 10.0, consumer=1)
+    t.grant_run([4, 5], [1, 2], 0.0, 10.0, consumer=2)
+    t.grant_run([6], [100], 0.0, 10.0, consumer=1)
+    assert t.forget_all([1, 2]) == {1: [2, 30]}  # one run's
+    assert t.forget_all([3, 6, 99]) == {1: [2, 130]}  # two runs of one consumer, a miss
+    t.grant_run([7], [5], 0.0, 10.0, consumer=1)
+    assert t.forget_all([4, 99, 7, 5]) == {2: [2, 3], 1: [1, 5]}
+    assert t.forget_all([4, 5]) == {}
+    assert len(t) == 0 and not t.leased
+    assert t.attempts_of([1, 4, 7]) == [0, 0, 0]

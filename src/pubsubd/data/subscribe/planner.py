@@ -36,7 +36,6 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, repeat
-from operator import attrgetter
 from typing import Any, Protocol, TypeAlias
 
 from pubsubd.acks.cursor import Cursor, CursorState
@@ -56,9 +55,6 @@ from pubsubd.data.subscribe.retry import DelayQueue, backoff_s
 from pubsubd.data.subscribe.roster import Roster, held_by_stream, room, same_client
 from pubsubd.storage.damage import DamagedRange
 from pubsubd.storage.errors import DamagedEntries, OffsetOutOfRange
-
-_consumer_of = attrgetter("consumer")  # of a Lease
-_size_of = attrgetter("size")
 
 # A message taken for delivery: position, the message (a serialized PubsubMessage, or for a
 # raw consumer a plain entry's data), the size flow control counts (the serialized message's,
@@ -859,22 +855,8 @@ class DeliveryPlanner:
     ) -> None:
         # Runs once per acked message: the leases end in one call, what they held is given
         # back per consumer (as _release does one by one), offsets are grouped per source.
-        freed = False
-        ended = self.leases.forget_all(positions)
-        if ended:
-            freed = True
-            returned: dict[int, list[int]] = {}  # consumer -> [messages, bytes]
-            holders = list(map(_consumer_of, ended))
-            if holders.count(holders[0]) == len(holders):  # one consumer's: C-level sums
-                returned[holders[0]] = [len(ended), sum(map(_size_of, ended))]
-            else:
-                for lease in ended:
-                    counts = returned.get(lease.consumer)
-                    if counts is None:
-                        returned[lease.consumer] = [1, lease.size]
-                    else:
-                        counts[0] += 1
-                        counts[1] += lease.size
+        returned = self.leases.forget_all(positions)  # consumer -> [messages, bytes]
+        if returned:
             consumers = self.roster.consumers
             for consumer_id, (count, size) in returned.items():
                 self._outstanding_bytes -= size
@@ -891,7 +873,7 @@ class DeliveryPlanner:
         else:
             self._ack_spans(spans)
         self.acked += len(positions)
-        if freed or self.subscription.enable_message_ordering:
+        if returned or self.subscription.enable_message_ordering:
             self._effects.pump = True
 
     def _ack_offsets(self, positions: list[int]) -> None:
@@ -948,16 +930,14 @@ class DeliveryPlanner:
 
     def current(self, pos: int, generation: int) -> bool:
         """Whether (pos, generation) is the live lease (exactly-once checks)."""
-        lease = self.leases.get(pos)
-        return lease is not None and lease.generation == generation
+        return self.leases.is_current(pos, generation)
 
     def modify_deadline(self, positions: list[tuple[int, int]], seconds: int, now: float) -> None:
         """Extend leases to now + seconds; 0 is a nack (redeliver, after any retry backoff)."""
         if seconds == 0:
             failed = False
             for pos, generation in positions:
-                lease = self.leases.get(pos)
-                if lease is not None and lease.generation == generation:
+                if self.leases.is_current(pos, generation):
                     self._release(pos)
                     self._failed(pos, now, nack=True)
                     failed = True
@@ -965,11 +945,7 @@ class DeliveryPlanner:
                 self._effects.pump = True
             return
         consumers = self.roster.consumers
-        holder = -1  # the consumer last checked: a request's leases are mostly one consumer's
-        for lease in self.leases.extend_all(positions, now, seconds):
-            if lease.consumer == holder:
-                continue
-            holder = lease.consumer
+        for holder in self.leases.extend_all(positions, now, seconds):
             consumer = consumers.get(holder)
             if consumer is not None and consumer.stalled:
                 consumer.stalled = False
