@@ -3,7 +3,8 @@
 Entries as publish stores them (core/validation.py: a message has data or an attribute of its
 own; PublishDeduplicated writes the reserved attribute itself) with data of any length,
 attributes, an ordering key, the reserved attribute, and stored bytes a gRPC client may add
-(a message ID, a publish time, an unknown field, ``data`` twice): whenever ``plain`` answers,
+(a message ID, a publish time, an unknown field, ``data`` twice; in the request, the topic
+again or an unknown field): whenever ``plain`` answers,
 each message's data, ID, publish time and size are those of the serialized message the
 framed path delivers, with no attribute and no ordering key; and an entry of plain messages
 is always answered (the fast path is taken) unless its IDs cross a power of ten.
@@ -48,11 +49,16 @@ _message = st.builds(
 ).filter(lambda m: bool(m.data or m.attributes))  # publish refuses an empty message
 
 
-def _request(messages: list[bytes]) -> bytes:
+# What a client's request may carry besides its topic and messages: the topic again, an empty
+# topic, an unknown field. Such an entry need not take the fast path.
+_REQUEST_EXTRAS = [b"", b"", b"", b"\x0a\x13projects/p/topics/t", b"\x0a\x00", b"\x1a\x01x"]
+
+
+def _request(messages: list[bytes], extra: bytes = b"") -> bytes:
     out = b"\x0a\x13projects/p/topics/t"
     for m in messages:
         out += b"\x12" + varint(len(m)) + m
-    return out
+    return out + extra
 
 
 @st.composite
@@ -77,7 +83,8 @@ def _entries(draw: st.DrawFn) -> tuple[bytes, bool]:
         extra = draw(st.sampled_from(_EXTRAS))
         stored.append(m.SerializeToString() + extra)
         plain = plain and bool(m.data) and not m.attributes and not m.ordering_key and not extra
-    return _request(stored), plain
+    outside = draw(st.sampled_from(_REQUEST_EXTRAS))
+    return _request(stored, outside), plain and not outside
 
 
 @settings(max_examples=500, deadline=None)

@@ -178,6 +178,19 @@ class LeaseMachine(RuleBasedStateMachine):
         assert sorted(self.table.held_by(0)) == held
 
     @invariant()
+    def each_hold_counts_its_positions_and_has_its_run(self) -> None:
+        """The table's own bookkeeping: a hold's ``live`` is the count of positions whose
+        lease it is, and the heap has a run of its holding all of them (else they would never
+        expire)."""
+        held: dict[int, list[int]] = {}
+        for pos, hold in self.table._holds.items():
+            held.setdefault(id(hold), []).append(pos)
+        runs = {id(run.hold): run for _, _, run in self.table._heap}
+        for pos, hold in self.table._holds.items():
+            assert hold.live == len(held[id(hold)])
+            assert set(held[id(hold)]) <= set(runs[id(hold)].positions)
+
+    @invariant()
     def same_attempts(self) -> None:
         for p in range(16):
             assert self.table.attempts(p) == self.attempts.get(p, 0)

@@ -1,7 +1,7 @@
 """Flat views of a PublishRequest's wire bytes: every attribute key and value of every message
 in two lists, for the validation fast path (core/validation.py), every message's data in one
-list, for the replay API's columnar Read (data/decoding.py), and both at once, for a raw
-stream's plain entries (``decoding._plain_entry``).
+list, for the replay API's columnar Read (data/decoding.py), and both at once with the topic,
+for a raw stream's plain entries (``decoding._plain_entry``).
 
 Reading attributes through the parsed ``map<string, string>`` costs ~1.25 µs per attribute in
 Python (each key and value becomes a ``str``); these views cost ~0.2 µs. They rely on protobuf's
@@ -57,7 +57,11 @@ def _build() -> tuple[Any, Any, Any, Any]:
         ("data", 1, _F.TYPE_BYTES, many, ""),
         ("attributes", 2, msg, one, f".{_PACKAGE}.KeysValues"),
     )
-    message("DataKeysValuesView", ("messages", 2, msg, one, f".{_PACKAGE}.AllDataKeysValues"))
+    message(
+        "DataKeysValuesView",
+        ("topic", 1, _F.TYPE_BYTES, one, ""),
+        ("messages", 2, msg, one, f".{_PACKAGE}.AllDataKeysValues"),
+    )
     pool = descriptor_pool.DescriptorPool()
     pool.Add(proto)
 
@@ -100,11 +104,13 @@ def attribute_keys(raw: bytes) -> list[bytes]:
     return list(_KeysValuesView.FromString(raw).messages.attributes.key)
 
 
-def data_keys_values(raw: bytes) -> tuple[list[bytes], list[bytes], list[bytes]]:
-    """:func:`message_data` and :func:`attribute_keys_values` in one pass over the bytes."""
-    messages = _DataKeysValuesView.FromString(raw).messages
+def topic_data_keys_values(raw: bytes) -> tuple[bytes, list[bytes], list[bytes], list[bytes]]:
+    """The request's topic (its last ``topic`` field, empty if none), then :func:`message_data`
+    and :func:`attribute_keys_values`, in one pass over the bytes."""
+    view = _DataKeysValuesView.FromString(raw)
+    messages = view.messages
     kv = messages.attributes
-    return list(messages.data), list(kv.key), list(kv.value)
+    return view.topic, list(messages.data), list(kv.key), list(kv.value)
 
 
 def message_data(raw: bytes) -> list[bytes]:

@@ -28,6 +28,8 @@ property test checks that ``plain`` says what ``messages`` says.
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import repeat
+from operator import add
 from typing import Any, NamedTuple
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -254,30 +256,38 @@ def _stamp(publish_time_us: int) -> bytes:
 
 
 def _plain_entry(source: int, entry: Entry) -> PlainEntry | None:
-    """:meth:`DecodedEntry.plain`: two flat reads of the payload instead of a pass over each
+    """:meth:`DecodedEntry.plain`: one flat read of the payload instead of a pass over each
     message. The entry is plain when (1) it holds as many ``data`` fields as messages, (2) its
     attribute keys are none, or one reserved key per message with as many values, and (3) the
-    messages' bytes add up to exactly those data fields and reserved map entries, each written
-    as protobuf writes it (one-byte tags, shortest lengths): no byte is left for any other
-    field (an ordering key, an attribute, a message ID or publish time of the client's, an
-    unknown field), and each message's delivered form (``_spliced``: its bytes less the
-    reserved entry, then ID and time) is its data field, the ID field and the time field,
-    whose sizes are known. What publish checks (core/validation.py) makes this exact: a stored
-    message has non-empty data or an attribute of the client's (so with (2) each message has
-    a data field, and with (1) exactly one: its data, in order), no empty attribute key, and
-    the reserved attribute only as the server writes it (so each reserved key is in its own
-    entry with its value). A message ID's digits differ within an entry only across a power
-    of ten; such an entry is not plain (its ``messages`` serve)."""
+    payload's bytes add up to exactly those data fields and reserved map entries, each written
+    as protobuf writes it (one-byte tags, shortest lengths), each message's tag and length in
+    the request, and the request's topic field: no byte is left for any other field (an
+    ordering key, an attribute, a message ID or publish time of the client's, an unknown
+    field, another field of the request), and each message's delivered form (``_spliced``:
+    its bytes less the reserved entry, then ID and time) is its data field, the ID field and
+    the time field, whose sizes are known. What publish checks (core/validation.py) makes
+    this exact: a stored message has non-empty data or an attribute of the client's (so with
+    (2) each message has a data field, and with (1) exactly one: its data, in order), no empty
+    attribute key, and the reserved attribute only as the server writes it (so each reserved
+    key is in its own entry with its value, at most one per message). Any other byte, or a
+    longer encoding, makes the payload longer than that sum. The sizes of the messages'
+    lengths are known when the shortest and the longest message such an entry can hold have
+    lengths of one size; else each message is read to count its bytes. A message ID's digits
+    differ within an entry only across a power of ten; such an entry is not plain (its
+    ``messages`` serve)."""
     payload = entry.payload
-    raw = _RawMessages.FromString(payload).messages
-    n = len(raw)
-    data, keys, values = flat_views.data_keys_values(payload)
+    n = entry.count
+    topic, data, keys, values = flat_views.topic_data_keys_values(payload)
     if not n or len(data) != n:
         return None
     lengths = list(map(len, data))
+    shortest, longest = min(lengths), max(lengths)
+    short = longest < 0x80
     stored = sum(lengths)
-    short = max(lengths) < 0x80
     stored += 2 * n if short else sum(1 + len(varint(length)) for length in lengths)
+    # The shortest and longest message: a data field, then any reserved entry.
+    smallest = shortest + 1 + len(varint(shortest))
+    largest = longest + 1 + len(varint(longest))
     if keys:
         if len(keys) != n or len(values) != n or keys.count(_DEDUP_KEY) != n:
             return None
@@ -285,8 +295,16 @@ def _plain_entry(source: int, entry: Entry) -> PlainEntry | None:
         if max(value_bytes) >= _SHORT_DEDUP_VALUE:
             return None  # a long dedup ID: not worth the general case
         # per entry: tag, length, key field, value tag, value length, value
-        stored += n * (4 + len(_DEDUP_ENTRY_KEY)) + sum(value_bytes)
-    if sum(map(len, raw)) != stored:
+        fixed = 4 + len(_DEDUP_ENTRY_KEY)
+        stored += n * fixed + sum(value_bytes)
+        smallest += fixed + min(value_bytes)
+        largest += fixed + max(value_bytes)
+    framing = len(varint(smallest))
+    if framing == len(varint(largest)):  # in the request, each message's tag and length
+        request = 1 + len(varint(len(topic))) + len(topic) if topic else 0  # the topic field
+        if len(payload) != request + stored + n * (1 + framing):
+            return None
+    elif sum(map(len, _RawMessages.FromString(payload).messages)) != stored:
         return None
     base = ids.position(source, entry.base_offset)
     digits = len(b"%d" % base)
@@ -296,7 +314,7 @@ def _plain_entry(source: int, entry: Entry) -> PlainEntry | None:
     # the ID field (tag, length, digits) and the time field (tag, length, Timestamp)
     extra = 2 + digits + 2 + len(stamp)
     if short:  # the data field: tag, one-byte length, data
-        sizes = [length + (2 + extra) for length in lengths]
+        sizes = list(map(add, lengths, repeat(2 + extra)))
     else:
         sizes = [length + 1 + len(varint(length)) + extra for length in lengths]
     return PlainEntry(data, sizes, stamp)

@@ -22,14 +22,16 @@ Rules:
    in the hold's index). The table itself is one dict, position -> hold. A grant so costs one
    dict entry per message and one object per response, not a lease object per message (those,
    with the collector's work on them, were a tenth of a Pulsar drain's server CPU). Holds are
-   never changed: extending a lease moves its position to a copy of its hold with the new
-   deadline (copy on write, one copy per hold and call), so the rest of its grant keeps theirs.
-   :class:`Lease` is the per-position value the single-position calls return.
+   never changed but for the count of positions still in them (``live``): extending a lease
+   moves its position to a copy of its hold with the new deadline (copy on write, one copy per
+   hold and call), so the rest of its grant keeps theirs. :class:`Lease` is the per-position
+   value the single-position calls return.
 6. Expiry uses a heap of runs with lazy deletion: one heap item per hold, holding its
    positions, so the heap costs one push per response, not per message. A run's position is
-   live only while its hold is the run's (a position never returns to a hold it left); the run
-   remembers how far its dead prefix goes, so each position is looked at about once by
-   ``next_deadline``. Ended leases leave stale entries behind until their run is popped, so the
+   live only while its hold is the run's (a position never returns to a hold it left), and a
+   run whose hold has no live position left is dropped without looking at its positions, so
+   ``next_deadline`` costs nothing per message. Ended leases leave stale entries behind until
+   their run is popped, so the
    heap is rebuilt from the live leases whenever the runs' entries outnumber twice the live
    leases plus ``COMPACT_SLACK``: its size stays proportional to the outstanding messages, not
    to the delivery rate times the ack deadline. ``expired`` returns leases in (deadline,
@@ -42,8 +44,8 @@ import heapq
 from collections import deque
 from collections.abc import KeysView, Sequence
 from dataclasses import dataclass, field
-from itertools import compress, groupby, repeat
-from operator import add, is_, sub
+from itertools import groupby, repeat
+from operator import add, sub
 
 # The heap is rebuilt when it holds more than twice the live leases plus this many items.
 COMPACT_SLACK = 4096
@@ -62,9 +64,10 @@ class Lease:
 
 class _Hold:
     """What the positions of one grant share (or those of one grant that one call extended).
-    Never changed once made; compared by identity."""
+    Never changed once made but for ``live``, the count of positions whose lease it is;
+    compared by identity."""
 
-    __slots__ = ("base", "confirmed", "consumer", "deadline", "first", "index", "sizes")
+    __slots__ = ("base", "confirmed", "consumer", "deadline", "first", "index", "live", "sizes")
 
     def __init__(
         self,
@@ -83,6 +86,7 @@ class _Hold:
         self.sizes = sizes  # of the grant's positions, in grant order
         self.base = base  # consecutive positions: position base + k is the grant's k-th
         self.index = index  # else: position -> k
+        self.live = 0
 
     def nth(self, pos: int) -> int:
         return pos - self.base if self.index is None else self.index[pos]
@@ -100,19 +104,18 @@ class _Hold:
         return sum(map(self.sizes.__getitem__, ks))
 
     def extended(self, deadline: float) -> _Hold:
+        """A copy with ``deadline``, confirmed, holding no position yet."""
         return _Hold(deadline, self.consumer, True, self.first, self.sizes, self.base, self.index)
 
 
 class _Run:
-    """The positions of one hold, as one heap item. ``dead`` counts the leading positions known
-    to be stale (they never become live again: see ``next_deadline``)."""
+    """The positions of one hold, as one heap item (each hold has exactly one run)."""
 
-    __slots__ = ("dead", "hold", "positions")
+    __slots__ = ("hold", "positions")
 
     def __init__(self, positions: Sequence[int], hold: _Hold) -> None:
         self.positions = positions
         self.hold = hold
-        self.dead = 0
 
 
 def _consecutive(positions: list[int]) -> bool:
@@ -186,6 +189,7 @@ class LeaseTable:
         if not holds.keys().isdisjoint(positions):  # leased again unacked: that delivery counts
             for pos in positions:
                 if pos in holds:
+                    holds[pos].live -= 1
                     self._count_past(pos)
         run: Sequence[int]
         if _consecutive(positions):
@@ -197,6 +201,7 @@ class LeaseTable:
             hold = _Hold(now + deadline_s, consumer, False, first, sizes, 0, index)
         # One C-level pass (once per delivered message): no object per message.
         holds.update(zip(run, repeat(hold, count), strict=False))  # lengths checked above
+        hold.live = count
         self._push(_Run(run, hold))
         return first
 
@@ -229,6 +234,12 @@ class LeaseTable:
     def attempts(self, pos: int) -> int:
         return self._past.get(pos, 0) + (pos in self._holds)
 
+    def attempts_of_leased(self, positions: list[int]) -> list[int]:
+        """:meth:`attempts` of each of ``positions``, all of them leased (as just granted)."""
+        if not self._past:  # no delivery ended unacked: each is a first delivery
+            return [1] * len(positions)
+        return list(map(add, map(self._past.get, positions, repeat(0)), repeat(1)))
+
     def attempts_of(self, positions: list[int]) -> list[int]:
         """:meth:`attempts` of each of ``positions``."""
         leased = map(self._holds.__contains__, positions)
@@ -240,6 +251,8 @@ class LeaseTable:
         if hold is None:
             return None
         moved = self._holds[pos] = hold.extended(now + seconds)
+        hold.live -= 1
+        moved.live = 1
         self._push(_Run([pos], moved))
         return moved.lease(pos)
 
@@ -264,7 +277,9 @@ class LeaseTable:
             holds[pos] = run.hold
             run.positions.append(pos)  # type: ignore[attr-defined]  # a list, made here
         consumers = set()
-        for run in moved.values():
+        for source, run in moved.items():
+            source.live -= len(run.positions)
+            run.hold.live += len(run.positions)
             self._push(run)
             consumers.add(run.hold.consumer)
         return consumers
@@ -277,6 +292,7 @@ class LeaseTable:
         hold = self._holds.pop(pos, None)
         if hold is None:
             return None
+        hold.live -= 1
         self._count_past(pos)
         return hold.lease(pos)
 
@@ -288,6 +304,7 @@ class LeaseTable:
         if hold is None or hold.consumer != consumer:
             return None
         del self._holds[pos]
+        hold.live -= 1
         return hold.lease(pos)
 
     def forget_all(self, positions: list[int]) -> dict[int, list[int]]:
@@ -302,12 +319,14 @@ class LeaseTable:
             return {}
         hold = ended[0]
         if hold is not None and ended.count(hold) == len(ended):  # one grant's: the usual case
+            hold.live -= len(ended)
             return {hold.consumer: [len(ended), hold.bytes_of(positions)]}
         returned: dict[int, list[int]] = {}
         i = 0
         for group, same in groupby(ended):  # runs of one hold (a miss: of None)
             n = len(list(same))
             if group is not None:
+                group.live -= n
                 size = group.bytes_of(positions[i : i + n])
                 counts = returned.get(group.consumer)
                 if counts is None:
@@ -320,7 +339,9 @@ class LeaseTable:
 
     def forget(self, pos: int) -> None:
         """The position is acked: drop its delivery count too."""
-        self._holds.pop(pos, None)
+        hold = self._holds.pop(pos, None)
+        if hold is not None:
+            hold.live -= 1
         self._past.pop(pos, None)
 
     def expired(self, now: float) -> list[tuple[int, Lease]]:
@@ -332,34 +353,27 @@ class LeaseTable:
             _, _, run = heapq.heappop(heap)
             self._entries -= len(run.positions)
             hold = run.hold
-            positions = run.positions
-            for k in range(run.dead, len(positions)):
-                pos = positions[k]
+            if not hold.live:
+                continue
+            for pos in run.positions:
                 if holds.get(pos) is hold:
                     del holds[pos]
                     self._count_past(pos)
                     out.append((pos, hold.lease(pos)))
+            hold.live = 0
         if len(out) > 1:
             out.sort(key=lambda item: (item[1].deadline, item[0]))
         return out
 
     def next_deadline(self) -> float | None:
-        """The earliest deadline of a live lease. A run's dead prefix only grows: a stale
-        entry's lease was ended, re-granted or extended, each of which moves its position to
-        another hold or none, and a position never returns to a hold it left."""
-        heap, holds = self._heap, self._holds
+        """The earliest deadline of a live lease: the first run whose hold still has one."""
+        heap = self._heap
         while heap:
             deadline, _, run = heap[0]
-            positions, hold = run.positions, run.hold
-            k, n = run.dead, len(positions)
-            # The first live position at or after k (a C-level scan: runs are often all dead).
-            live = map(is_, map(holds.get, positions[k:]), repeat(hold))
-            k = next(compress(range(k, n), live), n)
-            if k < n:
-                run.dead = k
+            if run.hold.live:
                 return deadline
             heapq.heappop(heap)
-            self._entries -= n
+            self._entries -= len(run.positions)
         return None
 
     def held_by(self, consumer: int) -> list[int]:

@@ -399,7 +399,7 @@ class DeliveryPlanner:
                     stored,
                     positions,
                     first,
-                    self.leases.attempts_of(positions) if report else None,
+                    self.leases.attempts_of_leased(positions) if report else None,
                     stamps,
                 )
             )
