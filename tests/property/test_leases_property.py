@@ -186,7 +186,7 @@ class LeaseMachine(RuleBasedStateMachine):
         for pos, hold in self.table._holds.items():
             held.setdefault(id(hold), []).append(pos)
         runs = {id(run.hold): run for _, _, run in self.table._heap}
-        for pos, hold in self.table._holds.items():
+        for hold in self.table._holds.values():
             assert hold.live == len(held[id(hold)])
             assert set(held[id(hold)]) <= set(runs[id(hold)].positions)
 
