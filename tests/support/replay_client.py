@@ -22,7 +22,11 @@ _METHODS = {
 
 class ReplayClient:
     def __init__(self, endpoint: str) -> None:
-        self.channel = grpc.insecure_channel(endpoint)
+        # A connection of its own: the process's shared subchannel to a server that was just
+        # restarted may still be in reconnect backoff (its last error "Connection refused").
+        self.channel = grpc.insecure_channel(
+            endpoint, options=[("grpc.use_local_subchannel_pool", 1)]
+        )
         self._calls = {
             name: self.channel.unary_unary(
                 f"/pubsubd.v1.Replay/{name}",
