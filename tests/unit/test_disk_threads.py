@@ -100,3 +100,23 @@ async def test_many_calls_are_each_answered_once_in_any_order() -> None:
 
     results = await asyncio.gather(*(disk_threads.run(slow_or_fast, i) for i in range(300)))
     assert results == list(range(300))
+
+
+async def test_a_thread_that_cannot_start_fails_its_call_which_never_runs_later(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The log takes a failed append as not written (its offsets handed out again): the
+    call must not be left queued for a thread started later."""
+    monkeypatch.setattr(disk_threads, "_pool", None)  # a pool of no threads yet
+    ran: list[int] = []
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    with monkeypatch.context() as m:
+        m.setattr(threading.Thread, "start", refuse)
+        with pytest.raises(RuntimeError, match="can't start"):
+            disk_threads.run(ran.append, 1)
+    await disk_threads.run(ran.append, 2)
+    await asyncio.sleep(0.05)
+    assert ran == [2]

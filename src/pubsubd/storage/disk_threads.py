@@ -61,10 +61,16 @@ class _Pool:
                 start = True
             else:
                 self.backlog += 1
-        self.work.put(work)
         if start:
-            name = f"pubsubd-disk-{self.threads}"
-            threading.Thread(target=self._serve, name=name, daemon=True).start()
+            # Started before the call is queued: a thread that cannot start fails the call
+            # here, never to have it run later by another thread behind its caller's back.
+            try:
+                threading.Thread(target=self._serve, name="pubsubd-disk", daemon=True).start()
+            except BaseException:
+                with self.lock:
+                    self.threads -= 1
+                raise
+        self.work.put(work)
 
     def _serve(self) -> None:
         work, lock = self.work, self.lock
