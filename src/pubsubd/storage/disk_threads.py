@@ -6,8 +6,8 @@ check, a copied context, and an asyncio future chained to the first one. On this
 2-vCPU VM that came to ~75 µs of wall time and ~85 µs of CPU per call for a call that does
 nothing, paid on every log append and every ack journal write (an fsync costs ~250 µs).
 :func:`run` hands the call to a thread through a ``SimpleQueue`` and answers through
-``call_soon_threadsafe``: ~24 µs and ~25 µs (BENCHMARKS.md, "One-at-a-time publish: the
-storage's thread hop").
+``call_soon_threadsafe``: ~24 µs and ~25 µs (BENCHMARKS.md, "The storage's thread hop: disk
+threads").
 
 The threads are shared by every log and journal of the process, started as they are needed
 (up to :data:`MAX_THREADS`, so several logs fsync at once) and left running, idle, on the queue.
