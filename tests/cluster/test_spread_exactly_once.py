@@ -169,36 +169,40 @@ def test_an_exactly_once_subscription_spread_and_gathered_never_redelivers_an_ac
         "the subscription served",
     )
     receiver = ExactlyOnceReceiver(endpoint, subscription)
-    flood = Flood(endpoint, topic, rate=200).start()  # unkeyed: over every source
-    started = time.monotonic()
-    spread_after = gathered_after = 0.0
+    # Closed even when the test fails: its stream left open outlives the cluster, and its
+    # lease maintainer raises in whichever test runs next.
     try:
-        wait_for(lambda: _status(cluster, "router-1")["spread"], 30, "the router spreads it")
-        flood.rate = 3.0  # a trickle: acks go on while it moves and the load decays
+        flood = Flood(endpoint, topic, rate=200).start()  # unkeyed: over every source
+        started = time.monotonic()
+        spread_after = gathered_after = 0.0
+        try:
+            wait_for(lambda: _status(cluster, "router-1")["spread"], 30, "the router spreads it")
+            flood.rate = 3.0  # a trickle: acks go on while it moves and the load decays
 
-        def spread_over_both() -> bool:
-            served = [_served_sources(cluster, n, subscription) for n in SUBSCRIBING]
-            return all(served) and sorted(served[0] + served[1]) == list(range(SOURCES))
+            def spread_over_both() -> bool:
+                served = [_served_sources(cluster, n, subscription) for n in SUBSCRIBING]
+                return all(served) and sorted(served[0] + served[1]) == list(range(SOURCES))
 
-        wait_for(spread_over_both, 30, "the subscription spread over both forwarders")
-        spread_after = time.monotonic() - started
+            wait_for(spread_over_both, 30, "the subscription spread over both forwarders")
+            spread_after = time.monotonic() - started
 
-        def gathered() -> bool:
-            return not any(_served_sources(cluster, n, subscription) for n in SUBSCRIBING)
+            def gathered() -> bool:
+                return not any(_served_sources(cluster, n, subscription) for n in SUBSCRIBING)
 
-        wait_for(gathered, 40, "the subscription gathered back to one forwarder")
-        gathered_after = time.monotonic() - started
-        time.sleep(1.0)
+            wait_for(gathered, 40, "the subscription gathered back to one forwarder")
+            gathered_after = time.monotonic() - started
+            time.sleep(1.0)
+        finally:
+            published = flood.stop()
+        # Every message delivered; the stream goes on until no ack has failed for a lease
+        # deadline (a lease whose ack did not take is redelivered by then).
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (
+            published <= set(receiver.events) and receiver.quiet_for() > ACK_DEADLINE_S + 1
+        ):
+            time.sleep(0.1)
     finally:
-        published = flood.stop()
-    # Every message delivered; the stream goes on until no ack has failed for a lease
-    # deadline (a lease whose ack did not take is redelivered by then).
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (
-        published <= set(receiver.events) and receiver.quiet_for() > ACK_DEADLINE_S + 1
-    ):
-        time.sleep(0.1)
-    receiver.close()
+        receiver.close()
     # What is left unacked on the server comes back to a Pull within a lease deadline.
     later = make_subscriber(endpoint)
     back: set[bytes] = set()

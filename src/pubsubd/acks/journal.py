@@ -107,7 +107,6 @@ from typing import Final, Protocol, TypeVar
 import google_crc32c
 
 from pubsubd.acks.cursor import Cursor, CursorState
-from pubsubd.storage import disk_threads
 from pubsubd.storage.files import fdatasync, fsync_directory, make_dirs, write_all
 
 __all__ = [
@@ -355,7 +354,7 @@ async def _run_in_thread(fn: Callable[[], _T]) -> _T:
     The caller holds the I/O lock, and it must not be released while a write on
     the journal fd is still in flight.
     """
-    task = disk_threads.run(fn)
+    task = asyncio.ensure_future(asyncio.to_thread(fn))
     cancelled = False
     while not task.done():
         try:

@@ -4,8 +4,8 @@ A replica stores a log's segment files. :class:`QuorumWriter` sends every operat
 all replicas concurrently and returns once a majority applied it. Today a log has one
 replica, its local disk (:class:`LocalDiskReplica`); N clusters x M disks plug in here.
 
-Blocking file work (``write``, ``fsync``, ``open``) runs in the storage's disk threads
-(``disk_threads.py``) so the event loop never waits on the disk.
+Blocking file work (``write``, ``fsync``, ``open``) runs in worker threads so the event
+loop never waits on the disk.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from pubsubd.storage import disk_threads
 from pubsubd.storage.errors import ReplicationFailed, StorageError
 from pubsubd.storage.files import fdatasync, fsync_directory, write_all
 from pubsubd.storage.quorum import QuorumTracker
@@ -174,13 +173,13 @@ class LocalDiskReplica:
             self._segment_base = None
 
     async def append(self, segment_base: int, data: bytes, sync: bool) -> None:
-        await disk_threads.run(self._append_blocking, segment_base, data, sync)
+        await asyncio.to_thread(self._append_blocking, segment_base, data, sync)
 
     async def sync(self) -> None:
-        await disk_threads.run(self._sync_blocking)
+        await asyncio.to_thread(self._sync_blocking)
 
     async def roll(self, new_segment_base: int, sync: bool) -> None:
-        await disk_threads.run(self._roll_blocking, new_segment_base, sync)
+        await asyncio.to_thread(self._roll_blocking, new_segment_base, sync)
 
     def delete_segment(self, segment_base: int) -> None:
         if segment_base == self._segment_base:
@@ -189,7 +188,7 @@ class LocalDiskReplica:
 
     async def close(self) -> None:
         if self._fd is not None:  # many idle logs: no thread hop for nothing
-            await disk_threads.run(self._close_blocking)
+            await asyncio.to_thread(self._close_blocking)
 
 
 _NO_FAILURES: frozenset[int] = frozenset()
