@@ -351,7 +351,7 @@ class SubscriptionOwnership(_Moves):
         self._subscribing.served_sources.pop(uid, None)
         name = self._names.pop(uid, None)
         if name is not None and self._subscribing.serves(name):
-            self._subscribing.close_subscription(name, NotServedHere(f"subscription {name}"))
+            self._subscribing.close_subscription(name, NotServedHere(f"subscription {name}"), uid)
         topic_uid = self._remote_topic.get(uid)
         if topic_uid is not None:
             try:
@@ -414,7 +414,7 @@ class SubscriptionOwnership(_Moves):
         self._subscribing.served_sources.pop(uid, None)
         name = self._names.pop(uid, None)
         if name is not None and self._subscribing.serves(name):
-            self._subscribing.close_subscription(name, NotServedHere(f"subscription {name}"))
+            self._subscribing.close_subscription(name, NotServedHere(f"subscription {name}"), uid)
         await self._forget_remote(uid)
         self.released += 1
 

@@ -221,17 +221,20 @@ class SubscribingReconciler:
     def _subscription(self, record: SubscriptionRecord, deleted: bool) -> None:
         name = record.name
         if deleted:
-            self.forwarder.close_subscription(name, SubscriptionNotFound(name))
+            self.forwarder.close_subscription(name, SubscriptionNotFound(name), record.uid)
             return
         subscription: Any = pb.Subscription.FromString(record.body)
         if subscription.detached:
             self.forwarder.close_subscription(
-                name, FailedPrecondition(f"subscription {name} is detached")
+                name, FailedPrecondition(f"subscription {name} is detached"), record.uid
             )
             return
-        if self.forwarder.serves(name):
+        served = self.forwarder.served_uid(name)
+        if served == record.uid:
             self.forwarder.configure(name, subscription)
             return
+        if served is not None:  # the name's earlier subscription, deleted since
+            self.forwarder.close_subscription(name, SubscriptionNotFound(name), served)
         try:
             self.forwarder.open(
                 name,

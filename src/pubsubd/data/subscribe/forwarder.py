@@ -222,6 +222,11 @@ class SubscribingForwarder:
     def serves(self, name: str) -> bool:
         return name in self.dispatchers
 
+    def served_uid(self, name: str) -> str | None:
+        """The uid of the subscription served under ``name`` (None: not served here)."""
+        d = self.dispatchers.get(name)
+        return None if d is None else d.uid
+
     def subscription_names(self) -> list[str]:
         return list(self.dispatchers)
 
@@ -236,7 +241,12 @@ class SubscribingForwarder:
             if d.topic_uid == topic_uid:
                 d.schedule_pump()
 
-    def close_subscription(self, name: str, error: PubsubError) -> None:
+    def close_subscription(self, name: str, error: PubsubError, uid: str | None = None) -> None:
+        """Stop serving ``name`` (its streams end with ``error``). Given ``uid``, only if the
+        name is served as that subscription: a name deleted and created again is served under
+        its new uid, which the old uid's leaving (a later change of the assignment) must not end."""
+        if uid is not None and self.served_uid(name) not in (None, uid):
+            return
         dispatcher = self.dispatchers.pop(name, None)
         self.push.detach(name, give_back=False)
         if dispatcher is not None:
