@@ -9,8 +9,10 @@ the old one is seen to go. Letting the old uid go must not end the new one's ser
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+
+import pytest
 
 from pubsubd.core import pb
 from pubsubd.core.errors import SubscriptionNotFound
@@ -31,6 +33,19 @@ def _record(uid: str) -> SubscriptionRecord:
     return SubscriptionRecord(NAME, uid, TOPIC_UID, body.SerializeToString(), {0: 0})
 
 
+@pytest.fixture
+async def forwarders(tmp_path: Path) -> AsyncIterator[tuple[SubscribingForwarder, Path]]:
+    """A subscribing forwarder reading a one-source topic of a publishing forwarder here."""
+    publishing = PublishingForwarder(tmp_path / "data", fsync=FsyncPolicy.NEVER)
+    publishing.configure_topic(TOPIC_UID, 1, 1)
+    subscribing = SubscribingForwarder(lambda _uid: publishing)
+    try:
+        yield subscribing, tmp_path
+    finally:
+        await subscribing.close()
+        await publishing.close()
+
+
 async def _until(condition: Callable[[], bool]) -> None:
     for _ in range(200):
         if condition():
@@ -40,11 +55,9 @@ async def _until(condition: Callable[[], bool]) -> None:
 
 
 async def test_the_old_uid_let_go_after_the_new_one_came_leaves_the_new_one_served(
-    tmp_path: Path,
+    forwarders: tuple[SubscribingForwarder, Path],
 ) -> None:
-    publishing = PublishingForwarder(tmp_path / "data", fsync=FsyncPolicy.NEVER)
-    publishing.configure_topic(TOPIC_UID, 1, 1)
-    subscribing = SubscribingForwarder(lambda _uid: publishing)
+    subscribing, tmp_path = forwarders
     records: dict[str, SubscriptionRecord] = {}
     assigned: set[str] = set()
     ready: set[str] = set()
@@ -94,27 +107,19 @@ async def test_the_old_uid_let_go_after_the_new_one_came_leaves_the_new_one_serv
             raise AssertionError("a deleted subscription is not served")
     finally:
         await ownership.close()
-        await subscribing.close()
         await remote.close()
-        await publishing.close()
 
 
 async def test_a_record_of_the_name_under_a_new_uid_replaces_the_one_served(
-    tmp_path: Path,
+    forwarders: tuple[SubscribingForwarder, Path],
 ) -> None:
-    publishing = PublishingForwarder(tmp_path / "data", fsync=FsyncPolicy.NEVER)
-    publishing.configure_topic(TOPIC_UID, 1, 1)
-    subscribing = SubscribingForwarder(lambda _uid: publishing)
+    subscribing, _ = forwarders
     reconciler = SubscribingReconciler(subscribing, owns=lambda _r: True)
-    try:
-        reconciler(Change(_record("old")))
-        assert subscribing.served_uid(NAME) == "old"
-        reconciler(Change(_record("new")))  # the old one's deletion was not seen here
-        assert subscribing.served_uid(NAME) == "new"
-        reconciler(Change(_record("old"), deleted=True))  # seen late: changes nothing
-        assert subscribing.served_uid(NAME) == "new"
-        reconciler(Change(_record("new"), deleted=True))
-        assert subscribing.served_uid(NAME) is None
-    finally:
-        await subscribing.close()
-        await publishing.close()
+    reconciler(Change(_record("old")))
+    assert subscribing.served_uid(NAME) == "old"
+    reconciler(Change(_record("new")))  # the old one's deletion was not seen here
+    assert subscribing.served_uid(NAME) == "new"
+    reconciler(Change(_record("old"), deleted=True))  # seen late: changes nothing
+    assert subscribing.served_uid(NAME) == "new"
+    reconciler(Change(_record("new"), deleted=True))
+    assert subscribing.served_uid(NAME) is None
