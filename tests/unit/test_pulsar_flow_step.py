@@ -26,7 +26,8 @@ from pubsubd.data.subscribe.consumers import Responses
 from pubsubd.node import Node
 from pubsubd.pulsar.api import CommandAck
 from pubsubd.pulsar.consumers import Consumer
-from pubsubd.pulsar.gateway import Gateway, deduplicated
+from pubsubd.pulsar.gateway import Gateway
+from pubsubd.pulsar.messages import OutMessage
 from tests.support.inproc import running_node
 from tests.support.pulsar_frames import written_messages
 
@@ -50,7 +51,7 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
             await gateway.publish(
                 TOPIC,
                 [
-                    deduplicated(b"m%d" % i, {}, "", f"pulsar/i/p/{i}")
+                    OutMessage(b"m%d" % i, {}, "", f"pulsar/i/p/{i}")
                     for i in range(start, start + 1000)
                 ],
             )

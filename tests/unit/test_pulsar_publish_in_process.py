@@ -17,12 +17,15 @@ from pathlib import Path
 
 import pytest
 
+from pubsubd._gen.pubsubd.v1 import replay_pb2
 from pubsubd.api.grpc.replay import ReplayServicer
 from pubsubd.core import ids, pb
+from pubsubd.core.dedup_batches import flat_request
 from pubsubd.node import Node
 from pubsubd.observability import sli
 from pubsubd.pulsar.errors import PulsarError
-from pubsubd.pulsar.gateway import Gateway, deduplicated
+from pubsubd.pulsar.gateway import Gateway, publish_request
+from pubsubd.pulsar.messages import OutMessage
 from tests.support.inproc import running_node
 
 pytestmark = pytest.mark.unit
@@ -51,7 +54,7 @@ async def gateway(node: Node) -> AsyncIterator[Gateway]:
 
 
 def _message(n: int, data: bytes = b"payload") -> object:
-    return deduplicated(data, {"k": "v"} if n % 2 else {}, "", f"pulsar/inc/producer/{n}")
+    return OutMessage(data, {"k": "v"} if n % 2 else {}, "", f"pulsar/inc/producer/{n}")
 
 
 def _stored(node: Node, topic: str, source: int) -> list[object]:
@@ -91,8 +94,8 @@ async def test_a_partition_producer_stores_in_its_source(node: Node, gateway: Ga
     [
         ("projects/proj/topics/missing", [_message(0)], None, "TopicNotFound", "NOT_FOUND"),
         (TOPIC, [_message(0)], 5, "NotAllowedError", "source"),
-        (TOPIC, [deduplicated(b"d", {}, "", "")], None, "NotAllowedError", "dedup_id"),
-        (TOPIC, [deduplicated(b"", {}, "", "pulsar/x/y/1")], None, "NotAllowedError", "INVALID"),
+        (TOPIC, [OutMessage(b"d", {}, "", "")], None, "NotAllowedError", "dedup_id"),
+        (TOPIC, [OutMessage(b"", {}, "", "pulsar/x/y/1")], None, "NotAllowedError", "INVALID"),
     ],
 )
 async def test_errors_are_the_pulsar_errors_of_the_rpcs_status(
@@ -156,3 +159,24 @@ async def test_a_callers_view_always_makes_the_rpc(gateway: Gateway) -> None:
     view = gateway.as_caller("token")
     assert view.publish_in_process is None
     assert gateway.publish_in_process is not None
+
+
+@pytest.mark.parametrize("source", [None, 0, 2])
+def test_plain_messages_are_encoded_as_protobuf_would(source: int | None) -> None:
+    """A request of plain messages is spliced together (the flat form the server reads without
+    a message object each): the same bytes protobuf writes; any other goes through protobuf."""
+    plain = [OutMessage(b"d" * n, {}, "", f"pulsar/i/p/{n}") for n in (1, 5, 200, 1)]
+    expected = replay_pb2.PublishDeduplicatedRequest(
+        topic=TOPIC,
+        messages=[replay_pb2.DeduplicatedMessage(dedup_id=m.dedup_id, data=m.data) for m in plain],
+    )
+    if source is not None:
+        expected.source = source
+    assert publish_request(TOPIC, plain, source) == expected.SerializeToString()
+    assert flat_request(publish_request(TOPIC, plain, source)) is not None
+    keyed = [*plain, OutMessage(b"k", {"a": "b"}, "key", "pulsar/i/p/9")]
+    parsed = replay_pb2.PublishDeduplicatedRequest.FromString(publish_request(TOPIC, keyed, source))
+    assert [(m.dedup_id, m.data, dict(m.attributes), m.ordering_key) for m in parsed.messages] == [
+        (m.dedup_id, m.data, m.attributes, m.ordering_key) for m in keyed
+    ]
+    assert parsed.HasField("source") == (source is not None)

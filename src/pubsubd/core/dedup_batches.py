@@ -235,12 +235,15 @@ def _encode(
     return b"".join(parts)
 
 
-def encode_request(topic: str, ids: Sequence[bytes], data: Sequence[bytes]) -> bytes:
+def encode_request(
+    topic: str, ids: Sequence[bytes], data: Sequence[bytes], source: int | None = None
+) -> bytes:
     """A ``PublishDeduplicatedRequest`` of messages with these dedup IDs and data (UTF-8 IDs),
     byte for byte as protobuf serializes it, without a message object per row (the Spark
-    sink's requests; an empty ID or data is sent as an explicit empty field)."""
+    sink's and the Pulsar front's requests; an empty ID or data is sent as an explicit empty
+    field); ``source``: the request's publish message source, None for none."""
     keys = zip(map(len, ids), map(len, data), strict=True)
-    return _encode(topic, ids, data, list(map(_HEADERS.__getitem__, keys)), None)
+    return _encode(topic, ids, data, list(map(_HEADERS.__getitem__, keys)), source)
 
 
 @dataclass(frozen=True, slots=True)

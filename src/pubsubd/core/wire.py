@@ -38,6 +38,22 @@ def varint(n: int) -> bytes:
     return bytes(out)
 
 
+def read_varint(data: bytes, at: int, limit: int | None = None) -> tuple[int, int] | None:
+    """The varint at ``data[at]`` (of at most 10 bytes, ending before ``limit``, default the
+    end): (its value, the index after it); None when there is none. The value is not cut to
+    64 bits as protobuf cuts it: a caller wanting protobuf's reading refuses ``>= 1 << 64``."""
+    end = len(data) if limit is None else limit
+    value = shift = 0
+    while at < end and shift < 64:
+        byte = data[at]
+        value |= (byte & 0x7F) << shift
+        at += 1
+        if byte < 0x80:
+            return value, at
+        shift += 7
+    return None
+
+
 def received_message(ack_id: bytes, message: bytes, delivery_attempt: int = 0) -> bytes:
     """One ``ReceivedMessage``, framed as field 1 of a (Streaming)PullResponse."""
     body = _ACK_ID + varint(len(ack_id)) + ack_id + _MESSAGE + varint(len(message)) + message

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from pubsubd.control.routing_table import Forwarder, publishing_unit, subscribing_unit
+from pubsubd.core.wire import read_varint
 
 __all__ = ["SUBSCRIPTION_METHODS", "TOPIC_METHODS", "resource_name", "targets"]
 
@@ -74,29 +75,17 @@ SUBSCRIPTION_METHODS: dict[str, tuple[int, ...]] = {
 }
 
 
-def _varint(data: bytes, at: int) -> tuple[int, int] | None:
-    value = shift = 0
-    while at < len(data) and shift < 64:
-        byte = data[at]
-        value |= (byte & 0x7F) << shift
-        at += 1
-        if not byte & 0x80:
-            return value, at
-        shift += 7
-    return None
-
-
 def _field(data: bytes, number: int) -> bytes | None:
     """The first length-delimited field ``number`` of a serialized message, else None."""
     at = 0
     while at < len(data):
-        tag = _varint(data, at)
+        tag = read_varint(data, at)
         if tag is None:
             return None
         key, at = tag
         wire = key & 7
         if wire == 0:
-            skipped = _varint(data, at)
+            skipped = read_varint(data, at)
             if skipped is None:
                 return None
             at = skipped[1]
@@ -105,7 +94,7 @@ def _field(data: bytes, number: int) -> bytes | None:
         elif wire == 5:
             at += 4
         elif wire == 2:
-            length = _varint(data, at)
+            length = read_varint(data, at)
             if length is None:
                 return None
             size, at = length

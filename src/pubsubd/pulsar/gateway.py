@@ -21,7 +21,7 @@ waited ~1 ms more for it). A view with a caller's token (``as_caller``) always c
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeAlias
 
 import grpc
@@ -30,8 +30,10 @@ from google.protobuf import timestamp_pb2
 from pubsubd._gen.pubsubd.v1 import replay_pb2
 from pubsubd.api.grpc.status import to_status
 from pubsubd.core import active_notices, pb
+from pubsubd.core.dedup_batches import encode_request
 from pubsubd.core.errors import PubsubError
 from pubsubd.pulsar import errors
+from pubsubd.pulsar.messages import OutMessage
 
 # PublishDeduplicated in this process: request bytes -> (message IDs, duplicates); raises
 # PubsubError as the method answers.
@@ -64,9 +66,9 @@ class Gateway:
         self._get_topic = ch.unary_unary(
             _PUBLISHER + "GetTopic", pb.GetTopicRequest.SerializeToString, pb.Topic.FromString
         )
-        self._publish = ch.unary_unary(
+        self._publish = ch.unary_unary(  # requests as bytes (publish_request)
             _REPLAY + "PublishDeduplicated",
-            replay_pb2.PublishDeduplicatedRequest.SerializeToString,
+            None,
             replay_pb2.PublishDeduplicatedResponse.FromString,
         )
         self._seek_offsets = ch.unary_unary(
@@ -175,16 +177,14 @@ class Gateway:
         return await self.ensure_topic(topic)
 
     async def publish(
-        self, topic: str, messages: list[Any], source: int | None = None
+        self, topic: str, messages: Sequence[OutMessage], source: int | None = None
     ) -> list[str]:
         """PublishDeduplicated: the message IDs in order (the original ID for a duplicate);
         ``source``: into that publish message source (a partition's producer)."""
-        request = replay_pb2.PublishDeduplicatedRequest(topic=topic, messages=messages)
-        if source is not None:
-            request.source = source
+        request = publish_request(topic, messages, source)
         if self.publish_in_process is not None:
             try:
-                message_ids, _ = await self.publish_in_process(request.SerializeToString())
+                message_ids, _ = await self.publish_in_process(request)
             except PubsubError as e:
                 raise errors.from_status(to_status(e)[0], str(e)) from e
             return message_ids
@@ -283,10 +283,30 @@ def _stream_response(raw: bytes) -> Any:
     return pb.StreamingPullResponse.FromString(raw)
 
 
-def deduplicated(data: bytes, attributes: dict[str, str], ordering_key: str, dedup_id: str) -> Any:
-    return replay_pb2.DeduplicatedMessage(
-        dedup_id=dedup_id, data=data, attributes=attributes, ordering_key=ordering_key
+def publish_request(topic: str, messages: Sequence[OutMessage], source: int | None) -> bytes:
+    """A PublishDeduplicatedRequest's bytes. Messages that are a dedup ID and data only (a
+    Pulsar message without properties, keys or times) are spliced together without a
+    message object each (``encode_request``: the flat form the server reads back the same
+    way); any other request is built with protobuf."""
+    if not any(m.attributes or m.ordering_key for m in messages):
+        return encode_request(
+            topic, [m.dedup_id.encode() for m in messages], [m.data for m in messages], source
+        )
+    request = replay_pb2.PublishDeduplicatedRequest(
+        topic=topic,
+        messages=[
+            replay_pb2.DeduplicatedMessage(
+                dedup_id=m.dedup_id,
+                data=m.data,
+                attributes=m.attributes,
+                ordering_key=m.ordering_key,
+            )
+            for m in messages
+        ],
     )
+    if source is not None:
+        request.source = source
+    return bytes(request.SerializeToString())
 
 
 async def requests_from(queue: Any) -> AsyncIterator[Any]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pubsubd.core import delays
+from pubsubd.core.wire import read_varint
 from pubsubd.pulsar import compression, frames
 from pubsubd.pulsar.api import MessageMetadata, SingleMessageMetadata, Type
 
@@ -75,9 +76,18 @@ def _ordering_key(partition_key: str, ordering_key: bytes) -> str:
 
 
 def unpack_send(
-    producer: str, sequence_id: int, metadata: bytes, payload: bytes
+    producer: str,
+    sequence_id: int,
+    metadata: bytes,
+    payload: bytes,
+    dedup_prefix: str = "",
+    *,
+    plain_fast: bool = True,
 ) -> list[OutMessage]:
-    """The messages of one SEND (its metadata and payload as they came in the frame)."""
+    """The messages of one SEND (its metadata and payload as they came in the frame); each
+    message's dedup ID is ``{dedup_prefix}pulsar/{producer}/{sequence ID}``. A batch of plain
+    messages is read without a protobuf parse each (``_plain_batch``; ``plain_fast=False``
+    reads every batch the general way, for tests that compare the two)."""
     meta = MessageMetadata()
     try:
         meta.ParseFromString(metadata)
@@ -98,8 +108,18 @@ def unpack_send(
                 body,
                 _attributes(meta.properties, meta.event_time, deliver_at),
                 _ordering_key(meta.partition_key, meta.ordering_key),
-                f"pulsar/{producer}/{first_seq}",
+                f"{dedup_prefix}pulsar/{producer}/{first_seq}",
             )
+        ]
+    id_prefix = f"{dedup_prefix}pulsar/{producer}/"
+    plain = _plain_batch(body, meta.num_messages_in_batch) if plain_fast else None
+    if plain is not None:
+        delay = _attributes((), 0, deliver_at) if deliver_at > 0 else {}
+        return [
+            OutMessage(
+                body[start:end], dict(delay), "", f"{id_prefix}{first_seq + i if seq < 0 else seq}"
+            )
+            for i, (start, end, seq) in enumerate(plain)
         ]
     out = []
     at = 0
@@ -121,14 +141,59 @@ def unpack_send(
         if single.compacted_out:
             continue
         seq = single.sequence_id if single.HasField("sequence_id") else first_seq + i
+        properties, event_time = single.properties, single.event_time
         out.append(
             OutMessage(
                 body[start:end],
-                _attributes(single.properties, single.event_time, deliver_at),
+                _attributes(properties, event_time, deliver_at)
+                if properties or event_time or deliver_at > 0
+                else {},
                 _ordering_key(single.partition_key, single.ordering_key),
-                f"pulsar/{producer}/{seq}",
+                f"{id_prefix}{seq}",
             )
         )
+    return out
+
+
+def _plain_batch(body: bytes, count: int) -> list[tuple[int, int, int]] | None:
+    """A batch whose every message's metadata is its payload size and maybe its sequence ID,
+    nothing else (what the official client sends for a message without properties, keys or
+    times), read without a protobuf parse per message: (payload start, end, sequence ID or -1)
+    each; None for any other batch (read it the general way, with its checks and errors).
+
+    Those two fields are the bytes ``0x18 varint [0x40 varint]`` (``payload_size = 3``,
+    ``sequence_id = 8``; a serializer writes fields in number order). A payload size past the
+    batch's end (an int32 protobuf would read otherwise) is left to the general reader."""
+    out = []
+    at = 0
+    end_of_body = len(body)
+    for _ in range(count):
+        if at + 6 > end_of_body:
+            return None
+        (size,) = _U32.unpack_from(body, at)
+        pos = at + 4
+        meta_end = pos + size
+        if meta_end > end_of_body or size < 2 or body[pos] != 0x18:
+            return None
+        read = read_varint(body, pos + 1, meta_end)
+        if read is None:
+            return None
+        payload_size, pos = read
+        seq = -1
+        if pos < meta_end:
+            if body[pos] != 0x40:
+                return None
+            read = read_varint(body, pos + 1, meta_end)
+            if read is None or read[0] >= 1 << 64:
+                return None
+            seq, pos = read
+        if pos != meta_end:
+            return None
+        end = meta_end + payload_size
+        if end > end_of_body:
+            return None
+        out.append((meta_end, end, seq))
+        at = end
     return out
 
 

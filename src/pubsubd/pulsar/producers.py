@@ -26,7 +26,8 @@ from typing import Any
 from pubsubd.core.deadlines import within
 from pubsubd.pulsar import commands, frames, ids, messages
 from pubsubd.pulsar.errors import PulsarError
-from pubsubd.pulsar.gateway import Gateway, deduplicated
+from pubsubd.pulsar.gateway import Gateway
+from pubsubd.pulsar.messages import OutMessage
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ MAX_REQUEST_BYTES = 9 * 1024 * 1024
 class PendingSend:
     sequence_id: int
     highest_sequence_id: int
-    messages: list[Any] = field(default_factory=list)
+    messages: list[OutMessage] = field(default_factory=list)
     size: int = 0
     error: PulsarError | None = None
     message_ids: list[str] = field(default_factory=list)
@@ -82,17 +83,14 @@ class Producer:
             pending.error = PulsarError("UnknownError", "SEND without metadata and payload")
         else:
             try:
-                out = messages.unpack_send(self.name, seq, frame.metadata, frame.payload)
+                out = messages.unpack_send(
+                    self.name, seq, frame.metadata, frame.payload, self.dedup_prefix
+                )
             except messages.BadPayload as e:
                 pending.error = PulsarError("UnknownError", str(e))
             else:
-                for m in out:
-                    pending.messages.append(
-                        deduplicated(
-                            m.data, m.attributes, m.ordering_key, f"{self.dedup_prefix}{m.dedup_id}"
-                        )
-                    )
-                    pending.size += len(m.data) + 64
+                pending.messages = out
+                pending.size = sum(len(m.data) for m in out) + 64 * len(out)
         self._queue.append(pending)
         self._wake.set()
 
