@@ -4,9 +4,13 @@ again; an ack that fails does so with the exactly-once errors (``AcknowledgeErro
 INVALID_ACK_ID for a lease the move ended, OTHER for an ID the failed request did not list).
 
 One publishing-only and two subscribing-only forwarders, one router spreading by load with
-small settings (a subscribing forwarder's worth is 100 msg/s: over 50 msg/s for 1 s spreads,
-under 45 msg/s for 1 s gathers). A ~200 msg/s flood spreads the subscription; a trickle
-(3 msg/s) keeps acks going while the load decays and the router gathers it back. The client
+small settings (a subscribing forwarder's worth is 60 msg/s: over 30 msg/s for 1 s spreads,
+under 27 msg/s for 5 s gathers). A ~100 msg/s flood spreads the subscription; a trickle
+(3 msg/s) keeps acks going while the load decays and the router gathers it back. The
+thresholds leave room for a loaded machine: the client holds 200 messages at most and acks
+each after 0.2-1 s plus the ack's own round trip, so its delivery rate can fall to ~50 msg/s
+(one CI run never reached the 50 msg/s that spread it before); the 5 s gather window lets the
+test see the spread before the load decays. The client
 holds each message 0.2-1 s before its ack, so every move finds leases in flight. Every
 delivery and ack result is recorded by message; after the stream a Pull for one lease deadline
 collects what the server still has unacked.
@@ -45,8 +49,8 @@ ACK_DEADLINE_S = 10
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     router_args = [
-        *("--spread-subscriptions", "--spread-capacity", "100"),
-        *("--spread-after", "1", "--gather-after", "1", "--gather-ratio", "0.9"),
+        *("--spread-subscriptions", "--spread-capacity", "60"),
+        *("--spread-after", "1", "--gather-after", "5", "--gather-ratio", "0.9"),
     ]
     env = {"PUBSUBD_LOAD_REPORT_S": "0.5"}
     with spread_cluster(tmp_path_factory.mktemp("spread-exactly-once"), env, router_args) as c:
@@ -172,7 +176,7 @@ def test_an_exactly_once_subscription_spread_and_gathered_never_redelivers_an_ac
     # Closed even when the test fails: its stream left open outlives the cluster, and its
     # lease maintainer raises in whichever test runs next.
     try:
-        flood = Flood(endpoint, topic, rate=200).start()  # unkeyed: over every source
+        flood = Flood(endpoint, topic, rate=100).start()  # unkeyed: over every source
         started = time.monotonic()
         spread_after = gathered_after = 0.0
         try:
@@ -189,7 +193,7 @@ def test_an_exactly_once_subscription_spread_and_gathered_never_redelivers_an_ac
             def gathered() -> bool:
                 return not any(_served_sources(cluster, n, subscription) for n in SUBSCRIBING)
 
-            wait_for(gathered, 40, "the subscription gathered back to one forwarder")
+            wait_for(gathered, 60, "the subscription gathered back to one forwarder")
             gathered_after = time.monotonic() - started
             time.sleep(1.0)
         finally:
